@@ -1,0 +1,228 @@
+"""The per-layer plan (SPEC §3.3): extraction layers first, reduced ``qk_dim`` after them.
+
+Layers ``0..k-1`` get the early-layer solution (exact grouped optimum, or the uniform layer),
+layers ``k..L-1`` keep that layer's heads and value dims and take the smallest ``qk_dim`` the
+saturation rule allows. ``make_plan`` returns the ``ArchConfig`` and a report whose keys are a
+contract other tools parse (``budget``, ``layers``, ``extract``, ``arch``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from alloc.continuous import ContinuousAllocation, solve_continuous
+from alloc.extract import (
+    Allocation,
+    ErrorModel,
+    ExtractProblem,
+    UniformAllocation,
+    solve_exact,
+    solve_uniform,
+)
+from alloc.kernels import parse_kernel
+from alloc.saturation import (
+    attention_error,
+    jacobian_bound,
+    parse_spectrum,
+    reduced_qk_dim,
+    teacher_spectrum,
+)
+from search_spaces import ArchConfig, HeadGroup, LayerSpec, attention_params, param_count
+
+BASELINE_HEAD_DIM = 64
+# Attention kinds with one head width cannot take a smaller qk_dim than v_dim.
+REDUCIBLE_KINDS = ("mhsa", "frozen_qk")
+
+
+@dataclass(frozen=True)
+class PlanSettings:
+    """Every allocator input; the defaults make the bare ``--budget 512`` meaningful."""
+
+    budget: int = 512
+    layers: int = 6
+    extract_layers: int = 1
+    seq_len: int = 256
+    input_dim: int = 64
+    kernel: str = "poly:1.0"
+    align: int = 8
+    c_proj: float = 1.0
+    c_head: float = 1.0
+    order: float = 2.0
+    alpha: float = 0.01
+    norm_bound: float | None = None
+    tolerance: float = 0.05
+    logit_bound: float = 1.0
+    spectrum: str = "power:1"
+    attention: str = "mhsa"
+    mlp_ratio: float = 4.0
+    uniform: bool = False
+    vocab_size: int | None = None
+    positional: str = "learned"
+
+    @property
+    def model(self) -> ErrorModel:
+        return ErrorModel(self.input_dim, self.c_proj, self.c_head, self.order, self.alpha,
+                          self.norm_bound)
+
+
+@dataclass(frozen=True)
+class Plan:
+    settings: PlanSettings
+    problem: ExtractProblem
+    exact: Allocation
+    continuous: ContinuousAllocation
+    uniform: UniformAllocation
+    arch: ArchConfig
+    layer_errors: tuple[dict[str, float], ...]
+
+
+def merge_groups(groups: list[HeadGroup]) -> tuple[HeadGroup, ...]:
+    """Merge head groups of identical dims (the model does not care which offset a head serves)."""
+    counts: dict[tuple[int, int], int] = {}
+    for g in groups:
+        counts[(g.qk_dim, g.v_dim)] = counts.get((g.qk_dim, g.v_dim), 0) + g.count
+    ordered = sorted(counts.items(), key=lambda item: (-item[0][1], -item[0][0]))
+    return tuple(HeadGroup(c, qk, v) for (qk, v), c in ordered)
+
+
+def _later_heads(settings: PlanSettings, heads: tuple[HeadGroup, ...]
+                 ) -> tuple[tuple[HeadGroup, ...], float]:
+    """Reduced heads of a later layer and their worst per-head attention-error bound."""
+    if settings.attention not in REDUCIBLE_KINDS:
+        return heads, 0.0
+    spectrum = parse_spectrum(settings.spectrum)
+    reduced, worst = [], 0.0
+    for g in heads:
+        sigma = teacher_spectrum(spectrum, g.qk_dim, settings.logit_bound)
+        r = reduced_qk_dim(sigma, settings.seq_len, settings.logit_bound, settings.tolerance,
+                           settings.align)
+        worst = max(worst, attention_error(sigma, r, settings.seq_len, settings.logit_bound))
+        reduced.append(HeadGroup(g.count, r, g.v_dim))
+    return merge_groups(reduced), worst
+
+
+def _extract_heads(settings: PlanSettings, exact: Allocation,
+                   uniform: UniformAllocation) -> tuple[HeadGroup, ...]:
+    if settings.uniform:
+        return (HeadGroup(uniform.count, uniform.dim),)
+    if not exact.groups:  # every offset truncated: keep one head so the layer exists
+        return (HeadGroup(1, int(settings.align)),)
+    return merge_groups([HeadGroup(g.count, g.dim) for g in exact.groups])
+
+
+def _arch(settings: PlanSettings, layers: list[LayerSpec]) -> ArchConfig:
+    io: dict[str, Any] = ({"vocab_size": settings.vocab_size} if settings.vocab_size
+                          else {"input_dim": settings.input_dim})
+    return ArchConfig(d_model=settings.budget, layers=tuple(layers),
+                      max_seq_len=settings.seq_len, positional=settings.positional, **io)
+
+
+def make_plan(settings: PlanSettings) -> Plan:
+    """Solve the early-layer problem and the saturation rule; assemble the per-layer plan."""
+    rho = parse_kernel(settings.kernel, settings.seq_len)
+    problem = ExtractProblem(rho, settings.budget, settings.align, settings.model)
+    exact, uniform = solve_exact(problem), solve_uniform(problem)
+    continuous = solve_continuous(problem)
+    chosen = uniform.allocation if settings.uniform else exact
+    heads = _extract_heads(settings, exact, uniform)
+    later, later_error = _later_heads(settings, heads)
+    layers, errors = [], []
+    for i in range(settings.layers):
+        extract = i < settings.extract_layers
+        layers.append(LayerSpec(settings.attention, heads if extract else later,
+                                mlp_ratio=settings.mlp_ratio,
+                                role="extract" if extract else "process"))
+        errors.append({"compression": chosen.compression, "extraction": chosen.extraction,
+                       "truncation": chosen.truncation, "total": chosen.objective}
+                      if extract else {"attention": later_error, "total": later_error})
+    return Plan(settings, problem, exact, continuous, uniform, _arch(settings, layers),
+                tuple(errors))
+
+
+def baseline_arch(plan: Plan) -> ArchConfig:
+    """The usual layer everywhere: ``D/64`` heads of 64 (one head of ``D`` when ``D < 64``)."""
+    d = plan.settings.budget
+    head = HeadGroup(d // BASELINE_HEAD_DIM, BASELINE_HEAD_DIM) if d >= BASELINE_HEAD_DIM \
+        else HeadGroup(1, d)
+    layers = tuple(LayerSpec(layer.attention, (head,), layer.mlp_ratio, layer.role)
+                   for layer in plan.arch.layers)
+    return ArchConfig(**{**_arch_kwargs(plan.arch), "layers": layers})
+
+
+def _arch_kwargs(arch: ArchConfig) -> dict[str, Any]:
+    data = arch.to_dict()
+    data.pop("layers")
+    return data
+
+
+def saturation_curve(settings: PlanSettings, teacher_dim: int) -> list[dict[str, float]]:
+    """Chosen ``qk_dim`` for a head of dim ``teacher_dim`` at N/4 .. 4N: the saturation effect."""
+    spectrum = parse_spectrum(settings.spectrum)
+    sigma = teacher_spectrum(spectrum, teacher_dim, settings.logit_bound)
+    rows = []
+    for factor in (0.25, 0.5, 1.0, 2.0, 4.0):
+        n = max(1, int(settings.seq_len * factor))
+        r = reduced_qk_dim(sigma, n, settings.logit_bound, settings.tolerance, settings.align)
+        rows.append({"seq_len": n, "jacobian_bound": jacobian_bound(n, settings.logit_bound),
+                     "qk_dim": r, "error": attention_error(sigma, r, n, settings.logit_bound)})
+    return rows
+
+
+def report(plan: Plan) -> dict[str, Any]:
+    """The allocator's JSON contract (extra keys may be added, these are never removed)."""
+    arch, d = plan.arch, plan.settings.budget
+    rows = []
+    for i, layer in enumerate(arch.layers):
+        params = attention_params(layer, d)
+        rows.append({
+            "index": i, "role": layer.role, "attention": layer.attention,
+            "heads": [g.to_dict() for g in layer.heads], "width": layer.width,
+            "attention_params": params.total, "attention_params_trainable": params.trainable,
+            "predicted_error": plan.layer_errors[i]["total"],
+            "error_terms": plan.layer_errors[i],
+        })
+    ours = sum(attention_params(layer, d).total for layer in arch.layers)
+    base_arch = baseline_arch(plan)
+    base = sum(attention_params(layer, d).total for layer in base_arch.layers)
+    teacher = max(g.qk_dim for g in arch.layers[0].heads)
+    return {
+        "budget": d,
+        "inputs": {**asdict(plan.settings), "norm_bound": plan.problem.model.bound},
+        "layers": rows,
+        "totals": {
+            "attention_params": ours, "baseline_attention_params": base,
+            "baseline_heads": str(base_arch.layers[0].heads[0]),
+            "saving": 1.0 - ours / base if base else 0.0,
+            "model_params": param_count(arch).total,
+            "baseline_model_params": param_count(base_arch).total,
+        },
+        "extract": _extract_report(plan),
+        "saturation": {"teacher_qk_dim": teacher,
+                       "curve": saturation_curve(plan.settings, teacher)},
+        "arch": arch.to_dict(),
+        "arch_id": arch.arch_id,
+    }
+
+
+def _allocation_report(alloc: Allocation) -> dict[str, Any]:
+    return {"objective": alloc.objective, "compression": alloc.compression,
+            "extraction": alloc.extraction, "truncation": alloc.truncation,
+            "heads": alloc.heads, "width": alloc.width,
+            "groups": [{"offset": g.offset, "count": g.count, "dim": g.dim} for g in alloc.groups]}
+
+
+def _extract_report(plan: Plan) -> dict[str, Any]:
+    exact, cont, uni = plan.exact, plan.continuous, plan.uniform
+    return {
+        "chosen": "uniform" if plan.settings.uniform else "exact",
+        "exact": _allocation_report(exact),
+        "continuous": {
+            "objective": cont.objective, "multiplier": cont.multiplier, "width": cont.width,
+            "rounding_gap": exact.objective - cont.objective,
+            "groups": [{"offset": g.offset, "count": g.count, "dim": g.dim, "share": g.share}
+                       for g in cont.groups],
+        },
+        "uniform": {**_allocation_report(uni.allocation), "count": uni.count, "dim": uni.dim},
+    }
+

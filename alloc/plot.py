@@ -1,0 +1,81 @@
+"""Plots of an allocation plan (matplotlib, imported only when a plot is asked for)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
+
+from alloc.extract import uniform_options
+from alloc.plan import Plan, saturation_curve
+from search_spaces.cli import write_atomic
+
+
+def plot_plan(plan: Plan, path: Path) -> None:
+    """Trade-off curve of the extraction layer, ``qk_dim`` per layer, and saturation vs N."""
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.4), constrained_layout=True)
+    _tradeoff(plan, axes[0])
+    _qk_dims(plan, axes[1])
+    _saturation(plan, axes[2])
+    from io import BytesIO
+
+    buffer = BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
+    plt.close(fig)
+    write_atomic(path, buffer.getvalue())
+
+
+def _tradeoff(plan: Plan, ax: Axes) -> None:
+    s = plan.settings
+    options = uniform_options(plan.problem)
+    heads = [o.count for o in options]
+    ax.plot(heads, [o.objective for o in options], "o-", label="uniform layer: H heads of D/H")
+    best = plan.uniform
+    ax.plot([best.count], [best.objective], "o", ms=12, mfc="none", mew=2, color="C3",
+            label=f"best uniform: {best.count}x{best.dim}")
+    ax.plot([plan.exact.heads], [plan.exact.objective], "*", ms=14, color="C2",
+            label=f"exact grouped: {plan.exact.heads} heads in {len(plan.exact.groups)} groups")
+    ax.axhline(plan.continuous.objective, ls="--", color="grey",
+               label="continuous optimum (lower bound)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("heads H in the extraction layer (head dim D/H)")
+    ax.set_ylabel("predicted error bound E (units of token norm)")
+    ax.set_title(f"heads vs head dim at D={s.budget}, d_in={s.input_dim}, kernel {s.kernel}")
+    ax.legend(fontsize=8)
+
+
+def _qk_dims(plan: Plan, ax: Axes) -> None:
+    layers = plan.arch.layers
+    index = list(range(len(layers)))
+    qk = [max(g.qk_dim for g in layer.heads) for layer in layers]
+    v = [max(g.v_dim for g in layer.heads) for layer in layers]
+    ax.bar([i - 0.2 for i in index], qk, width=0.4, label="qk_dim (largest group)")
+    ax.bar([i + 0.2 for i in index], v, width=0.4, label="v_dim (largest group)")
+    ax.set_xticks(index, [f"{i}\n{layer.role}" for i, layer in zip(index, layers)])
+    ax.set_xlabel("layer")
+    ax.set_ylabel("head dimension")
+    ax.set_title(f"chosen dims per layer (tolerance {plan.settings.tolerance:g})")
+    ax.legend(fontsize=8)
+
+
+def _saturation(plan: Plan, ax: Axes) -> None:
+    teacher = max(g.qk_dim for g in plan.arch.layers[0].heads)
+    curve = saturation_curve(plan.settings, teacher)
+    n = [c["seq_len"] for c in curve]
+    ax.plot(n, [c["qk_dim"] for c in curve], "o-", label="required qk_dim")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("sequence length N")
+    ax.set_ylabel("qk_dim meeting the tolerance")
+    twin = ax.twinx()
+    twin.plot(n, [c["jacobian_bound"] for c in curve], "s--", color="C1",
+              label=r"softmax Jacobian bound $2e^{2R}/N$")
+    twin.set_yscale("log")
+    twin.set_ylabel("||J||_2 bound")
+    ax.set_title(f"saturation: a {teacher}-dim head shrinks as N grows")
+    lines = ax.get_legend_handles_labels()
+    more = twin.get_legend_handles_labels()
+    ax.legend(lines[0] + more[0], lines[1] + more[1], fontsize=8)

@@ -1,0 +1,210 @@
+"""python -m alloc.solve --budget 512 [--format table|json|yaml] [--out arch.yaml] [--plot p.png]
+
+The analytic allocator (SPEC §3): how many heads of which dimension each layer gets for a width
+budget, from paper 003's error bound (early layers) and softmax saturation (later layers). No torch,
+no Ray: it answers in milliseconds. ``--out`` writes the ``ArchConfig`` YAML that the trainer and
+the search accept; ``--plot`` draws the trade-off curve and the per-layer ``qk_dim``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from alloc.kernels import KernelError, parse_kernel
+from alloc.plan import Plan, PlanSettings, make_plan, report
+from alloc.saturation import parse_spectrum
+from search_spaces import ATTENTION_KINDS, POSITIONALS
+from search_spaces.cli import (
+    Parser,
+    UsageError,
+    add_format,
+    check_writable,
+    dump,
+    fail,
+    int_in,
+    number,
+    render_table,
+    write_atomic,
+)
+
+PROG = "alloc.solve"
+MAX_BUDGET = 65536
+MAX_SEQ_LEN = 16384
+# (groups x (count, dim) pairs) above this would take seconds and gigabytes: refuse it up front.
+MAX_TABLE = 50_000_000
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = PlanSettings()
+    p = Parser(prog=PROG, description=__doc__.split("\n\n")[1],
+               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--budget", type=int_in(1, MAX_BUDGET), default=d.budget,
+                   help="attention width D per layer (sum of count * v_dim)")
+    p.add_argument("--layers", type=int_in(1, 1024), default=d.layers, help="number of layers")
+    p.add_argument("--extract-layers", type=int_in(0, 1024), default=d.extract_layers,
+                   help="leading layers solved as extraction layers; the rest get reduced qk_dim")
+    p.add_argument("--seq-len", type=int_in(1, MAX_SEQ_LEN), default=d.seq_len,
+                   help="sequence length N: offsets 1..N and the softmax width")
+    p.add_argument("--input-dim", type=int_in(1, MAX_BUDGET), default=d.input_dim,
+                   help="token dimension d_in")
+    p.add_argument("--kernel", default=d.kernel,
+                   help="memory kernel: ngram:K, exp:LAMBDA, poly:P or file:PATH")
+    p.add_argument("--align", type=int_in(1), default=d.align,
+                   help="head dimensions are multiples of this")
+    p.add_argument("--c-proj", type=number(0), default=d.c_proj, help="compression constant")
+    p.add_argument("--c-head", type=number(0), default=d.c_head, help="extraction constant")
+    p.add_argument("--order", type=number(1), default=d.order, help="smoothness order n")
+    p.add_argument("--alpha", type=number(0), default=d.alpha, help="positional decay alpha")
+    p.add_argument("--norm-bound", type=number(0, strict=True), default=None,
+                   help="token norm bound B (default: sqrt(input-dim))")
+    p.add_argument("--tolerance", type=number(0, strict=True), default=d.tolerance,
+                   help="allowed attention error per later-layer head")
+    p.add_argument("--logit-bound", type=number(0, strict=True), default=d.logit_bound,
+                   help="logit bound R of the saturation rule")
+    p.add_argument("--spectrum", default=d.spectrum,
+                   help="teacher singular values: power:BETA or file:PATH")
+    p.add_argument("--attention", choices=ATTENTION_KINDS, default=d.attention,
+                   help="attention kind of every layer")
+    p.add_argument("--mlp-ratio", type=number(0), default=d.mlp_ratio,
+                   help="MLP hidden / d_model (0 = attention-only layers)")
+    p.add_argument("--uniform", action="store_true",
+                   help="extraction layers use the best uniform layer instead of groups")
+    p.add_argument("--vocab-size", type=int_in(1), default=None,
+                   help="write a token model (embedding + LM head) instead of vector in/out")
+    p.add_argument("--positional", choices=POSITIONALS, default=d.positional,
+                   help="positional encoding of the written architecture")
+    add_format(p)
+    p.add_argument("--out", type=Path, help="write the ArchConfig as YAML to this file")
+    p.add_argument("--plot", type=Path, help="write the trade-off plot (PNG) to this file")
+    return p
+
+
+def settings_from_args(args: argparse.Namespace) -> PlanSettings:
+    """Turn parsed flags into settings, checking the rules that tie flags together."""
+    s = PlanSettings(
+        budget=args.budget, layers=args.layers, extract_layers=args.extract_layers,
+        seq_len=args.seq_len, input_dim=args.input_dim, kernel=args.kernel, align=args.align,
+        c_proj=args.c_proj, c_head=args.c_head, order=args.order, alpha=args.alpha,
+        norm_bound=args.norm_bound, tolerance=args.tolerance, logit_bound=args.logit_bound,
+        spectrum=args.spectrum, attention=args.attention, mlp_ratio=args.mlp_ratio,
+        uniform=args.uniform, vocab_size=args.vocab_size, positional=args.positional)
+    if s.align > min(s.input_dim, s.budget):
+        raise UsageError(f"--align {s.align}: must be <= --input-dim ({s.input_dim}) and "
+                         f"<= --budget ({s.budget}) so that an aligned head dimension exists")
+    if s.budget % s.align:
+        raise UsageError(f"--align {s.align}: must divide --budget {s.budget} (head dims are "
+                         "multiples of --align and a uniform layer must fill the budget)")
+    if s.extract_layers > s.layers:
+        raise UsageError(f"--extract-layers {s.extract_layers}: must be <= --layers {s.layers}")
+    hidden = s.mlp_ratio * s.budget
+    if abs(hidden - round(hidden)) > 1e-9:
+        raise UsageError(f"--mlp-ratio {s.mlp_ratio:g}: mlp-ratio * budget = {hidden:g} must be "
+                         "a whole number of units")
+    if s.positional == "rope" and s.attention == "mixit":
+        raise UsageError("--positional rope: not offered for --attention mixit (no queries or "
+                         "keys); use learned or sinusoidal")
+    pairs = sum(s.budget // d for d in range(s.align, min(s.input_dim, s.budget) + 1, s.align))
+    if s.seq_len * pairs > MAX_TABLE:
+        raise UsageError(f"--seq-len {s.seq_len}: with --budget {s.budget} and --align "
+                         f"{s.align} the instance has {s.seq_len * pairs:,} (offset, heads, dim) "
+                         f"choices, over {MAX_TABLE:,}; lower --seq-len or raise --align")
+    try:
+        parse_kernel(s.kernel, s.seq_len)
+    except KernelError as err:
+        raise UsageError(f"--kernel: {err}") from None
+    try:
+        parse_spectrum(s.spectrum)
+    except KernelError as err:
+        raise UsageError(f"--spectrum: {err}") from None
+    return s
+
+
+def _num(x: float) -> str:
+    return f"{x:,.4g}" if abs(x) < 1e4 else f"{x:,.0f}"
+
+
+def _groups(groups: list[dict[str, Any]], real: bool = False) -> str:
+    parts = []
+    for g in groups:
+        count = f"{g['count']:.2f}" if real else str(g["count"])
+        share = f" ({g['share']:.0%})" if real and g.get("share", 1.0) < 1 else ""
+        parts.append(f"s{g['offset']}:{count}x{g['dim']:g}{share}")
+    return "  ".join(parts) if parts else "(every offset truncated)"
+
+
+def render(rep: dict[str, Any]) -> str:
+    """Human-readable report: per-layer table, totals, extraction detail, saturation effect."""
+    inp = rep["inputs"]
+    head = (f"{PROG}: D={rep['budget']} layers={inp['layers']} kernel={inp['kernel']} "
+            f"seq_len={inp['seq_len']} input_dim={inp['input_dim']} align={inp['align']}")
+    rows = []
+    for r in rep["layers"]:
+        terms = r["error_terms"]
+        if "attention" in terms:
+            detail = "attention (per head)"
+        else:
+            detail = (f"comp {_num(terms['compression'])} + extr {_num(terms['extraction'])} "
+                      f"+ trunc {_num(terms['truncation'])}")
+        heads = "+".join(_head(g) for g in r["heads"])
+        rows.append([r["index"], r["role"], r["attention"], heads, r["width"],
+                     f"{r['attention_params']:,}", f"{r['predicted_error']:.4g}", detail])
+    table = render_table(["layer", "role", "attention", "heads", "width", "attn params",
+                          "pred. error", "terms"], rows,
+                         right=[True, False, False, False, True, True, True, False])
+    t, ex = rep["totals"], rep["extract"]
+    cont = ex["continuous"]
+    lines = [
+        head, "", table, "",
+        f"attention params {t['attention_params']:,} vs {t['baseline_attention_params']:,} for "
+        f"{t['baseline_heads']} in every layer: saving {t['saving']:.1%} "
+        f"(whole model {t['model_params']:,} vs {t['baseline_model_params']:,})",
+        "",
+        f"extraction layer (offset s: heads x dim; chosen: {ex['chosen']})",
+        f"  exact       E = {ex['exact']['objective']:.4f}  {_groups(ex['exact']['groups'])}",
+        f"  continuous  E = {cont['objective']:.4f}  {_groups(cont['groups'], real=True)}",
+        f"              lower bound; rounding gap {cont['rounding_gap']:.4f}",
+        f"  uniform     E = {ex['uniform']['objective']:.4f}  "
+        f"{ex['uniform']['count']} heads of {ex['uniform']['dim']}",
+        "",
+        f"saturation: qk_dim of a {rep['saturation']['teacher_qk_dim']}-dim head vs sequence "
+        f"length (tolerance {inp['tolerance']:g}, R={inp['logit_bound']:g})",
+    ]
+    curve = rep["saturation"]["curve"]
+    lines.append(render_table(["N"] + [str(c["seq_len"]) for c in curve],
+                              [["qk_dim"] + [c["qk_dim"] for c in curve],
+                               ["||J|| bound"] + [f"{c['jacobian_bound']:.3g}" for c in curve]],
+                              right=[False] + [True] * len(curve)))
+    return "\n".join(lines)
+
+
+def _head(g: dict[str, int]) -> str:
+    dims = str(g["qk_dim"]) if g["qk_dim"] == g["v_dim"] else f"{g['qk_dim']}/{g['v_dim']}"
+    return f"{g['count']}x{dims}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = settings_from_args(args)
+        for flag, path in (("--out", args.out), ("--plot", args.plot)):
+            if path is not None:
+                check_writable(flag, path)
+    except UsageError as err:
+        return fail(PROG, str(err))
+    plan: Plan = make_plan(settings)
+    rep = report(plan)
+    if args.out is not None:
+        write_atomic(args.out, plan.arch.to_yaml())
+    if args.plot is not None:
+        from alloc.plot import plot_plan  # matplotlib only when asked for
+
+        plot_plan(plan, args.plot)
+    print(render(rep) if args.format == "table" else dump(rep, args.format), end="\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

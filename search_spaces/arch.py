@@ -1,0 +1,432 @@
+"""The shared vocabulary: ``HeadGroup`` -> ``LayerSpec`` -> ``ArchConfig`` (SPEC §2).
+
+Every component of the project (allocator, search spaces, workers, study records) describes a
+candidate network with these frozen dataclasses. They validate on construction, collecting every
+problem before raising, and own their serialisation: ``to_dict`` / ``from_dict`` (unknown keys
+rejected with the list of valid ones), JSON and YAML, and a stable ``arch_id``.
+
+Example:
+    >>> arch = ArchConfig(d_model=512, input_dim=64, max_seq_len=256,
+    ...                   layers=(LayerSpec("mhsa", (HeadGroup(8, 64),)),))
+    >>> ArchConfig.from_yaml(arch.to_yaml()) == arch
+    True
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any
+
+import yaml
+
+SCHEMA_VERSION = 1
+ATTENTION_KINDS = ("mhsa", "mssa", "mixit", "frozen_qk")
+ROLES = ("extract", "process")
+POSITIONALS = ("learned", "sinusoidal", "rope")
+NORMS = ("layernorm", "rmsnorm")
+MLP_KINDS = ("gelu", "swiglu")
+# Attention kinds whose heads have one width: MSSA uses one basis as query, key and value;
+# MixiT has no query/key at all. Their groups must have qk_dim == v_dim.
+SINGLE_WIDTH_KINDS = ("mssa", "mixit")
+
+_SHORTHAND = re.compile(r"^\s*(\d+)\s*x\s*(\d+)\s*(?:/\s*(\d+))?\s*$")
+
+
+class ConfigError(ValueError):
+    """An invalid architecture description; ``problems`` lists every rule broken."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("; ".join(self.problems))
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
+
+
+def _need_int(problems: list[str], path: str, value: Any, minimum: int) -> None:
+    if not _is_int(value) or value < minimum:
+        problems.append(f"{path} = {value!r}: must be an integer >= {minimum}")
+
+
+def _need_choice(problems: list[str], path: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        problems.append(f"{path} = {value!r}: must be one of {', '.join(choices)}")
+
+
+def _need_bool(problems: list[str], path: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        problems.append(f"{path} = {value!r}: must be true or false")
+
+
+def _check_keys(data: Any, valid: tuple[str, ...], path: str) -> None:
+    if not isinstance(data, dict):
+        raise ConfigError([f"{path or 'arch'}: expected a mapping, got {type(data).__name__}"])
+    unknown = sorted(set(map(str, data)) - set(valid))
+    if unknown:
+        raise ConfigError(
+            [f"{path + '.' if path else ''}{k}: unknown key; valid keys: {', '.join(valid)}"
+             for k in unknown]
+        )
+
+
+@dataclass(frozen=True)
+class HeadGroup:
+    """``count`` heads sharing a query/key dimension ``qk_dim`` and a value dimension ``v_dim``.
+
+    ``v_dim = 0`` (the default) means "same as ``qk_dim``" and is resolved on construction.
+    """
+
+    count: int
+    qk_dim: int
+    v_dim: int = 0
+
+    def __post_init__(self) -> None:
+        if self.v_dim == 0 and _is_int(self.qk_dim):
+            object.__setattr__(self, "v_dim", self.qk_dim)
+        problems: list[str] = []
+        _need_int(problems, "count", self.count, 1)
+        _need_int(problems, "qk_dim", self.qk_dim, 1)
+        _need_int(problems, "v_dim", self.v_dim, 1)
+        if problems:
+            raise ConfigError(problems)
+
+    @property
+    def width(self) -> int:
+        """Attention width of the group: ``count * v_dim``."""
+        return self.count * self.v_dim
+
+    def __str__(self) -> str:
+        dims = f"{self.qk_dim}" if self.qk_dim == self.v_dim else f"{self.qk_dim}/{self.v_dim}"
+        return f"{self.count}x{dims}"
+
+    def to_dict(self) -> dict[str, int]:
+        return {"count": self.count, "qk_dim": self.qk_dim, "v_dim": self.v_dim}
+
+    @classmethod
+    def from_dict(cls, data: Any, path: str = "") -> HeadGroup:
+        """Build from ``{count, qk_dim[, v_dim]}`` or the shorthand ``"8x64"`` / ``"4x16/64"``."""
+        if isinstance(data, str):
+            match = _SHORTHAND.match(data)
+            if not match:
+                raise ConfigError([f"{path} = {data!r}: a head group string must look like "
+                                   "'8x64' (count x dim) or '4x16/64' (count x qk_dim/v_dim)"])
+            count, qk, v = match.groups()
+            data = {"count": int(count), "qk_dim": int(qk), "v_dim": int(v or qk)}
+        _check_keys(data, ("count", "qk_dim", "v_dim"), path)
+        try:
+            return cls(data.get("count"), data.get("qk_dim"), data.get("v_dim", 0))
+        except ConfigError as err:
+            raise ConfigError([f"{path}.{p}" for p in err.problems]) from None
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """One residual block: an attention kind with its head groups, and an optional MLP.
+
+    Attributes:
+        attention: registry name, one of ``ATTENTION_KINDS``.
+        heads: the head groups; the layer's attention width is ``sum(count * v_dim)``.
+        mlp_ratio: MLP hidden size over ``d_model``; 0 makes an attention-only (AoT) layer.
+        role: ``extract`` or ``process`` (informational, set by the allocator).
+        freeze_mlp: keep the MLP weights at initialisation (paper 002 ablation).
+        eta: residual step size, ``h = h + eta * Attn(Norm(h))`` (paper 000).
+        tied_output: MSSA only; output map ``[U_1..U_K]`` instead of a separate projection.
+    """
+
+    attention: str
+    heads: tuple[HeadGroup, ...]
+    mlp_ratio: float = 0.0
+    role: str = "process"
+    freeze_mlp: bool = False
+    eta: float = 1.0
+    tied_output: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.heads, list):
+            object.__setattr__(self, "heads", tuple(self.heads))
+        if _is_int(self.mlp_ratio):
+            object.__setattr__(self, "mlp_ratio", float(self.mlp_ratio))
+        if _is_int(self.eta):
+            object.__setattr__(self, "eta", float(self.eta))
+        problems = self._problems(_values(self))
+        if problems:
+            raise ConfigError(problems)
+
+    @staticmethod
+    def _problems(v: dict[str, Any]) -> list[str]:
+        """Problems of the field values ``v``; ``v["heads"] is None`` when already reported."""
+        problems: list[str] = []
+        _need_choice(problems, "attention", v["attention"], ATTENTION_KINDS)
+        heads = v["heads"]
+        if heads is None:
+            pass
+        elif not isinstance(heads, tuple) or not heads:
+            problems.append(f"heads = {heads!r}: must be a non-empty list of head groups")
+        elif not all(isinstance(g, HeadGroup) for g in heads):
+            problems.append("heads: every entry must be a HeadGroup")
+        elif v["attention"] in SINGLE_WIDTH_KINDS:
+            for j, g in enumerate(heads):
+                if g.qk_dim != g.v_dim:
+                    problems.append(f"heads[{j}] = {g}: {v['attention']} heads have one width, "
+                                    "so qk_dim must equal v_dim")
+        ratio = v["mlp_ratio"]
+        if not _is_number(ratio) or ratio < 0:
+            problems.append(f"mlp_ratio = {ratio!r}: must be a number >= 0 (0 = no MLP)")
+        _need_choice(problems, "role", v["role"], ROLES)
+        _need_bool(problems, "freeze_mlp", v["freeze_mlp"])
+        _need_bool(problems, "tied_output", v["tied_output"])
+        if v["freeze_mlp"] is True and ratio == 0:
+            problems.append("freeze_mlp = True: needs an MLP (mlp_ratio > 0)")
+        if v["tied_output"] is True and v["attention"] != "mssa":
+            problems.append(f"tied_output = True: only valid for mssa, not {v['attention']!r}")
+        if not _is_number(v["eta"]) or v["eta"] <= 0:
+            problems.append(f"eta = {v['eta']!r}: must be a number > 0")
+        return problems
+
+    @property
+    def width(self) -> int:
+        """Attention width ``sum(count * v_dim)``; may differ from ``d_model``."""
+        return sum(g.width for g in self.heads)
+
+    @property
+    def n_heads(self) -> int:
+        return sum(g.count for g in self.heads)
+
+    @property
+    def heads_str(self) -> str:
+        """Head groups as ``2x64+4x16/64``."""
+        return "+".join(str(g) for g in self.heads)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "attention": self.attention,
+            "heads": [g.to_dict() for g in self.heads],
+            "mlp_ratio": self.mlp_ratio,
+            "role": self.role,
+            "freeze_mlp": self.freeze_mlp,
+            "eta": self.eta,
+            "tied_output": self.tied_output,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any, path: str = "") -> LayerSpec:
+        _check_keys(data, _LAYER_KEYS, path)
+        problems: list[str] = []
+        heads_data = data.get("heads")
+        heads: list[HeadGroup] = []
+        if not isinstance(heads_data, list) or not heads_data:
+            problems.append(f"{path}.heads = {heads_data!r}: must be a non-empty list of head "
+                            "groups such as [{count: 8, qk_dim: 64}] or ['8x64']")
+        else:
+            for j, item in enumerate(heads_data):
+                try:
+                    heads.append(HeadGroup.from_dict(item, f"{path}.heads[{j}]"))
+                except ConfigError as err:
+                    problems.extend(err.problems)
+        kwargs = {k: data[k] for k in _LAYER_KEYS if k in data and k != "heads"}
+        if problems:  # report this layer's own problems too, not only its head groups'
+            values = {**_defaults(cls), "attention": None, **kwargs, "heads": None}
+            problems += [f"{path}.{p}" for p in cls._problems(values)]
+            raise ConfigError(problems)
+        try:
+            return cls(heads=tuple(heads), **kwargs)
+        except ConfigError as err:
+            raise ConfigError([f"{path}.{p}" for p in err.problems]) from None
+
+
+_LAYER_KEYS = ("attention", "heads", "mlp_ratio", "role", "freeze_mlp", "eta", "tied_output")
+
+
+@dataclass(frozen=True)
+class ArchConfig:
+    """A whole network: global fields plus one ``LayerSpec`` per layer (depth = ``len(layers)``).
+
+    Exactly one of ``vocab_size`` (token inputs: embedding + LM head) and ``input_dim`` (vector
+    inputs: linear in/out, ``output_dim`` defaulting to ``input_dim``) is set.
+    """
+
+    d_model: int
+    layers: tuple[LayerSpec, ...]
+    max_seq_len: int
+    vocab_size: int | None = None
+    input_dim: int | None = None
+    output_dim: int | None = None
+    causal: bool = True
+    positional: str = "learned"
+    norm: str = "layernorm"
+    mlp: str = "gelu"
+    tie_embeddings: bool = False
+    seed: int = 0
+    schema_version: int = SCHEMA_VERSION
+    # Derived, excluded from equality and serialisation.
+    arch_id: str = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.layers, list):
+            object.__setattr__(self, "layers", tuple(self.layers))
+        if self.output_dim is None and self.vocab_size is None and self.input_dim is not None:
+            object.__setattr__(self, "output_dim", self.input_dim)
+        problems = self._problems(_values(self))
+        if problems:
+            raise ConfigError(problems)
+        digest = hashlib.sha256(self.to_json().encode()).hexdigest()
+        object.__setattr__(self, "arch_id", digest[:16])
+
+    @staticmethod
+    def _problems(v: dict[str, Any]) -> list[str]:
+        """Problems of the field values ``v``; ``v["layers"] is None`` when already reported."""
+        problems: list[str] = []
+        _need_int(problems, "d_model", v["d_model"], 1)
+        _need_int(problems, "max_seq_len", v["max_seq_len"], 1)
+        _need_int(problems, "seed", v["seed"], 0)
+        if v["schema_version"] != SCHEMA_VERSION:
+            problems.append(f"schema_version = {v['schema_version']!r}: this code reads "
+                            f"version {SCHEMA_VERSION}")
+        _need_choice(problems, "positional", v["positional"], POSITIONALS)
+        _need_choice(problems, "norm", v["norm"], NORMS)
+        _need_choice(problems, "mlp", v["mlp"], MLP_KINDS)
+        _need_bool(problems, "causal", v["causal"])
+        _need_bool(problems, "tie_embeddings", v["tie_embeddings"])
+        problems += _io_problems(v)
+        layers = v["layers"]
+        if layers is None:
+            pass
+        elif not isinstance(layers, tuple) or not layers:
+            problems.append("layers: must be a non-empty list of layer specs")
+        elif not all(isinstance(layer, LayerSpec) for layer in layers):
+            problems.append("layers: every entry must be a LayerSpec")
+        else:
+            problems += _cross_layer_problems(v["d_model"], v["positional"], layers)
+        return problems
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def token_inputs(self) -> bool:
+        return self.vocab_size is not None
+
+    def mlp_hidden(self, layer: LayerSpec) -> int:
+        """MLP hidden units of ``layer`` (0 for an attention-only layer)."""
+        return round(layer.mlp_ratio * self.d_model)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Canonical dict: every field explicit, derived ``arch_id`` excluded."""
+        return {
+            "schema_version": self.schema_version,
+            "d_model": self.d_model,
+            "max_seq_len": self.max_seq_len,
+            "vocab_size": self.vocab_size,
+            "input_dim": self.input_dim,
+            "output_dim": self.output_dim,
+            "causal": self.causal,
+            "positional": self.positional,
+            "norm": self.norm,
+            "mlp": self.mlp,
+            "tie_embeddings": self.tie_embeddings,
+            "seed": self.seed,
+            "layers": [layer.to_dict() for layer in self.layers],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> ArchConfig:
+        """Build from a dict, collecting every problem; unknown keys list the valid ones."""
+        _check_keys(data, _ARCH_KEYS, "")
+        problems: list[str] = []
+        layers: list[LayerSpec] = []
+        layers_data = data.get("layers")
+        if not isinstance(layers_data, list) or not layers_data:
+            problems.append(f"layers = {layers_data!r}: must be a non-empty list of layer specs")
+        else:
+            for i, item in enumerate(layers_data):
+                try:
+                    layers.append(LayerSpec.from_dict(item, f"layers[{i}]"))
+                except ConfigError as err:
+                    problems.extend(err.problems)
+        kwargs = {k: data[k] for k in _ARCH_KEYS if k in data and k != "layers"}
+        if problems:  # report the global fields' problems too, not only the layers'
+            values = {**_defaults(cls), "d_model": None, "max_seq_len": None, **kwargs}
+            if values["output_dim"] is None and values["vocab_size"] is None:
+                values["output_dim"] = values["input_dim"]
+            problems += cls._problems({**values, "layers": None})
+            raise ConfigError(problems)
+        return cls(layers=tuple(layers), **kwargs)
+
+    def to_json(self, indent: int | None = None) -> str:
+        separators = (",", ":") if indent is None else None
+        return json.dumps(self.to_dict(), sort_keys=True, indent=indent, separators=separators)
+
+    @classmethod
+    def from_json(cls, text: str) -> ArchConfig:
+        return cls.from_dict(json.loads(text))
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    @classmethod
+    def from_yaml(cls, text: str) -> ArchConfig:
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as err:
+            raise ConfigError([f"not valid YAML: {err}".replace("\n", " ")]) from None
+        if isinstance(data, dict) and "arch" in data and "d_model" not in data:
+            data = data["arch"]  # accept the allocator's full JSON/YAML report too
+        return cls.from_dict(data)
+
+
+_ARCH_KEYS = ("schema_version", "d_model", "max_seq_len", "vocab_size", "input_dim",
+              "output_dim", "causal", "positional", "norm", "mlp", "tie_embeddings", "seed",
+              "layers")
+
+
+def _values(obj: Any) -> dict[str, Any]:
+    return {f.name: getattr(obj, f.name) for f in fields(obj) if f.init}
+
+
+def _defaults(cls: type) -> dict[str, Any]:
+    return {f.name: f.default for f in fields(cls) if f.init and f.default is not MISSING}
+
+
+def _io_problems(v: dict[str, Any]) -> list[str]:
+    problems: list[str] = []
+    vocab, input_dim, output_dim = v["vocab_size"], v["input_dim"], v["output_dim"]
+    if (vocab is None) == (input_dim is None):
+        problems.append(f"vocab_size = {vocab!r}, input_dim = {input_dim!r}: "
+                        "set exactly one (tokens or vectors)")
+    if vocab is not None:
+        _need_int(problems, "vocab_size", vocab, 1)
+        if output_dim is not None:
+            problems.append(f"output_dim = {output_dim!r}: only for vector inputs "
+                            "(input_dim); token models predict vocab_size logits")
+    if input_dim is not None:
+        _need_int(problems, "input_dim", input_dim, 1)
+        _need_int(problems, "output_dim", output_dim, 1)
+        if v["tie_embeddings"] is True:
+            problems.append("tie_embeddings = True: only for token inputs (vocab_size)")
+    return problems
+
+
+def _cross_layer_problems(d_model: Any, positional: Any,
+                          layers: tuple[LayerSpec, ...]) -> list[str]:
+    problems: list[str] = []
+    for i, layer in enumerate(layers):
+        hidden = layer.mlp_ratio * d_model if _is_int(d_model) else 0.0
+        if abs(hidden - round(hidden)) > 1e-9:
+            problems.append(f"layers[{i}].mlp_ratio = {layer.mlp_ratio!r}: mlp_ratio * "
+                            f"d_model = {hidden:g} must be a whole number of units")
+        if positional == "rope" and layer.attention == "mixit":
+            problems.append(f"layers[{i}].attention = 'mixit': RoPE is not offered for mixit "
+                            "(it has no queries or keys); use positional: learned")
+        if positional == "rope" and any(g.qk_dim % 2 for g in layer.heads):
+            problems.append(f"layers[{i}].heads = {layer.heads_str}: RoPE needs even qk_dim")
+    return problems

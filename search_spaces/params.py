@@ -1,0 +1,109 @@
+"""Analytic parameter counts of an ``ArchConfig`` (no torch).
+
+The counts describe exactly what ``workers`` builds (tests compare them with the built
+``nn.Module``): linear maps carry no bias; LayerNorm has a weight and a bias, RMSNorm a weight;
+every block has a pre-attention norm, a pre-MLP norm when it has an MLP, and the model a final norm.
+
+Per attention kind, for a head group of ``count`` heads with dims ``qk``/``v`` in a model of width
+``d``:
+
+========== ==================================== =============================================
+kind       trainable                            frozen (counted in total, not trainable)
+========== ==================================== =============================================
+mhsa       Q, K: 2·d·count·qk; V, O: 2·d·count·v
+frozen_qk  V, O: 2·d·count·v                    Q, K: 2·d·count·qk
+mssa       U: d·count·v (+ O: d·count·v untied)
+mixit      V, O: 2·d·count·v                    (random mixing matrix is a buffer, not counted)
+========== ==================================== =============================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from search_spaces.arch import ArchConfig, LayerSpec
+
+
+@dataclass(frozen=True)
+class ParamCount:
+    """Trainable and total parameter counts (``total - trainable`` are frozen)."""
+
+    trainable: int
+    total: int
+
+    @property
+    def frozen(self) -> int:
+        return self.total - self.trainable
+
+    def __add__(self, other: ParamCount) -> ParamCount:
+        return ParamCount(self.trainable + other.trainable, self.total + other.total)
+
+
+ZERO = ParamCount(0, 0)
+
+
+def _free(n: int) -> ParamCount:
+    return ParamCount(n, n)
+
+
+def _frozen(n: int) -> ParamCount:
+    return ParamCount(0, n)
+
+
+def attention_params(layer: LayerSpec, d_model: int) -> ParamCount:
+    """Parameters of the attention map of ``layer`` (projections only, no norm)."""
+    count = ZERO
+    for g in layer.heads:
+        qk = d_model * g.count * g.qk_dim  # one of W_Q or W_K
+        v = d_model * g.count * g.v_dim  # one of W_V or W_O
+        if layer.attention == "mhsa":
+            count += _free(2 * qk + 2 * v)
+        elif layer.attention == "frozen_qk":
+            count += _free(2 * v) + _frozen(2 * qk)
+        elif layer.attention == "mssa":
+            count += _free(v if layer.tied_output else 2 * v)
+        elif layer.attention == "mixit":
+            count += _free(2 * v)
+        else:  # unreachable: LayerSpec validates the kind
+            raise ValueError(f"unknown attention kind {layer.attention!r}")
+    return count
+
+
+def norm_params(arch: ArchConfig) -> int:
+    """Parameters of one normalisation layer."""
+    return 2 * arch.d_model if arch.norm == "layernorm" else arch.d_model
+
+
+def mlp_params(arch: ArchConfig, layer: LayerSpec) -> ParamCount:
+    """Parameters of the MLP of ``layer``: GELU ``d->h->d`` or gated SiLU ``d->2h->d``."""
+    hidden = arch.mlp_hidden(layer)
+    n = (3 if arch.mlp == "swiglu" else 2) * arch.d_model * hidden
+    return _frozen(n) if layer.freeze_mlp else _free(n)
+
+
+def layer_params(arch: ArchConfig, index: int) -> ParamCount:
+    """Parameters of block ``index``: norms, attention and MLP."""
+    layer = arch.layers[index]
+    norms = norm_params(arch) * (2 if layer.mlp_ratio > 0 else 1)
+    return _free(norms) + attention_params(layer, arch.d_model) + mlp_params(arch, layer)
+
+
+def io_params(arch: ArchConfig) -> ParamCount:
+    """Parameters outside the blocks: input/output maps, positions and the final norm."""
+    d = arch.d_model
+    if arch.vocab_size is not None:
+        n = arch.vocab_size * d * (1 if arch.tie_embeddings else 2)
+    else:
+        assert arch.input_dim is not None and arch.output_dim is not None
+        n = (arch.input_dim + arch.output_dim) * d
+    if arch.positional == "learned":
+        n += arch.max_seq_len * d
+    return _free(n + norm_params(arch))
+
+
+def param_count(arch: ArchConfig) -> ParamCount:
+    """Total parameters of the model ``workers.build_model(arch)`` builds."""
+    total = io_params(arch)
+    for i in range(arch.n_layers):
+        total += layer_params(arch, i)
+    return total

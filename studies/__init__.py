@@ -1,0 +1,1 @@
+"""Optuna study storage, records and queries (no torch)."""

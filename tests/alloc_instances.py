@@ -1,0 +1,41 @@
+"""Random small allocation instances shared by the allocator tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from alloc.extract import ErrorModel, ExtractProblem
+from alloc.kernels import parse_kernel
+
+
+def random_kernel(rng: np.random.Generator, tmp: Path, seq_len: int) -> str:
+    form = rng.choice(["ngram", "exp", "poly", "file"])
+    if form == "ngram":
+        return f"ngram:{rng.integers(1, seq_len + 1)}"
+    if form == "exp":
+        return f"exp:{rng.uniform(0, 2):.3f}"
+    if form == "poly":
+        return f"poly:{rng.uniform(0, 3):.3f}"
+    values = rng.normal(size=seq_len + 1) * (rng.random(seq_len + 1) < 0.8)
+    values[rng.integers(0, seq_len)] = 1.0  # at least one non-zero offset in range
+    path = tmp / f"kernel{rng.integers(1 << 30)}.txt"
+    path.write_text("# random kernel\n" + "\n".join(f"{v:.6f}" for v in values) + "\n")
+    return f"file:{path}"
+
+
+def random_problem(rng: np.random.Generator, tmp: Path, aligned_budget: bool = False,
+                   max_budget: int = 16, max_seq_len: int = 3) -> ExtractProblem:
+    """A random instance small enough for brute-force enumeration."""
+    seq_len = int(rng.integers(1, max_seq_len + 1))
+    input_dim = int(rng.integers(1, 9))
+    align = int(rng.choice([a for a in (1, 2, 3, 4) if a <= input_dim]))
+    budget = int(rng.integers(1, max_budget // align + 1)) * align if aligned_budget else \
+        int(rng.integers(align, max_budget + 1))
+    model = ErrorModel(input_dim, c_proj=float(rng.uniform(0.1, 2)),
+                       c_head=float(rng.uniform(0.1, 3)), order=float(rng.choice([1, 1.5, 2, 3])),
+                       alpha=float(rng.uniform(0, 0.5)),
+                       norm_bound=None if rng.random() < 0.5 else float(rng.uniform(0.5, 4)))
+    rho = parse_kernel(random_kernel(rng, tmp, seq_len), seq_len)
+    return ExtractProblem(rho, budget, align, model)

@@ -1,0 +1,132 @@
+"""Early-layer allocation: the DP against brute force, the uniform variant, the U-curve."""
+
+from __future__ import annotations
+
+import math
+from itertools import pairwise
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from alloc.extract import (
+    ErrorModel,
+    ExtractProblem,
+    GroupChoice,
+    solve_brute_force,
+    solve_exact,
+    solve_uniform,
+    uniform_options,
+)
+from alloc.kernels import parse_kernel
+from tests.alloc_instances import random_problem
+
+
+def close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+
+
+def feasible(problem: ExtractProblem, groups: tuple[GroupChoice, ...]) -> bool:
+    dims_ok = all(g.dim % problem.align == 0 and 1 <= g.dim <= problem.model.input_dim
+                  and g.count >= 1 for g in groups)
+    return dims_ok and sum(g.count * g.dim for g in groups) <= problem.budget
+
+
+@pytest.mark.parametrize("seed", range(120))
+def test_exact_equals_brute_force(seed: int, tmp_path: Path) -> None:
+    problem = random_problem(np.random.default_rng(seed), tmp_path)
+    exact, brute = solve_exact(problem), solve_brute_force(problem)
+    assert feasible(problem, exact.groups)
+    assert close(exact.objective, brute.objective), (exact, brute)
+    assert close(exact.objective, problem.evaluate(exact.groups).objective)
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_uniform_equals_brute_force_over_divisors(seed: int, tmp_path: Path) -> None:
+    problem = random_problem(np.random.default_rng(1000 + seed), tmp_path, aligned_budget=True)
+    divisors = [d for d in problem.dims.tolist() if problem.budget % d == 0]
+    brute = min(solve_brute_force(problem, np.array([d])).objective for d in divisors)
+    best = solve_uniform(problem)
+    assert close(best.objective, brute)
+    assert best.count * best.dim == problem.budget
+    assert all(g.dim == best.dim for g in best.allocation.groups)
+    assert best.allocation.heads <= best.count
+    # Pruning only skips divisors that cannot win.
+    assert close(min(o.objective for o in uniform_options(problem)), best.objective)
+
+
+def test_exact_never_worse_than_uniform() -> None:
+    problem = ExtractProblem(parse_kernel("exp:0.3", 64), 256, 8, ErrorModel(64))
+    assert solve_exact(problem).objective <= solve_uniform(problem).objective + 1e-12
+
+
+def test_objective_terms_match_the_formula() -> None:
+    model = ErrorModel(16, c_proj=0.5, c_head=2.0, order=2.0, alpha=0.1, norm_bound=3.0)
+    rho = np.array([0.0, -2.0, 0.5])  # offset 1 has no weight; offset 2 is negative
+    problem = ExtractProblem(rho, 64, 4, model)
+    alloc = problem.evaluate([GroupChoice(2, 3, 8)])
+    comp = 2.0 * 0.5 * math.sqrt(16 - 8)
+    extr = 2.0 * 2.0 * 3.0 * math.exp(0.1 * 3 * 2) / 3**2
+    trunc = 3.0 * 0.5  # offset 3 skipped
+    assert close(alloc.compression, comp) and close(alloc.extraction, extr)
+    assert close(alloc.truncation, trunc) and close(alloc.objective, comp + extr + trunc)
+    assert list(problem.offsets) == [2, 3]  # sorted by |rho|, zero weights dropped
+
+
+def single_group_curve(d_in: int, budget: int, c_proj: float, c_head: float, order: float,
+                       alpha: float) -> tuple[list[int], list[float], ExtractProblem]:
+    model = ErrorModel(d_in, c_proj=c_proj, c_head=c_head, order=order, alpha=alpha)
+    problem = ExtractProblem(parse_kernel("ngram:1", 8), budget, 1, model)
+    options = uniform_options(problem)
+    return [o.count for o in options], [o.objective for o in options], problem
+
+
+def test_single_group_reproduces_the_paper_curve() -> None:
+    heads, errors, problem = single_group_curve(512, 512, 1.0, 1.0, 2.0, 0.01)
+    b = math.sqrt(512) * math.exp(0.01 * 3)
+    for h, e in zip(heads, errors):
+        formula = math.sqrt(max(512 - 512 / h, 0)) + b / h**2
+        assert close(e, min(formula, problem.model.bound))
+    best = heads[int(np.argmin(errors))]
+    assert best == 4 and heads[0] < best < heads[-1]  # interior minimum: U-shaped
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_single_group_curve_is_u_shaped_where_theory_says(seed: int) -> None:
+    # Theory: dE/dH = H^-(n+1) [c_proj D H^(n-1) / (2 sqrt(d_in - D/H)) - n b]; for n >= 1 and
+    # D < 2 d_in / 3 the bracket increases in H, so E falls then rises, with one minimum.
+    rng = np.random.default_rng(seed)
+    d_in = int(rng.integers(96, 1025))
+    budget = int(2 ** rng.integers(4, int(np.log2(2 * d_in / 3)) + 1))
+    order = float(rng.choice([1.0, 2.0, 3.0]))
+    # Stay in the theorem's regime E < B (no truncation): c_proj < 1 and b below the margin.
+    c_proj = float(rng.uniform(0.2, 0.9))
+    margin = math.sqrt(d_in) * (1 - c_proj)
+    one_head = math.sqrt(d_in) * math.exp(0.01 * (order + 1))  # B e^{alpha (n+1)}
+    c_head = float(rng.uniform(0.05, 0.95)) * margin / one_head
+    heads, errors, problem = single_group_curve(d_in, budget, c_proj, c_head, order, 0.01)
+    assert max(errors) < problem.model.bound
+    k = int(np.argmin(errors))
+    assert all(a > b for a, b in pairwise(errors[: k + 1]))
+    assert all(a < b for a, b in pairwise(errors[k:]))
+    # The discrete minimum brackets the continuous stationary point.
+    b = c_head * problem.model.bound * math.exp(0.01 * (order + 1))
+
+    def slope(h: float) -> float:
+        return c_proj * budget * h ** (order - 1) / (2 * math.sqrt(d_in - budget / h)) - order * b
+
+    lo, hi = heads[max(k - 1, 0)], heads[min(k + 1, len(heads) - 1)]
+    assert (slope(lo) <= 0 or k == 0) and (slope(hi) >= 0 or k == len(heads) - 1)
+
+
+def test_default_budget_gives_eight_heads_of_64() -> None:
+    problem = ExtractProblem(parse_kernel("poly:1.0", 256), 512, 8, ErrorModel(64))
+    exact, uniform = solve_exact(problem), solve_uniform(problem)
+    assert (uniform.count, uniform.dim) == (8, 64)
+    assert exact.heads == 8 and {g.dim for g in exact.groups} == {64}
+
+
+def test_larger_input_dim_moves_the_choice() -> None:
+    problem = ExtractProblem(parse_kernel("poly:1.0", 256), 512, 8, ErrorModel(512))
+    uniform = solve_uniform(problem)
+    assert (uniform.count, uniform.dim) != (8, 64)

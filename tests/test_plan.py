@@ -1,0 +1,66 @@
+"""The per-layer plan and the allocator's JSON contract."""
+
+from __future__ import annotations
+
+import pytest
+
+from alloc.plan import PlanSettings, make_plan, report
+from search_spaces import ArchConfig, HeadGroup, attention_params
+
+
+def test_default_plan() -> None:
+    plan = make_plan(PlanSettings())
+    layers = plan.arch.layers
+    assert layers[0].heads == (HeadGroup(8, 64),) and layers[0].role == "extract"
+    assert all(layer.heads == (HeadGroup(8, 8, 64),) for layer in layers[1:])
+    assert all(layer.role == "process" and layer.mlp_ratio == 4 for layer in layers[1:])
+    assert plan.arch.d_model == 512 and plan.arch.input_dim == 64
+
+
+def test_json_contract() -> None:
+    rep = report(make_plan(PlanSettings()))
+    assert rep["budget"] == 512
+    for row in rep["layers"]:
+        assert {"index", "role", "attention", "heads", "width", "attention_params",
+                "predicted_error"} <= set(row)
+        assert all(set(h) == {"count", "qk_dim", "v_dim"} for h in row["heads"])
+    assert {"objective", "groups"} <= set(rep["extract"]["exact"])
+    assert all(set(g) == {"offset", "count", "dim"} for g in rep["extract"]["exact"]["groups"])
+    assert {"objective", "groups"} <= set(rep["extract"]["continuous"])
+    assert {"objective", "count", "dim"} <= set(rep["extract"]["uniform"])
+    arch = ArchConfig.from_dict(rep["arch"])
+    assert [r["attention_params"] for r in rep["layers"]] == [
+        attention_params(layer, 512).total for layer in arch.layers]
+    base = 6 * attention_params(arch.layers[0], 512).total  # baseline 8x64 everywhere
+    assert rep["totals"]["baseline_attention_params"] == base
+    assert rep["totals"]["saving"] == pytest.approx(1 - rep["totals"]["attention_params"] / base)
+
+
+@pytest.mark.parametrize("kind", ["mssa", "mixit"])
+def test_single_width_kinds_keep_qk_equal_v(kind: str) -> None:
+    plan = make_plan(PlanSettings(attention=kind, mlp_ratio=0))
+    for layer in plan.arch.layers:
+        assert layer.attention == kind and layer.mlp_ratio == 0
+        assert all(g.qk_dim == g.v_dim for g in layer.heads)
+
+
+def test_uniform_flag_and_extract_layers() -> None:
+    plan = make_plan(PlanSettings(budget=256, uniform=True, layers=4, extract_layers=2,
+                                  kernel="exp:0.5", input_dim=128))
+    uni = plan.uniform
+    assert [layer.role for layer in plan.arch.layers] == ["extract"] * 2 + ["process"] * 2
+    assert plan.arch.layers[0].heads == (HeadGroup(uni.count, uni.dim),)
+    assert plan.layer_errors[0]["total"] == pytest.approx(uni.objective)
+    none = make_plan(PlanSettings(extract_layers=0))
+    assert all(layer.role == "process" for layer in none.arch.layers)
+
+
+def test_longer_sequences_never_need_larger_qk() -> None:
+    dims = [make_plan(PlanSettings(seq_len=n, tolerance=0.01)).arch.layers[1].heads[0].qk_dim
+            for n in (64, 128, 256, 512, 1024)]
+    assert dims == sorted(dims, reverse=True) and dims[0] > dims[-1]
+
+
+def test_token_model() -> None:
+    plan = make_plan(PlanSettings(vocab_size=601))
+    assert plan.arch.vocab_size == 601 and plan.arch.input_dim is None

@@ -1,0 +1,109 @@
+"""``python -m alloc.solve``: outputs, files, and one-line errors with exit code 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from alloc.solve import main
+from search_spaces import ArchConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_table_is_the_default(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--budget", "512"]) == 0
+    out = capsys.readouterr().out
+    assert "8x64" in out and "8x8/64" in out and "saving" in out and "uniform" in out
+
+
+@pytest.mark.parametrize("fmt", ["json", "yaml"])
+def test_machine_formats(fmt: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--budget", "256", "--format", fmt]) == 0
+    out = capsys.readouterr().out
+    data = json.loads(out) if fmt == "json" else yaml.safe_load(out)
+    assert data["budget"] == 256
+    assert ArchConfig.from_dict(data["arch"]).arch_id == data["arch_id"]
+
+
+def test_out_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out, plot = tmp_path / "arch.yaml", tmp_path / "tradeoff.png"
+    assert main(["--budget", "512", "--out", str(out), "--plot", str(plot),
+                 "--format", "json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert ArchConfig.from_yaml(out.read_text()).to_dict() == rep["arch"]
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # Written through a temporary file and a rename: nothing else left behind.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["arch.yaml", "tradeoff.png"]
+
+
+BAD = [
+    (["--budget", "0"], "--budget: '0': must be an integer between 1 and 65536"),
+    (["--budget", "-8"], "--budget: '-8'"),
+    (["--budget", "1.5"], "--budget: '1.5': must be an integer"),
+    (["--budget", "65537"], "--budget: '65537'"),
+    (["--align", "24"], "--align 24: must divide --budget 512"),
+    (["--align", "128"], "--align 128: must be <= --input-dim (64)"),
+    (["--kernel", "gauss:2"], "--kernel: unknown kernel 'gauss:2'"),
+    (["--kernel", "ngram:x"], "--kernel: kernel 'ngram:x': parameter 'x' must be"),
+    (["--input-dim", "0"], "--input-dim: '0': must be an integer"),
+    (["--tolerance", "0"], "--tolerance: '0': must be a number > 0"),
+    (["--tolerance", "-1"], "--tolerance: '-1'"),
+    (["--extract-layers", "7"], "--extract-layers 7: must be <= --layers 6"),
+    (["--spectrum", "power:-2"], "--spectrum: spectrum 'power:-2'"),
+    (["--attention", "linear"], "--attention: invalid choice: 'linear'"),
+    (["--mlp-ratio", "0.001"], "--mlp-ratio 0.001: mlp-ratio * budget"),
+]
+
+
+def run(argv: list[str]) -> int:
+    """``main``'s exit code, whether it returns it or argparse exits with it."""
+    try:
+        return main(argv)
+    except SystemExit as exit_:
+        return int(exit_.code or 0)
+
+
+@pytest.mark.parametrize(("argv", "message"), BAD)
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(
+        argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "arch.yaml"
+    assert run([*argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("alloc.solve: error: ")
+    assert message in err, err
+    assert not out.exists()
+
+
+def test_malformed_kernel_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "k.txt"
+    bad.write_text("1\n2\nthree\n")
+    assert main(["--kernel", f"file:{bad}", "--out", str(tmp_path / "a.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "--kernel: kernel file" in err and "line 3: 'three' is not a number" in err
+    assert err.count("\n") == 1 and not (tmp_path / "a.yaml").exists()
+
+
+def test_missing_output_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--out", str(tmp_path / "no" / "a.yaml")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_module_runs_without_torch_or_ray() -> None:
+    code = ("import sys, runpy; sys.argv = ['alloc.solve', '--budget', '512'];\n"
+            "try:\n    runpy.run_module('alloc.solve', run_name='__main__')\n"
+            "except SystemExit as e:\n    assert e.code == 0, e.code\n"
+            "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'ray', "
+            "'matplotlib', 'scipy'))\nassert not heavy, heavy\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "8x64" in result.stdout
+    help_text = subprocess.run([sys.executable, "-m", "alloc.solve", "--help"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=60).stdout
+    assert "--budget" in help_text and "default: 512" in help_text
