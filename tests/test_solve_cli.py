@@ -107,3 +107,4 @@ def test_module_runs_without_torch_or_ray() -> None:
     help_text = subprocess.run([sys.executable, "-m", "alloc.solve", "--help"], cwd=ROOT,
                                capture_output=True, text=True, timeout=60).stdout
     assert "--budget" in help_text and "default: 512" in help_text
+
