@@ -1,0 +1,153 @@
+"""python -m bench.throughput [--smoke-test] [--device cpu|cuda] [--format table|json|yaml]
+
+Training throughput (forward + backward + AdamW step, tokens/s) of a stack of blocks for each
+attention kind at the same shapes, and of our ``mhsa`` block against PyTorch's own
+``torch.nn.TransformerEncoderLayer`` (norm-first, GELU, no bias, no dropout) at equal size.
+Variants run interleaved in rounds and each reports its median round, so the printed ratios come
+from one run on one machine. On CUDA the step runs under bf16 autocast.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from search_spaces import ArchConfig, HeadGroup, LayerSpec
+from search_spaces.cli import Parser, add_format, dump, render_table
+from workers.model import Block, count_params
+
+
+@dataclass(frozen=True)
+class Shape:
+    d_model: int = 512
+    heads: int = 8
+    layers: int = 4
+    seq_len: int = 256
+    batch: int = 8
+    mlp_ratio: float = 4.0
+
+
+FULL, SMOKE = Shape(), Shape(d_model=64, heads=4, layers=1, seq_len=32, batch=2)
+KINDS = ("mhsa", "frozen_qk", "mssa", "mixit")
+
+
+def our_stack(shape: Shape, kind: str, causal: bool) -> nn.Module:
+    head = HeadGroup(shape.heads, shape.d_model // shape.heads)
+    layer = LayerSpec(kind, (head,), mlp_ratio=shape.mlp_ratio)
+    arch = ArchConfig(d_model=shape.d_model, layers=(layer,) * shape.layers,
+                      max_seq_len=shape.seq_len, input_dim=shape.d_model, causal=causal)
+    return nn.Sequential(*(Block(arch, i) for i in range(shape.layers)))
+
+
+def torch_stack(shape: Shape) -> nn.Module:
+    layers = [nn.TransformerEncoderLayer(shape.d_model, shape.heads,
+                                         int(shape.mlp_ratio * shape.d_model), dropout=0.0,
+                                         activation="gelu", batch_first=True, norm_first=True,
+                                         bias=False) for _ in range(shape.layers)]
+    return nn.Sequential(*layers)
+
+
+class Runner:
+    """One variant: a module, its optimizer, and a timed training step."""
+
+    def __init__(self, name: str, module: nn.Module, shape: Shape, device: str) -> None:
+        self.name, self.shape, self.device = name, shape, device
+        self.module = module.to(device)
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=1e-4)
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randn(shape.batch, shape.seq_len, shape.d_model, generator=g).to(device)
+        self.rates: list[float] = []
+
+    def step(self) -> None:
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.device == "cuda"):
+            loss = self.module(self.x).float().pow(2).mean()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+
+    def timed(self, steps: int) -> None:
+        _sync(self.device)
+        start = time.perf_counter()
+        for _ in range(steps):
+            self.step()
+        _sync(self.device)
+        self.rates.append(steps * self.shape.batch * self.shape.seq_len /
+                          (time.perf_counter() - start))
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def make_runners(shape: Shape, device: str) -> list[Runner]:
+    runners = [Runner("torch TransformerEncoderLayer", torch_stack(shape), shape, device)]
+    for kind in KINDS:
+        runners.append(Runner(kind, our_stack(shape, kind, causal=False), shape, device))
+    runners.append(Runner("mhsa causal", our_stack(shape, "mhsa", causal=True), shape, device))
+    runners.append(Runner("mixit causal", our_stack(shape, "mixit", causal=True), shape, device))
+    return runners
+
+
+def measure(shape: Shape, device: str, rounds: int, steps: int,
+            progress: Callable[[str], None]) -> list[dict[str, Any]]:
+    runners = make_runners(shape, device)
+    for r in runners:  # warm-up: allocator, kernels, optimizer state
+        r.timed(2)
+        r.rates.clear()
+    for i in range(rounds):
+        for r in runners:
+            r.timed(steps)
+        progress(f"round {i + 1}/{rounds}: " + ", ".join(
+            f"{r.name} {r.rates[-1]:,.0f}" for r in runners))
+    base = statistics.median(runners[1].rates)  # our mhsa
+    torch_rate = statistics.median(runners[0].rates)
+    rows = []
+    for r in runners:
+        rate = statistics.median(r.rates)
+        trainable, total = count_params(r.module)
+        rows.append({"variant": r.name, "tokens_per_s": rate, "vs_mhsa": rate / base,
+                     "vs_torch": rate / torch_rate, "trainable_params": trainable,
+                     "total_params": total})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = Parser(prog="bench.throughput", description=__doc__.split("\n\n")[1])
+    parser.add_argument("--smoke-test", action="store_true", help="tiny shapes, one round")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=5, help="training steps per round")
+    parser.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch default)")
+    add_format(parser)
+    args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is available")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    shape = SMOKE if args.smoke_test else FULL
+    rounds, steps = (1, 1) if args.smoke_test else (args.rounds, args.steps)
+    rows = measure(shape, args.device, rounds, steps, lambda m: print(m, file=sys.stderr))
+    if args.format != "table":
+        print(dump({"shape": shape.__dict__, "device": args.device, "rows": rows}, args.format))
+        return 0
+    print(f"{shape} on {args.device} ({torch.get_num_threads()} threads)")
+    print(render_table(["variant", "tokens/s", "vs our mhsa", "vs torch layer", "trainable",
+                        "total"],
+                       [[r["variant"], f"{r['tokens_per_s']:,.0f}", f"{r['vs_mhsa']:.2f}",
+                         f"{r['vs_torch']:.2f}", f"{r['trainable_params']:,}",
+                         f"{r['total_params']:,}"] for r in rows],
+                       right=[False] + [True] * 5))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

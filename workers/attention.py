@@ -1,0 +1,243 @@
+"""Attention kinds, one registry: ``ATTENTION[name](arch, layer, index)``, ``forward(x) -> x``.
+
+Every kind maps ``(B, T, d_model) -> (B, T, d_model)`` and supports head groups of different
+``qk_dim`` / ``v_dim`` in one layer: one fused projection for the whole layer, then one attention
+call per group over all of its heads (no Python loop over heads).
+
+- ``mhsa``      standard multi-head attention (Vaswani et al., 2017).
+- ``frozen_qk`` mhsa whose query/key maps stay at initialisation (Dong et al., "Attention
+                Retrieves, MLP Memorizes", paper 002).
+- ``mssa``      multi-head subspace self-attention: one basis ``U_k`` per head is query, key and
+                value; output ``[U_1..U_K]`` (tied) or a projection (Wang et al., AoT, paper 000).
+- ``mixit``     random static attention ``A = I + W - rowmean(W)``, frozen, input independent
+                (paper 002, eq. 2.3).
+
+The softmax kernel is separate from the projections (``kernel`` argument): ``sdpa`` by default,
+so tests can plug in e.g. the thresholded softmax of paper 000, Thm 3.1.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from search_spaces import ArchConfig, LayerSpec
+
+# kernel(q, k, v, causal, scale) -> out; q, k: (B, H, T, qk), v: (B, H, T, v) -> (B, H, T, v)
+Kernel = Callable[[Tensor, Tensor, Tensor, bool, float], Tensor]
+INIT_STD = 0.02
+
+
+def sdpa(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> Tensor:
+    """Softmax attention through PyTorch's fused kernel."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+
+
+def _heads(x: Tensor, count: int) -> Tensor:
+    """(B, T, count * dim) -> (B, count, T, dim)"""
+    b, t, _ = x.shape
+    return x.view(b, t, count, -1).transpose(1, 2)
+
+
+def _merge(x: Tensor) -> Tensor:
+    """(B, H, T, dim) -> (B, T, H * dim)"""
+    b, h, t, d = x.shape
+    return x.transpose(1, 2).reshape(b, t, h * d)
+
+
+class Rotary(nn.Module):
+    """RoPE tables for one head dimension (rotate-half form); buffers are not saved."""
+
+    cos: Tensor
+    sin: Tensor
+
+    def __init__(self, dim: int, max_seq_len: int, base: float = 10000.0) -> None:
+        super().__init__()
+        inv_freq = base ** -(torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+        angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float32), inv_freq)
+        self.register_buffer("cos", angles.cos(), persistent=False)  # (T, dim/2)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        t, half = x.shape[-2], x.shape[-1] // 2
+        cos, sin = self.cos[:t].to(x.dtype), self.sin[:t].to(x.dtype)
+        x1, x2 = x[..., :half], x[..., half:]
+        return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+class GroupedAttention(nn.Module):
+    """Shared plumbing: head groups, RoPE per distinct ``qk_dim``, the kernel, causality."""
+
+    def __init__(self, arch: ArchConfig, layer: LayerSpec, index: int,
+                 kernel: Kernel = sdpa) -> None:
+        super().__init__()
+        self.groups = [(g.count, g.qk_dim, g.v_dim) for g in layer.heads]
+        self.causal = arch.causal
+        self.kernel = kernel
+        self.index = index
+        self.rotary = nn.ModuleDict()
+        if arch.positional == "rope":
+            for qk in sorted({qk for _, qk, _ in self.groups}):
+                self.rotary[str(qk)] = Rotary(qk, arch.max_seq_len)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """Per group: (B, T, count*qk) x2 and (B, T, count*v) -> (B, T, width)."""
+        outs = []
+        qs = q.split([c * qk for c, qk, _ in self.groups], dim=-1)
+        ks = k.split([c * qk for c, qk, _ in self.groups], dim=-1)
+        vs = v.split([c * dv for c, _, dv in self.groups], dim=-1)
+        for (count, qk, _), qg, kg, vg in zip(self.groups, qs, ks, vs):
+            qh, kh, vh = _heads(qg, count), _heads(kg, count), _heads(vg, count)
+            if str(qk) in self.rotary:
+                qh, kh = self.rotary[str(qk)](qh), self.rotary[str(qk)](kh)
+            outs.append(_merge(self.kernel(qh, kh, vh, self.causal, 1.0 / math.sqrt(qk))))
+        return torch.cat(outs, dim=-1) if len(outs) > 1 else outs[0]
+
+
+def _linear(d_in: int, d_out: int, std: float = INIT_STD) -> nn.Linear:
+    layer = nn.Linear(d_in, d_out, bias=False)
+    nn.init.normal_(layer.weight, std=std)
+    return layer
+
+
+def out_std(arch: ArchConfig) -> float:
+    """Residual-branch output init, scaled down with depth (GPT-2)."""
+    return INIT_STD / math.sqrt(2 * arch.n_layers)
+
+
+class MultiHeadAttention(GroupedAttention):
+    """Standard attention: fused ``W_qkv``, one SDPA call per head group, ``W_o``."""
+
+    def __init__(self, arch: ArchConfig, layer: LayerSpec, index: int,
+                 kernel: Kernel = sdpa) -> None:
+        super().__init__(arch, layer, index, kernel)
+        self.qk_width = sum(c * qk for c, qk, _ in self.groups)
+        self.width = layer.width
+        self.qkv = _linear(arch.d_model, 2 * self.qk_width + self.width)
+        self.out = _linear(self.width, arch.d_model, out_std(arch))
+
+    def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        q, k, v = self.qkv(x).split([self.qk_width, self.qk_width, self.width], dim=-1)
+        return q, k, v
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.out(self.attend(*self.project(x)))
+
+
+class FrozenQKAttention(MultiHeadAttention):
+    """Query/key maps frozen at a variance-preserving random init; value/output trained.
+
+    Frozen maps must give informative (non-uniform) attention at init, so they are drawn with
+    std ``1/sqrt(d_model)`` (logits of unit variance) rather than the small trained-layer init.
+    They stay in ``state_dict`` (checkpoints keep them) with ``requires_grad=False``.
+    """
+
+    def __init__(self, arch: ArchConfig, layer: LayerSpec, index: int,
+                 kernel: Kernel = sdpa) -> None:
+        super().__init__(arch, layer, index, kernel)
+        del self.qkv
+        self.qk = _linear(arch.d_model, 2 * self.qk_width, 1.0 / math.sqrt(arch.d_model))
+        self.qk.weight.requires_grad_(False)
+        self.v = _linear(arch.d_model, self.width)
+
+    def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        q, k = self.qk(x).split([self.qk_width, self.qk_width], dim=-1)
+        return q, k, self.v(x)
+
+
+class SubspaceAttention(GroupedAttention):
+    """MSSA: ``p = U^T z`` is query, key and value; output ``U p A`` (tied) or ``W_o p A``."""
+
+    def __init__(self, arch: ArchConfig, layer: LayerSpec, index: int,
+                 kernel: Kernel = sdpa) -> None:
+        super().__init__(arch, layer, index, kernel)
+        self.width = layer.width
+        self.basis = _linear(arch.d_model, self.width)  # weight = [U_1 .. U_K]^T
+        self.out = None if layer.tied_output else _linear(self.width, arch.d_model,
+                                                          out_std(arch))
+
+    def forward(self, x: Tensor) -> Tensor:
+        p = self.basis(x)  # (B, T, width): every head's coordinates in its subspace
+        o = self.attend(p, p, p)
+        if self.out is None:
+            return o @ self.basis.weight  # sum_k U_k o_k
+        return self.out(o)
+
+
+def mixing_matrix(heads: int, seq_len: int, width: int, causal: bool,
+                  generator: torch.Generator) -> Tensor:
+    """MixiT attention ``A = I + W - rowmean(W)`` per head, rows summing to one.
+
+    ``W`` has i.i.d. N(0, 1/(width * seq_len)) entries (variance preserving); a causal matrix
+    keeps the lower triangle and subtracts the mean over allowed positions only.
+    Returns (heads, seq_len, seq_len).
+    """
+    w = torch.randn(heads, seq_len, seq_len, generator=generator) / math.sqrt(width * seq_len)
+    if causal:
+        allowed = torch.ones(seq_len, seq_len).tril()
+        w = w * allowed
+        mean = w.sum(-1, keepdim=True) / allowed.sum(-1, keepdim=True)
+        w = (w - mean) * allowed
+    else:
+        w = w - w.mean(-1, keepdim=True)
+    return w + torch.eye(seq_len)
+
+
+class MixiTAttention(GroupedAttention):
+    """Random static mixing per head (no queries, no keys); value and output are trained.
+
+    The matrices are non-persistent buffers regenerated from ``(arch.seed, index)``: checkpoints
+    stay small and reproducible. Shorter sequences use the top-left block of ``W``.
+    """
+
+    def __init__(self, arch: ArchConfig, layer: LayerSpec, index: int,
+                 kernel: Kernel = sdpa) -> None:
+        super().__init__(arch, layer, index, kernel)
+        self.width = layer.width
+        self.v = _linear(arch.d_model, self.width)
+        self.out = _linear(self.width, arch.d_model, out_std(arch))
+        generator = torch.Generator().manual_seed(arch.seed * 1_000_003 + index)
+        for j, (count, _, dv) in enumerate(self.groups):
+            mix = mixing_matrix(count, arch.max_seq_len, dv, arch.causal, generator)
+            self.register_buffer(f"mix{j}", mix, persistent=False)
+        self.max_seq_len = arch.max_seq_len
+
+    def mixing(self, j: int, t: int) -> Tensor:
+        """(count, t, t) mixing of group ``j`` for a length-``t`` sequence."""
+        mix: Tensor = getattr(self, f"mix{j}")
+        if t == self.max_seq_len:
+            return mix
+        block = mix[:, :t, :t] - torch.eye(t, device=mix.device, dtype=mix.dtype)
+        if self.causal:  # the causal rows only mix earlier positions: the block is exact
+            return mix[:, :t, :t]
+        return block - block.mean(-1, keepdim=True) + torch.eye(t, device=mix.device)
+
+    def forward(self, x: Tensor) -> Tensor:
+        t = x.shape[1]
+        vs = self.v(x).split([c * dv for c, _, dv in self.groups], dim=-1)
+        outs = [_merge(self.mixing(j, t).to(x.dtype) @ _heads(vg, count))
+                for j, ((count, _, _), vg) in enumerate(zip(self.groups, vs))]
+        return self.out(torch.cat(outs, dim=-1) if len(outs) > 1 else outs[0])
+
+
+ATTENTION: dict[str, type[GroupedAttention]] = {
+    "mhsa": MultiHeadAttention,
+    "frozen_qk": FrozenQKAttention,
+    "mssa": SubspaceAttention,
+    "mixit": MixiTAttention,
+}
+
+
+def make_attention(arch: ArchConfig, layer: LayerSpec, index: int,
+                   kernel: Kernel = sdpa) -> GroupedAttention:
+    """Build the attention of ``layer`` from the registry (unknown names list the choices)."""
+    try:
+        cls = ATTENTION[layer.attention]
+    except KeyError:
+        raise ValueError(f"unknown attention {layer.attention!r}; choices: "
+                         f"{', '.join(ATTENTION)}") from None
+    return cls(arch, layer, index, kernel)

@@ -1,0 +1,134 @@
+"""Models built from an ``ArchConfig``: ``build_model(arch)`` (SPEC §4).
+
+Bottom-up: norm -> MLP -> pre-norm block -> model. A block is
+
+    h = h + eta * Attn(Norm(h))
+    h = h + MLP(Norm(h))          # only when mlp_ratio > 0 (attention-only AoT layer otherwise)
+
+Token models embed ``(B, T)`` ids and return ``(B, T, vocab)`` logits (optionally tied);
+vector models map ``(B, T, input_dim)`` to ``(B, T, output_dim)`` with linear maps. Linear maps have
+no bias, so the parameter count equals ``search_spaces.param_count(arch)`` exactly.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from search_spaces import ArchConfig, LayerSpec
+from workers.attention import INIT_STD, Kernel, _linear, make_attention, out_std, sdpa
+
+
+def make_norm(arch: ArchConfig) -> nn.Module:
+    return nn.LayerNorm(arch.d_model) if arch.norm == "layernorm" else nn.RMSNorm(arch.d_model)
+
+
+class MLP(nn.Module):
+    """GELU MLP ``d -> h -> d``, or gated SiLU (SwiGLU) ``d -> 2h -> d``."""
+
+    def __init__(self, arch: ArchConfig, layer: LayerSpec) -> None:
+        super().__init__()
+        hidden = arch.mlp_hidden(layer)
+        self.gated = arch.mlp == "swiglu"
+        self.up = _linear(arch.d_model, (2 if self.gated else 1) * hidden)
+        self.down = _linear(hidden, arch.d_model, out_std(arch))
+        if layer.freeze_mlp:  # paper 002 ablation: the MLP stays at its random init
+            self.requires_grad_(False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.up(x)
+        if self.gated:
+            gate, value = h.chunk(2, dim=-1)
+            return self.down(nn.functional.silu(gate) * value)
+        return self.down(nn.functional.gelu(h))
+
+
+class Block(nn.Module):
+    """Pre-norm residual block ``index`` of ``arch``."""
+
+    def __init__(self, arch: ArchConfig, index: int, kernel: Kernel = sdpa) -> None:
+        super().__init__()
+        layer = arch.layers[index]
+        self.eta = layer.eta
+        self.attn_norm = make_norm(arch)
+        self.attn = make_attention(arch, layer, index, kernel)
+        self.mlp_norm = make_norm(arch) if layer.mlp_ratio > 0 else None
+        self.mlp = MLP(arch, layer) if layer.mlp_ratio > 0 else None
+
+    def forward(self, h: Tensor) -> Tensor:
+        h = h + self.eta * self.attn(self.attn_norm(h))
+        if self.mlp is not None and self.mlp_norm is not None:
+            h = h + self.mlp(self.mlp_norm(h))
+        return h
+
+
+def sinusoidal_table(seq_len: int, dim: int) -> Tensor:
+    """Vaswani et al. positions, (seq_len, dim)."""
+    position = torch.arange(seq_len, dtype=torch.float32)[:, None]
+    freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))
+    table = torch.zeros(seq_len, dim)
+    table[:, 0::2] = torch.sin(position * freq)
+    table[:, 1::2] = torch.cos(position * freq)[:, : dim // 2]
+    return table
+
+
+class Model(nn.Module):
+    """Embedding (or linear in) + positions -> blocks -> final norm -> head (or linear out)."""
+
+    pos_table: Tensor
+
+    def __init__(self, arch: ArchConfig, kernel: Kernel = sdpa) -> None:
+        super().__init__()
+        self.arch = arch
+        d = arch.d_model
+        if arch.vocab_size is not None:
+            self.embed: nn.Module = nn.Embedding(arch.vocab_size, d)
+            nn.init.normal_(self.embed.weight, std=INIT_STD)
+            self.head = _linear(d, arch.vocab_size)
+            if arch.tie_embeddings:
+                self.head.weight = self.embed.weight
+        else:
+            assert arch.input_dim is not None and arch.output_dim is not None
+            self.embed = _linear(arch.input_dim, d, 1.0 / math.sqrt(arch.input_dim))
+            self.head = _linear(d, arch.output_dim)
+        self.pos: nn.Embedding | None = None
+        if arch.positional == "learned":
+            self.pos = nn.Embedding(arch.max_seq_len, d)
+            nn.init.normal_(self.pos.weight, std=INIT_STD)
+        elif arch.positional == "sinusoidal":
+            self.register_buffer("pos_table", sinusoidal_table(arch.max_seq_len, d),
+                                 persistent=False)
+        self.blocks = nn.ModuleList(Block(arch, i, kernel) for i in range(arch.n_layers))
+        self.norm = make_norm(arch)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Ids ``(B, T)`` -> logits ``(B, T, vocab)``, or ``(B, T, in)`` -> ``(B, T, out)``."""
+        t = x.shape[1]
+        if t > self.arch.max_seq_len:
+            raise ValueError(f"sequence length {t} exceeds max_seq_len {self.arch.max_seq_len}")
+        h = self.embed(x)
+        if self.pos is not None:
+            h = h + self.pos.weight[:t]
+        elif self.arch.positional == "sinusoidal":
+            h = h + self.pos_table[:t].to(h.dtype)
+        for block in self.blocks:
+            h = block(h)
+        return self.head(self.norm(h))
+
+
+def build_model(arch: ArchConfig, kernel: Kernel = sdpa) -> Model:
+    """The ``nn.Module`` described by ``arch`` (on CPU, float32)."""
+    return Model(arch, kernel)
+
+
+def count_params(model: nn.Module) -> tuple[int, int]:
+    """``(trainable, total)`` parameters, shared (tied) tensors counted once."""
+    params = list(model.parameters())
+    return (sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params))
+
+
+def maybe_compile(model: nn.Module, enabled: bool) -> nn.Module:
+    """``torch.compile`` behind a flag (off by default: compile time dominates short trials)."""
+    return torch.compile(model) if enabled else model  # type: ignore[return-value]
