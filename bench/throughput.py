@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from search_spaces import ArchConfig, HeadGroup, LayerSpec
 from search_spaces.cli import Parser, add_format, dump, render_table

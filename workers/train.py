@@ -1,0 +1,407 @@
+"""python -m workers.train --arch arch.yaml --task ngram [--smoke-test] [--format json]
+
+Train any ``ArchConfig`` on any task of SPEC §5, on CPU or CUDA (bf16 autocast), knowing nothing
+about Ray: evaluation callbacks may stop the run. AdamW or Lion, linear warmup then cosine decay,
+gradient clipping, evaluation every k steps, checkpoints that resume the same loss curve, tokens/s,
+and a non-finite loss or gradient ends the run with status ``diverged`` instead of a crash.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from search_spaces import ArchConfig, ConfigError
+from search_spaces.cli import Parser, UsageError, add_format, dump, fail, int_in, number
+from workers.model import build_model, count_params, maybe_compile
+from workers.tasks import TASKS, Task, TaskError, fit_arch, make_task
+
+log = logging.getLogger(__name__)
+PROG = "workers.train"
+STATUSES = ("completed", "stopped", "diverged", "interrupted")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation settings; ``warmup`` is a fraction of ``steps``, ``min_lr`` of ``lr``."""
+
+    steps: int = 1000
+    batch_size: int = 64
+    lr: float = 1e-3
+    optimizer: str = "adamw"
+    weight_decay: float = 0.1
+    warmup: float = 0.05
+    min_lr: float = 0.1
+    grad_clip: float = 1.0
+    eval_every: int = 100
+    eval_batches: int = 4
+    seed: int = 0
+    device: str = "auto"
+    compile: bool = False
+
+    def lr_at(self, step: int) -> float:
+        """Linear warmup to ``lr``, then cosine decay to ``min_lr * lr`` at the last step."""
+        warm = max(1, round(self.warmup * self.steps))
+        if step < warm:
+            return self.lr * (step + 1) / warm
+        progress = (step - warm) / max(1, self.steps - warm)
+        cosine = 0.5 * (1 + math.cos(math.pi * progress))
+        return self.lr * (self.min_lr + (1 - self.min_lr) * cosine)
+
+
+@dataclass(frozen=True)
+class EvalRecord:
+    """One evaluation: the learning curve is the list of these."""
+
+    step: int
+    train_loss: float
+    val_loss: float
+    metric: float
+    tokens_per_s: float
+    elapsed_s: float
+
+
+@dataclass
+class TrainResult:
+    status: str
+    steps: int
+    metric: float | None
+    val_loss: float | None
+    train_loss: float | None
+    trainable_params: int
+    total_params: int
+    tokens_per_s: float
+    wall_s: float
+    task: str
+    metric_name: str
+    history: list[EvalRecord] = field(default_factory=list)
+    extra: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
+
+    def summary(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["history"] = [asdict(r) for r in self.history]
+        return data
+
+
+class Lion(torch.optim.Optimizer):
+    """Lion (Chen et al., 2023): sign of an interpolated momentum, decoupled weight decay."""
+
+    def __init__(self, params: Iterable[Any], lr: float = 1e-4,
+                 betas: tuple[float, float] = (0.9, 0.99), weight_decay: float = 0.0) -> None:
+        super().__init__(params, {"lr": lr, "betas": betas, "weight_decay": weight_decay})
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> None:  # type: ignore[override]
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                momentum = self.state[p].setdefault("exp_avg", torch.zeros_like(p))
+                p.mul_(1 - group["lr"] * group["weight_decay"])
+                p.add_((momentum * beta1 + p.grad * (1 - beta1)).sign_(), alpha=-group["lr"])
+                momentum.mul_(beta2).add_(p.grad, alpha=1 - beta2)
+
+
+def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
+    """Weight decay on matrices only; frozen parameters are left out."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": config.weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    if config.optimizer == "lion":
+        return Lion(groups, lr=config.lr)
+    return torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, 0.95))
+
+
+def resolve_device(name: str) -> str:
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, task: Task, config: TrainConfig, device: str) -> tuple[float, float]:
+    """(validation loss, metric) over ``eval_batches`` fixed validation batches."""
+    model.eval()
+    losses, total, count = [], 0.0, 0
+    for i in range(config.eval_batches):
+        batch = task.batch("val", i, config.batch_size).to(device)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device == "cuda"):
+            out = model(batch.x)
+        losses.append(float(task.loss(out, batch)))
+        s, n = task.score(out, batch)
+        total, count = total + s, count + n
+    model.train()
+    return sum(losses) / len(losses), total / max(count, 1)
+
+
+def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
+    """Atomic: a crash mid-write leaves the previous checkpoint intact."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+class Trainer:
+    """One training run of ``arch`` on ``task``; ``run()`` returns a ``TrainResult``."""
+
+    def __init__(self, arch: ArchConfig, task: Task, config: TrainConfig,
+                 checkpoint: Path | None = None,
+                 callbacks: Iterable[Callable[[EvalRecord], bool | None]] = ()) -> None:
+        self.arch, self.task, self.config = fit_arch(arch, task), task, config
+        self.device = resolve_device(config.device)
+        self.checkpoint, self.callbacks = checkpoint, list(callbacks)
+        torch.manual_seed(config.seed)
+        self.model = build_model(self.arch).to(self.device)
+        self.params = count_params(self.model)
+        self.optimizer = make_optimizer(self.model, config)
+        self.forward = maybe_compile(self.model, config.compile)
+        self.step, self.tokens, self.train_time = 0, 0, 0.0
+        self.history: list[EvalRecord] = []
+        self.last_loss: float | None = None
+
+    def resume(self) -> bool:
+        """Load the checkpoint if there is one; True if the run continues from it."""
+        if self.checkpoint is None or not self.checkpoint.exists():
+            return False
+        state = torch.load(self.checkpoint, map_location=self.device, weights_only=False)
+        if state["arch"] != self.arch.to_dict() or state["task"] != asdict(self.task):
+            raise UsageError(f"--checkpoint {str(self.checkpoint)!r}: written for another "
+                             "architecture or task; use a new path")
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step, self.tokens, self.train_time = state["step"], state["tokens"], state["time"]
+        self.history = [EvalRecord(**r) for r in state["history"]]
+        self.last_loss = state["last_loss"]
+        log.info("resumed from %s at step %d", self.checkpoint, self.step)
+        return True
+
+    def save(self) -> None:
+        if self.checkpoint is None:
+            return
+        save_checkpoint(self.checkpoint, {
+            "arch": self.arch.to_dict(), "task": asdict(self.task), "config": asdict(self.config),
+            "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "step": self.step, "tokens": self.tokens, "time": self.train_time,
+            "history": [asdict(r) for r in self.history], "last_loss": self.last_loss})
+
+    def train_step(self) -> str | None:
+        """One optimisation step; returns an error message if the loss or gradient is not finite."""
+        config = self.config
+        for group in self.optimizer.param_groups:
+            group["lr"] = config.lr_at(self.step)
+        batch = self.task.batch("train", self.step, config.batch_size).to(self.device)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.device == "cuda"):
+            loss = self.task.loss(self.forward(batch.x), batch)
+        if not torch.isfinite(loss):
+            return f"non-finite loss ({loss.item()}) at step {self.step}"
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(
+            [p for p in self.model.parameters() if p.requires_grad], config.grad_clip)
+        if not torch.isfinite(norm):
+            return f"non-finite gradient norm at step {self.step}"
+        self.optimizer.step()
+        self.tokens += batch.x.shape[0] * batch.x.shape[1]
+        self.last_loss = loss.item()
+        return None
+
+    def evaluate(self) -> bool:
+        """Record an evaluation, checkpoint, and ask the callbacks; True means stop."""
+        val_loss, metric = evaluate(self.model, self.task, self.config, self.device)
+        record = EvalRecord(self.step, self.last_loss or float("nan"), val_loss, metric,
+                            self.tokens / max(self.train_time, 1e-9), self.train_time)
+        self.history.append(record)
+        self.save()
+        return any(bool(cb(record)) for cb in self.callbacks)
+
+    def run(self, progress: Callable[[int, EvalRecord | None], None] | None = None
+            ) -> TrainResult:
+        start, status, error = time.perf_counter(), "completed", None
+        try:
+            while self.step < self.config.steps:
+                tick = time.perf_counter()
+                error = self.train_step()
+                if error is not None:
+                    status = "diverged"
+                    break
+                self.step += 1
+                self.train_time += time.perf_counter() - tick
+                due = self.step % self.config.eval_every == 0 or self.step == self.config.steps
+                stop = self.evaluate() if due else False
+                if progress is not None:
+                    progress(self.step, self.history[-1] if due else None)
+                if stop:
+                    status = "stopped"
+                    break
+        except KeyboardInterrupt:
+            status, error = "interrupted", f"interrupted at step {self.step}"
+            self.save()
+        return self.result(status, error, time.perf_counter() - start)
+
+    def result(self, status: str, error: str | None, wall: float) -> TrainResult:
+        last = self.history[-1] if self.history else None
+        metric = last.metric if last else None
+        extra = self.task.extra(metric, self.params[0]) if metric is not None else {}
+        return TrainResult(
+            status=status, steps=self.step, metric=metric,
+            val_loss=last.val_loss if last else None, train_loss=self.last_loss,
+            trainable_params=self.params[0], total_params=self.params[1],
+            tokens_per_s=self.tokens / max(self.train_time, 1e-9), wall_s=wall,
+            task=self.task.name, metric_name=self.task.metric, history=self.history,
+            extra=extra, error=error)
+
+
+def train(arch: ArchConfig, task: Task, config: TrainConfig, checkpoint: Path | None = None,
+          resume: bool = False,
+          callbacks: Iterable[Callable[[EvalRecord], bool | None]] = ()) -> TrainResult:
+    """Train ``arch`` on ``task``; with ``resume`` continue from ``checkpoint`` if it exists."""
+    trainer = Trainer(arch, task, config, checkpoint, callbacks)
+    if resume:
+        trainer.resume()
+    return trainer.run()
+
+
+SMOKE = {"steps": 20, "batch_size": 8, "eval_every": 10, "eval_batches": 2}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = TrainConfig()
+    p = Parser(prog=PROG, description=__doc__.split("\n\n")[1],
+               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--arch", type=Path, required=True,
+                   help="ArchConfig YAML/JSON (python -m alloc.solve --out writes one); its "
+                        "input/output and length are wired to the task")
+    p.add_argument("--task", choices=sorted(TASKS), required=True)
+    p.add_argument("--size", choices=("smoke", "paper"), default="paper", help="task size")
+    p.add_argument("--task-param", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a task parameter, e.g. m_max=10 (repeatable)")
+    p.add_argument("--steps", type=int_in(1), default=d.steps)
+    p.add_argument("--batch-size", type=int_in(1), default=d.batch_size)
+    p.add_argument("--lr", type=number(0, strict=True), default=d.lr)
+    p.add_argument("--optimizer", choices=("adamw", "lion"), default=d.optimizer)
+    p.add_argument("--weight-decay", type=number(0), default=d.weight_decay)
+    p.add_argument("--warmup", type=number(0), default=d.warmup, help="fraction of steps")
+    p.add_argument("--grad-clip", type=number(0, strict=True), default=d.grad_clip)
+    p.add_argument("--eval-every", type=int_in(1), default=d.eval_every)
+    p.add_argument("--eval-batches", type=int_in(1), default=d.eval_batches)
+    p.add_argument("--seed", type=int_in(0), default=d.seed)
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default=d.device)
+    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--checkpoint", type=Path, help="save here at every evaluation")
+    p.add_argument("--resume", action="store_true", help="continue from --checkpoint")
+    p.add_argument("--smoke-test", action="store_true",
+                   help="smoke-size task, 20 steps of batch 8: runs in seconds")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_format(p)
+    return p
+
+
+def _task_params(items: list[str]) -> dict[str, Any]:
+    params: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--task-param {item!r}: expected KEY=VALUE")
+        for cast in (int, float):
+            try:
+                params[key] = cast(text)
+                break
+            except ValueError:
+                continue
+        else:
+            params[key] = text
+    return params
+
+
+def load_arch(path: Path) -> ArchConfig:
+    """Read an ``ArchConfig`` file, turning every failure into one ``UsageError`` line."""
+    try:
+        return ArchConfig.from_yaml(path.read_text())
+    except OSError as err:
+        raise UsageError(f"--arch {str(path)!r}: cannot read ({err.strerror})") from None
+    except ConfigError as err:
+        raise UsageError(f"--arch {str(path)!r}: {err}") from None
+
+
+def setup(args: argparse.Namespace) -> tuple[ArchConfig, Task, TrainConfig]:
+    arch = load_arch(args.arch)
+    size = "smoke" if args.smoke_test else args.size
+    try:
+        task = make_task(args.task, size, args.seed, **_task_params(args.task_param))
+        fit_arch(arch, task)
+    except (TaskError, TypeError) as err:
+        raise UsageError(f"--task-param: {err}") from None
+    except ConfigError as err:
+        raise UsageError(f"--arch {str(args.arch)!r} does not fit task {args.task}: "
+                         f"{err}") from None
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: no CUDA device is available")
+    if args.resume and args.checkpoint is None:
+        raise UsageError("--resume: needs --checkpoint PATH")
+    overrides = dict(SMOKE) if args.smoke_test else {}
+    config = TrainConfig(**{**dict(
+        steps=args.steps, batch_size=args.batch_size, lr=args.lr, optimizer=args.optimizer,
+        weight_decay=args.weight_decay, warmup=args.warmup, grad_clip=args.grad_clip,
+        eval_every=args.eval_every, eval_batches=args.eval_batches, seed=args.seed,
+        device=args.device, compile=args.compile), **overrides})
+    return arch, task, config
+
+
+def render(result: TrainResult) -> str:
+    lines = [f"{result.task}: {result.status} after {result.steps} steps"]
+    if result.metric is not None:
+        lines.append(f"  {result.metric_name:<16} {result.metric:.6g}")
+        lines.append(f"  {'val loss':<16} {result.val_loss:.6g}")
+    for key, value in result.extra.items():
+        lines.append(f"  {key:<16} {value:.6g}")
+    lines += [f"  {'trainable params':<16} {result.trainable_params:,}",
+              f"  {'tokens/s':<16} {result.tokens_per_s:,.0f}",
+              f"  {'wall time':<16} {result.wall_s:.1f} s"]
+    if result.error:
+        lines.append(f"  {'error':<16} {result.error}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s", stream=sys.stderr)
+    try:
+        arch, task, config = setup(args)
+        trainer = Trainer(arch, task, config, args.checkpoint)
+        if args.resume:
+            trainer.resume()
+    except UsageError as err:
+        return fail(PROG, str(err))
+    from tqdm import tqdm
+
+    bar = tqdm(total=config.steps, initial=trainer.step, disable=args.quiet, file=sys.stderr,
+               desc=task.name, mininterval=1.0)
+
+    def progress(step: int, record: EvalRecord | None) -> None:
+        bar.update(1)
+        if record is not None:
+            bar.set_postfix(loss=f"{record.train_loss:.4g}", val=f"{record.val_loss:.4g}",
+                            **{task.metric: f"{record.metric:.4g}"},
+                            tok_s=f"{record.tokens_per_s:,.0f}")
+
+    result = trainer.run(progress)
+    bar.close()
+    print(render(result) if args.format == "table" else dump(result.summary(), args.format))
+    return {"completed": 0, "stopped": 0, "diverged": 1, "interrupted": 130}[result.status]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
