@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
 from hypothesis import strategies as st
 
 from search_spaces import ArchConfig, HeadGroup, LayerSpec
@@ -44,3 +50,40 @@ def arch_configs(draw: st.DrawFn) -> ArchConfig:
                       positional=positional, norm=draw(st.sampled_from(["layernorm", "rmsnorm"])),
                       mlp=draw(st.sampled_from(["gelu", "swiglu"])),
                       seed=draw(st.integers(0, 2**31)), **io)
+
+
+# --- storage fixtures: every study test runs on SQLite and on PostgreSQL ----------------------
+
+PG_ENV = "TEST_POSTGRES_URL"
+
+
+def postgres_url() -> str:
+    """The PostgreSQL URL of the tests: fail in CI if unusable, skip with the reason elsewhere."""
+    import sqlalchemy
+
+    url = os.environ.get(PG_ENV)
+    in_ci = os.environ.get("CI") == "true"
+    if not url:
+        reason = (f"{PG_ENV} is not set (e.g. postgresql://postgres@127.0.0.1:5432/test); "
+                  ".ci/run sets it")
+        pytest.fail(reason) if in_ci else pytest.skip(reason)
+    try:
+        with sqlalchemy.create_engine(url).connect():
+            pass
+    except sqlalchemy.exc.SQLAlchemyError as err:
+        reason = f"PostgreSQL at {PG_ENV} is unreachable: {str(err).splitlines()[0]}"
+        pytest.fail(reason) if in_ci else pytest.skip(reason)
+    return url
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def storage_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'studies.db'}"
+    return postgres_url()
+
+
+@pytest.fixture
+def study_name() -> Iterator[str]:
+    """A fresh study name (PostgreSQL tests share one database)."""
+    yield f"test-{uuid.uuid4().hex[:12]}"

@@ -1,0 +1,190 @@
+"""python -m studies list|best|top|pareto|layers|theory|export [--storage URL] [--study NAME]
+
+Query the study database long after a search ended: the best per-layer allocations, the Pareto
+front of value vs trainable parameters, which attention kind / head count / qk_dim wins at each
+depth, the allocator's predicted error vs measured values, and any trial exported as an
+``ArchConfig`` YAML for ``python -m workers.train --arch``. ``--storage`` falls back to
+``$OPTUNA_STORAGE`` then ``sqlite:///studies.db``; the password of a URL is never printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from search_spaces.cli import (
+    Parser,
+    UsageError,
+    add_format,
+    check_writable,
+    dump,
+    fail,
+    int_in,
+    render_table,
+    write_atomic,
+)
+from studies import query
+from studies.storage import StorageError, engine, open_storage
+
+PROG = "studies"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = Parser(prog=f"python -m {PROG}", description=__doc__.split("\n\n")[1])
+    common = Parser(add_help=False)
+    common.add_argument("--storage", help="SQLAlchemy URL (default: $OPTUNA_STORAGE, then "
+                                          "sqlite:///studies.db)")
+    add_format(common)
+    with_study = Parser(add_help=False, parents=[common])
+    with_study.add_argument("--study", help="study name (default: the only study)")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
+    sub.add_parser("list", parents=[common], help="studies, trial counts by state, best value")
+    sub.add_parser("best", parents=[with_study], help="the best fully trained allocation")
+    top = sub.add_parser("top", parents=[with_study], help="the k best allocations")
+    top.add_argument("-k", type=int_in(1), default=5)
+    pareto = sub.add_parser("pareto", parents=[with_study], help="value vs trainable params front")
+    pareto.add_argument("--plot", type=Path, help="write the front as a PNG")
+    layers = sub.add_parser("layers", parents=[with_study], help="per-depth winners, top k")
+    layers.add_argument("-k", type=int_in(1), default=10)
+    sub.add_parser("theory", parents=[with_study], help="predicted error vs measured value")
+    export = sub.add_parser("export", parents=[with_study], help="a trial as an ArchConfig YAML")
+    export.add_argument("--trial", type=int_in(0), help="trial number (default: the best)")
+    export.add_argument("--out", type=Path, help="write the YAML here instead of stdout")
+    return p
+
+
+def _study_name(args: argparse.Namespace, summaries: list[query.StudySummary]) -> str:
+    if args.study:
+        return str(args.study)
+    if len(summaries) == 1:
+        return summaries[0].name
+    names = ", ".join(s.name for s in summaries) or "(none)"
+    raise UsageError(f"--study: required when the storage holds {len(summaries)} studies; "
+                     f"studies: {names}")
+
+
+def _trial_dict(t: query.TrialRecord) -> dict[str, Any]:
+    return {"number": t.number, "value": t.value, "params_trainable": t.params_trainable,
+            "steps_reached": t.steps_reached, "arch_id": t.attrs.get("arch_id"),
+            "arch": t.arch.to_dict() if t.arch else None}
+
+
+def _allocation_table(t: query.TrialRecord) -> str:
+    from search_spaces import attention_params
+
+    assert t.arch is not None
+    rows = [[i, layer.attention, layer.heads_str, layer.width,
+             f"{layer.mlp_ratio:g}" if layer.mlp_ratio else "-",
+             f"{attention_params(layer, t.arch.d_model).total:,}"]
+            for i, layer in enumerate(t.arch.layers)]
+    head = (f"trial {t.number}: value {t.value:.6g}, trainable params "
+            f"{t.params_trainable or 0:,}, steps {t.steps_reached if t.steps_reached else '-'}")
+    table = render_table(["layer", "attention", "heads", "width", "mlp", "attn params"], rows,
+                         right=[True, False, False, True, True, True])
+    return head + "\n" + table
+
+
+def _list(args: argparse.Namespace, summaries: list[query.StudySummary]) -> str | Any:
+    data: list[dict[str, Any]] = [
+        {"study": s.name, "direction": s.direction, "trials": s.counts, "best": s.best,
+         "task": s.attrs.get("task"), "created": str(s.created) if s.created else None,
+         "updated": str(s.updated) if s.updated else None} for s in summaries]
+    if args.format != "table":
+        return data
+    rows = [[d["study"], d["task"] or "-", d["direction"].lower(),
+             " ".join(f"{k.lower()}={v}" for k, v in sorted(d["trials"].items())) or "-",
+             f"{d['best']:.6g}" if d["best"] is not None else "-",
+             (d["created"] or "-")[:19], (d["updated"] or "-")[:19]] for d in data]
+    return render_table(["study", "task", "direction", "trials", "best", "created", "updated"],
+                        rows, right=[False] * 7)
+
+
+def run(args: argparse.Namespace) -> str | Any:
+    """The command's result: text for ``--format table``, data otherwise."""
+    eng = engine(open_storage(args.storage))
+    summaries = query.list_studies(eng)
+    if args.command == "list":
+        return _list(args, summaries)
+    study = _study_name(args, summaries)
+    if args.command in ("best", "top"):
+        _, winners = query.top(eng, study, 1 if args.command == "best" else args.k)
+        if args.format != "table":
+            return [_trial_dict(t) for t in winners]
+        text = "\n\n".join(_allocation_table(t) for t in winners)
+        best = winners[0].number
+        return f"{text}\n\nexport: python -m studies export --study {study} --trial {best}"
+    if args.command == "pareto":
+        direction, front = query.pareto(eng, study)
+        if args.plot is not None:
+            _plot_front(front, direction, study, args.plot)
+        if args.format != "table":
+            return [_trial_dict(t) for t in front]
+        return render_table(["trial", "value", "trainable params", "heads per layer"],
+                            [[t.number, f"{t.value:.6g}", f"{t.params_trainable or 0:,}",
+                              " ".join(x.heads_str for x in t.arch.layers) if t.arch else "-"]
+                             for t in front], right=[True, True, True, False])
+    if args.command == "layers":
+        _, winners = query.top(eng, study, args.k)
+        rows = query.layer_summary(winners)
+        if args.format != "table":
+            return rows
+        return f"winners per layer across the top {len(winners)} trials\n" + render_table(
+            ["layer", "attention", "heads", "n_heads", "qk_dim", "mlp_ratio"],
+            [[r["layer"]] + [f"{r[k]} ({r[k + '_share']:.0%})" for k in
+                             ("attention", "heads", "n_heads", "qk_dim", "mlp_ratio")]
+             for r in rows], right=[True] + [False] * 5)
+    if args.command == "theory":
+        result = query.theory(eng, study)
+        if args.format != "table":
+            return result
+        table = render_table(["trial", "predicted error", "measured"],
+                             [[p["number"], f"{p['predicted_error']:.6g}", f"{p['value']:.6g}"]
+                              for p in result["trials"]], right=[True, True, True])
+        return f"{table}\nSpearman rank correlation {result['spearman']:.3f} over {result['n']}"
+    trial = query.find_trial(eng, study, args.trial)
+    assert trial.arch is not None
+    if args.out is not None:
+        write_atomic(args.out, trial.arch.to_yaml())
+        return f"wrote trial {trial.number} of {study} to {args.out}"
+    return trial.arch.to_yaml() if args.format == "table" else trial.arch.to_dict()
+
+
+def _plot_front(front: list[query.TrialRecord], direction: str, study: str, path: Path) -> None:
+    from io import BytesIO
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4.2), constrained_layout=True)
+    ax.plot([t.params_trainable or 0 for t in front], [t.value or 0.0 for t in front], "o-")
+    for t in front:
+        ax.annotate(f"#{t.number}", (t.params_trainable or 0, t.value or 0), fontsize=8)
+    ax.set_xlabel("trainable parameters")
+    ax.set_ylabel(f"objective ({direction.lower()})")
+    ax.set_title(f"Pareto front of {study}")
+    buffer = BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
+    plt.close(fig)
+    write_atomic(path, buffer.getvalue())
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        for flag in ("plot", "out"):
+            path = getattr(args, flag, None)
+            if path is not None:
+                check_writable(f"--{flag}", path)
+        result = run(args)
+    except (UsageError, StorageError, query.QueryError) as err:
+        return fail(f"python -m {PROG}", str(err))
+    print(result if isinstance(result, str) else dump(result, args.format))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,250 @@
+"""Read-only queries on Optuna's own tables through SQLAlchemy Core (SPEC §6).
+
+``optuna.load_study(...).get_all_trials()`` rebuilds every trial with every attribute (seconds
+for thousands of trials); these queries read only the columns they need, and fetch the
+architecture JSON only for the trials they return. Nothing here writes: writes go through Optuna.
+
+Winners are COMPLETE trials that reached the study's full training budget (the largest
+``steps_reached`` among complete trials): a trial stopped early is never reported over a fully
+trained one, whatever its partial value.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from scipy.stats import spearmanr
+
+from search_spaces import ArchConfig
+from studies import records as rec
+
+_studies = sa.table("studies", sa.column("study_id"), sa.column("study_name"))
+_directions = sa.table("study_directions", sa.column("study_id"), sa.column("direction"),
+                       sa.column("objective"))
+_study_attrs = sa.table("study_user_attributes", sa.column("study_id"), sa.column("key"),
+                        sa.column("value_json"))
+_trials = sa.table("trials", sa.column("trial_id"), sa.column("number"), sa.column("study_id"),
+                   sa.column("state"), sa.column("datetime_start"),
+                   sa.column("datetime_complete"))
+_values = sa.table("trial_values", sa.column("trial_id"), sa.column("objective"),
+                   sa.column("value"), sa.column("value_type"))
+_trial_attrs = sa.table("trial_user_attributes", sa.column("trial_id"), sa.column("key"),
+                        sa.column("value_json"))
+_SMALL_ATTRS = tuple(k for k in rec.TRIAL_ATTRS if k != rec.ARCH)
+# Optuna stores these as ENUM types on PostgreSQL: compare and read them as text.
+_STATE = sa.cast(_trials.c.state, sa.String)
+_VALUE_TYPE = sa.cast(_values.c.value_type, sa.String)
+_DIRECTION = sa.cast(_directions.c.direction, sa.String)
+
+
+class QueryError(Exception):
+    """A query that cannot be answered (unknown study, no eligible trial); one line."""
+
+
+@dataclass(frozen=True)
+class StudySummary:
+    name: str
+    direction: str
+    counts: dict[str, int]
+    best: float | None
+    attrs: dict[str, Any]
+    created: datetime | None
+    updated: datetime | None
+
+
+@dataclass
+class TrialRecord:
+    """One trial as the queries see it; ``arch`` is filled only for returned trials."""
+
+    trial_id: int
+    number: int
+    state: str
+    value: float | None
+    attrs: dict[str, Any] = field(default_factory=dict)
+    arch: ArchConfig | None = None
+
+    @property
+    def params_trainable(self) -> int | None:
+        return self.attrs.get(rec.PARAMS_TRAINABLE)
+
+    @property
+    def steps_reached(self) -> int | None:
+        return self.attrs.get(rec.STEPS_REACHED)
+
+
+def _value(value: float | None, kind: str | None) -> float | None:
+    if kind == "INF_POS":
+        return float("inf")
+    if kind == "INF_NEG":
+        return float("-inf")
+    return value
+
+
+def list_studies(engine: sa.Engine) -> list[StudySummary]:
+    """Every study with trial counts by state, best value, description and dates."""
+    with engine.connect() as conn:
+        studies = conn.execute(sa.select(_studies.c.study_id, _studies.c.study_name)
+                               .order_by(_studies.c.study_id)).all()
+        directions: dict[int, str] = dict(conn.execute(sa.select(_directions.c.study_id, _DIRECTION)
+                                       .where(_directions.c.objective == 0)).all())
+        counts: dict[int, dict[str, int]] = {}
+        for sid, state, n in conn.execute(sa.select(_trials.c.study_id, _STATE, sa.func.count())
+                                          .group_by(_trials.c.study_id, _STATE)):
+            counts.setdefault(sid, {})[state] = n
+        dates = {sid: (lo, hi) for sid, lo, hi in conn.execute(
+            sa.select(_trials.c.study_id, sa.func.min(_trials.c.datetime_start),
+                      sa.func.max(_trials.c.datetime_complete)).group_by(_trials.c.study_id))}
+        best = _best_values(conn, directions)
+        attrs: dict[int, dict[str, Any]] = {}
+        for sid, key, value in conn.execute(sa.select(_study_attrs.c.study_id, _study_attrs.c.key,
+                                                      _study_attrs.c.value_json)):
+            attrs.setdefault(sid, {})[key] = json.loads(value)
+    return [StudySummary(name, str(directions.get(sid, "MINIMIZE")), counts.get(sid, {}),
+                         best.get(sid), attrs.get(sid, {}), *dates.get(sid, (None, None)))
+            for sid, name in studies]
+
+
+def _best_values(conn: sa.Connection, directions: dict[int, str]) -> dict[int, float]:
+    rows = conn.execute(sa.select(_trials.c.study_id, sa.func.min(_values.c.value),
+                                  sa.func.max(_values.c.value))
+                        .join(_values, _values.c.trial_id == _trials.c.trial_id)
+                        .where(_STATE == "COMPLETE", _values.c.objective == 0,
+                               _VALUE_TYPE == "FINITE")
+                        .group_by(_trials.c.study_id))
+    return {sid: (hi if directions.get(sid) == "MAXIMIZE" else lo) for sid, lo, hi in rows}
+
+
+def _study(conn: sa.Connection, name: str) -> tuple[int, str]:
+    row = conn.execute(sa.select(_studies.c.study_id).where(_studies.c.study_name == name)).first()
+    if row is None:
+        names = [n for (n,) in conn.execute(sa.select(_studies.c.study_name))]
+        raise QueryError(f"--study {name!r}: no such study; studies: "
+                         f"{', '.join(names) if names else '(none)'}")
+    direction = conn.execute(sa.select(_DIRECTION).where(
+        _directions.c.study_id == row[0], _directions.c.objective == 0)).scalar()
+    return int(row[0]), str(direction or "MINIMIZE")
+
+
+def load_trials(engine: sa.Engine, study: str, states: tuple[str, ...] | None = ("COMPLETE",)
+                ) -> tuple[str, list[TrialRecord]]:
+    """The study's direction and its trials (small attrs only), in trial-number order."""
+    with engine.connect() as conn:
+        sid, direction = _study(conn, study)
+        query = (sa.select(_trials.c.trial_id, _trials.c.number, _STATE, _values.c.value,
+                           _VALUE_TYPE)
+                 .outerjoin(_values, sa.and_(_values.c.trial_id == _trials.c.trial_id,
+                                             _values.c.objective == 0))
+                 .where(_trials.c.study_id == sid).order_by(_trials.c.number))
+        if states is not None:
+            query = query.where(_STATE.in_(states))
+        trials = {tid: TrialRecord(tid, number, state, _value(value, kind))
+                  for tid, number, state, value, kind in conn.execute(query)}
+        attrs = (sa.select(_trial_attrs.c.trial_id, _trial_attrs.c.key, _trial_attrs.c.value_json)
+                 .join(_trials, _trials.c.trial_id == _trial_attrs.c.trial_id)
+                 .where(_trials.c.study_id == sid, _trial_attrs.c.key.in_(_SMALL_ATTRS)))
+        for tid, key, value in conn.execute(attrs):
+            if tid in trials:
+                trials[tid].attrs[key] = json.loads(value)
+    return direction, list(trials.values())
+
+
+def attach_archs(engine: sa.Engine, trials: list[TrialRecord]) -> list[TrialRecord]:
+    """Fill ``arch`` of the given trials (one query)."""
+    by_id = {t.trial_id: t for t in trials}
+    if not by_id:
+        return trials
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(_trial_attrs.c.trial_id, _trial_attrs.c.value_json)
+                            .where(_trial_attrs.c.key == rec.ARCH,
+                                   _trial_attrs.c.trial_id.in_(list(by_id))))
+        for tid, value in rows:
+            by_id[tid].arch = ArchConfig.from_json(json.loads(value))
+    return trials
+
+
+def eligible(trials: list[TrialRecord]) -> list[TrialRecord]:
+    """Complete trials with a value that reached the full budget (max ``steps_reached``)."""
+    done = [t for t in trials if t.state == "COMPLETE" and t.value is not None]
+    budget = max((t.steps_reached for t in done if t.steps_reached is not None), default=None)
+    return [t for t in done if budget is None or t.steps_reached in (None, budget)]
+
+
+def ranked(trials: list[TrialRecord], direction: str) -> list[TrialRecord]:
+    """Best first (ties: fewer trainable params, then earlier trial)."""
+    sign = -1.0 if direction == "MAXIMIZE" else 1.0
+    return sorted(eligible(trials), key=lambda t: (sign * (t.value or 0.0),
+                                                   t.params_trainable or 0, t.number))
+
+
+def top(engine: sa.Engine, study: str, k: int) -> tuple[str, list[TrialRecord]]:
+    direction, trials = load_trials(engine, study)
+    winners = ranked(trials, direction)[:k]
+    if not winners:
+        raise QueryError(f"--study {study!r}: no complete trial yet")
+    return direction, attach_archs(engine, winners)
+
+
+def pareto(engine: sa.Engine, study: str) -> tuple[str, list[TrialRecord]]:
+    """Trials no other eligible trial beats on both value and trainable params."""
+    direction, trials = load_trials(engine, study)
+    sign = -1.0 if direction == "MAXIMIZE" else 1.0
+    front, best_so_far = [], float("inf")
+    for t in sorted(eligible(trials), key=lambda t: (t.params_trainable or 0,
+                                                     sign * (t.value or 0.0))):
+        score = sign * (t.value or 0.0)
+        if score < best_so_far:
+            front.append(t)
+            best_so_far = score
+    if not front:
+        raise QueryError(f"--study {study!r}: no complete trial yet")
+    return direction, attach_archs(engine, front)
+
+
+def layer_summary(trials: list[TrialRecord]) -> list[dict[str, Any]]:
+    """Per depth across ``trials`` (with archs): the most common attention, heads and qk_dim."""
+    depth = max((t.arch.n_layers for t in trials if t.arch), default=0)
+    rows = []
+    for i in range(depth):
+        layers = [t.arch.layers[i] for t in trials if t.arch and i < t.arch.n_layers]
+        row: dict[str, Any] = {"layer": i, "trials": len(layers)}
+        for name, values in (("attention", [x.attention for x in layers]),
+                             ("heads", [x.heads_str for x in layers]),
+                             ("n_heads", [x.n_heads for x in layers]),
+                             ("qk_dim", [max(g.qk_dim for g in x.heads) for x in layers]),
+                             ("mlp_ratio", [x.mlp_ratio for x in layers])):
+            winner, n = Counter(values).most_common(1)[0]
+            row[name], row[f"{name}_share"] = winner, n / len(layers)
+        rows.append(row)
+    return rows
+
+
+def theory(engine: sa.Engine, study: str) -> dict[str, Any]:
+    """Allocator's predicted error vs measured value per eligible trial, with rank correlation."""
+    _, trials = load_trials(engine, study)
+    points = [(t.number, t.attrs.get(rec.PREDICTED_ERROR), t.value) for t in eligible(trials)
+              if t.attrs.get(rec.PREDICTED_ERROR) is not None]
+    if len(points) < 2:
+        raise QueryError(f"--study {study!r}: needs at least two complete trials with a "
+                         "predicted_error")
+    rho = spearmanr([p[1] for p in points], [p[2] for p in points]).statistic
+    return {"spearman": float(rho), "n": len(points),
+            "trials": [{"number": n, "predicted_error": p, "value": v} for n, p, v in points]}
+
+
+def find_trial(engine: sa.Engine, study: str, number: int | None) -> TrialRecord:
+    """Trial ``number`` (any state), or the best eligible one when ``number`` is None."""
+    if number is None:
+        return top(engine, study, 1)[1][0]
+    _, trials = load_trials(engine, study, states=None)
+    match = [t for t in trials if t.number == number]
+    if not match:
+        raise QueryError(f"--trial {number}: study {study!r} has no such trial")
+    attach_archs(engine, match)
+    if match[0].arch is None:
+        raise QueryError(f"--trial {number}: has no recorded architecture")
+    return match[0]

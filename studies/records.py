@@ -1,0 +1,155 @@
+"""The mapping between an Optuna trial and our record of a candidate architecture (SPEC §6).
+
+Trial params are the flattened per-layer fields, named with ``ArchConfig``'s vocabulary::
+
+    L{i}.attention  L{i}.mlp_ratio  L{i}.role  L{i}.freeze_mlp  L{i}.eta  L{i}.tied_output
+    L{i}.g{j}.count  L{i}.g{j}.qk_dim  L{i}.g{j}.v_dim
+
+(never ``/``: Ray would nest it). Trial user attrs hold the whole ``ArchConfig`` JSON and the
+measurements; study user attrs describe the search. ``decode(params, template)`` rebuilds the
+architecture from the flat params plus the template's global fields.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+)
+from optuna.trial import FrozenTrial, TrialState
+
+from search_spaces import ATTENTION_KINDS, ROLES, ArchConfig, HeadGroup, LayerSpec, param_count
+
+# Trial user attributes written for every trial.
+ARCH, ARCH_ID = "arch", "arch_id"
+PARAMS_TRAINABLE, PARAMS_TOTAL = "params_trainable", "params_total"
+PREDICTED_ERROR, TOKENS_PER_S = "predicted_error", "tokens_per_s"
+STEPS_REACHED, STATUS = "steps_reached", "status"
+TRIAL_ATTRS = (ARCH, ARCH_ID, PARAMS_TRAINABLE, PARAMS_TOTAL, PREDICTED_ERROR, TOKENS_PER_S,
+               STEPS_REACHED, STATUS)
+# Study user attributes.
+STUDY_ATTRS = ("task", "metric", "space_name", "space_hash", "alloc_inputs", "code_version")
+
+_LAYER_FIELDS = ("attention", "mlp_ratio", "role", "freeze_mlp", "eta", "tied_output")
+_GROUP_FIELDS = ("count", "qk_dim", "v_dim")
+_CHOICES: dict[str, tuple[str, ...]] = {"attention": ATTENTION_KINDS, "role": ROLES}
+_KEY = re.compile(r"^L(\d+)\.(?:g(\d+)\.)?(\w+)$")
+
+
+def flatten(arch: ArchConfig) -> dict[str, Any]:
+    """The per-layer fields of ``arch`` as flat trial params."""
+    params: dict[str, Any] = {}
+    for i, layer in enumerate(arch.layers):
+        for name in _LAYER_FIELDS:
+            params[f"L{i}.{name}"] = getattr(layer, name)
+        for j, group in enumerate(layer.heads):
+            for name in _GROUP_FIELDS:
+                params[f"L{i}.g{j}.{name}"] = getattr(group, name)
+    return params
+
+
+def decode(params: Mapping[str, Any], template: ArchConfig) -> ArchConfig:
+    """Rebuild the architecture from flat params; global fields come from ``template``."""
+    layers: dict[int, dict[str, Any]] = {}
+    groups: dict[tuple[int, int], dict[str, Any]] = {}
+    for key, value in params.items():
+        match = _KEY.match(key)
+        if match is None:
+            continue  # training hyper-parameters live beside the architecture
+        i, j, name = int(match[1]), match[2], match[3]
+        if j is None:
+            layers.setdefault(i, {})[name] = value
+        else:
+            groups.setdefault((i, int(j)), {})[name] = value
+    specs = []
+    for i in sorted(layers):
+        heads = tuple(HeadGroup(**groups[(i, j)]) for j in sorted(j for k, j in groups if k == i))
+        specs.append(LayerSpec(heads=heads, **layers[i]))
+    data = template.to_dict()
+    data["layers"] = [spec.to_dict() for spec in specs]
+    return ArchConfig.from_dict(data)
+
+
+def fixed_distributions(params: Mapping[str, Any]) -> dict[str, BaseDistribution]:
+    """Distributions for params that were not sampled (recorded or enqueued trials).
+
+    Numbers get one-point ranges (Optuna allows ranges to differ between trials); categorical
+    params get the vocabulary's full choices, since Optuna requires those to stay fixed.
+    """
+    dists: dict[str, BaseDistribution] = {}
+    for key, value in params.items():
+        if isinstance(value, bool):
+            dists[key] = CategoricalDistribution((False, True))
+        elif isinstance(value, str):
+            field_name = key.rsplit(".", 1)[-1]
+            dists[key] = CategoricalDistribution(_CHOICES.get(field_name, (value,)))
+        elif isinstance(value, int):
+            dists[key] = IntDistribution(value, value)
+        else:
+            dists[key] = FloatDistribution(float(value), float(value))
+    return dists
+
+
+def trial_attrs(arch: ArchConfig, *, predicted_error: float | None = None,
+                tokens_per_s: float | None = None, steps_reached: int | None = None,
+                status: str | None = None) -> dict[str, Any]:
+    """The user attrs of a trial evaluating ``arch``."""
+    count = param_count(arch)
+    return {ARCH: arch.to_json(), ARCH_ID: arch.arch_id, PARAMS_TRAINABLE: count.trainable,
+            PARAMS_TOTAL: count.total, PREDICTED_ERROR: predicted_error,
+            TOKENS_PER_S: tokens_per_s, STEPS_REACHED: steps_reached, STATUS: status}
+
+
+def read_arch(trial: FrozenTrial) -> ArchConfig:
+    """The ``ArchConfig`` recorded on ``trial``."""
+    return ArchConfig.from_json(trial.user_attrs[ARCH])
+
+
+def add_record(study: optuna.Study, arch: ArchConfig, value: float | None, *,
+               state: TrialState = TrialState.COMPLETE, curve: Mapping[int, float] | None = None,
+               extra_params: Mapping[str, Any] | None = None, **attrs: Any) -> FrozenTrial:
+    """Write a finished trial for ``arch`` through Optuna (``study.add_trial``)."""
+    params = {**flatten(arch), **(extra_params or {})}
+    trial = optuna.trial.create_trial(
+        state=state, value=value if state == TrialState.COMPLETE else None, params=params,
+        distributions=fixed_distributions(params), user_attrs=trial_attrs(arch, **attrs),
+        intermediate_values=dict(curve or {}))
+    study.add_trial(trial)
+    return study.get_trials(deepcopy=False)[-1]
+
+
+def code_version() -> str:
+    """Package version plus the git commit when run from a checkout."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        base = version("transformer-alloc")
+    except PackageNotFoundError:
+        base = "unknown"
+    root = Path(__file__).resolve().parents[1]
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, text=True,
+                                capture_output=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    return f"{base}+{commit}" if commit else base
+
+
+def set_study_attrs(study: optuna.Study, *, task: str, metric: str, space_name: str = "",
+                    space_hash: str = "", alloc_inputs: Mapping[str, Any] | None = None) -> None:
+    """Describe the search on the study (what a later reader needs to interpret it)."""
+    values = {"task": task, "metric": metric, "space_name": space_name,
+              "space_hash": space_hash, "alloc_inputs": json.dumps(dict(alloc_inputs or {})),
+              "code_version": code_version()}
+    for key, value in values.items():
+        study.set_user_attr(key, value)

@@ -1,0 +1,149 @@
+"""Open Optuna's own RDB storage from an SQLAlchemy URL, safely for many processes (SPEC §6).
+
+* The URL comes from the argument, else ``$OPTUNA_STORAGE`` (as the ``optuna`` CLI), else the
+  SQLite file ``studies.db`` in the working directory.
+* SQLite: the file is switched to WAL once (persistent), and every connection waits up to
+  ``busy_timeout`` seconds for a lock. Without WAL a reader holding a long read stalls every
+  writer for the whole read; with it readers and the writer proceed together.
+* PostgreSQL: ``pool_pre_ping`` (Optuna enables it only for MySQL), and small pools, since a
+  search's many workers would otherwise exhaust the server's connections.
+* Heartbeats: with ``heartbeat_interval`` a dead worker's RUNNING trial is failed (and, with
+  ``retries``, re-enqueued) by ``reap_stale`` once it is ``grace_period`` seconds silent.
+* A URL's password is never printed, logged or put in an exception: ``redact`` is used for every
+  message, and driver errors are scrubbed of it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+
+import optuna
+import sqlalchemy
+from optuna.storages import RDBStorage, RetryFailedTrialCallback
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+
+log = logging.getLogger(__name__)
+ENV_VAR = "OPTUNA_STORAGE"
+DEFAULT_URL = "sqlite:///studies.db"
+SCHEMES = ("sqlite", "postgresql")
+
+
+class StorageError(Exception):
+    """The storage cannot be opened; the message is one line and never holds a password."""
+
+
+@dataclass(frozen=True)
+class StorageSettings:
+    """Connection settings; the defaults suit a search with a single writing driver."""
+
+    busy_timeout: float = 60.0  # SQLite: seconds a connection waits for a lock
+    pool_size: int = 2  # PostgreSQL: connections kept per process
+    max_overflow: int = 2  # PostgreSQL: extra connections under load
+    pool_timeout: float = 30.0
+    heartbeat_interval: int | None = None  # seconds; None disables heartbeats
+    grace_period: int | None = None  # seconds without heartbeat before a trial is stale
+    retries: int = 0  # re-enqueue a stale trial this many times (0: just FAIL it)
+
+
+def resolve_url(url: str | None = None) -> str:
+    """The URL to use: the argument, else ``$OPTUNA_STORAGE``, else ``sqlite:///studies.db``."""
+    return url or os.environ.get(ENV_VAR) or DEFAULT_URL
+
+
+def _parse(url: str) -> URL:
+    try:
+        return make_url(url)
+    except ArgumentError:
+        raise StorageError("storage URL is not an SQLAlchemy URL (e.g. sqlite:///studies.db or "
+                           "postgresql://user@host/db)") from None
+
+
+def redact(url: str) -> str:
+    """``url`` with its password replaced by ``***`` (safe to print)."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "<unparseable storage URL>"
+
+
+def scrub(text: str, url: str) -> str:
+    """``text`` with any occurrence of ``url``'s password removed."""
+    try:
+        password = make_url(url).password
+    except ArgumentError:
+        return text
+    return text.replace(str(password), "***") if password else text
+
+
+def engine_kwargs(url: str, settings: StorageSettings) -> dict[str, object]:
+    backend = _parse(url).get_backend_name()
+    if backend == "sqlite":
+        return {"connect_args": {"timeout": settings.busy_timeout}}
+    return {"pool_pre_ping": True, "pool_size": settings.pool_size,
+            "max_overflow": settings.max_overflow, "pool_timeout": settings.pool_timeout,
+            "pool_recycle": 300}
+
+
+def _prepare_sqlite(parsed: URL, settings: StorageSettings) -> None:
+    """Check the directory exists and switch the file to WAL (persistent, done once)."""
+    database = parsed.database
+    if not database or database == ":memory:":
+        return
+    path = Path(database)
+    if not path.parent.exists():
+        raise StorageError(f"sqlite file {database!r}: directory {str(path.parent)!r} does not "
+                           "exist")
+    with sqlite3.connect(path, timeout=settings.busy_timeout) as connection:
+        connection.execute("PRAGMA journal_mode=WAL")
+
+
+def open_storage(url: str | None = None, settings: StorageSettings | None = None) -> RDBStorage:
+    """Optuna ``RDBStorage`` for ``url`` (see the module docstring for the defaults).
+
+    Raises:
+        StorageError: wrong scheme, missing directory, unreachable or incompatible database.
+    """
+    url = resolve_url(url)
+    settings = settings or StorageSettings()
+    parsed = _parse(url)
+    if parsed.get_backend_name() not in SCHEMES:
+        raise StorageError(f"storage {redact(url)}: scheme {parsed.drivername!r} is not "
+                           f"supported; use {' or '.join(s + '://' for s in SCHEMES)}")
+    callback = RetryFailedTrialCallback(max_retry=settings.retries) if settings.retries else None
+    try:
+        if parsed.get_backend_name() == "sqlite":
+            _prepare_sqlite(parsed, settings)
+        return RDBStorage(url, engine_kwargs=engine_kwargs(url, settings),
+                          heartbeat_interval=settings.heartbeat_interval,
+                          grace_period=settings.grace_period,
+                          heartbeat_stale_trial_callback=callback)
+    except (SQLAlchemyError, sqlite3.Error, RuntimeError, ImportError) as err:
+        reason = scrub(str(err).strip().splitlines()[0] if str(err).strip() else
+                       type(err).__name__, url)
+        raise StorageError(f"cannot open storage {redact(url)}: {reason}") from None
+
+
+def engine(storage: RDBStorage) -> sqlalchemy.Engine:
+    """The SQLAlchemy engine behind ``storage`` (for read-only queries on Optuna's tables)."""
+    return storage.engine
+
+
+def reap_stale(study: optuna.Study) -> list[int]:
+    """Fail trials whose heartbeat went silent (and re-enqueue them if retries are set).
+
+    Returns:
+        Numbers of the trials it failed.
+    """
+    before = {t.number for t in study.get_trials(deepcopy=False,
+                                                 states=(optuna.trial.TrialState.FAIL,))}
+    optuna.storages.fail_stale_trials(study)
+    after = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))
+    failed = sorted(t.number for t in after if t.number not in before)
+    if failed:
+        log.warning("failed %d stale trial(s): %s", len(failed), failed)
+    return failed

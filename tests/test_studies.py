@@ -1,0 +1,249 @@
+"""studies: storage, records, queries and the CLI, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+import subprocess
+import sys
+from io import BytesIO
+from pathlib import Path
+from wsgiref.util import setup_testing_defaults
+
+import optuna
+import pytest
+from hypothesis import given, settings
+from optuna.trial import TrialState
+
+from search_spaces import ArchConfig, HeadGroup, LayerSpec
+from studies import (
+    StorageError,
+    StorageSettings,
+    add_record,
+    decode,
+    flatten,
+    open_storage,
+    read_arch,
+    redact,
+    resolve_url,
+    set_study_attrs,
+)
+from studies import query as q
+from studies.cli import main
+from tests.conftest import arch_configs
+
+ROOT = Path(__file__).resolve().parents[1]
+FROZEN = ROOT / "tests" / "data" / "study_v1.db"
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def arch_with(heads: int, kind: str = "mhsa", layers: int = 2) -> ArchConfig:
+    layer = LayerSpec(kind, (HeadGroup(heads, 64 // heads),))
+    return ArchConfig(d_model=64, layers=(layer,) * layers, max_seq_len=16, input_dim=8)
+
+
+@settings(max_examples=60, deadline=None)
+@given(arch_configs())
+def test_flat_params_decode_to_the_same_arch(arch: ArchConfig) -> None:
+    params = flatten(arch)
+    assert all("/" not in key for key in params)
+    template = ArchConfig(**{**arch.to_dict(), "layers": (arch.layers[0],)})  # type: ignore[arg-type]
+    assert decode({**params, "lr": 1e-3}, template) == arch
+
+
+def test_record_round_trip(storage_url: str, study_name: str) -> None:
+    study = optuna.create_study(storage=open_storage(storage_url), study_name=study_name)
+    set_study_attrs(study, task="ngram", metric="mse", space_name="s", alloc_inputs={"D": 64})
+    written = {}
+    for heads in (1, 4, 16):
+        arch = arch_with(heads, "mixit" if heads == 4 else "mhsa")
+        trial = add_record(study, arch, 1.0 / heads, predicted_error=2.0, steps_reached=10,
+                           curve={5: 2.0, 10: 1.0})
+        written[trial.number] = arch
+    loaded = optuna.load_study(study_name=study_name, storage=open_storage(storage_url))
+    for trial in loaded.trials:
+        arch = written[trial.number]
+        assert read_arch(trial) == arch and decode(trial.params, arch) == arch
+        assert trial.user_attrs["arch_id"] == arch.arch_id
+        assert trial.intermediate_values == {5: 2.0, 10: 1.0}
+    assert loaded.user_attrs["task"] == "ngram" and "code_version" in loaded.user_attrs
+    assert json.loads(loaded.user_attrs["alloc_inputs"]) == {"D": 64}
+
+
+def fill(storage_url: str, name: str, direction: str = "minimize") -> optuna.Study:
+    """Six trials: the best value belongs to an early-stopped trial recorded as COMPLETE."""
+    study = optuna.create_study(storage=open_storage(storage_url), study_name=name,
+                                direction=direction)
+    rows = [(1, 0.5, 100, TrialState.COMPLETE), (2, 0.3, 100, TrialState.COMPLETE),
+            (4, 0.2, 100, TrialState.COMPLETE), (8, 0.01, 30, TrialState.COMPLETE),
+            (16, 0.05, 30, TrialState.PRUNED), (32, None, 5, TrialState.FAIL)]
+    for n, (heads, value, steps, state) in enumerate(rows):
+        add_record(study, arch_with(heads, layers=1 + n % 2), value, state=state,
+                   predicted_error=float(10 - n), steps_reached=steps)
+    return study
+
+
+def test_best_never_reports_an_early_stopped_trial(storage_url: str, study_name: str) -> None:
+    fill(storage_url, study_name)
+    eng = open_storage(storage_url).engine
+    _, winners = q.top(eng, study_name, 10)
+    assert [t.number for t in winners] == [2, 1, 0]  # trial 3 (0.01 after 30 steps) excluded
+    assert winners[0].arch == arch_with(4, layers=1)
+
+
+def test_maximize_direction(storage_url: str, study_name: str) -> None:
+    fill(storage_url, study_name, "maximize")
+    _, winners = q.top(open_storage(storage_url).engine, study_name, 1)
+    assert winners[0].number == 0
+
+
+def test_pareto_equals_brute_force(storage_url: str, study_name: str) -> None:
+    study = optuna.create_study(storage=open_storage(storage_url), study_name=study_name)
+    values = [0.9, 0.5, 0.7, 0.2, 0.6, 0.1, 0.3, 0.25]
+    for n, value in enumerate(values):
+        add_record(study, arch_with([1, 2, 4, 8][n % 4], layers=1 + n // 4), value,
+                   steps_reached=10)
+    eng = open_storage(storage_url).engine
+    _, trials = q.load_trials(eng, study_name)
+    expected = {t.number for t in trials if not any(
+        (o.value <= t.value and o.params_trainable <= t.params_trainable  # type: ignore[operator]
+         and (o.value, o.params_trainable) != (t.value, t.params_trainable)) for o in trials)}
+    _, front = q.pareto(eng, study_name)
+    assert {t.number for t in front} == expected
+
+
+def test_theory_rank_correlation(storage_url: str, study_name: str) -> None:
+    from scipy.stats import spearmanr
+
+    fill(storage_url, study_name)
+    result = q.theory(open_storage(storage_url).engine, study_name)
+    points = [(p["predicted_error"], p["value"]) for p in result["trials"]]
+    assert result["n"] == 3 == len(points)
+    assert result["spearman"] == pytest.approx(spearmanr(*zip(*points)).statistic)
+
+
+def test_layer_summary_counts_winners() -> None:
+    trials = [q.TrialRecord(i, i, "COMPLETE", 0.1, arch=arch_with(h, k))
+              for i, (h, k) in enumerate([(4, "mhsa"), (4, "mixit"), (4, "mhsa"), (8, "mhsa")])]
+    rows = q.layer_summary(trials)
+    assert rows[0]["attention"] == "mhsa" and rows[0]["attention_share"] == 0.75
+    assert rows[1]["n_heads"] == 4 and rows[1]["qk_dim"] == 16
+
+
+def test_storage_url_resolution_and_redaction(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPTUNA_STORAGE", raising=False)
+    assert resolve_url() == "sqlite:///studies.db"
+    monkeypatch.setenv("OPTUNA_STORAGE", "postgresql://a:b@h/db")
+    assert resolve_url() == "postgresql://a:b@h/db" and resolve_url("sqlite:///x") == "sqlite:///x"
+    assert redact("postgresql://user:hunter2@db.example:5432/s") == \
+        "postgresql://user:***@db.example:5432/s"
+
+
+@pytest.mark.parametrize(("url", "message"), [
+    ("mysql://u@h/db", "scheme 'mysql' is not supported"),
+    ("sqlite:////nonexistent/dir/s.db", "directory '/nonexistent/dir' does not exist"),
+    ("postgresql://alice:s3cretpw@127.0.0.1:1/db", "cannot open storage "
+     "postgresql://alice:***@127.0.0.1:1/db"),
+    ("not a url", "not an SQLAlchemy URL"),
+])
+def test_storage_errors_are_one_line_without_password(url: str, message: str) -> None:
+    with pytest.raises(StorageError) as err:
+        open_storage(url)
+    text = str(err.value)
+    assert message in text and "s3cretpw" not in text and "\n" not in text
+
+
+def test_sqlite_uses_wal(tmp_path: Path) -> None:
+    open_storage(f"sqlite:///{tmp_path / 's.db'}")
+    with sqlite3.connect(tmp_path / "s.db") as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_frozen_study_keeps_opening(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "study_v1.db"
+    shutil.copy(FROZEN, db)  # never touch the committed file
+    url = f"sqlite:///{db}"
+    (summary,) = q.list_studies(open_storage(url).engine)
+    assert summary.name == "frozen" and summary.counts == {"COMPLETE": 4, "PRUNED": 1,
+                                                           "FAIL": 1}
+    assert summary.attrs["task"] == "ngram"
+    _, (best,) = q.top(open_storage(url).engine, "frozen", 1)
+    assert (best.number, best.value, best.steps_reached) == (2, 0.2, 100)
+    assert best.arch is not None and best.arch.layers[0].heads == (HeadGroup(4, 16),)
+    assert main(["export", "--storage", url, "--study", "frozen"]) == 0
+    assert ArchConfig.from_yaml(capsys.readouterr().out) == best.arch
+
+
+def test_cli_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    fill(url, "demo")
+    for argv in (["list"], ["best"], ["top", "-k", "2"], ["layers"], ["theory"],
+                 ["pareto", "--plot", str(tmp_path / "front.png")]):
+        assert main([*argv, "--storage", url]) == 0, argv
+    out = capsys.readouterr().out
+    assert "trial 2: value 0.2" in out and "export: python -m studies export" in out
+    assert "Spearman" in out and (tmp_path / "front.png").read_bytes()[:4] == b"\x89PNG"
+    assert main(["best", "--storage", url, "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["number"] == 2
+    out_file = tmp_path / "arch.yaml"
+    assert main(["export", "--storage", url, "--trial", "3", "--out", str(out_file)]) == 0
+    assert ArchConfig.from_yaml(out_file.read_text()) == arch_with(8, layers=2)
+
+
+def test_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    fill(url, "one")
+    fill(url, "two")
+    cases = [(["best", "--study", "three"], "no such study; studies: one, two"),
+             (["best"], "--study: required when the storage holds 2 studies"),
+             (["export", "--study", "one", "--trial", "99"], "--trial 99: study 'one' has no"),
+             (["export", "--study", "one", "--out", str(tmp_path / "no" / "a.yaml")],
+              "does not exist")]
+    for argv, message in cases:
+        assert main([*argv, "--storage", url]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+    assert main(["list", "--storage", "postgresql://bob:topsecret@127.0.0.1:1/x"]) == 2
+    err = capsys.readouterr().err
+    assert "topsecret" not in err and "bob:***@" in err
+
+
+def test_stock_optuna_cli_and_dashboard_read_our_study(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    study = fill(url, "demo")
+    env = {"PATH": str(Path(sys.executable).parent), "HOME": str(tmp_path)}
+    optuna_cli = shutil.which("optuna") or str(Path(sys.executable).parent / "optuna")
+    studies = subprocess.run([optuna_cli, "studies", "--storage", url,
+                              "-f", "json"], capture_output=True, text=True, env=env, timeout=120)
+    assert studies.returncode == 0, studies.stderr
+    assert json.loads(studies.stdout)[0]["name"] == "demo"
+    best = subprocess.run([optuna_cli, "best-trial", "--study-name", "demo",
+                           "--storage", url, "-f", "json"], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert best.returncode == 0, best.stderr
+    assert json.loads(best.stdout)["number"] == study.best_trial.number
+
+    from optuna_dashboard import wsgi
+
+    app = wsgi(url)
+    for path in ("/api/studies", f"/api/studies/{study._study_id}"):
+        environ: dict[str, object] = {"PATH_INFO": path, "QUERY_STRING": "after=0"}
+        setup_testing_defaults(environ)
+        status: list[str] = []
+
+        def start_response(code: str, headers: object, *_: object,
+                           seen: list[str] = status) -> object:
+            seen.append(code)
+            return lambda data: None
+
+        body = b"".join(app(environ, start_response))
+        assert status[0].startswith("200"), (path, status, body[:200])
+        assert json.load(BytesIO(body))
+
+
+def test_heartbeat_settings_reach_optuna(tmp_path: Path) -> None:
+    storage = open_storage(f"sqlite:///{tmp_path / 's.db'}",
+                           StorageSettings(heartbeat_interval=5, grace_period=11, retries=2))
+    assert storage.get_heartbeat_interval() == 5 and storage.grace_period == 11
+    assert storage.get_heartbeat_stale_trial_callback() is not None
