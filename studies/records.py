@@ -2,12 +2,13 @@
 
 Trial params are the flattened per-layer fields, named with ``ArchConfig``'s vocabulary::
 
-    L{i}.attention  L{i}.mlp_ratio  L{i}.role  L{i}.freeze_mlp  L{i}.eta  L{i}.tied_output
-    L{i}.g{j}.count  L{i}.g{j}.qk_dim  L{i}.g{j}.v_dim
+    L{i}.attention  L{i}.mlp_ratio  L{i}.g{j}.count  L{i}.g{j}.qk_dim  L{i}.g{j}.v_dim
+    L{i}.role  L{i}.freeze_mlp  L{i}.eta  L{i}.tied_output      (only when not the default)
 
-(never ``/``: Ray would nest it). Trial user attrs hold the whole ``ArchConfig`` JSON and the
-measurements; study user attrs describe the search. ``decode(params, template)`` rebuilds the
-architecture from the flat params plus the template's global fields.
+(never ``/``: Ray would nest it). Optuna writes each param with three queries, so fields at their
+default are left out; decoding restores them. Trial user attrs hold the whole ``ArchConfig``
+JSON and the measurements; study user attrs describe the search. ``decode(params, template)``
+rebuilds the architecture from the flat params plus the template's global fields.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ TRIAL_ATTRS = (ARCH, ARCH_ID, PARAMS_TRAINABLE, PARAMS_TOTAL, PREDICTED_ERROR, T
 # Study user attributes.
 STUDY_ATTRS = ("task", "metric", "space_name", "space_hash", "alloc_inputs", "code_version")
 
-_LAYER_FIELDS = ("attention", "mlp_ratio", "role", "freeze_mlp", "eta", "tied_output")
+_LAYER_FIELDS = ("attention", "mlp_ratio")
+_OPTIONAL_FIELDS = {"role": "process", "freeze_mlp": False, "eta": 1.0, "tied_output": False}
 _GROUP_FIELDS = ("count", "qk_dim", "v_dim")
 _CHOICES: dict[str, tuple[str, ...]] = {"attention": ATTENTION_KINDS, "role": ROLES}
 _KEY = re.compile(r"^L(\d+)\.(?:g(\d+)\.)?(\w+)$")
@@ -52,6 +54,9 @@ def flatten(arch: ArchConfig) -> dict[str, Any]:
     for i, layer in enumerate(arch.layers):
         for name in _LAYER_FIELDS:
             params[f"L{i}.{name}"] = getattr(layer, name)
+        for name, default in _OPTIONAL_FIELDS.items():
+            if getattr(layer, name) != default:
+                params[f"L{i}.{name}"] = getattr(layer, name)
         for j, group in enumerate(layer.heads):
             for name in _GROUP_FIELDS:
                 params[f"L{i}.g{j}.{name}"] = getattr(group, name)
@@ -117,7 +122,7 @@ def read_arch(trial: FrozenTrial) -> ArchConfig:
 
 def add_record(study: optuna.Study, arch: ArchConfig, value: float | None, *,
                state: TrialState = TrialState.COMPLETE, curve: Mapping[int, float] | None = None,
-               extra_params: Mapping[str, Any] | None = None, **attrs: Any) -> FrozenTrial:
+               extra_params: Mapping[str, Any] | None = None, **attrs: Any) -> None:
     """Write a finished trial for ``arch`` through Optuna (``study.add_trial``)."""
     params = {**flatten(arch), **(extra_params or {})}
     trial = optuna.trial.create_trial(
@@ -125,7 +130,6 @@ def add_record(study: optuna.Study, arch: ArchConfig, value: float | None, *,
         distributions=fixed_distributions(params), user_attrs=trial_attrs(arch, **attrs),
         intermediate_values=dict(curve or {}))
     study.add_trial(trial)
-    return study.get_trials(deepcopy=False)[-1]
 
 
 def code_version() -> str:

@@ -155,3 +155,14 @@ def test_cli_rejects_an_invalid_arch_file(tmp_path: Path, capsys: pytest.Capture
                    "heads: ['2x8']}]\n")
     assert main(["--arch", str(bad), "--task", "ngram", "--quiet"]) == 2
     assert "d_model = 0: must be an integer >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_compiled_model_trains_the_same_curve() -> None:
+    """torch.compile (CPU inductor here) gives the eager loss curve; ~1 min of compiling."""
+    task = make_task("ngram", "smoke")
+    config = TrainConfig(steps=10, batch_size=8, eval_every=5)
+    eager = train(arch(layers=1), task, config)
+    compiled = train(arch(layers=1), task, TrainConfig(**{**config.__dict__, "compile": True}))
+    for a, b in zip(eager.history, compiled.history):
+        assert a.val_loss == pytest.approx(b.val_loss, rel=1e-4)

@@ -98,7 +98,8 @@ class GroupedAttention(nn.Module):
         return torch.cat(outs, dim=-1) if len(outs) > 1 else outs[0]
 
 
-def _linear(d_in: int, d_out: int, std: float = INIT_STD) -> nn.Linear:
+def init_linear(d_in: int, d_out: int, std: float = INIT_STD) -> nn.Linear:
+    """A bias-free linear map with normal(0, std) weights."""
     layer = nn.Linear(d_in, d_out, bias=False)
     nn.init.normal_(layer.weight, std=std)
     return layer
@@ -117,8 +118,8 @@ class MultiHeadAttention(GroupedAttention):
         super().__init__(arch, layer, index, kernel)
         self.qk_width = sum(c * qk for c, qk, _ in self.groups)
         self.width = layer.width
-        self.qkv = _linear(arch.d_model, 2 * self.qk_width + self.width)
-        self.out = _linear(self.width, arch.d_model, out_std(arch))
+        self.qkv = init_linear(arch.d_model, 2 * self.qk_width + self.width)
+        self.out = init_linear(self.width, arch.d_model, out_std(arch))
 
     def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         q, k, v = self.qkv(x).split([self.qk_width, self.qk_width, self.width], dim=-1)
@@ -140,9 +141,9 @@ class FrozenQKAttention(MultiHeadAttention):
                  kernel: Kernel = sdpa) -> None:
         super().__init__(arch, layer, index, kernel)
         del self.qkv
-        self.qk = _linear(arch.d_model, 2 * self.qk_width, 1.0 / math.sqrt(arch.d_model))
+        self.qk = init_linear(arch.d_model, 2 * self.qk_width, 1.0 / math.sqrt(arch.d_model))
         self.qk.weight.requires_grad_(False)
-        self.v = _linear(arch.d_model, self.width)
+        self.v = init_linear(arch.d_model, self.width)
 
     def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         q, k = self.qk(x).split([self.qk_width, self.qk_width], dim=-1)
@@ -156,8 +157,8 @@ class SubspaceAttention(GroupedAttention):
                  kernel: Kernel = sdpa) -> None:
         super().__init__(arch, layer, index, kernel)
         self.width = layer.width
-        self.basis = _linear(arch.d_model, self.width)  # weight = [U_1 .. U_K]^T
-        self.out = None if layer.tied_output else _linear(self.width, arch.d_model,
+        self.basis = init_linear(arch.d_model, self.width)  # weight = [U_1 .. U_K]^T
+        self.out = None if layer.tied_output else init_linear(self.width, arch.d_model,
                                                           out_std(arch))
 
     def forward(self, x: Tensor) -> Tensor:
@@ -198,8 +199,8 @@ class MixiTAttention(GroupedAttention):
                  kernel: Kernel = sdpa) -> None:
         super().__init__(arch, layer, index, kernel)
         self.width = layer.width
-        self.v = _linear(arch.d_model, self.width)
-        self.out = _linear(self.width, arch.d_model, out_std(arch))
+        self.v = init_linear(arch.d_model, self.width)
+        self.out = init_linear(self.width, arch.d_model, out_std(arch))
         generator = torch.Generator().manual_seed(arch.seed * 1_000_003 + index)
         for j, (count, _, dv) in enumerate(self.groups):
             mix = mixing_matrix(count, arch.max_seq_len, dv, arch.causal, generator)

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from search_spaces import ArchConfig, LayerSpec
-from workers.attention import INIT_STD, Kernel, _linear, make_attention, out_std, sdpa
+from workers.attention import INIT_STD, Kernel, init_linear, make_attention, out_std, sdpa
 
 
 def make_norm(arch: ArchConfig) -> nn.Module:
@@ -32,8 +32,8 @@ class MLP(nn.Module):
         super().__init__()
         hidden = arch.mlp_hidden(layer)
         self.gated = arch.mlp == "swiglu"
-        self.up = _linear(arch.d_model, (2 if self.gated else 1) * hidden)
-        self.down = _linear(hidden, arch.d_model, out_std(arch))
+        self.up = init_linear(arch.d_model, (2 if self.gated else 1) * hidden)
+        self.down = init_linear(hidden, arch.d_model, out_std(arch))
         if layer.freeze_mlp:  # paper 002 ablation: the MLP stays at its random init
             self.requires_grad_(False)
 
@@ -86,13 +86,13 @@ class Model(nn.Module):
         if arch.vocab_size is not None:
             self.embed: nn.Module = nn.Embedding(arch.vocab_size, d)
             nn.init.normal_(self.embed.weight, std=INIT_STD)
-            self.head = _linear(d, arch.vocab_size)
+            self.head = init_linear(d, arch.vocab_size)
             if arch.tie_embeddings:
                 self.head.weight = self.embed.weight
         else:
             assert arch.input_dim is not None and arch.output_dim is not None
-            self.embed = _linear(arch.input_dim, d, 1.0 / math.sqrt(arch.input_dim))
-            self.head = _linear(d, arch.output_dim)
+            self.embed = init_linear(arch.input_dim, d, 1.0 / math.sqrt(arch.input_dim))
+            self.head = init_linear(d, arch.output_dim)
         self.pos: nn.Embedding | None = None
         if arch.positional == "learned":
             self.pos = nn.Embedding(arch.max_seq_len, d)
