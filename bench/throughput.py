@@ -61,7 +61,7 @@ class Runner:
         self.name, self.shape, self.device = name, shape, device
         self.module = module.to(device)
         params = [p for p in self.module.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=1e-4)
+        self.optimizer = torch.optim.AdamW(params, lr=1e-4, fused=True)
         g = torch.Generator().manual_seed(0)
         self.x = torch.randn(shape.batch, shape.seq_len, shape.d_model, generator=g).to(device)
         self.rates: list[float] = []

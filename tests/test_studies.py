@@ -247,3 +247,12 @@ def test_heartbeat_settings_reach_optuna(tmp_path: Path) -> None:
                            StorageSettings(heartbeat_interval=5, grace_period=11, retries=2))
     assert storage.get_heartbeat_interval() == 5 and storage.grace_period == 11
     assert storage.get_heartbeat_stale_trial_callback() is not None
+
+
+def test_postgres_pool_settings_reach_the_engine() -> None:
+    from tests.conftest import postgres_url
+
+    storage = open_storage(postgres_url(), StorageSettings(pool_size=3, max_overflow=1))
+    pool = storage.engine.pool
+    assert pool.size() == 3 and pool._max_overflow == 1  # type: ignore[attr-defined]
+    assert pool._pre_ping  # type: ignore[attr-defined]
