@@ -14,7 +14,7 @@ from typing import Any
 from search_spaces import ArchConfig, HeadGroup, LayerSpec
 from search_spaces.cli import Parser, add_format, dump, render_table
 from workers.tasks import make_task
-from workers.train import TrainConfig, train
+from workers.train import TrainConfig, parse_task_params, train
 
 
 def _list(cast: type) -> Any:
@@ -32,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     p = Parser(prog="bench.sweep", description=__doc__.split("\n\n")[1])
     p.add_argument("--task", required=True)
     p.add_argument("--size", default="paper", choices=("smoke", "paper"))
+    p.add_argument("--task-param", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a task parameter, e.g. p=97 (repeatable)")
     p.add_argument("--budget", type=int, default=256)
     p.add_argument("--heads", type=_list(int), default=[1, 2, 4, 8, 16, 32])
     p.add_argument("--kinds", type=_list(str), default=["mhsa"])
@@ -45,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--weight-decay", type=float, default=0.1)
     add_format(p)
     args = p.parse_args(argv)
+    task_params = parse_task_params(args.task_param)
     task_runs: list[dict[str, Any]] = []
     for kind in args.kinds:
         for heads in args.heads:
@@ -55,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
                     config = TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=lr,
                                          seed=seed, weight_decay=args.weight_decay,
                                          eval_every=max(1, args.steps // 4))
-                    result = train(arch, make_task(args.task, args.size, seed), config)
+                    task = make_task(args.task, args.size, seed, **task_params)
+                    result = train(arch, task, config)
                     run = {"kind": kind, "heads": heads, "dim": args.budget // heads, "lr": lr,
                            "seed": seed, "status": result.status, "metric": result.metric,
                            "val_loss": result.val_loss, "params": result.trainable_params,
@@ -63,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
                     task_runs.append(run)
                     print(f"{kind} H={heads} lr={lr:g} seed={seed}: {result.status} "
                           f"{result.metric_name}={result.metric}", file=sys.stderr, flush=True)
-    higher = make_task(args.task, args.size).higher_is_better
+    higher = make_task(args.task, args.size, **task_params).higher_is_better
     best: dict[tuple[str, int], dict[str, Any]] = {}
     for run in task_runs:
         key = (run["kind"], run["heads"])
@@ -76,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     rows = [[r["kind"], r["heads"], r["dim"], f"{r['metric']:.5g}", f"{r['lr']:g}", r["seed"],
              f"{r['params']:,}", f"{r['tokens_per_s']:,.0f}"] for r in best.values()]
-    metric = make_task(args.task, args.size).metric
+    metric = make_task(args.task, args.size, **task_params).metric
     print(render_table(["kind", "heads", "dim", f"best {metric}", "lr", "seed", "params",
                         "tokens/s"], rows, right=[False] + [True] * 7))
     return 0

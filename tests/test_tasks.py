@@ -162,3 +162,9 @@ def test_fit_arch_wires_inputs_and_keeps_layers() -> None:
     assert tokens.layers == layers
     vectors = fit_arch(tokens, make_task("icl_linear", "smoke"))
     assert (vectors.input_dim, vectors.output_dim, vectors.vocab_size) == (6, 1, None)
+
+
+def test_modadd_rejects_a_split_larger_than_the_pairs() -> None:
+    with pytest.raises(TaskError, match=r"train 40000 \+ val 4000 .* p\^2 = 9409 pairs"):
+        make_task("modadd", "paper", p=97)
+    assert len(make_task("modadd", "paper", p=97, train=4704, val=2000).pairs("val")) == 2000

@@ -29,6 +29,10 @@ SPLITS = {"train": 0, "val": 1}
 VAL_BUCKETS = 10  # a hashed discrete example is in val iff hash % VAL_BUCKETS == 0
 
 
+class TaskError(ValueError):
+    """Unknown task, size or parameter; the message lists the valid ones."""
+
+
 @dataclass(frozen=True)
 class Batch:
     """``x``: (B, T) ids or (B, T, in); ``y``: (B, T) ids or (B, T, out); ``mask``: (B, T) bool
@@ -386,6 +390,12 @@ class ModAddTask(Task):
     train: int = 120
     val: int = 40
 
+    def __post_init__(self) -> None:
+        if self.p < 2 or self.train < 1 or self.val < 1 or self.train + self.val > self.p**2:
+            raise TaskError(f"modadd: train {self.train} + val {self.val} must be positive and "
+                            f"fit in the p^2 = {self.p**2} pairs (p = {self.p}); set train "
+                            "and val with --task-param")
+
     @property
     def seq_len(self) -> int:
         return 3
@@ -598,10 +608,6 @@ class LMTask(Task):
 TASKS: dict[str, type[Task]] = {cls.name: cls for cls in (
     NgramTask, KernelTask, DenoiseTask, InductionTask, RetrievalTask, ModAddTask, AdditionTask,
     DyckTask, MemorizeTask, ICLLinearTask, LMTask)}
-
-
-class TaskError(ValueError):
-    """Unknown task, size or parameter; the message lists the valid ones."""
 
 
 def make_task(name: str, size: str = "smoke", seed: int = 0, **params: Any) -> Task:

@@ -310,7 +310,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _task_params(items: list[str]) -> dict[str, Any]:
+def parse_task_params(items: list[str]) -> dict[str, Any]:
+    """``["m_max=10", ...]`` -> ``{"m_max": 10}`` (ints, then floats, else strings)."""
     params: dict[str, Any] = {}
     for item in items:
         key, sep, text = item.partition("=")
@@ -341,7 +342,7 @@ def setup(args: argparse.Namespace) -> tuple[ArchConfig, Task, TrainConfig]:
     arch = load_arch(args.arch)
     size = "smoke" if args.smoke_test else args.size
     try:
-        task = make_task(args.task, size, args.seed, **_task_params(args.task_param))
+        task = make_task(args.task, size, args.seed, **parse_task_params(args.task_param))
         fit_arch(arch, task)
     except (TaskError, TypeError) as err:
         raise UsageError(f"--task-param: {err}") from None
