@@ -174,35 +174,76 @@ def eligible(trials: list[TrialRecord]) -> list[TrialRecord]:
     return [t for t in done if budget is None or t.steps_reached in (None, budget)]
 
 
-def ranked(trials: list[TrialRecord], direction: str) -> list[TrialRecord]:
-    """Best first (ties: fewer trainable params, then earlier trial)."""
-    sign = -1.0 if direction == "MAXIMIZE" else 1.0
-    return sorted(eligible(trials), key=lambda t: (sign * (t.value or 0.0),
-                                                   t.params_trainable or 0, t.number))
+def _attr(key: str) -> sa.Subquery:
+    return (sa.select(_trial_attrs.c.trial_id, _trial_attrs.c.value_json)
+            .where(_trial_attrs.c.key == key).subquery())
+
+
+def _eligible_rows(conn: sa.Connection, sid: int, *extra: str) -> sa.Select[Any]:
+    """SELECT trial_id, number, value[, extra attrs as JSON] of the eligible trials (SQL)."""
+    steps = _attr(rec.STEPS_REACHED)
+    done = (sa.select(steps.c.value_json).distinct()
+            .join(_trials, _trials.c.trial_id == steps.c.trial_id)
+            .where(_trials.c.study_id == sid, _STATE == "COMPLETE"))
+    reached = [json.loads(v) for (v,) in conn.execute(done)]
+    budget = max((r for r in reached if r is not None), default=None)
+    extras = [_attr(key) for key in extra]
+    query = (sa.select(_trials.c.trial_id, _trials.c.number, _values.c.value,
+                       *[a.c.value_json for a in extras])
+             .join(_values, sa.and_(_values.c.trial_id == _trials.c.trial_id,
+                                    _values.c.objective == 0))
+             .outerjoin(steps, steps.c.trial_id == _trials.c.trial_id)
+             .where(_trials.c.study_id == sid, _STATE == "COMPLETE", _VALUE_TYPE == "FINITE"))
+    for a in extras:
+        query = query.outerjoin(a, a.c.trial_id == _trials.c.trial_id)
+    if budget is not None:  # never rank a trial stopped before the full budget
+        query = query.where(sa.or_(steps.c.trial_id.is_(None),
+                                   steps.c.value_json.in_([json.dumps(budget), "null"])))
+    return query
+
+
+def _fill(engine: sa.Engine, sid: int, trials: list[TrialRecord]) -> list[TrialRecord]:
+    """Small attrs and the architecture of the given trials (two queries)."""
+    by_id = {t.trial_id: t for t in trials}
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(_trial_attrs.c.trial_id, _trial_attrs.c.key,
+                                      _trial_attrs.c.value_json)
+                            .where(_trial_attrs.c.trial_id.in_(list(by_id)),
+                                   _trial_attrs.c.key.in_(_SMALL_ATTRS)))
+        for tid, key, value in rows:
+            by_id[tid].attrs[key] = json.loads(value)
+    return attach_archs(engine, trials)
 
 
 def top(engine: sa.Engine, study: str, k: int) -> tuple[str, list[TrialRecord]]:
-    direction, trials = load_trials(engine, study)
-    winners = ranked(trials, direction)[:k]
-    if not winners:
+    """The ``k`` best eligible trials (ties: earlier trial first), ordered in SQL."""
+    with engine.connect() as conn:
+        sid, direction = _study(conn, study)
+        value = _values.c.value.desc() if direction == "MAXIMIZE" else _values.c.value.asc()
+        rows = conn.execute(_eligible_rows(conn, sid).order_by(value, _trials.c.number)
+                            .limit(k)).all()
+    if not rows:
         raise QueryError(f"--study {study!r}: no complete trial yet")
-    return direction, attach_archs(engine, winners)
+    winners = [TrialRecord(tid, number, "COMPLETE", v) for tid, number, v in rows]
+    return direction, _fill(engine, sid, winners)
 
 
 def pareto(engine: sa.Engine, study: str) -> tuple[str, list[TrialRecord]]:
     """Trials no other eligible trial beats on both value and trainable params."""
-    direction, trials = load_trials(engine, study)
+    with engine.connect() as conn:
+        sid, direction = _study(conn, study)
+        rows = conn.execute(_eligible_rows(conn, sid, rec.PARAMS_TRAINABLE)).all()
     sign = -1.0 if direction == "MAXIMIZE" else 1.0
+    points = sorted((json.loads(p) if p else 0, sign * v, number, tid)
+                    for tid, number, v, p in rows)
     front, best_so_far = [], float("inf")
-    for t in sorted(eligible(trials), key=lambda t: (t.params_trainable or 0,
-                                                     sign * (t.value or 0.0))):
-        score = sign * (t.value or 0.0)
+    for _, score, number, tid in points:  # fewest params first: keep strict improvements
         if score < best_so_far:
-            front.append(t)
+            front.append(TrialRecord(tid, number, "COMPLETE", sign * score))
             best_so_far = score
     if not front:
         raise QueryError(f"--study {study!r}: no complete trial yet")
-    return direction, attach_archs(engine, front)
+    return direction, _fill(engine, sid, front)
 
 
 def layer_summary(trials: list[TrialRecord]) -> list[dict[str, Any]]:
