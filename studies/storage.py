@@ -18,12 +18,13 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
 import sqlalchemy
-from optuna.storages import RDBStorage, RetryFailedTrialCallback
+from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
@@ -114,14 +115,17 @@ def open_storage(url: str | None = None, settings: StorageSettings | None = None
     if parsed.get_backend_name() not in SCHEMES:
         raise StorageError(f"storage {redact(url)}: scheme {parsed.drivername!r} is not "
                            f"supported; use {' or '.join(s + '://' for s in SCHEMES)}")
-    callback = RetryFailedTrialCallback(max_retry=settings.retries) if settings.retries else None
     try:
         if parsed.get_backend_name() == "sqlite":
             _prepare_sqlite(parsed, settings)
-        return RDBStorage(url, engine_kwargs=engine_kwargs(url, settings),
-                          heartbeat_interval=settings.heartbeat_interval,
-                          grace_period=settings.grace_period,
-                          heartbeat_stale_trial_callback=callback)
+        with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna; we rely on them
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            callback = (RetryHeartbeatStaleTrialCallback(max_retry=settings.retries)
+                        if settings.retries else None)
+            return RDBStorage(url, engine_kwargs=engine_kwargs(url, settings),
+                              heartbeat_interval=settings.heartbeat_interval,
+                              grace_period=settings.grace_period,
+                              heartbeat_stale_trial_callback=callback)
     except (SQLAlchemyError, sqlite3.Error, RuntimeError, ImportError) as err:
         reason = scrub(str(err).strip().splitlines()[0] if str(err).strip() else
                        type(err).__name__, url)
@@ -141,7 +145,9 @@ def reap_stale(study: optuna.Study) -> list[int]:
     """
     before = {t.number for t in study.get_trials(deepcopy=False,
                                                  states=(optuna.trial.TrialState.FAIL,))}
-    optuna.storages.fail_stale_trials(study)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
     after = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))
     failed = sorted(t.number for t in after if t.number not in before)
     if failed:
