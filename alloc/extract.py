@@ -129,7 +129,7 @@ def _pairs(problem: ExtractProblem, dims: np.ndarray) -> tuple[np.ndarray, np.nd
     return count[order], dim[order]
 
 
-def _group_frontiers(problem: ExtractProblem, dims: np.ndarray
+def _group_frontiers(problem: ExtractProblem, count: np.ndarray, dim: np.ndarray
                      ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Per group, the widths where its best cost strictly drops (in align units).
 
@@ -137,7 +137,6 @@ def _group_frontiers(problem: ExtractProblem, dims: np.ndarray
     Only these breakpoints matter in the DP: between two of them the cost is flat while the
     remaining budget of the other groups only shrinks.
     """
-    count, dim = _pairs(problem, dims)
     units = (count * dim) // problem.align
     m = problem.model
     # (M, P) cost of every pair for every group.
@@ -162,7 +161,7 @@ def _group_frontiers(problem: ExtractProblem, dims: np.ndarray
 def _solve_dp(problem: ExtractProblem, dims: np.ndarray) -> Allocation:
     """Min-plus DP: ``F_m(b) = min_k F_{m-1}(b - u_k) + c_k`` over each group's breakpoints."""
     count, dim = _pairs(problem, dims)
-    frontiers = _group_frontiers(problem, dims)
+    frontiers = _group_frontiers(problem, count, dim)
     top = problem.budget // problem.align
     budget = np.arange(top + 1)
     best = np.zeros(top + 1)  # best error of the groups so far with width <= b

@@ -12,7 +12,7 @@ from matplotlib.axes import Axes
 
 from alloc.extract import uniform_options
 from alloc.plan import Plan, saturation_curve
-from search_spaces.cli import write_atomic
+from search_spaces.cli import write_figure
 
 
 def plot_plan(plan: Plan, path: Path) -> None:
@@ -21,12 +21,8 @@ def plot_plan(plan: Plan, path: Path) -> None:
     _tradeoff(plan, axes[0])
     _qk_dims(plan, axes[1])
     _saturation(plan, axes[2])
-    from io import BytesIO
-
-    buffer = BytesIO()
-    fig.savefig(buffer, format="png", dpi=110)
+    write_figure(fig, path)
     plt.close(fig)
-    write_atomic(path, buffer.getvalue())
 
 
 def _tradeoff(plan: Plan, ax: Axes) -> None:

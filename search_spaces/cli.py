@@ -7,6 +7,7 @@ and exits with code 2; results go to stdout as ``--format table|json|yaml``.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
 import os
@@ -96,6 +97,13 @@ def write_atomic(path: Path, text: str | bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_figure(fig: Any, path: Path, dpi: int = 110) -> None:
+    """Save a matplotlib figure to ``path`` as PNG, atomically (no matplotlib import here)."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=dpi)
+    write_atomic(path, buffer.getvalue())
 
 
 def dump(data: Any, fmt: str) -> str:

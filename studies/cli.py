@@ -24,6 +24,7 @@ from search_spaces.cli import (
     int_in,
     render_table,
     write_atomic,
+    write_figure,
 )
 from studies import query
 from studies.storage import StorageError, engine, open_storage
@@ -152,8 +153,6 @@ def run(args: argparse.Namespace) -> str | Any:
 
 
 def _plot_front(front: list[query.TrialRecord], direction: str, study: str, path: Path) -> None:
-    from io import BytesIO
-
     import matplotlib
 
     matplotlib.use("Agg")
@@ -166,10 +165,8 @@ def _plot_front(front: list[query.TrialRecord], direction: str, study: str, path
     ax.set_xlabel("trainable parameters")
     ax.set_ylabel(f"objective ({direction.lower()})")
     ax.set_title(f"Pareto front of {study}")
-    buffer = BytesIO()
-    fig.savefig(buffer, format="png", dpi=110)
+    write_figure(fig, path)
     plt.close(fig)
-    write_atomic(path, buffer.getvalue())
 
 
 def main(argv: list[str] | None = None) -> int:

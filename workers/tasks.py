@@ -149,14 +149,17 @@ class KernelTask(Task):
     def rho(self) -> Tensor:
         return torch.tensor(parse_kernel(self.kernel, self.length), dtype=torch.float32)
 
+    @functools.cached_property
+    def mixing(self) -> Tensor:
+        """(T, T) lower-triangular Toeplitz: ``mix[t, s] = rho(t - s)`` for ``s < t``."""
+        t, rho = self.length, self.rho()
+        lag = torch.arange(t)[:, None] - torch.arange(t)[None, :]
+        return torch.where(lag >= 1, rho[(lag - 1).clamp(0, t - 1)], torch.zeros(()))
+
     def make(self, g: torch.Generator, size: int, split: str) -> Batch:
         x = torch.randn(size, self.length, self.dim, generator=g)
-        rho = self.rho()
         t = self.length
-        # (T, T) lower-triangular Toeplitz: mix[t, s] = rho(t - s) for s < t.
-        lag = torch.arange(t)[:, None] - torch.arange(t)[None, :]
-        mix = torch.where(lag >= 1, rho[(lag - 1).clamp(0, t - 1)], torch.zeros(()))
-        y = mix @ x + self.noise * torch.randn(size, t, self.dim, generator=g)
+        y = self.mixing @ x + self.noise * torch.randn(size, t, self.dim, generator=g)
         return Batch(x, y, torch.ones(size, t, dtype=torch.bool))
 
 
@@ -197,6 +200,10 @@ class DenoiseTask(Task):
 
     def bases(self) -> Tensor:
         """(K, d, p) orthonormal bases, fixed by the task seed."""
+        return self._bases
+
+    @functools.cached_property
+    def _bases(self) -> Tensor:
         d = self.input_dim
         q, _ = torch.linalg.qr(torch.randn(d, d, generator=generator(self.seed, "train", -1)))
         return q.T.reshape(self.clusters, self.rank, d).transpose(1, 2).contiguous()
@@ -404,8 +411,13 @@ class ModAddTask(Task):
     def vocab_size(self) -> int:
         return self.p + 1  # numbers and "="
 
+    @functools.cached_property
+    def _order(self) -> Tensor:
+        """A fixed random order of all p^2 pairs (train first, then validation)."""
+        return torch.randperm(self.p**2, generator=generator(self.seed, "train", -1))
+
     def pairs(self, split: str) -> Tensor:
-        order = torch.randperm(self.p**2, generator=generator(self.seed, "train", -1))
+        order = self._order
         chosen = order[: self.train] if split == "train" else order[self.train:
                                                                     self.train + self.val]
         return torch.stack([chosen // self.p, chosen % self.p], dim=1)
@@ -545,6 +557,11 @@ class MemorizeTask(Task):
         return 2 * self.n  # first key token in [0, n), second in [n, 2n); values in [0, n)
 
     def table(self) -> Tensor:
+        """The value of every key ``(k1, k2)``, fixed by the task seed."""
+        return self._table
+
+    @functools.cached_property
+    def _table(self) -> Tensor:
         g = generator(self.seed, "train", -1)
         return torch.randint(0, self.n, (self.n, self.n), generator=g)
 
