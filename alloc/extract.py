@@ -189,6 +189,11 @@ def _solve_dp(problem: ExtractProblem, dims: np.ndarray) -> Allocation:
     return problem.evaluate(groups)
 
 
+def solve_with_dims(problem: ExtractProblem, dims: list[int]) -> Allocation:
+    """Best use of the budget by heads whose dimensions come from ``dims`` (multiples of align)."""
+    return _solve_dp(problem, np.array(sorted(set(dims))))
+
+
 def solve_exact(problem: ExtractProblem) -> Allocation:
     """Integer optimum over groups, head counts and aligned head dimensions."""
     return _solve_dp(problem, problem.dims)

@@ -8,6 +8,7 @@ contract other tools parse (``budget``, ``layers``, ``extract``, ``arch``).
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -19,6 +20,7 @@ from alloc.extract import (
     UniformAllocation,
     solve_exact,
     solve_uniform,
+    solve_with_dims,
 )
 from alloc.kernels import parse_kernel
 from alloc.saturation import (
@@ -138,6 +140,17 @@ def make_plan(settings: PlanSettings) -> Plan:
                       if extract else {"attention": later_error, "total": later_error})
     return Plan(settings, problem, exact, continuous, uniform, _arch(settings, layers),
                 tuple(errors))
+
+
+def predicted_error(settings: PlanSettings, layer: LayerSpec) -> float:
+    """The early-layer bound of ``layer``'s heads: its width spread as well as possible over the
+    kernel's offsets by heads of the layer's dims (exact for one head group: ``count`` heads of
+    ``v_dim``). What the allocator predicts for any candidate, not only its own plan."""
+    dims = sorted({g.v_dim for g in layer.heads})
+    align = math.gcd(*dims, layer.width)
+    rho = parse_kernel(settings.kernel, settings.seq_len)
+    problem = ExtractProblem(rho, layer.width, align, settings.model)
+    return solve_with_dims(problem, dims).objective
 
 
 def baseline_arch(plan: Plan) -> ArchConfig:

@@ -72,7 +72,7 @@ def _trial_dict(t: query.TrialRecord) -> dict[str, Any]:
             "arch": t.arch.to_dict() if t.arch else None}
 
 
-def _allocation_table(t: query.TrialRecord) -> str:
+def allocation_table(t: query.TrialRecord) -> str:
     from search_spaces import attention_params
 
     assert t.arch is not None
@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> str | Any:
         _, winners = query.top(eng, study, 1 if args.command == "best" else args.k)
         if args.format != "table":
             return [_trial_dict(t) for t in winners]
-        text = "\n\n".join(_allocation_table(t) for t in winners)
+        text = "\n\n".join(allocation_table(t) for t in winners)
         best = winners[0].number
         return f"{text}\n\nexport: python -m studies export --study {study} --trial {best}"
     if args.command == "pareto":

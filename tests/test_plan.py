@@ -64,3 +64,33 @@ def test_longer_sequences_never_need_larger_qk() -> None:
 def test_token_model() -> None:
     plan = make_plan(PlanSettings(vocab_size=601))
     assert plan.arch.vocab_size == 601 and plan.arch.input_dim is None
+
+
+def test_predicted_error_of_any_layer_is_the_brute_force_bound() -> None:
+    """For one group of ``count`` heads of dim ``d``: the best spread of exactly those heads."""
+    import itertools
+
+    import numpy as np
+
+    from alloc.extract import ExtractProblem, GroupChoice
+    from alloc.kernels import parse_kernel
+    from alloc.plan import predicted_error
+    from search_spaces import LayerSpec
+
+    settings = PlanSettings(budget=64, input_dim=16, seq_len=4, kernel="poly:1", layers=1)
+    rho = parse_kernel(settings.kernel, settings.seq_len)
+    problem = ExtractProblem(rho, 64, 1, settings.model)
+    offsets = problem.offsets.tolist()
+    for count, dim in [(1, 64), (2, 32), (4, 16), (8, 8), (3, 8), (5, 4)]:
+        best = np.inf
+        # Every way to give each offset 0..count heads, at most count in all.
+        for split in itertools.product(range(count + 1), repeat=len(offsets)):
+            if sum(split) <= count:
+                groups = [GroupChoice(s, c, dim) for s, c in zip(offsets, split) if c]
+                best = min(best, problem.evaluate(groups).objective)
+        layer = LayerSpec("mhsa", (HeadGroup(count, dim),))
+        assert predicted_error(settings, layer) == pytest.approx(best, rel=1e-12)
+    plan = make_plan(PlanSettings(budget=256, input_dim=64, kernel="ngram:4", seq_len=64,
+                                  layers=1, uniform=True))
+    assert predicted_error(plan.settings, plan.arch.layers[0]) == pytest.approx(
+        plan.uniform.objective)

@@ -1,0 +1,181 @@
+"""The launcher end to end (real Ray, real study databases): the smoke search on SQLite and
+PostgreSQL then ``studies best``, failures recorded with their error, ASHA-stopped trials kept
+apart, resume after Ctrl-C and after a SIGKILLed driver, and no password on disk."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+from sqlalchemy.engine import make_url
+
+from studies.cli import main as studies_main
+from workers.searcher import finished_count, retried_numbers
+
+ROOT = Path(__file__).resolve().parents[1]
+SMOKE = ["--space", "aot_vs_standard.yaml", "--task", "modadd", "--smoke-test"]
+STEPS = 40  # SMOKE_TRAIN["steps"]
+
+
+def ray_tmp(tmp: Path) -> Path:
+    """A short Ray temp dir per test (socket paths must stay under 108 bytes), linked from tmp."""
+    link = tmp / "ray-tmp"
+    if not link.exists():
+        link.symlink_to(tempfile.mkdtemp(prefix="rt", dir="/tmp"))
+    return link.resolve()
+
+
+def launch(tmp: Path, *args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "RAY_TMPDIR": str(ray_tmp(tmp))}
+    return subprocess.Popen([sys.executable, "-m", "workers.search", *args,
+                             "--storage-path", str(tmp / "results")], cwd=tmp, env=env,
+                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+
+
+def run(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    proc = launch(tmp, *args)
+    out, err = proc.communicate(timeout=240)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def load(url: str, name: str) -> optuna.Study:
+    return optuna.load_study(study_name=name, storage=url)
+
+
+def check_consistent(study: optuna.Study, total: int) -> None:
+    """Nothing RUNNING or WAITING, ``total`` trials counted, states match steps reached."""
+    trials = study.get_trials()
+    assert not [t.number for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+    assert finished_count(study) == total
+    retried = retried_numbers(trials)
+    for t in trials:
+        if t.state == TrialState.COMPLETE:
+            assert t.user_attrs["steps_reached"] == STEPS and t.user_attrs["status"] == "completed"
+            assert max(t.intermediate_values) == STEPS and t.value == t.intermediate_values[STEPS]
+            assert t.user_attrs["predicted_error"] > 0 and t.user_attrs["arch_id"]
+        elif t.state == TrialState.PRUNED:  # stopped by ASHA: never COMPLETE with a partial value
+            assert t.user_attrs["steps_reached"] < STEPS and t.user_attrs["status"] == "stopped"
+        else:
+            assert t.state == TrialState.FAIL
+    assert retried <= {t.number for t in trials if t.state == TrialState.FAIL}
+    # No architecture evaluated twice unless it was a retry of a failed run.
+    done = [t.user_attrs["arch_id"] for t in trials
+            if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    assert len(done) == len(set(done))
+
+
+def test_smoke_search_then_studies_best(storage_url: str, study_name: str, tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    secret = ""
+    if storage_url.startswith("postgresql"):  # trust auth accepts any password: plant one
+        secret = "pw-" + study_name[-8:]
+        storage_url = make_url(storage_url).set(password=secret).render_as_string(False)
+    proc = run(tmp_path, *SMOKE, "--storage", storage_url, "--study", study_name)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "best per-layer allocation" in proc.stdout and "python -m studies export" in proc.stdout
+    plain = make_url(storage_url).set(password=None).render_as_string(False)
+    study = load(plain, study_name)
+    check_consistent(study, 6)
+    seeds = {t.user_attrs.get("seed") for t in study.trials}
+    assert "allocator" in seeds and study.trials[0].user_attrs["seed"] == "allocator"
+    assert study.user_attrs["space_name"] == "aot_vs_standard"
+    assert studies_main(["best", "--storage", plain, "--study", study_name]) == 0
+    assert "attention" in capsys.readouterr().out
+    if secret:
+        leaks = subprocess.run(["grep", "-rl", secret, str(tmp_path), str(ray_tmp(tmp_path))],
+                               capture_output=True, text=True).stdout
+        assert not leaks and secret not in proc.stdout + proc.stderr, leaks
+
+
+def test_failed_trials_are_recorded_and_the_search_goes_on(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    proc = run(tmp_path, *SMOKE, "--storage", url, "--study", "f", "--trials", "8",
+               "--scheduler", "fifo", "--inject-failure", 'raise:"mixit"',
+               "--inject-failure", 'nan:"mssa"')
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    study = load(url, "f")
+    check_consistent(study, 8)
+    kinds = {"raise": 0, "nan": 0, "ok": 0}
+    for t in study.trials:
+        arch = t.user_attrs["arch"]
+        if '"mixit"' in arch:
+            assert t.state == TrialState.FAIL and "injected failure" in t.user_attrs["error"]
+            kinds["raise"] += 1
+        elif '"mssa"' in arch:
+            assert t.state == TrialState.FAIL and "non-finite" in t.user_attrs["error"]
+            kinds["nan"] += 1
+        else:
+            assert t.state == TrialState.COMPLETE
+            kinds["ok"] += 1
+    assert all(kinds.values()), kinds
+
+
+def wait_for(predicate: object, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return
+        time.sleep(0.5)
+    raise AssertionError("timed out")
+
+
+@pytest.mark.parametrize("how", ["sigint", "sigkill"])
+def test_resume_after_interrupt_or_killed_driver(tmp_path: Path, how: str) -> None:
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    args = [*SMOKE, "--storage", url, "--study", "r", "--trials", "12",
+            "--heartbeat-interval", "1", "--grace-period", "3"]
+    proc = launch(tmp_path, *args)
+
+    def some_done() -> bool:
+        try:
+            return finished_count(load(url, "r")) >= 3
+        except KeyError:
+            return False
+
+    wait_for(some_done, 120)
+    if how == "sigint":
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 130
+    else:
+        os.kill(proc.pid, signal.SIGKILL)  # the driver only: its Ray processes must go too
+        proc.wait(10)
+    before = {t.number: (t.state, t.value) for t in load(url, "r").trials
+              if t.state in (TrialState.COMPLETE, TrialState.PRUNED)}
+    if how == "sigint":  # a clean interrupt leaves nothing RUNNING
+        assert not load(url, "r").get_trials(states=(TrialState.RUNNING,))
+    again = run(tmp_path, *args, "--resume")
+    assert again.returncode == 0, again.stderr[-3000:]
+    study = load(url, "r")
+    check_consistent(study, 12)
+    after = {t.number: (t.state, t.value) for t in study.trials}
+    assert all(after[n] == v for n, v in before.items())  # no finished trial lost or redone
+
+
+def test_cli_errors_are_one_line_and_touch_nothing(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    cases = [
+        ([*SMOKE[:1], "nope.yaml", *SMOKE[2:]], "--space: search space 'nope.yaml'"),
+        ([*SMOKE[:3], "sudoku", "--smoke-test"], "--task: unknown task 'sudoku'"),
+        ([*SMOKE, "--resume"], "--resume: no study"),
+        ([*SMOKE, "--storage", "mysql://u:hunter2@h/db"], "scheme 'mysql' is not supported"),
+    ]
+    for args, message in cases:
+        proc = run(tmp_path, *args, *(["--storage", url] if "--storage" not in args else []),
+                   "--study", "e")
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1 and "hunter2" not in proc.stderr
+    assert not (tmp_path / "results").exists()
+    study = optuna.create_study(study_name="taken", storage=url)
+    study.enqueue_trial({"x": 1})
+    proc = run(tmp_path, *SMOKE, "--storage", url, "--study", "taken")
+    assert proc.returncode == 2 and "pass --resume" in proc.stderr
+    assert len(load(url, "taken").trials) == 1

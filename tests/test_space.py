@@ -1,0 +1,133 @@
+"""Search spaces: every shipped YAML loads, samples are valid and inside the budget by
+construction, ``encode`` inverts sampling (also through an enqueued Optuna trial), grids are
+exhaustive, and bad files get one message naming the file, the key and the rule."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from search_spaces.space import (
+    FixedSuggester,
+    RandomSuggester,
+    SpaceError,
+    load_space,
+    parse_space,
+    shipped_spaces,
+)
+
+SHIPPED = [p.name for p in shipped_spaces()]
+BASE = {"name": "t", "budget": 64, "depth": 2,
+        "layers": [{"layers": "all", "attention": ["mhsa", "mixit"], "heads": [1, 2, 4]}]}
+
+
+def test_the_issue_spaces_are_shipped() -> None:
+    assert {"aot_vs_standard.yaml", "heads_vs_dim.yaml", "later_layer_reduction.yaml",
+            "mixit_grid.yaml"} <= set(SHIPPED)
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**31))
+def test_samples_are_valid_in_budget_and_encode_back(name: str, seed: int) -> None:
+    space = load_space(name)
+    arch, train = space.sample(RandomSuggester(seed))
+    assert arch.d_model == space.budget and arch.n_layers == space.depth
+    for i, layer in enumerate(arch.layers):
+        rule = space.rule(i)
+        assert layer.width <= rule.budget
+        assert layer.attention in rule.attention and layer.mlp_ratio in rule.mlp_ratio
+        assert all(g.qk_dim <= g.v_dim for g in layer.heads)
+    assert set(train) >= {"steps", "eval_every"}
+    params = space.encode(arch, train)
+    again, train_again = space.sample(FixedSuggester(params, seed=seed + 1))
+    assert again == arch and train_again == train
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_encode_enqueues_through_optuna(name: str) -> None:
+    """What the launcher does with the allocator's seeds: enqueue, ask, sample the same arch."""
+    space = load_space(name)
+    study = optuna.create_study()
+    archs = [space.sample(RandomSuggester(seed))[0] for seed in range(5)]
+    for arch in archs:
+        study.enqueue_trial(space.encode(arch))
+    for arch in archs:
+        assert space.sample(study.ask())[0] == arch
+
+
+def test_later_layers_sample_a_reduced_qk_dim() -> None:
+    space = load_space("later_layer_reduction")
+    layers = [space.sample(RandomSuggester(s))[0].layers for s in range(40)]
+    assert all(ls[0].heads[0].qk_dim == ls[0].heads[0].v_dim for ls in layers)
+    assert any(g.qk_dim < g.v_dim for ls in layers for layer in ls[1:] for g in layer.heads)
+
+
+def test_grid_is_the_product_of_the_choices() -> None:
+    space = load_space("mixit_grid")
+    points = space.grid()
+    kinds = {(p["L0.attention"], p["L1.attention"]) for p in points}
+    assert len(points) == 9 and kinds == set(itertools.product(space.rule(0).attention,
+                                                                repeat=2))
+    tradeoff = load_space("heads_vs_dim").grid()
+    assert len(tradeoff) == 7 * 2
+    assert {(p["L0.g0.count"], p["L0.g0.v_dim"]) for p in tradeoff} == {
+        (h, 256 // h) for h in (1, 2, 4, 8, 16, 32, 64)}
+
+
+def test_budget_override_rescales_derived_dims() -> None:
+    space = load_space("aot_vs_standard", budget=256)
+    arch, _ = space.sample(RandomSuggester(3))
+    assert arch.d_model == 256 and all(layer.width == 256 for layer in arch.layers)
+    assert space.hash != load_space("aot_vs_standard").hash
+
+
+def test_encode_names_what_is_outside_the_space() -> None:
+    space = parse_space(BASE)
+    arch, _ = space.sample(RandomSuggester(0))
+    bigger = load_space("aot_vs_standard").sample(RandomSuggester(0))[0]
+    with pytest.raises(SpaceError, match="d_model = 128: the space's budget is 64"):
+        space.encode(bigger)
+    import dataclasses
+    wrong = dataclasses.replace(arch.layers[0], attention="mssa")
+    with pytest.raises(SpaceError, match=r"layers\[0\]\.attention = 'mssa': allowed"):
+        space.encode(dataclasses.replace(arch, layers=(wrong, arch.layers[1])))
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"layerz": []}, "layerz = \\[\\]: unknown key; valid: name, description"),
+    ({"layers": [{"attention": [], "heads": [1]}]}, r"layers\[0\]\.attention = \[\]: must not "
+                                                     "be empty"),
+    ({"layers": [{"attention": ["softmax"], "heads": [1]}]}, "'softmax'.*must be from"),
+    ({"layers": [{"heads": [3]}]}, r"heads = 3: head_dim 'derived' needs the count to divide "
+                                   "the budget 64"),
+    ({"layers": [{"heads": [4], "head_dim": [32]}]}, "4 x 32 = 128 exceeds the width budget 64"),
+    ({"layers": [{"layers": 0, "heads": [1]}]}, r"no rule covers layers \[1\]"),
+    ({"layers": [{"heads": [1]}, {"layers": 1, "heads": [2]}]}, "layer 1 is already covered"),
+    ({"layers": [{"layers": "0-5", "heads": [1]}]}, "layer indices must lie in 0..1"),
+    ({"budget": 0}, "budget = 0: must be an integer >= 1"),
+    ({"train": {"steps": [10, 20]}}, "train.steps = \\[10, 20\\]: must be one value"),
+    ({"train": {"lr": {"low": 0, "high": 1}}}, "train.lr = .*0 < low <= high"),
+    ({"train": {"momentum": 0.9}}, "train.momentum = 0.9: unknown key"),
+    ({"sampler": "grid", "train": {"lr": {"low": 1e-4, "high": 1e-3}}}, "grid.*train.lr"),
+    ({"layers": [{"heads": [1], "mlp_ratio": [0.3]}]}, "mlp_ratio \\* d_model"),
+    ({"model": {"positional": "rope"}}, "RoPE is not offered for mixit"),
+])
+def test_bad_spaces_name_file_key_and_rule(tmp_path: Path, change: dict[str, object],
+                                           message: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({**BASE, **change}))
+    with pytest.raises(SpaceError, match=message) as info:
+        load_space(path)
+    assert str(info.value).startswith(str(path)) and "\n" not in str(info.value)
+
+
+def test_unknown_space_lists_the_shipped_ones() -> None:
+    with pytest.raises(SpaceError, match=r"aot_vs_standard\.yaml"):
+        load_space("nope.yaml")
