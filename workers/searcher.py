@@ -18,6 +18,7 @@ instead of raising ``UpdateFinishedTrialError``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -29,6 +30,7 @@ from typing import Any
 import optuna
 import sqlalchemy
 from optuna.storages import RDBStorage, RetryFailedTrialCallback
+from optuna.storages._heartbeat import is_heartbeat_enabled
 from optuna.trial import FrozenTrial, Trial, TrialState
 from ray.tune.search.optuna import OptunaSearch
 
@@ -68,14 +70,16 @@ class StudySearcher(OptunaSearch):
         self.last[trial_id] = result
         value = result.get(self.metric)
         if STEP in result and value is not None and math.isfinite(value):
-            self._ot_trials[trial_id].report(value, result[STEP])
+            # A trial reaped while it ran (its driver looked dead) is finished: ignore the rest.
+            with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
+                self._ot_trials[trial_id].report(value, result[STEP])
 
     def on_trial_complete(self, trial_id: str, result: dict[str, Any] | None = None,
                           error: bool = False) -> None:
         ot_trial = self._ot_trials.get(trial_id)
         if ot_trial is None or trial_id in self._completed_trials:
             return
-        if result is not None and result is not self.last.get(trial_id):
+        if result is not None and result.get(STEP) != self.last.get(trial_id, {}).get(STEP):
             self.on_trial_result(trial_id, result)  # Tune skips it when a trial is stopped
         result = result or self.last.get(trial_id)
         state, value, attrs = self.classify(result, error)
@@ -108,7 +112,7 @@ class StudySearcher(OptunaSearch):
 
     def _beat(self, trial_id: int) -> None:
         storage = self.study._storage  # RDBStorage, or Optuna's cache around it
-        if getattr(storage, "is_heartbeat_enabled", lambda: False)():
+        if is_heartbeat_enabled(storage):
             storage.record_heartbeat(trial_id)  # type: ignore[attr-defined]
 
     def beat(self) -> None:
