@@ -33,16 +33,18 @@ def ray_tmp(tmp: Path) -> Path:
     return link.resolve()
 
 
-def launch(tmp: Path, *args: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "RAY_TMPDIR": str(ray_tmp(tmp))}
+def launch(tmp: Path, *args: str, env: dict[str, str] | None = None
+           ) -> subprocess.Popen[str]:
+    env = {**(env or os.environ), "RAY_TMPDIR": str(ray_tmp(tmp))}
     return subprocess.Popen([sys.executable, "-m", "workers.search", *args,
                              "--storage-path", str(tmp / "results")], cwd=tmp, env=env,
                             text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
 
 
-def run(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    proc = launch(tmp, *args)
+def run(tmp: Path, *args: str, env: dict[str, str] | None = None
+        ) -> subprocess.CompletedProcess[str]:
+    proc = launch(tmp, *args, env=env)
     out, err = proc.communicate(timeout=240)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 

@@ -142,6 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="trials in the study in all (default: 20; the grid size for grid "
                         f"spaces; {SMOKE_TRIALS} with --smoke-test)")
     p.add_argument("--budget", type=int_in(1), help="width budget D (default: the space's)")
+    p.add_argument("--steps", type=int_in(1), help="training steps per trial (default: the "
+                                                   "space's)")
     p.add_argument("--address", help="Ray cluster: auto or ray://host:port (default: a local "
                                      "Ray instance)")
     p.add_argument("--cpus-per-trial", type=number(0, strict=True), default=1.0)
@@ -195,6 +197,9 @@ def setup(args: argparse.Namespace) -> Setup:
         space = load_space(args.space, args.budget)
         if args.smoke_test:
             space = space.with_train(**SMOKE_TRAIN)
+        if args.steps:
+            every = min(int(space.fixed_train("eval_every")), args.steps)
+            space = space.with_train(steps=args.steps, eval_every=every)
         task = make_task(args.task, "smoke" if args.smoke_test else "paper", args.seed,
                          **parse_task_params(args.task_param))
     except SpaceError as err:
@@ -337,6 +342,8 @@ def _trial_dirname(trial: Any) -> str:
 def _ray_init(address: str | None) -> None:
     import ray
 
+    if ray.is_initialized():  # called from Python (benchmarks, notebooks) after ray.init
+        return
     ray.init(address=address, include_dashboard=False if address is None else None,
              log_to_driver=False, logging_level=logging.WARNING)
 
