@@ -4,6 +4,7 @@ and PostgreSQL storage: trials run on both nodes and all land in the one study."
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
@@ -46,10 +47,8 @@ def node_pids(temp_dir: Path) -> list[int]:
 def stop_node(temp_dir: Path) -> None:
     for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 2.0)):
         for pid in node_pids(temp_dir):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
         deadline = time.monotonic() + wait
         while node_pids(temp_dir) and time.monotonic() < deadline:
             time.sleep(0.2)
