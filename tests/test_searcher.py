@@ -14,7 +14,7 @@ from optuna.trial import TrialState
 from alloc.plan import PlanSettings
 from search_spaces.space import load_space
 from studies.storage import StorageSettings, open_storage
-from workers.search import predictor
+from workers.search import Predictor
 from workers.searcher import StudySearcher, finished_count, retried_numbers, wait_for_stale
 
 STEPS = 30
@@ -27,7 +27,7 @@ def searcher(tmp_path: Path) -> StudySearcher:
     study = optuna.create_study(study_name="s", storage=storage, direction="maximize")
     space = load_space("aot_vs_standard").with_train(steps=STEPS, eval_every=10)
     return StudySearcher(space, study=study, metric="acc", mode="max", steps=STEPS,
-                         predict=predictor(PlanSettings(budget=128, layers=2, seq_len=3)),
+                         predict=Predictor(PlanSettings(budget=128, layers=2, seq_len=3)),
                          sampler=optuna.samplers.RandomSampler(seed=0))
 
 

@@ -111,13 +111,11 @@ def seeds(space: SearchSpace, settings: PlanSettings) -> list[tuple[str, dict[st
     return out
 
 
-def predictor(settings: PlanSettings) -> Any:
-    """The allocator's predicted error of a sampled architecture (its first layer's bound)."""
-    return _Predict(settings)
-
-
 @dataclass(frozen=True)
-class _Predict:
+class Predictor:
+    """The allocator's predicted error of a sampled architecture (its first layer's bound);
+    a picklable callable, since Ray pickles the searcher that holds it."""
+
     settings: PlanSettings
 
     def __call__(self, arch: ArchConfig) -> float:
@@ -365,7 +363,7 @@ def run_search(s: Setup, args: argparse.Namespace, study: optuna.Study) -> str:
         optuna.samplers.RandomSampler(seed=args.seed) if s.space.sampler == "random" else
         optuna.samplers.TPESampler(seed=args.seed, constant_liar=True))
     searcher = StudySearcher(s.space, study=study, metric=s.job.metric, mode=s.job.mode,
-                             steps=steps, predict=predictor(s.settings), sampler=sampler)
+                             steps=steps, predict=Predictor(s.settings), sampler=sampler)
     eval_every = int(s.space.fixed_train("eval_every"))
     scheduler = (ASHAScheduler(time_attr="step", metric=s.job.metric, mode=s.job.mode,
                                max_t=steps, grace_period=max(eval_every, steps // 9),
