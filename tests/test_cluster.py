@@ -80,8 +80,9 @@ def test_search_runs_on_both_nodes_into_one_study(cluster: tuple[str, dict[str, 
     url = postgres_url()
     address, env = cluster
     proc = run(tmp_path, *SMOKE, "--storage", url, "--study", study_name, "--trials", "4",
-               "--scheduler", "fifo", "--steps", "150", "--address", address, env=env)
+               "--scheduler", "fifo", "--steps", "400", "--max-concurrent", "2",
+               "--address", address, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     trials = optuna.load_study(study_name=study_name, storage=url).trials
-    assert [t.state for t in trials] == [TrialState.COMPLETE] * 4  # the steps keep both busy
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 4  # long enough to overlap
     assert len({t.user_attrs["node"] for t in trials}) == 2
