@@ -20,12 +20,13 @@ from search_spaces.cli import Parser, add_format, dump, int_in, render_table
 from search_spaces.space import FixedSuggester, load_space
 
 
-def launcher(url: str, study: str, args: argparse.Namespace, reuse: bool) -> float:
+def launcher(url: str, results: Path, study: str, args: argparse.Namespace, reuse: bool
+             ) -> float:
     from workers import search
 
     argv = ["--space", args.space, "--task", args.task, "--storage", url, "--study", study,
             "--trials", str(args.trials), "--steps", str(args.steps), "--scheduler", "fifo",
-            "--max-concurrent", "1", "--storage-path", str(Path(url[10:]).parent / "ray"),
+            "--max-concurrent", "1", "--storage-path", str(results),
             "--format", "json"] + ([] if reuse else ["--no-reuse-actors"])
     start = time.perf_counter()
     code = search.main(argv)
@@ -73,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         url = f"sqlite:///{tmp}/bench.db"
-        walls = {reuse: launcher(url, f"reuse-{reuse}", args, reuse) for reuse in (True, False)}
+        walls = {reuse: launcher(url, Path(tmp) / "ray", f"reuse-{reuse}", args, reuse)
+                 for reuse in (True, False)}
         loop = plain_loop(url, "reuse-True", args)
     for reuse, wall in walls.items():
         per_trial = (wall - loop) / args.trials

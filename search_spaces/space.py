@@ -79,7 +79,8 @@ class RandomSuggester:
     """Uniform random choices (tests, and sampling without Optuna)."""
 
     def __init__(self, seed: int = 0) -> None:
-        self.rng, self.params = random.Random(seed), {}  # type: ignore[var-annotated]
+        self.rng = random.Random(seed)
+        self.params: dict[str, Any] = {}
 
     def suggest_categorical(self, name: str, choices: Any) -> Any:
         return self.params.setdefault(name, self.rng.choice(list(choices)))
@@ -118,6 +119,10 @@ class QkRule:
         if not self.reduced or kind in SINGLE_WIDTH_KINDS or v_dim <= self.low:
             return v_dim, v_dim, 1
         return self.low, self.low + (v_dim - self.low) // self.step * self.step, self.step
+
+    def allows(self, kind: str, v_dim: int, qk_dim: int) -> bool:
+        low, high, step = self.range(kind, v_dim)
+        return low <= qk_dim <= high and (qk_dim - low) % step == 0
 
 
 @dataclass(frozen=True)
@@ -189,10 +194,6 @@ class SearchSpace:
     def fixed_train(self, key: str) -> Any:
         return next(p.value for p in self.train if p.key == key)
 
-    def with_budget(self, budget: int) -> SearchSpace:
-        """The same space at another width budget (rules without their own budget follow it)."""
-        return parse_space({**self.data, "budget": budget}, self.source)
-
     def with_train(self, **values: Any) -> SearchSpace:
         """The same space with some training hyper-parameters fixed (e.g. a smoke test's)."""
         return parse_space({**self.data, "train": {**self.data.get("train", {}), **values}},
@@ -207,7 +208,8 @@ class SearchSpace:
 
     def grid(self) -> list[dict[str, Any]]:
         """Every point of a finite space, as params (raises ``SpaceError`` on a float range)."""
-        points, path = [], []  # type: ignore[var-annotated]
+        points: list[dict[str, Any]] = []
+        path: list[int] = []
         while True:
             suggester = _PathSuggester(path, self.source)
             self.sample(suggester)
@@ -249,7 +251,8 @@ class _PathSuggester(RandomSuggester):
 
     def __init__(self, path: list[int], source: str) -> None:
         super().__init__()
-        self.path, self.source, self.decisions = path, source, []  # type: ignore[var-annotated]
+        self.path, self.source = path, source
+        self.decisions: list[tuple[int, int]] = []
 
     def _pick(self, name: str, options: list[Any]) -> Any:
         k = len(self.decisions)
@@ -299,8 +302,8 @@ def _encode_layer(rule: LayerRule, i: int, layer: LayerSpec, params: dict[str, A
     for value, allowed, field in checks:
         if value not in allowed:
             problems.append(f"{where}.{field} = {value!r}: allowed {list(allowed)}")
-    low, high, step = rule.qk.range(layer.attention, g.v_dim)
-    if not (low <= g.qk_dim <= high and (g.qk_dim - low) % step == 0):
+    if not rule.qk.allows(layer.attention, g.v_dim, g.qk_dim):
+        low, high, step = rule.qk.range(layer.attention, g.v_dim)
         problems.append(f"{where}.qk_dim = {g.qk_dim}: allowed {low}..{high} step {step}")
     fixed = {"role": rule.role, "eta": rule.eta,
              "freeze_mlp": rule.freeze_mlp and layer.mlp_ratio > 0}
@@ -350,7 +353,8 @@ class _Checker:
     """Collects problems as ``source: key = value: rule`` and raises them together."""
 
     def __init__(self, source: str) -> None:
-        self.source, self.problems = source, []  # type: ignore[var-annotated]
+        self.source = source
+        self.problems: list[str] = []
 
     def add(self, key: str, value: Any, rule: str) -> None:
         self.problems.append(f"{key} = {value!r}: {rule}")
@@ -445,7 +449,8 @@ def _parse_rules(check: _Checker, data: Any, budget: int, depth: int) -> list[La
     if not isinstance(data, list) or not data:
         check.add("layers", data, "must be a non-empty list of layer rules")
         return []
-    rules, owner = [], {}  # type: ignore[var-annotated]
+    rules: list[LayerRule] = []
+    owner: dict[int, int] = {}
     for r, item in enumerate(data):
         where = f"layers[{r}]"
         if not check.keys(item, _RULE_KEYS, where):
@@ -530,7 +535,7 @@ def _parse_train(check: _Checker, data: Any) -> list[TrainParam]:
             params.append(TrainParam(key, low=low, high=high, log=bool(value.get("log")),
                                      integer=_is_int(low) and _is_int(high)))
         else:
-            if key in ("steps", "eval_every") and not check.int_at_least(where, value, 1):
+            if key in FIXED_TRAIN_KEYS and not check.int_at_least(where, value, 1):
                 continue
             params.append(TrainParam(key, value=value))
     return params

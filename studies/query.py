@@ -35,6 +35,7 @@ _values = sa.table("trial_values", sa.column("trial_id"), sa.column("objective")
                    sa.column("value"), sa.column("value_type"))
 _trial_attrs = sa.table("trial_user_attributes", sa.column("trial_id"), sa.column("key"),
                         sa.column("value_json"))
+_heartbeats = sa.table("trial_heartbeats", sa.column("trial_id"))
 _SMALL_ATTRS = tuple(k for k in rec.TRIAL_ATTRS if k != rec.ARCH)
 # Optuna stores these as ENUM types on PostgreSQL: compare and read them as text.
 _STATE = sa.cast(_trials.c.state, sa.String)
@@ -289,3 +290,12 @@ def find_trial(engine: sa.Engine, study: str, number: int | None) -> TrialRecord
     if match[0].arch is None:
         raise QueryError(f"--trial {number}: has no recorded architecture")
     return match[0]
+
+
+def with_heartbeat(engine: sa.Engine, trial_ids: list[int]) -> set[int]:
+    """Those of ``trial_ids`` that ever recorded an Optuna heartbeat."""
+    if not trial_ids:
+        return set()
+    query = sa.select(_heartbeats.c.trial_id).where(_heartbeats.c.trial_id.in_(trial_ids))
+    with engine.connect() as conn:
+        return set(conn.scalars(query))

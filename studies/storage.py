@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from pathlib import Path
 import optuna
 import sqlalchemy
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+from optuna.trial import TrialState
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
@@ -153,3 +155,41 @@ def reap_stale(study: optuna.Study) -> list[int]:
     if failed:
         log.warning("failed %d stale trial(s): %s", len(failed), failed)
     return failed
+
+
+def retry_failed(study: optuna.Study, number: int) -> None:
+    """Enqueue a copy of failed trial ``number``, marked as Optuna's own retries are (so
+    ``RetryHeartbeatStaleTrialCallback.retried_trial_number`` finds it)."""
+    trial = study._storage.get_trial(study._storage.get_trial_id_from_study_id_trial_number(
+        study._study_id, number))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        RetryHeartbeatStaleTrialCallback()(study, trial)
+
+
+def _running(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    return study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+
+
+def reap_dead(study: optuna.Study, storage: RDBStorage, wait: float,
+              poll: float = 0.5) -> list[int]:
+    """Fail and retry the RUNNING trials of a dead process: those whose heartbeat lapses within
+    ``wait`` seconds (``reap_stale``), and those that never recorded one.
+
+    Returns:
+        Numbers of the trials still RUNNING with a live heartbeat (their process is alive).
+    """
+    from studies.query import with_heartbeat
+
+    deadline = time.monotonic() + wait
+    while _running(study) and time.monotonic() < deadline:
+        reap_stale(study)
+        time.sleep(poll)
+    reap_stale(study)
+    running = _running(study)
+    beating = with_heartbeat(storage.engine, [t._trial_id for t in running])
+    for t in running:
+        if t._trial_id not in beating:
+            study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+            retry_failed(study, t.number)
+    return [t.number for t in running if t._trial_id in beating]

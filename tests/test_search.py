@@ -84,7 +84,7 @@ def test_smoke_search_then_studies_best(storage_url: str, study_name: str, tmp_p
     proc = run(tmp_path, *SMOKE, "--storage", storage_url, "--study", study_name)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "best per-layer allocation" in proc.stdout and "python -m studies export" in proc.stdout
-    plain = make_url(storage_url).set(password=None).render_as_string(False)
+    plain = make_url(storage_url)._replace(password=None).render_as_string(False)
     study = load(plain, study_name)
     check_consistent(study, 6)
     seeds = {t.user_attrs.get("seed") for t in study.trials}
@@ -181,3 +181,13 @@ def test_cli_errors_are_one_line_and_touch_nothing(tmp_path: Path) -> None:
     proc = run(tmp_path, *SMOKE, "--storage", url, "--study", "taken")
     assert proc.returncode == 2 and "pass --resume" in proc.stderr
     assert len(load(url, "taken").trials) == 1
+
+
+def test_secure_url_moves_the_password_to_the_environment(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from workers.search import secure_url
+
+    monkeypatch.delenv("PGPASSWORD", raising=False)
+    url = secure_url("postgresql://alice:s3cr%40t@db:5432/studies")
+    assert url == "postgresql://alice@db:5432/studies" and os.environ["PGPASSWORD"] == "s3cr@t"
+    assert secure_url("sqlite:///x.db") == "sqlite:///x.db"

@@ -13,9 +13,9 @@ from optuna.trial import TrialState
 
 from alloc.plan import PlanSettings
 from search_spaces.space import load_space
-from studies.storage import StorageSettings, open_storage
+from studies.storage import StorageSettings, open_storage, reap_dead
 from workers.search import Predictor
-from workers.searcher import StudySearcher, finished_count, retried_numbers, wait_for_stale
+from workers.searcher import StudySearcher, finished_count, retried_numbers
 
 STEPS = 30
 
@@ -71,9 +71,9 @@ def test_reaper_fails_and_retries_trials_of_a_dead_driver(searcher: StudySearche
     searcher.on_trial_complete("a", result(STEPS, 0.4))
     storage = searcher.study._storage._backend  # type: ignore[attr-defined]
     searcher.beat()
-    assert wait_for_stale(searcher.study, storage, grace=0.5) == [1]  # its driver still beats
+    assert reap_dead(searcher.study, storage, wait=0.5) == [1]  # its driver still beats
     time.sleep(2.5)  # the driver "died": no more heartbeats past the grace period
-    assert wait_for_stale(searcher.study, storage, grace=5) == []
+    assert reap_dead(searcher.study, storage, wait=5) == []
     states = [t.state for t in searcher.study.trials]
     assert states == [TrialState.COMPLETE, TrialState.FAIL, TrialState.WAITING]
     assert retried_numbers(searcher.study.trials) == {1}

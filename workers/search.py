@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+from optuna.storages import RDBStorage
 from optuna.trial import TrialState
 from sqlalchemy.engine import make_url
 
@@ -37,6 +38,7 @@ from studies.storage import (
     StorageError,
     StorageSettings,
     open_storage,
+    reap_dead,
     redact,
     resolve_url,
 )
@@ -81,10 +83,10 @@ def _fit_layer(space: SearchSpace, i: int, layer: LayerSpec) -> LayerSpec:
     kind = layer.attention if layer.attention in rule.attention else rule.attention[0]
     mlp = layer.mlp_ratio if layer.mlp_ratio in rule.mlp_ratio else rule.mlp_ratio[-1]
     heads = layer.heads
-    if len(heads) == 1:
+    if len(heads) == 1:  # a qk_dim the rule does not allow becomes the largest it does
         g = heads[0]
-        low, high, step = rule.qk.range(kind, g.v_dim)
-        qk = g.qk_dim if low <= g.qk_dim <= high and (g.qk_dim - low) % step == 0 else high
+        qk = g.qk_dim if rule.qk.allows(kind, g.v_dim, g.qk_dim) else rule.qk.range(
+            kind, g.v_dim)[1]
         heads = (HeadGroup(g.count, qk, g.v_dim),)
     return LayerSpec(kind, heads, mlp, rule.role, eta=rule.eta,
                      freeze_mlp=rule.freeze_mlp and mlp > 0)
@@ -176,7 +178,8 @@ def secure_url(url: str) -> str:
     if parsed.password is None:
         return url
     os.environ["PGPASSWORD"] = str(parsed.password)
-    return parsed.set(password=None).render_as_string(hide_password=False)
+    # URL is a named tuple; ``URL.set(password=None)`` would keep the password (None = unset).
+    return parsed._replace(password=None).render_as_string(hide_password=False)
 
 
 @dataclass(frozen=True)
@@ -191,15 +194,16 @@ class Setup:
 
 
 def setup(args: argparse.Namespace) -> Setup:
+    size = "smoke" if args.smoke_test else "paper"
     try:
+        task_params = parse_task_params(args.task_param)
         space = load_space(args.space, args.budget)
         if args.smoke_test:
             space = space.with_train(**SMOKE_TRAIN)
         if args.steps:
             every = min(int(space.fixed_train("eval_every")), args.steps)
             space = space.with_train(steps=args.steps, eval_every=every)
-        task = make_task(args.task, "smoke" if args.smoke_test else "paper", args.seed,
-                         **parse_task_params(args.task_param))
+        task = make_task(args.task, size, args.seed, **task_params)
     except SpaceError as err:
         raise UsageError(f"--space: {err}") from None
     except (TaskError, TypeError) as err:
@@ -217,8 +221,7 @@ def setup(args: argparse.Namespace) -> Setup:
         inject.append({"kind": kind, "match": match})
     trials = args.trials or (SMOKE_TRIALS if args.smoke_test else len(space.grid())
                              if space.sampler == "grid" else 20)
-    job = Job(task.name, "smoke" if args.smoke_test else "paper",
-              parse_task_params(args.task_param), args.seed, task.metric,
+    job = Job(task.name, size, task_params, args.seed, task.metric,
               "max" if task.higher_is_better else "min",
               "cuda" if args.gpus_per_trial > 0 else "cpu",
               max(1, int(args.cpus_per_trial)), tuple(inject))
@@ -399,7 +402,7 @@ def run_search(s: Setup, args: argparse.Namespace, study: optuna.Study) -> str:
     return status
 
 
-def summary(s: Setup, study: optuna.Study, status: str
+def summary(s: Setup, study: optuna.Study, storage: RDBStorage, status: str
             ) -> tuple[dict[str, Any], query.TrialRecord | None]:
     from workers.searcher import retried_numbers
 
@@ -411,7 +414,7 @@ def summary(s: Setup, study: optuna.Study, status: str
                            "trials": counts, "retried": sorted(retried_numbers(trials)),
                            "best": None, "export": None}
     try:
-        _, winners = query.top(open_storage(s.url).engine, s.study_name, 1)
+        _, winners = query.top(storage.engine, s.study_name, 1)
     except query.QueryError:
         return out, None
     best = winners[0]
@@ -452,9 +455,7 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, StorageError) as err:
         return fail(PROG, str(err))
     if args.resume:
-        from workers.searcher import wait_for_stale
-
-        alive = wait_for_stale(study, probe, args.grace_period + args.heartbeat_interval)
+        alive = reap_dead(study, probe, args.grace_period + args.heartbeat_interval)
         if alive:
             return fail(PROG, f"--resume: trials {alive} of {s.study_name!r} still have a live "
                               "heartbeat; another driver is running this study")
@@ -466,9 +467,10 @@ def main(argv: list[str] | None = None) -> int:
     # After Ray started its processes, so they never inherit the password.
     url = secure_url(s.url)
     s = dataclasses.replace(s, url=url)
-    study = optuna.load_study(study_name=s.study_name, storage=open_storage(url, settings))
+    storage = open_storage(url, settings)
+    study = optuna.load_study(study_name=s.study_name, storage=storage)
     status = run_search(s, args, study)
-    result, best = summary(s, study, status)
+    result, best = summary(s, study, storage, status)
     print(render(result, best) if args.format == "table" else dump(result, args.format))
     return 130 if status == "interrupted" else 0
 

@@ -22,20 +22,19 @@ import contextlib
 import json
 import logging
 import math
-import time
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import optuna
-import sqlalchemy
-from optuna.storages import RDBStorage, RetryFailedTrialCallback
+from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.storages._heartbeat import is_heartbeat_enabled
 from optuna.trial import FrozenTrial, Trial, TrialState
 from ray.tune.search.optuna import OptunaSearch
 
 from search_spaces.space import SearchSpace
 from studies import records as rec
+from studies.storage import retry_failed
 from workers.trial import ERROR, NODE, STATUS, STEP
 
 log = logging.getLogger(__name__)
@@ -133,7 +132,7 @@ class StudySearcher(OptunaSearch):
                 continue
             self._completed_trials.add(trial_id)
             if tell(self.study, ot_trial, TrialState.FAIL, None, {rec.STATUS: status}):
-                retry(self.study, ot_trial.number)
+                retry_failed(self.study, ot_trial.number)
                 failed.append(ot_trial.number)
         return failed
 
@@ -169,24 +168,11 @@ def tell(study: optuna.Study, trial: Trial, state: TrialState, value: float | No
     return True
 
 
-def retry(study: optuna.Study, number: int) -> None:
-    """Enqueue a copy of failed trial ``number`` (marked as Optuna's heartbeat retries are)."""
-    failed = study._storage.get_trial(study._storage.get_trial_id_from_study_id_trial_number(
-        study._study_id, number))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        history = [*RetryFailedTrialCallback.retry_history(failed), failed.number]
-        study.add_trial(optuna.trial.create_trial(
-            state=TrialState.WAITING, params=failed.params, distributions=failed.distributions,
-            user_attrs={k: v for k, v in failed.user_attrs.items() if k == "seed"},
-            system_attrs={"failed_trial": failed.number, "retry_history": history}))
-
-
 def retried_numbers(trials: list[FrozenTrial]) -> set[int]:
     """Numbers of failed trials that have a retry copy (they do not count as finished)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        numbers = (RetryFailedTrialCallback.retried_trial_number(t) for t in trials)
+        numbers = (RetryHeartbeatStaleTrialCallback.retried_trial_number(t) for t in trials)
         return {n for n in numbers if n is not None}
 
 
@@ -196,32 +182,3 @@ def finished_count(study: optuna.Study) -> int:
     retried = retried_numbers(trials)
     done = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
     return sum(t.state in done and t.number not in retried for t in trials)
-
-
-def _running(study: optuna.Study) -> list[FrozenTrial]:
-    return study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-
-
-def wait_for_stale(study: optuna.Study, storage: RDBStorage, grace: float,
-                   poll: float = 0.5) -> list[int]:
-    """Fail (and retry) the RUNNING trials of a dead driver: those whose heartbeat lapses within
-    ``grace`` seconds, and those that never had one. Returns the numbers of trials still alive
-    (their driver is running)."""
-    from studies.storage import reap_stale
-
-    deadline = time.monotonic() + grace
-    while _running(study) and time.monotonic() < deadline:
-        reap_stale(study)
-        time.sleep(poll)
-    reap_stale(study)
-    running = _running(study)
-    ids = [t._trial_id for t in running]
-    with storage.engine.connect() as conn:  # Optuna's own table of heartbeats
-        beating = {row[0] for row in conn.execute(sqlalchemy.text(
-            "SELECT trial_id FROM trial_heartbeats WHERE trial_id IN :ids").bindparams(
-                sqlalchemy.bindparam("ids", expanding=True)), {"ids": ids})} if ids else set()
-    for t in running:
-        if t._trial_id not in beating:
-            study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
-            retry(study, t.number)
-    return [t.number for t in running if t._trial_id in beating]
