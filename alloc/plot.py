@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -75,3 +76,24 @@ def _saturation(plan: Plan, ax: Axes) -> None:
     lines = ax.get_legend_handles_labels()
     more = twin.get_legend_handles_labels()
     ax.legend(lines[0] + more[0], lines[1] + more[1], fontsize=8)
+
+
+def plot_calibration(rep: dict[str, Any], path: Path) -> None:
+    """Measured loss per architecture next to the raw and the calibrated prediction."""
+    rows = rep["observations"]
+    x = list(range(len(rows)))
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(rows)), 4.4), constrained_layout=True)
+    ax.plot(x, [r["loss"] for r in rows], "o-", color="k", label="measured (best of trials)")
+    for key, style in (("raw", "s--"), ("calibrated", "^-")):
+        f = rep[key]
+        ax.plot(x, [r[key] for r in rows], style,
+                label=f"{key} bound x scale (c_proj {f['c_proj']:.3g}, c_head {f['c_head']:.3g},"
+                      f" n {f['order']:.2g}; R² {f['r2']:.2f})")
+    ax.set_xticks(x, [r["architecture"] for r in rows], rotation=30, ha="right", fontsize=8)
+    ax.set_yscale("log")
+    ax.set_xlabel("architecture (heads x head dim per layer)")
+    ax.set_ylabel("validation loss (task metric)")
+    ax.set_title(f"calibration on study {rep['study']}")
+    ax.legend(fontsize=8)
+    write_figure(fig, path)
+    plt.close(fig)

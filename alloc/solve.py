@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from alloc.constants import ConstantsError, read_constants
 from alloc.kernels import KernelError, parse_kernel
 from alloc.plan import Plan, PlanSettings, make_plan, report
 from alloc.saturation import parse_spectrum
@@ -57,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--c-proj", type=number(0), default=d.c_proj, help="compression constant")
     p.add_argument("--c-head", type=number(0), default=d.c_head, help="extraction constant")
     p.add_argument("--order", type=number(1), default=d.order, help="smoothness order n")
+    p.add_argument("--constants", type=Path,
+                   help="c_proj, c_head and order from a YAML file (python -m alloc.calibrate "
+                        "--out); flags given explicitly win")
     p.add_argument("--alpha", type=number(0), default=d.alpha, help="positional decay alpha")
     p.add_argument("--norm-bound", type=number(0, strict=True), default=None,
                    help="token norm bound B (default: sqrt(input-dim))")
@@ -185,8 +189,21 @@ def _head(g: dict[str, int]) -> str:
     return f"{g['count']}x{dims}"
 
 
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """Parse ``argv``; a ``--constants`` file supplies defaults that explicit flags override."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.constants is not None:
+        parser.set_defaults(**read_constants(args.constants).as_flags())
+        args = parser.parse_args(argv)
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = parse_args(argv)
+    except ConstantsError as err:
+        return fail(PROG, str(err))
     try:
         settings = settings_from_args(args)
         for flag, path in (("--out", args.out), ("--plot", args.plot)):

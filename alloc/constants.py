@@ -1,0 +1,78 @@
+"""The bound's fitted constants as a small YAML file (written by ``alloc.calibrate``, read by
+``python -m alloc.solve --constants FILE``).
+
+Only ``c_proj``, ``c_head`` and ``order`` change the allocation; ``scale`` (loss units per unit of
+bound) and ``fit`` (where the numbers come from, how well they fit) are kept for the reader.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+FIELDS = ("c_proj", "c_head", "order")
+METADATA = ("scale", "fit")
+
+
+class ConstantsError(ValueError):
+    """A constants file that cannot be used; the message is one line naming the key and rule."""
+
+
+@dataclass(frozen=True)
+class Constants:
+    """``c_proj``, ``c_head`` > 0 and the smoothness order ``n >= 1`` of SPEC §3.1."""
+
+    c_proj: float = 1.0
+    c_head: float = 1.0
+    order: float = 2.0
+
+    def as_flags(self) -> dict[str, float]:
+        """The ``alloc.solve`` argument names (``order`` is ``--order``)."""
+        return {"c_proj": self.c_proj, "c_head": self.c_head, "order": self.order}
+
+
+def to_yaml(constants: Constants, scale: float | None = None,
+            fit: dict[str, Any] | None = None) -> str:
+    data: dict[str, Any] = {k: float(v) for k, v in constants.as_flags().items()}
+    if scale is not None:
+        data["scale"] = float(scale)
+    if fit:
+        data["fit"] = fit
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def read_constants(path: Path) -> Constants:
+    """Load and check a constants file.
+
+    Raises:
+        ConstantsError: unreadable file, unknown key, missing key or a value out of range.
+    """
+    where = f"--constants {str(path)!r}"
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as err:
+        raise ConstantsError(f"{where}: cannot read ({err.strerror})") from None
+    except yaml.YAMLError as err:
+        raise ConstantsError(f"{where}: not YAML ({str(err).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise ConstantsError(f"{where}: expected a mapping with keys {', '.join(FIELDS)}")
+    unknown = sorted(set(data) - set(FIELDS) - set(METADATA))
+    if unknown:
+        raise ConstantsError(f"{where}: unknown key {unknown[0]!r}; valid: "
+                             f"{', '.join(FIELDS + METADATA)}")
+    values = {}
+    for key in FIELDS:
+        if key not in data:
+            raise ConstantsError(f"{where}: missing key {key!r}")
+        value, low = data[key], 1.0 if key == "order" else 0.0
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(
+            value) and (value >= low if key == "order" else value > low)
+        if not ok:
+            rule = ">= 1" if key == "order" else "> 0"
+            raise ConstantsError(f"{where}: {key} = {value!r}: must be a finite number {rule}")
+        values[key] = float(value)
+    return Constants(**values)
