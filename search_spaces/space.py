@@ -15,6 +15,7 @@ range and the training hyper-parameters::
         heads: [1, 2, 4, 8]
         head_dim: derived         # v_dim = budget / count, or a list of dims
         qk_dim: same              # same | reduced | {min: 8, step: 8}
+        shared: false             # true: the rule's layers all take one sampled configuration
     train: {steps: 200, eval_every: 20, lr: {low: 3.0e-4, high: 3.0e-3, log: true}}
 
 Sampling is define-by-run against anything with Optuna's ``suggest_categorical`` /
@@ -49,13 +50,13 @@ from search_spaces.arch import (
 
 SPACES_DIR = Path(__file__).resolve().parent
 TRAIN_KEYS = ("steps", "eval_every", "batch_size", "lr", "optimizer", "weight_decay", "warmup",
-              "min_lr", "grad_clip", "eval_batches")
+              "min_lr", "grad_clip", "eval_batches", "seed")
 FIXED_TRAIN_KEYS = ("steps", "eval_every")  # the scheduler needs one budget per study
 MODEL_KEYS = ("positional", "norm", "mlp", "causal", "tie_embeddings", "seed")
 _TOP_KEYS = ("name", "description", "budget", "depth", "model", "layers", "train", "sampler")
 SAMPLERS = ("tpe", "grid", "random")
 _RULE_KEYS = ("layers", "attention", "mlp_ratio", "heads", "head_dim", "qk_dim", "budget",
-              "role", "eta", "freeze_mlp")
+              "role", "eta", "freeze_mlp", "shared")
 REDUCED = {"min": 8, "step": 8}
 
 
@@ -139,6 +140,7 @@ class LayerRule:
     role: str = "process"
     eta: float = 1.0
     freeze_mlp: bool = False
+    shared: bool = False  # every layer of the rule takes the first one's sampled configuration
 
     def v_dims(self, count: int) -> tuple[int, ...]:
         return (self.budget // count,) if self.head_dim is None else self.head_dim
@@ -201,8 +203,13 @@ class SearchSpace:
 
     def sample(self, trial: Suggester) -> tuple[ArchConfig, dict[str, Any]]:
         """A valid architecture and its training hyper-parameters, drawn through ``trial``."""
-        layers = tuple(_sample_layer(self.rule(i), i, trial) for i in range(self.depth))
-        arch = ArchConfig(d_model=self.budget, layers=layers, max_seq_len=1, vocab_size=1,
+        layers: list[LayerSpec] = []
+        for i in range(self.depth):
+            rule = self.rule(i)
+            first = min(rule.indices)
+            layers.append(layers[first] if rule.shared and i != first
+                          else _sample_layer(rule, i, trial))
+        arch = ArchConfig(d_model=self.budget, layers=tuple(layers), max_seq_len=1, vocab_size=1,
                           **self.model)
         return arch, {p.key: p.sample(trial) for p in self.train}
 
@@ -236,7 +243,14 @@ class SearchSpace:
                 problems.append(f"{key} = {getattr(arch, key)!r}: the space fixes {value!r}")
         params: dict[str, Any] = {}
         for i, layer in enumerate(arch.layers[: self.depth]):
-            problems += _encode_layer(self.rule(i), i, layer, params)
+            rule = self.rule(i)
+            first = min(rule.indices)
+            if rule.shared and i != first:
+                if layer != arch.layers[first]:
+                    problems.append(f"layers[{i}] = {layer.attention} {layer.heads_str}: the "
+                                    f"space shares layer {first}'s configuration")
+                continue
+            problems += _encode_layer(rule, i, layer, params)
         for key, value in (train or {}).items():
             params[f"train.{key}"] = value
         if problems:
@@ -488,10 +502,13 @@ def _parse_rule(check: _Checker, where: str, item: dict[str, Any], budget: int,
         "must be 'derived' (budget / heads) or a list of integers >= 1")
     qk = _parse_qk(check, f"{where}.qk_dim", item.get("qk_dim", "same"))
     role, eta = item.get("role", "process"), item.get("eta", 1.0)
+    shared = item.get("shared", False)
+    if not isinstance(shared, bool):
+        check.add(f"{where}.shared", shared, "must be true or false")
     if len(check.problems) > n:
         return None
     return LayerRule(indices, tuple(attention), tuple(float(m) for m in mlp), tuple(heads),
-                     head_dim, qk, rule_budget, role, eta, item.get("freeze_mlp", False))
+                     head_dim, qk, rule_budget, role, eta, item.get("freeze_mlp", False), shared)
 
 
 def _parse_qk(check: _Checker, key: str, value: Any) -> QkRule:

@@ -81,6 +81,23 @@ def test_grid_is_the_product_of_the_choices() -> None:
         (h, 256 // h) for h in (1, 2, 4, 8, 16, 32, 64)}
 
 
+def test_shared_rule_samples_one_configuration_for_all_its_layers() -> None:
+    space = load_space("attention_kinds")
+    points = space.grid()
+    assert [p["L0.attention"] for p in points] == ["mhsa", "frozen_qk", "mixit", "mssa"]
+    assert not any(key.startswith("L1.") for p in points for key in p)
+    for seed in range(20):
+        arch, train = space.sample(RandomSuggester(seed))
+        assert arch.layers[0] == arch.layers[1]
+        again, _ = space.sample(FixedSuggester(space.encode(arch, train)))
+        assert again == arch
+    import dataclasses
+    other = dataclasses.replace(arch.layers[1], attention="mhsa" if arch.layers[0].attention
+                                != "mhsa" else "mixit")
+    with pytest.raises(SpaceError, match=r"layers\[1\] = .*shares layer 0's configuration"):
+        space.encode(dataclasses.replace(arch, layers=(arch.layers[0], other)))
+
+
 def test_budget_override_rescales_derived_dims() -> None:
     space = load_space("aot_vs_standard", budget=256)
     arch, _ = space.sample(RandomSuggester(3))
@@ -118,6 +135,8 @@ def test_encode_names_what_is_outside_the_space() -> None:
     ({"sampler": "grid", "train": {"lr": {"low": 1e-4, "high": 1e-3}}}, "grid.*train.lr"),
     ({"layers": [{"heads": [1], "mlp_ratio": [0.3]}]}, "mlp_ratio \\* d_model"),
     ({"model": {"positional": "rope"}}, "RoPE is not offered for mixit"),
+    ({"layers": [{"heads": [1], "shared": "yes"}]}, r"layers\[0\]\.shared = 'yes': must be "
+                                                    "true or false"),
 ])
 def test_bad_spaces_name_file_key_and_rule(tmp_path: Path, change: dict[str, object],
                                            message: str) -> None:

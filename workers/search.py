@@ -268,16 +268,18 @@ def open_study(s: Setup, storage: optuna.storages.BaseStorage, resume: bool) -> 
 
 
 def enqueue_start(study: optuna.Study, s: Setup) -> int:
-    """Enqueue the allocator's seeds (and the grid); points already in the study are skipped.
+    """Enqueue the allocator's seeds, or every point of a grid space (the seeds the space can
+    express are among them); points already in the study are skipped.
 
     This is ``points_to_evaluate`` done so that a resumed search does not evaluate them twice.
     """
     before = len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
-    for label, params in seeds(s.space, s.settings):
-        study.enqueue_trial(params, user_attrs={"seed": label}, skip_if_exists=True)
     if s.space.sampler == "grid":
         for params in s.space.grid():
             study.enqueue_trial(params, skip_if_exists=True)
+    else:
+        for label, params in seeds(s.space, s.settings):
+            study.enqueue_trial(params, user_attrs={"seed": label}, skip_if_exists=True)
     return len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,))) - before
 
 
@@ -461,8 +463,8 @@ def main(argv: list[str] | None = None) -> int:
                               "heartbeat; another driver is running this study")
     added = enqueue_start(study, s)
     if added:
-        print(f"enqueued {added} starting point(s): the allocator's plan, uniform baselines"
-              + (", the grid" if s.space.sampler == "grid" else ""), file=sys.stderr)
+        print(f"enqueued {added} starting point(s): " + ("the grid" if s.space.sampler == "grid"
+              else "the allocator's plan, uniform baselines"), file=sys.stderr)
     _ray_init(args.address)
     # After Ray started its processes, so they never inherit the password.
     url = secure_url(s.url)

@@ -56,7 +56,8 @@ def run_trial(config: dict[str, Any]) -> None:
 
     trainer = None
     try:
-        train = {**config["train"], "seed": job["seed"], "device": job["device"]}
+        # A space may list training seeds (``train.seed``); else the search's --seed.
+        train = {"seed": job["seed"], **config["train"], "device": job["device"]}
         train.update(injected(job["inject"], config["arch"]))
         task = make_task(job["task"], job["size"], job["seed"], **job["task_params"])
         settings = TrainConfig(**train)
