@@ -17,6 +17,7 @@ from workers.attention import (
     SubspaceAttention,
     make_attention,
     mixing_matrix,
+    thresholded_softmax,
 )
 from workers.model import Block
 
@@ -85,16 +86,6 @@ def test_registry_lists_choices() -> None:
 
 
 # --- Theory checks (SPEC §4) -------------------------------------------------------------------
-
-
-def thresholded_softmax(tau: float):  # type: ignore[no-untyped-def]
-    """Paper 000 Thm 3.1: phi(x) = tau * 1{softmax(x) > tau}, on unscaled logits."""
-
-    def kernel(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> Tensor:
-        a = torch.softmax(q @ k.transpose(-1, -2), dim=-1)
-        return (tau * (a > tau).to(v.dtype)) @ v
-
-    return kernel
 
 
 def mixture_of_low_rank_gaussians(k: int, p: int, n_per: int, delta: float,

@@ -13,7 +13,7 @@ call per group over all of its heads (no Python loop over heads).
                 (paper 002, eq. 2.3).
 
 The softmax kernel is separate from the projections (``kernel`` argument): ``sdpa`` by default,
-so tests can plug in e.g. the thresholded softmax of paper 000, Thm 3.1.
+or e.g. ``thresholded_softmax(tau)``, the kernel of paper 000's Thm 3.1.
 """
 
 from __future__ import annotations
@@ -35,6 +35,17 @@ INIT_STD = 0.02
 def sdpa(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> Tensor:
     """Softmax attention through PyTorch's fused kernel."""
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+
+
+def thresholded_softmax(tau: float) -> Kernel:
+    """Paper 000, Thm 3.1: ``phi(x) = tau * 1{softmax(x) > tau}`` on unscaled logits (the
+    kernel under which one MSSA step multiplies every cluster's SNR by exactly ``1 + eta*tau``)."""
+
+    def kernel(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> Tensor:
+        a = torch.softmax(q @ k.transpose(-1, -2), dim=-1)
+        return (tau * (a > tau).to(v.dtype)) @ v
+
+    return kernel
 
 
 def _heads(x: Tensor, count: int) -> Tensor:

@@ -103,6 +103,12 @@ class Model(nn.Module):
         self.blocks = nn.ModuleList(Block(arch, i, kernel) for i in range(arch.n_layers))
         self.norm = make_norm(arch)
 
+    def block(self, index: int) -> Block:
+        """Block ``index`` (typed: ``self.blocks[index]`` is a plain ``nn.Module``)."""
+        block = self.blocks[index]
+        assert isinstance(block, Block)
+        return block
+
     def forward(self, x: Tensor) -> Tensor:
         """Ids ``(B, T)`` -> logits ``(B, T, vocab)``, or ``(B, T, in)`` -> ``(B, T, out)``."""
         t = x.shape[1]

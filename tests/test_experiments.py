@@ -1,0 +1,115 @@
+"""The four paper experiments at smoke size: each runs through the product, writes its CSV and
+PNG, and shows the finding that holds at this size."""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+
+from alloc.constants import read_constants
+from studies import open_storage
+from tests.test_search import ray_tmp
+from workers.experiments import denoise, mixit, saturation
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with path.open() as handle:
+        return list(csv.DictReader(handle))
+
+
+def run_experiment(tmp_path: Path, name: str) -> dict:  # type: ignore[type-arg]
+    """``python -m workers.experiments.NAME --smoke-test`` (Ray in its own process)."""
+    env = {**os.environ, "RAY_TMPDIR": str(ray_tmp(tmp_path))}
+    out = tmp_path / name
+    proc = subprocess.run([sys.executable, "-m", f"workers.experiments.{name}", "--smoke-test",
+                           "--out", str(out), "--format", "json"], cwd=tmp_path, env=env,
+                          text=True, capture_output=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (out / f"{name}.png").stat().st_size > 10_000
+    return json.loads(proc.stdout)  # type: ignore[no-any-return]
+
+
+def test_denoise_snr_grows_at_every_layer(tmp_path: Path) -> None:
+    assert denoise.main(["--smoke-test", "--out", str(tmp_path)]) == 0
+    rows = read_csv(tmp_path / "denoise.csv")
+    for noise in ("0.2", "0.5"):
+        snr = [float(r["snr"]) for r in rows if r["noise"] == noise]
+        assert len(snr) == denoise.SMOKE.layers + 1
+        assert all(b > a for a, b in itertools.pairwise(snr)), snr  # paper 000 Fig. 4
+        for r in (r for r in rows if r["noise"] == noise and r["layer"] != "0"):
+            assert 0 < float(r["tau"]) <= 1
+            assert float(r["rate"]) == pytest.approx(
+                float(r["snr"]) / snr[int(r["layer"]) - 1])
+    assert (tmp_path / "denoise.png").stat().st_size > 10_000
+
+
+def test_saturation_jacobian_falls_like_one_over_n_and_students_fit(tmp_path: Path) -> None:
+    assert saturation.main(["--smoke-test", "--out", str(tmp_path)]) == 0
+    jac = read_csv(tmp_path / "jacobian.csv")
+    for key in ("head0", "all_heads"):
+        norms = [float(r[key]) for r in jac]
+        assert all(b < a for a, b in itertools.pairwise(norms)), norms  # decreases with N
+        n = [int(r["seq_len"]) for r in jac]
+        assert -1.3 < saturation.slope(n, norms) < -0.7  # like 1/N
+    for r in jac:  # Gershgorin: ||J|| <= 2 max s(1 - s) <= 1/2, and the paper's bound
+        assert float(r["all_heads"]) <= min(0.5, float(r["bound"])) + 1e-12
+    students = read_csv(tmp_path / "students.csv")
+    qk = saturation.SMOKE.d_model // saturation.SMOKE.heads
+    for r in students:
+        assert float(r["trained_mse"]) <= float(r["svd_init_mse"]) * 1.5 + 1e-12
+        if int(r["rank"]) >= qk:  # the SVD of the teacher's map is exact at full rank
+            assert float(r["svd_init_mse"]) < 1e-12
+    assert (tmp_path / "saturation.png").stat().st_size > 10_000
+
+
+def test_tradeoff_best_of_per_head_count_from_the_study(tmp_path: Path) -> None:
+    result = run_experiment(tmp_path, "tradeoff")
+    rows = read_csv(tmp_path / "tradeoff" / "tradeoff.csv")
+    assert [int(r["heads"]) for r in rows] == [1, 2, 4, 8]  # 1 .. D/4 at D = 32
+    study = optuna.load_study(study_name="tradeoff-ngram", storage=open_storage(
+        f"sqlite:///{tmp_path / 'tradeoff' / 'tradeoff.db'}"))
+    trials = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+    assert len(trials) == 4 * 2  # every H, every seed
+    for r in rows:  # best of lr and seed, by brute force over the study
+        mine = [t.value for t in trials if t.params["L0.g0.count"] == int(r["heads"])]
+        assert len(mine) == int(r["trials"]) == 2
+        assert float(r["best_loss"]) == pytest.approx(min(mine))
+    assert {t.params["train.seed"] for t in trials} == {0, 1}
+    assert result["calibrated"]["r2"] >= result["raw"]["r2"] - 1e-12
+    assert result["measured_best_heads"] == int(min(rows, key=lambda r: float(r["best_loss"]))[
+        "heads"])
+    read_constants(tmp_path / "tradeoff" / "constants.yaml")
+
+
+def test_mixit_kinds_per_task_from_the_studies(tmp_path: Path) -> None:
+    result = run_experiment(tmp_path, "mixit")
+    rows = read_csv(tmp_path / "mixit" / "mixit.csv")
+    studies = {r["study"] for r in rows}
+    assert studies == {"kinds-modadd", "kinds-retrieval-m2", "kinds-retrieval-m4",
+                       "kinds-memorize"}
+    d, depth = mixit.SMOKE_BUDGET, 2  # attention_kinds.yaml at the smoke budget
+    for study in studies:
+        mine = {r["attention"]: r for r in rows if r["study"] == study}
+        assert set(mine) == {"mhsa", "frozen_qk", "mixit", "mssa"}
+        full = int(mine["mhsa"]["params_trainable"])
+        # Frozen-QK and MixiT train no query/key maps: 2 D^2 fewer weights per layer.
+        for kind in ("frozen_qk", "mixit"):
+            assert int(mine[kind]["params_trainable"]) == full - 2 * d * d * depth
+        for r in mine.values():
+            assert 0.0 <= float(r["accuracy"]) <= 1.0
+    n = 16  # memorize smoke size
+    for r in (r for r in rows if r["task"] == "memorize"):
+        expected = n * n * math.log2(n) * float(r["accuracy"]) / int(r["params_trainable"])
+        assert float(r["bits_per_param"]) == pytest.approx(expected)
+    assert len(result["rows"]) == len(rows) == 16

@@ -1,0 +1,123 @@
+"""What every experiment shares: its command line, its output folder (CSV table, PNG plot,
+study database), and running a search through ``workers.search`` in this process."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import io
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from search_spaces.cli import Parser, UsageError, add_format, dump, fail, write_atomic
+
+RESULTS = Path("results")
+
+
+def build_parser(name: str, doc: str) -> argparse.ArgumentParser:
+    """``--smoke-test``, ``--out``, ``--storage``, ``--format`` (experiments add their own)."""
+    p = Parser(prog=f"python -m workers.experiments.{name}", description=doc.split("\n\n")[1],
+               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--smoke-test", action="store_true",
+                   help="tiny sizes (tests): runs in well under a minute")
+    p.add_argument("--out", type=Path, default=RESULTS / name,
+                   help="folder for the CSV table, the PNG plot and the study database")
+    p.add_argument("--storage",
+                   help="SQLAlchemy URL of the study database (default: SQLite in --out)")
+    add_format(p)
+    return p
+
+
+def prepare(args: argparse.Namespace, name: str) -> str:
+    """Create the output folder; return the storage URL."""
+    if args.out.exists() and not args.out.is_dir():
+        raise UsageError(f"--out {str(args.out)!r}: exists and is not a folder")
+    args.out.mkdir(parents=True, exist_ok=True)
+    return str(args.storage or f"sqlite:///{(args.out / f'{name}.db').resolve()}")
+
+
+def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
+    """``rows`` as CSV (columns from the first row), atomically."""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]) if rows else [])
+    writer.writeheader()
+    writer.writerows(rows)
+    write_atomic(path, buffer.getvalue())
+
+
+def write_space(path: Path, data: dict[str, Any]) -> Path:
+    """A search-space YAML the experiment derived (kept next to its results: reproducible)."""
+    write_atomic(path, yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def study_exists(url: str, study: str) -> bool:
+    from studies import query
+    from studies.storage import engine, open_storage
+
+    return study in {s.name for s in query.list_studies(engine(open_storage(url)))}
+
+
+def search(argv: list[str], url: str, study: str, results: Path) -> None:
+    """Run ``python -m workers.search`` in this process (its report goes to stderr); an existing
+    study is resumed, so a re-run continues where an interrupted one stopped."""
+    from workers import search as launcher
+
+    full = [*argv, "--storage", url, "--study", study, "--storage-path", str(results),
+            "--format", "table"]
+    if study_exists(url, study):
+        full.append("--resume")
+    with contextlib.redirect_stdout(sys.stderr):
+        code = launcher.main(full)
+    if code != 0:
+        raise RuntimeError(f"search {study} ended with exit code {code}")
+
+
+@contextlib.contextmanager
+def quiet_ray() -> Iterator[None]:
+    """Shut down the Ray instance the searches started, once the experiment is done."""
+    try:
+        yield
+    finally:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+
+
+def subplots(ncols: int, figsize: tuple[float, float]) -> tuple[Any, Any]:
+    """A matplotlib figure with ``ncols`` axes (headless backend; imported only when plotting)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(1, ncols, figsize=figsize, constrained_layout=True)
+
+
+def save(fig: Any, path: Path) -> None:
+    """Write ``fig`` as PNG (atomically) and release it."""
+    import matplotlib.pyplot as plt
+
+    from search_spaces.cli import write_figure
+
+    write_figure(fig, path)
+    plt.close(fig)
+
+
+def main(parser: argparse.ArgumentParser, argv: list[str] | None,
+         run: Callable[[argparse.Namespace], dict[str, Any]],
+         render: Callable[[dict[str, Any]], str]) -> int:
+    """Parse, run, print the table (or JSON/YAML); bad input is one line and exit code 2."""
+    args = parser.parse_args(argv)
+    try:
+        result = run(args)
+    except UsageError as err:
+        return fail(parser.prog, str(err))
+    print(render(result) if args.format == "table" else dump(result, args.format))
+    return 0

@@ -1,0 +1,182 @@
+"""python -m workers.experiments.denoise [--smoke-test] [--out results/denoise] [--layers 10]
+
+Paper 000, Fig. 4: tokens from a mixture of noisy low-rank Gaussians (the ``denoise`` task: K
+orthogonal subspaces of rank p, each token a signal in its own subspace plus noise of level delta in
+the others) pass through an attention-only stack of MSSA layers whose bases are the subspaces (the
+paper's construction): the product's AoT layer ``Z <- Z + eta * MSSA(LayerNorm(Z))`` (eq. 4 with the
+LayerNorm the paper adds in practice; no MLP). Per layer
+it measures each cluster's SNR ``||U_k U_k^T Z_k|| / ||(I - U_k U_k^T) Z_k||`` and the rate
+``SNR_{l+1} / SNR_l``, next to Thm 3.1's rate ``1 + eta * tau``, with tau read off the layer as
+the mean attention weight a token keeps on itself (what the theorem's thresholded softmax keeps).
+No training: the layers are the theorem's. Writes ``denoise.csv`` and ``denoise.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from search_spaces import ArchConfig, HeadGroup, LayerSpec
+from search_spaces.cli import int_in, number, render_table
+from workers.attention import SubspaceAttention
+from workers.experiments import common
+from workers.model import Model, build_model
+from workers.tasks import DenoiseTask, make_task
+
+NAME = "denoise"
+NOISES = (0.2, 0.5)
+
+
+@dataclass(frozen=True)
+class Sizes:
+    clusters: int
+    rank: int
+    length: int
+    layers: int
+    batch: int
+
+
+SMOKE = Sizes(clusters=3, rank=16, length=48, layers=4, batch=8)
+FULL = Sizes(clusters=4, rank=32, length=128, layers=10, batch=32)
+
+
+class RecordingSoftmax:
+    """The product's scaled softmax attention as a pluggable kernel, keeping each head's
+    self-attention weight ``A_ii`` (B, H, T) of the last call."""
+
+    def __init__(self) -> None:
+        self.diagonal: Tensor | None = None
+
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> Tensor:
+        a = torch.softmax(q @ k.transpose(-1, -2) * scale, dim=-1)  # (B, H, T, T)
+        self.diagonal = a.diagonal(dim1=-2, dim2=-1)
+        return a @ v
+
+
+def cluster_snr(z: Tensor, bases: Tensor, labels: Tensor) -> Tensor:
+    """(B,) mean over clusters of ``||P_k Z_k||_F / ||(I - P_k) Z_k||_F`` (paper 000, eq. 6).
+    z: (B, T, d), bases: (K, d, p), labels: (B, T)."""
+    ratios = []
+    for k in range(bases.shape[0]):
+        mask = (labels == k)[..., None].to(z.dtype)  # (B, T, 1)
+        zk = z * mask
+        inside = zk @ bases[k] @ bases[k].T
+        ratios.append(inside.norm(dim=(1, 2)) / (zk - inside).norm(dim=(1, 2)).clamp_min(1e-12))
+    return torch.stack(ratios, 1).mean(1)
+
+
+def stack(task: DenoiseTask, layers: int, eta: float, kernel: RecordingSoftmax
+          ) -> Model:
+    """The product's AoT-MSSA model (tied output, no MLP) with every basis set to the task's."""
+    k, p = task.clusters, task.rank
+    layer = LayerSpec("mssa", (HeadGroup(k, p),), mlp_ratio=0.0, eta=eta, tied_output=True)
+    arch = ArchConfig(d_model=k * p, layers=(layer,) * layers, max_seq_len=task.seq_len,
+                      input_dim=task.input_dim, output_dim=task.input_dim, causal=False)
+    model = build_model(arch, kernel=kernel).double()
+    basis = torch.cat(list(task.bases().double()), dim=1).T  # (K*p, d) = [U_1 .. U_K]^T
+    with torch.no_grad():
+        for i in range(layers):
+            attn = model.block(i).attn
+            assert isinstance(attn, SubspaceAttention)
+            attn.basis.weight.copy_(basis)
+    return model
+
+
+@torch.no_grad()
+def trajectory(task: DenoiseTask, layers: int, eta: float, batch: int) -> list[dict[str, Any]]:
+    """Per layer: SNR, measured rate and ``1 + eta * tau`` of the layer that produced it."""
+    kernel = RecordingSoftmax()
+    model = stack(task, layers, eta, kernel)
+    b = task.batch("val", 0, batch)
+    z, bases, labels = b.x.double(), task.bases().double(), b.aux
+    assert labels is not None
+    rows = [{"noise": task.delta, "layer": 0, "snr": cluster_snr(z, bases, labels).mean().item(),
+             "rate": math.nan, "tau": math.nan, "predicted_rate": math.nan}]
+    own = labels[:, None, :]  # (B, 1, T): the head of each token's own subspace
+    for i in range(layers):
+        z = model.block(i)(z)  # z + eta * MSSA(LayerNorm(z))
+        assert kernel.diagonal is not None
+        tau = kernel.diagonal.gather(1, own).mean().item()
+        snr = cluster_snr(z, bases, labels).mean().item()
+        rows.append({"noise": task.delta, "layer": i + 1, "snr": snr,
+                     "rate": snr / rows[-1]["snr"], "tau": tau, "predicted_rate": 1 + eta * tau})
+    return rows
+
+
+def plot(rows: list[dict[str, Any]], eta: float, path: Path) -> None:
+    fig, axes = common.subplots(2, (11, 4.2))
+    for color, noise in zip(("C0", "C3"), sorted({r["noise"] for r in rows})):
+        mine = [r for r in rows if r["noise"] == noise]
+        layers = [r["layer"] for r in mine]
+        axes[0].plot(layers, [r["snr"] for r in mine], "o-", color=color,
+                     label=f"measured, noise delta = {noise:g}")
+        predicted = [mine[0]["snr"]]
+        for r in mine[1:]:
+            predicted.append(predicted[-1] * r["predicted_rate"])
+        axes[0].plot(layers, predicted, "--", color=color,
+                     label=f"SNR_0 x prod(1 + eta tau_l), delta = {noise:g}")
+        axes[1].plot(layers[1:], [r["rate"] for r in mine[1:]], "o-", color=color,
+                     label=f"measured SNR_l / SNR_(l-1), delta = {noise:g}")
+        axes[1].plot(layers[1:], [r["predicted_rate"] for r in mine[1:]], "--", color=color,
+                     label=f"1 + eta tau_l, delta = {noise:g}")
+    axes[0].set_yscale("log")
+    axes[0].set_xlabel("layer l")
+    axes[0].set_ylabel("SNR (mean over clusters, log scale)")
+    axes[0].set_title(f"AoT-MSSA denoising (eta = {eta:g})")
+    axes[1].set_xlabel("layer l")
+    axes[1].set_ylabel("per-layer rate")
+    axes[1].set_title("measured rate vs Thm 3.1's 1 + eta tau")
+    for ax in axes:
+        ax.legend(fontsize=8)
+    common.save(fig, path)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    sizes = SMOKE if args.smoke_test else FULL
+    common.prepare(args, NAME)
+    layers = args.layers or sizes.layers
+    rows = []
+    for noise in NOISES:
+        task = make_task("denoise", "paper", seed=args.seed, clusters=sizes.clusters,
+                         rank=sizes.rank, length=sizes.length, delta=noise)
+        assert isinstance(task, DenoiseTask)
+        rows += trajectory(task, layers, args.eta, sizes.batch)
+    common.write_csv(args.out / "denoise.csv", rows)
+    plot(rows, args.eta, args.out / "denoise.png")
+    return {"eta": args.eta, "sizes": {**asdict(sizes), "layers": layers}, "rows": rows,
+            "out": str(args.out)}
+
+
+def render(result: dict[str, Any]) -> str:
+    s = result["sizes"]
+    rows = [[f"{r['noise']:g}", r["layer"], f"{r['snr']:.4g}",
+             "-" if math.isnan(r["rate"]) else f"{r['rate']:.3f}",
+             "-" if math.isnan(r["tau"]) else f"{r['tau']:.3f}",
+             "-" if math.isnan(r["predicted_rate"]) else f"{r['predicted_rate']:.3f}"]
+            for r in result["rows"]]
+    return "\n".join([
+        f"denoise: K={s['clusters']} subspaces of rank {s['rank']}, {s['length']} tokens, "
+        f"{s['layers']} MSSA layers, eta={result['eta']:g}",
+        render_table(["noise", "layer", "SNR", "rate", "tau", "1 + eta tau"], rows,
+                     right=[True] * 6),
+        f"wrote {result['out']}/denoise.csv, denoise.png"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = common.build_parser(NAME, __doc__)
+    parser.add_argument("--layers", type=int_in(1, 64), help="MSSA layers (default: 10; 4 "
+                                                            "with --smoke-test)")
+    parser.add_argument("--eta", type=number(0, strict=True), default=0.1, help="step size")
+    parser.add_argument("--seed", type=int_in(0), default=0, help="data seed")
+    return common.main(parser, argv, run, render)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

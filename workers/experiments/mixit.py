@@ -1,0 +1,141 @@
+"""python -m workers.experiments.mixit [--smoke-test] [--out results/mixit]
+
+Paper 002 (Table 1, Fig. 2) with the product: ``attention_kinds.yaml`` (one attention kind in
+every layer: mhsa, frozen_qk, mixit, mssa; same width, MLPs and optimiser) searched by
+``workers.search`` on
+- ``modadd``: (a + b) mod p; every kind should reach ~100% validation accuracy,
+- ``retrieval`` with m_max in {5, 10, 20, 40} key/value pairs: input-dependent attention is
+  needed to find the queried key, so MixiT (static random attention) should degrade as m_max
+  grows while standard attention does not,
+- ``memorize``: n^2 random key/value pairs; bits per parameter = n^2 log2(n) acc / trainable
+  params,
+one study per task, each read back from the study database. Writes ``mixit.csv`` and
+``mixit.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from search_spaces.cli import render_table
+from studies import query
+from studies.storage import engine, open_storage
+from workers.experiments import common
+
+NAME = "mixit"
+SPACE = "attention_kinds.yaml"
+KINDS = ("mhsa", "frozen_qk", "mixit", "mssa")
+SMOKE_BUDGET = 32
+
+
+def runs(smoke: bool) -> list[dict[str, Any]]:
+    """(study, task, task params, extra search flags) of every search, smoke or full size."""
+    if smoke:
+        small = ["--budget", str(SMOKE_BUDGET)]
+        return ([{"study": "kinds-modadd", "task": "modadd", "params": {}, "flags": small}]
+                + [{"study": f"kinds-retrieval-m{m}", "task": "retrieval",
+                    "params": {"m_max": m}, "flags": small} for m in (2, 4)]
+                + [{"study": "kinds-memorize", "task": "memorize", "params": {},
+                    "flags": small}])
+    return ([{"study": "kinds-modadd", "task": "modadd",
+              "params": {"p": 97, "train": 4704, "val": 2000}, "flags": []}]
+            + [{"study": f"kinds-retrieval-m{m}", "task": "retrieval", "params": {"m_max": m},
+                "flags": []} for m in (5, 10, 20, 40)]
+            + [{"study": "kinds-memorize", "task": "memorize", "params": {"n": 256},
+                "flags": ["--budget", "64", "--steps", "8000"]}])
+
+
+def search_argv(run: dict[str, Any], smoke: bool) -> list[str]:
+    params = [f for k, v in run["params"].items() for f in ("--task-param", f"{k}={v}")]
+    return (["--space", SPACE, "--task", run["task"], "--trials", str(len(KINDS)),
+             "--scheduler", "fifo", *params, *run["flags"]]
+            + (["--smoke-test"] if smoke else []))
+
+
+def memorize_n(run: dict[str, Any], smoke: bool) -> int:
+    from workers.tasks import MemorizeTask
+
+    size = "smoke" if smoke else "paper"
+    return int(run["params"].get("n", MemorizeTask.sizes[size]["n"]))
+
+
+def read_rows(url: str, run: dict[str, Any], smoke: bool) -> list[dict[str, Any]]:
+    """One row per attention kind, from the study (its fully trained trials)."""
+    eng = engine(open_storage(url))
+    _, trials = query.load_trials(eng, run["study"])
+    done = query.attach_archs(eng, query.eligible(trials))
+    rows = []
+    for t in done:
+        assert t.arch is not None and t.value is not None
+        row = {"study": run["study"], "task": run["task"],
+               "m_max": run["params"].get("m_max", ""), "attention": t.arch.layers[0].attention,
+               "accuracy": t.value, "params_trainable": t.params_trainable, "trial": t.number,
+               "bits_per_param": ""}
+        if run["task"] == "memorize":
+            n = memorize_n(run, smoke)
+            row["bits_per_param"] = n * n * math.log2(n) * t.value / (t.params_trainable or 1)
+        rows.append(row)
+    return sorted(rows, key=lambda r: KINDS.index(r["attention"]))
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    fig, axes = common.subplots(3, (15, 4.2))
+    colors = {k: f"C{i}" for i, k in enumerate(KINDS)}
+    for ax, task, ylabel in ((axes[0], "modadd", "validation accuracy"),
+                             (axes[2], "memorize", "bits per trainable parameter")):
+        mine = [r for r in rows if r["task"] == task]
+        key = "accuracy" if task == "modadd" else "bits_per_param"
+        ax.bar([r["attention"] for r in mine], [r[key] for r in mine],
+               color=[colors[r["attention"]] for r in mine])
+        ax.set_ylabel(ylabel)
+        ax.set_xlabel("attention kind")
+        ax.set_title(task)
+    for kind in KINDS:
+        mine = sorted((r for r in rows if r["task"] == "retrieval" and r["attention"] == kind),
+                      key=lambda r: r["m_max"])
+        axes[1].plot([r["m_max"] for r in mine], [r["accuracy"] for r in mine], "o-",
+                     color=colors[kind], label=kind)
+    axes[1].set_xlabel("m_max (key/value pairs in context)")
+    axes[1].set_ylabel("validation accuracy")
+    axes[1].set_title("retrieval (needle in a haystack)")
+    axes[1].set_ylim(0, 1.02)
+    axes[1].legend(fontsize=8)
+    common.save(fig, path)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    url = common.prepare(args, NAME)
+    rows: list[dict[str, Any]] = []
+    with common.quiet_ray():
+        for item in runs(args.smoke_test):
+            print(f"mixit: {item['study']}", file=sys.stderr, flush=True)
+            common.search(search_argv(item, args.smoke_test), url, item["study"],
+                          args.out / "ray_results")
+            rows += read_rows(url, item, args.smoke_test)
+    common.write_csv(args.out / "mixit.csv", rows)
+    plot(rows, args.out / "mixit.png")
+    return {"rows": rows, "out": str(args.out)}
+
+
+def render(result: dict[str, Any]) -> str:
+    rows = [[r["task"], r["m_max"], r["attention"], f"{r['accuracy']:.3f}",
+             f"{r['params_trainable']:,}",
+             f"{r['bits_per_param']:.3f}" if r["bits_per_param"] != "" else "-"]
+            for r in result["rows"]]
+    return "\n".join([
+        render_table(["task", "m_max", "attention", "accuracy", "trainable params",
+                      "bits/param"], rows, right=[False, True, False, True, True, True]),
+        f"wrote {result['out']}/mixit.csv, mixit.png"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = common.build_parser(NAME, __doc__)
+    return common.main(parser, argv, run, render)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,281 @@
+"""python -m workers.experiments.saturation [--smoke-test] [--out results/saturation] [--steps 1500]
+
+Paper 003 §6.2 on a model trained here: a byte-level LM (the ``lm`` task, through
+``workers.train``) is the teacher.
+1. ``||J||_2`` of the attention softmax vs sequence length N: for the last query of
+   sequences of length N (it attends to all N keys), ``J = diag(s) - s s^T``; averaged over
+   sequences, for layer 0 head 0 (the paper's choice) and over all heads of layer 0, next to the
+   bound ``2 e^{2R}/N`` (R = the largest |logit| seen). Theorem 5.1: it falls like 1/N.
+2. Student heads: the last layer's head 0 is replaced by a query-key map of rank r, initialised by
+   truncated SVD of the teacher's ``W_Q^T W_K`` (scaled as in the forward pass) and trained to
+   fit the teacher's causal attention weights (MSE), for two sequence lengths. Error vs r.
+Writes ``jacobian.csv``, ``students.csv`` and ``saturation.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from search_spaces import ArchConfig, HeadGroup, LayerSpec
+from search_spaces.cli import int_in, render_table
+from workers.attention import MultiHeadAttention
+from workers.experiments import common
+from workers.model import Model, build_model
+from workers.tasks import LMTask, make_task
+from workers.train import TrainConfig, Trainer
+
+NAME = "saturation"
+
+
+@dataclass(frozen=True)
+class Sizes:
+    d_model: int
+    heads: int
+    layers: int
+    length: int  # the teacher's training (and longest) sequence length
+    steps: int  # teacher training steps
+    lengths: tuple[int, ...]  # N of the Jacobian measurement
+    student_lengths: tuple[int, ...]
+    ranks: tuple[int, ...]
+    student_steps: int
+    sequences: int  # per length
+
+
+SMOKE = Sizes(32, 2, 2, 32, 30, (4, 8, 16, 32), (8, 32), (1, 2, 4, 8, 16), 40, 10)
+FULL = Sizes(128, 4, 3, 256, 1500, (8, 16, 32, 64, 128, 256), (32, 256), (1, 2, 4, 8, 16, 32),
+             300, 10)
+
+
+class LogitRecorder:
+    """Softmax attention (as SDPA computes it) that keeps every call's logits (B, H, T, T),
+    one call per layer in order."""
+
+    def __init__(self) -> None:
+        self.logits: list[Tensor] = []
+
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> Tensor:
+        z = q @ k.transpose(-1, -2) * scale
+        if causal:
+            t = z.shape[-1]
+            z = z.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+        self.logits.append(z)
+        return torch.softmax(z, dim=-1) @ v
+
+
+def teacher(sizes: Sizes, seed: int, steps: int) -> tuple[Model, LMTask, float]:
+    """Train the LM teacher with the product's trainer; returns it with its validation loss."""
+    d, h = sizes.d_model, sizes.heads
+    layer = LayerSpec("mhsa", (HeadGroup(h, d // h),), mlp_ratio=4.0)
+    arch = ArchConfig(d_model=d, layers=(layer,) * sizes.layers, vocab_size=256,
+                      max_seq_len=sizes.length, positional="learned")
+    task = make_task("lm", "paper", seed=seed, length=sizes.length)
+    assert isinstance(task, LMTask)
+    trainer = Trainer(arch, task, TrainConfig(steps=steps, batch_size=16, lr=3e-3,
+                                              eval_every=max(1, steps // 5), seed=seed,
+                                              device="cpu"))
+    result = trainer.run()
+    return trainer.model, task, float(result.val_loss or math.nan)
+
+
+def windows(task: LMTask, length: int, count: int, seed: int) -> Tensor:
+    """``count`` validation byte windows of ``length`` (count, length)."""
+    data = task.text("val")
+    g = torch.Generator().manual_seed(seed)
+    start = torch.randint(0, len(data) - length, (count, 1), generator=g)
+    return data[start + torch.arange(length)]
+
+
+@torch.no_grad()
+def layer_logits(model: Model, x: Tensor) -> list[Tensor]:
+    """Attention logits of every layer, (B, H, T, T), causal entries -inf."""
+    recorder = LogitRecorder()
+    probe = build_model(model.arch, kernel=recorder)
+    probe.load_state_dict(model.state_dict())
+    probe.eval()(x)
+    return recorder.logits
+
+
+def jacobian_norm(z: Tensor) -> Tensor:
+    """Spectral norm of ``diag(s) - s s^T`` for each row of logits z (..., N) (PSD: top
+    eigenvalue)."""
+    s = torch.softmax(z.double(), dim=-1)
+    j = torch.diag_embed(s) - s[..., :, None] * s[..., None, :]
+    return torch.linalg.eigvalsh(j)[..., -1]
+
+
+def jacobian_rows(model: Model, task: LMTask, lengths: list[int], count: int, seed: int
+                  ) -> list[dict[str, Any]]:
+    rows = []
+    for n in lengths:
+        z = layer_logits(model, windows(task, n, count, seed))[0][:, :, -1, :]  # (B, H, N)
+        norms = jacobian_norm(z)  # (B, H)
+        r = z.abs().max().item()
+        rows.append({"seq_len": n, "head0": norms[:, 0].mean().item(),
+                     "all_heads": norms.mean().item(), "logit_bound_R": r,
+                     "bound": 2 * math.exp(2 * r) / n})
+    return rows
+
+
+def slope(xs: list[float], ys: list[float]) -> float:
+    """Least-squares slope of log y vs log x."""
+    return float(np.polyfit(np.log(xs), np.log(ys), 1)[0])
+
+
+# --- student heads ---------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def head_inputs(model: Model, x: Tensor, layer: int) -> Tensor:
+    """The normed hidden states entering ``layer``'s attention, (B, T, d)."""
+    captured: list[Tensor] = []
+    hook = model.block(layer).attn_norm.register_forward_hook(
+        lambda _m, _i, out: captured.append(out))
+    model.eval()(x)
+    hook.remove()
+    return captured[0]
+
+
+def teacher_map(model: Model, layer: int, head: int) -> Tensor:
+    """``M = W_Q^T W_K / sqrt(d_qk)`` of one head (d, d): its logits are ``X M X^T``."""
+    attn = model.block(layer).attn
+    assert isinstance(attn, MultiHeadAttention) and len(attn.groups) == 1
+    count, qk, _ = attn.groups[0]
+    w_q, w_k, _ = attn.qkv.weight.detach().split([count * qk, count * qk, attn.width], dim=0)
+    rows = slice(head * qk, (head + 1) * qk)
+    return w_q[rows].T @ w_k[rows] / math.sqrt(qk)
+
+
+def causal_attention(x: Tensor, a: Tensor, b: Tensor) -> Tensor:
+    """softmax((x a)(x b)^T) with the causal mask; x (B, T, d), a, b (d, r) -> (B, T, T)."""
+    z = (x @ a) @ (x @ b).transpose(-1, -2)
+    t = z.shape[-1]
+    return torch.softmax(z.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1),
+                                       float("-inf")), dim=-1)
+
+
+def fit_student(m: Tensor, train_x: Tensor, test_x: Tensor, rank: int, steps: int
+                ) -> tuple[float, float]:
+    """(MSE after SVD init, MSE after training) of a rank-``rank`` student on test inputs."""
+    u, s, vh = torch.linalg.svd(m)
+    root = s[:rank].sqrt()
+    a = (u[:, :rank] * root).clone().requires_grad_(True)
+    b = (vh[:rank].T * root).clone().requires_grad_(True)
+    full = torch.eye(m.shape[0])
+    target_train = causal_attention(train_x, m, full)
+    target_test = causal_attention(test_x, m, full)
+
+    def error(x: Tensor, target: Tensor) -> Tensor:
+        return ((causal_attention(x, a, b) - target) ** 2).mean()  # masked entries are 0 - 0
+
+    with torch.no_grad():
+        initial = error(test_x, target_test).item()
+    optimizer = torch.optim.Adam([a, b], lr=1e-3)
+    best = (math.inf, a.detach().clone(), b.detach().clone())
+    for _ in range(steps + 1):  # keep the parameters of the best training loss seen
+        optimizer.zero_grad()
+        loss = error(train_x, target_train)
+        if loss.item() < best[0]:
+            best = (loss.item(), a.detach().clone(), b.detach().clone())
+        loss.backward()
+        optimizer.step()
+    with torch.no_grad():
+        a.copy_(best[1])
+        b.copy_(best[2])
+        return initial, error(test_x, target_test).item()
+
+
+def student_rows(model: Model, task: LMTask, sizes: Sizes, seed: int) -> list[dict[str, Any]]:
+    layer = len(model.blocks) - 1
+    m = teacher_map(model, layer, 0)
+    rows = []
+    for n in sizes.student_lengths:
+        train_x = head_inputs(model, windows(task, n, sizes.sequences, seed + 1), layer)
+        test_x = head_inputs(model, windows(task, n, sizes.sequences, seed + 2), layer)
+        for r in sizes.ranks:
+            initial, trained = fit_student(m, train_x, test_x, r, sizes.student_steps)
+            rows.append({"seq_len": n, "rank": r, "svd_init_mse": initial, "trained_mse": trained})
+    return rows
+
+
+def plot(jac: list[dict[str, Any]], students: list[dict[str, Any]], path: Path) -> None:
+    fig, axes = common.subplots(2, (11, 4.2))
+    n = [r["seq_len"] for r in jac]
+    axes[0].plot(n, [r["head0"] for r in jac], "o-", label="layer 0, head 0")
+    axes[0].plot(n, [r["all_heads"] for r in jac], "s-", label="layer 0, mean over heads")
+    ref = jac[0]["all_heads"] * n[0]
+    axes[0].plot(n, [ref / x for x in n], "k--", label="1/N reference")
+    axes[0].set_xscale("log", base=2)
+    axes[0].set_yscale("log")
+    axes[0].set_xlabel("sequence length N (keys seen by the query)")
+    axes[0].set_ylabel("||J||_2 of the softmax (mean over sequences)")
+    axes[0].set_title("softmax Jacobian vs N (trained byte LM)")
+    for n_len in sorted({r["seq_len"] for r in students}):
+        mine = [r for r in students if r["seq_len"] == n_len]
+        axes[1].plot([r["rank"] for r in mine], [r["trained_mse"] for r in mine], "o-",
+                     label=f"trained student, N = {n_len}")
+        axes[1].plot([r["rank"] for r in mine], [r["svd_init_mse"] for r in mine], "x:",
+                     label=f"SVD init only, N = {n_len}")
+    axes[1].set_xscale("log", base=2)
+    axes[1].set_yscale("symlog", linthresh=1e-9)
+    axes[1].set_xlabel("student query-key rank r")
+    axes[1].set_ylabel("MSE on attention weights (held-out)")
+    axes[1].set_title("reduced-qk student of the last layer's head 0")
+    for ax in axes:
+        ax.legend(fontsize=8)
+    common.save(fig, path)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    sizes = SMOKE if args.smoke_test else FULL
+    common.prepare(args, NAME)
+    steps = args.steps or sizes.steps
+    model, task, val_loss = teacher(sizes, args.seed, steps)
+    jac = jacobian_rows(model, task, list(sizes.lengths), sizes.sequences, args.seed)
+    students = student_rows(model, task, sizes, args.seed)
+    common.write_csv(args.out / "jacobian.csv", jac)
+    common.write_csv(args.out / "students.csv", students)
+    plot(jac, students, args.out / "saturation.png")
+    return {"teacher": {**asdict(sizes), "steps": steps, "val_loss": val_loss},
+            "jacobian": jac, "slope_head0": slope([r["seq_len"] for r in jac],
+                                                  [r["head0"] for r in jac]),
+            "slope_all_heads": slope([r["seq_len"] for r in jac], [r["all_heads"] for r in jac]),
+            "students": students, "out": str(args.out)}
+
+
+def render(result: dict[str, Any]) -> str:
+    t = result["teacher"]
+    jac = render_table(["N", "||J|| head 0", "||J|| all heads", "R", "2e^2R/N"],
+                       [[r["seq_len"], f"{r['head0']:.4g}", f"{r['all_heads']:.4g}",
+                         f"{r['logit_bound_R']:.3g}", f"{r['bound']:.3g}"]
+                        for r in result["jacobian"]], right=[True] * 5)
+    st = render_table(["N", "rank r", "MSE (SVD init)", "MSE (trained)"],
+                      [[r["seq_len"], r["rank"], f"{r['svd_init_mse']:.3g}",
+                        f"{r['trained_mse']:.3g}"] for r in result["students"]],
+                      right=[True] * 4)
+    return "\n".join([
+        f"saturation: teacher byte LM D={t['d_model']} x{t['layers']} layers, {t['heads']} "
+        f"heads, {t['steps']} steps, val loss {t['val_loss']:.3f} nats/byte", jac,
+        f"log-log slope of ||J|| vs N: head 0 {result['slope_head0']:.2f}, all heads "
+        f"{result['slope_all_heads']:.2f} (theory: -1)", "", st,
+        f"wrote {result['out']}/jacobian.csv, students.csv, saturation.png"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = common.build_parser(NAME, __doc__)
+    parser.add_argument("--steps", type=int_in(1), help="teacher training steps (default: 1500;"
+                                                        " 30 with --smoke-test)")
+    parser.add_argument("--seed", type=int_in(0), default=0, help="training and data seed")
+    return common.main(parser, argv, run, render)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""python -m workers.experiments.tradeoff [--smoke-test] [--out results/tradeoff] [--steps 2000]
+
+Paper 003 §6.1: at a fixed width D, one attention layer of H heads of dimension D/H, H in
+{1, 2, 4, ..., D/4}, trained on the ngram task (y_t = x_{t-1} + ... + x_{t-4} + noise) for every
+learning rate and seed; the best loss per H estimates the approximation error (as in the paper).
+The grid runs through ``workers.search`` into a study; ``alloc.calibrate`` then fits the bound's
+constants to it. Writes ``tradeoff.csv`` (H, d, best loss, raw and calibrated prediction),
+``tradeoff.png`` (loss vs H) and ``constants.yaml``, and prints the measured best H next to the
+H the raw and the calibrated allocator predict.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from alloc import calibrate
+from alloc.constants import to_yaml
+from search_spaces.cli import int_in, render_table, write_atomic
+from workers.experiments import common
+
+NAME = "tradeoff"
+STUDY = "tradeoff-ngram"
+
+
+@dataclass(frozen=True)
+class Sizes:
+    budget: int
+    lrs: tuple[float, ...]
+    seeds: tuple[int, ...]
+
+
+SMOKE = Sizes(budget=32, lrs=(1.0e-2,), seeds=(0, 1))
+FULL = Sizes(budget=256, lrs=(1.0e-3, 3.0e-3), seeds=(0, 1))
+
+
+def space(budget: int, lrs: list[float], seeds: list[int], steps: int) -> dict[str, Any]:
+    """heads_vs_dim.yaml's grid at ``budget`` with H up to D/4, every lr and seed."""
+    heads = [2**k for k in range(budget.bit_length()) if 2**k <= budget // 4]
+    return {
+        "name": "tradeoff", "description": "paper 003 §6.1: H heads of D/H at fixed D",
+        "budget": budget, "depth": 1, "sampler": "grid",
+        "model": {"positional": "sinusoidal", "norm": "layernorm", "causal": True},
+        "layers": [{"layers": "all", "attention": ["mhsa"], "mlp_ratio": [0], "heads": heads,
+                    "head_dim": "derived", "qk_dim": "same"}],
+        "train": {"steps": steps, "eval_every": max(1, steps // 20), "batch_size": 32,
+                  "lr": lrs, "seed": seeds},
+    }
+
+
+def table(rep: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per head count, from ``alloc.calibrate``'s report (first layer: H x d)."""
+    rows = []
+    for r in rep["observations"]:
+        count, dim = (int(v) for v in r["architecture"].split("x"))
+        rows.append({"heads": count, "head_dim": dim, "trials": r["trials"],
+                     "best_trial": r["trial"], "best_loss": r["loss"],
+                     "raw_prediction": r["raw"], "calibrated_prediction": r["calibrated"]})
+    return sorted(rows, key=lambda r: r["heads"])
+
+
+def best_heads(rows: list[dict[str, Any]], key: str) -> int:
+    return int(min(rows, key=lambda r: (r[key], r["heads"]))["heads"])
+
+
+def plot(rows: list[dict[str, Any]], rep: dict[str, Any], budget: int, path: Path) -> None:
+    fig, ax = common.subplots(1, (6.4, 4.4))
+    heads = [r["heads"] for r in rows]
+    ax.plot(heads, [r["best_loss"] for r in rows], "o-", color="k", lw=2,
+            label="measured: best over lr and seed")
+    raw, cal = rep["raw"], rep["calibrated"]
+    ax.plot(heads, [r["raw_prediction"] for r in rows], "s--", color="C0",
+            label=f"raw bound (c_proj 1, c_head 1, n 2) x scale; R² {raw['r2']:.2f}")
+    ax.plot(heads, [r["calibrated_prediction"] for r in rows], "^-", color="C3",
+            label=f"calibrated (c_proj {cal['c_proj']:.2g}, c_head {cal['c_head']:.2g}, "
+                  f"n {cal['order']:.2g}); R² {cal['r2']:.2f}")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(heads, [f"{h}\n(d={budget // h})" for h in heads])
+    ax.set_xlabel(f"heads H (head dim d = {budget}/H)")
+    ax.set_ylabel("validation MSE (ngram task)")
+    ax.set_title(f"heads vs head dimension at D = {budget}")
+    ax.legend(fontsize=8)
+    common.save(fig, path)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    sizes = SMOKE if args.smoke_test else FULL
+    url = common.prepare(args, NAME)
+    steps = args.steps or (40 if args.smoke_test else 2000)
+    data = space(sizes.budget, list(sizes.lrs), list(sizes.seeds), steps)
+    path = common.write_space(args.out / "tradeoff_space.yaml", data)
+    trials = len(data["layers"][0]["heads"]) * len(sizes.lrs) * len(sizes.seeds)
+    argv = ["--space", str(path), "--task", "ngram", "--trials", str(trials), "--steps",
+            str(steps), "--scheduler", "fifo"] + (["--smoke-test"] if args.smoke_test else [])
+    with common.quiet_ray():
+        common.search(argv, url, STUDY, args.out / "ray_results")
+    settings, observations = calibrate.observations_from_study(url, STUDY)
+    raw, cal = calibrate.fit(settings, observations)
+    rep = calibrate.calibration_report(STUDY, settings, observations, raw, cal)
+    rows = table(rep)
+    common.write_csv(args.out / "tradeoff.csv", rows)
+    write_atomic(args.out / "constants.yaml", to_yaml(cal.constants, cal.scale,
+                                                      {"study": STUDY, "r2": cal.r2}))
+    plot(rows, rep, settings.budget, args.out / "tradeoff.png")
+    return {"budget": settings.budget, "input_dim": settings.input_dim, "steps": steps,
+            "rows": rows, "measured_best_heads": best_heads(rows, "best_loss"),
+            "raw_best_heads": best_heads(rows, "raw_prediction"),
+            "calibrated_best_heads": best_heads(rows, "calibrated_prediction"),
+            "raw": rep["raw"], "calibrated": rep["calibrated"],
+            "allocation": rep["allocation"], "out": str(args.out)}
+
+
+def render(result: dict[str, Any]) -> str:
+    rows = [[r["heads"], r["head_dim"], r["trials"], f"{r['best_loss']:.4g}",
+             f"{r['raw_prediction']:.4g}", f"{r['calibrated_prediction']:.4g}"]
+            for r in result["rows"]]
+    raw, cal = result["raw"], result["calibrated"]
+    alloc = result["allocation"]
+    return "\n".join([
+        f"tradeoff: D={result['budget']}, d_in={result['input_dim']}, {result['steps']} steps",
+        render_table(["H", "d", "trials", "best loss", "raw pred.", "calibrated pred."], rows),
+        "",
+        f"measured best H: {result['measured_best_heads']}; predicted best H among these: raw "
+        f"{result['raw_best_heads']} (R² {raw['r2']:.2f}, Spearman {raw['spearman']:.2f}), "
+        f"calibrated {result['calibrated_best_heads']} (R² {cal['r2']:.2f}, Spearman "
+        f"{cal['spearman']:.2f})",
+        f"allocator's uniform layer: raw {alloc['raw']['uniform']['count']} heads of "
+        f"{alloc['raw']['uniform']['dim']}, calibrated {alloc['calibrated']['uniform']['count']}"
+        f" heads of {alloc['calibrated']['uniform']['dim']}",
+        f"wrote {result['out']}/tradeoff.csv, tradeoff.png, constants.yaml"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = common.build_parser(NAME, __doc__)
+    parser.add_argument("--steps", type=int_in(1), help="training steps per trial "
+                                                        "(default: 2000; 40 with --smoke-test)")
+    return common.main(parser, argv, run, render)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
