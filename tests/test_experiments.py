@@ -43,14 +43,19 @@ def run_experiment(tmp_path: Path, name: str) -> dict:  # type: ignore[type-arg]
 def test_denoise_snr_grows_at_every_layer(tmp_path: Path) -> None:
     assert denoise.main(["--smoke-test", "--out", str(tmp_path)]) == 0
     rows = read_csv(tmp_path / "denoise.csv")
-    for noise in ("0.2", "0.5"):
-        snr = [float(r["snr"]) for r in rows if r["noise"] == noise]
-        assert len(snr) == denoise.SMOKE.layers + 1
-        assert all(b > a for a, b in itertools.pairwise(snr)), snr  # paper 000 Fig. 4
-        for r in (r for r in rows if r["noise"] == noise and r["layer"] != "0"):
-            assert 0 < float(r["tau"]) <= 1
-            assert float(r["rate"]) == pytest.approx(
-                float(r["snr"]) / snr[int(r["layer"]) - 1])
+    for update in denoise.UPDATES:
+        for noise in ("0.2", "0.5"):
+            mine = [r for r in rows if r["noise"] == noise and r["update"] == update]
+            snr = [float(r["snr"]) for r in mine]
+            assert len(snr) == denoise.SMOKE.layers + 1
+            assert all(b > a for a, b in itertools.pairwise(snr)), snr  # paper 000 Fig. 4
+            for r in mine[1:]:
+                assert 0 < float(r["tau_noise"]) < float(r["tau"]) <= 1
+                assert float(r["rate"]) == pytest.approx(
+                    float(r["snr"]) / snr[int(r["layer"]) - 1])
+                if update == "eq4":  # Thm 3.1's rate, with tau read off the layer
+                    assert float(r["rate"]) == pytest.approx(float(r["predicted_rate"]),
+                                                             abs=0.02)
     assert (tmp_path / "denoise.png").stat().st_size > 10_000
 
 

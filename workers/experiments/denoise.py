@@ -1,13 +1,15 @@
 """python -m workers.experiments.denoise [--smoke-test] [--out results/denoise] [--layers 10]
 
 Paper 000, Fig. 4: tokens from a mixture of noisy low-rank Gaussians (the ``denoise`` task: K
-orthogonal subspaces of rank p, each token a signal in its own subspace plus noise of level delta in
-the others) pass through an attention-only stack of MSSA layers whose bases are the subspaces (the
-paper's construction): the product's AoT layer ``Z <- Z + eta * MSSA(LayerNorm(Z))`` (eq. 4 with the
-LayerNorm the paper adds in practice; no MLP). Per layer
-it measures each cluster's SNR ``||U_k U_k^T Z_k|| / ||(I - U_k U_k^T) Z_k||`` and the rate
-``SNR_{l+1} / SNR_l``, next to Thm 3.1's rate ``1 + eta * tau``, with tau read off the layer as
-the mean attention weight a token keeps on itself (what the theorem's thresholded softmax keeps).
+orthogonal subspaces of rank p, each token a signal in its own subspace plus noise of level delta
+in the others) pass through an attention-only stack of MSSA layers whose bases are the subspaces
+(the paper's construction), updated by the theorem's step ``Z <- Z + eta * MSSA(Z)`` (eq. 4) and
+by the product's pre-norm AoT block ``Z <- Z + eta * MSSA(LayerNorm(Z))`` (the LayerNorm the
+paper adds in practice); no MLP. Per layer it measures each cluster's SNR
+``||U_k U_k^T Z_k|| / ||(I - U_k U_k^T) Z_k||``, the rate ``SNR_{l+1} / SNR_l`` and Thm 3.1's
+rate ``1 + eta * tau``, with tau read off the layer as the mean attention weight a token keeps on
+itself in its own subspace's head (what the theorem's thresholded softmax keeps), and
+``tau_noise``, the same weight in the other subspaces' heads (what the threshold zeroes).
 No training: the layers are the theorem's. Writes ``denoise.csv`` and ``denoise.png``.
 """
 
@@ -32,6 +34,7 @@ from workers.tasks import DenoiseTask, make_task
 
 NAME = "denoise"
 NOISES = (0.2, 0.5)
+UPDATES = ("eq4", "prenorm")  # Z + eta MSSA(Z) | Z + eta MSSA(LayerNorm(Z)), the product's block
 
 
 @dataclass(frozen=True)
@@ -90,49 +93,58 @@ def stack(task: DenoiseTask, layers: int, eta: float, kernel: RecordingSoftmax
 
 
 @torch.no_grad()
-def trajectory(task: DenoiseTask, layers: int, eta: float, batch: int) -> list[dict[str, Any]]:
+def trajectory(task: DenoiseTask, layers: int, eta: float, batch: int, update: str
+               ) -> list[dict[str, Any]]:
     """Per layer: SNR, measured rate and ``1 + eta * tau`` of the layer that produced it."""
     kernel = RecordingSoftmax()
     model = stack(task, layers, eta, kernel)
     b = task.batch("val", 0, batch)
     z, bases, labels = b.x.double(), task.bases().double(), b.aux
     assert labels is not None
-    rows = [{"noise": task.delta, "layer": 0, "snr": cluster_snr(z, bases, labels).mean().item(),
-             "rate": math.nan, "tau": math.nan, "predicted_rate": math.nan}]
-    own = labels[:, None, :]  # (B, 1, T): the head of each token's own subspace
+    rows: list[dict[str, Any]] = [{"update": update, "noise": task.delta, "layer": 0,
+             "snr": cluster_snr(z, bases, labels).mean().item(),
+             "rate": math.nan, "tau": math.nan, "predicted_rate": math.nan,
+             "tau_noise": math.nan}]
+    heads = torch.arange(task.clusters)[None, :, None]
+    own = labels[:, None, :] == heads  # (B, K, T): head k is token t's own subspace
     for i in range(layers):
-        z = model.block(i)(z)  # z + eta * MSSA(LayerNorm(z))
+        block = model.block(i)
+        z = block(z) if update == "prenorm" else z + eta * block.attn(z)
         assert kernel.diagonal is not None
-        tau = kernel.diagonal.gather(1, own).mean().item()
+        tau = kernel.diagonal[own].mean().item()
+        # What the theorem's threshold zeroes: a token keeping itself in the heads of the
+        # subspaces it is only noise in.
+        tau_noise = kernel.diagonal[~own].mean().item()
         snr = cluster_snr(z, bases, labels).mean().item()
-        rows.append({"noise": task.delta, "layer": i + 1, "snr": snr,
-                     "rate": snr / rows[-1]["snr"], "tau": tau, "predicted_rate": 1 + eta * tau})
+        rows.append({"update": update, "noise": task.delta, "layer": i + 1, "snr": snr,
+                     "rate": snr / rows[-1]["snr"], "tau": tau, "predicted_rate": 1 + eta * tau,
+                     "tau_noise": tau_noise})
     return rows
 
 
 def plot(rows: list[dict[str, Any]], eta: float, path: Path) -> None:
     fig, axes = common.subplots(2, (11, 4.2))
-    for color, noise in zip(("C0", "C3"), sorted({r["noise"] for r in rows})):
-        mine = [r for r in rows if r["noise"] == noise]
+    curves = [(u, n) for u in UPDATES for n in NOISES]
+    for color, (update, noise) in zip(("C0", "C3", "C2", "C1"), curves):
+        mine = [r for r in rows if r["noise"] == noise and r["update"] == update]
         layers = [r["layer"] for r in mine]
         axes[0].plot(layers, [r["snr"] for r in mine], "o-", color=color,
-                     label=f"measured, noise delta = {noise:g}")
+                     label=f"{update}, delta = {noise:g}")
         predicted = [mine[0]["snr"]]
         for r in mine[1:]:
             predicted.append(predicted[-1] * r["predicted_rate"])
-        axes[0].plot(layers, predicted, "--", color=color,
-                     label=f"SNR_0 x prod(1 + eta tau_l), delta = {noise:g}")
+        axes[0].plot(layers, predicted, "--", color=color, lw=1)
         axes[1].plot(layers[1:], [r["rate"] for r in mine[1:]], "o-", color=color,
-                     label=f"measured SNR_l / SNR_(l-1), delta = {noise:g}")
+                     label=f"{update}, delta = {noise:g}")
         axes[1].plot(layers[1:], [r["predicted_rate"] for r in mine[1:]], "--", color=color,
-                     label=f"1 + eta tau_l, delta = {noise:g}")
+                     lw=1)
     axes[0].set_yscale("log")
     axes[0].set_xlabel("layer l")
     axes[0].set_ylabel("SNR (mean over clusters, log scale)")
-    axes[0].set_title(f"AoT-MSSA denoising (eta = {eta:g})")
+    axes[0].set_title(f"AoT-MSSA denoising (eta = {eta:g}); dashed: SNR_0 prod(1 + eta tau_l)")
     axes[1].set_xlabel("layer l")
-    axes[1].set_ylabel("per-layer rate")
-    axes[1].set_title("measured rate vs Thm 3.1's 1 + eta tau")
+    axes[1].set_ylabel("per-layer rate SNR_l / SNR_(l-1)")
+    axes[1].set_title("measured rate; dashed: Thm 3.1's 1 + eta tau_l")
     for ax in axes:
         ax.legend(fontsize=8)
     common.save(fig, path)
@@ -143,11 +155,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     common.prepare(args, NAME)
     layers = args.layers or sizes.layers
     rows = []
-    for noise in NOISES:
-        task = make_task("denoise", "paper", seed=args.seed, clusters=sizes.clusters,
-                         rank=sizes.rank, length=sizes.length, delta=noise)
-        assert isinstance(task, DenoiseTask)
-        rows += trajectory(task, layers, args.eta, sizes.batch)
+    for update in UPDATES:
+        for noise in NOISES:
+            task = make_task("denoise", "paper", seed=args.seed, clusters=sizes.clusters,
+                             rank=sizes.rank, length=sizes.length, delta=noise)
+            assert isinstance(task, DenoiseTask)
+            rows += trajectory(task, layers, args.eta, sizes.batch, update)
     common.write_csv(args.out / "denoise.csv", rows)
     plot(rows, args.eta, args.out / "denoise.png")
     return {"eta": args.eta, "sizes": {**asdict(sizes), "layers": layers}, "rows": rows,
@@ -156,16 +169,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def render(result: dict[str, Any]) -> str:
     s = result["sizes"]
-    rows = [[f"{r['noise']:g}", r["layer"], f"{r['snr']:.4g}",
-             "-" if math.isnan(r["rate"]) else f"{r['rate']:.3f}",
-             "-" if math.isnan(r["tau"]) else f"{r['tau']:.3f}",
-             "-" if math.isnan(r["predicted_rate"]) else f"{r['predicted_rate']:.3f}"]
+    rows = [[r["update"], f"{r['noise']:g}", r["layer"], f"{r['snr']:.4g}"]
+            + ["-" if math.isnan(r[k]) else f"{r[k]:.3f}"
+               for k in ("rate", "tau", "predicted_rate", "tau_noise")]
             for r in result["rows"]]
     return "\n".join([
         f"denoise: K={s['clusters']} subspaces of rank {s['rank']}, {s['length']} tokens, "
         f"{s['layers']} MSSA layers, eta={result['eta']:g}",
-        render_table(["noise", "layer", "SNR", "rate", "tau", "1 + eta tau"], rows,
-                     right=[True] * 6),
+        render_table(["update", "noise", "layer", "SNR", "rate", "tau", "1 + eta tau",
+                      "tau noise"], rows, right=[False] + [True] * 7),
         f"wrote {result['out']}/denoise.csv, denoise.png"])
 
 

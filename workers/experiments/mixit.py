@@ -46,7 +46,7 @@ def runs(smoke: bool) -> list[dict[str, Any]]:
             + [{"study": f"kinds-retrieval-m{m}", "task": "retrieval", "params": {"m_max": m},
                 "flags": []} for m in (5, 10, 20, 40)]
             + [{"study": "kinds-memorize", "task": "memorize", "params": {"n": 256},
-                "flags": ["--budget", "64", "--steps", "8000"]}])
+                "flags": ["--steps", "8000"]}])
 
 
 def search_argv(run: dict[str, Any], smoke: bool) -> list[str]:
@@ -74,12 +74,20 @@ def read_rows(url: str, run: dict[str, Any], smoke: bool) -> list[dict[str, Any]
         row = {"study": run["study"], "task": run["task"],
                "m_max": run["params"].get("m_max", ""), "attention": t.arch.layers[0].attention,
                "accuracy": t.value, "params_trainable": t.params_trainable, "trial": t.number,
-               "bits_per_param": ""}
+               "bits_per_param": "", "random_value_accuracy": ""}
+        if run["task"] == "retrieval":
+            row["random_value_accuracy"] = guess_accuracy(int(run["params"]["m_max"]))
         if run["task"] == "memorize":
             n = memorize_n(run, smoke)
             row["bits_per_param"] = n * n * math.log2(n) * t.value / (t.params_trainable or 1)
         rows.append(row)
     return sorted(rows, key=lambda r: KINDS.index(r["attention"]))
+
+
+def guess_accuracy(m_max: int) -> float:
+    """Accuracy of answering a random value of the context: E[1/m], m ~ U{1..m_max}. Above it,
+    the model finds the queried key; reaching it already takes attention to the values."""
+    return sum(1 / m for m in range(1, m_max + 1)) / m_max
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
@@ -99,6 +107,9 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
                       key=lambda r: r["m_max"])
         axes[1].plot([r["m_max"] for r in mine], [r["accuracy"] for r in mine], "o-",
                      color=colors[kind], label=kind)
+    m_values = sorted({int(r["m_max"]) for r in rows if r["task"] == "retrieval"})
+    axes[1].plot(m_values, [guess_accuracy(m) for m in m_values], "k:",
+                 label="a random value of the context")
     axes[1].set_xlabel("m_max (key/value pairs in context)")
     axes[1].set_ylabel("validation accuracy")
     axes[1].set_title("retrieval (needle in a haystack)")
@@ -123,12 +134,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def render(result: dict[str, Any]) -> str:
     rows = [[r["task"], r["m_max"], r["attention"], f"{r['accuracy']:.3f}",
+             f"{r['random_value_accuracy']:.3f}" if r["random_value_accuracy"] != "" else "-",
              f"{r['params_trainable']:,}",
              f"{r['bits_per_param']:.3f}" if r["bits_per_param"] != "" else "-"]
             for r in result["rows"]]
     return "\n".join([
-        render_table(["task", "m_max", "attention", "accuracy", "trainable params",
-                      "bits/param"], rows, right=[False, True, False, True, True, True]),
+        render_table(["task", "m_max", "attention", "accuracy", "random value", "trainable params",
+                      "bits/param"], rows, right=[False, True, False, True, True, True, True]),
         f"wrote {result['out']}/mixit.csv, mixit.png"])
 
 

@@ -71,8 +71,10 @@ class LogitRecorder:
         return torch.softmax(z, dim=-1) @ v
 
 
-def teacher(sizes: Sizes, seed: int, steps: int) -> tuple[Model, LMTask, float]:
-    """Train the LM teacher with the product's trainer; returns it with its validation loss."""
+def teacher(sizes: Sizes, seed: int, steps: int, checkpoint: Path
+            ) -> tuple[Model, LMTask, float]:
+    """Train the LM teacher with the product's trainer (or continue / reuse its checkpoint);
+    returns it with its validation loss."""
     d, h = sizes.d_model, sizes.heads
     layer = LayerSpec("mhsa", (HeadGroup(h, d // h),), mlp_ratio=4.0)
     arch = ArchConfig(d_model=d, layers=(layer,) * sizes.layers, vocab_size=256,
@@ -81,7 +83,8 @@ def teacher(sizes: Sizes, seed: int, steps: int) -> tuple[Model, LMTask, float]:
     assert isinstance(task, LMTask)
     trainer = Trainer(arch, task, TrainConfig(steps=steps, batch_size=16, lr=3e-3,
                                               eval_every=max(1, steps // 5), seed=seed,
-                                              device="cpu"))
+                                              device="cpu"), checkpoint=checkpoint)
+    trainer.resume()
     result = trainer.run()
     return trainer.model, task, float(result.val_loss or math.nan)
 
@@ -116,12 +119,16 @@ def jacobian_rows(model: Model, task: LMTask, lengths: list[int], count: int, se
                   ) -> list[dict[str, Any]]:
     rows = []
     for n in lengths:
-        z = layer_logits(model, windows(task, n, count, seed))[0][:, :, -1, :]  # (B, H, N)
-        norms = jacobian_norm(z)  # (B, H)
-        r = z.abs().max().item()
-        rows.append({"seq_len": n, "head0": norms[:, 0].mean().item(),
-                     "all_heads": norms.mean().item(), "logit_bound_R": r,
-                     "bound": 2 * math.exp(2 * r) / n})
+        logits = [z[:, :, -1, :] for z in layer_logits(model, windows(task, n, count, seed))]
+        norms = [jacobian_norm(z) for z in logits]  # per layer (B, H)
+        r = logits[0].abs().max().item()
+        row = {"seq_len": n, "head0": norms[0][:, 0].mean().item(),
+               "all_heads": norms[0].mean().item(), "logit_bound_R": r,
+               "bound": 2 * math.exp(2 * r) / n}
+        for i in range(1, len(norms)):  # later layers, mean over heads
+            row[f"layer{i}"] = norms[i].mean().item()
+            row[f"layer{i}_R"] = logits[i].abs().max().item()
+        rows.append(row)
     return rows
 
 
@@ -211,6 +218,9 @@ def plot(jac: list[dict[str, Any]], students: list[dict[str, Any]], path: Path) 
     n = [r["seq_len"] for r in jac]
     axes[0].plot(n, [r["head0"] for r in jac], "o-", label="layer 0, head 0")
     axes[0].plot(n, [r["all_heads"] for r in jac], "s-", label="layer 0, mean over heads")
+    for key in norm_columns(jac)[2:]:
+        axes[0].plot(n, [r[key] for r in jac], "^-",
+                     label=f"layer {key.removeprefix('layer')}, mean over heads")
     ref = jac[0]["all_heads"] * n[0]
     axes[0].plot(n, [ref / x for x in n], "k--", label="1/N reference")
     axes[0].set_xscale("log", base=2)
@@ -238,25 +248,36 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     sizes = SMOKE if args.smoke_test else FULL
     common.prepare(args, NAME)
     steps = args.steps or sizes.steps
-    model, task, val_loss = teacher(sizes, args.seed, steps)
+    model, task, val_loss = teacher(sizes, args.seed, steps, args.out / "teacher.pt")
     jac = jacobian_rows(model, task, list(sizes.lengths), sizes.sequences, args.seed)
     students = student_rows(model, task, sizes, args.seed)
     common.write_csv(args.out / "jacobian.csv", jac)
     common.write_csv(args.out / "students.csv", students)
     plot(jac, students, args.out / "saturation.png")
+    n = [r["seq_len"] for r in jac]
+    slopes = {key: slope(n, [r[key] for r in jac]) for key in norm_columns(jac)}
     return {"teacher": {**asdict(sizes), "steps": steps, "val_loss": val_loss},
-            "jacobian": jac, "slope_head0": slope([r["seq_len"] for r in jac],
-                                                  [r["head0"] for r in jac]),
-            "slope_all_heads": slope([r["seq_len"] for r in jac], [r["all_heads"] for r in jac]),
-            "students": students, "out": str(args.out)}
+            "jacobian": jac, "slopes": slopes, "students": students, "out": str(args.out)}
+
+
+def norm_columns(jac: list[dict[str, Any]]) -> list[str]:
+    """The ||J|| columns: layer 0 head 0, layer 0 mean over heads, later layers' means."""
+    return ["head0", "all_heads"] + [k for k in jac[0] if k.startswith("layer")
+                                     and not k.endswith("_R")]
 
 
 def render(result: dict[str, Any]) -> str:
     t = result["teacher"]
-    jac = render_table(["N", "||J|| head 0", "||J|| all heads", "R", "2e^2R/N"],
-                       [[r["seq_len"], f"{r['head0']:.4g}", f"{r['all_heads']:.4g}",
-                         f"{r['logit_bound_R']:.3g}", f"{r['bound']:.3g}"]
-                        for r in result["jacobian"]], right=[True] * 5)
+    rows = result["jacobian"]
+    cols = norm_columns(rows)
+    names = {"head0": "L0 head 0", "all_heads": "L0 mean"}
+    jac = render_table(["N"] + [f"||J|| {names.get(c, c.replace('layer', 'L') + ' mean')}"
+                                for c in cols] + ["R (L0)", "2e^2R/N"],
+                       [[r["seq_len"]] + [f"{r[c]:.4g}" for c in cols]
+                        + [f"{r['logit_bound_R']:.3g}", f"{r['bound']:.3g}"] for r in rows],
+                       right=[True] * (len(cols) + 3))
+    slopes = ", ".join(f"{names.get(c, c.replace('layer', 'L') + ' mean')} {v:.2f}"
+                       for c, v in result["slopes"].items())
     st = render_table(["N", "rank r", "MSE (SVD init)", "MSE (trained)"],
                       [[r["seq_len"], r["rank"], f"{r['svd_init_mse']:.3g}",
                         f"{r['trained_mse']:.3g}"] for r in result["students"]],
@@ -264,8 +285,7 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join([
         f"saturation: teacher byte LM D={t['d_model']} x{t['layers']} layers, {t['heads']} "
         f"heads, {t['steps']} steps, val loss {t['val_loss']:.3f} nats/byte", jac,
-        f"log-log slope of ||J|| vs N: head 0 {result['slope_head0']:.2f}, all heads "
-        f"{result['slope_all_heads']:.2f} (theory: -1)", "", st,
+        f"log-log slope of ||J|| vs N: {slopes} (theory: -1 for bounded logits)", "", st,
         f"wrote {result['out']}/jacobian.csv, students.csv, saturation.png"])
 
 
