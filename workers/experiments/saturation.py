@@ -34,6 +34,7 @@ from workers.tasks import LMTask, make_task
 from workers.train import TrainConfig, Trainer
 
 NAME = "saturation"
+FLOOR = 1e-16  # full-rank students are exact up to rounding: plot them at this floor
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,10 @@ def jacobian_norm(z: Tensor) -> Tensor:
 
 def jacobian_rows(model: Model, task: LMTask, lengths: list[int], count: int, seed: int
                   ) -> list[dict[str, Any]]:
+    """Per N: ||J|| of the trained model's layers, and of layer 0 of the same architecture at
+    initialisation (small logits: the theorem's premise) for reference."""
+    torch.manual_seed(seed)
+    init = build_model(model.arch)
     rows = []
     for n in lengths:
         logits = [z[:, :, -1, :] for z in layer_logits(model, windows(task, n, count, seed))]
@@ -128,6 +133,8 @@ def jacobian_rows(model: Model, task: LMTask, lengths: list[int], count: int, se
         for i in range(1, len(norms)):  # later layers, mean over heads
             row[f"layer{i}"] = norms[i].mean().item()
             row[f"layer{i}_R"] = logits[i].abs().max().item()
+        at_init = layer_logits(init, windows(task, n, count, seed))[0][:, :, -1, :]
+        row["init_layer0"] = jacobian_norm(at_init).mean().item()
         rows.append(row)
     return rows
 
@@ -170,8 +177,9 @@ def causal_attention(x: Tensor, a: Tensor, b: Tensor) -> Tensor:
 
 
 def fit_student(m: Tensor, train_x: Tensor, test_x: Tensor, rank: int, steps: int
-                ) -> tuple[float, float]:
-    """(MSE after SVD init, MSE after training) of a rank-``rank`` student on test inputs."""
+                ) -> tuple[float, float, float]:
+    """(MSE after SVD init, MSE after training, mean squared teacher weight) of a
+    rank-``rank`` student on test inputs."""
     u, s, vh = torch.linalg.svd(m)
     root = s[:rank].sqrt()
     a = (u[:, :rank] * root).clone().requires_grad_(True)
@@ -197,7 +205,7 @@ def fit_student(m: Tensor, train_x: Tensor, test_x: Tensor, rank: int, steps: in
     with torch.no_grad():
         a.copy_(best[1])
         b.copy_(best[2])
-        return initial, error(test_x, target_test).item()
+        return initial, error(test_x, target_test).item(), (target_test ** 2).mean().item()
 
 
 def student_rows(model: Model, task: LMTask, sizes: Sizes, seed: int) -> list[dict[str, Any]]:
@@ -208,8 +216,9 @@ def student_rows(model: Model, task: LMTask, sizes: Sizes, seed: int) -> list[di
         train_x = head_inputs(model, windows(task, n, sizes.sequences, seed + 1), layer)
         test_x = head_inputs(model, windows(task, n, sizes.sequences, seed + 2), layer)
         for r in sizes.ranks:
-            initial, trained = fit_student(m, train_x, test_x, r, sizes.student_steps)
-            rows.append({"seq_len": n, "rank": r, "svd_init_mse": initial, "trained_mse": trained})
+            initial, trained, energy = fit_student(m, train_x, test_x, r, sizes.student_steps)
+            rows.append({"seq_len": n, "rank": r, "svd_init_mse": initial, "trained_mse": trained,
+                         "relative_mse": trained / energy})
     return rows
 
 
@@ -218,26 +227,28 @@ def plot(jac: list[dict[str, Any]], students: list[dict[str, Any]], path: Path) 
     n = [r["seq_len"] for r in jac]
     axes[0].plot(n, [r["head0"] for r in jac], "o-", label="layer 0, head 0")
     axes[0].plot(n, [r["all_heads"] for r in jac], "s-", label="layer 0, mean over heads")
-    for key in norm_columns(jac)[2:]:
+    for key in norm_columns(jac)[2:-1]:
         axes[0].plot(n, [r[key] for r in jac], "^-",
                      label=f"layer {key.removeprefix('layer')}, mean over heads")
-    ref = jac[0]["all_heads"] * n[0]
+    axes[0].plot(n, [r["init_layer0"] for r in jac], "d:", color="grey",
+                 label="layer 0 at initialisation (small logits)")
+    ref = jac[0]["init_layer0"] * n[0]
     axes[0].plot(n, [ref / x for x in n], "k--", label="1/N reference")
     axes[0].set_xscale("log", base=2)
     axes[0].set_yscale("log")
     axes[0].set_xlabel("sequence length N (keys seen by the query)")
     axes[0].set_ylabel("||J||_2 of the softmax (mean over sequences)")
-    axes[0].set_title("softmax Jacobian vs N (trained byte LM)")
+    axes[0].set_title("softmax Jacobian of the last query vs N (byte LM)")
     for n_len in sorted({r["seq_len"] for r in students}):
         mine = [r for r in students if r["seq_len"] == n_len]
-        axes[1].plot([r["rank"] for r in mine], [r["trained_mse"] for r in mine], "o-",
-                     label=f"trained student, N = {n_len}")
-        axes[1].plot([r["rank"] for r in mine], [r["svd_init_mse"] for r in mine], "x:",
-                     label=f"SVD init only, N = {n_len}")
+        axes[1].plot([r["rank"] for r in mine], [max(r["trained_mse"], FLOOR) for r in mine],
+                     "o-", label=f"trained student, N = {n_len}")
+        axes[1].plot([r["rank"] for r in mine], [max(r["svd_init_mse"], FLOOR) for r in mine],
+                     "x:", label=f"SVD init only, N = {n_len}")
     axes[1].set_xscale("log", base=2)
-    axes[1].set_yscale("symlog", linthresh=1e-9)
+    axes[1].set_yscale("log")
     axes[1].set_xlabel("student query-key rank r")
-    axes[1].set_ylabel("MSE on attention weights (held-out)")
+    axes[1].set_ylabel(f"MSE on attention weights (held-out; floor {FLOOR:g})")
     axes[1].set_title("reduced-qk student of the last layer's head 0")
     for ax in axes:
         ax.legend(fontsize=8)
@@ -263,14 +274,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def norm_columns(jac: list[dict[str, Any]]) -> list[str]:
     """The ||J|| columns: layer 0 head 0, layer 0 mean over heads, later layers' means."""
     return ["head0", "all_heads"] + [k for k in jac[0] if k.startswith("layer")
-                                     and not k.endswith("_R")]
+                                     and not k.endswith("_R")] + ["init_layer0"]
 
 
 def render(result: dict[str, Any]) -> str:
     t = result["teacher"]
     rows = result["jacobian"]
     cols = norm_columns(rows)
-    names = {"head0": "L0 head 0", "all_heads": "L0 mean"}
+    names = {"head0": "L0 head 0", "all_heads": "L0 mean", "init_layer0": "L0 mean at init"}
     jac = render_table(["N"] + [f"||J|| {names.get(c, c.replace('layer', 'L') + ' mean')}"
                                 for c in cols] + ["R (L0)", "2e^2R/N"],
                        [[r["seq_len"]] + [f"{r[c]:.4g}" for c in cols]
@@ -278,10 +289,10 @@ def render(result: dict[str, Any]) -> str:
                        right=[True] * (len(cols) + 3))
     slopes = ", ".join(f"{names.get(c, c.replace('layer', 'L') + ' mean')} {v:.2f}"
                        for c, v in result["slopes"].items())
-    st = render_table(["N", "rank r", "MSE (SVD init)", "MSE (trained)"],
+    st = render_table(["N", "rank r", "MSE (SVD init)", "MSE (trained)", "MSE / mean A^2"],
                       [[r["seq_len"], r["rank"], f"{r['svd_init_mse']:.3g}",
-                        f"{r['trained_mse']:.3g}"] for r in result["students"]],
-                      right=[True] * 4)
+                        f"{r['trained_mse']:.3g}", f"{r['relative_mse']:.3g}"]
+                       for r in result["students"]], right=[True] * 5)
     return "\n".join([
         f"saturation: teacher byte LM D={t['d_model']} x{t['layers']} layers, {t['heads']} "
         f"heads, {t['steps']} steps, val loss {t['val_loss']:.3f} nats/byte", jac,
