@@ -118,3 +118,21 @@ def test_mixit_kinds_per_task_from_the_studies(tmp_path: Path) -> None:
         expected = n * n * math.log2(n) * float(r["accuracy"]) / int(r["params_trainable"])
         assert float(r["bits_per_param"]) == pytest.approx(expected)
     assert len(result["rows"]) == len(rows) == 16
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--layers", "0"], "--layers: '0': must be an integer between 1 and 64"),
+    (["--out", "FILE"], "exists and is not a folder"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                          argv: list[str], message: str) -> None:
+    (tmp_path / "FILE").write_text("keep")
+    argv = [str(tmp_path / a) if a == "FILE" else a for a in argv]
+    try:
+        code = denoise.main(argv)
+    except SystemExit as exit_:  # argparse's own errors exit from parse_args
+        code = exit_.code
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err
+    assert (tmp_path / "FILE").read_text() == "keep"

@@ -42,11 +42,11 @@ def runs(smoke: bool) -> list[dict[str, Any]]:
                 + [{"study": "kinds-memorize", "task": "memorize", "params": {},
                     "flags": small}])
     return ([{"study": "kinds-modadd", "task": "modadd",
-              "params": {"p": 97, "train": 4704, "val": 2000}, "flags": []}]
+              "params": {"p": 97, "train": 4704, "val": 2000}, "flags": ["--steps", "20000"]}]
             + [{"study": f"kinds-retrieval-m{m}", "task": "retrieval", "params": {"m_max": m},
                 "flags": []} for m in (5, 10, 20, 40)]
             + [{"study": "kinds-memorize", "task": "memorize", "params": {"n": 256},
-                "flags": ["--steps", "8000"]}])
+                "flags": ["--steps", "50000"]}])
 
 
 def search_argv(run: dict[str, Any], smoke: bool) -> list[str]:
