@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,53 +33,60 @@ KINDS = ("mhsa", "frozen_qk", "mixit", "mssa")
 SMOKE_BUDGET = 32
 
 
-def runs(smoke: bool) -> list[dict[str, Any]]:
-    """(study, task, task params, extra search flags) of every search, smoke or full size."""
+@dataclass(frozen=True)
+class Search:
+    """One study: a task (with parameters) searched over the space's four kinds."""
+
+    study: str
+    task: str
+    params: dict[str, int] = field(default_factory=dict)
+    flags: tuple[str, ...] = ()  # extra workers.search flags (--steps, --budget)
+
+    def argv(self, smoke: bool) -> list[str]:
+        params = [f for k, v in self.params.items() for f in ("--task-param", f"{k}={v}")]
+        return (["--space", SPACE, "--task", self.task, "--trials", str(len(KINDS)),
+                 "--scheduler", "fifo", *params, *self.flags]
+                + (["--smoke-test"] if smoke else []))
+
+
+def searches(smoke: bool) -> list[Search]:
+    """Every search of the experiment, smoke or full size."""
     if smoke:
-        small = ["--budget", str(SMOKE_BUDGET)]
-        return ([{"study": "kinds-modadd", "task": "modadd", "params": {}, "flags": small}]
-                + [{"study": f"kinds-retrieval-m{m}", "task": "retrieval",
-                    "params": {"m_max": m}, "flags": small} for m in (2, 4)]
-                + [{"study": "kinds-memorize", "task": "memorize", "params": {},
-                    "flags": small}])
-    return ([{"study": "kinds-modadd", "task": "modadd",
-              "params": {"p": 97, "train": 4704, "val": 2000}, "flags": ["--steps", "20000"]}]
-            + [{"study": f"kinds-retrieval-m{m}", "task": "retrieval", "params": {"m_max": m},
-                "flags": []} for m in (5, 10, 20, 40)]
-            + [{"study": "kinds-memorize", "task": "memorize", "params": {"n": 256},
-                "flags": ["--steps", "50000"]}])
+        small = ("--budget", str(SMOKE_BUDGET))
+        return ([Search("kinds-modadd", "modadd", flags=small)]
+                + [Search(f"kinds-retrieval-m{m}", "retrieval", {"m_max": m}, small)
+                   for m in (2, 4)]
+                + [Search("kinds-memorize", "memorize", flags=small)])
+    return ([Search("kinds-modadd", "modadd", {"p": 97, "train": 4704, "val": 2000},
+                    ("--steps", "20000"))]
+            + [Search(f"kinds-retrieval-m{m}", "retrieval", {"m_max": m})
+               for m in (5, 10, 20, 40)]
+            + [Search("kinds-memorize", "memorize", {"n": 256}, ("--steps", "50000"))])
 
 
-def search_argv(run: dict[str, Any], smoke: bool) -> list[str]:
-    params = [f for k, v in run["params"].items() for f in ("--task-param", f"{k}={v}")]
-    return (["--space", SPACE, "--task", run["task"], "--trials", str(len(KINDS)),
-             "--scheduler", "fifo", *params, *run["flags"]]
-            + (["--smoke-test"] if smoke else []))
-
-
-def memorize_n(run: dict[str, Any], smoke: bool) -> int:
+def memorize_n(search: Search, smoke: bool) -> int:
     from workers.tasks import MemorizeTask
 
     size = "smoke" if smoke else "paper"
-    return int(run["params"].get("n", MemorizeTask.sizes[size]["n"]))
+    return int(search.params.get("n", MemorizeTask.sizes[size]["n"]))
 
 
-def read_rows(url: str, run: dict[str, Any], smoke: bool) -> list[dict[str, Any]]:
+def read_rows(url: str, search: Search, smoke: bool) -> list[dict[str, Any]]:
     """One row per attention kind, from the study (its fully trained trials)."""
     eng = engine(open_storage(url))
-    _, trials = query.load_trials(eng, run["study"])
+    _, trials = query.load_trials(eng, search.study)
     done = query.attach_archs(eng, query.eligible(trials))
     rows = []
     for t in done:
         assert t.arch is not None and t.value is not None
-        row = {"study": run["study"], "task": run["task"],
-               "m_max": run["params"].get("m_max", ""), "attention": t.arch.layers[0].attention,
+        row = {"study": search.study, "task": search.task,
+               "m_max": search.params.get("m_max", ""), "attention": t.arch.layers[0].attention,
                "accuracy": t.value, "params_trainable": t.params_trainable, "trial": t.number,
                "bits_per_param": "", "random_value_accuracy": ""}
-        if run["task"] == "retrieval":
-            row["random_value_accuracy"] = guess_accuracy(int(run["params"]["m_max"]))
-        if run["task"] == "memorize":
-            n = memorize_n(run, smoke)
+        if search.task == "retrieval":
+            row["random_value_accuracy"] = guess_accuracy(search.params["m_max"])
+        if search.task == "memorize":
+            n = memorize_n(search, smoke)
             row["bits_per_param"] = n * n * math.log2(n) * t.value / (t.params_trainable or 1)
         rows.append(row)
     return sorted(rows, key=lambda r: KINDS.index(r["attention"]))
@@ -122,11 +130,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     url = common.prepare(args, NAME)
     rows: list[dict[str, Any]] = []
     with common.quiet_ray():
-        for item in runs(args.smoke_test):
-            print(f"mixit: {item['study']}", file=sys.stderr, flush=True)
-            common.search(search_argv(item, args.smoke_test), url, item["study"],
+        for search in searches(args.smoke_test):
+            print(f"mixit: {search.study}", file=sys.stderr, flush=True)
+            common.search(search.argv(args.smoke_test), url, search.study,
                           args.out / "ray_results")
-            rows += read_rows(url, item, args.smoke_test)
+            rows += read_rows(url, search, args.smoke_test)
     common.write_csv(args.out / "mixit.csv", rows)
     plot(rows, args.out / "mixit.png")
     return {"rows": rows, "out": str(args.out)}
