@@ -172,6 +172,13 @@ def observations_from_study(url: str | None, study: str) -> tuple[PlanSettings,
     return settings, sorted(out, key=lambda o: (o.layer.n_heads, o.label))
 
 
+def write_constants(path: Path, study: str, architectures: int, fitted: Fit) -> None:
+    """The fitted constants for ``alloc.solve --constants``, with the fit's provenance."""
+    meta = {"study": study, "architectures": architectures, "r2": fitted.r2,
+            "spearman": fitted.spearman}
+    write_atomic(path, to_yaml(fitted.constants, fitted.scale, meta))
+
+
 # --- report ------------------------------------------------------------------------------------
 
 
@@ -258,9 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         return fail(PROG, str(err))
     rep = calibration_report(args.study, settings, observations, raw, calibrated)
     if args.out is not None:
-        meta = {"study": args.study, "architectures": len(observations),
-                "r2": calibrated.r2, "spearman": calibrated.spearman}
-        write_atomic(args.out, to_yaml(calibrated.constants, calibrated.scale, meta))
+        write_constants(args.out, args.study, len(observations), calibrated)
     if args.plot is not None:
         from alloc.plot import plot_calibration  # matplotlib only when asked for
 

@@ -5,25 +5,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 
 from alloc.extract import uniform_options
 from alloc.plan import Plan, saturation_curve
-from search_spaces.cli import write_figure
+from search_spaces.cli import new_figure, write_figure
 
 
 def plot_plan(plan: Plan, path: Path) -> None:
     """Trade-off curve of the extraction layer, ``qk_dim`` per layer, and saturation vs N."""
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.4), constrained_layout=True)
+    fig, axes = new_figure(3, (15, 4.4))
     _tradeoff(plan, axes[0])
     _qk_dims(plan, axes[1])
     _saturation(plan, axes[2])
     write_figure(fig, path)
-    plt.close(fig)
 
 
 def _tradeoff(plan: Plan, ax: Axes) -> None:
@@ -82,7 +77,7 @@ def plot_calibration(rep: dict[str, Any], path: Path) -> None:
     """Measured loss per architecture next to the raw and the calibrated prediction."""
     rows = rep["observations"]
     x = list(range(len(rows)))
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(rows)), 4.4), constrained_layout=True)
+    fig, ax = new_figure(1, (max(6.0, 0.9 * len(rows)), 4.4))
     ax.plot(x, [r["loss"] for r in rows], "o-", color="k", label="measured (best of trials)")
     for key, style in (("raw", "s--"), ("calibrated", "^-")):
         f = rep[key]
@@ -96,4 +91,3 @@ def plot_calibration(rep: dict[str, Any], path: Path) -> None:
     ax.set_title(f"calibration on study {rep['study']}")
     ax.legend(fontsize=8)
     write_figure(fig, path)
-    plt.close(fig)

@@ -99,10 +99,24 @@ def write_atomic(path: Path, text: str | bytes) -> None:
         raise
 
 
+def new_figure(ncols: int, figsize: tuple[float, float]) -> tuple[Any, Any]:
+    """``(fig, axes)``: one row of ``ncols`` axes on matplotlib's headless backend (imported
+    here, only when something is plotted)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(1, ncols, figsize=figsize, constrained_layout=True)
+
+
 def write_figure(fig: Any, path: Path, dpi: int = 110) -> None:
-    """Save a matplotlib figure to ``path`` as PNG, atomically (no matplotlib import here)."""
+    """Save a matplotlib figure to ``path`` as PNG, atomically, and release it."""
+    import matplotlib.pyplot as plt
+
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=dpi)
+    plt.close(fig)
     write_atomic(path, buffer.getvalue())
 
 

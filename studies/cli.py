@@ -22,6 +22,7 @@ from search_spaces.cli import (
     dump,
     fail,
     int_in,
+    new_figure,
     render_table,
     write_atomic,
     write_figure,
@@ -153,12 +154,7 @@ def run(args: argparse.Namespace) -> str | Any:
 
 
 def _plot_front(front: list[query.TrialRecord], direction: str, study: str, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4.2), constrained_layout=True)
+    fig, ax = new_figure(1, (6, 4.2))
     ax.plot([t.params_trainable or 0 for t in front], [t.value or 0.0 for t in front], "o-")
     for t in front:
         ax.annotate(f"#{t.number}", (t.params_trainable or 0, t.value or 0), fontsize=8)
@@ -166,7 +162,6 @@ def _plot_front(front: list[query.TrialRecord], direction: str, study: str, path
     ax.set_ylabel(f"objective ({direction.lower()})")
     ax.set_title(f"Pareto front of {study}")
     write_figure(fig, path)
-    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:

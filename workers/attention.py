@@ -48,6 +48,23 @@ def thresholded_softmax(tau: float) -> Kernel:
     return kernel
 
 
+class LogitRecorder:
+    """Softmax attention (what SDPA computes) that keeps every call's logits (B, H, T, T), causal
+    entries -inf: one call per head group and layer, in forward order. For measuring a model."""
+
+    def __init__(self) -> None:
+        self.logits: list[Tensor] = []
+
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> Tensor:
+        z = q @ k.transpose(-1, -2) * scale
+        if causal:
+            t = z.shape[-1]
+            z = z.masked_fill(torch.ones(t, t, dtype=torch.bool, device=z.device).triu(1),
+                              float("-inf"))
+        self.logits.append(z)
+        return torch.softmax(z, dim=-1) @ v
+
+
 def _heads(x: Tensor, count: int) -> Tensor:
     """(B, T, count * dim) -> (B, count, T, dim)"""
     b, t, _ = x.shape

@@ -19,25 +19,32 @@ from search_spaces.cli import Parser, UsageError, add_format, dump, fail, write_
 RESULTS = Path("results")
 
 
-def build_parser(name: str, doc: str) -> argparse.ArgumentParser:
-    """``--smoke-test``, ``--out``, ``--storage``, ``--format`` (experiments add their own)."""
+def build_parser(name: str, doc: str, studies: bool = False) -> argparse.ArgumentParser:
+    """``--smoke-test``, ``--out``, ``--format``, and ``--storage`` for experiments that search
+    (``studies``); experiments add their own flags."""
     p = Parser(prog=f"python -m workers.experiments.{name}", description=doc.split("\n\n")[1],
                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--smoke-test", action="store_true",
                    help="tiny sizes (tests): runs in well under a minute")
     p.add_argument("--out", type=Path, default=RESULTS / name,
-                   help="folder for the CSV table, the PNG plot and the study database")
-    p.add_argument("--storage",
-                   help="SQLAlchemy URL of the study database (default: SQLite in --out)")
+                   help="folder for the CSV table and the PNG plot"
+                        + (" and the study database" if studies else ""))
+    if studies:
+        p.add_argument("--storage",
+                       help="SQLAlchemy URL of the study database (default: SQLite in --out)")
     add_format(p)
     return p
 
 
-def prepare(args: argparse.Namespace, name: str) -> str:
-    """Create the output folder; return the storage URL."""
+def prepare(args: argparse.Namespace) -> None:
+    """Create the output folder."""
     if args.out.exists() and not args.out.is_dir():
         raise UsageError(f"--out {str(args.out)!r}: exists and is not a folder")
     args.out.mkdir(parents=True, exist_ok=True)
+
+
+def storage_url(args: argparse.Namespace, name: str) -> str:
+    """``--storage``, else a SQLite file ``NAME.db`` in the output folder."""
     return str(args.storage or f"sqlite:///{(args.out / f'{name}.db').resolve()}")
 
 
@@ -57,10 +64,11 @@ def write_space(path: Path, data: dict[str, Any]) -> Path:
 
 
 def study_exists(url: str, study: str) -> bool:
-    from studies import query
-    from studies.storage import engine, open_storage
+    import optuna
 
-    return study in {s.name for s in query.list_studies(engine(open_storage(url)))}
+    from studies.storage import open_storage
+
+    return study in optuna.get_all_study_names(storage=open_storage(url))
 
 
 def search(argv: list[str], url: str, study: str, results: Path) -> None:
@@ -79,7 +87,7 @@ def search(argv: list[str], url: str, study: str, results: Path) -> None:
 
 
 @contextlib.contextmanager
-def quiet_ray() -> Iterator[None]:
+def ray_session() -> Iterator[None]:
     """Shut down the Ray instance the searches started, once the experiment is done."""
     try:
         yield
@@ -88,26 +96,6 @@ def quiet_ray() -> Iterator[None]:
 
         if ray.is_initialized():
             ray.shutdown()
-
-
-def subplots(ncols: int, figsize: tuple[float, float]) -> tuple[Any, Any]:
-    """A matplotlib figure with ``ncols`` axes (headless backend; imported only when plotting)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt.subplots(1, ncols, figsize=figsize, constrained_layout=True)
-
-
-def save(fig: Any, path: Path) -> None:
-    """Write ``fig`` as PNG (atomically) and release it."""
-    import matplotlib.pyplot as plt
-
-    from search_spaces.cli import write_figure
-
-    write_figure(fig, path)
-    plt.close(fig)
 
 
 def main(parser: argparse.ArgumentParser, argv: list[str] | None,

@@ -26,8 +26,8 @@ import torch
 from torch import Tensor
 
 from search_spaces import ArchConfig, HeadGroup, LayerSpec
-from search_spaces.cli import int_in, number, render_table
-from workers.attention import SubspaceAttention
+from search_spaces.cli import int_in, new_figure, number, render_table, write_figure
+from workers.attention import LogitRecorder, SubspaceAttention
 from workers.experiments import common
 from workers.model import Model, build_model
 from workers.tasks import DenoiseTask, make_task
@@ -50,19 +50,6 @@ SMOKE = Sizes(clusters=3, rank=16, length=48, layers=4, batch=8)
 FULL = Sizes(clusters=4, rank=32, length=128, layers=10, batch=32)
 
 
-class RecordingSoftmax:
-    """The product's scaled softmax attention as a pluggable kernel, keeping each head's
-    self-attention weight ``A_ii`` (B, H, T) of the last call."""
-
-    def __init__(self) -> None:
-        self.diagonal: Tensor | None = None
-
-    def __call__(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> Tensor:
-        a = torch.softmax(q @ k.transpose(-1, -2) * scale, dim=-1)  # (B, H, T, T)
-        self.diagonal = a.diagonal(dim1=-2, dim2=-1)
-        return a @ v
-
-
 def cluster_snr(z: Tensor, bases: Tensor, labels: Tensor) -> Tensor:
     """(B,) mean over clusters of ``||P_k Z_k||_F / ||(I - P_k) Z_k||_F`` (paper 000, eq. 6).
     z: (B, T, d), bases: (K, d, p), labels: (B, T)."""
@@ -75,8 +62,7 @@ def cluster_snr(z: Tensor, bases: Tensor, labels: Tensor) -> Tensor:
     return torch.stack(ratios, 1).mean(1)
 
 
-def stack(task: DenoiseTask, layers: int, eta: float, kernel: RecordingSoftmax
-          ) -> Model:
+def stack(task: DenoiseTask, layers: int, eta: float, kernel: LogitRecorder) -> Model:
     """The product's AoT-MSSA model (tied output, no MLP) with every basis set to the task's."""
     k, p = task.clusters, task.rank
     layer = LayerSpec("mssa", (HeadGroup(k, p),), mlp_ratio=0.0, eta=eta, tied_output=True)
@@ -96,25 +82,26 @@ def stack(task: DenoiseTask, layers: int, eta: float, kernel: RecordingSoftmax
 def trajectory(task: DenoiseTask, layers: int, eta: float, batch: int, update: str
                ) -> list[dict[str, Any]]:
     """Per layer: SNR, measured rate and ``1 + eta * tau`` of the layer that produced it."""
-    kernel = RecordingSoftmax()
+    kernel = LogitRecorder()
     model = stack(task, layers, eta, kernel)
     b = task.batch("val", 0, batch)
     z, bases, labels = b.x.double(), task.bases().double(), b.aux
     assert labels is not None
-    rows: list[dict[str, Any]] = [{"update": update, "noise": task.delta, "layer": 0,
-             "snr": cluster_snr(z, bases, labels).mean().item(),
-             "rate": math.nan, "tau": math.nan, "predicted_rate": math.nan,
-             "tau_noise": math.nan}]
+    rows: list[dict[str, Any]] = [{
+        "update": update, "noise": task.delta, "layer": 0,
+        "snr": cluster_snr(z, bases, labels).mean().item(), "rate": math.nan, "tau": math.nan,
+        "predicted_rate": math.nan, "tau_noise": math.nan}]
     heads = torch.arange(task.clusters)[None, :, None]
     own = labels[:, None, :] == heads  # (B, K, T): head k is token t's own subspace
     for i in range(layers):
         block = model.block(i)
         z = block(z) if update == "prenorm" else z + eta * block.attn(z)
-        assert kernel.diagonal is not None
-        tau = kernel.diagonal[own].mean().item()
+        # Self-attention weight A_ii of every head, (B, K, T), from this layer's logits.
+        diagonal = torch.softmax(kernel.logits.pop(), dim=-1).diagonal(dim1=-2, dim2=-1)
+        tau = diagonal[own].mean().item()
         # What the theorem's threshold zeroes: a token keeping itself in the heads of the
         # subspaces it is only noise in.
-        tau_noise = kernel.diagonal[~own].mean().item()
+        tau_noise = diagonal[~own].mean().item()
         snr = cluster_snr(z, bases, labels).mean().item()
         rows.append({"update": update, "noise": task.delta, "layer": i + 1, "snr": snr,
                      "rate": snr / rows[-1]["snr"], "tau": tau, "predicted_rate": 1 + eta * tau,
@@ -123,7 +110,7 @@ def trajectory(task: DenoiseTask, layers: int, eta: float, batch: int, update: s
 
 
 def plot(rows: list[dict[str, Any]], eta: float, path: Path) -> None:
-    fig, axes = common.subplots(2, (11, 4.2))
+    fig, axes = new_figure(2, (11, 4.2))
     curves = [(u, n) for u in UPDATES for n in NOISES]
     for color, (update, noise) in zip(("C0", "C3", "C2", "C1"), curves):
         mine = [r for r in rows if r["noise"] == noise and r["update"] == update]
@@ -147,12 +134,12 @@ def plot(rows: list[dict[str, Any]], eta: float, path: Path) -> None:
     axes[1].set_title("measured rate; dashed: Thm 3.1's 1 + eta tau_l")
     for ax in axes:
         ax.legend(fontsize=8)
-    common.save(fig, path)
+    write_figure(fig, path)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     sizes = SMOKE if args.smoke_test else FULL
-    common.prepare(args, NAME)
+    common.prepare(args)
     layers = args.layers or sizes.layers
     rows = []
     for update in UPDATES:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from search_spaces.cli import render_table
+from search_spaces.cli import new_figure, render_table, write_figure
 from studies import query
 from studies.storage import engine, open_storage
 from workers.experiments import common
@@ -99,7 +99,7 @@ def guess_accuracy(m_max: int) -> float:
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
-    fig, axes = common.subplots(3, (15, 4.2))
+    fig, axes = new_figure(3, (15, 4.2))
     colors = {k: f"C{i}" for i, k in enumerate(KINDS)}
     for ax, task, ylabel in ((axes[0], "modadd", "validation accuracy"),
                              (axes[2], "memorize", "bits per trainable parameter")):
@@ -123,13 +123,14 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     axes[1].set_title("retrieval (needle in a haystack)")
     axes[1].set_ylim(0, 1.02)
     axes[1].legend(fontsize=8)
-    common.save(fig, path)
+    write_figure(fig, path)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    url = common.prepare(args, NAME)
+    common.prepare(args)
+    url = common.storage_url(args, NAME)
     rows: list[dict[str, Any]] = []
-    with common.quiet_ray():
+    with common.ray_session():
         for search in searches(args.smoke_test):
             print(f"mixit: {search.study}", file=sys.stderr, flush=True)
             common.search(search.argv(args.smoke_test), url, search.study,
@@ -153,7 +154,7 @@ def render(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = common.build_parser(NAME, __doc__)
+    parser = common.build_parser(NAME, __doc__, studies=True)
     return common.main(parser, argv, run, render)
 
 

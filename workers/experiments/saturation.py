@@ -26,8 +26,8 @@ import torch
 from torch import Tensor
 
 from search_spaces import ArchConfig, HeadGroup, LayerSpec
-from search_spaces.cli import int_in, render_table
-from workers.attention import MultiHeadAttention
+from search_spaces.cli import int_in, new_figure, render_table, write_figure
+from workers.attention import LogitRecorder, MultiHeadAttention
 from workers.experiments import common
 from workers.model import Model, build_model
 from workers.tasks import LMTask, make_task
@@ -56,22 +56,6 @@ FULL = Sizes(128, 4, 3, 256, 1500, (8, 16, 32, 64, 128, 256), (32, 256), (1, 2, 
              300, 10)
 
 
-class LogitRecorder:
-    """Softmax attention (as SDPA computes it) that keeps every call's logits (B, H, T, T),
-    one call per layer in order."""
-
-    def __init__(self) -> None:
-        self.logits: list[Tensor] = []
-
-    def __call__(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> Tensor:
-        z = q @ k.transpose(-1, -2) * scale
-        if causal:
-            t = z.shape[-1]
-            z = z.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
-        self.logits.append(z)
-        return torch.softmax(z, dim=-1) @ v
-
-
 def teacher(sizes: Sizes, seed: int, steps: int, checkpoint: Path
             ) -> tuple[Model, LMTask, float]:
     """Train the LM teacher with the product's trainer (or continue / reuse its checkpoint);
@@ -98,14 +82,21 @@ def windows(task: LMTask, length: int, count: int, seed: int) -> Tensor:
     return data[start + torch.arange(length)]
 
 
-@torch.no_grad()
-def layer_logits(model: Model, x: Tensor) -> list[Tensor]:
-    """Attention logits of every layer, (B, H, T, T), causal entries -inf."""
-    recorder = LogitRecorder()
-    probe = build_model(model.arch, kernel=recorder)
-    probe.load_state_dict(model.state_dict())
-    probe.eval()(x)
-    return recorder.logits
+class LogitProbe:
+    """A twin of ``model`` whose attention records its logits (built once, called per input)."""
+
+    def __init__(self, model: Model) -> None:
+        self.recorder = LogitRecorder()
+        self.model = build_model(model.arch, kernel=self.recorder)
+        self.model.load_state_dict(model.state_dict())
+        self.model.eval()
+
+    @torch.no_grad()
+    def __call__(self, x: Tensor) -> list[Tensor]:
+        """Attention logits of every layer for ids ``x``: (B, H, T, T), causal entries -inf."""
+        self.recorder.logits.clear()
+        self.model(x)
+        return list(self.recorder.logits)
 
 
 def jacobian_norm(z: Tensor) -> Tensor:
@@ -121,10 +112,12 @@ def jacobian_rows(model: Model, task: LMTask, lengths: list[int], count: int, se
     """Per N: ||J|| of the trained model's layers, and of layer 0 of the same architecture at
     initialisation (small logits: the theorem's premise) for reference."""
     torch.manual_seed(seed)
-    init = build_model(model.arch)
+    init = LogitProbe(build_model(model.arch))
+    trained = LogitProbe(model)
     rows = []
     for n in lengths:
-        logits = [z[:, :, -1, :] for z in layer_logits(model, windows(task, n, count, seed))]
+        x = windows(task, n, count, seed)
+        logits = [z[:, :, -1, :] for z in trained(x)]
         norms = [jacobian_norm(z) for z in logits]  # per layer (B, H)
         r = logits[0].abs().max().item()
         row = {"seq_len": n, "head0": norms[0][:, 0].mean().item(),
@@ -133,7 +126,7 @@ def jacobian_rows(model: Model, task: LMTask, lengths: list[int], count: int, se
         for i in range(1, len(norms)):  # later layers, mean over heads
             row[f"layer{i}"] = norms[i].mean().item()
             row[f"layer{i}_R"] = logits[i].abs().max().item()
-        at_init = layer_logits(init, windows(task, n, count, seed))[0][:, :, -1, :]
+        at_init = init(x)[0][:, :, -1, :]
         row["init_layer0"] = jacobian_norm(at_init).mean().item()
         rows.append(row)
     return rows
@@ -223,7 +216,7 @@ def student_rows(model: Model, task: LMTask, sizes: Sizes, seed: int) -> list[di
 
 
 def plot(jac: list[dict[str, Any]], students: list[dict[str, Any]], path: Path) -> None:
-    fig, axes = common.subplots(2, (11, 4.2))
+    fig, axes = new_figure(2, (11, 4.2))
     n = [r["seq_len"] for r in jac]
     axes[0].plot(n, [r["head0"] for r in jac], "o-", label="layer 0, head 0")
     axes[0].plot(n, [r["all_heads"] for r in jac], "s-", label="layer 0, mean over heads")
@@ -252,12 +245,12 @@ def plot(jac: list[dict[str, Any]], students: list[dict[str, Any]], path: Path) 
     axes[1].set_title("reduced-qk student of the last layer's head 0")
     for ax in axes:
         ax.legend(fontsize=8)
-    common.save(fig, path)
+    write_figure(fig, path)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     sizes = SMOKE if args.smoke_test else FULL
-    common.prepare(args, NAME)
+    common.prepare(args)
     steps = args.steps or sizes.steps
     model, task, val_loss = teacher(sizes, args.seed, steps, args.out / "teacher.pt")
     jac = jacobian_rows(model, task, list(sizes.lengths), sizes.sequences, args.seed)

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from alloc import calibrate
-from alloc.constants import to_yaml
-from search_spaces.cli import int_in, render_table, write_atomic
+from search_spaces.cli import int_in, new_figure, render_table, write_figure
+from search_spaces.space import load_space
 from workers.experiments import common
 
 NAME = "tradeoff"
@@ -38,27 +38,25 @@ FULL = Sizes(budget=256, lrs=(1.0e-3, 3.0e-3), seeds=(0, 1))
 
 
 def space(budget: int, lrs: list[float], seeds: list[int], steps: int) -> dict[str, Any]:
-    """heads_vs_dim.yaml's grid at ``budget`` with H up to D/4, every lr and seed."""
+    """The shipped ``heads_vs_dim.yaml`` at ``budget``, H up to D/4, every lr and seed."""
+    shipped = load_space("heads_vs_dim").data
     heads = [2**k for k in range(budget.bit_length()) if 2**k <= budget // 4]
-    return {
-        "name": "tradeoff", "description": "paper 003 §6.1: H heads of D/H at fixed D",
-        "budget": budget, "depth": 1, "sampler": "grid",
-        "model": {"positional": "sinusoidal", "norm": "layernorm", "causal": True},
-        "layers": [{"layers": "all", "attention": ["mhsa"], "mlp_ratio": [0], "heads": heads,
-                    "head_dim": "derived", "qk_dim": "same"}],
-        "train": {"steps": steps, "eval_every": max(1, steps // 20), "batch_size": 32,
-                  "lr": lrs, "seed": seeds},
-    }
+    return {**shipped, "name": NAME, "budget": budget,
+            "description": "paper 003 §6.1: H heads of D/H at fixed D",
+            "layers": [{**shipped["layers"][0], "heads": heads}],
+            "train": {**shipped["train"], "steps": steps, "eval_every": max(1, steps // 20),
+                      "lr": lrs, "seed": seeds}}
 
 
-def table(rep: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per head count, from ``alloc.calibrate``'s report (first layer: H x d)."""
+def table(observations: list[calibrate.Observation], raw: calibrate.Fit,
+          cal: calibrate.Fit) -> list[dict[str, Any]]:
+    """One row per head count H (one head group of d = D/H per architecture)."""
     rows = []
-    for r in rep["observations"]:
-        count, dim = (int(v) for v in r["architecture"].split("x"))
-        rows.append({"heads": count, "head_dim": dim, "trials": r["trials"],
-                     "best_trial": r["trial"], "best_loss": r["loss"],
-                     "raw_prediction": r["raw"], "calibrated_prediction": r["calibrated"]})
+    for o, r, c in zip(observations, raw.predicted, cal.predicted):
+        (group,) = o.layer.heads
+        rows.append({"heads": group.count, "head_dim": group.v_dim, "trials": o.trials,
+                     "best_trial": o.trial, "best_loss": o.loss, "raw_prediction": r,
+                     "calibrated_prediction": c})
     return sorted(rows, key=lambda r: r["heads"])
 
 
@@ -67,7 +65,7 @@ def best_heads(rows: list[dict[str, Any]], key: str) -> int:
 
 
 def plot(rows: list[dict[str, Any]], rep: dict[str, Any], budget: int, path: Path) -> None:
-    fig, ax = common.subplots(1, (6.4, 4.4))
+    fig, ax = new_figure(1, (6.4, 4.4))
     heads = [r["heads"] for r in rows]
     ax.plot(heads, [r["best_loss"] for r in rows], "o-", color="k", lw=2,
             label="measured: best over lr and seed")
@@ -84,27 +82,27 @@ def plot(rows: list[dict[str, Any]], rep: dict[str, Any], budget: int, path: Pat
     ax.set_ylabel("validation MSE (ngram task)")
     ax.set_title(f"heads vs head dimension at D = {budget}")
     ax.legend(fontsize=8)
-    common.save(fig, path)
+    write_figure(fig, path)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     sizes = SMOKE if args.smoke_test else FULL
-    url = common.prepare(args, NAME)
+    common.prepare(args)
+    url = common.storage_url(args, NAME)
     steps = args.steps or (40 if args.smoke_test else 2000)
     data = space(sizes.budget, list(sizes.lrs), list(sizes.seeds), steps)
     path = common.write_space(args.out / "tradeoff_space.yaml", data)
     trials = len(data["layers"][0]["heads"]) * len(sizes.lrs) * len(sizes.seeds)
     argv = ["--space", str(path), "--task", "ngram", "--trials", str(trials), "--steps",
             str(steps), "--scheduler", "fifo"] + (["--smoke-test"] if args.smoke_test else [])
-    with common.quiet_ray():
+    with common.ray_session():
         common.search(argv, url, STUDY, args.out / "ray_results")
     settings, observations = calibrate.observations_from_study(url, STUDY)
     raw, cal = calibrate.fit(settings, observations)
     rep = calibrate.calibration_report(STUDY, settings, observations, raw, cal)
-    rows = table(rep)
+    rows = table(observations, raw, cal)
     common.write_csv(args.out / "tradeoff.csv", rows)
-    write_atomic(args.out / "constants.yaml", to_yaml(cal.constants, cal.scale,
-                                                      {"study": STUDY, "r2": cal.r2}))
+    calibrate.write_constants(args.out / "constants.yaml", STUDY, len(observations), cal)
     plot(rows, rep, settings.budget, args.out / "tradeoff.png")
     return {"budget": settings.budget, "input_dim": settings.input_dim, "steps": steps,
             "rows": rows, "measured_best_heads": best_heads(rows, "best_loss"),
@@ -135,7 +133,7 @@ def render(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = common.build_parser(NAME, __doc__)
+    parser = common.build_parser(NAME, __doc__, studies=True)
     parser.add_argument("--steps", type=int_in(1), help="training steps per trial "
                                                         "(default: 2000; 40 with --smoke-test)")
     return common.main(parser, argv, run, render)
