@@ -52,7 +52,7 @@ def plain_loop(url: str, study: str, args: argparse.Namespace) -> float:
     space = space.with_train(steps=args.steps, eval_every=min(int(space.fixed_train(
         "eval_every")), args.steps))
     for t in trials:  # the launcher's own arch and hyper-parameters for each trial
-        _, train = space.sample(FixedSuggester(t.params))
+        _, train = space.sample(FixedSuggester(t.params), task.io)
         arch = ArchConfig.from_json(t.user_attrs["arch"])
         Trainer(arch, task, TrainConfig(**train)).run()
     return time.perf_counter() - start

@@ -11,6 +11,7 @@ from search_spaces.arch import (
     ConfigError,
     HeadGroup,
     LayerSpec,
+    ModelIO,
 )
 from search_spaces.params import ParamCount, attention_params, layer_params, param_count
 
@@ -25,6 +26,7 @@ __all__ = [
     "ConfigError",
     "HeadGroup",
     "LayerSpec",
+    "ModelIO",
     "ParamCount",
     "attention_params",
     "layer_params",

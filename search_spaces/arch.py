@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -362,6 +363,10 @@ class ArchConfig:
             raise ConfigError(problems)
         return cls(layers=tuple(layers), **kwargs)
 
+    def with_io(self, io: ModelIO) -> ArchConfig:
+        """The same layers wired to ``io`` (a task's length, inputs and outputs)."""
+        return dataclasses.replace(self, **io.fields(self.tie_embeddings))
+
     def to_json(self, indent: int | None = None) -> str:
         separators = (",", ":") if indent is None else None
         return json.dumps(self.to_dict(), sort_keys=True, indent=indent, separators=separators)
@@ -382,6 +387,29 @@ class ArchConfig:
         if isinstance(data, dict) and "arch" in data and "d_model" not in data:
             data = data["arch"]  # accept the allocator's full JSON/YAML report too
         return cls.from_dict(data)
+
+
+@dataclass(frozen=True)
+class ModelIO:
+    """What a task fixes in an ``ArchConfig``: the sequence length and the input/output maps.
+
+    Exactly one of ``vocab_size`` (token model) and ``input_dim`` (vector model) is set. The
+    search builds every trial's architecture with the task's ``ModelIO`` before recording it, so
+    the study holds the model that is trained.
+    """
+
+    max_seq_len: int
+    vocab_size: int | None = None
+    input_dim: int | None = None
+    output_dim: int | None = None
+
+    def fields(self, tie_embeddings: bool = False) -> dict[str, Any]:
+        """The ``ArchConfig`` keyword arguments this fixes (weight tying only for tokens)."""
+        tokens = self.vocab_size is not None
+        return {"max_seq_len": self.max_seq_len, "vocab_size": self.vocab_size,
+                "input_dim": None if tokens else self.input_dim,
+                "output_dim": None if tokens else self.output_dim,
+                "tie_embeddings": tie_embeddings and tokens}
 
 
 _ARCH_KEYS = ("schema_version", "d_model", "max_seq_len", "vocab_size", "input_dim",

@@ -46,6 +46,7 @@ from search_spaces.arch import (
     ConfigError,
     HeadGroup,
     LayerSpec,
+    ModelIO,
 )
 
 SPACES_DIR = Path(__file__).resolve().parent
@@ -58,6 +59,9 @@ SAMPLERS = ("tpe", "grid", "random")
 _RULE_KEYS = ("layers", "attention", "mlp_ratio", "heads", "head_dim", "qk_dim", "budget",
               "role", "eta", "freeze_mlp", "shared")
 REDUCED = {"min": 8, "step": 8}
+# Input/output of no task: enumerating a grid and validating a rule's choices need an
+# ArchConfig, and the layers' validity does not depend on the task.
+PROBE_IO = ModelIO(max_seq_len=1, vocab_size=1)
 
 
 class SpaceError(ValueError):
@@ -201,16 +205,17 @@ class SearchSpace:
         return parse_space({**self.data, "train": {**self.data.get("train", {}), **values}},
                            self.source)
 
-    def sample(self, trial: Suggester) -> tuple[ArchConfig, dict[str, Any]]:
-        """A valid architecture and its training hyper-parameters, drawn through ``trial``."""
+    def sample(self, trial: Suggester, io: ModelIO) -> tuple[ArchConfig, dict[str, Any]]:
+        """A valid architecture wired to ``io`` (the task's length, inputs and outputs) and its
+        training hyper-parameters, drawn through ``trial``."""
         layers: list[LayerSpec] = []
         for i in range(self.depth):
             rule = self.rule(i)
             first = min(rule.indices)
             layers.append(layers[first] if rule.shared and i != first
                           else _sample_layer(rule, i, trial))
-        arch = ArchConfig(d_model=self.budget, layers=tuple(layers), max_seq_len=1, vocab_size=1,
-                          **self.model)
+        fields = {**self.model, **io.fields(self.model.get("tie_embeddings", False))}
+        arch = ArchConfig(d_model=self.budget, layers=tuple(layers), **fields)
         return arch, {p.key: p.sample(trial) for p in self.train}
 
     def grid(self) -> list[dict[str, Any]]:
@@ -219,7 +224,7 @@ class SearchSpace:
         path: list[int] = []
         while True:
             suggester = _PathSuggester(path, self.source)
-            self.sample(suggester)
+            self.sample(suggester, PROBE_IO)
             points.append(suggester.params)
             decisions = suggester.decisions
             while decisions and decisions[-1][0] + 1 >= decisions[-1][1]:
@@ -578,8 +583,8 @@ def _check_constructible(space: SearchSpace) -> None:
                 try:
                     layer = LayerSpec(kind, (HeadGroup(rule.heads[0], rule.v_dims(
                         rule.heads[0])[0]),), ratio, rule.role, eta=rule.eta)
-                    ArchConfig(d_model=space.budget, layers=(layer,), max_seq_len=1,
-                               vocab_size=1, **space.model)
+                    ArchConfig(d_model=space.budget, layers=(layer,),
+                               **{**space.model, **PROBE_IO.fields(True)})
                 except (ConfigError, TypeError) as err:
                     problems.append(f"{where} (attention {kind}, mlp_ratio {ratio:g}): {err}")
     if problems:

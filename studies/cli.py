@@ -110,6 +110,9 @@ def run(args: argparse.Namespace) -> str | Any:
     if args.command == "list":
         return _list(args, summaries)
     study = _study_name(args, summaries)
+    warning = next((query.record_warning(s) for s in summaries if s.name == study), None)
+    if warning:
+        print(warning, file=sys.stderr)
     if args.command in ("best", "top"):
         _, winners = query.top(eng, study, 1 if args.command == "best" else args.k)
         if args.format != "table":

@@ -86,6 +86,16 @@ def _value(value: float | None, kind: str | None) -> float | None:
     return value
 
 
+def record_warning(summary: StudySummary) -> str | None:
+    """One line if the study predates trial records of the trained model (``RECORD_SCHEMA``)."""
+    schema = summary.attrs.get("record_schema")
+    if schema == rec.RECORD_SCHEMA:
+        return None
+    return (f"warning: study {summary.name!r} has record_schema {schema!r}, not "
+            f"{rec.RECORD_SCHEMA}: it was written by an older version whose parameter counts "
+            "(params_trainable/params_total) are unreliable")
+
+
 def list_studies(engine: sa.Engine) -> list[StudySummary]:
     """Every study with trial counts by state, best value, description and dates."""
     with engine.connect() as conn:

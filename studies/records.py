@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,12 @@ STEPS_REACHED, STATUS = "steps_reached", "status"
 TRIAL_ATTRS = (ARCH, ARCH_ID, PARAMS_TRAINABLE, PARAMS_TOTAL, PREDICTED_ERROR, TOKENS_PER_S,
                STEPS_REACHED, STATUS)
 # Study user attributes.
-STUDY_ATTRS = ("task", "metric", "space_name", "space_hash", "alloc_inputs", "code_version")
+STUDY_ATTRS = ("task", "metric", "space_name", "space_hash", "alloc_inputs", "code_version",
+               "record_schema")
+# Version of what a trial records. 2: the architecture is the task-fitted one that was trained
+# (its vocabulary, input/output and length) and the parameter counts are that model's. Studies
+# without it were written by code that recorded a placeholder's counts.
+RECORD_SCHEMA = 2
 
 _LAYER_FIELDS = ("attention", "mlp_ratio")
 _OPTIONAL_FIELDS = {"role": "process", "freeze_mlp": False, "eta": 1.0, "tied_output": False}
@@ -149,11 +155,20 @@ def code_version() -> str:
     return f"{base}+{commit}" if commit else base
 
 
-def set_study_attrs(study: optuna.Study, *, task: str, metric: str, space_name: str = "",
-                    space_hash: str = "", alloc_inputs: Mapping[str, Any] | None = None) -> None:
-    """Describe the search on the study (what a later reader needs to interpret it)."""
-    values = {"task": task, "metric": metric, "space_name": space_name,
-              "space_hash": space_hash, "alloc_inputs": json.dumps(dict(alloc_inputs or {})),
-              "code_version": code_version()}
+def study_attrs(*, task: str, metric: str, space_name: str = "", space_hash: str = "",
+                alloc_inputs: Mapping[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
+    """What a later reader needs to interpret a study (``extra``: more attributes)."""
+    return {"task": task, "metric": metric, "space_name": space_name, "space_hash": space_hash,
+            "alloc_inputs": json.dumps(dict(alloc_inputs or {})),
+            "code_version": code_version(), "record_schema": RECORD_SCHEMA, **extra}
+
+
+def set_study_attrs(study: optuna.Study, **attrs: Any) -> None:
+    """Describe the search on the study (``study_attrs``) and name its objective after the
+    task's metric, so the stock ``optuna`` CLI and optuna-dashboard show it."""
+    values = study_attrs(**attrs)
     for key, value in values.items():
         study.set_user_attr(key, value)
+    with warnings.catch_warnings():  # "experimental" since Optuna 3.2, and what we want
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.set_metric_names([values["metric"]])

@@ -16,9 +16,12 @@ import optuna
 import pytest
 
 from alloc.constants import read_constants
+from search_spaces import ArchConfig
 from studies import open_storage
 from tests.test_search import ray_tmp
 from workers.experiments import denoise, mixit, saturation
+from workers.model import build_model, count_params
+from workers.tasks import fit_arch, make_task
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -113,9 +116,17 @@ def test_mixit_kinds_per_task_from_the_studies(tmp_path: Path) -> None:
             assert int(mine[kind]["params_trainable"]) == full - 2 * d * d * depth
         for r in mine.values():
             assert 0.0 <= float(r["accuracy"]) <= 1.0
-    n = 16  # memorize smoke size
+    # Bits per parameter from the model the trainer builds for the recorded architecture on
+    # the memorize task (not from the recorded counts).
+    study = optuna.load_study(study_name="kinds-memorize", storage=open_storage(
+        f"sqlite:///{tmp_path / 'mixit' / 'mixit.db'}"))
+    task = make_task("memorize", "smoke")
+    n = task.n  # type: ignore[attr-defined]
     for r in (r for r in rows if r["task"] == "memorize"):
-        expected = n * n * math.log2(n) * float(r["accuracy"]) / int(r["params_trainable"])
+        recorded = ArchConfig.from_json(study.trials[int(r["trial"])].user_attrs["arch"])
+        trainable, _ = count_params(build_model(fit_arch(recorded, task)))
+        assert int(r["params_trainable"]) == trainable
+        expected = n * n * math.log2(n) * float(r["accuracy"]) / trainable
         assert float(r["bits_per_param"]) == pytest.approx(expected)
     assert len(result["rows"]) == len(rows) == 16
 

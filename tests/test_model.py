@@ -14,6 +14,7 @@ from search_spaces import ArchConfig, HeadGroup, LayerSpec, param_count
 from tests.conftest import arch_configs
 from workers.attention import FrozenQKAttention, MultiHeadAttention, SubspaceAttention
 from workers.model import build_model, count_params
+from workers.tasks import TASKS, fit_arch, make_task
 
 KINDS = ["mhsa", "frozen_qk", "mssa", "mixit"]
 
@@ -44,6 +45,16 @@ def test_parameter_count_equals_the_analytic_count(arch: ArchConfig) -> None:
     assert count_params(model) == (expected.trainable, expected.total)
     out = model(inputs(arch, batch=1))
     assert out.shape[-1] == (arch.vocab_size or arch.output_dim)
+
+
+@pytest.mark.parametrize("task_name", sorted(TASKS))
+@pytest.mark.parametrize("kind", KINDS)
+def test_task_fitted_count_equals_the_built_model(kind: str, task_name: str) -> None:
+    """What a study records for a trial (the analytic count of the task-fitted architecture) is
+    the count of the model that trains, for every attention kind on every task."""
+    arch = fit_arch(arch_of(kind, heads=(HeadGroup(2, 8),)), make_task(task_name, "smoke"))
+    count = param_count(arch)
+    assert count_params(build_model(arch)) == (count.trainable, count.total)
 
 
 def reference_attention(x: Tensor, wq: Tensor, wk: Tensor, wv: Tensor, wo: Tensor,

@@ -4,6 +4,7 @@ apart, resume after Ctrl-C and after a SIGKILLed driver, and no password on disk
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -75,6 +76,52 @@ def check_consistent(study: optuna.Study, total: int) -> None:
     assert len(done) == len(set(done))
 
 
+def assert_records_are_the_trained_models(study: optuna.Study, task: str, tmp: Path) -> None:
+    """Every COMPLETE trial's recorded architecture is the task's model and its recorded counts
+    are what ``python -m workers.train`` reports for it (the acceptance check of the records)."""
+    from search_spaces import ArchConfig
+    from workers.tasks import make_task
+    from workers.train import main as train_main
+
+    io = make_task(task, "smoke").io
+    assert study.metric_names == [study.user_attrs["metric"]]
+    assert study.user_attrs["record_schema"] == 2
+    complete = study.get_trials(states=(TrialState.COMPLETE,))
+    assert complete
+    for t in complete:
+        arch = ArchConfig.from_json(t.user_attrs["arch"])
+        assert (arch.max_seq_len, arch.vocab_size, arch.input_dim) == (
+            io.max_seq_len, io.vocab_size, io.input_dim)
+        path = tmp / f"trial{t.number}.yaml"
+        path.write_text(arch.to_yaml())
+        argv = ["--arch", str(path), "--task", task, "--smoke-test", "--format", "json",
+                "--quiet"]
+        out = io_capture(lambda argv=argv: train_main(argv))
+        reported = json.loads(out)
+        assert t.user_attrs["params_trainable"] == reported["trainable_params"]
+        assert t.user_attrs["params_total"] == reported["total_params"]
+
+
+def io_capture(run: object) -> str:
+    """stdout of ``run()`` (which must return exit code 0)."""
+    import contextlib
+    import io
+
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        assert run() == 0  # type: ignore[operator]
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("task", ["ngram", "memorize"])
+def test_study_records_the_trained_model(task: str, tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    proc = run(tmp_path, "--space", "aot_vs_standard.yaml", "--task", task, "--smoke-test",
+               "--trials", "3", "--scheduler", "fifo", "--storage", url, "--study", "rec")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_records_are_the_trained_models(load(url, "rec"), task, tmp_path)
+
+
 def test_smoke_search_then_studies_best(storage_url: str, study_name: str, tmp_path: Path,
                                         capsys: pytest.CaptureFixture[str]) -> None:
     secret = ""
@@ -87,6 +134,7 @@ def test_smoke_search_then_studies_best(storage_url: str, study_name: str, tmp_p
     plain = make_url(storage_url)._replace(password=None).render_as_string(False)
     study = load(plain, study_name)
     check_consistent(study, 6)
+    assert_records_are_the_trained_models(study, "modadd", tmp_path)
     seeds = {t.user_attrs.get("seed") for t in study.trials}
     assert "allocator" in seeds and study.trials[0].user_attrs["seed"] == "allocator"
     assert study.user_attrs["space_name"] == "aot_vs_standard"

@@ -12,6 +12,7 @@ import pytest
 from optuna.trial import TrialState
 
 from alloc.plan import PlanSettings
+from search_spaces import ModelIO
 from search_spaces.space import load_space
 from studies.storage import StorageSettings, open_storage, reap_dead
 from workers.search import Predictor
@@ -26,7 +27,8 @@ def searcher(tmp_path: Path) -> StudySearcher:
     storage = open_storage(url, StorageSettings(heartbeat_interval=1, grace_period=2, retries=1))
     study = optuna.create_study(study_name="s", storage=storage, direction="maximize")
     space = load_space("aot_vs_standard").with_train(steps=STEPS, eval_every=10)
-    return StudySearcher(space, study=study, metric="acc", mode="max", steps=STEPS,
+    return StudySearcher(space, io=ModelIO(3, vocab_size=14), study=study, metric="acc",
+                         mode="max", steps=STEPS,
                          predict=Predictor(PlanSettings(budget=128, layers=2, seq_len=3)),
                          sampler=optuna.samplers.RandomSampler(seed=0))
 

@@ -13,6 +13,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from search_spaces import ModelIO
 from search_spaces.space import (
     FixedSuggester,
     RandomSuggester,
@@ -22,6 +23,7 @@ from search_spaces.space import (
     shipped_spaces,
 )
 
+IO = ModelIO(max_seq_len=16, vocab_size=32)  # a task's length and vocabulary
 SHIPPED = [p.name for p in shipped_spaces()]
 BASE = {"name": "t", "budget": 64, "depth": 2,
         "layers": [{"layers": "all", "attention": ["mhsa", "mixit"], "heads": [1, 2, 4]}]}
@@ -37,8 +39,9 @@ def test_the_issue_spaces_are_shipped() -> None:
 @given(seed=st.integers(0, 2**31))
 def test_samples_are_valid_in_budget_and_encode_back(name: str, seed: int) -> None:
     space = load_space(name)
-    arch, train = space.sample(RandomSuggester(seed))
+    arch, train = space.sample(RandomSuggester(seed), IO)
     assert arch.d_model == space.budget and arch.n_layers == space.depth
+    assert arch.with_io(IO) == arch  # the task's model, not a placeholder
     for i, layer in enumerate(arch.layers):
         rule = space.rule(i)
         assert layer.width <= rule.budget
@@ -46,7 +49,7 @@ def test_samples_are_valid_in_budget_and_encode_back(name: str, seed: int) -> No
         assert all(g.qk_dim <= g.v_dim for g in layer.heads)
     assert set(train) >= {"steps", "eval_every"}
     params = space.encode(arch, train)
-    again, train_again = space.sample(FixedSuggester(params, seed=seed + 1))
+    again, train_again = space.sample(FixedSuggester(params, seed=seed + 1), IO)
     assert again == arch and train_again == train
 
 
@@ -55,16 +58,16 @@ def test_encode_enqueues_through_optuna(name: str) -> None:
     """What the launcher does with the allocator's seeds: enqueue, ask, sample the same arch."""
     space = load_space(name)
     study = optuna.create_study()
-    archs = [space.sample(RandomSuggester(seed))[0] for seed in range(5)]
+    archs = [space.sample(RandomSuggester(seed), IO)[0] for seed in range(5)]
     for arch in archs:
         study.enqueue_trial(space.encode(arch))
     for arch in archs:
-        assert space.sample(study.ask())[0] == arch
+        assert space.sample(study.ask(), IO)[0] == arch
 
 
 def test_later_layers_sample_a_reduced_qk_dim() -> None:
     space = load_space("later_layer_reduction")
-    layers = [space.sample(RandomSuggester(s))[0].layers for s in range(40)]
+    layers = [space.sample(RandomSuggester(s), IO)[0].layers for s in range(40)]
     assert all(ls[0].heads[0].qk_dim == ls[0].heads[0].v_dim for ls in layers)
     assert any(g.qk_dim < g.v_dim for ls in layers for layer in ls[1:] for g in layer.heads)
 
@@ -87,9 +90,9 @@ def test_shared_rule_samples_one_configuration_for_all_its_layers() -> None:
     assert [p["L0.attention"] for p in points] == ["mhsa", "frozen_qk", "mixit", "mssa"]
     assert not any(key.startswith("L1.") for p in points for key in p)
     for seed in range(20):
-        arch, train = space.sample(RandomSuggester(seed))
+        arch, train = space.sample(RandomSuggester(seed), IO)
         assert arch.layers[0] == arch.layers[1]
-        again, _ = space.sample(FixedSuggester(space.encode(arch, train)))
+        again, _ = space.sample(FixedSuggester(space.encode(arch, train)), IO)
         assert again == arch
     import dataclasses
     other = dataclasses.replace(arch.layers[1], attention="mhsa" if arch.layers[0].attention
@@ -100,15 +103,15 @@ def test_shared_rule_samples_one_configuration_for_all_its_layers() -> None:
 
 def test_budget_override_rescales_derived_dims() -> None:
     space = load_space("aot_vs_standard", budget=256)
-    arch, _ = space.sample(RandomSuggester(3))
+    arch, _ = space.sample(RandomSuggester(3), IO)
     assert arch.d_model == 256 and all(layer.width == 256 for layer in arch.layers)
     assert space.hash != load_space("aot_vs_standard").hash
 
 
 def test_encode_names_what_is_outside_the_space() -> None:
     space = parse_space(BASE)
-    arch, _ = space.sample(RandomSuggester(0))
-    bigger = load_space("aot_vs_standard").sample(RandomSuggester(0))[0]
+    arch, _ = space.sample(RandomSuggester(0), IO)
+    bigger = load_space("aot_vs_standard").sample(RandomSuggester(0), IO)[0]
     with pytest.raises(SpaceError, match="d_model = 128: the space's budget is 64"):
         space.encode(bigger)
     import dataclasses

@@ -233,12 +233,12 @@ def setup(args: argparse.Namespace) -> Setup:
 # --- the study --------------------------------------------------------------------------------
 
 
-def study_attrs(s: Setup) -> dict[str, Any]:
+def describe_search(s: Setup) -> dict[str, Any]:
+    """Keyword arguments of ``studies.records.study_attrs`` for this search."""
     return {"task": s.task.name, "metric": s.task.metric, "space_name": s.space.name,
-            "space_hash": s.space.hash, "alloc_inputs": json.dumps(asdict(s.settings)),
-            "code_version": rec.code_version(), "task_params": json.dumps(s.job.task_params),
-            "task_size": s.job.size, "steps": s.space.fixed_train("steps"),
-            "seed": s.job.seed}
+            "space_hash": s.space.hash, "alloc_inputs": asdict(s.settings),
+            "task_params": json.dumps(s.job.task_params), "task_size": s.job.size,
+            "steps": s.space.fixed_train("steps"), "seed": s.job.seed}
 
 
 def open_study(s: Setup, storage: optuna.storages.BaseStorage, resume: bool) -> optuna.Study:
@@ -253,17 +253,23 @@ def open_study(s: Setup, storage: optuna.storages.BaseStorage, resume: bool) -> 
                              f"{redact(s.url)}; run without --resume to start it") from None
         study = optuna.create_study(study_name=s.study_name, storage=storage,
                                     direction=direction)
-        for key, value in study_attrs(s).items():
-            study.set_user_attr(key, value)
+        rec.set_study_attrs(study, **describe_search(s))
         return study
     if not resume and study.trials:
         raise UsageError(f"--study {s.study_name!r}: already has {len(study.trials)} trials in "
                          f"{redact(s.url)}; pass --resume to continue it or choose a new name")
-    mine = study_attrs(s)
+    if study.trials and study.user_attrs.get("record_schema") != rec.RECORD_SCHEMA:
+        raise UsageError(f"--resume: study {s.study_name!r} was written by an older version "
+                         "whose trial records are not comparable (record_schema "
+                         f"{study.user_attrs.get('record_schema')!r}, this code writes "
+                         f"{rec.RECORD_SCHEMA}); start a new study")
+    mine = rec.study_attrs(**describe_search(s))
     for key in ("task", "space_hash", "task_params", "task_size", "steps"):
         if key in study.user_attrs and study.user_attrs[key] != mine[key]:
             raise UsageError(f"--resume: study {s.study_name!r} was run with {key} = "
                              f"{study.user_attrs[key]!r}, this command gives {mine[key]!r}")
+    if not study.trials:  # an empty study made elsewhere: describe it as ours
+        rec.set_study_attrs(study, **describe_search(s))
     return study
 
 
@@ -367,8 +373,9 @@ def run_search(s: Setup, args: argparse.Namespace, study: optuna.Study) -> str:
     sampler: optuna.samplers.BaseSampler = (
         optuna.samplers.RandomSampler(seed=args.seed) if s.space.sampler == "random" else
         optuna.samplers.TPESampler(seed=args.seed, constant_liar=True))
-    searcher = StudySearcher(s.space, study=study, metric=s.job.metric, mode=s.job.mode,
-                             steps=steps, predict=Predictor(s.settings), sampler=sampler)
+    searcher = StudySearcher(s.space, io=s.task.io, study=study, metric=s.job.metric,
+                             mode=s.job.mode, steps=steps, predict=Predictor(s.settings),
+                             sampler=sampler)
     eval_every = int(s.space.fixed_train("eval_every"))
     scheduler = (ASHAScheduler(time_attr="step", metric=s.job.metric, mode=s.job.mode,
                                max_t=steps, grace_period=max(eval_every, steps // 9),

@@ -32,6 +32,7 @@ from optuna.storages._heartbeat import is_heartbeat_enabled
 from optuna.trial import FrozenTrial, Trial, TrialState
 from ray.tune.search.optuna import OptunaSearch
 
+from search_spaces import ModelIO
 from search_spaces.space import SearchSpace
 from studies import records as rec
 from studies.storage import retry_failed
@@ -44,9 +45,10 @@ Predictor = Callable[[Any], float | None]
 class StudySearcher(OptunaSearch):
     """Samples ``space`` define-by-run and records every trial in the study as SPEC §6 says."""
 
-    def __init__(self, space: SearchSpace, *, study: optuna.Study, metric: str, mode: str,
-                 steps: int, predict: Predictor, sampler: optuna.samplers.BaseSampler) -> None:
-        self.search_space, self.steps, self.predict = space, steps, predict
+    def __init__(self, space: SearchSpace, *, io: ModelIO, study: optuna.Study, metric: str,
+                 mode: str, steps: int, predict: Predictor,
+                 sampler: optuna.samplers.BaseSampler) -> None:
+        self.search_space, self.io, self.steps, self.predict = space, io, steps, predict
         self.study = study
         self.last: dict[str, dict[str, Any]] = {}
         super().__init__(space=self._define, metric=metric, mode=mode, sampler=sampler,
@@ -55,8 +57,9 @@ class StudySearcher(OptunaSearch):
     # --- sampling ---------------------------------------------------------------------------
 
     def _define(self, trial: Trial) -> dict[str, Any]:
-        """Define-by-run: sample an architecture, write what is known before training."""
-        arch, train = self.search_space.sample(trial)
+        """Define-by-run: sample the architecture that will be trained (wired to the task's
+        input/output and length) and write what is known before training."""
+        arch, train = self.search_space.sample(trial, self.io)
         for key, value in rec.trial_attrs(arch, predicted_error=self.predict(arch),
                                           status="running").items():
             trial.set_user_attr(key, value)

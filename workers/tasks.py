@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from alloc.kernels import parse_kernel
-from search_spaces import ArchConfig
+from search_spaces import ArchConfig, ModelIO
 
 SPLITS = {"train": 0, "val": 1}
 VAL_BUCKETS = 10  # a hashed discrete example is in val iff hash % VAL_BUCKETS == 0
@@ -94,6 +94,13 @@ class Task:
     @property
     def output_dim(self) -> int | None:
         return self.input_dim
+
+    @property
+    def io(self) -> ModelIO:
+        """The sequence length and input/output maps this task gives a model."""
+        if self.inputs == "tokens":
+            return ModelIO(self.seq_len, vocab_size=self.vocab_size)
+        return ModelIO(self.seq_len, input_dim=self.input_dim, output_dim=self.output_dim)
 
     def make(self, g: torch.Generator, size: int, split: str) -> Batch:
         raise NotImplementedError
@@ -644,9 +651,4 @@ def make_task(name: str, size: str = "smoke", seed: int = 0, **params: Any) -> T
 
 def fit_arch(arch: ArchConfig, task: Task) -> ArchConfig:
     """``arch`` with its input/output and length wired to ``task`` (the layers are kept)."""
-    tokens = task.inputs == "tokens"
-    return dataclasses.replace(
-        arch, max_seq_len=task.seq_len, vocab_size=task.vocab_size if tokens else None,
-        input_dim=None if tokens else task.input_dim,
-        output_dim=None if tokens else task.output_dim,
-        tie_embeddings=arch.tie_embeddings and tokens)
+    return arch.with_io(task.io)

@@ -377,6 +377,15 @@ def render(result: TrainResult) -> str:
     return "\n".join(lines)
 
 
+def progress_fields(record: EvalRecord, metric: str) -> dict[str, str]:
+    """The progress bar's postfix; the task's metric once, even when it is a loss itself."""
+    fields = {"train_loss": f"{record.train_loss:.4g}", "val_loss": f"{record.val_loss:.4g}"}
+    if metric not in ("loss", "val_loss"):
+        fields[metric] = f"{record.metric:.4g}"
+    fields["tok_s"] = f"{record.tokens_per_s:,.0f}"
+    return fields
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s", stream=sys.stderr)
@@ -395,9 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     def progress(step: int, record: EvalRecord | None) -> None:
         bar.update(1)
         if record is not None:
-            bar.set_postfix(loss=f"{record.train_loss:.4g}", val=f"{record.val_loss:.4g}",
-                            **{task.metric: f"{record.metric:.4g}"},
-                            tok_s=f"{record.tokens_per_s:,.0f}")
+            bar.set_postfix(progress_fields(record, task.metric))
 
     result = trainer.run(progress)
     bar.close()

@@ -17,7 +17,7 @@ import ray
 import torch
 from ray import tune
 
-from search_spaces import ArchConfig
+from search_spaces import ArchConfig, param_count
 from workers.tasks import make_task
 from workers.train import EvalRecord, TrainConfig, Trainer
 
@@ -42,6 +42,15 @@ def injected(inject: list[dict[str, str]], arch_json: str) -> dict[str, float]:
     return {}
 
 
+def check_recorded(arch: ArchConfig, trainer: Trainer) -> None:
+    """The study records ``arch`` and its analytic counts: they must be the trained model's."""
+    count = param_count(arch)
+    if trainer.arch != arch or trainer.params != (count.trainable, count.total):
+        raise RuntimeError(f"recorded architecture {arch.arch_id} ({count.trainable:,} trainable "
+                           f"parameters) is not the trained one {trainer.arch.arch_id} "
+                           f"({trainer.params[0]:,}): the study would describe another model")
+
+
 def run_trial(config: dict[str, Any]) -> None:
     """Train ``config["arch"]`` with ``config["train"]`` on the job's task, reporting to Tune."""
     job = config["job"]
@@ -61,8 +70,9 @@ def run_trial(config: dict[str, Any]) -> None:
         train.update(injected(job["inject"], config["arch"]))
         task = make_task(job["task"], job["size"], job["seed"], **job["task_params"])
         settings = TrainConfig(**train)
-        trainer = Trainer(ArchConfig.from_json(config["arch"]), task, settings,
-                          callbacks=[report])
+        arch = ArchConfig.from_json(config["arch"])
+        trainer = Trainer(arch, task, settings, callbacks=[report])
+        check_recorded(arch, trainer)
         result = trainer.run()
         error = result.error if result.status == "diverged" else None
     except Exception as err:
