@@ -28,17 +28,9 @@ from scipy.stats import spearmanr
 
 from alloc.constants import Constants, to_yaml
 from alloc.plan import Plan, PlanSettings, make_plan, predicted_error
+from common.cli import Parser, UsageError, add_format, check_writable, dump, fail, render_table
+from common.files import write_atomic
 from search_spaces import LayerSpec
-from search_spaces.cli import (
-    Parser,
-    UsageError,
-    add_format,
-    check_writable,
-    dump,
-    fail,
-    render_table,
-    write_atomic,
-)
 
 PROG = "alloc.calibrate"
 ORDER_RANGE = (1.0, 6.0)

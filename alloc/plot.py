@@ -9,7 +9,7 @@ from matplotlib.axes import Axes
 
 from alloc.extract import uniform_options
 from alloc.plan import Plan, saturation_curve
-from search_spaces.cli import new_figure, write_figure
+from common.plots import new_figure, write_figure
 
 
 def plot_plan(plan: Plan, path: Path) -> None:

@@ -17,8 +17,7 @@ from alloc.constants import ConstantsError, read_constants
 from alloc.kernels import KernelError, parse_kernel
 from alloc.plan import Plan, PlanSettings, make_plan, report
 from alloc.saturation import parse_spectrum
-from search_spaces import ATTENTION_KINDS, POSITIONALS
-from search_spaces.cli import (
+from common.cli import (
     Parser,
     UsageError,
     add_format,
@@ -28,8 +27,9 @@ from search_spaces.cli import (
     int_in,
     number,
     render_table,
-    write_atomic,
 )
+from common.files import write_atomic
+from search_spaces import ATTENTION_KINDS, POSITIONALS
 
 PROG = "alloc.solve"
 MAX_BUDGET = 65536
@@ -40,8 +40,7 @@ MAX_TABLE = 50_000_000
 
 def build_parser() -> argparse.ArgumentParser:
     d = PlanSettings()
-    p = Parser(prog=PROG, description=__doc__.split("\n\n")[1],
-               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = Parser(prog=PROG, description=__doc__.split("\n\n")[1])
     p.add_argument("--budget", type=int_in(1, MAX_BUDGET), default=d.budget,
                    help="attention width D per layer (sum of count * v_dim)")
     p.add_argument("--layers", type=int_in(1, 1024), default=d.layers, help="number of layers")

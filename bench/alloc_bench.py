@@ -31,7 +31,7 @@ from alloc.extract import (
     solve_exact,
 )
 from alloc.kernels import parse_kernel
-from search_spaces.cli import Parser, add_format, dump, render_table
+from common.cli import Parser, add_format, dump, render_table
 
 # (kernel, seq_len, budget, align, input_dim, brute force feasible)
 FULL = [

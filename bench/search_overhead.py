@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from common.cli import Parser, add_format, dump, int_in, render_table
 from search_spaces import ArchConfig
-from search_spaces.cli import Parser, add_format, dump, int_in, render_table
 from search_spaces.space import FixedSuggester, load_space
 
 

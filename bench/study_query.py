@@ -25,7 +25,7 @@ from typing import Any
 
 import optuna
 
-from search_spaces.cli import Parser, add_format, dump, render_table
+from common.cli import Parser, add_format, dump, render_table
 from studies import open_storage
 from studies import query as q
 

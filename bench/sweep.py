@@ -11,8 +11,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from common.cli import Parser, add_format, dump, render_table
 from search_spaces import ArchConfig, HeadGroup, LayerSpec
-from search_spaces.cli import Parser, add_format, dump, render_table
 from workers.tasks import make_task
 from workers.train import TrainConfig, parse_task_params, train
 

@@ -19,8 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from common.cli import Parser, add_format, dump, render_table
 from search_spaces import ArchConfig, HeadGroup, LayerSpec
-from search_spaces.cli import Parser, add_format, dump, render_table
 from workers.model import Block, count_params
 
 

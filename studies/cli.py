@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from search_spaces.cli import (
+from common.cli import (
     Parser,
     UsageError,
     add_format,
@@ -22,11 +22,10 @@ from search_spaces.cli import (
     dump,
     fail,
     int_in,
-    new_figure,
     render_table,
-    write_atomic,
-    write_figure,
 )
+from common.files import write_atomic
+from common.plots import new_figure, write_figure
 from studies import query
 from studies.storage import StorageError, engine, open_storage
 

@@ -1,4 +1,5 @@
-"""The folder tree is the dependency graph: alloc/ and search_spaces/ import no torch or Ray,
+"""The folder tree is the dependency graph: common/ imports no other package of ours,
+alloc/ and search_spaces/ import no torch or Ray,
 studies/ no torch (and not alloc, which reads studies to calibrate); only workers/ may use both
 (STYLE.md rule 1)."""
 
@@ -11,6 +12,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 FORBIDDEN = {
+    # Shared command-line, file and plot helpers: everyone may import them, they import no one.
+    "common": {"torch", "ray", "alloc", "studies", "workers", "search_spaces"},
     "search_spaces": {"torch", "ray", "alloc", "studies", "workers"},
     # alloc.calibrate reads studies; studies never reads alloc, so the graph stays acyclic.
     "alloc": {"torch", "ray", "workers"},

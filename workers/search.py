@@ -29,8 +29,8 @@ from optuna.trial import TrialState
 from sqlalchemy.engine import make_url
 
 from alloc.plan import PlanSettings, baseline_arch, make_plan, predicted_error
+from common.cli import Parser, UsageError, add_format, dump, fail, int_in, number
 from search_spaces import ArchConfig, HeadGroup, LayerSpec
-from search_spaces.cli import Parser, UsageError, add_format, dump, fail, int_in, number
 from search_spaces.space import SearchSpace, SpaceError, load_space
 from studies import query
 from studies import records as rec
@@ -128,8 +128,7 @@ class Predictor:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = Parser(prog=f"python -m {PROG}", description=__doc__.split("\n\n")[1],
-               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = Parser(prog=f"python -m {PROG}", description=__doc__.split("\n\n")[1])
     p.add_argument("--space", required=True,
                    help="search-space YAML: a path or a file shipped in search_spaces/")
     p.add_argument("--task", required=True, help="task name (see python -m workers.train -h)")

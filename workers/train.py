@@ -22,8 +22,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from common.cli import Parser, UsageError, add_format, dump, fail, int_in, number
 from search_spaces import ArchConfig, ConfigError
-from search_spaces.cli import Parser, UsageError, add_format, dump, fail, int_in, number
 from workers.model import build_model, count_params, maybe_compile
 from workers.tasks import TASKS, Task, TaskError, fit_arch, make_task
 
@@ -280,8 +280,7 @@ SMOKE = {"steps": 20, "batch_size": 8, "eval_every": 10, "eval_batches": 2}
 
 def build_parser() -> argparse.ArgumentParser:
     d = TrainConfig()
-    p = Parser(prog=PROG, description=__doc__.split("\n\n")[1],
-               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = Parser(prog=PROG, description=__doc__.split("\n\n")[1])
     p.add_argument("--arch", type=Path, required=True,
                    help="ArchConfig YAML/JSON (python -m alloc.solve --out writes one); its "
                         "input/output and length are wired to the task")

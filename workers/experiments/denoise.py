@@ -25,10 +25,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from common.cli import int_in, number, render_table
+from common.files import write_csv
+from common.plots import new_figure, write_figure
 from search_spaces import ArchConfig, HeadGroup, LayerSpec
-from search_spaces.cli import int_in, new_figure, number, render_table, write_figure
 from workers.attention import LogitRecorder, SubspaceAttention
-from workers.experiments import common
+from workers.experiments import harness
 from workers.model import Model, build_model
 from workers.tasks import DenoiseTask, make_task
 
@@ -139,7 +141,7 @@ def plot(rows: list[dict[str, Any]], eta: float, path: Path) -> None:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     sizes = SMOKE if args.smoke_test else FULL
-    common.prepare(args)
+    harness.prepare(args)
     layers = args.layers or sizes.layers
     rows = []
     for update in UPDATES:
@@ -148,7 +150,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                              rank=sizes.rank, length=sizes.length, delta=noise)
             assert isinstance(task, DenoiseTask)
             rows += trajectory(task, layers, args.eta, sizes.batch, update)
-    common.write_csv(args.out / "denoise.csv", rows)
+    write_csv(args.out / "denoise.csv", rows)
     plot(rows, args.eta, args.out / "denoise.png")
     return {"eta": args.eta, "sizes": {**asdict(sizes), "layers": layers}, "rows": rows,
             "out": str(args.out)}
@@ -169,12 +171,12 @@ def render(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = common.build_parser(NAME, __doc__)
+    parser = harness.build_parser(NAME, __doc__)
     parser.add_argument("--layers", type=int_in(1, 64), help="MSSA layers (default: 10; 4 "
                                                             "with --smoke-test)")
     parser.add_argument("--eta", type=number(0, strict=True), default=0.1, help="step size")
     parser.add_argument("--seed", type=int_in(0), default=0, help="data seed")
-    return common.main(parser, argv, run, render)
+    return harness.main(parser, argv, run, render)
 
 
 if __name__ == "__main__":

@@ -22,10 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from search_spaces.cli import new_figure, render_table, write_figure
+from common.cli import render_table
+from common.files import write_csv
+from common.plots import new_figure, write_figure
 from studies import query
 from studies.storage import engine, open_storage
-from workers.experiments import common
+from workers.experiments import harness
 
 NAME = "mixit"
 SPACE = "attention_kinds.yaml"
@@ -127,16 +129,16 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    common.prepare(args)
-    url = common.storage_url(args, NAME)
+    harness.prepare(args)
+    url = harness.storage_url(args, NAME)
     rows: list[dict[str, Any]] = []
-    with common.ray_session():
+    with harness.ray_session():
         for search in searches(args.smoke_test):
             print(f"mixit: {search.study}", file=sys.stderr, flush=True)
-            common.search(search.argv(args.smoke_test), url, search.study,
+            harness.search(search.argv(args.smoke_test), url, search.study,
                           args.out / "ray_results")
             rows += read_rows(url, search, args.smoke_test)
-    common.write_csv(args.out / "mixit.csv", rows)
+    write_csv(args.out / "mixit.csv", rows)
     plot(rows, args.out / "mixit.png")
     return {"rows": rows, "out": str(args.out)}
 
@@ -154,8 +156,8 @@ def render(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = common.build_parser(NAME, __doc__, studies=True)
-    return common.main(parser, argv, run, render)
+    parser = harness.build_parser(NAME, __doc__, studies=True)
+    return harness.main(parser, argv, run, render)
 
 
 if __name__ == "__main__":

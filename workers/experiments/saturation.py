@@ -25,10 +25,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from common.cli import int_in, render_table
+from common.files import write_csv
+from common.plots import new_figure, write_figure
 from search_spaces import ArchConfig, HeadGroup, LayerSpec
-from search_spaces.cli import int_in, new_figure, render_table, write_figure
 from workers.attention import LogitRecorder, MultiHeadAttention
-from workers.experiments import common
+from workers.experiments import harness
 from workers.model import Model, build_model
 from workers.tasks import LMTask, make_task
 from workers.train import TrainConfig, Trainer
@@ -250,13 +252,13 @@ def plot(jac: list[dict[str, Any]], students: list[dict[str, Any]], path: Path) 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     sizes = SMOKE if args.smoke_test else FULL
-    common.prepare(args)
+    harness.prepare(args)
     steps = args.steps or sizes.steps
     model, task, val_loss = teacher(sizes, args.seed, steps, args.out / "teacher.pt")
     jac = jacobian_rows(model, task, list(sizes.lengths), sizes.sequences, args.seed)
     students = student_rows(model, task, sizes, args.seed)
-    common.write_csv(args.out / "jacobian.csv", jac)
-    common.write_csv(args.out / "students.csv", students)
+    write_csv(args.out / "jacobian.csv", jac)
+    write_csv(args.out / "students.csv", students)
     plot(jac, students, args.out / "saturation.png")
     n = [r["seq_len"] for r in jac]
     slopes = {key: slope(n, [r[key] for r in jac]) for key in norm_columns(jac)}
@@ -294,11 +296,11 @@ def render(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = common.build_parser(NAME, __doc__)
+    parser = harness.build_parser(NAME, __doc__)
     parser.add_argument("--steps", type=int_in(1), help="teacher training steps (default: 1500;"
                                                         " 30 with --smoke-test)")
     parser.add_argument("--seed", type=int_in(0), default=0, help="training and data seed")
-    return common.main(parser, argv, run, render)
+    return harness.main(parser, argv, run, render)
 
 
 if __name__ == "__main__":

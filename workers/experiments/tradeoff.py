@@ -18,9 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from alloc import calibrate
-from search_spaces.cli import int_in, new_figure, render_table, write_figure
+from common.cli import int_in, render_table
+from common.files import write_csv, write_yaml
+from common.plots import new_figure, write_figure
 from search_spaces.space import load_space
-from workers.experiments import common
+from workers.experiments import harness
 
 NAME = "tradeoff"
 STUDY = "tradeoff-ngram"
@@ -87,21 +89,21 @@ def plot(rows: list[dict[str, Any]], rep: dict[str, Any], budget: int, path: Pat
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     sizes = SMOKE if args.smoke_test else FULL
-    common.prepare(args)
-    url = common.storage_url(args, NAME)
+    harness.prepare(args)
+    url = harness.storage_url(args, NAME)
     steps = args.steps or (40 if args.smoke_test else 2000)
     data = space(sizes.budget, list(sizes.lrs), list(sizes.seeds), steps)
-    path = common.write_space(args.out / "tradeoff_space.yaml", data)
+    path = write_yaml(args.out / "tradeoff_space.yaml", data)
     trials = len(data["layers"][0]["heads"]) * len(sizes.lrs) * len(sizes.seeds)
     argv = ["--space", str(path), "--task", "ngram", "--trials", str(trials), "--steps",
             str(steps), "--scheduler", "fifo"] + (["--smoke-test"] if args.smoke_test else [])
-    with common.ray_session():
-        common.search(argv, url, STUDY, args.out / "ray_results")
+    with harness.ray_session():
+        harness.search(argv, url, STUDY, args.out / "ray_results")
     settings, observations = calibrate.observations_from_study(url, STUDY)
     raw, cal = calibrate.fit(settings, observations)
     rep = calibrate.calibration_report(STUDY, settings, observations, raw, cal)
     rows = table(observations, raw, cal)
-    common.write_csv(args.out / "tradeoff.csv", rows)
+    write_csv(args.out / "tradeoff.csv", rows)
     calibrate.write_constants(args.out / "constants.yaml", STUDY, len(observations), cal)
     plot(rows, rep, settings.budget, args.out / "tradeoff.png")
     return {"budget": settings.budget, "input_dim": settings.input_dim, "steps": steps,
@@ -133,10 +135,10 @@ def render(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = common.build_parser(NAME, __doc__, studies=True)
+    parser = harness.build_parser(NAME, __doc__, studies=True)
     parser.add_argument("--steps", type=int_in(1), help="training steps per trial "
                                                         "(default: 2000; 40 with --smoke-test)")
-    return common.main(parser, argv, run, render)
+    return harness.main(parser, argv, run, render)
 
 
 if __name__ == "__main__":

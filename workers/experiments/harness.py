@@ -5,16 +5,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
-import io
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from search_spaces.cli import Parser, UsageError, add_format, dump, fail, write_atomic
+from common.cli import Parser, UsageError, add_format, dump, fail
 
 RESULTS = Path("results")
 
@@ -22,8 +18,7 @@ RESULTS = Path("results")
 def build_parser(name: str, doc: str, studies: bool = False) -> argparse.ArgumentParser:
     """``--smoke-test``, ``--out``, ``--format``, and ``--storage`` for experiments that search
     (``studies``); experiments add their own flags."""
-    p = Parser(prog=f"python -m workers.experiments.{name}", description=doc.split("\n\n")[1],
-               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = Parser(prog=f"python -m workers.experiments.{name}", description=doc.split("\n\n")[1])
     p.add_argument("--smoke-test", action="store_true",
                    help="tiny sizes (tests): runs in well under a minute")
     p.add_argument("--out", type=Path, default=RESULTS / name,
@@ -46,21 +41,6 @@ def prepare(args: argparse.Namespace) -> None:
 def storage_url(args: argparse.Namespace, name: str) -> str:
     """``--storage``, else a SQLite file ``NAME.db`` in the output folder."""
     return str(args.storage or f"sqlite:///{(args.out / f'{name}.db').resolve()}")
-
-
-def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
-    """``rows`` as CSV (columns from the first row), atomically."""
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]) if rows else [])
-    writer.writeheader()
-    writer.writerows(rows)
-    write_atomic(path, buffer.getvalue())
-
-
-def write_space(path: Path, data: dict[str, Any]) -> Path:
-    """A search-space YAML the experiment derived (kept next to its results: reproducible)."""
-    write_atomic(path, yaml.safe_dump(data, sort_keys=False))
-    return path
 
 
 def study_exists(url: str, study: str) -> bool:

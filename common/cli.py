@@ -1,18 +1,15 @@
-"""Helpers shared by the project's ``python -m`` entry points (no torch, no Ray).
+"""Command-line conventions of the project's ``python -m`` entry points.
 
-Every entry point reports bad input as one line on stderr naming the flag, the value and the rule,
-and exits with code 2; results go to stdout as ``--format table|json|yaml``.
+Bad input is one line on stderr naming the flag, the value and the rule, with exit code 2;
+results go to stdout as ``--format table|json|yaml``; ``--help`` shows each default once.
 """
 
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import math
-import os
 import sys
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -26,8 +23,26 @@ class UsageError(Exception):
     """Bad input found after parsing; the message is the one line to print."""
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Appends ``(default: X)`` to a flag's help unless the help already states its default or
+    there is none worth showing (``None``, ``False``, suppressed)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if ("default" in text or default in (None, False, argparse.SUPPRESS)
+                or action.option_strings == [] or (isinstance(default, list) and not default)):
+            return text
+        return f"{text} (default: %(default)s)" if text else "(default: %(default)s)"
+
+
 class Parser(argparse.ArgumentParser):
-    """``ArgumentParser`` whose errors are one line (no usage dump) with exit code 2."""
+    """``ArgumentParser`` whose errors are one line (no usage dump) with exit code 2, and whose
+    help shows defaults once (``HelpFormatter``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
@@ -73,7 +88,7 @@ def number(low: float, strict: bool = False) -> Callable[[str], float]:
 
 def add_format(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", "-f", choices=FORMATS, default="table",
-                        help="output format (default: table)")
+                        help="output format")
 
 
 def check_writable(flag: str, path: Path) -> None:
@@ -83,41 +98,6 @@ def check_writable(flag: str, path: Path) -> None:
         raise UsageError(f"{flag} {str(path)!r}: directory {str(parent)!r} does not exist")
     if path.is_dir():
         raise UsageError(f"{flag} {str(path)!r}: is a directory, expected a file path")
-
-
-def write_atomic(path: Path, text: str | bytes) -> None:
-    """Write ``path`` through a temporary file and a rename: never a half-written file."""
-    data = text.encode() if isinstance(text, str) else text
-    fd, tmp = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".",
-                               prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def new_figure(ncols: int, figsize: tuple[float, float]) -> tuple[Any, Any]:
-    """``(fig, axes)``: one row of ``ncols`` axes on matplotlib's headless backend (imported
-    here, only when something is plotted)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt.subplots(1, ncols, figsize=figsize, constrained_layout=True)
-
-
-def write_figure(fig: Any, path: Path, dpi: int = 110) -> None:
-    """Save a matplotlib figure to ``path`` as PNG, atomically, and release it."""
-    import matplotlib.pyplot as plt
-
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=dpi)
-    plt.close(fig)
-    write_atomic(path, buffer.getvalue())
 
 
 def dump(data: Any, fmt: str) -> str:

@@ -1,0 +1,43 @@
+"""Every ``python -m`` entry point answers ``--help`` (and each subcommand's), showing each
+default at most once, and cites no document a user of the package cannot open."""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ENTRY_POINTS = sorted(
+    ".".join(path.relative_to(ROOT).with_suffix("").parts)
+    for package in ("alloc", "studies", "workers", "bench")
+    for path in (ROOT / package).rglob("*.py")
+    if "def main(" in path.read_text() and path.name != "harness.py")
+SUBCOMMANDS = {"studies.cli": ["list", "best", "top", "pareto", "layers", "theory", "export"]}
+
+
+def help_text(module: str, argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    main = importlib.import_module(module).main
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, "--help"])
+    assert exit_.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_the_entry_points_are_found() -> None:
+    assert {"alloc.solve", "workers.train", "workers.search", "studies.cli"} <= set(ENTRY_POINTS)
+
+
+@pytest.mark.parametrize("module", ENTRY_POINTS)
+def test_help_shows_each_default_once(module: str, capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in [[]] + [[c] for c in SUBCOMMANDS.get(module, [])]:
+        text = help_text(module, argv, capsys)
+        assert text.startswith("usage:")
+        # One entry per option: a line starting with "  -", then its indented continuation.
+        for entry in re.split(r"\n(?=  -)", text.split("options:", 1)[-1]):
+            flat = " ".join(entry.split())  # argparse wraps lines
+            assert flat.count("(default") <= 1, (module, argv, flat)
+            assert "(default: None)" not in flat, (module, argv, flat)
+        assert not re.search(r"SPEC|paper 00\d", text), (module, argv)
