@@ -22,7 +22,6 @@ from alloc.extract import (
     solve_uniform,
     solve_with_dims,
 )
-from alloc.kernels import parse_kernel
 from alloc.saturation import (
     attention_error,
     jacobian_bound,
@@ -30,11 +29,19 @@ from alloc.saturation import (
     reduced_qk_dim,
     teacher_spectrum,
 )
-from search_spaces import ArchConfig, HeadGroup, LayerSpec, attention_params, param_count
+from search_spaces import (
+    SINGLE_WIDTH_KINDS,
+    ArchConfig,
+    AttentionKind,
+    HeadGroup,
+    LayerSpec,
+    Positional,
+    attention_params,
+    param_count,
+)
+from search_spaces.kernels import parse_kernel
 
 BASELINE_HEAD_DIM = 64
-# Attention kinds with one head width cannot take a smaller qk_dim than v_dim.
-REDUCIBLE_KINDS = ("mhsa", "frozen_qk")
 
 
 @dataclass(frozen=True)
@@ -56,11 +63,11 @@ class PlanSettings:
     tolerance: float = 0.05
     logit_bound: float = 1.0
     spectrum: str = "power:1"
-    attention: str = "mhsa"
+    attention: AttentionKind = "mhsa"
     mlp_ratio: float = 4.0
     uniform: bool = False
     vocab_size: int | None = None
-    positional: str = "learned"
+    positional: Positional = "learned"
 
     @property
     def model(self) -> ErrorModel:
@@ -91,7 +98,7 @@ def merge_groups(groups: list[HeadGroup]) -> tuple[HeadGroup, ...]:
 def _later_heads(settings: PlanSettings, heads: tuple[HeadGroup, ...]
                  ) -> tuple[tuple[HeadGroup, ...], float]:
     """Reduced heads of a later layer and their worst per-head attention-error bound."""
-    if settings.attention not in REDUCIBLE_KINDS:
+    if settings.attention in SINGLE_WIDTH_KINDS:  # qk_dim == v_dim: nothing to reduce
         return heads, 0.0
     spectrum = parse_spectrum(settings.spectrum)
     reduced, worst = [], 0.0

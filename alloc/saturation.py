@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from alloc.kernels import KernelError, read_values
+from search_spaces.kernels import KernelError, read_values
 
 SPECTRUM_FORMS = "power:BETA or file:PATH"
 

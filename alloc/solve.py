@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from alloc.constants import ConstantsError, read_constants
-from alloc.kernels import KernelError, parse_kernel
 from alloc.plan import Plan, PlanSettings, make_plan, report
 from alloc.saturation import parse_spectrum
 from common.cli import (
@@ -30,6 +29,7 @@ from common.cli import (
 )
 from common.files import write_atomic
 from search_spaces import ATTENTION_KINDS, POSITIONALS
+from search_spaces.kernels import KernelError, parse_kernel
 
 PROG = "alloc.solve"
 MAX_BUDGET = 65536

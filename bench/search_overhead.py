@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from common.cli import Parser, add_format, dump, int_in, render_table
-from search_spaces import ArchConfig
-from search_spaces.space import FixedSuggester, load_space
+from search_spaces import ArchConfig, FixedSuggester, load_space
 
 
 def launcher(url: str, results: Path, study: str, args: argparse.Namespace, reuse: bool

@@ -12,7 +12,7 @@ import sys
 from typing import Any
 
 from common.cli import Parser, add_format, dump, render_table
-from search_spaces import ArchConfig, HeadGroup, LayerSpec
+from search_spaces import ArchConfig, AttentionKind, HeadGroup, LayerSpec, Positional
 from workers.tasks import make_task
 from workers.train import TrainConfig, parse_task_params, train
 
@@ -21,8 +21,9 @@ def _list(cast: type) -> Any:
     return lambda text: [cast(v) for v in text.split(",") if v]
 
 
-def uniform_arch(kind: str, budget: int, heads: int, layers: int, mlp_ratio: float,
-                 positional: str) -> ArchConfig:
+def uniform_arch(kind: AttentionKind, budget: int, heads: int, layers: int, mlp_ratio: float,
+                 positional: Positional) -> ArchConfig:
+    """A uniform architecture (the trainer wires its input/output and length to the task)."""
     layer = LayerSpec(kind, (HeadGroup(heads, budget // heads),), mlp_ratio=mlp_ratio)
     return ArchConfig(d_model=budget, layers=(layer,) * layers, max_seq_len=1, input_dim=1,
                       positional=positional)

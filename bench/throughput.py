@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from common.cli import Parser, add_format, dump, render_table
-from search_spaces import ArchConfig, HeadGroup, LayerSpec
+from search_spaces import ATTENTION_KINDS, ArchConfig, AttentionKind, HeadGroup, LayerSpec
 from workers.model import Block, count_params
 
 
@@ -35,10 +35,10 @@ class Shape:
 
 
 FULL, SMOKE = Shape(), Shape(d_model=64, heads=4, layers=1, seq_len=32, batch=2)
-KINDS = ("mhsa", "frozen_qk", "mssa", "mixit")
+KINDS = ATTENTION_KINDS
 
 
-def our_stack(shape: Shape, kind: str, causal: bool) -> nn.Module:
+def our_stack(shape: Shape, kind: AttentionKind, causal: bool) -> nn.Module:
     head = HeadGroup(shape.heads, shape.d_model // shape.heads)
     layer = LayerSpec(kind, (head,), mlp_ratio=shape.mlp_ratio)
     arch = ArchConfig(d_model=shape.d_model, layers=(layer,) * shape.layers,

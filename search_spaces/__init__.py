@@ -1,5 +1,7 @@
-"""The project's shared vocabulary (``ArchConfig``) and search spaces; imports no torch or Ray."""
+"""The project's shared vocabulary (``ArchConfig``), its parameter counts, the flat parameter
+names of a study (``codec``), memory kernels and search spaces; imports no torch or Ray."""
 
+from search_spaces import codec
 from search_spaces.arch import (
     ATTENTION_KINDS,
     MLP_KINDS,
@@ -7,13 +9,24 @@ from search_spaces.arch import (
     POSITIONALS,
     ROLES,
     SCHEMA_VERSION,
+    SINGLE_WIDTH_KINDS,
     ArchConfig,
+    AttentionKind,
     ConfigError,
     HeadGroup,
     LayerSpec,
     ModelIO,
+    Positional,
 )
+from search_spaces.loader import load_space, parse_space, shipped_spaces
 from search_spaces.params import ParamCount, attention_params, layer_params, param_count
+from search_spaces.space import (
+    FixedSuggester,
+    RandomSuggester,
+    SearchSpace,
+    SpaceError,
+    Suggester,
+)
 
 __all__ = [
     "ATTENTION_KINDS",
@@ -22,13 +35,25 @@ __all__ = [
     "POSITIONALS",
     "ROLES",
     "SCHEMA_VERSION",
+    "SINGLE_WIDTH_KINDS",
     "ArchConfig",
+    "AttentionKind",
     "ConfigError",
+    "FixedSuggester",
     "HeadGroup",
     "LayerSpec",
     "ModelIO",
     "ParamCount",
+    "Positional",
+    "RandomSuggester",
+    "SearchSpace",
+    "SpaceError",
+    "Suggester",
     "attention_params",
+    "codec",
     "layer_params",
+    "load_space",
     "param_count",
+    "parse_space",
+    "shipped_spaces",
 ]

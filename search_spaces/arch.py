@@ -20,19 +20,26 @@ import json
 import math
 import re
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any
+from typing import Any, Literal, get_args
 
 import yaml
 
 SCHEMA_VERSION = 1
-ATTENTION_KINDS = ("mhsa", "mssa", "mixit", "frozen_qk")
-ROLES = ("extract", "process")
-POSITIONALS = ("learned", "sinusoidal", "rope")
-NORMS = ("layernorm", "rmsnorm")
-MLP_KINDS = ("gelu", "swiglu")
+# The vocabulary: each name set is a Literal type, and its tuple is derived from it.
+AttentionKind = Literal["mhsa", "mssa", "mixit", "frozen_qk"]
+Role = Literal["extract", "process"]
+Positional = Literal["learned", "sinusoidal", "rope"]
+Norm = Literal["layernorm", "rmsnorm"]
+MlpKind = Literal["gelu", "swiglu"]
+ATTENTION_KINDS: tuple[AttentionKind, ...] = get_args(AttentionKind)
+ROLES: tuple[Role, ...] = get_args(Role)
+POSITIONALS: tuple[Positional, ...] = get_args(Positional)
+NORMS: tuple[Norm, ...] = get_args(Norm)
+MLP_KINDS: tuple[MlpKind, ...] = get_args(MlpKind)
 # Attention kinds whose heads have one width: MSSA uses one basis as query, key and value;
-# MixiT has no query/key at all. Their groups must have qk_dim == v_dim.
-SINGLE_WIDTH_KINDS = ("mssa", "mixit")
+# MixiT has no query/key at all. Their groups must have qk_dim == v_dim, so the allocator never
+# reduces their qk_dim.
+SINGLE_WIDTH_KINDS: frozenset[AttentionKind] = frozenset({"mssa", "mixit"})
 
 _SHORTHAND = re.compile(r"^\s*(\d+)\s*x\s*(\d+)\s*(?:/\s*(\d+))?\s*$")
 
@@ -110,7 +117,7 @@ class HeadGroup:
         return f"{self.count}x{dims}"
 
     def to_dict(self) -> dict[str, int]:
-        return {"count": self.count, "qk_dim": self.qk_dim, "v_dim": self.v_dim}
+        return _to_dict(self)
 
     @classmethod
     def from_dict(cls, data: Any, path: str = "") -> HeadGroup:
@@ -122,7 +129,7 @@ class HeadGroup:
                                    "'8x64' (count x dim) or '4x16/64' (count x qk_dim/v_dim)"])
             count, qk, v = match.groups()
             data = {"count": int(count), "qk_dim": int(qk), "v_dim": int(v or qk)}
-        _check_keys(data, ("count", "qk_dim", "v_dim"), path)
+        _check_keys(data, field_names(cls), path)
         try:
             return cls(data.get("count"), data.get("qk_dim"), data.get("v_dim", 0))
         except ConfigError as err:
@@ -143,10 +150,10 @@ class LayerSpec:
         tied_output: MSSA only; output map ``[U_1..U_K]`` instead of a separate projection.
     """
 
-    attention: str
+    attention: AttentionKind
     heads: tuple[HeadGroup, ...]
     mlp_ratio: float = 0.0
-    role: str = "process"
+    role: Role = "process"
     freeze_mlp: bool = False
     eta: float = 1.0
     tied_output: bool = False
@@ -203,24 +210,21 @@ class LayerSpec:
         return sum(g.count for g in self.heads)
 
     @property
+    def n_groups(self) -> int:
+        return len(self.heads)
+
+    @property
     def heads_str(self) -> str:
         """Head groups as ``2x64+4x16/64``."""
         return "+".join(str(g) for g in self.heads)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "attention": self.attention,
-            "heads": [g.to_dict() for g in self.heads],
-            "mlp_ratio": self.mlp_ratio,
-            "role": self.role,
-            "freeze_mlp": self.freeze_mlp,
-            "eta": self.eta,
-            "tied_output": self.tied_output,
-        }
+        return _to_dict(self)
 
     @classmethod
     def from_dict(cls, data: Any, path: str = "") -> LayerSpec:
-        _check_keys(data, _LAYER_KEYS, path)
+        keys = field_names(cls)
+        _check_keys(data, keys, path)
         problems: list[str] = []
         heads_data = data.get("heads")
         heads: list[HeadGroup] = []
@@ -233,7 +237,7 @@ class LayerSpec:
                     heads.append(HeadGroup.from_dict(item, f"{path}.heads[{j}]"))
                 except ConfigError as err:
                     problems.extend(err.problems)
-        kwargs = {k: data[k] for k in _LAYER_KEYS if k in data and k != "heads"}
+        kwargs = {k: data[k] for k in keys if k in data and k != "heads"}
         if problems:  # report this layer's own problems too, not only its head groups'
             values = {**_defaults(cls), "attention": None, **kwargs, "heads": None}
             problems += [f"{path}.{p}" for p in cls._problems(values)]
@@ -243,8 +247,6 @@ class LayerSpec:
         except ConfigError as err:
             raise ConfigError([f"{path}.{p}" for p in err.problems]) from None
 
-
-_LAYER_KEYS = ("attention", "heads", "mlp_ratio", "role", "freeze_mlp", "eta", "tied_output")
 
 
 @dataclass(frozen=True)
@@ -262,9 +264,9 @@ class ArchConfig:
     input_dim: int | None = None
     output_dim: int | None = None
     causal: bool = True
-    positional: str = "learned"
-    norm: str = "layernorm"
-    mlp: str = "gelu"
+    positional: Positional = "learned"
+    norm: Norm = "layernorm"
+    mlp: MlpKind = "gelu"
     tie_embeddings: bool = False
     seed: int = 0
     schema_version: int = SCHEMA_VERSION
@@ -322,27 +324,16 @@ class ArchConfig:
         return round(layer.mlp_ratio * self.d_model)
 
     def to_dict(self) -> dict[str, Any]:
-        """Canonical dict: every field explicit, derived ``arch_id`` excluded."""
-        return {
-            "schema_version": self.schema_version,
-            "d_model": self.d_model,
-            "max_seq_len": self.max_seq_len,
-            "vocab_size": self.vocab_size,
-            "input_dim": self.input_dim,
-            "output_dim": self.output_dim,
-            "causal": self.causal,
-            "positional": self.positional,
-            "norm": self.norm,
-            "mlp": self.mlp,
-            "tie_embeddings": self.tie_embeddings,
-            "seed": self.seed,
-            "layers": [layer.to_dict() for layer in self.layers],
-        }
+        """Canonical dict: every field explicit, derived ``arch_id`` excluded, layers last."""
+        data = _to_dict(self)
+        data["layers"] = data.pop("layers")
+        return data
 
     @classmethod
     def from_dict(cls, data: Any) -> ArchConfig:
         """Build from a dict, collecting every problem; unknown keys list the valid ones."""
-        _check_keys(data, _ARCH_KEYS, "")
+        keys = field_names(cls)
+        _check_keys(data, keys, "")
         problems: list[str] = []
         layers: list[LayerSpec] = []
         layers_data = data.get("layers")
@@ -354,7 +345,7 @@ class ArchConfig:
                     layers.append(LayerSpec.from_dict(item, f"layers[{i}]"))
                 except ConfigError as err:
                     problems.extend(err.problems)
-        kwargs = {k: data[k] for k in _ARCH_KEYS if k in data and k != "layers"}
+        kwargs = {k: data[k] for k in keys if k in data and k != "layers"}
         if problems:  # report the global fields' problems too, not only the layers'
             values = {**_defaults(cls), "d_model": None, "max_seq_len": None, **kwargs}
             if values["output_dim"] is None and values["vocab_size"] is None:
@@ -412,9 +403,19 @@ class ModelIO:
                 "tie_embeddings": tie_embeddings and tokens}
 
 
-_ARCH_KEYS = ("schema_version", "d_model", "max_seq_len", "vocab_size", "input_dim",
-              "output_dim", "causal", "positional", "norm", "mlp", "tie_embeddings", "seed",
-              "layers")
+def field_names(cls: type) -> tuple[str, ...]:
+    """The serialised fields of a vocabulary dataclass (derived ones, like ``arch_id``, are
+    not constructor arguments and are left out)."""
+    return tuple(f.name for f in fields(cls) if f.init)
+
+
+def _to_dict(obj: Any) -> dict[str, Any]:
+    """Every serialised field of ``obj``; tuples of nested dataclasses become lists of dicts."""
+    data = {}
+    for name in field_names(type(obj)):
+        value = getattr(obj, name)
+        data[name] = [v.to_dict() for v in value] if isinstance(value, tuple) else value
+    return data
 
 
 def _values(obj: Any) -> dict[str, Any]:

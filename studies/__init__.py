@@ -1,6 +1,6 @@
 """Optuna study storage, records and queries (no torch): the single record of every trial."""
 
-from studies.records import add_record, decode, flatten, read_arch, set_study_attrs, trial_attrs
+from studies.records import add_record, read_arch, set_study_attrs, trial_attrs
 from studies.storage import (
     StorageError,
     StorageSettings,
@@ -14,8 +14,6 @@ __all__ = [
     "StorageError",
     "StorageSettings",
     "add_record",
-    "decode",
-    "flatten",
     "open_storage",
     "read_arch",
     "reap_stale",

@@ -1,20 +1,14 @@
-"""The mapping between an Optuna trial and our record of a candidate architecture (SPEC §6).
+"""The mapping between an Optuna trial and our record of a candidate architecture.
 
-Trial params are the flattened per-layer fields, named with ``ArchConfig``'s vocabulary::
-
-    L{i}.attention  L{i}.mlp_ratio  L{i}.g{j}.count  L{i}.g{j}.qk_dim  L{i}.g{j}.v_dim
-    L{i}.role  L{i}.freeze_mlp  L{i}.eta  L{i}.tied_output      (only when not the default)
-
-(never ``/``: Ray would nest it). Optuna writes each param with three queries, so fields at their
-default are left out; decoding restores them. Trial user attrs hold the whole ``ArchConfig``
-JSON and the measurements; study user attrs describe the search. ``decode(params, template)``
-rebuilds the architecture from the flat params plus the template's global fields.
+Trial params are the flat per-layer fields of ``search_spaces.codec`` (``L0.attention``,
+``L0.g0.count``, ...; fields at their default are left out, since Optuna writes each param with
+three queries). Trial user attrs hold the whole ``ArchConfig`` JSON of the trained model and
+its measurements; study user attrs describe the search.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import warnings
 from collections.abc import Mapping
@@ -30,7 +24,7 @@ from optuna.distributions import (
 )
 from optuna.trial import FrozenTrial, TrialState
 
-from search_spaces import ATTENTION_KINDS, ROLES, ArchConfig, HeadGroup, LayerSpec, param_count
+from search_spaces import ATTENTION_KINDS, ROLES, ArchConfig, codec, param_count
 
 # Trial user attributes written for every trial.
 ARCH, ARCH_ID = "arch", "arch_id"
@@ -47,48 +41,7 @@ STUDY_ATTRS = ("task", "metric", "space_name", "space_hash", "alloc_inputs", "co
 # without it were written by code that recorded a placeholder's counts.
 RECORD_SCHEMA = 2
 
-_LAYER_FIELDS = ("attention", "mlp_ratio")
-_OPTIONAL_FIELDS = {"role": "process", "freeze_mlp": False, "eta": 1.0, "tied_output": False}
-_GROUP_FIELDS = ("count", "qk_dim", "v_dim")
 _CHOICES: dict[str, tuple[str, ...]] = {"attention": ATTENTION_KINDS, "role": ROLES}
-_KEY = re.compile(r"^L(\d+)\.(?:g(\d+)\.)?(\w+)$")
-
-
-def flatten(arch: ArchConfig) -> dict[str, Any]:
-    """The per-layer fields of ``arch`` as flat trial params."""
-    params: dict[str, Any] = {}
-    for i, layer in enumerate(arch.layers):
-        for name in _LAYER_FIELDS:
-            params[f"L{i}.{name}"] = getattr(layer, name)
-        for name, default in _OPTIONAL_FIELDS.items():
-            if getattr(layer, name) != default:
-                params[f"L{i}.{name}"] = getattr(layer, name)
-        for j, group in enumerate(layer.heads):
-            for name in _GROUP_FIELDS:
-                params[f"L{i}.g{j}.{name}"] = getattr(group, name)
-    return params
-
-
-def decode(params: Mapping[str, Any], template: ArchConfig) -> ArchConfig:
-    """Rebuild the architecture from flat params; global fields come from ``template``."""
-    layers: dict[int, dict[str, Any]] = {}
-    groups: dict[tuple[int, int], dict[str, Any]] = {}
-    for key, value in params.items():
-        match = _KEY.match(key)
-        if match is None:
-            continue  # training hyper-parameters live beside the architecture
-        i, j, name = int(match[1]), match[2], match[3]
-        if j is None:
-            layers.setdefault(i, {})[name] = value
-        else:
-            groups.setdefault((i, int(j)), {})[name] = value
-    specs = []
-    for i in sorted(layers):
-        heads = tuple(HeadGroup(**groups[(i, j)]) for j in sorted(j for k, j in groups if k == i))
-        specs.append(LayerSpec(heads=heads, **layers[i]))
-    data = template.to_dict()
-    data["layers"] = [spec.to_dict() for spec in specs]
-    return ArchConfig.from_dict(data)
 
 
 def fixed_distributions(params: Mapping[str, Any]) -> dict[str, BaseDistribution]:
@@ -130,7 +83,7 @@ def add_record(study: optuna.Study, arch: ArchConfig, value: float | None, *,
                state: TrialState = TrialState.COMPLETE, curve: Mapping[int, float] | None = None,
                extra_params: Mapping[str, Any] | None = None, **attrs: Any) -> None:
     """Write a finished trial for ``arch`` through Optuna (``study.add_trial``)."""
-    params = {**flatten(arch), **(extra_params or {})}
+    params = {**codec.encode(arch), **(extra_params or {})}
     trial = optuna.trial.create_trial(
         state=state, value=value if state == TrialState.COMPLETE else None, params=params,
         distributions=fixed_distributions(params), user_attrs=trial_attrs(arch, **attrs),

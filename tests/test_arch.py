@@ -55,8 +55,8 @@ def test_v_dim_defaults_to_qk_dim_and_shorthand_parses() -> None:
 def test_unknown_keys_list_the_valid_ones() -> None:
     data = small().to_dict()
     data["dmodel"] = 3
-    with pytest.raises(ConfigError, match=r"dmodel: unknown key; valid keys: schema_version, "
-                       r"d_model, max_seq_len"):
+    with pytest.raises(ConfigError, match=r"dmodel: unknown key; valid keys: d_model, layers, "
+                       r"max_seq_len, vocab_size"):
         ArchConfig.from_dict(data)
     data = small().to_dict()
     data["layers"][0]["heads"][0]["qk"] = 3

@@ -73,9 +73,9 @@ def test_predicted_error_of_any_layer_is_the_brute_force_bound() -> None:
     import numpy as np
 
     from alloc.extract import ExtractProblem, GroupChoice
-    from alloc.kernels import parse_kernel
     from alloc.plan import predicted_error
     from search_spaces import LayerSpec
+    from search_spaces.kernels import parse_kernel
 
     settings = PlanSettings(budget=64, input_dim=16, seq_len=4, kernel="poly:1", layers=1)
     rho = parse_kernel(settings.kernel, settings.seq_len)

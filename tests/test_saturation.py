@@ -9,7 +9,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from alloc.kernels import KernelError
 from alloc.saturation import (
     attention_error,
     jacobian_bound,
@@ -17,6 +16,7 @@ from alloc.saturation import (
     power_spectrum,
     reduced_qk_dim,
 )
+from search_spaces.kernels import KernelError
 
 
 @pytest.mark.parametrize("seed", range(20))

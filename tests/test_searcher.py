@@ -12,8 +12,7 @@ import pytest
 from optuna.trial import TrialState
 
 from alloc.plan import PlanSettings
-from search_spaces import ModelIO
-from search_spaces.space import load_space
+from search_spaces import ModelIO, load_space
 from studies.storage import StorageSettings, open_storage, reap_dead
 from workers.search import Predictor
 from workers.searcher import StudySearcher, finished_count, retried_numbers

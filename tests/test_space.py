@@ -5,6 +5,7 @@ exhaustive, and bad files get one message naming the file, the key and the rule.
 from __future__ import annotations
 
 import itertools
+import re
 from pathlib import Path
 
 import optuna
@@ -13,9 +14,10 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from search_spaces import ModelIO
-from search_spaces.space import (
+from search_spaces import (
+    ArchConfig,
     FixedSuggester,
+    ModelIO,
     RandomSuggester,
     SpaceError,
     load_space,
@@ -24,7 +26,7 @@ from search_spaces.space import (
 )
 
 IO = ModelIO(max_seq_len=16, vocab_size=32)  # a task's length and vocabulary
-SHIPPED = [p.name for p in shipped_spaces()]
+SHIPPED = [p.name for p in shipped_spaces() if "allocator" not in p.read_text()]
 BASE = {"name": "t", "budget": 64, "depth": 2,
         "layers": [{"layers": "all", "attention": ["mhsa", "mixit"], "heads": [1, 2, 4]}]}
 
@@ -87,8 +89,9 @@ def test_grid_is_the_product_of_the_choices() -> None:
 def test_shared_rule_samples_one_configuration_for_all_its_layers() -> None:
     space = load_space("attention_kinds")
     points = space.grid()
-    assert [p["L0.attention"] for p in points] == ["mhsa", "frozen_qk", "mixit", "mssa"]
-    assert not any(key.startswith("L1.") for p in points for key in p)
+    # One param per field, named for both layers (search_spaces.codec).
+    assert [p["L0-1.attention"] for p in points] == ["mhsa", "frozen_qk", "mixit", "mssa"]
+    assert not any(key.startswith(("L0.", "L1.")) for p in points for key in p)
     for seed in range(20):
         arch, train = space.sample(RandomSuggester(seed), IO)
         assert arch.layers[0] == arch.layers[1]
@@ -153,3 +156,77 @@ def test_bad_spaces_name_file_key_and_rule(tmp_path: Path, change: dict[str, obj
 def test_unknown_space_lists_the_shipped_ones() -> None:
     with pytest.raises(SpaceError, match=r"aot_vs_standard\.yaml"):
         load_space("nope.yaml")
+
+
+# --- several head groups per layer, and the allocator's neighbourhood ---------------------------
+
+TWO_GROUPS = {"name": "two", "budget": 256, "depth": 2,
+              "layers": [{"layers": "all", "groups": {"max": 2}, "head_dim": [8, 16, 32, 64],
+                          "attention": ["mhsa", "frozen_qk", "mssa"], "qk_dim": "reduced"}]}
+
+
+@settings(max_examples=300, deadline=None)
+@given(seed=st.integers(0, 2**31))
+def test_two_group_layers_fill_the_budget_with_aligned_dims(seed: int) -> None:
+    space = parse_space(TWO_GROUPS)
+    arch, _ = space.sample(RandomSuggester(seed), IO)
+    for layer in arch.layers:
+        assert 1 <= len(layer.heads) <= 2 and layer.width == 256
+        for g in layer.heads:
+            assert g.v_dim in (8, 16, 32, 64) and g.count >= 1
+            assert g.qk_dim % 8 == 0 and g.qk_dim <= g.v_dim
+    params = space.encode(arch)
+    assert space.sample(FixedSuggester(params), IO)[0] == arch
+
+
+def test_optuna_samples_the_dynamic_group_ranges() -> None:
+    """TPE on the space's define-by-run ranges (they change with the dims drawn)."""
+    space = parse_space(TWO_GROUPS)
+    study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=0, n_startup_trials=5))
+    for _ in range(25):
+        trial = study.ask()
+        arch, _ = space.sample(trial, IO)
+        assert all(layer.width == 256 for layer in arch.layers)
+        study.tell(trial, float(arch.layers[0].n_heads))
+
+
+def planner_for(**settings: object) -> object:
+    from alloc.plan import PlanSettings, make_plan
+
+    def plan(budget: int, depth: int) -> ArchConfig:
+        return make_plan(PlanSettings(budget=budget, layers=depth, **settings)).arch  # type: ignore[arg-type]
+
+    return plan
+
+
+@pytest.mark.parametrize("budget", [64, 128, 256, 512])
+@pytest.mark.parametrize("kernel", ["ngram:4", "poly:1.0", "exp:0.1"])
+def test_the_neighbourhood_contains_the_allocators_plan(budget: int, kernel: str) -> None:
+    planner = planner_for(kernel=kernel, seq_len=64, input_dim=64)
+    space = load_space("allocator_neighbourhood", budget, planner=planner)  # type: ignore[arg-type]
+    plan = planner(budget, space.depth)  # type: ignore[operator]
+    params = space.encode(plan)  # raises if the plan is not a point of the space
+    again, _ = space.sample(FixedSuggester(params), ModelIO(plan.max_seq_len,
+                                                            input_dim=plan.input_dim))
+    assert again == plan
+    for seed in range(20):  # and its neighbours are valid and fill the plan's widths
+        arch, _ = space.sample(RandomSuggester(seed), IO)
+        assert [x.width for x in arch.layers] == [x.width for x in plan.layers]
+    assert {g.v_dim for x in plan.layers for g in x.heads} <= set(space.rule(0).head_dim or ())
+
+
+def test_the_neighbourhood_needs_a_planner() -> None:
+    with pytest.raises(SpaceError, match="allocator's plan"):
+        load_space("allocator_neighbourhood")
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"groups": {"max": 3}, "head_dim": [16, 32, 128]}, "need a width of 272 > budget 256"),
+    ({"groups": {"max": 2}, "head_dim": [48]}, "head_dim 48 does not divide the layer budget"),
+    ({"groups": {"max": 2}, "head_dim": [16], "heads": [2]}, "not used with groups.max > 1"),
+    ({"groups": 2, "head_dim": [16]}, "must be {max: G}"),
+])
+def test_bad_group_rules(change: dict[str, object], message: str) -> None:
+    data = {**TWO_GROUPS, "layers": [{**TWO_GROUPS["layers"][0], **change}]}  # type: ignore[dict-item]
+    with pytest.raises(SpaceError, match=re.escape(message)):
+        parse_space(data)

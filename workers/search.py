@@ -30,8 +30,7 @@ from sqlalchemy.engine import make_url
 
 from alloc.plan import PlanSettings, baseline_arch, make_plan, predicted_error
 from common.cli import Parser, UsageError, add_format, dump, fail, int_in, number
-from search_spaces import ArchConfig, HeadGroup, LayerSpec
-from search_spaces.space import SearchSpace, SpaceError, load_space
+from search_spaces import ArchConfig, HeadGroup, LayerSpec, SearchSpace, SpaceError, load_space
 from studies import query
 from studies import records as rec
 from studies.storage import (

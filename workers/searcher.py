@@ -32,8 +32,7 @@ from optuna.storages._heartbeat import is_heartbeat_enabled
 from optuna.trial import FrozenTrial, Trial, TrialState
 from ray.tune.search.optuna import OptunaSearch
 
-from search_spaces import ModelIO
-from search_spaces.space import SearchSpace
+from search_spaces import ModelIO, SearchSpace
 from studies import records as rec
 from studies.storage import retry_failed
 from workers.trial import ERROR, NODE, STATUS, STEP

@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from alloc.kernels import parse_kernel
 from search_spaces import ArchConfig, ModelIO
+from search_spaces.kernels import parse_kernel
 
 SPLITS = {"train": 0, "val": 1}
 VAL_BUCKETS = 10  # a hashed discrete example is in val iff hash % VAL_BUCKETS == 0

@@ -21,7 +21,7 @@ from alloc import calibrate
 from common.cli import int_in, render_table
 from common.files import write_csv, write_yaml
 from common.plots import new_figure, write_figure
-from search_spaces.space import load_space
+from search_spaces import load_space
 from workers.experiments import harness
 
 NAME = "tradeoff"

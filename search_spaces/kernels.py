@@ -1,6 +1,8 @@
-"""Memory kernels ``rho(s)``, ``s = 1..seq_len``, of the target ``y_t = sum_s rho(s) x_{t-s}``.
+"""Memory kernels ``rho(s)``, ``s = 1..seq_len``, of the target ``y_t = sum_s rho(s) x_{t-s}``
+(docs/theory.md §2): part of the vocabulary because the allocator solves for a kernel, the
+vector tasks generate data from one and the profiler measures one.
 
-Specs (SPEC §3.1): ``ngram:K`` (1 for ``s <= K``), ``exp:LAMBDA`` (``e^{-lambda s}``),
+Specs: ``ngram:K`` (1 for ``s <= K``), ``exp:LAMBDA`` (``e^{-lambda s}``),
 ``poly:P`` (``s^{-p}``), or ``file:PATH`` (also a bare existing path): one value per line for
 offsets 1, 2, ...; blank lines and ``#`` comments are skipped, missing offsets are 0, extra
 lines are ignored.

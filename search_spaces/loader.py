@@ -1,0 +1,422 @@
+"""Reading and validating search-space YAML files into ``SearchSpace`` objects.
+
+    name: aot_vs_standard
+    budget: 64                    # the width budget D: d_model and every layer's width cap
+    depth: 2
+    model: {positional: learned}  # global ArchConfig fields
+    layers:
+      - layers: all               # all | 3 | 1-5 | [0, 2]; the rules partition the depth
+        attention: [mhsa, mssa, mixit, frozen_qk]
+        mlp_ratio: [0, 4]
+        heads: [1, 2, 4, 8]       # one head group: a count from this list ...
+        head_dim: derived         # ... of dim budget / count, or a list of dims
+        qk_dim: same              # same | reduced | {min: 8, step: 8}
+        shared: false             # true: the rule's layers all take one sampled configuration
+      - layers: 2
+        groups: {max: 3}          # up to 3 head groups filling the layer budget exactly,
+        head_dim: [16, 32, 64]    # each of one of these dims (every dim divides the budget)
+    train: {steps: 200, eval_every: 20, lr: {low: 3.0e-4, high: 3.0e-3, log: true}}
+
+``head_dim: allocator`` and ``budget: allocator`` in a rule take the allocator's plan for the
+space's budget and depth (a ``planner`` passed to ``load_space``): the rule's budget becomes the
+plan's width for its layers, and its head dims the plan's dims with their halves and doubles
+(those that divide the width and keep every sample feasible, with ``groups.max`` lowered where
+that many groups could not fit). The loader rejects unknown keys,
+empty choices, rules that leave layers uncovered and choices that could break the budget,
+naming the file, the key and the rule.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from search_spaces.arch import ATTENTION_KINDS, ArchConfig, ConfigError, HeadGroup, LayerSpec
+from search_spaces.space import PROBE_IO, LayerRule, QkRule, SearchSpace, SpaceError, TrainParam
+
+SPACES_DIR = Path(__file__).resolve().parent
+TRAIN_KEYS = ("steps", "eval_every", "batch_size", "lr", "optimizer", "weight_decay", "warmup",
+              "min_lr", "grad_clip", "eval_batches", "seed")
+FIXED_TRAIN_KEYS = ("steps", "eval_every")  # the scheduler needs one budget per study
+MODEL_KEYS = ("positional", "norm", "mlp", "causal", "tie_embeddings", "seed")
+SAMPLERS = ("tpe", "grid", "random")
+REDUCED = {"min": 8, "step": 8}
+ALLOCATOR = "allocator"
+_TOP_KEYS = ("name", "description", "budget", "depth", "model", "layers", "train", "sampler")
+_RULE_KEYS = ("layers", "attention", "mlp_ratio", "heads", "head_dim", "qk_dim", "budget",
+              "role", "eta", "freeze_mlp", "shared", "groups")
+# The allocator's plan for (budget, depth): what resolves ``allocator`` placeholders.
+Planner = Callable[[int, int], ArchConfig]
+
+
+def resolve_path(name: str | Path) -> Path:
+    """A path as given, else a space shipped in ``search_spaces/`` (``.yaml`` optional)."""
+    path = Path(name)
+    if path.exists():
+        return path
+    for candidate in (SPACES_DIR / path.name, SPACES_DIR / f"{path.name}.yaml"):
+        if candidate.exists():
+            return candidate
+    shipped = ", ".join(p.name for p in shipped_spaces())
+    raise SpaceError(f"search space {str(name)!r}: no such file here or in search_spaces/ "
+                     f"(shipped: {shipped})")
+
+
+def shipped_spaces() -> list[Path]:
+    return sorted(SPACES_DIR.glob("*.yaml"))
+
+
+def read_space_file(name: str | Path) -> tuple[dict[str, Any], str]:
+    """The raw YAML mapping of a space file and where it was found."""
+    path = resolve_path(name)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as err:
+        raise SpaceError(f"{path}: cannot read YAML ({str(err).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise SpaceError(f"{path}: must be a mapping with keys {', '.join(_TOP_KEYS)}")
+    return data, str(path)
+
+
+def load_space(name: str | Path, budget: int | None = None,
+               planner: Planner | None = None) -> SearchSpace:
+    """Read and validate a space file (``budget`` overrides the file's; ``planner`` resolves
+    ``allocator`` placeholders)."""
+    data, source = read_space_file(name)
+    if budget is not None:
+        data["budget"] = budget
+    return parse_space(data, source, planner)
+
+
+def uses_allocator(data: Mapping[str, Any]) -> bool:
+    """Whether a space's rules take values from the allocator's plan."""
+    rules = data.get("layers")
+    return isinstance(rules, list) and any(
+        isinstance(r, dict) and ALLOCATOR in (r.get("head_dim"), r.get("budget")) for r in rules)
+
+
+class _Checker:
+    """Collects problems as ``source: key = value: rule`` and raises them together."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.problems: list[str] = []
+
+    def add(self, key: str, value: Any, rule: str) -> None:
+        self.problems.append(f"{key} = {value!r}: {rule}")
+
+    def keys(self, data: Any, valid: tuple[str, ...], where: str) -> bool:
+        if not isinstance(data, dict):
+            self.add(where, data, f"must be a mapping with keys {', '.join(valid)}")
+            return False
+        for key in sorted(set(data) - set(valid)):
+            self.add(f"{where}.{key}" if where else key, data[key],
+                     f"unknown key; valid: {', '.join(valid)}")
+        return True
+
+    def int_at_least(self, key: str, value: Any, minimum: int) -> bool:
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            self.add(key, value, f"must be an integer >= {minimum}")
+            return False
+        return True
+
+    def choices(self, key: str, value: Any, check: Any, rule: str) -> tuple[Any, ...]:
+        items = value if isinstance(value, list) else [value]
+        if not items:
+            self.add(key, value, "must not be empty")
+            return ()
+        bad = [v for v in items if not check(v)]
+        if bad:
+            self.add(key, bad[0] if len(bad) == 1 else bad, rule)
+            return ()
+        return tuple(items)
+
+    def raise_if_any(self) -> None:
+        if self.problems:
+            raise SpaceError(f"{self.source}: " + "; ".join(self.problems))
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return (_is_int(v) or isinstance(v, float)) and math.isfinite(v)
+
+
+def parse_space(data: Mapping[str, Any], source: str = "<space>",
+                planner: Planner | None = None) -> SearchSpace:
+    """Validate a space given as a dict (what ``load_space`` read from YAML)."""
+    check = _Checker(source)
+    if not check.keys(dict(data), _TOP_KEYS, ""):
+        check.raise_if_any()
+    budget: Any = data.get("budget")
+    depth: Any = data.get("depth", 1)
+    name = data.get("name") or Path(source).stem
+    budget_ok = check.int_at_least("budget", budget, 1)
+    depth_ok = check.int_at_least("depth", depth, 1)
+    sampler = data.get("sampler", "tpe")
+    if sampler not in SAMPLERS:
+        check.add("sampler", sampler, f"must be one of {', '.join(SAMPLERS)}")
+    model = dict(data.get("model") or {})
+    if check.keys(model, MODEL_KEYS, "model"):
+        model = {k: v for k, v in model.items() if k in MODEL_KEYS}
+    rules_data = data.get("layers")
+    if budget_ok and depth_ok and uses_allocator(data):
+        rules_data = _resolve_allocator(check, rules_data, budget, depth, planner)
+    rules = _parse_rules(check, rules_data, budget if budget_ok else 1,
+                         depth if depth_ok else 0)
+    train = _parse_train(check, data.get("train") or {})
+    check.raise_if_any()
+    space = SearchSpace(str(name), str(data.get("description", "")), budget, depth, model,
+                        tuple(rules), tuple(train), sampler, source,
+                        {**data, "layers": rules_data})
+    _check_constructible(space)
+    if sampler == "grid":
+        space.grid()  # raises if a range makes the space infinite
+    return space
+
+
+def _layer_indices(check: _Checker, key: str, value: Any, depth: int) -> tuple[int, ...]:
+    if value in (None, "all"):
+        return tuple(range(depth))
+    if _is_int(value):
+        value = [value]
+    elif isinstance(value, str) and "-" in value:
+        first, _, last = value.partition("-")
+        if first.strip().isdigit() and last.strip().isdigit():
+            value = list(range(int(first), int(last) + 1))
+    if not isinstance(value, list) or not value or not all(_is_int(v) for v in value):
+        check.add(key, value, "must be 'all', a layer index, a range 'a-b' or a list of indices")
+        return ()
+    outside = [v for v in value if not 0 <= v < depth]
+    if outside:
+        check.add(key, value, f"layer indices must lie in 0..{depth - 1} (depth {depth})")
+        return ()
+    return tuple(value)
+
+
+def _parse_rules(check: _Checker, data: Any, budget: int, depth: int) -> list[LayerRule]:
+    if not isinstance(data, list) or not data:
+        check.add("layers", data, "must be a non-empty list of layer rules")
+        return []
+    rules: list[LayerRule] = []
+    owner: dict[int, int] = {}
+    for r, item in enumerate(data):
+        where = f"layers[{r}]"
+        if not check.keys(item, _RULE_KEYS, where):
+            continue
+        rule = _parse_rule(check, where, item, budget, depth)
+        if rule is None:
+            continue
+        for i in rule.indices:
+            if i in owner:
+                check.add(f"{where}.layers", item.get("layers", "all"),
+                          f"layer {i} is already covered by layers[{owner[i]}]")
+            owner[i] = r
+        rules.append(rule)
+    missing = [i for i in range(depth) if i not in owner]
+    if missing and not check.problems:
+        check.add("layers", [r.indices for r in rules], f"no rule covers layers {missing}")
+    return rules
+
+
+def _parse_rule(check: _Checker, where: str, item: dict[str, Any], budget: int,
+                depth: int) -> LayerRule | None:
+    n = len(check.problems)
+    indices = _layer_indices(check, f"{where}.layers", item.get("layers", "all"), depth)
+    rule_budget = item.get("budget", budget)
+    check.int_at_least(f"{where}.budget", rule_budget, 1)
+    attention = check.choices(f"{where}.attention", item.get("attention", ["mhsa"]),
+                              lambda v: v in ATTENTION_KINDS, f"must be from {ATTENTION_KINDS}")
+    mlp = check.choices(f"{where}.mlp_ratio", item.get("mlp_ratio", [0]),
+                        lambda v: _is_number(v) and v >= 0, "must be numbers >= 0 (0 = no MLP)")
+    max_groups = _parse_groups(check, f"{where}.groups", item.get("groups", {"max": 1}))
+    heads: tuple[Any, ...] = ()
+    if max_groups == 1:
+        heads = check.choices(f"{where}.heads", item.get("heads"), lambda v: _is_int(v) and v >= 1,
+                              "must be head counts (integers >= 1)")
+    elif "heads" in item:
+        check.add(f"{where}.heads", item["heads"], "not used with groups.max > 1: the counts "
+                  "are sampled to fill the layer budget")
+    head_dim_data = item.get("head_dim", "derived")
+    head_dim = None if head_dim_data == "derived" and max_groups == 1 else check.choices(
+        f"{where}.head_dim", head_dim_data, lambda v: _is_int(v) and v >= 1,
+        "must be a list of integers >= 1" + ("" if max_groups > 1 else
+                                              " or 'derived' (budget / heads)"))
+    qk = _parse_qk(check, f"{where}.qk_dim", item.get("qk_dim", "same"))
+    role, eta = item.get("role", "process"), item.get("eta", 1.0)
+    shared = item.get("shared", False)
+    if not isinstance(shared, bool):
+        check.add(f"{where}.shared", shared, "must be true or false")
+    if len(check.problems) > n:
+        return None
+    return LayerRule(indices, attention, tuple(float(m) for m in mlp), heads, head_dim, qk,
+                     rule_budget, role, eta, item.get("freeze_mlp", False), shared, max_groups)
+
+
+def _parse_groups(check: _Checker, key: str, value: Any) -> int:
+    if isinstance(value, dict) and set(value) == {"max"} and check.int_at_least(
+            f"{key}.max", value["max"], 1):
+        return int(value["max"])
+    if not (isinstance(value, dict) and set(value) == {"max"}):
+        check.add(key, value, "must be {max: G}, the most head groups a layer may have")
+    return 1
+
+
+def _parse_qk(check: _Checker, key: str, value: Any) -> QkRule:
+    if value == "same":
+        return QkRule()
+    if value == "reduced":
+        value = REDUCED
+    if isinstance(value, dict) and set(value) <= {"min", "step"}:
+        low, step = value.get("min", REDUCED["min"]), value.get("step", REDUCED["step"])
+        if check.int_at_least(f"{key}.min", low, 1) and check.int_at_least(f"{key}.step", step, 1):
+            return QkRule(True, low, step)
+        return QkRule()
+    check.add(key, value, "must be 'same', 'reduced' or {min: 8, step: 8}")
+    return QkRule()
+
+
+def _parse_train(check: _Checker, data: Any) -> list[TrainParam]:
+    if not check.keys(data, TRAIN_KEYS, "train"):
+        return []
+    data = {"steps": 200, "eval_every": 20, **data}
+    params = []
+    for key in TRAIN_KEYS:
+        if key not in data:
+            continue
+        value, where = data[key], f"train.{key}"
+        if isinstance(value, list):
+            if key in FIXED_TRAIN_KEYS or not value:
+                check.add(where, value, "must be one value" if value else "must not be empty")
+                continue
+            params.append(TrainParam(key, choices=tuple(value)))
+        elif isinstance(value, dict):
+            low: Any = value.get("low")
+            high: Any = value.get("high")
+            if (key in FIXED_TRAIN_KEYS or set(value) - {"low", "high", "log"}
+                    or not (_is_number(low) and _is_number(high) and 0 < low <= high)):
+                check.add(where, value, "must be a value, a list of choices or "
+                          "{low, high, log} with 0 < low <= high" +
+                          (" (and fixed: the scheduler needs it)" if key in FIXED_TRAIN_KEYS
+                           else ""))
+                continue
+            params.append(TrainParam(key, low=low, high=high, log=bool(value.get("log")),
+                                     integer=_is_int(low) and _is_int(high)))
+        else:
+            if key in FIXED_TRAIN_KEYS and not check.int_at_least(where, value, 1):
+                continue
+            params.append(TrainParam(key, value=value))
+    return params
+
+
+def _min_group_widths(dims: tuple[int, ...], max_groups: int, budget: int) -> list[str]:
+    """Why groups of these dims could fail to fill ``budget`` (empty: they always can). Every
+    dim must divide the budget, and the widest minimal layer -- ``max_groups - 1`` groups of
+    ``lcm(dim, last)`` and one of ``last`` -- must fit."""
+    problems = [f"head_dim {d} does not divide the layer budget {budget}" for d in dims
+                if budget % d]
+    for last in dims:
+        widest = (max_groups - 1) * max(math.lcm(d, last) for d in dims) + last
+        if not problems and widest > budget:
+            problems.append(f"{max_groups} groups ending with head_dim {last} need a width of "
+                            f"{widest} > budget {budget}; lower groups.max or drop large dims")
+    return problems
+
+
+def _check_constructible(space: SearchSpace) -> None:
+    """Every choice a rule allows must make a valid layer: budget, divisibility, ArchConfig."""
+    problems = []
+    for r, rule in enumerate(space.rules):
+        where = f"layers[{r}]"
+        if rule.max_groups > 1:
+            assert rule.head_dim is not None
+            problems += [f"{where}: {p}" for p in _min_group_widths(rule.head_dim,
+                                                                    rule.max_groups,
+                                                                    rule.budget)]
+        for count in rule.heads:
+            widest = max(rule.v_dims(count)) * count
+            if rule.head_dim is None and rule.budget % count:
+                problems.append(f"{where}.heads = {count}: head_dim 'derived' needs the count to "
+                                f"divide the budget {rule.budget}")
+            elif widest > rule.budget:
+                problems.append(f"{where}.heads = {count}: {count} x {max(rule.v_dims(count))} "
+                                f"= {widest} exceeds the width budget {rule.budget}")
+        if rule.budget > space.budget:
+            problems.append(f"{where}.budget = {rule.budget}: exceeds the space's budget "
+                            f"{space.budget}")
+        if problems:
+            continue
+        count = rule.heads[0] if rule.heads else 1
+        dim = rule.v_dims(count)[0]
+        for kind in rule.attention:  # the rest is ArchConfig's own validation, on extremes
+            for ratio in rule.mlp_ratio:
+                try:
+                    layer = LayerSpec(kind, (HeadGroup(count, dim),), ratio, rule.role,
+                                      eta=rule.eta)
+                    ArchConfig(d_model=space.budget, layers=(layer,),
+                               **{**space.model, **PROBE_IO.fields(True)})
+                except (ConfigError, TypeError) as err:
+                    problems.append(f"{where} (attention {kind}, mlp_ratio {ratio:g}): {err}")
+    if problems:
+        raise SpaceError(f"{space.source}: " + "; ".join(problems))
+
+
+# --- the allocator's plan as a neighbourhood ------------------------------------------------
+
+
+def _resolve_allocator(check: _Checker, rules: Any, budget: int, depth: int,
+                       planner: Planner | None) -> Any:
+    """``rules`` with ``allocator`` placeholders replaced by the plan's widths and dims."""
+    if planner is None:
+        check.add("layers", ALLOCATOR, "this space takes head dims or budgets from the "
+                  "allocator's plan; load it through the search launcher (a planner)")
+        return rules
+    plan = planner(budget, depth)
+    resolved = []
+    for r, item in enumerate(rules):
+        if not isinstance(item, dict) or ALLOCATOR not in (item.get("head_dim"),
+                                                         item.get("budget")):
+            resolved.append(item)
+            continue
+        where = f"layers[{r}]"
+        indices = _layer_indices(check, f"{where}.layers", item.get("layers", "all"), depth)
+        layers = [plan.layers[i] for i in indices]
+        widths = {layer.width for layer in layers}
+        if len(widths) != 1:
+            check.add(f"{where}.budget", ALLOCATOR, f"the plan's widths differ over its layers "
+                      f"({sorted(widths)}); split the rule")
+            resolved.append(item)
+            continue
+        (width,) = widths
+        item = {**item, "budget": width if item.get("budget") == ALLOCATOR else item["budget"]}
+        if item.get("head_dim") == ALLOCATOR:
+            groups = item.get("groups", {"max": 1})
+            most = groups.get("max", 1) if isinstance(groups, dict) else 1
+            plan_dims = {g.v_dim for layer in layers for g in layer.heads}
+            max_groups, dims = neighbourhood(plan_dims, item["budget"], most)
+            item = {**item, "head_dim": dims, "groups": {"max": max_groups}}
+        resolved.append(item)
+    return resolved
+
+
+def neighbourhood(plan_dims: set[int], width: int, most: int) -> tuple[int, list[int]]:
+    """``(groups, dims)`` around a plan: the plan's head dims with their halves and doubles that
+    divide ``width``, dropping the largest extra dims, then groups (from ``most`` down), until
+    any choice of that many groups of those dims can fill the width."""
+    extra = {d * f for d in plan_dims for f in (0.5, 2)} - plan_dims
+    for groups in range(max(1, most), 0, -1):
+        candidates = sorted(int(d) for d in extra if d == int(d) and width % int(d) == 0)
+        while True:
+            dims = sorted(plan_dims | set(candidates))
+            if not _min_group_widths(tuple(dims), groups, width):
+                return groups, dims
+            if not candidates:
+                break
+            candidates.pop()
+    return 1, sorted(plan_dims)  # reported by the loader's checks
