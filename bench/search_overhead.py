@@ -1,9 +1,10 @@
 """python -m bench.search_overhead [--trials 6] [--steps 300]
 
 Orchestration overhead of ``workers.search``: the same trials run (a) as a plain loop calling the
-trainer, (b) through the launcher (Ray Tune + OptunaSearch writing the study to SQLite), with and
-without actor reuse, one trial at a time so the comparison is work for work. Reports the overhead
-per trial and as a fraction of wall time, and what it would be for 30 s trials.
+trainer, (b) through the launcher (Ray Tune, the study searcher writing to SQLite, a checkpoint
+per evaluation), with and without actor reuse, one trial at a time so the comparison is work for
+work. Reports the overhead per trial and as a fraction of wall time, and what it would be for
+30 s trials.
 """
 
 from __future__ import annotations
@@ -21,16 +22,16 @@ from search_spaces import ArchConfig, FixedSuggester, load_space
 
 def launcher(url: str, results: Path, study: str, args: argparse.Namespace, reuse: bool
              ) -> float:
-    from workers import search
+    from workers.search import SearchOptions, run_search, training_budget
 
-    argv = ["--space", args.space, "--task", args.task, "--storage", url, "--study", study,
-            "--trials", str(args.trials), "--steps", str(args.steps), "--scheduler", "fifo",
-            "--max-concurrent", "1", "--storage-path", str(results),
-            "--format", "json"] + ([] if reuse else ["--no-reuse-actors"])
+    space = training_budget(load_space(args.space), steps=args.steps)
+    options = SearchOptions(scheduler="fifo", max_concurrent=1, storage_path=results,
+                            reuse_actors=reuse)
     start = time.perf_counter()
-    code = search.main(argv)
-    if code != 0:
-        raise SystemExit(f"launcher failed with exit code {code}")
+    summary = run_search(space, args.task, storage=url, study=study, trials=args.trials,
+                         options=options)
+    if summary.status != "completed":
+        raise SystemExit(f"launcher ended {summary.status}")
     return time.perf_counter() - start
 
 
@@ -65,10 +66,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--task", default="ngram")
     add_format(p)
     args = p.parse_args(argv)
-    import ray
+    from workers import tune
 
     start = time.perf_counter()
-    ray.init(include_dashboard=False, log_to_driver=False)
+    tune.start()
     ray_start = time.perf_counter() - start
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -319,6 +319,11 @@ class ArchConfig:
     def token_inputs(self) -> bool:
         return self.vocab_size is not None
 
+    def describe(self) -> str:
+        """One line per layer: ``mhsa 4x16 mlp4 | mssa 2x32``."""
+        return " | ".join(f"{x.attention} {x.heads_str}" + (f" mlp{x.mlp_ratio:g}" if x.mlp_ratio
+                                                             else "") for x in self.layers)
+
     def mlp_hidden(self, layer: LayerSpec) -> int:
         """MLP hidden units of ``layer`` (0 for an attention-only layer)."""
         return round(layer.mlp_ratio * self.d_model)

@@ -302,10 +302,11 @@ def find_trial(engine: sa.Engine, study: str, number: int | None) -> TrialRecord
     return match[0]
 
 
-def with_heartbeat(engine: sa.Engine, trial_ids: list[int]) -> set[int]:
-    """Those of ``trial_ids`` that ever recorded an Optuna heartbeat."""
-    if not trial_ids:
-        return set()
-    query = sa.select(_heartbeats.c.trial_id).where(_heartbeats.c.trial_id.in_(trial_ids))
+def beating_numbers(engine: sa.Engine, study: str) -> set[int]:
+    """Numbers of the study's trials that ever recorded an Optuna heartbeat."""
+    query = (sa.select(_trials.c.number)
+             .join(_heartbeats, _heartbeats.c.trial_id == _trials.c.trial_id)
+             .join(_studies, _studies.c.study_id == _trials.c.study_id)
+             .where(_studies.c.study_name == study))
     with engine.connect() as conn:
         return set(conn.scalars(query))

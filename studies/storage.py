@@ -160,8 +160,7 @@ def reap_stale(study: optuna.Study) -> list[int]:
 def retry_failed(study: optuna.Study, number: int) -> None:
     """Enqueue a copy of failed trial ``number``, marked as Optuna's own retries are (so
     ``RetryHeartbeatStaleTrialCallback.retried_trial_number`` finds it)."""
-    trial = study._storage.get_trial(study._storage.get_trial_id_from_study_id_trial_number(
-        study._study_id, number))
+    trial = next(t for t in study.get_trials(deepcopy=False) if t.number == number)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         RetryHeartbeatStaleTrialCallback()(study, trial)
@@ -179,17 +178,19 @@ def reap_dead(study: optuna.Study, storage: RDBStorage, wait: float,
     Returns:
         Numbers of the trials still RUNNING with a live heartbeat (their process is alive).
     """
-    from studies.query import with_heartbeat
+    from studies.query import beating_numbers
 
     deadline = time.monotonic() + wait
     while _running(study) and time.monotonic() < deadline:
         reap_stale(study)
         time.sleep(poll)
     reap_stale(study)
-    running = _running(study)
-    beating = with_heartbeat(storage.engine, [t._trial_id for t in running])
-    for t in running:
-        if t._trial_id not in beating:
-            study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
-            retry_failed(study, t.number)
-    return [t.number for t in running if t._trial_id in beating]
+    running = [t.number for t in _running(study)]
+    beating = beating_numbers(storage.engine, study.study_name)
+    study_id = storage.get_study_id_from_name(study.study_name)
+    for number in running:
+        if number not in beating:
+            trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, number)
+            storage.set_trial_state_values(trial_id, TrialState.FAIL)
+            retry_failed(study, number)
+    return [n for n in running if n in beating]

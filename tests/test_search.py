@@ -131,7 +131,7 @@ def test_smoke_search_then_studies_best(storage_url: str, study_name: str, tmp_p
     proc = run(tmp_path, *SMOKE, "--storage", storage_url, "--study", study_name)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "best per-layer allocation" in proc.stdout and "python -m studies export" in proc.stdout
-    plain = make_url(storage_url)._replace(password=None).render_as_string(False)
+    plain = storage_url.replace(f":{secret}@", "@")
     study = load(plain, study_name)
     check_consistent(study, 6)
     assert_records_are_the_trained_models(study, "modadd", tmp_path)

@@ -28,6 +28,7 @@ from studies import (
 )
 from studies import query as q
 from studies.cli import main
+from studies.storage import engine_kwargs
 
 ROOT = Path(__file__).resolve().parents[1]
 FROZEN = ROOT / "tests" / "data" / "study_v1.db"
@@ -221,7 +222,9 @@ def test_stock_optuna_cli_and_dashboard_read_our_study(tmp_path: Path) -> None:
     from optuna_dashboard import wsgi
 
     app = wsgi(url)
-    for path in ("/api/studies", f"/api/studies/{study._study_id}"):
+    study_id = open_storage(url).get_study_id_from_name(study.study_name)
+    bodies = []
+    for path in ("/api/studies", f"/api/studies/{study_id}"):
         environ: dict[str, object] = {"PATH_INFO": path, "QUERY_STRING": "after=0"}
         setup_testing_defaults(environ)
         status: list[str] = []
@@ -233,7 +236,9 @@ def test_stock_optuna_cli_and_dashboard_read_our_study(tmp_path: Path) -> None:
 
         body = b"".join(app(environ, start_response))
         assert status[0].startswith("200"), (path, status, body[:200])
-        assert json.load(BytesIO(body))
+        bodies.append(json.load(BytesIO(body)))
+    # The dashboard names the objective after the task's metric, not "Objective 0".
+    assert bodies[1]["objective_names"] == ["mse"]
 
 
 def test_heartbeat_settings_reach_optuna(tmp_path: Path) -> None:
@@ -246,7 +251,7 @@ def test_heartbeat_settings_reach_optuna(tmp_path: Path) -> None:
 def test_postgres_pool_settings_reach_the_engine() -> None:
     from tests.conftest import postgres_url
 
-    storage = open_storage(postgres_url(), StorageSettings(pool_size=3, max_overflow=1))
-    pool = storage.engine.pool
-    assert pool.size() == 3 and pool._max_overflow == 1  # type: ignore[attr-defined]
-    assert pool._pre_ping  # type: ignore[attr-defined]
+    settings = StorageSettings(pool_size=3, max_overflow=1)
+    kwargs = engine_kwargs(postgres_url(), settings)
+    assert (kwargs["pool_size"], kwargs["max_overflow"], kwargs["pool_pre_ping"]) == (3, 1, True)
+    assert open_storage(postgres_url(), settings).engine.pool.size() == 3  # what Optuna built

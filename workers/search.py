@@ -1,12 +1,18 @@
 """python -m workers.search --space aot_vs_standard.yaml --task modadd [--smoke-test]
 
 Search per-layer configurations with Ray Tune while Optuna records every trial in the study
-database (SPEC §7): a function trainable on ``workers.train``, Optuna's TPE sampler (or the
-space's grid) through ``OptunaSearch`` on the study's own storage, ASHA stopping bad trials early,
-and the allocator's plan plus the uniform baselines evaluated first. ``--resume`` continues a
-study after Ctrl-C or a killed driver: finished trials are kept, trials that were running are
-failed and retried, nothing is left RUNNING. A password in ``--storage`` is moved to
-``$PGPASSWORD`` before anything is pickled or logged (``~/.pgpass`` and service files work too).
+database: a function trainable on ``workers.train``, Optuna's TPE sampler (random, or the space's
+grid) asking the study, ASHA stopping bad trials early, and the allocator's plan plus the uniform
+baselines evaluated first. ``--resume`` continues a study after Ctrl-C or a killed driver:
+finished trials are kept, trials that were running are failed and retried from their last
+checkpoint, nothing is left RUNNING. A password in ``--storage`` is moved to ``$PGPASSWORD``
+before anything is pickled or logged (``~/.pgpass`` and service files work too).
+
+From Python::
+
+    from workers.search import run_search
+    summary = run_search("aot_vs_standard.yaml", "modadd", storage="sqlite:///s.db", trials=20)
+    print(summary.counts, summary.best)
 """
 
 from __future__ import annotations
@@ -18,15 +24,13 @@ import logging
 import os
 import sys
 import time
-import warnings
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.storages import RDBStorage
-from optuna.trial import TrialState
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 
 from alloc.plan import PlanSettings, baseline_arch, make_plan, predicted_error
 from common.cli import Parser, UsageError, add_format, dump, fail, int_in, number
@@ -41,7 +45,8 @@ from studies.storage import (
     redact,
     resolve_url,
 )
-from workers.tasks import Task, TaskError, make_task
+from workers.searcher import Start, StudySearcher, finished_count, retried_numbers
+from workers.tasks import Task, TaskError, describe_task, make_task
 from workers.train import parse_task_params
 
 log = logging.getLogger(__name__)
@@ -51,29 +56,67 @@ SMOKE_TRIALS = 6
 
 
 @dataclass(frozen=True)
-class Job:
-    """What every trial needs besides its sampled config (a plain dict reaches the workers)."""
+class SearchOptions:
+    """How a search runs, besides what it searches (all have working defaults)."""
 
-    task: str
-    size: str
-    task_params: dict[str, Any]
-    seed: int
-    metric: str
-    mode: str
-    device: str
-    threads: int
-    inject: tuple[dict[str, str], ...] = ()
+    scheduler: str = "asha"  # asha stops bad trials early; fifo trains every trial fully
+    seed: int = 0  # sampler and model seed
+    cpus_per_trial: float = 1.0
+    gpus_per_trial: float = 0.0  # fractions share a GPU; > 0 trains on CUDA
+    max_concurrent: int | None = None
+    address: str | None = None  # Ray cluster: auto or ray://host:port; None: local Ray
+    storage_path: Path = Path("ray_results")  # Ray's experiment directory
+    heartbeat_interval: int = 10
+    grace_period: int = 60
+    reuse_actors: bool = True
+    inject: tuple[dict[str, str], ...] = ()  # tests: see workers.trial.injected
 
 
-# --- the allocator's seeds ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SearchSummary:
+    """What a search did: the study, trials by state, the best fully trained trial."""
+
+    study: str
+    storage: str  # password redacted
+    status: str  # completed | interrupted
+    counts: dict[str, int]  # trials by Optuna state
+    retried: list[int]  # failed trials that were re-run
+    not_run: int  # starting points (e.g. grid points) never enqueued
+    best: query.TrialRecord | None = field(default=None, compare=False)
+
+    @property
+    def export(self) -> str | None:
+        """The command that writes the best architecture as YAML."""
+        if self.best is None:
+            return None
+        return (f"python -m studies export --storage {self.storage} --study {self.study} "
+                f"--trial {self.best.number} --out best.yaml")
+
+    def to_dict(self) -> dict[str, Any]:
+        best = self.best
+        return {"study": self.study, "storage": self.storage, "status": self.status,
+                "trials": self.counts, "retried": self.retried, "not_run": self.not_run,
+                "best": None if best is None else {
+                    "number": best.number, "value": best.value,
+                    "params_trainable": best.params_trainable,
+                    "arch": best.arch.to_dict() if best.arch else None},
+                "export": self.export}
 
 
-def plan_settings(space: SearchSpace, task: Task) -> PlanSettings:
-    """Allocator inputs for this space and task (the ngram/kernel tasks give the kernel)."""
+# --- the allocator's seeds ----------------------------------------------------------------------
+
+
+def plan_settings(budget: int, depth: int, task: Task) -> PlanSettings:
+    """Allocator inputs for a space of this budget and depth on ``task`` (the ngram/kernel
+    tasks give the kernel)."""
     kernel = getattr(task, "kernel", PlanSettings.kernel)
-    return PlanSettings(budget=space.budget, layers=space.depth, seq_len=task.seq_len,
-                        input_dim=task.input_dim or space.budget, kernel=kernel,
-                        align=min(8, space.budget))
+    return PlanSettings(budget=budget, layers=depth, seq_len=task.seq_len,
+                        input_dim=task.input_dim or budget, kernel=kernel, align=min(8, budget))
+
+
+def planner(task: Task) -> Callable[[int, int], ArchConfig]:
+    """The allocator's plan for (budget, depth) on ``task``: resolves ``allocator`` in spaces."""
+    return lambda budget, depth: make_plan(plan_settings(budget, depth, task)).arch
 
 
 def _fit_layer(space: SearchSpace, i: int, layer: LayerSpec) -> LayerSpec:
@@ -81,18 +124,14 @@ def _fit_layer(space: SearchSpace, i: int, layer: LayerSpec) -> LayerSpec:
     rule = space.rule(i)
     kind = layer.attention if layer.attention in rule.attention else rule.attention[0]
     mlp = layer.mlp_ratio if layer.mlp_ratio in rule.mlp_ratio else rule.mlp_ratio[-1]
-    heads = layer.heads
-    if len(heads) == 1:  # a qk_dim the rule does not allow becomes the largest it does
-        g = heads[0]
-        qk = g.qk_dim if rule.qk.allows(kind, g.v_dim, g.qk_dim) else rule.qk.range(
-            kind, g.v_dim)[1]
-        heads = (HeadGroup(g.count, qk, g.v_dim),)
-    return LayerSpec(kind, heads, mlp, rule.role, eta=rule.eta,
-                     freeze_mlp=rule.freeze_mlp and mlp > 0)
+    # A qk_dim the rule does not allow becomes the largest it does.
+    heads = tuple(HeadGroup(g.count, g.qk_dim if rule.qk.allows(kind, g.v_dim, g.qk_dim)
+                            else rule.qk.range(kind, g.v_dim)[1], g.v_dim) for g in layer.heads)
+    return LayerSpec(kind, heads, mlp, **rule.fixed_fields(mlp))
 
 
-def seeds(space: SearchSpace, settings: PlanSettings) -> list[tuple[str, dict[str, Any]]]:
-    """(label, params) of the allocator's plan, its uniform plan and the 64-dim baseline.
+def seeds(space: SearchSpace, settings: PlanSettings) -> list[Start]:
+    """The allocator's plan, its uniform plan and the 64-dim baseline, as the space's params.
 
     A seed the space cannot express (e.g. two head groups in a layer) is skipped with a warning.
     """
@@ -100,22 +139,29 @@ def seeds(space: SearchSpace, settings: PlanSettings) -> list[tuple[str, dict[st
     uniform = make_plan(dataclasses.replace(settings, uniform=True))
     candidates = [("allocator", plan.arch), ("allocator-uniform", uniform.arch),
                   ("baseline-64", baseline_arch(plan))]
-    out: list[tuple[str, dict[str, Any]]] = []
+    out: list[Start] = []
     for label, arch in candidates:
         layers = tuple(_fit_layer(space, i, layer) for i, layer in enumerate(arch.layers))
         try:
             fitted = ArchConfig.from_dict({**arch.to_dict(), **space.model,
                                            "layers": [x.to_dict() for x in layers]})
-            out.append((label, space.encode(fitted)))
+            out.append(Start(label, space.encode(fitted)))
         except (SpaceError, ValueError) as err:
             log.warning("seed %s is not in space %s, skipped: %s", label, space.name, err)
     return out
 
 
+def starting_points(space: SearchSpace, settings: PlanSettings) -> list[Start]:
+    """Every point of a grid space (the seeds it can express are among them), else the
+    allocator's seeds."""
+    if space.sampler == "grid":
+        return [Start("grid", params) for params in space.grid()]
+    return seeds(space, settings)
+
+
 @dataclass(frozen=True)
 class Predictor:
-    """The allocator's predicted error of a sampled architecture (its first layer's bound);
-    a picklable callable, since Ray pickles the searcher that holds it."""
+    """The allocator's predicted error of a sampled architecture (its first layer's bound)."""
 
     settings: PlanSettings
 
@@ -123,10 +169,171 @@ class Predictor:
         return predicted_error(self.settings, arch.layers[0])
 
 
-# --- command line ---------------------------------------------------------------------------------
+# --- the study ----------------------------------------------------------------------------------
+
+
+def secure_url(url: str) -> str:
+    """``url`` without its password, which moves to ``$PGPASSWORD`` (read by libpq itself)."""
+    parsed = make_url(url)
+    if parsed.password is None:
+        return url
+    os.environ["PGPASSWORD"] = str(parsed.password)
+    return URL.create(parsed.drivername, username=parsed.username, host=parsed.host,
+                      port=parsed.port, database=parsed.database,
+                      query=parsed.query).render_as_string(hide_password=False)
+
+
+def describe_search(space: SearchSpace, task: Task, settings: PlanSettings,
+                    seed: int) -> dict[str, Any]:
+    """Keyword arguments of ``studies.records.study_attrs`` for this search."""
+    return {"task": task.name, "metric": task.metric, "space_name": space.name,
+            "space_hash": space.hash, "alloc_inputs": asdict(settings),
+            "task_fields": json.dumps(describe_task(task), sort_keys=True),
+            "steps": space.fixed_train("steps"), "seed": seed}
+
+
+def open_study(name: str, storage: optuna.storages.BaseStorage, url: str,
+               description: dict[str, Any], maximize: bool, resume: bool) -> optuna.Study:
+    """Create the study, or load it for ``resume`` after checking it is the same search."""
+    try:
+        study = optuna.load_study(study_name=name, storage=storage)
+    except KeyError:
+        if resume:
+            raise UsageError(f"--resume: no study {name!r} in {redact(url)}; run without "
+                             "--resume to start it") from None
+        study = optuna.create_study(study_name=name, storage=storage,
+                                    direction="maximize" if maximize else "minimize")
+        rec.set_study_attrs(study, **description)
+        return study
+    if not resume and study.trials:
+        raise UsageError(f"--study {name!r}: already has {len(study.trials)} trials in "
+                         f"{redact(url)}; pass --resume to continue it or choose a new name")
+    if study.trials and study.user_attrs.get("record_schema") != rec.RECORD_SCHEMA:
+        raise UsageError(f"--resume: study {name!r} was written by an older version whose "
+                         "trial records are not comparable (record_schema "
+                         f"{study.user_attrs.get('record_schema')!r}, this code writes "
+                         f"{rec.RECORD_SCHEMA}); start a new study")
+    mine = rec.study_attrs(**description)
+    for key in ("task", "space_hash", "task_fields", "steps"):
+        if key in study.user_attrs and study.user_attrs[key] != mine[key]:
+            raise UsageError(f"--resume: study {name!r} was run with {key} = "
+                             f"{study.user_attrs[key]!r}, this command gives {mine[key]!r}")
+    if not study.trials:  # an empty study made elsewhere: describe it as ours
+        rec.set_study_attrs(study, **description)
+    return study
+
+
+# --- running ------------------------------------------------------------------------------------
+
+
+def run_search(space: SearchSpace | str | Path, task: Task | str, *, storage: str | None = None,
+               study: str | None = None, trials: int | None = None, resume: bool = False,
+               options: SearchOptions | None = None) -> SearchSummary:
+    """Search ``space`` on ``task`` into an Optuna study: the Python face of the command.
+
+    Args:
+        space: a ``SearchSpace``, or a space file (a path or a shipped name).
+        task: a ``Task`` (``workers.tasks.make_task``), or a task name at its paper size.
+        storage: SQLAlchemy URL (default: ``$OPTUNA_STORAGE``, then ``sqlite:///studies.db``).
+        study: study name (default: ``SPACE-TASK``).
+        trials: finished trials the study should hold (default: 20, a grid's size).
+        resume: continue an existing study (retrying the trials that were running).
+        options: scheduler, resources, Ray address and the rest (``SearchOptions``).
+
+    Raises:
+        UsageError: bad input (one line); StorageError: the storage cannot be opened.
+    """
+    opts = options or SearchOptions()
+    task = make_task(task, "paper", opts.seed) if isinstance(task, str) else task
+    if not isinstance(space, SearchSpace):
+        try:
+            space = load_space(space, planner=planner(task))
+        except SpaceError as err:
+            raise UsageError(f"--space: {err}") from None
+    url = resolve_url(storage)
+    name = study or f"{space.name}-{task.name}"
+    settings = plan_settings(space.budget, space.depth, task)
+    total = trials or (len(space.grid()) if space.sampler == "grid" else 20)
+    heartbeats = StorageSettings(heartbeat_interval=opts.heartbeat_interval,
+                                 grace_period=opts.grace_period, retries=1)
+    probe = open_storage(url, heartbeats)  # fail fast, before Ray starts
+    ot_study = open_study(name, probe, url, describe_search(space, task, settings, opts.seed),
+                          task.higher_is_better, resume)
+    if resume:
+        alive = reap_dead(ot_study, probe, opts.grace_period + opts.heartbeat_interval)
+        if alive:
+            raise UsageError(f"--resume: trials {alive} of {name!r} still have a live "
+                             "heartbeat; another driver is running this study")
+    from workers import tune  # Ray starts here
+
+    tune.start(opts.address)
+    url = secure_url(url)  # after Ray started its processes, so they never inherit it
+    rdb = open_storage(url, heartbeats)
+    ot_study = optuna.load_study(study_name=name, storage=rdb, sampler=_sampler(space, opts))
+    searcher = StudySearcher(space, io=task.io, study=ot_study, storage=rdb,
+                             metric=task.metric, mode="max" if task.higher_is_better else "min",
+                             steps=int(space.fixed_train("steps")), predict=Predictor(settings),
+                             starts=starting_points(space, settings))
+    status = _run(searcher, space, task, total, name, url, opts)
+    return summarise(searcher, name, url, status)
+
+
+def _sampler(space: SearchSpace, opts: SearchOptions) -> optuna.samplers.BaseSampler:
+    if space.sampler == "random":
+        return optuna.samplers.RandomSampler(seed=opts.seed)
+    return optuna.samplers.TPESampler(seed=opts.seed, constant_liar=True)
+
+
+def _run(searcher: StudySearcher, space: SearchSpace, task: Task, total: int, name: str,
+         url: str, opts: SearchOptions) -> str:
+    """Run the trials the study still lacks; returns how the run ended."""
+    from workers import tune
+
+    remaining = total - finished_count(searcher.study)
+    if remaining <= 0:
+        print(f"study {name} already has its {total} trials", file=sys.stderr)
+        return "completed"
+    job = {"task": describe_task(task), "seed": opts.seed, "metric": task.metric,
+           "mode": searcher.mode, "device": "cuda" if opts.gpus_per_trial > 0 else "cpu",
+           "threads": max(1, int(opts.cpus_per_trial)), "inject": list(opts.inject)}
+    steps = int(space.fixed_train("steps"))
+    run = tune.TuneRun(name=f"{name}-{time.strftime('%Y%m%d-%H%M%S')}",
+                       storage_path=opts.storage_path, trials=remaining, steps=steps,
+                       eval_every=int(space.fixed_train("eval_every")), scheduler=opts.scheduler,
+                       cpus_per_trial=opts.cpus_per_trial, gpus_per_trial=opts.gpus_per_trial,
+                       max_concurrent=opts.max_concurrent, reuse_actors=opts.reuse_actors,
+                       heartbeat_interval=opts.heartbeat_interval)
+    print(f"search {name}: {remaining} trial(s) of {space.name} on {task.name} ({steps} steps "
+          f"each), study in {redact(url)}, Ray results in {opts.storage_path / run.name}",
+          file=sys.stderr, flush=True)
+    status = tune.run_tuner(searcher, job, run)
+    failed = searcher.abandon("interrupted")
+    if failed:
+        status = "interrupted"
+        print(f"interrupted: trials {failed} failed and re-enqueued; continue with --resume",
+              file=sys.stderr)
+    return status
+
+
+def summarise(searcher: StudySearcher, name: str, url: str, status: str) -> SearchSummary:
+    trials = searcher.study.get_trials(deepcopy=False)
+    counts: dict[str, int] = {}
+    for t in trials:
+        counts[t.state.name] = counts.get(t.state.name, 0) + 1
+    try:
+        _, winners = query.top(searcher.storage.engine, name, 1)
+        best = winners[0]
+    except query.QueryError:
+        best = None
+    return SearchSummary(name, redact(url), status, counts, sorted(retried_numbers(trials)),
+                         searcher.not_run(), best)
+
+
+# --- command line -------------------------------------------------------------------------------
 
 
 def build_parser() -> argparse.ArgumentParser:
+    d = SearchOptions()
     p = Parser(prog=f"python -m {PROG}", description=__doc__.split("\n\n")[1])
     p.add_argument("--space", required=True,
                    help="search-space YAML: a path or a file shipped in search_spaces/")
@@ -144,24 +351,24 @@ def build_parser() -> argparse.ArgumentParser:
                                                    "space's)")
     p.add_argument("--address", help="Ray cluster: auto or ray://host:port (default: a local "
                                      "Ray instance)")
-    p.add_argument("--cpus-per-trial", type=number(0, strict=True), default=1.0)
-    p.add_argument("--gpus-per-trial", type=number(0), default=0.0,
+    p.add_argument("--cpus-per-trial", type=number(0, strict=True), default=d.cpus_per_trial)
+    p.add_argument("--gpus-per-trial", type=number(0), default=d.gpus_per_trial,
                    help="fractions share a GPU; > 0 trains on CUDA")
     p.add_argument("--max-concurrent", type=int_in(1),
                    help="trials at once (default: as many as the resources allow)")
-    p.add_argument("--scheduler", choices=("asha", "fifo"), default="asha",
+    p.add_argument("--scheduler", choices=("asha", "fifo"), default=d.scheduler,
                    help="asha stops bad trials early; fifo trains every trial fully")
-    p.add_argument("--seed", type=int_in(0), default=0, help="sampler, task and model seed")
+    p.add_argument("--seed", type=int_in(0), default=d.seed, help="sampler, task and model seed")
     p.add_argument("--resume", action="store_true",
                    help="continue the study: retry trials that were running, run the rest")
     p.add_argument("--smoke-test", action="store_true",
                    help=f"smoke-size task, {SMOKE_TRAIN['steps']} steps per trial, "
                         f"{SMOKE_TRIALS} trials: runs in about a minute")
-    p.add_argument("--storage-path", type=Path, default=Path("ray_results"),
+    p.add_argument("--storage-path", type=Path, default=d.storage_path,
                    help="Ray's experiment directory")
-    p.add_argument("--heartbeat-interval", type=int_in(1), default=10,
+    p.add_argument("--heartbeat-interval", type=int_in(1), default=d.heartbeat_interval,
                    help="seconds between the driver's trial heartbeats")
-    p.add_argument("--grace-period", type=int_in(2), default=60,
+    p.add_argument("--grace-period", type=int_in(2), default=d.grace_period,
                    help="seconds without heartbeat before a running trial counts as dead")
     p.add_argument("--no-reuse-actors", action="store_true", help="a new worker per trial")
     p.add_argument("--inject-failure", action="append", default=[], metavar="KIND:TEXT",
@@ -170,42 +377,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def secure_url(url: str) -> str:
-    """``url`` without its password, which moves to ``$PGPASSWORD`` (read by libpq itself)."""
-    parsed = make_url(url)
-    if parsed.password is None:
-        return url
-    os.environ["PGPASSWORD"] = str(parsed.password)
-    # URL is a named tuple; ``URL.set(password=None)`` would keep the password (None = unset).
-    return parsed._replace(password=None).render_as_string(hide_password=False)
-
-
-@dataclass(frozen=True)
-class Setup:
-    space: SearchSpace
-    task: Task
-    job: Job
-    study_name: str
-    url: str
-    trials: int
-    settings: PlanSettings
-
-
-def setup(args: argparse.Namespace) -> Setup:
-    size = "smoke" if args.smoke_test else "paper"
+def setup(args: argparse.Namespace) -> tuple[SearchSpace, Task, int | None, SearchOptions]:
+    """The space, task, trial count and options the flags describe (``UsageError`` if bad)."""
     try:
-        task_params = parse_task_params(args.task_param)
-        space = load_space(args.space, args.budget)
-        if args.smoke_test:
-            space = space.with_train(**SMOKE_TRAIN)
-        if args.steps:
-            every = min(int(space.fixed_train("eval_every")), args.steps)
-            space = space.with_train(steps=args.steps, eval_every=every)
-        task = make_task(args.task, size, args.seed, **task_params)
+        task = make_task(args.task, "smoke" if args.smoke_test else "paper", args.seed,
+                         **parse_task_params(args.task_param))
+        space = load_space(args.space, args.budget, planner=planner(task))
     except SpaceError as err:
         raise UsageError(f"--space: {err}") from None
     except (TaskError, TypeError) as err:
         raise UsageError(f"--task: {err}") from None
+    space = training_budget(space, args.smoke_test, args.steps)
     if args.gpus_per_trial > 0:
         import torch
 
@@ -217,269 +399,52 @@ def setup(args: argparse.Namespace) -> Setup:
         if kind not in ("raise", "nan") or not match:
             raise UsageError(f"--inject-failure {item!r}: expected raise:TEXT or nan:TEXT")
         inject.append({"kind": kind, "match": match})
-    trials = args.trials or (SMOKE_TRIALS if args.smoke_test else len(space.grid())
-                             if space.sampler == "grid" else 20)
-    job = Job(task.name, size, task_params, args.seed, task.metric,
-              "max" if task.higher_is_better else "min",
-              "cuda" if args.gpus_per_trial > 0 else "cpu",
-              max(1, int(args.cpus_per_trial)), tuple(inject))
-    study = args.study or f"{space.name}-{task.name}"
-    return Setup(space, task, job, study, resolve_url(args.storage), trials,
-                 plan_settings(space, task))
+    options = SearchOptions(
+        scheduler=args.scheduler, seed=args.seed, cpus_per_trial=args.cpus_per_trial,
+        gpus_per_trial=args.gpus_per_trial, max_concurrent=args.max_concurrent,
+        address=args.address, storage_path=args.storage_path,
+        heartbeat_interval=args.heartbeat_interval, grace_period=args.grace_period,
+        reuse_actors=not args.no_reuse_actors, inject=tuple(inject))
+    return space, task, args.trials or (SMOKE_TRIALS if args.smoke_test else None), options
 
 
-# --- the study --------------------------------------------------------------------------------
+def training_budget(space: SearchSpace, smoke_test: bool = False,
+                    steps: int | None = None) -> SearchSpace:
+    """``space`` at smoke size (``SMOKE_TRAIN``) and/or with ``steps`` per trial."""
+    if smoke_test:
+        space = space.with_train(**SMOKE_TRAIN)
+    if steps:
+        space = space.with_train(steps=steps, eval_every=min(int(space.fixed_train(
+            "eval_every")), steps))
+    return space
 
 
-def describe_search(s: Setup) -> dict[str, Any]:
-    """Keyword arguments of ``studies.records.study_attrs`` for this search."""
-    return {"task": s.task.name, "metric": s.task.metric, "space_name": s.space.name,
-            "space_hash": s.space.hash, "alloc_inputs": asdict(s.settings),
-            "task_params": json.dumps(s.job.task_params), "task_size": s.job.size,
-            "steps": s.space.fixed_train("steps"), "seed": s.job.seed}
-
-
-def open_study(s: Setup, storage: optuna.storages.BaseStorage, resume: bool) -> optuna.Study:
-    """Create the study, or load it for ``--resume`` after checking it is the same search."""
-    direction = (optuna.study.StudyDirection.MAXIMIZE if s.job.mode == "max"
-                 else optuna.study.StudyDirection.MINIMIZE)
-    try:
-        study = optuna.load_study(study_name=s.study_name, storage=storage)
-    except KeyError:
-        if resume:
-            raise UsageError(f"--resume: no study {s.study_name!r} in "
-                             f"{redact(s.url)}; run without --resume to start it") from None
-        study = optuna.create_study(study_name=s.study_name, storage=storage,
-                                    direction=direction)
-        rec.set_study_attrs(study, **describe_search(s))
-        return study
-    if not resume and study.trials:
-        raise UsageError(f"--study {s.study_name!r}: already has {len(study.trials)} trials in "
-                         f"{redact(s.url)}; pass --resume to continue it or choose a new name")
-    if study.trials and study.user_attrs.get("record_schema") != rec.RECORD_SCHEMA:
-        raise UsageError(f"--resume: study {s.study_name!r} was written by an older version "
-                         "whose trial records are not comparable (record_schema "
-                         f"{study.user_attrs.get('record_schema')!r}, this code writes "
-                         f"{rec.RECORD_SCHEMA}); start a new study")
-    mine = rec.study_attrs(**describe_search(s))
-    for key in ("task", "space_hash", "task_params", "task_size", "steps"):
-        if key in study.user_attrs and study.user_attrs[key] != mine[key]:
-            raise UsageError(f"--resume: study {s.study_name!r} was run with {key} = "
-                             f"{study.user_attrs[key]!r}, this command gives {mine[key]!r}")
-    if not study.trials:  # an empty study made elsewhere: describe it as ours
-        rec.set_study_attrs(study, **describe_search(s))
-    return study
-
-
-def enqueue_start(study: optuna.Study, s: Setup) -> int:
-    """Enqueue the allocator's seeds, or every point of a grid space (the seeds the space can
-    express are among them); points already in the study are skipped.
-
-    This is ``points_to_evaluate`` done so that a resumed search does not evaluate them twice.
-    """
-    before = len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
-    if s.space.sampler == "grid":
-        for params in s.space.grid():
-            study.enqueue_trial(params, skip_if_exists=True)
-    else:
-        for label, params in seeds(s.space, s.settings):
-            study.enqueue_trial(params, user_attrs={"seed": label}, skip_if_exists=True)
-    return len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,))) - before
-
-
-# --- running ----------------------------------------------------------------------------------
-
-
-def _describe(arch_json: str | None) -> str:
-    if not arch_json:
-        return "?"
-    arch = ArchConfig.from_json(arch_json)
-    return " | ".join(f"{x.attention} {x.heads_str}" + (f" mlp{x.mlp_ratio:g}" if x.mlp_ratio
-                                                          else "") for x in arch.layers)
-
-
-def make_monitor(searcher: Any, total: int, interval: float) -> Any:
-    """A Tune callback: heartbeats for the open trials, and one progress line per finished
-    trial (done / running / failed, best so far)."""
-    from ray.tune import Callback
-
-    class Monitor(Callback):
-        def __init__(self) -> None:
-            self.counts = {"COMPLETE": 0, "PRUNED": 0, "FAIL": 0}
-            self.best: tuple[float, int, str] | None = None
-            self.last_beat = 0.0
-
-        def on_step_end(self, iteration: int, trials: list[Any], **info: Any) -> None:
-            if time.monotonic() - self.last_beat >= interval:
-                searcher.beat()
-                self.last_beat = time.monotonic()
-
-        def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any,
-                              **info: Any) -> None:
-            self._finished(trials, trial, error=False)
-
-        def on_trial_error(self, iteration: int, trials: list[Any], trial: Any,
-                           **info: Any) -> None:
-            self._finished(trials, trial, error=True)
-
-        def _finished(self, trials: list[Any], trial: Any, error: bool) -> None:
-            state, value, _ = searcher.classify(trial.last_result, error)
-            self.counts[state.name] += 1
-            ot = searcher._ot_trials.get(trial.trial_id)
-            if value is not None and ot is not None:
-                better = self.best is None or (value > self.best[0] if searcher.mode == "max"
-                                               else value < self.best[0])
-                if better:
-                    self.best = (value, ot.number, trial.config.get("arch"))
-            running = sum(t.status == "RUNNING" and t is not trial for t in trials)
-            done = sum(self.counts.values())
-            best = (f"best {searcher.metric} {self.best[0]:.4g} (trial {self.best[1]}: "
-                    f"{_describe(self.best[2])})" if self.best else "no full-budget trial yet")
-            print(f"[{done}/{total}] {self.counts['COMPLETE']} complete, "
-                  f"{self.counts['PRUNED']} stopped early, {self.counts['FAIL']} failed, "
-                  f"{running} running; {best}", file=sys.stderr, flush=True)
-
-    return Monitor()
-
-
-def _trial_dirname(trial: Any) -> str:
-    return f"trial_{trial.trial_id}"
-
-
-def _ray_init(address: str | None) -> None:
-    import ray
-
-    if ray.is_initialized():  # called from Python (benchmarks, notebooks) after ray.init
-        return
-    ray.init(address=address, include_dashboard=False if address is None else None,
-             log_to_driver=False, logging_level=logging.WARNING)
-
-
-def run_search(s: Setup, args: argparse.Namespace, study: optuna.Study) -> str:
-    """Run the remaining trials through Ray Tune; returns how the run ended."""
-    from ray import tune
-    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
-
-    from workers.searcher import StudySearcher, finished_count
-    from workers.trial import run_trial
-
-    remaining = s.trials - finished_count(study)
-    if remaining <= 0:
-        print(f"study {s.study_name} already has its {s.trials} trials", file=sys.stderr)
-        return "completed"
-    steps = int(s.space.fixed_train("steps"))
-    sampler: optuna.samplers.BaseSampler = (
-        optuna.samplers.RandomSampler(seed=args.seed) if s.space.sampler == "random" else
-        optuna.samplers.TPESampler(seed=args.seed, constant_liar=True))
-    searcher = StudySearcher(s.space, io=s.task.io, study=study, metric=s.job.metric,
-                             mode=s.job.mode, steps=steps, predict=Predictor(s.settings),
-                             sampler=sampler)
-    eval_every = int(s.space.fixed_train("eval_every"))
-    scheduler = (ASHAScheduler(time_attr="step", metric=s.job.metric, mode=s.job.mode,
-                               max_t=steps, grace_period=max(eval_every, steps // 9),
-                               reduction_factor=3)
-                 if args.scheduler == "asha" else FIFOScheduler())
-    resources = {"cpu": args.cpus_per_trial, "gpu": args.gpus_per_trial}
-    name = f"{s.study_name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    tuner = tune.Tuner(
-        tune.with_resources(run_trial, resources),
-        param_space={"job": asdict(s.job)},
-        tune_config=tune.TuneConfig(search_alg=searcher, scheduler=scheduler,
-                                    num_samples=remaining,
-                                    max_concurrent_trials=args.max_concurrent,
-                                    reuse_actors=not args.no_reuse_actors,
-                                    trial_dirname_creator=_trial_dirname),
-        run_config=tune.RunConfig(
-            name=name, storage_path=str(args.storage_path.resolve()), verbose=0,
-            callbacks=[make_monitor(searcher, remaining, args.heartbeat_interval / 2)],
-            failure_config=tune.FailureConfig(max_failures=1)))
-    print(f"search {s.study_name}: {remaining} trial(s) of {s.space.name} on {s.task.name} "
-          f"({steps} steps each), study in {redact(s.url)}, Ray results in "
-          f"{args.storage_path / name}", file=sys.stderr, flush=True)
-    status = "completed"
-    try:
-        tuner.fit()
-    except KeyboardInterrupt:
-        status = "interrupted"
-    failed = searcher.abandon("interrupted")
-    if failed:
-        status = "interrupted"
-        print(f"interrupted: trials {failed} failed and re-enqueued; continue with --resume",
-              file=sys.stderr)
-    return status
-
-
-def summary(s: Setup, study: optuna.Study, storage: RDBStorage, status: str
-            ) -> tuple[dict[str, Any], query.TrialRecord | None]:
-    from workers.searcher import retried_numbers
-
-    trials = study.get_trials(deepcopy=False)
-    counts: dict[str, int] = {}
-    for t in trials:
-        counts[t.state.name] = counts.get(t.state.name, 0) + 1
-    out: dict[str, Any] = {"study": s.study_name, "storage": redact(s.url), "status": status,
-                           "trials": counts, "retried": sorted(retried_numbers(trials)),
-                           "best": None, "export": None}
-    try:
-        _, winners = query.top(storage.engine, s.study_name, 1)
-    except query.QueryError:
-        return out, None
-    best = winners[0]
-    out["best"] = {"number": best.number, "value": best.value,
-                   "params_trainable": best.params_trainable,
-                   "arch": best.arch.to_dict() if best.arch else None}
-    out["export"] = (f"python -m studies export --storage {redact(s.url)} --study "
-                     f"{s.study_name} --trial {best.number} --out best.yaml")
-    return out, best
-
-
-def render(result: dict[str, Any], best: query.TrialRecord | None) -> str:
-    counts = ", ".join(f"{k.lower()} {v}" for k, v in sorted(result["trials"].items()))
-    lines = [f"study {result['study']} ({result['storage']}): {result['status']}; {counts}"]
-    if best is None:
+def render(summary: SearchSummary) -> str:
+    counts = ", ".join(f"{k.lower()} {v}" for k, v in sorted(summary.counts.items()))
+    not_run = f"; {summary.not_run} grid point(s) not run" if summary.not_run else ""
+    lines = [f"study {summary.study} ({summary.storage}): {summary.status}; {counts}{not_run}"]
+    if summary.best is None:
         lines.append("no trial reached the full training budget")
         return "\n".join(lines)
     from studies.cli import allocation_table
 
-    lines += ["best per-layer allocation:", allocation_table(best),
-              f"export: {result['export']}"]
+    lines += ["best per-layer allocation:", allocation_table(summary.best),
+              f"export: {summary.export}"]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # our progress lines replace Ray's boxes
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s", stream=sys.stderr)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    # We record heartbeats for ask/tell trials ourselves (workers.searcher), on purpose.
-    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
     try:
-        s = setup(args)
-        settings = StorageSettings(heartbeat_interval=args.heartbeat_interval,
-                                   grace_period=args.grace_period, retries=1)
-        probe = open_storage(s.url, settings)  # fail fast, before Ray starts
-        study = open_study(s, probe, args.resume)
+        space, task, trials, options = setup(args)
+        summary = run_search(space, task, storage=args.storage, study=args.study,
+                             trials=trials, resume=args.resume, options=options)
     except (UsageError, StorageError) as err:
         return fail(PROG, str(err))
-    if args.resume:
-        alive = reap_dead(study, probe, args.grace_period + args.heartbeat_interval)
-        if alive:
-            return fail(PROG, f"--resume: trials {alive} of {s.study_name!r} still have a live "
-                              "heartbeat; another driver is running this study")
-    added = enqueue_start(study, s)
-    if added:
-        print(f"enqueued {added} starting point(s): " + ("the grid" if s.space.sampler == "grid"
-              else "the allocator's plan, uniform baselines"), file=sys.stderr)
-    _ray_init(args.address)
-    # After Ray started its processes, so they never inherit the password.
-    url = secure_url(s.url)
-    s = dataclasses.replace(s, url=url)
-    storage = open_storage(url, settings)
-    study = optuna.load_study(study_name=s.study_name, storage=storage)
-    status = run_search(s, args, study)
-    result, best = summary(s, study, storage, status)
-    print(render(result, best) if args.format == "table" else dump(result, args.format))
-    return 130 if status == "interrupted" else 0
+    print(render(summary) if args.format == "table" else dump(summary.to_dict(), args.format))
+    return 130 if summary.status == "interrupted" else 0
 
 
 if __name__ == "__main__":

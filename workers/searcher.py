@@ -1,19 +1,19 @@
-"""``OptunaSearch`` made safe for a study in a SQL database (SPEC §6, §7).
+"""The study side of a search: ask, record and tell Optuna trials safely, without Ray.
 
-Stock Ray 2.60 ``OptunaSearch`` + Optuna 5 lose or corrupt trials in four ways this class closes:
+``StudySearcher`` is what the Ray Tune adapter (``workers.tune``) calls for every trial; it
+speaks only Optuna's public ask/tell API, so it runs (and is tested) without Ray. It closes the
+ways a stock ``OptunaSearch`` on an SQL study loses or corrupts trials:
 
-* ASHA-stopped trials were told COMPLETE with their partial value: here a trial is COMPLETE only if
-  its last result reached the full ``steps``; otherwise it is PRUNED with ``steps_reached``.
-* A trial that raised or produced NaN was told with a warning at best: here it is FAIL with the
-  error in the user attr ``error``.
-* Optuna heartbeats cover ``study.optimize`` only: the driver records a heartbeat for every trial it
-  has asked (``beat``), so ``optuna.storages.fail_stale_trials`` (``studies.storage.reap_stale``)
-  can fail and retry the trials of a driver that died.
-* The searcher is pickled into Ray's ``tuner.pkl`` and searcher checkpoints: here the pickled state
-  holds no storage and no study (the URL is password-free anyway, see ``workers.search``).
-
-Telling an already finished trial (a resumed or duplicated completion) is logged and skipped
-instead of raising ``UpdateFinishedTrialError``.
+* a trial is COMPLETE only if its last result reached the full ``steps``; a trial the scheduler
+  stopped early is PRUNED with ``steps_reached``;
+* a trial that raised or produced NaN is FAIL with its error in the user attr ``error``;
+* the driver records a heartbeat for every trial it asked (Optuna's own heartbeats cover
+  ``study.optimize`` only), so a dead driver's trials are failed and retried on ``--resume``
+  (``studies.storage.reap_dead``), and a retried trial continues from the checkpoint its
+  failed original recorded;
+* starting points (the allocator's seeds, or a grid) are enqueued one at a time, as trials are
+  asked, so a search with fewer trials than points leaves none WAITING;
+* telling an already finished trial (a late or duplicated completion) is logged and skipped.
 """
 
 from __future__ import annotations
@@ -23,70 +23,139 @@ import json
 import logging
 import math
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import optuna
-from optuna.storages import RetryHeartbeatStaleTrialCallback
-from optuna.storages._heartbeat import is_heartbeat_enabled
+from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, Trial, TrialState
-from ray.tune.search.optuna import OptunaSearch
 
-from search_spaces import ModelIO, SearchSpace
+from search_spaces import ArchConfig, ModelIO, SearchSpace
 from studies import records as rec
 from studies.storage import retry_failed
-from workers.trial import ERROR, NODE, STATUS, STEP
 
 log = logging.getLogger(__name__)
-Predictor = Callable[[Any], float | None]
+Predictor = Callable[[ArchConfig], float | None]
+# Keys of the results a trial reports besides the task's metric.
+STEP, STATUS, ERROR, NODE, RESUMED = "step", "status", "error", "node", "resumed_from"
+CHECKPOINT = "checkpoint"  # trial user attr: the last checkpoint directory
 
 
-class StudySearcher(OptunaSearch):
-    """Samples ``space`` define-by-run and records every trial in the study as SPEC §6 says."""
+@dataclass(frozen=True)
+class Start:
+    """A starting point: the params of an architecture to evaluate before sampling."""
 
-    def __init__(self, space: SearchSpace, *, io: ModelIO, study: optuna.Study, metric: str,
-                 mode: str, steps: int, predict: Predictor,
-                 sampler: optuna.samplers.BaseSampler) -> None:
-        self.search_space, self.io, self.steps, self.predict = space, io, steps, predict
-        self.study = study
+    label: str  # "allocator", "grid", ...
+    params: Mapping[str, Any]
+
+
+class StudySearcher:
+    """Samples ``space`` define-by-run into ``study`` and records every trial.
+
+    Trials are keyed by the caller's id (Ray Tune's trial id); ``storage`` is the study's
+    ``RDBStorage``, used for the driver's heartbeats.
+    """
+
+    def __init__(self, space: SearchSpace, *, io: ModelIO, study: optuna.Study,
+                 storage: RDBStorage, metric: str, mode: str, steps: int, predict: Predictor,
+                 starts: Sequence[Start] = ()) -> None:
+        self.space, self.io, self.study, self.storage = space, io, study, storage
+        self.metric, self.mode, self.steps, self.predict = metric, mode, steps, predict
+        self.starts = list(starts)
+        self.trials: dict[str, Trial] = {}
+        self.done: set[str] = set()
         self.last: dict[str, dict[str, Any]] = {}
-        super().__init__(space=self._define, metric=metric, mode=mode, sampler=sampler,
-                         study_name=study.study_name, storage=study._storage)
+        self._study_id = storage.get_study_id_from_name(study.study_name)
 
-    # --- sampling ---------------------------------------------------------------------------
+    # --- asking ---------------------------------------------------------------------------
 
-    def _define(self, trial: Trial) -> dict[str, Any]:
-        """Define-by-run: sample the architecture that will be trained (wired to the task's
-        input/output and length) and write what is known before training."""
-        arch, train = self.search_space.sample(trial, self.io)
-        for key, value in rec.trial_attrs(arch, predicted_error=self.predict(arch),
-                                          status="running").items():
-            trial.set_user_attr(key, value)
-        self._beat(trial._trial_id)
-        return {"arch": arch.to_json(), "train": train}
+    def ask(self, key: str) -> dict[str, Any]:
+        """A new trial for ``key``: its architecture (wired to the task), training
+        hyper-parameters, and the checkpoint of the failed trial it retries, if any."""
+        self._enqueue_next_start()
+        with warnings.catch_warnings():  # heartbeats with ask/tell are this class's point
+            warnings.filterwarnings("ignore", "Heartbeat of storage is supposed to be used")
+            trial = self.study.ask()
+        arch, train = self.space.sample(trial, self.io)
+        for name, value in rec.trial_attrs(arch, predicted_error=self.predict(arch),
+                                           status="running").items():
+            trial.set_user_attr(name, value)
+        self.trials[key] = trial
+        self._beat(trial.number)
+        return {"arch": arch.to_json(), "train": train,
+                "resume_from": self._retried_checkpoint(trial)}
 
-    # --- results ----------------------------------------------------------------------------
+    def _enqueue_next_start(self) -> None:
+        """Enqueue the next starting point not yet in the study, unless a trial is waiting
+        (a retry, or a point enqueued before)."""
+        while self.starts and not self.study.get_trials(deepcopy=False,
+                                                        states=(TrialState.WAITING,)):
+            start = self.starts.pop(0)
+            self.study.enqueue_trial(dict(start.params), user_attrs={"seed": start.label},
+                                     skip_if_exists=True)
 
-    def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
-        self.last[trial_id] = result
-        value = result.get(self.metric)
-        if STEP in result and value is not None and math.isfinite(value):
+    def _retried_checkpoint(self, trial: Trial) -> str | None:
+        """The last checkpoint of the failed trials ``trial`` retries: Optuna's retry marker
+        names the first of a chain of retries; the latest of the chain that checkpointed wins."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            root = RetryHeartbeatStaleTrialCallback.retried_trial_number(
+                self._frozen(trial.number))
+            if root is None:
+                return None
+            chain = [t for t in self.study.get_trials(deepcopy=False)
+                     if t.number != trial.number and CHECKPOINT in t.user_attrs
+                     and root in (t.number, RetryHeartbeatStaleTrialCallback
+                                  .retried_trial_number(t))]
+        return str(max(chain, key=lambda t: t.number).user_attrs[CHECKPOINT]) if chain else None
+
+    def _frozen(self, number: int) -> FrozenTrial:
+        trial_id = self.storage.get_trial_id_from_study_id_trial_number(self._study_id, number)
+        return self.storage.get_trial(trial_id)
+
+    def not_run(self) -> int:
+        """Starting points never enqueued (a grid larger than ``--trials``)."""
+        existing = {json.dumps(dict(t.params), sort_keys=True, default=str)
+                    for t in self.study.get_trials(deepcopy=False)}
+        return sum(json.dumps(dict(s.params), sort_keys=True, default=str) not in existing
+                   for s in self.starts)
+
+    # --- results --------------------------------------------------------------------------
+
+    def number(self, key: str) -> int | None:
+        trial = self.trials.get(key)
+        return None if trial is None else trial.number
+
+    def report(self, key: str, result: Mapping[str, Any]) -> None:
+        """An intermediate result: the learning curve, at the trial's ``step``."""
+        self.last[key] = dict(result)
+        value, trial = result.get(self.metric), self.trials.get(key)
+        if trial is None or key in self.done or STEP not in result or value is None:
+            return
+        if math.isfinite(value):
             # A trial reaped while it ran (its driver looked dead) is finished: ignore the rest.
             with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
-                self._ot_trials[trial_id].report(value, result[STEP])
+                trial.report(value, result[STEP])
 
-    def on_trial_complete(self, trial_id: str, result: dict[str, Any] | None = None,
-                          error: bool = False) -> None:
-        ot_trial = self._ot_trials.get(trial_id)
-        if ot_trial is None or trial_id in self._completed_trials:
+    def record_checkpoint(self, key: str, path: str) -> None:
+        """Remember where the trial's last checkpoint is (a retry continues from it)."""
+        trial = self.trials.get(key)
+        if trial is not None and key not in self.done:
+            with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
+                trial.set_user_attr(CHECKPOINT, path)
+
+    def complete(self, key: str, result: Mapping[str, Any] | None, error: bool = False) -> None:
+        """Tell the trial's final state (once; later completions are ignored)."""
+        trial = self.trials.get(key)
+        if trial is None or key in self.done:
             return
-        if result is not None and result.get(STEP) != self.last.get(trial_id, {}).get(STEP):
-            self.on_trial_result(trial_id, result)  # Tune skips it when a trial is stopped
-        result = result or self.last.get(trial_id)
-        state, value, attrs = self.classify(result, error)
-        self._completed_trials.add(trial_id)
-        self.last.pop(trial_id, None)
-        tell(self.study, ot_trial, state, value, attrs)
+        if result is not None and result.get(STEP) != self.last.get(key, {}).get(STEP):
+            self.report(key, result)  # Tune skips on_trial_result when a trial is stopped
+        state, value, attrs = self.classify(result or self.last.get(key), error)
+        self.done.add(key)
+        self.last.pop(key, None)
+        tell(self.study, trial, state, value, attrs)
 
     def classify(self, result: Mapping[str, Any] | None, error: bool
                  ) -> tuple[TrialState, float | None, dict[str, Any]]:
@@ -94,7 +163,8 @@ class StudySearcher(OptunaSearch):
         result = result or {}
         value, step = result.get(self.metric), result.get(STEP)
         attrs: dict[str, Any] = {rec.STEPS_REACHED: step, rec.TOKENS_PER_S:
-                                 result.get("tokens_per_s"), NODE: result.get(NODE)}
+                                 result.get("tokens_per_s"), NODE: result.get(NODE),
+                                 RESUMED: result.get(RESUMED) or None}
         if error:
             return TrialState.FAIL, None, {**attrs, rec.STATUS: "failed", ERROR:
                                            "the worker died or the trial raised in Ray; see the "
@@ -109,18 +179,21 @@ class StudySearcher(OptunaSearch):
             return TrialState.PRUNED, None, {**attrs, rec.STATUS: "stopped"}
         return TrialState.COMPLETE, float(value), {**attrs, rec.STATUS: "completed"}
 
-    # --- liveness and cleanup ---------------------------------------------------------------
+    def better(self, value: float, than: float) -> bool:
+        return value > than if self.mode == "max" else value < than
 
-    def _beat(self, trial_id: int) -> None:
-        storage = self.study._storage  # RDBStorage, or Optuna's cache around it
-        if is_heartbeat_enabled(storage):
-            storage.record_heartbeat(trial_id)  # type: ignore[attr-defined]
+    # --- liveness and cleanup -------------------------------------------------------------
+
+    def _beat(self, number: int) -> None:
+        if self.storage.get_heartbeat_interval() is not None:
+            self.storage.record_heartbeat(
+                self.storage.get_trial_id_from_study_id_trial_number(self._study_id, number))
 
     def beat(self) -> None:
         """Record a heartbeat for every trial this driver asked and has not told yet."""
-        for trial_id, ot_trial in self._ot_trials.items():
-            if trial_id not in self._completed_trials:
-                self._beat(ot_trial._trial_id)
+        for key, trial in self.trials.items():
+            if key not in self.done:
+                self._beat(trial.number)
 
     def abandon(self, status: str) -> list[int]:
         """FAIL every trial still open (the search was interrupted) and re-enqueue its params.
@@ -129,30 +202,14 @@ class StudySearcher(OptunaSearch):
             Numbers of the trials failed.
         """
         failed = []
-        for trial_id, ot_trial in self._ot_trials.items():
-            if trial_id in self._completed_trials:
+        for key, trial in self.trials.items():
+            if key in self.done:
                 continue
-            self._completed_trials.add(trial_id)
-            if tell(self.study, ot_trial, TrialState.FAIL, None, {rec.STATUS: status}):
-                retry_failed(self.study, ot_trial.number)
-                failed.append(ot_trial.number)
+            self.done.add(key)
+            if tell(self.study, trial, TrialState.FAIL, None, {rec.STATUS: status}):
+                retry_failed(self.study, trial.number)
+                failed.append(trial.number)
         return failed
-
-    # --- pickling: Ray writes the searcher to disk; keep the storage out ---------------------
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state.update(study=None, _ot_study=None, _storage=None, _ot_trials={}, last={})
-        return state
-
-    def save(self, checkpoint_path: str) -> None:
-        numbers = {tid: t.number for tid, t in self._ot_trials.items()}
-        with open(checkpoint_path, "w") as f:
-            json.dump({"trials": numbers, "completed": sorted(self._completed_trials)}, f)
-
-    def restore(self, checkpoint_path: str) -> None:
-        raise RuntimeError("resume a search with `python -m workers.search ... --resume`: the "
-                           "study database, not Ray's experiment state, is the record")
 
 
 def tell(study: optuna.Study, trial: Trial, state: TrialState, value: float | None,

@@ -177,17 +177,25 @@ class Trainer:
         """Load the checkpoint if there is one; True if the run continues from it."""
         if self.checkpoint is None or not self.checkpoint.exists():
             return False
-        state = torch.load(self.checkpoint, map_location=self.device, weights_only=False)
+        self.restore(self.checkpoint)
+        return True
+
+    def restore(self, path: Path) -> None:
+        """Continue from the checkpoint file ``path`` (model, optimizer, step, curve).
+
+        Raises:
+            UsageError: the checkpoint was written for another architecture or task.
+        """
+        state = torch.load(path, map_location=self.device, weights_only=False)
         if state["arch"] != self.arch.to_dict() or state["task"] != asdict(self.task):
-            raise UsageError(f"--checkpoint {str(self.checkpoint)!r}: written for another "
+            raise UsageError(f"--checkpoint {str(path)!r}: written for another "
                              "architecture or task; use a new path")
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.step, self.tokens, self.train_time = state["step"], state["tokens"], state["time"]
         self.history = [EvalRecord(**r) for r in state["history"]]
         self.last_loss = state["last_loss"]
-        log.info("resumed from %s at step %d", self.checkpoint, self.step)
-        return True
+        log.info("resumed from %s at step %d", path, self.step)
 
     def save(self) -> None:
         if self.checkpoint is None:

@@ -1,28 +1,32 @@
-"""The Ray Tune function trainable: one candidate architecture trained by ``workers.train``.
+"""One search trial: the sampled architecture trained by ``workers.train`` (no Ray here:
+``workers.tune`` runs it as a Tune function trainable).
 
-Every evaluation is reported to Tune as ``{metric, step, val_loss, train_loss, tokens_per_s,
-node}`` (``step`` is the scheduler's time axis). A trial that raises or diverges does not crash the
-worker: it reports ``status: failed`` with the error and returns, so the searcher records it as
-FAIL with its message and the search goes on. Torch state is released before the next trial
-reuses the actor.
+Every evaluation is reported as ``{metric, step, val_loss, train_loss, tokens_per_s, node,
+resumed_from}`` together with a checkpoint directory (the trainer's state at that step), so a
+trial restarted after its worker died, or retried after its driver died, continues from its
+last evaluation instead of step 0. A trial that raises or diverges does not crash the worker: it
+reports ``status: failed`` with the error, and the searcher records it as FAIL. Torch state is
+released before the next trial reuses the worker.
 """
 
 from __future__ import annotations
 
 import gc
 import traceback
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-import ray
 import torch
-from ray import tune
 
 from search_spaces import ArchConfig, param_count
-from workers.tasks import make_task
+from workers.searcher import ERROR, NODE, RESUMED, STATUS, STEP
+from workers.tasks import task_from_description
 from workers.train import EvalRecord, TrainConfig, Trainer
 
-# Keys of the results a trial reports besides the task's metric.
-STEP, STATUS, ERROR, NODE = "step", "status", "error", "node"
+CHECKPOINT_FILE = "trainer.pt"
+# report(metrics, checkpoint directory or None)
+Report = Callable[[dict[str, Any], Path | None], None]
 
 
 def worst(mode: str) -> float:
@@ -51,37 +55,49 @@ def check_recorded(arch: ArchConfig, trainer: Trainer) -> None:
                            f"({trainer.params[0]:,}): the study would describe another model")
 
 
-def run_trial(config: dict[str, Any]) -> None:
-    """Train ``config["arch"]`` with ``config["train"]`` on the job's task, reporting to Tune."""
+def build_trainer(config: dict[str, Any], workdir: Path,
+                  callback: Callable[[EvalRecord], None]) -> Trainer:
+    """The trainer of a trial's config, saving its checkpoint in ``workdir``."""
     job = config["job"]
-    node = ray.get_runtime_context().get_node_id()
-    torch.set_num_threads(max(1, int(job["threads"])))
-    metric = job["metric"]
+    # A space may list training seeds (``train.seed``); else the search's --seed.
+    train = {"seed": job["seed"], **config["train"], "device": job["device"]}
+    train.update(injected(job["inject"], config["arch"]))
+    arch = ArchConfig.from_json(config["arch"])
+    trainer = Trainer(arch, task_from_description(job["task"]), TrainConfig(**train),
+                      checkpoint=workdir / CHECKPOINT_FILE, callbacks=[callback])
+    check_recorded(arch, trainer)
+    return trainer
 
-    def report(record: EvalRecord) -> None:
-        tune.report({metric: record.metric, STEP: record.step, "val_loss": record.val_loss,
-                     "train_loss": record.train_loss, "tokens_per_s": record.tokens_per_s,
-                     NODE: node, STATUS: "running"})
+
+def train_trial(config: dict[str, Any], report: Report, workdir: Path, node: str,
+                restore: Path | None = None) -> None:
+    """Train ``config["arch"]`` with ``config["train"]`` on the job's task, reporting every
+    evaluation with the checkpoint in ``workdir``; continue from ``restore`` (this trial's own
+    last checkpoint) or ``config["resume_from"]`` (that of the failed trial it retries)."""
+    job = config["job"]
+    torch.set_num_threads(max(1, int(job["threads"])))
+    metric, resumed = job["metric"], 0
+
+    def on_eval(record: EvalRecord) -> None:
+        report({metric: record.metric, STEP: record.step, "val_loss": record.val_loss,
+                "train_loss": record.train_loss, "tokens_per_s": record.tokens_per_s,
+                NODE: node, STATUS: "running", RESUMED: resumed}, workdir)
 
     trainer = None
     try:
-        # A space may list training seeds (``train.seed``); else the search's --seed.
-        train = {"seed": job["seed"], **config["train"], "device": job["device"]}
-        train.update(injected(job["inject"], config["arch"]))
-        task = make_task(job["task"], job["size"], job["seed"], **job["task_params"])
-        settings = TrainConfig(**train)
-        arch = ArchConfig.from_json(config["arch"])
-        trainer = Trainer(arch, task, settings, callbacks=[report])
-        check_recorded(arch, trainer)
+        trainer = build_trainer(config, workdir, on_eval)
+        source = restore or (Path(config["resume_from"]) if config.get("resume_from") else None)
+        if source is not None and (source / CHECKPOINT_FILE).exists():
+            trainer.restore(source / CHECKPOINT_FILE)
+            resumed = trainer.step
         result = trainer.run()
         error = result.error if result.status == "diverged" else None
     except Exception as err:
-        lines = traceback.format_exception_only(type(err), err)
-        error = lines[-1].strip()
+        error = traceback.format_exception_only(type(err), err)[-1].strip()
     finally:
         del trainer
         gc.collect()
         if torch.cuda.is_available():
-            torch.cuda.empty_cache()  # the next trial on this actor gets the memory back
+            torch.cuda.empty_cache()  # the next trial on this worker gets the memory back
     if error is not None:
-        tune.report({metric: worst(job["mode"]), STATUS: "failed", ERROR: error, NODE: node})
+        report({metric: worst(job["mode"]), STATUS: "failed", ERROR: error, NODE: node}, None)

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor
 
 from common.cli import int_in, number, render_table
 from common.files import write_csv
@@ -33,6 +32,7 @@ from workers.attention import LogitRecorder, SubspaceAttention
 from workers.experiments import harness
 from workers.model import Model, build_model
 from workers.tasks import DenoiseTask, make_task
+from workers.tasks.vectors import cluster_snr
 
 NAME = "denoise"
 NOISES = (0.2, 0.5)
@@ -50,18 +50,6 @@ class Sizes:
 
 SMOKE = Sizes(clusters=3, rank=16, length=48, layers=4, batch=8)
 FULL = Sizes(clusters=4, rank=32, length=128, layers=10, batch=32)
-
-
-def cluster_snr(z: Tensor, bases: Tensor, labels: Tensor) -> Tensor:
-    """(B,) mean over clusters of ``||P_k Z_k||_F / ||(I - P_k) Z_k||_F`` (paper 000, eq. 6).
-    z: (B, T, d), bases: (K, d, p), labels: (B, T)."""
-    ratios = []
-    for k in range(bases.shape[0]):
-        mask = (labels == k)[..., None].to(z.dtype)  # (B, T, 1)
-        zk = z * mask
-        inside = zk @ bases[k] @ bases[k].T
-        ratios.append(inside.norm(dim=(1, 2)) / (zk - inside).norm(dim=(1, 2)).clamp_min(1e-12))
-    return torch.stack(ratios, 1).mean(1)
 
 
 def stack(task: DenoiseTask, layers: int, eta: float, kernel: LogitRecorder) -> Model:

@@ -1,16 +1,19 @@
 """What every experiment shares: its command line, its output folder (CSV table, PNG plot,
-study database), and running a search through ``workers.search`` in this process."""
+study database), and a search through ``workers.search.run_search``."""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from common.cli import Parser, UsageError, add_format, dump, fail
+from search_spaces import SearchSpace
+
+if TYPE_CHECKING:
+    from workers.search import SearchSummary
+    from workers.tasks import Task
 
 RESULTS = Path("results")
 
@@ -51,31 +54,18 @@ def study_exists(url: str, study: str) -> bool:
     return study in optuna.get_all_study_names(storage=open_storage(url))
 
 
-def search(argv: list[str], url: str, study: str, results: Path) -> None:
-    """Run ``python -m workers.search`` in this process (its report goes to stderr); an existing
-    study is resumed, so a re-run continues where an interrupted one stopped."""
-    from workers import search as launcher
+def search(space: SearchSpace, task: Task, trials: int, url: str, study: str, results: Path,
+           scheduler: str = "fifo") -> SearchSummary:
+    """``workers.search.run_search`` into ``study``; an existing study is resumed, so a re-run
+    continues where an interrupted one stopped."""
+    from workers.search import SearchOptions, run_search
 
-    full = [*argv, "--storage", url, "--study", study, "--storage-path", str(results),
-            "--format", "table"]
-    if study_exists(url, study):
-        full.append("--resume")
-    with contextlib.redirect_stdout(sys.stderr):
-        code = launcher.main(full)
-    if code != 0:
-        raise RuntimeError(f"search {study} ended with exit code {code}")
-
-
-@contextlib.contextmanager
-def ray_session() -> Iterator[None]:
-    """Shut down the Ray instance the searches started, once the experiment is done."""
-    try:
-        yield
-    finally:
-        import ray
-
-        if ray.is_initialized():
-            ray.shutdown()
+    summary = run_search(space, task, storage=url, study=study, trials=trials,
+                         resume=study_exists(url, study),
+                         options=SearchOptions(scheduler=scheduler, storage_path=results))
+    if summary.status != "completed":
+        raise RuntimeError(f"search {study} ended {summary.status}")
+    return summary
 
 
 def main(parser: argparse.ArgumentParser, argv: list[str] | None,

@@ -16,7 +16,6 @@ one study per task, each read back from the study database. Writes ``mixit.csv``
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,9 +24,14 @@ from typing import Any
 from common.cli import render_table
 from common.files import write_csv
 from common.plots import new_figure, write_figure
+from search_spaces import load_space
 from studies import query
 from studies.storage import engine, open_storage
+from workers import tune
 from workers.experiments import harness
+from workers.search import training_budget
+from workers.tasks import make_task
+from workers.tasks.tokens import bits_per_param
 
 NAME = "mixit"
 SPACE = "attention_kinds.yaml"
@@ -42,28 +46,27 @@ class Search:
     study: str
     task: str
     params: dict[str, int] = field(default_factory=dict)
-    flags: tuple[str, ...] = ()  # extra workers.search flags (--steps, --budget)
+    budget: int | None = None
+    steps: int | None = None
 
-    def argv(self, smoke: bool) -> list[str]:
-        params = [f for k, v in self.params.items() for f in ("--task-param", f"{k}={v}")]
-        return (["--space", SPACE, "--task", self.task, "--trials", str(len(KINDS)),
-                 "--scheduler", "fifo", *params, *self.flags]
-                + (["--smoke-test"] if smoke else []))
+    def run(self, smoke: bool, url: str, results: Path) -> None:
+        space = training_budget(load_space(SPACE, self.budget), smoke, self.steps)
+        task = make_task(self.task, "smoke" if smoke else "paper", **self.params)
+        harness.search(space, task, len(KINDS), url, self.study, results)
 
 
 def searches(smoke: bool) -> list[Search]:
     """Every search of the experiment, smoke or full size."""
     if smoke:
-        small = ("--budget", str(SMOKE_BUDGET))
-        return ([Search("kinds-modadd", "modadd", flags=small)]
-                + [Search(f"kinds-retrieval-m{m}", "retrieval", {"m_max": m}, small)
+        return ([Search("kinds-modadd", "modadd", budget=SMOKE_BUDGET)]
+                + [Search(f"kinds-retrieval-m{m}", "retrieval", {"m_max": m}, SMOKE_BUDGET)
                    for m in (2, 4)]
-                + [Search("kinds-memorize", "memorize", flags=small)])
+                + [Search("kinds-memorize", "memorize", budget=SMOKE_BUDGET)])
     return ([Search("kinds-modadd", "modadd", {"p": 97, "train": 4704, "val": 2000},
-                    ("--steps", "20000"))]
+                    steps=20000)]
             + [Search(f"kinds-retrieval-m{m}", "retrieval", {"m_max": m})
                for m in (5, 10, 20, 40)]
-            + [Search("kinds-memorize", "memorize", {"n": 256}, ("--steps", "50000"))])
+            + [Search("kinds-memorize", "memorize", {"n": 256}, steps=50000)])
 
 
 def memorize_n(search: Search, smoke: bool) -> int:
@@ -89,7 +92,7 @@ def read_rows(url: str, search: Search, smoke: bool) -> list[dict[str, Any]]:
             row["random_value_accuracy"] = guess_accuracy(search.params["m_max"])
         if search.task == "memorize":
             n = memorize_n(search, smoke)
-            row["bits_per_param"] = n * n * math.log2(n) * t.value / (t.params_trainable or 1)
+            row["bits_per_param"] = bits_per_param(n, t.value, t.params_trainable or 1)
         rows.append(row)
     return sorted(rows, key=lambda r: KINDS.index(r["attention"]))
 
@@ -132,11 +135,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     harness.prepare(args)
     url = harness.storage_url(args, NAME)
     rows: list[dict[str, Any]] = []
-    with harness.ray_session():
+    with tune.session():
         for search in searches(args.smoke_test):
             print(f"mixit: {search.study}", file=sys.stderr, flush=True)
-            harness.search(search.argv(args.smoke_test), url, search.study,
-                          args.out / "ray_results")
+            search.run(args.smoke_test, url, args.out / "ray_results")
             rows += read_rows(url, search, args.smoke_test)
     write_csv(args.out / "mixit.csv", rows)
     plot(rows, args.out / "mixit.png")

@@ -22,7 +22,10 @@ from common.cli import int_in, render_table
 from common.files import write_csv, write_yaml
 from common.plots import new_figure, write_figure
 from search_spaces import load_space
+from workers import tune
 from workers.experiments import harness
+from workers.search import training_budget
+from workers.tasks import make_task
 
 NAME = "tradeoff"
 STUDY = "tradeoff-ngram"
@@ -39,7 +42,7 @@ SMOKE = Sizes(budget=32, lrs=(1.0e-2,), seeds=(0, 1))
 FULL = Sizes(budget=256, lrs=(1.0e-3, 3.0e-3), seeds=(0, 1))
 
 
-def space(budget: int, lrs: list[float], seeds: list[int], steps: int) -> dict[str, Any]:
+def space_data(budget: int, lrs: list[float], seeds: list[int], steps: int) -> dict[str, Any]:
     """The shipped ``heads_vs_dim.yaml`` at ``budget``, H up to D/4, every lr and seed."""
     shipped = load_space("heads_vs_dim").data
     heads = [2**k for k in range(budget.bit_length()) if 2**k <= budget // 4]
@@ -92,13 +95,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     harness.prepare(args)
     url = harness.storage_url(args, NAME)
     steps = args.steps or (40 if args.smoke_test else 2000)
-    data = space(sizes.budget, list(sizes.lrs), list(sizes.seeds), steps)
+    data = space_data(sizes.budget, list(sizes.lrs), list(sizes.seeds), steps)
     path = write_yaml(args.out / "tradeoff_space.yaml", data)
     trials = len(data["layers"][0]["heads"]) * len(sizes.lrs) * len(sizes.seeds)
-    argv = ["--space", str(path), "--task", "ngram", "--trials", str(trials), "--steps",
-            str(steps), "--scheduler", "fifo"] + (["--smoke-test"] if args.smoke_test else [])
-    with harness.ray_session():
-        harness.search(argv, url, STUDY, args.out / "ray_results")
+    grid = training_budget(load_space(path), args.smoke_test, steps)
+    task = make_task("ngram", "smoke" if args.smoke_test else "paper")
+    with tune.session():
+        harness.search(grid, task, trials, url, STUDY, args.out / "ray_results")
     settings, observations = calibrate.observations_from_study(url, STUDY)
     raw, cal = calibrate.fit(settings, observations)
     rep = calibrate.calibration_report(STUDY, settings, observations, raw, cal)

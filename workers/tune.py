@@ -1,0 +1,194 @@
+"""Ray and Ray Tune, in one module: the only place the project imports Ray.
+
+``run_tuner`` runs a search's remaining trials with Tune's ``Tuner`` (a function trainable,
+ASHA or FIFO, one report per evaluation with a checkpoint through Tune's public checkpoint
+API) while ``workers.searcher.StudySearcher`` asks and tells the Optuna study; ``start`` /
+``session`` manage the Ray instance (local by default, ``address`` for a cluster). Everything
+else of the search (the study, seeds, the summary) lives in ``workers.search``, Ray-free.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray import tune
+from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+from ray.tune.search import Searcher
+
+from search_spaces import ArchConfig
+from workers.searcher import StudySearcher
+from workers.trial import train_trial
+
+log = logging.getLogger(__name__)
+
+
+def start(address: str | None = None) -> None:
+    """Start (or join, with ``address``) Ray unless this process already did."""
+    # Keeping one checkpoint per trial makes Tune snapshot its experiment state at every
+    # checkpoint (to delete the previous one safely) and warn about it each time: cheap next
+    # to a trial, so the warning goes.
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # our progress lines replace Ray's boxes
+    if ray.is_initialized():  # called from Python (benchmarks, notebooks) after ray.init
+        return
+    ray.init(address=address, include_dashboard=False if address is None else None,
+             log_to_driver=False, logging_level=logging.WARNING)
+
+
+@contextlib.contextmanager
+def session(address: str | None = None) -> Iterator[None]:
+    """Ray for the duration of a block (several searches share it), shut down after."""
+    started = not ray.is_initialized()
+    start(address)
+    try:
+        yield
+    finally:
+        if started and ray.is_initialized():
+            ray.shutdown()
+
+
+@dataclass(frozen=True)
+class TuneRun:
+    """How Tune runs a search's trials."""
+
+    name: str  # the experiment's folder under ``storage_path``
+    storage_path: Path
+    trials: int  # trials to run now
+    steps: int  # the scheduler's full budget
+    eval_every: int
+    scheduler: str = "asha"  # asha | fifo
+    cpus_per_trial: float = 1.0
+    gpus_per_trial: float = 0.0
+    max_concurrent: int | None = None
+    reuse_actors: bool = True
+    heartbeat_interval: float = 10.0
+
+
+def run_tuner(searcher: StudySearcher, job: dict[str, Any], run: TuneRun) -> str:
+    """Run ``run.trials`` trials; returns ``completed`` or ``interrupted`` (Ctrl-C)."""
+    scheduler = (ASHAScheduler(time_attr="step", metric=searcher.metric, mode=searcher.mode,
+                               max_t=run.steps, grace_period=max(run.eval_every, run.steps // 9),
+                               reduction_factor=3)
+                 if run.scheduler == "asha" else FIFOScheduler())
+    tuner = tune.Tuner(
+        tune.with_resources(_trainable, {"cpu": run.cpus_per_trial, "gpu": run.gpus_per_trial}),
+        param_space={"job": job},
+        tune_config=tune.TuneConfig(search_alg=_Adapter(searcher), scheduler=scheduler,
+                                    num_samples=run.trials,
+                                    max_concurrent_trials=run.max_concurrent,
+                                    reuse_actors=run.reuse_actors,
+                                    trial_dirname_creator=lambda trial: f"trial_{trial.trial_id}"),
+        run_config=tune.RunConfig(
+            name=run.name, storage_path=str(run.storage_path.resolve()), verbose=0,
+            callbacks=[_Monitor(searcher, run.trials, run.heartbeat_interval / 2)],
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+            failure_config=tune.FailureConfig(max_failures=1)))
+    try:
+        tuner.fit()
+    except KeyboardInterrupt:
+        return "interrupted"
+    return "completed"
+
+
+def _trainable(config: dict[str, Any]) -> None:
+    """The function trainable: ``workers.trial.train_trial`` with Tune's report and checkpoint."""
+    node = ray.get_runtime_context().get_node_id()
+
+    def report(metrics: dict[str, Any], checkpoint: Path | None) -> None:
+        tune.report(metrics, checkpoint=None if checkpoint is None
+                    else tune.Checkpoint.from_directory(str(checkpoint)))
+
+    restored = tune.get_checkpoint()  # set when Tune restarts this trial after a failure
+    with tempfile.TemporaryDirectory(prefix="trial-") as workdir, \
+            (restored.as_directory() if restored else contextlib.nullcontext()) as restore:
+        train_trial(config, report, Path(workdir), node, Path(restore) if restore else None)
+
+
+class _Adapter(Searcher):
+    """Tune's searcher interface over ``StudySearcher`` (public ``Searcher`` API only).
+
+    Tune pickles its searcher into the experiment state: the pickle holds no study, storage or
+    URL. Resuming goes through the study (``workers.search --resume``), never Tune's state.
+    """
+
+    def __init__(self, inner: StudySearcher) -> None:
+        super().__init__(metric=inner.metric, mode=inner.mode)
+        self.inner: StudySearcher | None = inner
+
+    def set_search_properties(self, metric: str | None, mode: str | None, config: dict[str, Any],
+                              **spec: Any) -> bool:
+        return True  # metric and mode come from the study
+
+    def suggest(self, trial_id: str) -> dict[str, Any] | None:
+        assert self.inner is not None
+        return self.inner.ask(trial_id)
+
+    def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
+        if self.inner is not None:
+            self.inner.report(trial_id, result)
+
+    def on_trial_complete(self, trial_id: str, result: dict[str, Any] | None = None,
+                          error: bool = False) -> None:
+        if self.inner is not None:
+            self.inner.complete(trial_id, result, error)
+
+    def save(self, checkpoint_path: str) -> None:
+        pass  # the study is the record
+
+    def restore(self, checkpoint_path: str) -> None:
+        raise RuntimeError("resume a search with `python -m workers.search ... --resume`: the "
+                           "study database, not Ray's experiment state, is the record")
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "inner": None}
+
+
+class _Monitor(tune.Callback):
+    """Heartbeats for the open trials, the checkpoint of each trial recorded in the study, and
+    one progress line per finished trial (done / running / failed, best so far)."""
+
+    def __init__(self, searcher: StudySearcher, total: int, interval: float) -> None:
+        self.searcher, self.total, self.interval = searcher, total, interval
+        self.counts = {"COMPLETE": 0, "PRUNED": 0, "FAIL": 0}
+        self.best: tuple[float, int | None, str] | None = None
+        self.last_beat = 0.0
+
+    def on_step_end(self, iteration: int, trials: list[Any], **info: Any) -> None:
+        if time.monotonic() - self.last_beat >= self.interval:
+            self.searcher.beat()
+            self.last_beat = time.monotonic()
+
+    def on_checkpoint(self, iteration: int, trials: list[Any], trial: Any, checkpoint: Any,
+                      **info: Any) -> None:
+        self.searcher.record_checkpoint(trial.trial_id, str(checkpoint.path))
+
+    def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any,
+                          **info: Any) -> None:
+        self._finished(trials, trial, error=False)
+
+    def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        self._finished(trials, trial, error=True)
+
+    def _finished(self, trials: list[Any], trial: Any, error: bool) -> None:
+        state, value, _ = self.searcher.classify(trial.last_result, error)
+        self.counts[state.name] += 1
+        if value is not None and (self.best is None or self.searcher.better(value,
+                                                                             self.best[0])):
+            self.best = (value, self.searcher.number(trial.trial_id), trial.config.get("arch"))
+        running = sum(t.status == "RUNNING" and t is not trial for t in trials)
+        best = (f"best {self.searcher.metric} {self.best[0]:.4g} (trial {self.best[1]}: "
+                f"{ArchConfig.from_json(self.best[2]).describe()})" if self.best
+                else "no full-budget trial yet")
+        print(f"[{sum(self.counts.values())}/{self.total}] {self.counts['COMPLETE']} complete, "
+              f"{self.counts['PRUNED']} stopped early, {self.counts['FAIL']} failed, "
+              f"{running} running; {best}", file=sys.stderr, flush=True)
