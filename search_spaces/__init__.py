@@ -12,12 +12,12 @@ from search_spaces.arch import (
     SINGLE_WIDTH_KINDS,
     ArchConfig,
     AttentionKind,
-    ConfigError,
     HeadGroup,
     LayerSpec,
     ModelIO,
     Positional,
 )
+from search_spaces.checks import ConfigError
 from search_spaces.loader import load_space, parse_space, shipped_spaces
 from search_spaces.params import ParamCount, attention_params, layer_params, param_count
 from search_spaces.space import (

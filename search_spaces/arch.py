@@ -1,4 +1,4 @@
-"""The shared vocabulary: ``HeadGroup`` -> ``LayerSpec`` -> ``ArchConfig`` (SPEC §2).
+"""The shared vocabulary: ``HeadGroup`` -> ``LayerSpec`` -> ``ArchConfig``.
 
 Every component of the project (allocator, search spaces, workers, study records) describes a
 candidate network with these frozen dataclasses. They validate on construction, collecting every
@@ -17,12 +17,25 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 import re
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 import yaml
+
+from search_spaces.checks import (
+    ConfigError,
+    check_keys,
+    field_defaults,
+    field_names,
+    field_values,
+    fields_to_dict,
+    is_int,
+    is_number,
+    need_bool,
+    need_choice,
+    need_int,
+)
 
 SCHEMA_VERSION = 1
 # The vocabulary: each name set is a Literal type, and its tuple is derived from it.
@@ -44,48 +57,6 @@ SINGLE_WIDTH_KINDS: frozenset[AttentionKind] = frozenset({"mssa", "mixit"})
 _SHORTHAND = re.compile(r"^\s*(\d+)\s*x\s*(\d+)\s*(?:/\s*(\d+))?\s*$")
 
 
-class ConfigError(ValueError):
-    """An invalid architecture description; ``problems`` lists every rule broken."""
-
-    def __init__(self, problems: list[str]) -> None:
-        self.problems = list(problems)
-        super().__init__("; ".join(self.problems))
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
-
-
-def _need_int(problems: list[str], path: str, value: Any, minimum: int) -> None:
-    if not _is_int(value) or value < minimum:
-        problems.append(f"{path} = {value!r}: must be an integer >= {minimum}")
-
-
-def _need_choice(problems: list[str], path: str, value: Any, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        problems.append(f"{path} = {value!r}: must be one of {', '.join(choices)}")
-
-
-def _need_bool(problems: list[str], path: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        problems.append(f"{path} = {value!r}: must be true or false")
-
-
-def _check_keys(data: Any, valid: tuple[str, ...], path: str) -> None:
-    if not isinstance(data, dict):
-        raise ConfigError([f"{path or 'arch'}: expected a mapping, got {type(data).__name__}"])
-    unknown = sorted(set(map(str, data)) - set(valid))
-    if unknown:
-        raise ConfigError(
-            [f"{path + '.' if path else ''}{k}: unknown key; valid keys: {', '.join(valid)}"
-             for k in unknown]
-        )
-
-
 @dataclass(frozen=True)
 class HeadGroup:
     """``count`` heads sharing a query/key dimension ``qk_dim`` and a value dimension ``v_dim``.
@@ -98,12 +69,12 @@ class HeadGroup:
     v_dim: int = 0
 
     def __post_init__(self) -> None:
-        if self.v_dim == 0 and _is_int(self.qk_dim):
+        if self.v_dim == 0 and is_int(self.qk_dim):
             object.__setattr__(self, "v_dim", self.qk_dim)
         problems: list[str] = []
-        _need_int(problems, "count", self.count, 1)
-        _need_int(problems, "qk_dim", self.qk_dim, 1)
-        _need_int(problems, "v_dim", self.v_dim, 1)
+        need_int(problems, "count", self.count, 1)
+        need_int(problems, "qk_dim", self.qk_dim, 1)
+        need_int(problems, "v_dim", self.v_dim, 1)
         if problems:
             raise ConfigError(problems)
 
@@ -117,7 +88,7 @@ class HeadGroup:
         return f"{self.count}x{dims}"
 
     def to_dict(self) -> dict[str, int]:
-        return _to_dict(self)
+        return fields_to_dict(self)
 
     @classmethod
     def from_dict(cls, data: Any, path: str = "") -> HeadGroup:
@@ -129,7 +100,7 @@ class HeadGroup:
                                    "'8x64' (count x dim) or '4x16/64' (count x qk_dim/v_dim)"])
             count, qk, v = match.groups()
             data = {"count": int(count), "qk_dim": int(qk), "v_dim": int(v or qk)}
-        _check_keys(data, field_names(cls), path)
+        check_keys(data, field_names(cls), path)
         try:
             return cls(data.get("count"), data.get("qk_dim"), data.get("v_dim", 0))
         except ConfigError as err:
@@ -161,11 +132,11 @@ class LayerSpec:
     def __post_init__(self) -> None:
         if isinstance(self.heads, list):
             object.__setattr__(self, "heads", tuple(self.heads))
-        if _is_int(self.mlp_ratio):
+        if is_int(self.mlp_ratio):
             object.__setattr__(self, "mlp_ratio", float(self.mlp_ratio))
-        if _is_int(self.eta):
+        if is_int(self.eta):
             object.__setattr__(self, "eta", float(self.eta))
-        problems = self._problems(_values(self))
+        problems = self._problems(field_values(self))
         if problems:
             raise ConfigError(problems)
 
@@ -173,7 +144,7 @@ class LayerSpec:
     def _problems(v: dict[str, Any]) -> list[str]:
         """Problems of the field values ``v``; ``v["heads"] is None`` when already reported."""
         problems: list[str] = []
-        _need_choice(problems, "attention", v["attention"], ATTENTION_KINDS)
+        need_choice(problems, "attention", v["attention"], ATTENTION_KINDS)
         heads = v["heads"]
         if heads is None:
             pass
@@ -187,16 +158,16 @@ class LayerSpec:
                     problems.append(f"heads[{j}] = {g}: {v['attention']} heads have one width, "
                                     "so qk_dim must equal v_dim")
         ratio = v["mlp_ratio"]
-        if not _is_number(ratio) or ratio < 0:
+        if not is_number(ratio) or ratio < 0:
             problems.append(f"mlp_ratio = {ratio!r}: must be a number >= 0 (0 = no MLP)")
-        _need_choice(problems, "role", v["role"], ROLES)
-        _need_bool(problems, "freeze_mlp", v["freeze_mlp"])
-        _need_bool(problems, "tied_output", v["tied_output"])
+        need_choice(problems, "role", v["role"], ROLES)
+        need_bool(problems, "freeze_mlp", v["freeze_mlp"])
+        need_bool(problems, "tied_output", v["tied_output"])
         if v["freeze_mlp"] is True and ratio == 0:
             problems.append("freeze_mlp = True: needs an MLP (mlp_ratio > 0)")
         if v["tied_output"] is True and v["attention"] != "mssa":
             problems.append(f"tied_output = True: only valid for mssa, not {v['attention']!r}")
-        if not _is_number(v["eta"]) or v["eta"] <= 0:
+        if not is_number(v["eta"]) or v["eta"] <= 0:
             problems.append(f"eta = {v['eta']!r}: must be a number > 0")
         return problems
 
@@ -219,12 +190,12 @@ class LayerSpec:
         return "+".join(str(g) for g in self.heads)
 
     def to_dict(self) -> dict[str, Any]:
-        return _to_dict(self)
+        return fields_to_dict(self)
 
     @classmethod
     def from_dict(cls, data: Any, path: str = "") -> LayerSpec:
         keys = field_names(cls)
-        _check_keys(data, keys, path)
+        check_keys(data, keys, path)
         problems: list[str] = []
         heads_data = data.get("heads")
         heads: list[HeadGroup] = []
@@ -239,7 +210,7 @@ class LayerSpec:
                     problems.extend(err.problems)
         kwargs = {k: data[k] for k in keys if k in data and k != "heads"}
         if problems:  # report this layer's own problems too, not only its head groups'
-            values = {**_defaults(cls), "attention": None, **kwargs, "heads": None}
+            values = {**field_defaults(cls), "attention": None, **kwargs, "heads": None}
             problems += [f"{path}.{p}" for p in cls._problems(values)]
             raise ConfigError(problems)
         try:
@@ -278,7 +249,7 @@ class ArchConfig:
             object.__setattr__(self, "layers", tuple(self.layers))
         if self.output_dim is None and self.vocab_size is None and self.input_dim is not None:
             object.__setattr__(self, "output_dim", self.input_dim)
-        problems = self._problems(_values(self))
+        problems = self._problems(field_values(self))
         if problems:
             raise ConfigError(problems)
         digest = hashlib.sha256(self.to_json().encode()).hexdigest()
@@ -288,17 +259,17 @@ class ArchConfig:
     def _problems(v: dict[str, Any]) -> list[str]:
         """Problems of the field values ``v``; ``v["layers"] is None`` when already reported."""
         problems: list[str] = []
-        _need_int(problems, "d_model", v["d_model"], 1)
-        _need_int(problems, "max_seq_len", v["max_seq_len"], 1)
-        _need_int(problems, "seed", v["seed"], 0)
+        need_int(problems, "d_model", v["d_model"], 1)
+        need_int(problems, "max_seq_len", v["max_seq_len"], 1)
+        need_int(problems, "seed", v["seed"], 0)
         if v["schema_version"] != SCHEMA_VERSION:
             problems.append(f"schema_version = {v['schema_version']!r}: this code reads "
                             f"version {SCHEMA_VERSION}")
-        _need_choice(problems, "positional", v["positional"], POSITIONALS)
-        _need_choice(problems, "norm", v["norm"], NORMS)
-        _need_choice(problems, "mlp", v["mlp"], MLP_KINDS)
-        _need_bool(problems, "causal", v["causal"])
-        _need_bool(problems, "tie_embeddings", v["tie_embeddings"])
+        need_choice(problems, "positional", v["positional"], POSITIONALS)
+        need_choice(problems, "norm", v["norm"], NORMS)
+        need_choice(problems, "mlp", v["mlp"], MLP_KINDS)
+        need_bool(problems, "causal", v["causal"])
+        need_bool(problems, "tie_embeddings", v["tie_embeddings"])
         problems += _io_problems(v)
         layers = v["layers"]
         if layers is None:
@@ -330,7 +301,7 @@ class ArchConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """Canonical dict: every field explicit, derived ``arch_id`` excluded, layers last."""
-        data = _to_dict(self)
+        data = fields_to_dict(self)
         data["layers"] = data.pop("layers")
         return data
 
@@ -338,7 +309,7 @@ class ArchConfig:
     def from_dict(cls, data: Any) -> ArchConfig:
         """Build from a dict, collecting every problem; unknown keys list the valid ones."""
         keys = field_names(cls)
-        _check_keys(data, keys, "")
+        check_keys(data, keys, "")
         problems: list[str] = []
         layers: list[LayerSpec] = []
         layers_data = data.get("layers")
@@ -352,7 +323,7 @@ class ArchConfig:
                     problems.extend(err.problems)
         kwargs = {k: data[k] for k in keys if k in data and k != "layers"}
         if problems:  # report the global fields' problems too, not only the layers'
-            values = {**_defaults(cls), "d_model": None, "max_seq_len": None, **kwargs}
+            values = {**field_defaults(cls), "d_model": None, "max_seq_len": None, **kwargs}
             if values["output_dim"] is None and values["vocab_size"] is None:
                 values["output_dim"] = values["input_dim"]
             problems += cls._problems({**values, "layers": None})
@@ -408,29 +379,6 @@ class ModelIO:
                 "tie_embeddings": tie_embeddings and tokens}
 
 
-def field_names(cls: type) -> tuple[str, ...]:
-    """The serialised fields of a vocabulary dataclass (derived ones, like ``arch_id``, are
-    not constructor arguments and are left out)."""
-    return tuple(f.name for f in fields(cls) if f.init)
-
-
-def _to_dict(obj: Any) -> dict[str, Any]:
-    """Every serialised field of ``obj``; tuples of nested dataclasses become lists of dicts."""
-    data = {}
-    for name in field_names(type(obj)):
-        value = getattr(obj, name)
-        data[name] = [v.to_dict() for v in value] if isinstance(value, tuple) else value
-    return data
-
-
-def _values(obj: Any) -> dict[str, Any]:
-    return {f.name: getattr(obj, f.name) for f in fields(obj) if f.init}
-
-
-def _defaults(cls: type) -> dict[str, Any]:
-    return {f.name: f.default for f in fields(cls) if f.init and f.default is not MISSING}
-
-
 def _io_problems(v: dict[str, Any]) -> list[str]:
     problems: list[str] = []
     vocab, input_dim, output_dim = v["vocab_size"], v["input_dim"], v["output_dim"]
@@ -438,13 +386,13 @@ def _io_problems(v: dict[str, Any]) -> list[str]:
         problems.append(f"vocab_size = {vocab!r}, input_dim = {input_dim!r}: "
                         "set exactly one (tokens or vectors)")
     if vocab is not None:
-        _need_int(problems, "vocab_size", vocab, 1)
+        need_int(problems, "vocab_size", vocab, 1)
         if output_dim is not None:
             problems.append(f"output_dim = {output_dim!r}: only for vector inputs "
                             "(input_dim); token models predict vocab_size logits")
     if input_dim is not None:
-        _need_int(problems, "input_dim", input_dim, 1)
-        _need_int(problems, "output_dim", output_dim, 1)
+        need_int(problems, "input_dim", input_dim, 1)
+        need_int(problems, "output_dim", output_dim, 1)
         if v["tie_embeddings"] is True:
             problems.append("tie_embeddings = True: only for token inputs (vocab_size)")
     return problems
@@ -454,7 +402,7 @@ def _cross_layer_problems(d_model: Any, positional: Any,
                           layers: tuple[LayerSpec, ...]) -> list[str]:
     problems: list[str] = []
     for i, layer in enumerate(layers):
-        hidden = layer.mlp_ratio * d_model if _is_int(d_model) else 0.0
+        hidden = layer.mlp_ratio * d_model if is_int(d_model) else 0.0
         if abs(hidden - round(hidden)) > 1e-9:
             problems.append(f"layers[{i}].mlp_ratio = {layer.mlp_ratio!r}: mlp_ratio * "
                             f"d_model = {hidden:g} must be a whole number of units")

@@ -21,7 +21,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import MISSING, fields
 from typing import Any
 
-from search_spaces.arch import ArchConfig, ConfigError, HeadGroup, LayerSpec, field_names
+from search_spaces.arch import ArchConfig, HeadGroup, LayerSpec
+from search_spaces.checks import ConfigError, field_names
 
 # Layer fields always written (the search samples them); the others only when not default.
 ALWAYS = ("attention", "mlp_ratio")

@@ -35,7 +35,8 @@ from typing import Any
 
 import yaml
 
-from search_spaces.arch import ATTENTION_KINDS, ArchConfig, ConfigError, HeadGroup, LayerSpec
+from search_spaces.arch import ATTENTION_KINDS, ArchConfig, HeadGroup, LayerSpec
+from search_spaces.checks import ConfigError, is_int, is_number
 from search_spaces.space import PROBE_IO, LayerRule, QkRule, SearchSpace, SpaceError, TrainParam
 
 SPACES_DIR = Path(__file__).resolve().parent
@@ -140,14 +141,6 @@ class _Checker:
             raise SpaceError(f"{self.source}: " + "; ".join(self.problems))
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_number(v: Any) -> bool:
-    return (_is_int(v) or isinstance(v, float)) and math.isfinite(v)
-
-
 def parse_space(data: Mapping[str, Any], source: str = "<space>",
                 planner: Planner | None = None) -> SearchSpace:
     """Validate a space given as a dict (what ``load_space`` read from YAML)."""
@@ -184,13 +177,13 @@ def parse_space(data: Mapping[str, Any], source: str = "<space>",
 def _layer_indices(check: _Checker, key: str, value: Any, depth: int) -> tuple[int, ...]:
     if value in (None, "all"):
         return tuple(range(depth))
-    if _is_int(value):
+    if is_int(value):
         value = [value]
     elif isinstance(value, str) and "-" in value:
         first, _, last = value.partition("-")
         if first.strip().isdigit() and last.strip().isdigit():
             value = list(range(int(first), int(last) + 1))
-    if not isinstance(value, list) or not value or not all(_is_int(v) for v in value):
+    if not isinstance(value, list) or not value or not all(is_int(v) for v in value):
         check.add(key, value, "must be 'all', a layer index, a range 'a-b' or a list of indices")
         return ()
     outside = [v for v in value if not 0 <= v < depth]
@@ -234,18 +227,18 @@ def _parse_rule(check: _Checker, where: str, item: dict[str, Any], budget: int,
     attention = check.choices(f"{where}.attention", item.get("attention", ["mhsa"]),
                               lambda v: v in ATTENTION_KINDS, f"must be from {ATTENTION_KINDS}")
     mlp = check.choices(f"{where}.mlp_ratio", item.get("mlp_ratio", [0]),
-                        lambda v: _is_number(v) and v >= 0, "must be numbers >= 0 (0 = no MLP)")
+                        lambda v: is_number(v) and v >= 0, "must be numbers >= 0 (0 = no MLP)")
     max_groups = _parse_groups(check, f"{where}.groups", item.get("groups", {"max": 1}))
     heads: tuple[Any, ...] = ()
     if max_groups == 1:
-        heads = check.choices(f"{where}.heads", item.get("heads"), lambda v: _is_int(v) and v >= 1,
+        heads = check.choices(f"{where}.heads", item.get("heads"), lambda v: is_int(v) and v >= 1,
                               "must be head counts (integers >= 1)")
     elif "heads" in item:
         check.add(f"{where}.heads", item["heads"], "not used with groups.max > 1: the counts "
                   "are sampled to fill the layer budget")
     head_dim_data = item.get("head_dim", "derived")
     head_dim = None if head_dim_data == "derived" and max_groups == 1 else check.choices(
-        f"{where}.head_dim", head_dim_data, lambda v: _is_int(v) and v >= 1,
+        f"{where}.head_dim", head_dim_data, lambda v: is_int(v) and v >= 1,
         "must be a list of integers >= 1" + ("" if max_groups > 1 else
                                               " or 'derived' (budget / heads)"))
     qk = _parse_qk(check, f"{where}.qk_dim", item.get("qk_dim", "same"))
@@ -300,14 +293,14 @@ def _parse_train(check: _Checker, data: Any) -> list[TrainParam]:
             low: Any = value.get("low")
             high: Any = value.get("high")
             if (key in FIXED_TRAIN_KEYS or set(value) - {"low", "high", "log"}
-                    or not (_is_number(low) and _is_number(high) and 0 < low <= high)):
+                    or not (is_number(low) and is_number(high) and 0 < low <= high)):
                 check.add(where, value, "must be a value, a list of choices or "
                           "{low, high, log} with 0 < low <= high" +
                           (" (and fixed: the scheduler needs it)" if key in FIXED_TRAIN_KEYS
                            else ""))
                 continue
             params.append(TrainParam(key, low=low, high=high, log=bool(value.get("log")),
-                                     integer=_is_int(low) and _is_int(high)))
+                                     integer=is_int(low) and is_int(high)))
         else:
             if key in FIXED_TRAIN_KEYS and not check.int_at_least(where, value, 1):
                 continue

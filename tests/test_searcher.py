@@ -14,7 +14,7 @@ from optuna.trial import TrialState
 from alloc.plan import PlanSettings
 from search_spaces import ModelIO, load_space
 from studies.storage import StorageSettings, open_storage, reap_dead
-from workers.search import Predictor
+from workers.seeding import Predictor
 from workers.searcher import CHECKPOINT, Start, StudySearcher, finished_count, retried_numbers
 
 STEPS = 30

@@ -18,13 +18,11 @@ From Python::
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import os
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,9 +30,9 @@ from typing import Any
 import optuna
 from sqlalchemy.engine import URL, make_url
 
-from alloc.plan import PlanSettings, baseline_arch, make_plan, predicted_error
+from alloc.plan import PlanSettings
 from common.cli import Parser, UsageError, add_format, dump, fail, int_in, number
-from search_spaces import ArchConfig, HeadGroup, LayerSpec, SearchSpace, SpaceError, load_space
+from search_spaces import SearchSpace, SpaceError, load_space
 from studies import query
 from studies import records as rec
 from studies.storage import (
@@ -45,7 +43,8 @@ from studies.storage import (
     redact,
     resolve_url,
 )
-from workers.searcher import Start, StudySearcher, finished_count, retried_numbers
+from workers.searcher import StudySearcher, finished_count, retried_numbers
+from workers.seeding import Predictor, plan_settings, planner, starting_points
 from workers.tasks import Task, TaskError, describe_task, make_task
 from workers.train import parse_task_params
 
@@ -101,72 +100,6 @@ class SearchSummary:
                     "params_trainable": best.params_trainable,
                     "arch": best.arch.to_dict() if best.arch else None},
                 "export": self.export}
-
-
-# --- the allocator's seeds ----------------------------------------------------------------------
-
-
-def plan_settings(budget: int, depth: int, task: Task) -> PlanSettings:
-    """Allocator inputs for a space of this budget and depth on ``task`` (the ngram/kernel
-    tasks give the kernel)."""
-    kernel = getattr(task, "kernel", PlanSettings.kernel)
-    return PlanSettings(budget=budget, layers=depth, seq_len=task.seq_len,
-                        input_dim=task.input_dim or budget, kernel=kernel, align=min(8, budget))
-
-
-def planner(task: Task) -> Callable[[int, int], ArchConfig]:
-    """The allocator's plan for (budget, depth) on ``task``: resolves ``allocator`` in spaces."""
-    return lambda budget, depth: make_plan(plan_settings(budget, depth, task)).arch
-
-
-def _fit_layer(space: SearchSpace, i: int, layer: LayerSpec) -> LayerSpec:
-    """``layer`` moved into the space's rule for layer ``i`` where a field is not allowed."""
-    rule = space.rule(i)
-    kind = layer.attention if layer.attention in rule.attention else rule.attention[0]
-    mlp = layer.mlp_ratio if layer.mlp_ratio in rule.mlp_ratio else rule.mlp_ratio[-1]
-    # A qk_dim the rule does not allow becomes the largest it does.
-    heads = tuple(HeadGroup(g.count, g.qk_dim if rule.qk.allows(kind, g.v_dim, g.qk_dim)
-                            else rule.qk.range(kind, g.v_dim)[1], g.v_dim) for g in layer.heads)
-    return LayerSpec(kind, heads, mlp, **rule.fixed_fields(mlp))
-
-
-def seeds(space: SearchSpace, settings: PlanSettings) -> list[Start]:
-    """The allocator's plan, its uniform plan and the 64-dim baseline, as the space's params.
-
-    A seed the space cannot express (e.g. two head groups in a layer) is skipped with a warning.
-    """
-    plan = make_plan(settings)
-    uniform = make_plan(dataclasses.replace(settings, uniform=True))
-    candidates = [("allocator", plan.arch), ("allocator-uniform", uniform.arch),
-                  ("baseline-64", baseline_arch(plan))]
-    out: list[Start] = []
-    for label, arch in candidates:
-        layers = tuple(_fit_layer(space, i, layer) for i, layer in enumerate(arch.layers))
-        try:
-            fitted = ArchConfig.from_dict({**arch.to_dict(), **space.model,
-                                           "layers": [x.to_dict() for x in layers]})
-            out.append(Start(label, space.encode(fitted)))
-        except (SpaceError, ValueError) as err:
-            log.warning("seed %s is not in space %s, skipped: %s", label, space.name, err)
-    return out
-
-
-def starting_points(space: SearchSpace, settings: PlanSettings) -> list[Start]:
-    """Every point of a grid space (the seeds it can express are among them), else the
-    allocator's seeds."""
-    if space.sampler == "grid":
-        return [Start("grid", params) for params in space.grid()]
-    return seeds(space, settings)
-
-
-@dataclass(frozen=True)
-class Predictor:
-    """The allocator's predicted error of a sampled architecture (its first layer's bound)."""
-
-    settings: PlanSettings
-
-    def __call__(self, arch: ArchConfig) -> float:
-        return predicted_error(self.settings, arch.layers[0])
 
 
 # --- the study ----------------------------------------------------------------------------------
