@@ -146,6 +146,8 @@ def run(args: argparse.Namespace) -> str | Any:
         table = render_table(["trial", "predicted error", "measured"],
                              [[p["number"], f"{p['predicted_error']:.6g}", f"{p['value']:.6g}"]
                               for p in result["trials"]], right=[True, True, True])
+        if result["undefined"]:
+            return f"{table}\n{result['undefined']}"
         return f"{table}\nSpearman rank correlation {result['spearman']:.3f} over {result['n']}"
     trial = query.find_trial(eng, study, args.trial)
     assert trial.arch is not None

@@ -283,8 +283,14 @@ def theory(engine: sa.Engine, study: str) -> dict[str, Any]:
     if len(points) < 2:
         raise QueryError(f"--study {study!r}: needs at least two complete trials with a "
                          "predicted_error")
-    rho = spearmanr([p[1] for p in points], [p[2] for p in points]).statistic
-    return {"spearman": float(rho), "n": len(points),
+    predicted, measured = [p[1] for p in points], [p[2] for p in points]
+    rho, undefined = None, None
+    for name, xs in (("predicted error", predicted), ("measured value", measured)):
+        if len(set(xs)) == 1:  # Spearman's rho is undefined (SciPy warns and returns nan)
+            undefined = f"every {name} is {xs[0]:.6g}: the rank correlation is undefined"
+    if undefined is None:
+        rho = float(spearmanr(predicted, measured).statistic)
+    return {"spearman": rho, "undefined": undefined, "n": len(points),
             "trials": [{"number": n, "predicted_error": p, "value": v} for n, p, v in points]}
 
 

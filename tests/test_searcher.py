@@ -14,8 +14,8 @@ from optuna.trial import TrialState
 from alloc.plan import PlanSettings
 from search_spaces import ModelIO, load_space
 from studies.storage import StorageSettings, open_storage, reap_dead
-from workers.seeding import Predictor
 from workers.searcher import CHECKPOINT, Start, StudySearcher, finished_count, retried_numbers
+from workers.seeding import Predictor
 
 STEPS = 30
 

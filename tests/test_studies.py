@@ -7,6 +7,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import warnings
 from io import BytesIO
 from pathlib import Path
 from wsgiref.util import setup_testing_defaults
@@ -112,6 +113,21 @@ def test_theory_rank_correlation(storage_url: str, study_name: str) -> None:
     points = [(p["predicted_error"], p["value"]) for p in result["trials"]]
     assert result["n"] == 3 == len(points)
     assert result["spearman"] == pytest.approx(spearmanr(*zip(*points)).statistic)
+
+
+def test_theory_with_one_predicted_error_says_so_in_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    study = optuna.create_study(storage=open_storage(url), study_name="same")
+    set_study_attrs(study, task="ngram", metric="mse")
+    for value in (0.3, 0.2):
+        add_record(study, arch_with(4), value, predicted_error=1.5, steps_reached=10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no raw SciPy warning
+        assert main(["theory", "--storage", url]) == 0
+    out, err = capsys.readouterr()
+    assert "every predicted error is 1.5: the rank correlation is undefined" in out
+    assert not err
 
 
 def test_layer_summary_counts_winners() -> None:

@@ -48,6 +48,11 @@ def thresholded_softmax(tau: float) -> Kernel:
     return kernel
 
 
+def future_mask(t: int, device: torch.device | str = "cpu") -> Tensor:
+    """(t, t) bool, True where a query would see a later key: what causal attention hides."""
+    return torch.ones(t, t, dtype=torch.bool, device=device).triu(1)
+
+
 class LogitRecorder:
     """Softmax attention (what SDPA computes) that keeps every call's logits (B, H, T, T), causal
     entries -inf: one call per head group and layer, in forward order. For measuring a model."""
@@ -59,8 +64,7 @@ class LogitRecorder:
         z = q @ k.transpose(-1, -2) * scale
         if causal:
             t = z.shape[-1]
-            z = z.masked_fill(torch.ones(t, t, dtype=torch.bool, device=z.device).triu(1),
-                              float("-inf"))
+            z = z.masked_fill(future_mask(t, z.device), float("-inf"))
         self.logits.append(z)
         return torch.softmax(z, dim=-1) @ v
 
@@ -207,7 +211,7 @@ def mixing_matrix(heads: int, seq_len: int, width: int, causal: bool,
     """
     w = torch.randn(heads, seq_len, seq_len, generator=generator) / math.sqrt(width * seq_len)
     if causal:
-        allowed = torch.ones(seq_len, seq_len).tril()
+        allowed = (~future_mask(seq_len)).float()
         w = w * allowed
         mean = w.sum(-1, keepdim=True) / allowed.sum(-1, keepdim=True)
         w = (w - mean) * allowed

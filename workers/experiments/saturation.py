@@ -25,11 +25,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from alloc.saturation import jacobian_bound
 from common.cli import int_in, render_table
 from common.files import write_csv
 from common.plots import new_figure, write_figure
 from search_spaces import ArchConfig, HeadGroup, LayerSpec
-from workers.attention import LogitRecorder, MultiHeadAttention
+from workers.attention import LogitRecorder, MultiHeadAttention, future_mask
 from workers.experiments import harness
 from workers.model import Model, build_model
 from workers.tasks import LMTask, make_task
@@ -124,7 +125,7 @@ def jacobian_rows(model: Model, task: LMTask, lengths: list[int], count: int, se
         r = logits[0].abs().max().item()
         row = {"seq_len": n, "head0": norms[0][:, 0].mean().item(),
                "all_heads": norms[0].mean().item(), "logit_bound_R": r,
-               "bound": 2 * math.exp(2 * r) / n}
+               "bound": jacobian_bound(n, r)}
         for i in range(1, len(norms)):  # later layers, mean over heads
             row[f"layer{i}"] = norms[i].mean().item()
             row[f"layer{i}_R"] = logits[i].abs().max().item()
@@ -167,8 +168,7 @@ def causal_attention(x: Tensor, a: Tensor, b: Tensor) -> Tensor:
     """softmax((x a)(x b)^T) with the causal mask; x (B, T, d), a, b (d, r) -> (B, T, T)."""
     z = (x @ a) @ (x @ b).transpose(-1, -2)
     t = z.shape[-1]
-    return torch.softmax(z.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1),
-                                       float("-inf")), dim=-1)
+    return torch.softmax(z.masked_fill(future_mask(t), float("-inf")), dim=-1)
 
 
 def fit_student(m: Tensor, train_x: Tensor, test_x: Tensor, rank: int, steps: int
