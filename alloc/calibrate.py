@@ -1,13 +1,13 @@
 """python -m alloc.calibrate --storage URL --study NAME [--out constants.yaml] [--plot fit.png]
 
-Fit the bound's constants ``c_proj``, ``c_head`` and the order ``n`` to the losses a study
-measured (SPEC §3.4): least squares on log-loss, ``log y = log k + log E(arch; c_proj, c_head,
-n)``, with the constants kept positive (fitted as logs), ``n`` in [1, 6] and the scale ``k``
-(loss units per unit of bound) solved in closed form. Each architecture counts once, with its best
-fully trained loss over learning rates and seeds (the paper's estimate of the approximation
-error). Prints the fit (R² of log-loss, Spearman rank correlation) next to the raw constants'
-fit, and the allocation re-solved with the fitted constants next to the raw one; ``--out``
-writes the constants for ``python -m alloc.solve --constants``.
+Fit the bound's constants ``c_proj``, ``c_head`` and the order ``n`` to the losses a study measured
+(docs/theory.md §6): least squares on log-loss, ``log y = log k + log E(arch; c_proj, c_head, n)``,
+with the constants kept positive (fitted as logs), ``n`` in [1, 6] and the scale ``k`` (loss units
+per unit of bound) solved in closed form. Each architecture counts once, with its best fully trained
+loss over learning rates and seeds (the paper's estimate of the approximation error). Prints the fit
+(R² of log-loss, Spearman rank correlation) next to the raw constants' fit, and the allocation
+re-solved with the fitted constants next to the raw one; ``--out`` writes the constants for ``python
+-m alloc.solve --constants``.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ class ConstantsError(ValueError):
 
 @dataclass(frozen=True)
 class Constants:
-    """``c_proj``, ``c_head`` > 0 and the smoothness order ``n >= 1`` of SPEC §3.1."""
+    """``c_proj``, ``c_head`` > 0 and the smoothness order ``n >= 1`` of docs/theory.md §2."""
 
     c_proj: float = 1.0
     c_head: float = 1.0

@@ -1,4 +1,4 @@
-"""Early layers: split a width budget between heads and head dimension (SPEC §3.1, paper 003 §4).
+"""Early layers: split a width budget between heads and head dimension (docs/theory.md §2-§3).
 
 The layer extracts offsets ``s`` of the kernel ``rho``; group ``m`` gives ``H_m`` heads of dimension
 ``d_m`` to offset ``s_m`` (``sum H_m d_m <= D``, ``d_m`` a multiple of ``align``, ``<= d_in``), or

@@ -1,4 +1,4 @@
-"""The per-layer plan (SPEC §3.3): extraction layers first, reduced ``qk_dim`` after them.
+"""The per-layer plan (docs/theory.md §5): extraction layers first, reduced ``qk_dim`` after them.
 
 Layers ``0..k-1`` get the early-layer solution (exact grouped optimum, or the uniform layer),
 layers ``k..L-1`` keep that layer's heads and value dims and take the smallest ``qk_dim`` the

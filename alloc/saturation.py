@@ -1,4 +1,4 @@
-"""Later layers: shrink query/key dimensions where softmax saturates (SPEC §3.2, paper 003 §5).
+"""Later layers: shrink query/key dimensions where softmax saturates (docs/theory.md §4).
 
 For logits ``z in R^N`` bounded by ``R``, the softmax Jacobian ``J = diag(s) - s s^T`` satisfies
 ``||J||_2 <= 2 max_i s_i (1 - s_i) <= 2 e^{2R} / N`` (Gershgorin, ``s_i <= e^{2R}/N``). A student
@@ -20,7 +20,7 @@ import numpy as np
 
 from search_spaces.kernels import KernelError, read_values
 
-SPECTRUM_FORMS = "power:BETA or file:PATH"
+SIGMA_FORMS = "power:BETA or file:PATH"
 
 
 def jacobian_bound(seq_len: int, logit_bound: float) -> float:
@@ -57,7 +57,7 @@ def parse_spectrum(spec: str) -> tuple[str, float | np.ndarray]:
         if (values < 0).any():
             raise KernelError(f"spectrum file {arg!r}: singular values must be >= 0")
         return "file", np.sort(values)[::-1]
-    raise KernelError(f"unknown spectrum {spec!r}: use {SPECTRUM_FORMS}")
+    raise KernelError(f"unknown spectrum {spec!r}: use {SIGMA_FORMS}")
 
 
 def teacher_spectrum(spectrum: tuple[str, float | np.ndarray], qk_dim: int,

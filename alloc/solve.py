@@ -1,9 +1,10 @@
 """python -m alloc.solve --budget 512 [--format table|json|yaml] [--out arch.yaml] [--plot p.png]
 
-The analytic allocator (SPEC §3): how many heads of which dimension each layer gets for a width
-budget, from paper 003's error bound (early layers) and softmax saturation (later layers). No torch,
-no Ray: it answers in milliseconds. ``--out`` writes the ``ArchConfig`` YAML that the trainer and
-the search accept; ``--plot`` draws the trade-off curve and the per-layer ``qk_dim``.
+The analytic allocator (docs/theory.md §2-§5): how many heads of which dimension each layer gets for
+a width budget, from the error bound of *Allocation of Parameters in Transformers* (early layers)
+and softmax saturation (later layers). No torch, no Ray: it answers in milliseconds. ``--out``
+writes the ``ArchConfig`` YAML that the trainer and the search accept; ``--plot`` draws the
+trade-off curve and the per-layer ``qk_dim``.
 """
 
 from __future__ import annotations
@@ -51,24 +52,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input-dim", type=int_in(1, MAX_BUDGET), default=d.input_dim,
                    help="token dimension d_in")
     p.add_argument("--kernel", default=d.kernel,
-                   help="memory kernel: ngram:K, exp:LAMBDA, poly:P or file:PATH")
+                   help="memory kernel: ngram:K, exp:LAMBDA, poly:P or file:PATH "
+                        "(docs/theory.md §2)")
     p.add_argument("--align", type=int_in(1), default=d.align,
                    help="head dimensions are multiples of this")
-    p.add_argument("--c-proj", type=number(0), default=d.c_proj, help="compression constant")
-    p.add_argument("--c-head", type=number(0), default=d.c_head, help="extraction constant")
-    p.add_argument("--order", type=number(1), default=d.order, help="smoothness order n")
+    p.add_argument("--c-proj", type=number(0), default=d.c_proj,
+                   help="compression constant c_proj (docs/theory.md §2)")
+    p.add_argument("--c-head", type=number(0), default=d.c_head,
+                   help="extraction constant c_head (docs/theory.md §2)")
+    p.add_argument("--order", type=number(1), default=d.order,
+                   help="smoothness order n (docs/theory.md §2)")
     p.add_argument("--constants", type=Path,
                    help="c_proj, c_head and order from a YAML file (python -m alloc.calibrate "
-                        "--out); flags given explicitly win")
+                        "--out; docs/theory.md §6); flags given explicitly win")
     p.add_argument("--alpha", type=number(0), default=d.alpha, help="positional decay alpha")
     p.add_argument("--norm-bound", type=number(0, strict=True), default=None,
                    help="token norm bound B (default: sqrt(input-dim))")
     p.add_argument("--tolerance", type=number(0, strict=True), default=d.tolerance,
-                   help="allowed attention error per later-layer head")
+                   help="allowed attention error per later-layer head (docs/theory.md §4)")
     p.add_argument("--logit-bound", type=number(0, strict=True), default=d.logit_bound,
-                   help="logit bound R of the saturation rule")
+                   help="logit bound R of the saturation rule (docs/theory.md §4)")
     p.add_argument("--spectrum", default=d.spectrum,
-                   help="teacher singular values: power:BETA or file:PATH")
+                   help="teacher singular values: power:BETA or file:PATH (docs/theory.md §4)")
     p.add_argument("--attention", choices=ATTENTION_KINDS, default=d.attention,
                    help="attention kind of every layer")
     p.add_argument("--mlp-ratio", type=number(0), default=d.mlp_ratio,

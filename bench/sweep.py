@@ -1,9 +1,9 @@
 """python -m bench.sweep --task ngram --budget 256 --heads 1,2,4,8,16,32 [--kinds mhsa,mixit]
 
-Train a grid of uniform architectures (attention kind x head count at a fixed width budget
-``D``, head dim ``D/H``) on one task with the standalone trainer, over learning rates and seeds,
-and report the best run per point (paper 003 §6.1 reports best-of over lrs and seeds). Results
-are printed as a table, or as JSON/YAML with every run.
+Train a grid of uniform architectures (attention kind x head count at a fixed width budget ``D``,
+head dim ``D/H``) on one task with the standalone trainer, over learning rates and seeds, and report
+the best run per point (Yu et al., 2025, §6.1, report best-of over lrs and seeds). Results are
+printed as a table, or as JSON/YAML with every run.
 """
 
 from __future__ import annotations

@@ -116,8 +116,8 @@ class LayerSpec:
         heads: the head groups; the layer's attention width is ``sum(count * v_dim)``.
         mlp_ratio: MLP hidden size over ``d_model``; 0 makes an attention-only (AoT) layer.
         role: ``extract`` or ``process`` (informational, set by the allocator).
-        freeze_mlp: keep the MLP weights at initialisation (paper 002 ablation).
-        eta: residual step size, ``h = h + eta * Attn(Norm(h))`` (paper 000).
+        freeze_mlp: keep the MLP weights at initialisation (Frozen-MLP, docs/theory.md §8).
+        eta: residual step size, ``h = h + eta * Attn(Norm(h))`` (docs/theory.md §7).
         tied_output: MSSA only; output map ``[U_1..U_K]`` instead of a separate projection.
     """
 

@@ -1,4 +1,4 @@
-"""Read-only queries on Optuna's own tables through SQLAlchemy Core (SPEC §6).
+"""Read-only queries on Optuna's own tables through SQLAlchemy Core.
 
 ``optuna.load_study(...).get_all_trials()`` rebuilds every trial with every attribute (seconds
 for thousands of trials); these queries read only the columns they need, and fetch the

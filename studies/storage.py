@@ -1,4 +1,4 @@
-"""Open Optuna's own RDB storage from an SQLAlchemy URL, safely for many processes (SPEC §6).
+"""Open Optuna's own RDB storage from an SQLAlchemy URL, safely for many processes.
 
 * The URL comes from the argument, else ``$OPTUNA_STORAGE`` (as the ``optuna`` CLI), else the
   SQLite file ``studies.db`` in the working directory.

@@ -1,4 +1,4 @@
-"""workers.attention: MixiT properties, RoPE, and the theory checks of SPEC §4."""
+"""workers.attention: MixiT properties, RoPE, and the theory checks of docs/theory.md §7."""
 
 from __future__ import annotations
 
@@ -85,12 +85,13 @@ def test_registry_lists_choices() -> None:
         make_attention(arch, bogus, 0)
 
 
-# --- Theory checks (SPEC §4) -------------------------------------------------------------------
+# --- Theory checks (docs/theory.md §7) ------------------------------------------------------------
 
 
 def mixture_of_low_rank_gaussians(k: int, p: int, n_per: int, delta: float,
                                   g: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
-    """Paper 000 Def. 2.1 with orthogonal subspaces: tokens (N, d), bases (k, d, p), labels."""
+    """The mixture of low-rank Gaussians (docs/theory.md §7), orthogonal subspaces: tokens
+    (N, d), bases (k, d, p), labels."""
     d = k * p
     basis, _ = torch.linalg.qr(torch.randn(d, d, generator=g, dtype=torch.float64))
     u = basis.T.reshape(k, p, d).transpose(1, 2)  # (k, d, p), orthonormal columns
@@ -105,7 +106,7 @@ def mixture_of_low_rank_gaussians(k: int, p: int, n_per: int, delta: float,
 
 
 def snr(z: Tensor, u: Tensor, labels: Tensor) -> Tensor:
-    """Per cluster ||U_k U_k^T Z_k||_F / ||(I - U_k U_k^T) Z_k||_F (paper 000, eq. 6)."""
+    """Per cluster ||U_k U_k^T Z_k||_F / ||(I - U_k U_k^T) Z_k||_F (docs/theory.md §7)."""
     out = []
     for c in range(u.shape[0]):
         zc = z[labels == c]

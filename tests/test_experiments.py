@@ -51,7 +51,8 @@ def test_denoise_snr_grows_at_every_layer(tmp_path: Path) -> None:
             mine = [r for r in rows if r["noise"] == noise and r["update"] == update]
             snr = [float(r["snr"]) for r in mine]
             assert len(snr) == denoise.SMOKE.layers + 1
-            assert all(b > a for a, b in itertools.pairwise(snr)), snr  # paper 000 Fig. 4
+            # as in the AoT paper's Fig. 4
+            assert all(b > a for a, b in itertools.pairwise(snr)), snr
             for r in mine[1:]:
                 assert 0 < float(r["tau_noise"]) < float(r["tau"]) <= 1
                 assert float(r["rate"]) == pytest.approx(

@@ -6,14 +6,14 @@ call per group over all of its heads (no Python loop over heads).
 
 - ``mhsa``      standard multi-head attention (Vaswani et al., 2017).
 - ``frozen_qk`` mhsa whose query/key maps stay at initialisation (Dong et al., "Attention
-                Retrieves, MLP Memorizes", paper 002).
+                Retrieves, MLP Memorizes", 2025).
 - ``mssa``      multi-head subspace self-attention: one basis ``U_k`` per head is query, key and
-                value; output ``[U_1..U_K]`` (tied) or a projection (Wang et al., AoT, paper 000).
+                value; output ``[U_1..U_K]`` (tied) or a projection (Wang et al., 2025, AoT).
 - ``mixit``     random static attention ``A = I + W - rowmean(W)``, frozen, input independent
-                (paper 002, eq. 2.3).
+                (Dong et al., 2025, eq. 2.3).
 
-The softmax kernel is separate from the projections (``kernel`` argument): ``sdpa`` by default,
-or e.g. ``thresholded_softmax(tau)``, the kernel of paper 000's Thm 3.1.
+The softmax kernel is separate from the projections (``kernel`` argument): ``sdpa`` by default, or
+e.g. ``thresholded_softmax(tau)``, the kernel of Thm 3.1 of Wang et al. (2025), docs/theory.md §7.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> Tensor:
 
 
 def thresholded_softmax(tau: float) -> Kernel:
-    """Paper 000, Thm 3.1: ``phi(x) = tau * 1{softmax(x) > tau}`` on unscaled logits (the
+    """Thm 3.1 of Wang et al. (2025): ``phi(x) = tau * 1{softmax(x) > tau}`` on unscaled logits (the
     kernel under which one MSSA step multiplies every cluster's SNR by exactly ``1 + eta*tau``)."""
 
     def kernel(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> Tensor:

@@ -1,4 +1,4 @@
-"""Models built from an ``ArchConfig``: ``build_model(arch)`` (SPEC §4).
+"""Models built from an ``ArchConfig``: ``build_model(arch)``.
 
 Bottom-up: norm -> MLP -> pre-norm block -> model. A block is
 
@@ -34,7 +34,7 @@ class MLP(nn.Module):
         self.gated = arch.mlp == "swiglu"
         self.up = init_linear(arch.d_model, (2 if self.gated else 1) * hidden)
         self.down = init_linear(hidden, arch.d_model, out_std(arch))
-        if layer.freeze_mlp:  # paper 002 ablation: the MLP stays at its random init
+        if layer.freeze_mlp:  # Frozen-MLP ablation: the MLP stays at its random init
             self.requires_grad_(False)
 
     def forward(self, x: Tensor) -> Tensor:

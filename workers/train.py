@@ -1,9 +1,10 @@
 """python -m workers.train --arch arch.yaml --task ngram [--smoke-test] [--format json]
 
-Train any ``ArchConfig`` on any task of SPEC §5, on CPU or CUDA (bf16 autocast), knowing nothing
-about Ray: evaluation callbacks may stop the run. AdamW or Lion, linear warmup then cosine decay,
-gradient clipping, evaluation every k steps, checkpoints that resume the same loss curve, tokens/s,
-and a non-finite loss or gradient ends the run with status ``diverged`` instead of a crash.
+Train any ``ArchConfig`` on any task of ``workers.tasks``, on CPU or CUDA (bf16 autocast), knowing
+nothing about Ray: evaluation callbacks may stop the run. AdamW or Lion, linear warmup then cosine
+decay, gradient clipping, evaluation every k steps, checkpoints that resume the same loss curve,
+tokens/s, and a non-finite loss or gradient ends the run with status ``diverged`` instead of a
+crash.
 """
 
 from __future__ import annotations

@@ -1,1 +1,1 @@
-"""Experiments that reproduce the papers' findings with the product (SPEC §8)."""
+"""Experiments that reproduce the papers' findings with the product."""

@@ -1,16 +1,16 @@
 """python -m workers.experiments.denoise [--smoke-test] [--out results/denoise] [--layers 10]
 
-Paper 000, Fig. 4: tokens from a mixture of noisy low-rank Gaussians (the ``denoise`` task: K
-orthogonal subspaces of rank p, each token a signal in its own subspace plus noise of level delta
-in the others) pass through an attention-only stack of MSSA layers whose bases are the subspaces
-(the paper's construction), updated by the theorem's step ``Z <- Z + eta * MSSA(Z)`` (eq. 4) and
-by the product's pre-norm AoT block ``Z <- Z + eta * MSSA(LayerNorm(Z))`` (the LayerNorm the
-paper adds in practice); no MLP. Per layer it measures each cluster's SNR
-``||U_k U_k^T Z_k|| / ||(I - U_k U_k^T) Z_k||``, the rate ``SNR_{l+1} / SNR_l`` and Thm 3.1's
-rate ``1 + eta * tau``, with tau read off the layer as the mean attention weight a token keeps on
-itself in its own subspace's head (what the theorem's thresholded softmax keeps), and
-``tau_noise``, the same weight in the other subspaces' heads (what the threshold zeroes).
-No training: the layers are the theorem's. Writes ``denoise.csv`` and ``denoise.png``.
+Attention-only denoising (Wang et al., 2025, Fig. 4; docs/theory.md §7): tokens from a mixture of
+noisy low-rank Gaussians (the ``denoise`` task: K orthogonal subspaces of rank p, each token a
+signal in its own subspace plus noise of level delta in the others) pass through an attention-only
+stack of MSSA layers whose bases are the subspaces (the paper's construction), updated by the
+theorem's step ``Z <- Z + eta * MSSA(Z)`` (eq. 4) and by the product's pre-norm AoT block ``Z <- Z +
+eta * MSSA(LayerNorm(Z))`` (the LayerNorm the paper adds in practice); no MLP. Per layer it measures
+each cluster's SNR ``||U_k U_k^T Z_k|| / ||(I - U_k U_k^T) Z_k||``, the rate ``SNR_{l+1} / SNR_l``
+and Thm 3.1's rate ``1 + eta * tau``, with tau read off the layer as the mean attention weight a
+token keeps on itself in its own subspace's head (what the theorem's thresholded softmax keeps), and
+``tau_noise``, the same weight in the other subspaces' heads (what the threshold zeroes). No
+training: the layers are the theorem's. Writes ``denoise.csv`` and ``denoise.png``.
 """
 
 from __future__ import annotations

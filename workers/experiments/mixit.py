@@ -1,8 +1,8 @@
 """python -m workers.experiments.mixit [--smoke-test] [--out results/mixit]
 
-Paper 002 (Table 1, Fig. 2) with the product: ``attention_kinds.yaml`` (one attention kind in
-every layer: mhsa, frozen_qk, mixit, mssa; same width, MLPs and optimiser) searched by
-``workers.search`` on
+Attention Retrieves, MLP Memorizes (Dong et al., 2025: Table 1, Fig. 2) with the product:
+``attention_kinds.yaml`` (one attention kind in every layer: mhsa, frozen_qk, mixit, mssa; same
+width, MLPs and optimiser) searched by ``workers.search`` on
 - ``modadd``: (a + b) mod p; every kind should reach ~100% validation accuracy,
 - ``retrieval`` with m_max in {5, 10, 20, 40} key/value pairs: input-dependent attention is
   needed to find the queried key, so MixiT (static random attention) should degrade as m_max

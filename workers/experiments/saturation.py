@@ -1,7 +1,7 @@
 """python -m workers.experiments.saturation [--smoke-test] [--out results/saturation] [--steps 1500]
 
-Paper 003 §6.2 on a model trained here: a byte-level LM (the ``lm`` task, through
-``workers.train``) is the teacher.
+Softmax saturation (Yu et al., 2025, §6.2; docs/theory.md §4) on a model trained here: a
+byte-level LM (the ``lm`` task, through ``workers.train``) is the teacher.
 1. ``||J||_2`` of the attention softmax vs sequence length N: for the last query of
    sequences of length N (it attends to all N keys), ``J = diag(s) - s s^T``; averaged over
    sequences, for layer 0 head 0 (the paper's choice) and over all heads of layer 0, next to the

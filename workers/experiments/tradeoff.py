@@ -1,12 +1,12 @@
 """python -m workers.experiments.tradeoff [--smoke-test] [--out results/tradeoff] [--steps 2000]
 
-Paper 003 §6.1: at a fixed width D, one attention layer of H heads of dimension D/H, H in
-{1, 2, 4, ..., D/4}, trained on the ngram task (y_t = x_{t-1} + ... + x_{t-4} + noise) for every
-learning rate and seed; the best loss per H estimates the approximation error (as in the paper).
-The grid runs through ``workers.search`` into a study; ``alloc.calibrate`` then fits the bound's
-constants to it. Writes ``tradeoff.csv`` (H, d, best loss, raw and calibrated prediction),
-``tradeoff.png`` (loss vs H) and ``constants.yaml``, and prints the measured best H next to the
-H the raw and the calibrated allocator predict.
+Heads vs head dimension (Yu et al., 2025, §6.1): at a fixed width D, one attention layer of H heads
+of dimension D/H, H in {1, 2, 4, ..., D/4}, trained on the ngram task (y_t = x_{t-1} + ... + x_{t-4}
++ noise) for every learning rate and seed; the best loss per H estimates the approximation error (as
+in the paper). The grid runs through ``workers.search`` into a study; ``alloc.calibrate`` then fits
+the bound's constants to it. Writes ``tradeoff.csv`` (H, d, best loss, raw and calibrated
+prediction), ``tradeoff.png`` (loss vs H) and ``constants.yaml``, and prints the measured best H
+next to the H the raw and the calibrated allocator predict.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def space_data(budget: int, lrs: list[float], seeds: list[int], steps: int) -> d
     shipped = load_space("heads_vs_dim").data
     heads = [2**k for k in range(budget.bit_length()) if 2**k <= budget // 4]
     return {**shipped, "name": NAME, "budget": budget,
-            "description": "paper 003 §6.1: H heads of D/H at fixed D",
+            "description": "Yu et al. (2025) §6.1: H heads of D/H at fixed D",
             "layers": [{**shipped["layers"][0], "heads": heads}],
             "train": {**shipped["train"], "steps": steps, "eval_every": max(1, steps // 20),
                       "lr": lrs, "seed": seeds}}

@@ -16,7 +16,8 @@ from workers.tasks.base import Batch, Task, TaskError, generator, last_position,
 
 @dataclass(frozen=True)
 class InductionTask(Task):
-    """A random pattern repeated twice (paper 003 App. E.1); next-token accuracy on the repeat."""
+    """A random pattern repeated twice (Yu et al., 2025, App. E.1); next-token accuracy on the
+    repeat."""
 
     name: ClassVar[str] = "induction"
     inputs: ClassVar[str] = "tokens"
@@ -52,9 +53,9 @@ class InductionTask(Task):
 
 @dataclass(frozen=True)
 class RetrievalTask(Task):
-    """Needle in a haystack (paper 002): ``m ~ U{1..m_max}`` key/value pairs, then a query key;
-    answer its value. Keys in ``[V/2, V)`` (distinct within a sequence), values in ``[1, V/2)``,
-    0 pads on the left."""
+    """Needle in a haystack (Dong et al., 2025): ``m ~ U{1..m_max}`` key/value pairs, then a query
+    key; answer its value. Keys in ``[V/2, V)`` (distinct within a sequence), values in
+    ``[1, V/2)``, 0 pads on the left."""
 
     name: ClassVar[str] = "retrieval"
     inputs: ClassVar[str] = "tokens"
@@ -97,7 +98,7 @@ class RetrievalTask(Task):
 
 @dataclass(frozen=True)
 class ModAddTask(Task):
-    """``(a + b) mod p`` (paper 002, p = 599): a fixed random split of all pairs."""
+    """``(a + b) mod p`` (Dong et al., 2025: p = 599): a fixed random split of all pairs."""
 
     name: ClassVar[str] = "modadd"
     inputs: ClassVar[str] = "tokens"
@@ -144,8 +145,8 @@ class ModAddTask(Task):
 
 @dataclass(frozen=True)
 class AdditionTask(Task):
-    """``a + b = c`` with n-digit numbers (paper 002: ten digits); exact match of all digits of
-    ``c`` (teacher-forced argmax right everywhere = greedy decoding right)."""
+    """``a + b = c`` with n-digit numbers (Dong et al., 2025: ten digits); exact match of all
+    digits of ``c`` (teacher-forced argmax right everywhere = greedy decoding right)."""
 
     name: ClassVar[str] = "addition"
     inputs: ClassVar[str] = "tokens"
@@ -192,8 +193,9 @@ class AdditionTask(Task):
 
 @dataclass(frozen=True)
 class DyckTask(Task):
-    """Is a parenthesis sequence balanced (Dyck-1, paper 002, length 40)? Half the candidates
-    are random balanced words, the rest shuffles or random strings; labels by a checker."""
+    """Is a parenthesis sequence balanced (Dyck-1, Dong et al., 2025: length 40)? Half the
+    candidates are random balanced words, the rest shuffles or random strings; labels by a
+    checker."""
 
     name: ClassVar[str] = "dyck"
     inputs: ClassVar[str] = "tokens"
@@ -251,8 +253,8 @@ class DyckTask(Task):
 
 @dataclass(frozen=True)
 class MemorizeTask(Task):
-    """``n^2`` random key/value pairs (paper 002): key ``(k1, k2)``, value in ``[n]``. Measured
-    on the training set; ``bits_per_param = log2(n) n^2 acc / trainable params``."""
+    """``n^2`` random key/value pairs (Dong et al., 2025): key ``(k1, k2)``, value in ``[n]``.
+    Measured on the training set; ``bits_per_param = log2(n) n^2 acc / trainable params``."""
 
     name: ClassVar[str] = "memorize"
     inputs: ClassVar[str] = "tokens"

@@ -57,7 +57,7 @@ class KernelTask(Task):
 
 @dataclass(frozen=True)
 class NgramTask(KernelTask):
-    """Paper 003 §6.1: the sum of the previous four tokens plus noise."""
+    """Yu et al. (2025), §6.1: the sum of the previous four tokens plus noise."""
 
     name: ClassVar[str] = "ngram"
     kernel: str = "ngram:4"
@@ -65,7 +65,8 @@ class NgramTask(KernelTask):
 
 @dataclass(frozen=True)
 class DenoiseTask(Task):
-    """Paper 000 Def. 2.1: tokens from K noisy orthogonal subspaces; predict the clean signal.
+    """A mixture of low-rank Gaussians (docs/theory.md §7): tokens from K noisy orthogonal
+    subspaces; predict the clean signal.
 
     Metric: SNR of the output, ``||P_k y|| / ||(I - P_k) y||`` w.r.t. each token's subspace.
     """
@@ -134,7 +135,7 @@ def cluster_snr(z: Tensor, bases: Tensor, labels: Tensor) -> Tensor:
 
 @dataclass(frozen=True)
 class ICLLinearTask(Task):
-    """In-context linear regression (paper 000 §4.2.2): tokens ``x_1, y_1, x_2, y_2, ...``;
+    """In-context linear regression (Wang et al., 2025, §4.2.2): tokens ``x_1, y_1, x_2, y_2, ...``;
     predict ``y_i`` at ``x_i``. ``sparsity > 0`` keeps that many non-zeros in ``w``.
     Metric: MSE / d (normalised, Garg et al.)."""
 
