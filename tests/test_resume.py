@@ -1,0 +1,113 @@
+"""Trials survive faults: a SIGKILLed worker's trial is restarted by Ray from its last checkpoint,
+a SIGKILLed driver's trial is retried on ``--resume`` from the checkpoint it recorded, and either
+way the final loss is the uninterrupted run's, no step is reported twice and nothing is left
+RUNNING. The worker's on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import torch
+import yaml
+from optuna.trial import TrialState
+
+from search_spaces import ArchConfig
+from tests.test_search import launch, load, run, wait_for
+from workers.searcher import CHECKPOINT, RESUMED, retried_numbers
+from workers.tasks import make_task
+from workers.train import TrainConfig, Trainer
+
+SPACE = """name: one
+budget: 32
+depth: 1
+sampler: grid
+layers: [{layers: all, heads: [4], mlp_ratio: [2]}]
+train: {steps: 300, eval_every: 20, batch_size: 16, lr: 1.0e-3}
+"""
+
+
+def args(tmp: Path, url: str, study: str) -> list[str]:
+    (tmp / "one.yaml").write_text(SPACE)
+    return ["--space", str(tmp / "one.yaml"), "--task", "ngram", "--task-param", "dim=8",
+            "--trials", "1", "--scheduler", "fifo", "--storage", url, "--study", study,
+            "--heartbeat-interval", "1", "--grace-period", "3"]
+
+
+def reported(study: optuna.Study, number: int, at_least: int) -> bool:
+    trials = [t for t in study.get_trials(deepcopy=False) if t.number == number]
+    return bool(trials) and len(trials[0].intermediate_values) >= at_least
+
+
+def results(tmp: Path) -> list[dict[str, object]]:
+    """Every result Ray recorded for the search's trials, in order."""
+    rows = []
+    for path in sorted((tmp / "results").glob("*/trial_*/result.json")):
+        rows += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return rows
+
+
+def uninterrupted(study: optuna.Study, number: int) -> float:
+    """The final metric of the same trial trained in one go in this process."""
+    trial = next(t for t in study.trials if t.number == number)
+    torch.set_num_threads(1)  # as the trial's worker
+    config = TrainConfig(**{"seed": 0, **yaml.safe_load(SPACE)["train"], "device": "cpu"})
+    trainer = Trainer(ArchConfig.from_json(trial.user_attrs["arch"]),
+                      make_task("ngram", "paper", 0, dim=8), config)
+    result = trainer.run()
+    assert result.metric is not None
+    return result.metric
+
+
+def test_a_killed_worker_continues_from_its_checkpoint(storage_url: str, study_name: str,
+                                                       tmp_path: Path) -> None:
+    proc = launch(tmp_path, *args(tmp_path, storage_url, study_name))
+    wait_for(lambda: _safe(lambda: reported(load(storage_url, study_name), 0, 3)), 180)
+    pid = next(int(r["pid"]) for r in results(tmp_path))  # type: ignore[call-overload]
+    os.kill(pid, signal.SIGKILL)  # the trial's worker, not the driver
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    study = load(storage_url, study_name)
+    (trial,) = study.trials
+    assert trial.state == TrialState.COMPLETE and trial.user_attrs[RESUMED] > 0
+    rows = [r for r in results(tmp_path) if "step" in r]
+    steps = [r["step"] for r in rows]
+    assert steps == sorted(set(steps)), steps  # no step reported twice
+    restarted = [r for r in rows if r[RESUMED]]
+    assert restarted and restarted[0]["step"] > restarted[0][RESUMED] > 0
+    assert {int(r["pid"]) for r in rows} != {pid}  # a new worker finished it
+    assert trial.value == pytest.approx(uninterrupted(study, 0), rel=1e-4)
+
+
+def test_a_killed_driver_resumes_its_trial_from_the_checkpoint(tmp_path: Path) -> None:
+    storage_url, study_name = f"sqlite:///{tmp_path / 's.db'}", "d"
+    argv = args(tmp_path, storage_url, study_name)
+    proc = launch(tmp_path, *argv)
+    wait_for(lambda: _safe(lambda: reported(load(storage_url, study_name), 0, 3)), 180)
+    os.kill(proc.pid, signal.SIGKILL)  # the driver only: its Ray processes go with it
+    proc.wait(10)
+    time.sleep(1)
+    checkpoint = load(storage_url, study_name).trials[0].user_attrs[CHECKPOINT]
+    again = run(tmp_path, *argv, "--resume")
+    assert again.returncode == 0, again.stderr[-3000:]
+    study = load(storage_url, study_name)
+    states = [t.state for t in study.trials]
+    assert states == [TrialState.FAIL, TrialState.COMPLETE]
+    assert retried_numbers(study.trials) == {0}
+    retry = study.trials[1]
+    assert retry.user_attrs[RESUMED] > 0 and min(retry.intermediate_values) > retry.user_attrs[
+        RESUMED]
+    assert Path(checkpoint).name.startswith("checkpoint_")
+    assert retry.value == pytest.approx(uninterrupted(study, 1), rel=1e-4)
+
+
+def _safe(check: object) -> bool:
+    try:
+        return bool(check())  # type: ignore[operator]
+    except KeyError:  # the study does not exist yet
+        return False
