@@ -18,6 +18,7 @@ import pytest
 from optuna.trial import TrialState
 from sqlalchemy.engine import make_url
 
+from search_spaces import load_space
 from studies.cli import main as studies_main
 from workers.searcher import finished_count, retried_numbers
 
@@ -113,13 +114,20 @@ def io_capture(run: object) -> str:
     return buffer.getvalue()
 
 
-@pytest.mark.parametrize("task", ["ngram", "memorize"])
-def test_study_records_the_trained_model(task: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("task", "space"), [("ngram", "heads_vs_dim.yaml"),
+                                             ("memorize", "aot_vs_standard.yaml")])
+def test_study_records_the_trained_model(task: str, space: str, tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 's.db'}"
-    proc = run(tmp_path, "--space", "aot_vs_standard.yaml", "--task", task, "--smoke-test",
-               "--trials", "3", "--scheduler", "fifo", "--storage", url, "--study", "rec")
+    proc = run(tmp_path, "--space", space, "--task", task, "--smoke-test", "--trials", "3",
+               "--scheduler", "fifo", "--storage", url, "--study", "rec", "--format", "json")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert_records_are_the_trained_models(load(url, "rec"), task, tmp_path)
+    study = load(url, "rec")
+    assert_records_are_the_trained_models(study, task, tmp_path)
+    # A grid larger than --trials: the points not run are not left WAITING, and the summary
+    # says how many there are.
+    assert not study.get_trials(states=(TrialState.WAITING,))
+    grid = len(load_space(space).grid()) if space == "heads_vs_dim.yaml" else 3
+    assert json.loads(proc.stdout)["not_run"] == grid - 3
 
 
 def test_smoke_search_then_studies_best(storage_url: str, study_name: str, tmp_path: Path,
