@@ -57,9 +57,10 @@ FULL = (
         {"steps": 1000, "eval_every": 50, "batch_size": 32, "lr": [1.0e-3, 3.0e-3]},
         {"positional": "sinusoidal"})),
     Bench("lm", "lm", _space(
-        "eff-lm", 128, 2, [{"layers": 0, "heads": [1, 2, 4, 8], "role": "extract"},
-                           {"layers": 1, "heads": [1, 2, 4, 8], "qk_dim": {"min": 16,
-                                                                         "step": 16}}],
+        "eff-lm", 128, 2, [{"layers": 0, "heads": [1, 2, 4, 8], "role": "extract",
+                            "mlp_ratio": [2]},
+                           {"layers": 1, "heads": [1, 2, 4, 8], "mlp_ratio": [2],
+                            "qk_dim": {"min": 16, "step": 16}}],
         {"steps": 800, "eval_every": 50, "batch_size": 32, "lr": 3.0e-3},
         {"positional": "learned"}), {"length": 64}),
 )
