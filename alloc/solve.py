@@ -62,6 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="extraction constant c_head (docs/theory.md §2)")
     p.add_argument("--order", type=number(1), default=d.order,
                    help="smoothness order n (docs/theory.md §2)")
+    p.add_argument("--profile", type=Path,
+                   help="kernel, input dimension, sequence length and spectrum measured from "
+                        "your data (python -m alloc.profile --out; docs/theory.md §9); flags "
+                        "given explicitly win")
     p.add_argument("--constants", type=Path,
                    help="c_proj, c_head and order from a YAML file (python -m alloc.calibrate "
                         "--out; docs/theory.md §6); flags given explicitly win")
@@ -194,11 +198,19 @@ def _head(g: dict[str, int]) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    """Parse ``argv``; a ``--constants`` file supplies defaults that explicit flags override."""
+    """Parse ``argv``; ``--constants`` and ``--profile`` files supply defaults that explicit
+    flags override."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    defaults: dict[str, Any] = {}
+    if args.profile is not None:
+        from alloc.profile import read_allocator_inputs  # SciPy only when asked for
+
+        defaults.update(read_allocator_inputs(args.profile))
     if args.constants is not None:
-        parser.set_defaults(**read_constants(args.constants).as_flags())
+        defaults.update(read_constants(args.constants).as_flags())
+    if defaults:
+        parser.set_defaults(**defaults)
         args = parser.parse_args(argv)
     return args
 
@@ -206,7 +218,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     try:
         args = parse_args(argv)
-    except ConstantsError as err:
+    except (ConstantsError, UsageError) as err:
         return fail(PROG, str(err))
     try:
         settings = settings_from_args(args)

@@ -14,7 +14,8 @@ from typing import Any
 from common.cli import Parser, add_format, dump, render_table
 from search_spaces import ArchConfig, AttentionKind, HeadGroup, LayerSpec, Positional
 from workers.tasks import make_task
-from workers.train import TrainConfig, parse_task_params, train
+from workers.tasks.cli import parse_task_params
+from workers.train import TrainConfig, train
 
 
 def _list(cast: type) -> Any:

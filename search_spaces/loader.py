@@ -16,6 +16,7 @@
         groups: {max: 3}          # up to 3 head groups filling the layer budget exactly,
         head_dim: [16, 32, 64]    # each of one of these dims (every dim divides the budget)
     train: {steps: 200, eval_every: 20, lr: {low: 3.0e-4, high: 3.0e-3, log: true}}
+    data: corpus/                 # optional: the data searched when no --task/--data is given
 
 ``head_dim: allocator`` and ``budget: allocator`` in a rule take the allocator's plan for the
 space's budget and depth (a ``planner`` passed to ``load_space``): the rule's budget becomes the
@@ -37,6 +38,7 @@ import yaml
 
 from search_spaces.arch import ATTENTION_KINDS, ArchConfig, HeadGroup, LayerSpec
 from search_spaces.checks import ConfigError, is_int, is_number
+from search_spaces.data import DataError, DataSpec
 from search_spaces.space import PROBE_IO, LayerRule, QkRule, SearchSpace, SpaceError, TrainParam
 
 SPACES_DIR = Path(__file__).resolve().parent
@@ -47,7 +49,9 @@ MODEL_KEYS = ("positional", "norm", "mlp", "causal", "tie_embeddings", "seed")
 SAMPLERS = ("tpe", "grid", "random")
 REDUCED = {"min": 8, "step": 8}
 ALLOCATOR = "allocator"
-_TOP_KEYS = ("name", "description", "budget", "depth", "model", "layers", "train", "sampler")
+_TOP_KEYS = ("name", "description", "budget", "depth", "model", "layers", "train", "sampler",
+             "data")
+_DATA_KEYS = ("path", "format", "dtype", "vocab_size")
 _RULE_KEYS = ("layers", "attention", "mlp_ratio", "heads", "head_dim", "qk_dim", "budget",
               "role", "eta", "freeze_mlp", "shared", "groups")
 # The allocator's plan for (budget, depth): what resolves ``allocator`` placeholders.
@@ -91,6 +95,15 @@ def load_space(name: str | Path, budget: int | None = None,
     if budget is not None:
         data["budget"] = budget
     return parse_space(data, source, planner)
+
+
+def space_data_source(name: str | Path) -> DataSpec | None:
+    """The ``data:`` of a space file (what it searches when no task is given)."""
+    data, source = read_space_file(name)
+    check = _Checker(source)
+    spec = _parse_data(check, data.get("data"), source)
+    check.raise_if_any()
+    return spec
 
 
 def uses_allocator(data: Mapping[str, Any]) -> bool:
@@ -164,14 +177,37 @@ def parse_space(data: Mapping[str, Any], source: str = "<space>",
     rules = _parse_rules(check, rules_data, budget if budget_ok else 1,
                          depth if depth_ok else 0)
     train = _parse_train(check, data.get("train") or {})
+    source_data = _parse_data(check, data.get("data"), source)
     check.raise_if_any()
     space = SearchSpace(str(name), str(data.get("description", "")), budget, depth, model,
                         tuple(rules), tuple(train), sampler, source,
-                        {**data, "layers": rules_data})
+                        {**data, "layers": rules_data}, source_data)
     _check_constructible(space)
     if sampler == "grid":
         space.grid()  # raises if a range makes the space infinite
     return space
+
+
+def _parse_data(check: _Checker, value: Any, source: str) -> DataSpec | None:
+    """``data: PATH`` or ``data: {path, format, dtype, vocab_size}``; a relative path is
+    relative to the space file."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = {"path": value}
+    if not check.keys(value, _DATA_KEYS, "data") or not isinstance(value.get("path"), str):
+        if isinstance(value, dict):
+            check.add("data.path", value.get("path"), "must be a file or folder path")
+        return None
+    path = Path(value["path"])
+    if not path.is_absolute() and Path(source).exists():
+        path = Path(source).parent / path
+    try:
+        return DataSpec(str(path), value.get("format"), value.get("dtype", "uint16"),
+                        value.get("vocab_size")).resolved()
+    except DataError as err:
+        check.add("data", value, str(err).split(": ", 1)[-1])
+        return None
 
 
 def _layer_indices(check: _Checker, key: str, value: Any, depth: int) -> tuple[int, ...]:

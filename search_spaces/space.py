@@ -39,6 +39,7 @@ from search_spaces.arch import (
     ModelIO,
     Role,
 )
+from search_spaces.data import DataSpec
 
 # Input/output of no task: enumerating a grid and validating a rule's choices need an
 # ArchConfig, and the layers' validity does not depend on the task.
@@ -308,6 +309,7 @@ class SearchSpace:
     sampler: str  # tpe | random | grid (grid: every point of a finite space is enqueued)
     source: str  # where it was loaded from (for messages)
     data: Mapping[str, Any]  # the validated YAML content (hashed)
+    data_source: DataSpec | None = None  # ``data:``: searched when no task is given
 
     @property
     def hash(self) -> str:

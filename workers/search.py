@@ -33,6 +33,7 @@ from sqlalchemy.engine import URL, make_url
 from alloc.plan import PlanSettings
 from common.cli import Parser, UsageError, add_format, dump, fail, int_in, number
 from search_spaces import SearchSpace, SpaceError, load_space
+from search_spaces.loader import space_data_source
 from studies import query
 from studies import records as rec
 from studies.storage import (
@@ -44,9 +45,16 @@ from studies.storage import (
     resolve_url,
 )
 from workers.searcher import StudySearcher, finished_count, retried_numbers
-from workers.seeding import Predictor, plan_settings, planner, starting_points
+from workers.seeding import (
+    Predictor,
+    measured_inputs,
+    plan_settings,
+    planner,
+    profile_for,
+    starting_points,
+)
 from workers.tasks import Task, TaskError, describe_task, make_task
-from workers.train import parse_task_params
+from workers.tasks.cli import add_task_args, task_from_args
 
 log = logging.getLogger(__name__)
 PROG = "workers.search"
@@ -68,6 +76,7 @@ class SearchOptions:
     heartbeat_interval: int = 10
     grace_period: int = 60
     reuse_actors: bool = True
+    profile: Path | None = None  # allocator inputs measured from the data (alloc.profile)
     inject: tuple[dict[str, str], ...] = ()  # tests: see workers.trial.injected
 
 
@@ -177,15 +186,20 @@ def run_search(space: SearchSpace | str | Path, task: Task | str, *, storage: st
         UsageError: bad input (one line); StorageError: the storage cannot be opened.
     """
     opts = options or SearchOptions()
-    task = make_task(task, "paper", opts.seed) if isinstance(task, str) else task
+    try:
+        task = make_task(task, "paper", opts.seed) if isinstance(task, str) else task
+    except TaskError as err:
+        raise UsageError(f"--task: {err}") from None
+    profile = profile_for(task, opts.profile, opts.storage_path)
+    measured = measured_inputs(profile)
     if not isinstance(space, SearchSpace):
         try:
-            space = load_space(space, planner=planner(task))
+            space = load_space(space, planner=planner(task, measured))
         except SpaceError as err:
             raise UsageError(f"--space: {err}") from None
     url = resolve_url(storage)
     name = study or f"{space.name}-{task.name}"
-    settings = plan_settings(space.budget, space.depth, task)
+    settings = plan_settings(space.budget, space.depth, task, measured)
     total = trials or (len(space.grid()) if space.sampler == "grid" else 20)
     heartbeats = StorageSettings(heartbeat_interval=opts.heartbeat_interval,
                                  grace_period=opts.grace_period, retries=1)
@@ -270,9 +284,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog=f"python -m {PROG}", description=__doc__.split("\n\n")[1])
     p.add_argument("--space", required=True,
                    help="search-space YAML: a path or a file shipped in search_spaces/")
-    p.add_argument("--task", required=True, help="task name (see python -m workers.train -h)")
-    p.add_argument("--task-param", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a task parameter (repeatable)")
+    add_task_args(p, required=False)  # a space's data: stands in for them
+    p.add_argument("--profile", type=Path,
+                   help="allocator inputs measured from the data (python -m alloc.profile "
+                        "--out); default with --data: the data profiled now")
     p.add_argument("--study", help="study name (default: SPACE-TASK)")
     p.add_argument("--storage", help="SQLAlchemy URL (default: $OPTUNA_STORAGE, then "
                                      "sqlite:///studies.db)")
@@ -313,13 +328,13 @@ def build_parser() -> argparse.ArgumentParser:
 def setup(args: argparse.Namespace) -> tuple[SearchSpace, Task, int | None, SearchOptions]:
     """The space, task, trial count and options the flags describe (``UsageError`` if bad)."""
     try:
-        task = make_task(args.task, "smoke" if args.smoke_test else "paper", args.seed,
-                         **parse_task_params(args.task_param))
-        space = load_space(args.space, args.budget, planner=planner(task))
+        task = task_from_args(args, "smoke" if args.smoke_test else "paper",
+                              data=space_data_source(args.space))
+        profile = profile_for(task, args.profile, args.storage_path)
+        space = load_space(args.space, args.budget, planner=planner(task,
+                                                                    measured_inputs(profile)))
     except SpaceError as err:
         raise UsageError(f"--space: {err}") from None
-    except (TaskError, TypeError) as err:
-        raise UsageError(f"--task: {err}") from None
     space = training_budget(space, args.smoke_test, args.steps)
     if args.gpus_per_trial > 0:
         import torch
@@ -335,7 +350,7 @@ def setup(args: argparse.Namespace) -> tuple[SearchSpace, Task, int | None, Sear
     options = SearchOptions(
         scheduler=args.scheduler, seed=args.seed, cpus_per_trial=args.cpus_per_trial,
         gpus_per_trial=args.gpus_per_trial, max_concurrent=args.max_concurrent,
-        address=args.address, storage_path=args.storage_path,
+        address=args.address, storage_path=args.storage_path, profile=profile,
         heartbeat_interval=args.heartbeat_interval, grace_period=args.grace_period,
         reuse_actors=not args.no_reuse_actors, inject=tuple(inject))
     return space, task, args.trials or (SMOKE_TRIALS if args.smoke_test else None), options

@@ -6,29 +6,70 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from alloc.plan import PlanSettings, baseline_arch, make_plan, predicted_error
+from common.cli import UsageError
 from search_spaces import ArchConfig, HeadGroup, LayerSpec, SearchSpace, SpaceError
+from search_spaces.data import DataError
 from workers.searcher import Start
-from workers.tasks import Task
+from workers.tasks import ArrayTask, Task, TextTask
 
 log = logging.getLogger(__name__)
 
 
 
-def plan_settings(budget: int, depth: int, task: Task) -> PlanSettings:
-    """Allocator inputs for a space of this budget and depth on ``task`` (the ngram/kernel
-    tasks give the kernel)."""
+def plan_settings(budget: int, depth: int, task: Task,
+                  measured: Mapping[str, Any] | None = None) -> PlanSettings:
+    """Allocator inputs for a space of this budget and depth on ``task``: ``measured`` ones
+    (a profile of the task's data: kernel, input dimension, spectrum), else what the task
+    declares (the ngram/kernel tasks give their kernel and input dimension)."""
     kernel = getattr(task, "kernel", PlanSettings.kernel)
-    return PlanSettings(budget=budget, layers=depth, seq_len=task.seq_len,
-                        input_dim=task.input_dim or budget, kernel=kernel, align=min(8, budget))
+    input_dim, spectrum = task.input_dim or budget, PlanSettings.spectrum
+    if measured is not None:
+        kernel, input_dim, spectrum = (measured["kernel"], measured["input_dim"],
+                                       measured["spectrum"])
+    return PlanSettings(budget=budget, layers=depth, seq_len=task.seq_len, input_dim=input_dim,
+                        kernel=kernel, spectrum=spectrum, align=min(8, budget, input_dim))
 
 
-def planner(task: Task) -> Callable[[int, int], ArchConfig]:
+def planner(task: Task, measured: Mapping[str, Any] | None = None
+            ) -> Callable[[int, int], ArchConfig]:
     """The allocator's plan for (budget, depth) on ``task``: resolves ``allocator`` in spaces."""
-    return lambda budget, depth: make_plan(plan_settings(budget, depth, task)).arch
+    return lambda budget, depth: make_plan(plan_settings(budget, depth, task, measured)).arch
+
+
+def profile_for(task: Task, profile: Path | None, out_dir: Path) -> Path | None:
+    """The profile of allocator inputs to plan with: ``profile`` if given; for a task on the
+    user's data without one, the data profiled now (``alloc.profile``), written to
+    ``out_dir``; else None (the task's own inputs)."""
+    if profile is not None or not isinstance(task, TextTask | ArrayTask):
+        return profile
+    from alloc.profile import profile_data, write_profile
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"profile-{Path(task.path).name}.yaml"
+    try:
+        measured = profile_data(task.data_spec(), seq_len=task.seq_len)
+    except DataError as err:
+        raise UsageError(str(err)) from None
+    inputs = write_profile(measured, path)["allocator"]
+    print(f"profiled {task.path}: kernel {inputs['kernel']}, input dim {inputs['input_dim']} "
+          f"({path})", file=sys.stderr)
+    return path
+
+
+def measured_inputs(profile: Path | None) -> dict[str, Any] | None:
+    """The ``allocator`` section of a profile (``UsageError`` if unreadable), or None."""
+    if profile is None:
+        return None
+    from alloc.profile import read_allocator_inputs
+
+    return read_allocator_inputs(profile)
 
 
 def _fit_layer(space: SearchSpace, i: int, layer: LayerSpec) -> LayerSpec:

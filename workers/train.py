@@ -26,7 +26,8 @@ from torch import nn
 from common.cli import Parser, UsageError, add_format, dump, fail, int_in, number
 from search_spaces import ArchConfig, ConfigError
 from workers.model import build_model, count_params, maybe_compile
-from workers.tasks import TASKS, Task, TaskError, fit_arch, make_task
+from workers.tasks import Task, fit_arch
+from workers.tasks.cli import add_task_args, task_from_args
 
 log = logging.getLogger(__name__)
 PROG = "workers.train"
@@ -293,10 +294,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--arch", type=Path, required=True,
                    help="ArchConfig YAML/JSON (python -m alloc.solve --out writes one); its "
                         "input/output and length are wired to the task")
-    p.add_argument("--task", choices=sorted(TASKS), required=True)
+    add_task_args(p)
     p.add_argument("--size", choices=("smoke", "paper"), default="paper", help="task size")
-    p.add_argument("--task-param", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a task parameter, e.g. m_max=10 (repeatable)")
     p.add_argument("--steps", type=int_in(1), default=d.steps)
     p.add_argument("--batch-size", type=int_in(1), default=d.batch_size)
     p.add_argument("--lr", type=number(0, strict=True), default=d.lr)
@@ -318,24 +317,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_task_params(items: list[str]) -> dict[str, Any]:
-    """``["m_max=10", ...]`` -> ``{"m_max": 10}`` (ints, then floats, else strings)."""
-    params: dict[str, Any] = {}
-    for item in items:
-        key, sep, text = item.partition("=")
-        if not sep or not key:
-            raise UsageError(f"--task-param {item!r}: expected KEY=VALUE")
-        for cast in (int, float):
-            try:
-                params[key] = cast(text)
-                break
-            except ValueError:
-                continue
-        else:
-            params[key] = text
-    return params
-
-
 def load_arch(path: Path) -> ArchConfig:
     """Read an ``ArchConfig`` file, turning every failure into one ``UsageError`` line."""
     try:
@@ -348,14 +329,11 @@ def load_arch(path: Path) -> ArchConfig:
 
 def setup(args: argparse.Namespace) -> tuple[ArchConfig, Task, TrainConfig]:
     arch = load_arch(args.arch)
-    size = "smoke" if args.smoke_test else args.size
+    task = task_from_args(args, "smoke" if args.smoke_test else args.size)
     try:
-        task = make_task(args.task, size, args.seed, **parse_task_params(args.task_param))
         fit_arch(arch, task)
-    except (TaskError, TypeError) as err:
-        raise UsageError(f"--task-param: {err}") from None
     except ConfigError as err:
-        raise UsageError(f"--arch {str(args.arch)!r} does not fit task {args.task}: "
+        raise UsageError(f"--arch {str(args.arch)!r} does not fit task {task.name}: "
                          f"{err}") from None
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: no CUDA device is available")

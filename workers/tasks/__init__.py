@@ -3,7 +3,8 @@
 Each task declares its inputs (``tokens`` with ``vocab_size``, or ``vectors`` with
 ``input_dim``/``output_dim``), ``seq_len``, a metric and its direction; ``fit_arch`` wires an
 ``ArchConfig``'s input/output to the task. Families: ``vectors`` (ngram, kernel, denoise,
-icl_linear), ``tokens`` (induction, retrieval, modadd, addition, dyck, memorize), ``text`` (lm).
+icl_linear), ``tokens`` (induction, retrieval, modadd, addition, dyck, memorize), ``text`` (lm),
+and ``data`` (the user's own: text, bin, npy; ``make_data_task``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 from search_spaces import ArchConfig
 from workers.tasks.base import Batch, Task, TaskError, generator
+from workers.tasks.data import ArrayTask, BinTask, TextTask, make_data_task
 from workers.tasks.text import LMTask, corpus
 from workers.tasks.tokens import (
     AdditionTask,
@@ -26,18 +28,24 @@ from workers.tasks.vectors import DenoiseTask, ICLLinearTask, KernelTask, NgramT
 
 TASKS: dict[str, type[Task]] = {cls.name: cls for cls in (
     NgramTask, KernelTask, DenoiseTask, InductionTask, RetrievalTask, ModAddTask, AdditionTask,
-    DyckTask, MemorizeTask, ICLLinearTask, LMTask)}
+    DyckTask, MemorizeTask, ICLLinearTask, LMTask, TextTask, BinTask, ArrayTask)}
+# Tasks on the user's data: made by make_data_task (--data), not by a size.
+DATA_TASKS = ("text", "bin", "npy")
 
-__all__ = ["TASKS", "AdditionTask", "Batch", "DenoiseTask", "DyckTask", "ICLLinearTask",
-           "InductionTask", "KernelTask", "LMTask", "MemorizeTask", "ModAddTask", "NgramTask",
-           "RetrievalTask", "Task", "TaskError", "corpus", "describe_task", "fit_arch",
-           "generator", "make_task", "task_from_description"]
+__all__ = ["DATA_TASKS", "TASKS", "AdditionTask", "ArrayTask", "Batch", "BinTask", "DenoiseTask",
+           "DyckTask", "ICLLinearTask", "InductionTask", "KernelTask", "LMTask", "MemorizeTask",
+           "ModAddTask", "NgramTask", "RetrievalTask", "Task", "TaskError", "TextTask", "corpus",
+           "describe_task", "fit_arch", "generator", "make_data_task", "make_task",
+           "task_from_description"]
 
 
 def make_task(name: str, size: str = "smoke", seed: int = 0, **params: Any) -> Task:
     """The task ``name`` at ``size`` (``smoke`` or ``paper``), with parameters overridden."""
+    if name in DATA_TASKS:
+        raise TaskError(f"task {name!r} reads your data: give --data PATH (make_data_task)")
     if name not in TASKS:
-        raise TaskError(f"unknown task {name!r}; choices: {', '.join(TASKS)}")
+        raise TaskError(f"unknown task {name!r}; choices: "
+                        f"{', '.join(n for n in TASKS if n not in DATA_TASKS)}")
     cls = TASKS[name]
     if size not in cls.sizes:
         raise TaskError(f"unknown size {size!r} for {name}; choices: {', '.join(cls.sizes)}")

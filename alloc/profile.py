@@ -1,0 +1,398 @@
+"""python -m alloc.profile --data PATH [--seq-len N] [--sample-tokens M] [--out profile.yaml]
+
+Measure, from a bounded sample of your data, what the allocator takes as inputs
+(docs/theory.md §9): the memory kernel rho(s) for offsets s = 1..N, the best-fitting parametric
+kernel (ngram:K, exp:LAMBDA, poly:P) with its goodness of fit, the input dimension d_in and the
+teacher spectrum with its rank at 90% energy. Tokens (a text corpus or nanoGPT .bin files):
+bias-corrected mutual information between x_t and x_{t-s} over the most frequent symbols, and
+the singular values of the offset-1 PMI matrix. Vector sequences (.npy): a ridge regression of
+the target on the lagged inputs, the per-lag share of its coefficients, and the covariance's
+participation ratio. ``--out`` writes the profile as YAML, with the per-offset kernel and the
+spectrum as one-value-per-line files beside it that ``alloc.solve --kernel file:`` and
+``--spectrum file:`` accept; ``alloc.solve --profile profile.yaml`` takes all of it at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+from scipy.optimize import minimize_scalar
+
+from common.cli import (
+    Parser,
+    UsageError,
+    add_format,
+    check_writable,
+    dump,
+    fail,
+    int_in,
+    render_table,
+)
+from common.files import write_atomic
+from search_spaces.data import FORMATS, DataError, DataSpec, open_arrays, open_tokens
+
+PROG = "alloc.profile"
+TOP_K = 64  # symbols kept apart; the rest are one "other" symbol
+ENERGY = 0.9  # the input dimension keeps this share of the squared singular values
+MAX_LAGS = 32  # lags of the vector regression (its cost grows with (lags x d_in)^2)
+VECTOR_SAMPLE = 16_384  # default vector positions: the regression is O(n (lags d_in)^2)
+RIDGE = 1e-3  # ridge penalty, relative to the mean feature variance
+
+
+@dataclass(frozen=True)
+class Fit:
+    """A parametric kernel fitted to the measured one: ``form:param`` and its R²."""
+
+    form: str
+    param: float
+    r2: float
+
+    @property
+    def spec(self) -> str:
+        value = int(self.param) if self.form == "ngram" else round(self.param, 4)
+        return f"{self.form}:{value}"
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What ``profile_data`` measured."""
+
+    source: str
+    format: str
+    seq_len: int
+    sample: int  # tokens (or vector positions) measured
+    estimator: str
+    kernel: np.ndarray  # rho(s), s = 1..seq_len, largest 1
+    raw: np.ndarray  # per offset: bits of mutual information, or share of variance
+    fits: tuple[Fit, ...]
+    input_dim: int
+    spectrum: np.ndarray  # decreasing
+    wall_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def best(self) -> Fit:
+        return max(self.fits, key=lambda f: f.r2)
+
+    @property
+    def rank_90(self) -> int:
+        return energy_rank(self.spectrum, ENERGY)
+
+
+# --- estimators -------------------------------------------------------------------------------
+
+
+def energy_rank(sigma: np.ndarray, share: float) -> int:
+    """Smallest r whose first r squared singular values hold ``share`` of the total."""
+    energy = np.cumsum(np.asarray(sigma, dtype=np.float64) ** 2)
+    if energy[-1] <= 0:
+        return 0
+    return int(np.searchsorted(energy, share * energy[-1] - 1e-12 * energy[-1]) + 1)
+
+
+def token_sample(tokens: np.ndarray, count: int, chunk: int, seed: int = 0) -> np.ndarray:
+    """(C, chunk) contiguous windows, about ``count`` tokens, drawn from ``tokens`` (a memory
+    map is read only where the windows fall)."""
+    chunk = min(chunk, len(tokens))
+    windows = max(1, min(count // chunk, len(tokens) // chunk))
+    if windows == len(tokens) // chunk:  # a small corpus: all of it, without overlaps
+        return np.asarray(tokens[:windows * chunk]).reshape(windows, chunk)
+    starts = np.random.default_rng(seed).integers(0, len(tokens) - chunk + 1, windows)
+    return np.stack([np.asarray(tokens[s:s + chunk]) for s in np.sort(starts)])
+
+
+def mutual_information(sample: np.ndarray, offsets: int, top_k: int = TOP_K
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """Bias-corrected mutual information in bits between x_t and x_{t-s}, s = 1..offsets,
+    over the ``top_k`` most frequent symbols (the rest pooled), and the offset-1 PMI matrix.
+
+    The plug-in estimate exceeds the truth by about ``(K - 1)^2 / (2 n ln 2)`` bits for K
+    categories and n pairs (Miller-Madow); that is subtracted, and negative values clipped.
+    """
+    values, counts = np.unique(sample, return_counts=True)
+    top = values[np.argsort(-counts)[:top_k]]
+    k = len(top) + 1
+    lookup = np.full(int(values.max()) + 1, k - 1, dtype=np.int64)
+    lookup[top] = np.arange(len(top))
+    ids = lookup[sample]  # (C, L) in [0, k)
+    mi, pmi = np.zeros(offsets), np.zeros((k, k))
+    for s in range(1, offsets + 1):
+        a, b = ids[:, :-s].ravel(), ids[:, s:].ravel()
+        joint = np.bincount(a * k + b, minlength=k * k).reshape(k, k).astype(np.float64)
+        n = joint.sum()
+        p = joint / n
+        pa, pb = p.sum(1, keepdims=True), p.sum(0, keepdims=True)
+        nz = p > 0
+        plug_in = float((p[nz] * np.log2(p[nz] / (pa @ pb)[nz])).sum())
+        mi[s - 1] = max(plug_in - (k - 1) ** 2 / (2 * n * math.log(2)), 0.0)
+        if s == 1:  # smoothed so unseen pairs stay finite
+            smooth = (joint + 0.5) / (n + 0.5 * k * k)
+            pmi = np.log(smooth / (smooth.sum(1, keepdims=True) @ smooth.sum(0, keepdims=True)))
+    return mi, pmi
+
+
+def lag_regression(x: np.ndarray, y: np.ndarray, lags: int, ridge: float = RIDGE
+                   ) -> np.ndarray:
+    """Ridge coefficients ``C`` (lags, d_out, d_in) of ``y_t ~ sum_s C_s x_{t-s}`` (zero
+    before the sequence starts), accumulated sequence by sequence."""
+    n, t, d_in = x.shape
+    gram = np.zeros((lags * d_in, lags * d_in))
+    cross = np.zeros((lags * d_in, y.shape[2]))
+    for i in range(0, n, 64):
+        xs = np.asarray(x[i:i + 64], dtype=np.float32)
+        feats = np.zeros((len(xs), t, lags * d_in), dtype=np.float32)
+        for s in range(1, lags + 1):
+            feats[:, s:, (s - 1) * d_in:s * d_in] = xs[:, :-s]
+        f = feats.reshape(-1, lags * d_in)
+        gram += f.T @ f  # float32 products, float64 sums across chunks
+        cross += f.T @ np.asarray(y[i:i + 64], dtype=np.float32).reshape(-1, y.shape[2])
+    penalty = ridge * np.trace(gram) / len(gram)
+    coef = np.linalg.solve(gram + penalty * np.eye(len(gram)), cross)  # (lags*d_in, d_out)
+    return coef.T.reshape(y.shape[2], lags, d_in).transpose(1, 0, 2)
+
+
+def participation_ratio(x: np.ndarray) -> float:
+    """``(sum l)^2 / sum l^2`` over the covariance eigenvalues of the vectors in ``x``."""
+    flat = np.asarray(x, dtype=np.float64).reshape(-1, x.shape[-1])
+    eig = np.clip(np.linalg.eigvalsh(np.cov(flat, rowvar=False)), 0, None)
+    return float(eig.sum() ** 2 / (eig ** 2).sum())
+
+
+# --- parametric fits ----------------------------------------------------------------------------
+
+
+def fit_kernel(rho: np.ndarray) -> tuple[Fit, ...]:
+    """Least-squares fits of ngram:K, exp:LAMBDA and poly:P (each with a free scale)."""
+    s = np.arange(1, len(rho) + 1, dtype=np.float64)
+    total = float(((rho - rho.mean()) ** 2).sum()) or 1.0
+
+    def sse(shape: np.ndarray) -> float:
+        scale = float(rho @ shape / (shape @ shape)) if shape.any() else 0.0
+        return float(((rho - scale * shape) ** 2).sum())
+
+    ngram = min(range(1, len(rho) + 1), key=lambda k: sse((s <= k).astype(float)))
+    fits = [Fit("ngram", ngram, 1 - sse((s <= ngram).astype(float)) / total)]
+    for form, shape, bounds in (("exp", lambda v: np.exp(-v * s), (1e-4, 20.0)),
+                                ("poly", lambda v: s ** -v, (0.0, 10.0))):
+        best = minimize_scalar(lambda v, f=shape: sse(f(v)), bounds=bounds, method="bounded",
+                               options={"xatol": 1e-6})
+        fits.append(Fit(form, float(best.x), 1 - float(best.fun) / total))
+    return tuple(fits)
+
+
+# --- profiling ----------------------------------------------------------------------------------
+
+
+def profile_data(spec: DataSpec, seq_len: int | None = None, sample: int | None = None,
+                 seed: int = 0) -> Profile:
+    """Measure the allocator's inputs on ``spec`` (see the module docstring).
+
+    Raises:
+        DataError: the data cannot be used.
+    """
+    start = time.perf_counter()
+    spec = spec.resolved()
+    if spec.format == "npy":
+        profile = _profile_vectors(spec, seq_len, sample or VECTOR_SAMPLE)
+    else:
+        profile = _profile_tokens(spec, seq_len or 256, sample or 1_000_000, seed)
+    return dataclasses.replace(profile, wall_s=time.perf_counter() - start)
+
+
+def _profile_tokens(spec: DataSpec, seq_len: int, count: int, seed: int) -> Profile:
+    data = open_tokens(spec, seq_len + 1)
+    windows = token_sample(data.train, count, max(4 * seq_len, 4096), seed)
+    offsets = min(seq_len, windows.shape[1] - 1)
+    mi, pmi = mutual_information(windows, offsets)
+    # MI of a weak linear dependence grows like rho^2: the kernel is its square root (§9).
+    rho = np.sqrt(mi)
+    rho = rho / rho.max() if rho.max() > 0 else rho
+    spectrum = np.linalg.svd(pmi, compute_uv=False)
+    return Profile(spec.path, str(spec.format), offsets, int(windows.size),
+                   f"mutual information, bias-corrected, top {TOP_K} symbols", rho, mi,
+                   fit_kernel(rho), energy_rank(spectrum, ENERGY), spectrum,
+                   extra={"vocab_size": data.vocab_size})
+
+
+def _profile_vectors(spec: DataSpec, seq_len: int | None, count: int) -> Profile:
+    data = open_arrays(spec)
+    lags = min(seq_len or data.length, data.length - 1, MAX_LAGS)
+    if lags < 1:
+        raise DataError(f"--data {spec.path!r}: sequences of {data.length} steps have no lags")
+    rows = max(2, min(len(data.x_train), count // data.length))
+    coef = lag_regression(data.x_train[:rows], data.y_train[:rows], lags)
+    share = (coef ** 2).sum((1, 2))
+    share = share / share.sum() if share.sum() > 0 else share
+    rho = np.sqrt(share)  # the share of variance grows like rho^2 (§9)
+    rho = rho / rho.max() if rho.max() > 0 else rho
+    stacked = coef.transpose(1, 0, 2).reshape(coef.shape[1], -1)  # (d_out, lags * d_in)
+    spectrum = np.linalg.svd(stacked, compute_uv=False)
+    d_in = participation_ratio(data.x_train[:rows])
+    return Profile(spec.path, "npy", lags, rows * data.length,
+                   f"ridge regression on {lags} lags", rho, share, fit_kernel(rho),
+                   max(1, round(d_in)), spectrum,
+                   extra={"participation_ratio": d_in, "data_input_dim": data.input_dim})
+
+
+# --- output -------------------------------------------------------------------------------------
+
+
+def allocator_inputs(profile: Profile, kernel_file: str, spectrum_file: str) -> dict[str, Any]:
+    """What ``alloc.solve --profile`` takes: the best parametric kernel if it fits (R² >= 0.9),
+    else the measured one, the input dimension, the sequence length and the spectrum."""
+    best = profile.best
+    return {"kernel": best.spec if best.r2 >= 0.9 else f"file:{kernel_file}",
+            "input_dim": profile.input_dim, "seq_len": profile.seq_len,
+            "spectrum": f"file:{spectrum_file}"}
+
+
+def to_dict(profile: Profile, kernel_file: str = "", spectrum_file: str = "") -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "source": profile.source, "format": profile.format, "seq_len": profile.seq_len,
+        "sample": profile.sample, "wall_s": round(profile.wall_s, 3),
+        "kernel": {"estimator": profile.estimator, "best": profile.best.spec,
+                   "fits": {f.form: {"param": f.param, "r2": f.r2} for f in profile.fits},
+                   "values": [float(v) for v in profile.kernel], "raw": [
+                       float(v) for v in profile.raw]},
+        "input_dim": profile.input_dim,
+        "spectrum": {"rank_90": profile.rank_90,
+                     "values": [float(v) for v in profile.spectrum]},
+        **profile.extra}
+    if kernel_file:
+        data["kernel"]["file"] = kernel_file
+        data["spectrum"]["file"] = spectrum_file
+        data["allocator"] = allocator_inputs(profile, kernel_file, spectrum_file)
+    return data
+
+
+def write_profile(profile: Profile, out: Path) -> dict[str, Any]:
+    """``out`` (YAML) and, beside it, ``<stem>.kernel.txt`` and ``<stem>.spectrum.txt``."""
+    kernel, spectrum = out.with_suffix(".kernel.txt"), out.with_suffix(".spectrum.txt")
+    write_atomic(kernel, "# rho(s), s = 1, 2, ... (alloc.profile)\n"
+                 + "".join(f"{v:.8g}\n" for v in profile.kernel))
+    write_atomic(spectrum, "# singular values, decreasing (alloc.profile)\n"
+                 + "".join(f"{v:.8g}\n" for v in profile.spectrum))
+    data = to_dict(profile, kernel.name, spectrum.name)
+    write_atomic(out, yaml.safe_dump(data, sort_keys=False))
+    return data
+
+
+def read_allocator_inputs(path: Path) -> dict[str, Any]:
+    """The ``allocator`` section of a profile, file paths made absolute (``UsageError``)."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as err:
+        raise UsageError(f"--profile {str(path)!r}: cannot read ({err})".splitlines()[0]) \
+            from None
+    inputs = data.get("allocator") if isinstance(data, dict) else None
+    keys = {"kernel", "input_dim", "seq_len", "spectrum"}
+    if not isinstance(inputs, dict) or set(inputs) != keys:
+        raise UsageError(f"--profile {str(path)!r}: needs an allocator section with "
+                         f"{', '.join(sorted(keys))} (python -m alloc.profile --out writes it)")
+    for key in ("kernel", "spectrum"):
+        if str(inputs[key]).startswith("file:"):
+            inputs[key] = f"file:{path.parent / str(inputs[key])[5:]}"
+    return dict(inputs)
+
+
+def render(data: dict[str, Any]) -> str:
+    fits = render_table(["kernel form", "parameter", "R²"],
+                        [[form, f"{f['param']:.4g}", f"{f['r2']:.3f}"]
+                         for form, f in data["kernel"]["fits"].items()],
+                        right=[False, True, True])
+    rho = data["kernel"]["values"]
+    shown = ", ".join(f"{v:.3f}" for v in rho[:8]) + (", ..." if len(rho) > 8 else "")
+    lines = [f"{PROG}: {data['source']} ({data['format']}), {data['sample']:,} sampled, "
+             f"seq_len {data['seq_len']}, {data['wall_s']:.2f} s",
+             f"kernel ({data['kernel']['estimator']}): rho(1..) = {shown}", fits,
+             f"best fit: {data['kernel']['best']}",
+             f"input dimension d_in: {data['input_dim']} (spectrum rank at 90% energy "
+             f"{data['spectrum']['rank_90']} of {len(data['spectrum']['values'])})"]
+    if "allocator" in data:
+        a = data["allocator"]
+        lines.append(f"allocator inputs: --kernel {a['kernel']} --input-dim {a['input_dim']} "
+                     f"--seq-len {a['seq_len']} --spectrum {a['spectrum']}")
+    return "\n".join(lines)
+
+
+def plot(profile: Profile, path: Path) -> None:
+    from common.plots import new_figure, write_figure
+
+    fig, axes = new_figure(2, (11, 4.2))
+    s = np.arange(1, len(profile.kernel) + 1, dtype=np.float64)
+    axes[0].loglog(s, np.maximum(profile.kernel, 1e-4), "k.", label="measured rho(s)")
+    for fit in profile.fits:
+        shape = {"ngram": (s <= fit.param).astype(float), "exp": np.exp(-fit.param * s),
+                 "poly": s ** -fit.param}[fit.form]
+        scale = float(profile.kernel @ shape / (shape @ shape)) if shape.any() else 0.0
+        axes[0].loglog(s, np.maximum(scale * shape, 1e-4), label=f"{fit.spec} (R² {fit.r2:.2f})")
+    axes[0].set_xlabel("offset s")
+    axes[0].set_ylabel("rho(s), largest = 1 (floor 1e-4)")
+    axes[0].set_title(f"memory kernel ({profile.estimator})")
+    axes[0].legend(fontsize=8)
+    energy = np.cumsum(profile.spectrum ** 2) / max((profile.spectrum ** 2).sum(), 1e-300)
+    axes[1].plot(np.arange(1, len(energy) + 1), energy, "o-", ms=3)
+    axes[1].axhline(ENERGY, color="k", ls=":")
+    axes[1].axvline(profile.rank_90, color="C3", ls="--", label=f"rank {profile.rank_90}")
+    axes[1].set_xlabel("number of singular values r")
+    axes[1].set_ylabel("share of squared singular values")
+    axes[1].set_title("teacher spectrum: energy captured")
+    axes[1].legend(fontsize=8)
+    write_figure(fig, path)
+
+
+# --- command line -------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = Parser(prog=PROG, description=__doc__.split("\n\n")[1])
+    p.add_argument("--data", type=Path, required=True,
+                   help="a text file or folder of *.txt, a folder with train.bin/val.bin, or "
+                        "x.npy[/y.npy]")
+    p.add_argument("--data-format", choices=FORMATS, help="default: from the path")
+    p.add_argument("--data-dtype", choices=("uint16", "uint32"), default="uint16",
+                   help="token type of .bin files")
+    p.add_argument("--vocab-size", type=int_in(1), help="vocabulary of .bin tokens (default: "
+                                                        "meta.pkl/meta.json, else the largest "
+                                                        "token + 1)")
+    p.add_argument("--seq-len", type=int_in(1), help="offsets measured (default: 256 for "
+                                                     "tokens, the sequences' length for npy)")
+    p.add_argument("--sample-tokens", type=int_in(1000),
+                   help=f"tokens (or vector positions) sampled (default: 1,000,000 tokens, "
+                        f"{VECTOR_SAMPLE:,} vector positions)")
+    p.add_argument("--seed", type=int_in(0), default=0, help="where the sample is drawn")
+    p.add_argument("--out", type=Path, help="write the profile YAML (and its kernel and "
+                                            "spectrum files beside it)")
+    p.add_argument("--plot", type=Path, help="write the kernel and spectrum plot (PNG)")
+    add_format(p)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        for flag, path in (("--out", args.out), ("--plot", args.plot)):
+            if path is not None:
+                check_writable(flag, path)
+        spec = DataSpec(str(args.data), args.data_format, args.data_dtype, args.vocab_size)
+        profile = profile_data(spec, args.seq_len, args.sample_tokens, args.seed)
+    except (UsageError, DataError) as err:
+        return fail(PROG, str(err))
+    data = write_profile(profile, args.out) if args.out else to_dict(profile)
+    if args.plot is not None:
+        plot(profile, args.plot)
+    print(render(data) if args.format == "table" else dump(data, args.format))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,271 @@
+"""A practitioner's data, read with numpy (no torch): what the trainer trains on and the profiler
+measures.
+
+Formats (``DataSpec.format``, taken from the path unless given):
+
+* ``text``: a UTF-8 text file, or a folder of ``*.txt`` files (recursively, in sorted order,
+  joined by a blank line); byte-level tokens, vocabulary 256; the last 10% is validation.
+* ``bin``: the flat token files nanoGPT-style pipelines write: ``train.bin`` and ``val.bin`` in a
+  folder, ``uint16`` by default (``dtype: uint32``); the vocabulary is ``vocab_size`` if given,
+  else ``meta.pkl`` / ``meta.json`` beside them, else the largest token + 1.
+* ``npy``: float arrays of vector sequences: ``x.npy`` of shape (N, T, d_in) with ``y.npy``
+  (N, T, d_out) as targets or, without it, next-step prediction of ``x``; the last 10% of the
+  sequences is validation.
+
+Files are memory-mapped, never loaded whole: a batch reads its windows from the page cache. Every
+check (missing file, empty corpus, wrong dtype, token >= vocabulary, sequences shorter than the
+window, NaN) raises ``DataError`` with one line naming the file and the rule.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+import numpy as np
+
+DataFormat = Literal["text", "bin", "npy"]
+FORMATS: tuple[DataFormat, ...] = get_args(DataFormat)
+DTYPES = ("uint16", "uint32")
+VAL_FRACTION = 0.1
+_CHUNK = 1 << 24  # elements scanned at a time (64 MB of uint32)
+
+
+class DataError(ValueError):
+    """Data that cannot be used; the message is one line naming the file and the rule."""
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """Where the data is and how to read it."""
+
+    path: str
+    format: DataFormat | None = None  # None: from the path (``infer_format``)
+    dtype: str = "uint16"  # bin only
+    vocab_size: int | None = None  # bin only: overrides meta.pkl / the largest token
+
+    def resolved(self) -> DataSpec:
+        """The spec with an absolute path (Ray workers run elsewhere; on a cluster every node
+        needs the data at this path) and its format taken from the path, checked."""
+        if self.dtype not in DTYPES:
+            raise DataError(f"--data-dtype {self.dtype!r}: must be one of {', '.join(DTYPES)}")
+        if self.vocab_size is not None and self.vocab_size < 1:
+            raise DataError(f"--vocab-size {self.vocab_size}: must be an integer >= 1")
+        path = Path(self.path).resolve()
+        fmt = self.format or infer_format(path)
+        if fmt not in FORMATS:
+            raise DataError(f"--data-format {fmt!r}: must be one of {', '.join(FORMATS)}")
+        return DataSpec(str(path), fmt, self.dtype, self.vocab_size)
+
+
+def infer_format(path: Path) -> DataFormat:
+    """``text`` for a ``.txt`` file or a folder of them, ``bin`` for a folder with
+    ``train.bin``, ``npy`` for an ``.npy`` file or a folder with ``x.npy``."""
+    if not path.exists():
+        raise DataError(f"--data {str(path)!r}: no such file or folder")
+    if path.is_file():
+        if path.suffix == ".npy":
+            return "npy"
+        return "text"
+    if (path / "train.bin").exists():
+        return "bin"
+    if (path / "x.npy").exists():
+        return "npy"
+    if next(path.rglob("*.txt"), None) is not None:
+        return "text"
+    raise DataError(f"--data {str(path)!r}: a folder needs train.bin/val.bin (bin), x.npy "
+                    "(npy) or *.txt files (text); or give --data-format")
+
+
+# --- tokens -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TokenData:
+    """Token ids of the train and validation splits (1-D, memory-mapped where possible)."""
+
+    train: np.ndarray
+    val: np.ndarray
+    vocab_size: int
+    source: str
+
+
+def open_tokens(spec: DataSpec, window: int, scan: bool = True) -> TokenData:
+    """The token splits of a ``text`` or ``bin`` source, each at least ``window`` long.
+
+    Args:
+        spec: the source.
+        window: tokens one example needs (``seq_len + 1``).
+        scan: read every token of a ``bin`` source once, to check it against the vocabulary
+            (or to find the vocabulary); without it ``spec.vocab_size`` must be set.
+
+    Raises:
+        DataError: see the module docstring.
+    """
+    spec = spec.resolved()
+    if spec.format == "text":
+        data = _text_bytes(Path(spec.path))
+        cut = int(len(data) * (1 - VAL_FRACTION))
+        tokens = TokenData(data[:cut], data[cut:], 256, spec.path)
+    elif spec.format == "bin":
+        tokens = _bin_tokens(spec, scan)
+    else:
+        raise DataError(f"--data {spec.path!r}: npy holds vector sequences, not tokens")
+    for split in ("train", "val"):
+        n = len(getattr(tokens, split))
+        if n < window:
+            raise DataError(f"--data {spec.path!r}: the {split} split has {n:,} tokens, fewer "
+                            f"than one window of seq_len + 1 = {window}")
+    return tokens
+
+
+def _text_bytes(path: Path) -> np.ndarray:
+    files = [path] if path.is_file() else sorted(path.rglob("*.txt"))
+    if not files:
+        raise DataError(f"--data {str(path)!r}: no *.txt files in this folder")
+    for file in files:
+        with file.open("rb") as handle:
+            head = handle.read(1 << 20)
+        try:
+            head.decode("utf-8")
+        except UnicodeDecodeError as err:
+            if err.start < len(head) - 4:  # a character cut by the 1 MB sample is fine
+                raise DataError(f"--data {str(file)!r}: not UTF-8 text (byte {err.start}: "
+                                f"{err.reason})") from None
+    if len(files) == 1:
+        size = files[0].stat().st_size
+        if size == 0:
+            raise DataError(f"--data {str(files[0])!r}: the corpus is empty")
+        return np.memmap(files[0], dtype=np.uint8, mode="r")
+    data = np.frombuffer(b"\n\n".join(f.read_bytes() for f in files), dtype=np.uint8)
+    if not data.any():
+        raise DataError(f"--data {str(path)!r}: the corpus is empty")
+    return data
+
+
+def _bin_tokens(spec: DataSpec, scan: bool) -> TokenData:
+    folder = Path(spec.path)
+    dtype = np.dtype(spec.dtype)
+    splits = {}
+    for split in ("train", "val"):
+        file = folder / f"{split}.bin"
+        if not file.is_file():
+            raise DataError(f"--data {str(folder)!r}: needs {split}.bin (nanoGPT layout)")
+        size = file.stat().st_size
+        if size == 0 or size % dtype.itemsize:
+            raise DataError(f"--data {str(file)!r}: {size} bytes is not a whole number of "
+                            f"{spec.dtype} tokens (--data-dtype uint16 or uint32)")
+        splits[split] = np.memmap(file, dtype=dtype, mode="r")
+    if not scan and spec.vocab_size is not None:  # checked where the task was made
+        return TokenData(splits["train"], splits["val"], spec.vocab_size, spec.path)
+    largest = max(_max(a) for a in splits.values())
+    vocab = spec.vocab_size or _meta_vocab(folder) or largest + 1
+    if largest >= vocab:
+        raise DataError(f"--data {str(folder)!r}: token {largest} >= vocabulary size {vocab} "
+                        "(from --vocab-size or meta.pkl/meta.json)")
+    return TokenData(splits["train"], splits["val"], int(vocab), spec.path)
+
+
+def _max(array: np.ndarray) -> int:
+    """Largest value, scanning a memory map in chunks (never the whole file at once)."""
+    return int(max(array[i:i + _CHUNK].max() for i in range(0, len(array), _CHUNK)))
+
+
+def _meta_vocab(folder: Path) -> int | None:
+    """``vocab_size`` from ``meta.json`` or nanoGPT's ``meta.pkl``, if one is there."""
+    meta: Any = None
+    if (folder / "meta.json").is_file():
+        try:
+            meta = json.loads((folder / "meta.json").read_text())
+        except (OSError, ValueError) as err:
+            raise DataError(f"--data {str(folder / 'meta.json')!r}: not JSON ({err})") from None
+    elif (folder / "meta.pkl").is_file():
+        try:
+            with (folder / "meta.pkl").open("rb") as handle:
+                meta = pickle.load(handle)  # nanoGPT's own format; the user's file
+        except (OSError, pickle.UnpicklingError, EOFError) as err:
+            raise DataError(f"--data {str(folder / 'meta.pkl')!r}: unreadable ({err})") from None
+    if meta is None:
+        return None
+    vocab = meta.get("vocab_size") if isinstance(meta, dict) else None
+    if not isinstance(vocab, int) or vocab < 1:
+        raise DataError(f"--data {str(folder)!r}: meta file has no integer vocab_size")
+    return vocab
+
+
+# --- vector sequences ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ArrayData:
+    """Input and target sequences of each split: (N, T, d_in) and (N, T, d_out)."""
+
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_val: np.ndarray
+    y_val: np.ndarray
+    source: str
+
+    @property
+    def input_dim(self) -> int:
+        return int(self.x_train.shape[2])
+
+    @property
+    def output_dim(self) -> int:
+        return int(self.y_train.shape[2])
+
+    @property
+    def length(self) -> int:
+        return int(self.x_train.shape[1])
+
+
+def open_arrays(spec: DataSpec) -> ArrayData:
+    """The sequences of an ``npy`` source (targets ``y.npy``, else ``x`` one step ahead).
+
+    Raises:
+        DataError: see the module docstring.
+    """
+    spec = spec.resolved()
+    if spec.format != "npy":
+        raise DataError(f"--data {spec.path!r}: {spec.format} holds tokens, not vector "
+                        "sequences")
+    path = Path(spec.path)
+    x_file = path if path.is_file() else path / "x.npy"
+    y_file = x_file.with_name("y.npy")
+    x = _load_array(x_file)
+    if y_file.is_file():
+        y = _load_array(y_file)
+        if y.shape[:2] != x.shape[:2]:
+            raise DataError(f"--data {str(y_file)!r}: shape {y.shape} must match x's (N, T) = "
+                            f"{x.shape[:2]}")
+    else:  # next-step prediction: x_t -> x_{t+1}
+        if x.shape[1] < 2:
+            raise DataError(f"--data {str(x_file)!r}: next-step prediction needs T >= 2")
+        x, y = x[:, :-1], x[:, 1:]
+    n_val = max(1, round(len(x) * VAL_FRACTION))
+    if len(x) - n_val < 1:
+        raise DataError(f"--data {str(x_file)!r}: {len(x)} sequence(s); needs at least 2 "
+                        "(train and validation)")
+    return ArrayData(x[:-n_val], y[:-n_val], x[-n_val:], y[-n_val:], spec.path)
+
+
+def _load_array(file: Path) -> np.ndarray:
+    if not file.is_file():
+        raise DataError(f"--data {str(file)!r}: no such file (npy needs x.npy, optionally y.npy)")
+    try:
+        array = np.load(file, mmap_mode="r")
+    except (OSError, ValueError) as err:
+        raise DataError(f"--data {str(file)!r}: not a numpy array ({err})") from None
+    if array.ndim != 3 or 0 in array.shape:
+        raise DataError(f"--data {str(file)!r}: shape {array.shape} must be (N, T, dim), "
+                        "non-empty")
+    if not np.issubdtype(array.dtype, np.floating):
+        raise DataError(f"--data {str(file)!r}: dtype {array.dtype} must be floating point")
+    rows = max(1, _CHUNK // array[0].size)  # sequences per scanned chunk
+    for i in range(0, len(array), rows):
+        if not np.isfinite(array[i:i + rows]).all():
+            raise DataError(f"--data {str(file)!r}: contains NaN or infinite values")
+    return array
