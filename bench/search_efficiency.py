@@ -60,8 +60,8 @@ FULL = (
         "eff-lm", 128, 2, [{"layers": 0, "heads": [1, 2, 4, 8], "role": "extract",
                             "mlp_ratio": [2]},
                            {"layers": 1, "heads": [1, 2, 4, 8], "mlp_ratio": [2],
-                            "qk_dim": {"min": 16, "step": 16}}],
-        {"steps": 800, "eval_every": 50, "batch_size": 32, "lr": 3.0e-3},
+                            "qk_dim": {"min": 32, "step": 32}}],
+        {"steps": 600, "eval_every": 50, "batch_size": 32, "lr": 3.0e-3},
         {"positional": "learned"}), {"length": 64}),
 )
 SMOKE = (
