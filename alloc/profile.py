@@ -100,14 +100,14 @@ def energy_rank(sigma: np.ndarray, share: float) -> int:
 
 
 def token_sample(tokens: np.ndarray, count: int, chunk: int, seed: int = 0) -> np.ndarray:
-    """(C, chunk) contiguous windows, about ``count`` tokens, drawn from ``tokens`` (a memory
-    map is read only where the windows fall)."""
+    """(C, chunk) windows, about ``count`` tokens, from distinct non-overlapping slots of
+    ``tokens`` (overlapping windows would count pairs twice and bias the estimates); a memory
+    map is read only where the windows fall."""
     chunk = min(chunk, len(tokens))
-    windows = max(1, min(count // chunk, len(tokens) // chunk))
-    if windows == len(tokens) // chunk:  # a small corpus: all of it, without overlaps
-        return np.asarray(tokens[:windows * chunk]).reshape(windows, chunk)
-    starts = np.random.default_rng(seed).integers(0, len(tokens) - chunk + 1, windows)
-    return np.stack([np.asarray(tokens[s:s + chunk]) for s in np.sort(starts)])
+    slots = len(tokens) // chunk
+    windows = max(1, min(count // chunk, slots))
+    chosen = np.sort(np.random.default_rng(seed).choice(slots, windows, replace=False))
+    return np.stack([np.asarray(tokens[s * chunk:(s + 1) * chunk]) for s in chosen])
 
 
 def mutual_information(sample: np.ndarray, offsets: int, top_k: int = TOP_K
