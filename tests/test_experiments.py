@@ -148,3 +148,16 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.Capture
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err
     assert (tmp_path / "FILE").read_text() == "keep"
+
+
+def test_corpus_profile_plan_and_seeded_search(tmp_path: Path) -> None:
+    result = run_experiment(tmp_path, "corpus")
+    rows = read_csv(tmp_path / "corpus" / "corpus.csv")
+    assert len(rows) == result["trials"] >= 3 and rows[0]["rank"] == "1"
+    assert [float(r["val_loss"]) for r in rows] == sorted(float(r["val_loss"]) for r in rows)
+    # The allocator's plan was enqueued first, trained fully, and is found among the rows.
+    assert sum(r["allocator"] == "True" for r in rows) == 1
+    assert result["allocator_rank"] == next(int(r["rank"]) for r in rows
+                                            if r["allocator"] == "True")
+    assert result["profile"]["input_dim"] >= 1 and (tmp_path / "corpus" / "profile.yaml"
+                                                    ).exists()

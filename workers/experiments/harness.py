@@ -55,14 +55,15 @@ def study_exists(url: str, study: str) -> bool:
 
 
 def search(space: SearchSpace, task: Task, trials: int, url: str, study: str, results: Path,
-           scheduler: str = "fifo") -> SearchSummary:
+           scheduler: str = "fifo", profile: Path | None = None) -> SearchSummary:
     """``workers.search.run_search`` into ``study``; an existing study is resumed, so a re-run
     continues where an interrupted one stopped."""
     from workers.search import SearchOptions, run_search
 
     summary = run_search(space, task, storage=url, study=study, trials=trials,
                          resume=study_exists(url, study),
-                         options=SearchOptions(scheduler=scheduler, storage_path=results))
+                         options=SearchOptions(scheduler=scheduler, storage_path=results,
+                                               profile=profile))
     if summary.status != "completed":
         raise RuntimeError(f"search {study} ended {summary.status}")
     return summary
