@@ -43,7 +43,7 @@ AttentionKind = Literal["mhsa", "mssa", "mixit", "frozen_qk"]
 Role = Literal["extract", "process"]
 Positional = Literal["learned", "sinusoidal", "rope"]
 Norm = Literal["layernorm", "rmsnorm"]
-MlpKind = Literal["gelu", "swiglu"]
+MlpKind = Literal["gelu", "gelu_tanh", "swiglu"]  # gelu_tanh: GPT-2's approximation
 ATTENTION_KINDS: tuple[AttentionKind, ...] = get_args(AttentionKind)
 ROLES: tuple[Role, ...] = get_args(Role)
 POSITIONALS: tuple[Positional, ...] = get_args(Positional)
@@ -239,6 +239,7 @@ class ArchConfig:
     norm: Norm = "layernorm"
     mlp: MlpKind = "gelu"
     tie_embeddings: bool = False
+    bias: bool = False  # biases on the attention and MLP maps (the GPT-2 layout)
     seed: int = 0
     schema_version: int = SCHEMA_VERSION
     # Derived, excluded from equality and serialisation.
@@ -270,6 +271,7 @@ class ArchConfig:
         need_choice(problems, "mlp", v["mlp"], MLP_KINDS)
         need_bool(problems, "causal", v["causal"])
         need_bool(problems, "tie_embeddings", v["tie_embeddings"])
+        need_bool(problems, "bias", v["bias"])
         problems += _io_problems(v)
         layers = v["layers"]
         if layers is None:
@@ -280,6 +282,10 @@ class ArchConfig:
             problems.append("layers: every entry must be a LayerSpec")
         else:
             problems += _cross_layer_problems(v["d_model"], v["positional"], layers)
+            if v["bias"] is True:
+                problems += [f"layers[{i}].attention = {x.attention!r}: bias = true is for "
+                             "mhsa and frozen_qk layers (the GPT-2 layout)"
+                             for i, x in enumerate(layers) if x.attention in SINGLE_WIDTH_KINDS]
         return problems
 
     @property
@@ -300,8 +306,13 @@ class ArchConfig:
         return round(layer.mlp_ratio * self.d_model)
 
     def to_dict(self) -> dict[str, Any]:
-        """Canonical dict: every field explicit, derived ``arch_id`` excluded, layers last."""
+        """Canonical dict: every field explicit (but fields added after the canonical form was
+        fixed, at their default: ``arch_id`` must not drift), ``arch_id`` excluded, layers
+        last."""
         data = fields_to_dict(self)
+        for name, default in _LATER_FIELDS.items():
+            if data[name] == default:
+                del data[name]
         data["layers"] = data.pop("layers")
         return data
 
@@ -354,6 +365,11 @@ class ArchConfig:
         if isinstance(data, dict) and "arch" in data and "d_model" not in data:
             data = data["arch"]  # accept the allocator's full JSON/YAML report too
         return cls.from_dict(data)
+
+
+# Fields added to ArchConfig after its canonical form (and so every arch_id) was fixed: left
+# out of the canonical dict at their default.
+_LATER_FIELDS: dict[str, Any] = {"bias": False}
 
 
 @dataclass(frozen=True)

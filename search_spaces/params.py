@@ -1,8 +1,10 @@
 """Analytic parameter counts of an ``ArchConfig`` (no torch).
 
 The counts describe exactly what ``workers`` builds (tests compare them with the built
-``nn.Module``): linear maps carry no bias; LayerNorm has a weight and a bias, RMSNorm a weight;
-every block has a pre-attention norm, a pre-MLP norm when it has an MLP, and the model a final norm.
+``nn.Module``): linear maps carry no bias unless ``arch.bias`` (then the attention's query, key,
+value and output maps and the MLP's maps have one; a frozen map's bias is frozen); LayerNorm has a
+weight and a bias, RMSNorm a weight; every block has a pre-attention norm, a pre-MLP norm when it
+has an MLP, and the model a final norm.
 
 Per attention kind, for a head group of ``count`` heads with dims ``qk``/``v`` in a model of width
 ``d``:
@@ -50,16 +52,18 @@ def _frozen(n: int) -> ParamCount:
     return ParamCount(0, n)
 
 
-def attention_params(layer: LayerSpec, d_model: int) -> ParamCount:
-    """Parameters of the attention map of ``layer`` (projections only, no norm)."""
-    count = ZERO
+def attention_params(layer: LayerSpec, d_model: int, bias: bool = False) -> ParamCount:
+    """Parameters of the attention map of ``layer`` (projections only, no norm); ``bias``: the
+    query/key/value and output maps have biases (mhsa and frozen_qk only)."""
+    count = _free(d_model) if bias else ZERO  # the output map's bias
     for g in layer.heads:
-        qk = d_model * g.count * g.qk_dim  # one of W_Q or W_K
+        qk = (d_model + bias) * g.count * g.qk_dim  # one of W_Q or W_K (and its bias)
         v = d_model * g.count * g.v_dim  # one of W_V or W_O
+        v_bias = g.count * g.v_dim if bias else 0
         if layer.attention == "mhsa":
-            count += _free(2 * qk + 2 * v)
+            count += _free(2 * qk + 2 * v + v_bias)
         elif layer.attention == "frozen_qk":
-            count += _free(2 * v) + _frozen(2 * qk)
+            count += _free(2 * v + v_bias) + _frozen(2 * qk)
         elif layer.attention == "mssa":
             count += _free(v if layer.tied_output else 2 * v)
         elif layer.attention == "mixit":
@@ -77,7 +81,10 @@ def norm_params(arch: ArchConfig) -> int:
 def mlp_params(arch: ArchConfig, layer: LayerSpec) -> ParamCount:
     """Parameters of the MLP of ``layer``: GELU ``d->h->d`` or gated SiLU ``d->2h->d``."""
     hidden = arch.mlp_hidden(layer)
-    n = (3 if arch.mlp == "swiglu" else 2) * arch.d_model * hidden
+    if hidden == 0:  # an attention-only layer
+        return ZERO
+    up = 2 * hidden if arch.mlp == "swiglu" else hidden
+    n = (arch.d_model + arch.bias) * up + (hidden + arch.bias) * arch.d_model
     return _frozen(n) if layer.freeze_mlp else _free(n)
 
 
@@ -85,7 +92,8 @@ def layer_params(arch: ArchConfig, index: int) -> ParamCount:
     """Parameters of block ``index``: norms, attention and MLP."""
     layer = arch.layers[index]
     norms = norm_params(arch) * (2 if layer.mlp_ratio > 0 else 1)
-    return _free(norms) + attention_params(layer, arch.d_model) + mlp_params(arch, layer)
+    return (_free(norms) + attention_params(layer, arch.d_model, arch.bias)
+            + mlp_params(arch, layer))
 
 
 def io_params(arch: ArchConfig) -> ParamCount:

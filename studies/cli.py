@@ -78,7 +78,7 @@ def allocation_table(t: query.TrialRecord) -> str:
     assert t.arch is not None
     rows = [[i, layer.attention, layer.heads_str, layer.width,
              f"{layer.mlp_ratio:g}" if layer.mlp_ratio else "-",
-             f"{attention_params(layer, t.arch.d_model).total:,}"]
+             f"{attention_params(layer, t.arch.d_model, t.arch.bias).total:,}"]
             for i, layer in enumerate(t.arch.layers)]
     head = (f"trial {t.number}: value {t.value:.6g}, trainable params "
             f"{t.params_trainable or 0:,}, steps {t.steps_reached if t.steps_reached else '-'}")

@@ -45,10 +45,12 @@ def arch_configs(draw: st.DrawFn) -> ArchConfig:
     io = ({"vocab_size": draw(st.integers(2, 300)), "tie_embeddings": draw(st.booleans())}
           if tokens else {"input_dim": draw(st.integers(1, 20)),
                           "output_dim": draw(st.integers(1, 20))})
+    with_qk = all(layer.attention in ("mhsa", "frozen_qk") for layer in layers)
     return ArchConfig(d_model=draw(st.sampled_from([8, 16, 32, 64])), layers=layers,
                       max_seq_len=draw(st.integers(1, 64)), causal=draw(st.booleans()),
                       positional=positional, norm=draw(st.sampled_from(["layernorm", "rmsnorm"])),
-                      mlp=draw(st.sampled_from(["gelu", "swiglu"])),
+                      mlp=draw(st.sampled_from(["gelu", "gelu_tanh", "swiglu"])),
+                      bias=with_qk and draw(st.booleans()),
                       seed=draw(st.integers(0, 2**31)), **io)
 
 

@@ -67,14 +67,16 @@ def test_totals_add_up_and_freezing_moves_params_out_of_trainable(arch: ArchConf
     assert 0 <= total.trainable <= total.total
     frozen_mlp = replace(arch, layers=tuple(
         replace(layer, freeze_mlp=layer.mlp_ratio > 0) for layer in arch.layers))
-    mlp_units = sum(arch.mlp_hidden(layer) for layer in arch.layers) * arch.d_model
-    per_unit = 3 if arch.mlp == "swiglu" else 2
+    all_mlps = sum(_mlp_size(arch, layer) for layer in arch.layers)
     assert param_count(frozen_mlp).total == total.total
-    assert param_count(frozen_mlp).frozen == (total.frozen + per_unit * mlp_units
-                                              - _frozen_mlp(arch))
+    assert param_count(frozen_mlp).frozen == (total.frozen + all_mlps - sum(
+        _mlp_size(arch, layer) for layer in arch.layers if layer.freeze_mlp))
 
 
-def _frozen_mlp(arch: ArchConfig) -> int:
-    per_unit = 3 if arch.mlp == "swiglu" else 2
-    return sum(per_unit * arch.mlp_hidden(layer) * arch.d_model
-               for layer in arch.layers if layer.freeze_mlp)
+def _mlp_size(arch: ArchConfig, layer: LayerSpec) -> int:
+    """By hand: d -> h (two of them gated) -> d, each map with a bias if the model has them."""
+    h, d, b = arch.mlp_hidden(layer), arch.d_model, int(arch.bias)
+    if h == 0:
+        return 0
+    up = 2 * h if arch.mlp == "swiglu" else h
+    return (d + b) * up + (h + b) * d

@@ -222,7 +222,7 @@ def test_cli_errors_are_one_line_and_touch_nothing(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 's.db'}"
     cases = [
         ([*SMOKE[:1], "nope.yaml", *SMOKE[2:]], "--space: search space 'nope.yaml'"),
-        ([*SMOKE[:3], "sudoku", "--smoke-test"], "--task: unknown task 'sudoku'"),
+        ([*SMOKE[:3], "sudoku", "--smoke-test"], "argument --task: invalid choice: 'sudoku'"),
         ([*SMOKE, "--resume"], "--resume: no study"),
         ([*SMOKE, "--storage", "mysql://u:hunter2@h/db"], "scheme 'mysql' is not supported"),
     ]

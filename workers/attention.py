@@ -130,10 +130,14 @@ class GroupedAttention(nn.Module):
         return torch.cat(outs, dim=-1) if len(outs) > 1 else outs[0]
 
 
-def init_linear(d_in: int, d_out: int, std: float = INIT_STD) -> nn.Linear:
-    """A bias-free linear map with normal(0, std) weights."""
-    layer = nn.Linear(d_in, d_out, bias=False)
+def init_linear(d_in: int, d_out: int, std: float = INIT_STD, bias: bool = False
+                ) -> nn.Linear:
+    """A linear map with normal(0, std) weights and a zero bias if ``bias`` (none by
+    default)."""
+    layer = nn.Linear(d_in, d_out, bias=bias)
     nn.init.normal_(layer.weight, std=std)
+    if layer.bias is not None:
+        nn.init.zeros_(layer.bias)
     return layer
 
 
@@ -150,8 +154,8 @@ class MultiHeadAttention(GroupedAttention):
         super().__init__(arch, layer, index, kernel)
         self.qk_width = sum(c * qk for c, qk, _ in self.groups)
         self.width = layer.width
-        self.qkv = init_linear(arch.d_model, 2 * self.qk_width + self.width)
-        self.out = init_linear(self.width, arch.d_model, out_std(arch))
+        self.qkv = init_linear(arch.d_model, 2 * self.qk_width + self.width, bias=arch.bias)
+        self.out = init_linear(self.width, arch.d_model, out_std(arch), bias=arch.bias)
 
     def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         q, k, v = self.qkv(x).split([self.qk_width, self.qk_width, self.width], dim=-1)
@@ -173,9 +177,10 @@ class FrozenQKAttention(MultiHeadAttention):
                  kernel: Kernel = sdpa) -> None:
         super().__init__(arch, layer, index, kernel)
         del self.qkv
-        self.qk = init_linear(arch.d_model, 2 * self.qk_width, 1.0 / math.sqrt(arch.d_model))
-        self.qk.weight.requires_grad_(False)
-        self.v = init_linear(arch.d_model, self.width)
+        self.qk = init_linear(arch.d_model, 2 * self.qk_width, 1.0 / math.sqrt(arch.d_model),
+                              bias=arch.bias)
+        self.qk.requires_grad_(False)
+        self.v = init_linear(arch.d_model, self.width, bias=arch.bias)
 
     def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         q, k = self.qk(x).split([self.qk_width, self.qk_width], dim=-1)

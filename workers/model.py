@@ -7,7 +7,7 @@ Bottom-up: norm -> MLP -> pre-norm block -> model. A block is
 
 Token models embed ``(B, T)`` ids and return ``(B, T, vocab)`` logits (optionally tied);
 vector models map ``(B, T, input_dim)`` to ``(B, T, output_dim)`` with linear maps. Linear maps have
-no bias, so the parameter count equals ``search_spaces.param_count(arch)`` exactly.
+no bias unless ``arch.bias`` (GPT-2); the parameter count equals ``search_spaces.param_count``.
 """
 
 from __future__ import annotations
@@ -26,14 +26,16 @@ def make_norm(arch: ArchConfig) -> nn.Module:
 
 
 class MLP(nn.Module):
-    """GELU MLP ``d -> h -> d``, or gated SiLU (SwiGLU) ``d -> 2h -> d``."""
+    """GELU MLP ``d -> h -> d`` (exact, or GPT-2's tanh approximation), or gated SiLU (SwiGLU)
+    ``d -> 2h -> d``."""
 
     def __init__(self, arch: ArchConfig, layer: LayerSpec) -> None:
         super().__init__()
         hidden = arch.mlp_hidden(layer)
         self.gated = arch.mlp == "swiglu"
-        self.up = init_linear(arch.d_model, (2 if self.gated else 1) * hidden)
-        self.down = init_linear(hidden, arch.d_model, out_std(arch))
+        self.up = init_linear(arch.d_model, (2 if self.gated else 1) * hidden, bias=arch.bias)
+        self.down = init_linear(hidden, arch.d_model, out_std(arch), bias=arch.bias)
+        self.tanh = arch.mlp == "gelu_tanh"
         if layer.freeze_mlp:  # Frozen-MLP ablation: the MLP stays at its random init
             self.requires_grad_(False)
 
@@ -42,7 +44,7 @@ class MLP(nn.Module):
         if self.gated:
             gate, value = h.chunk(2, dim=-1)
             return self.down(nn.functional.silu(gate) * value)
-        return self.down(nn.functional.gelu(h))
+        return self.down(nn.functional.gelu(h, approximate="tanh" if self.tanh else "none"))
 
 
 class Block(nn.Module):
