@@ -1,4 +1,4 @@
-"""python -m alloc.profile --data PATH [--seq-len N] [--sample-tokens M] [--out profile.yaml]
+"""python -m alloc.profile --data PATH [--out profile.yaml] | --checkpoint PATH [--data PATH]
 
 Measure, from a bounded sample of your data, what the allocator takes as inputs
 (docs/theory.md §9): the memory kernel rho(s) for offsets s = 1..N, the best-fitting parametric
@@ -10,6 +10,9 @@ the target on the lagged inputs, the per-lag share of its coefficients, and the 
 participation ratio. ``--out`` writes the profile as YAML, with the per-offset kernel and the
 spectrum as one-value-per-line files beside it that ``alloc.solve --kernel file:`` and
 ``--spectrum file:`` accept; ``alloc.solve --profile profile.yaml`` takes all of it at once.
+With ``--checkpoint`` it profiles a trained model instead (docs/theory.md §10): per head the
+spectrum of its query-key map and, on a ``--data`` sample, its logit bound and attention entropy,
+and the per-layer plan of reduced ``qk_dim`` that ``python -m workers.compress`` builds.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from common.cli import (
     dump,
     fail,
     int_in,
+    number,
     render_table,
 )
 from common.files import write_atomic
@@ -355,9 +359,23 @@ def plot(profile: Profile, path: Path) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog=PROG, description=__doc__.split("\n\n")[1])
-    p.add_argument("--data", type=Path, required=True,
+    p.add_argument("--data", type=Path,
                    help="a text file or folder of *.txt, a folder with train.bin/val.bin, or "
-                        "x.npy[/y.npy]")
+                        "x.npy[/y.npy] (with --checkpoint: the sample the model is measured on)")
+    p.add_argument("--checkpoint", type=Path,
+                   help="profile a trained model instead (a workers.train .pt, or a GPT-2 "
+                        "layout folder: config.json + model.safetensors; docs/theory.md §10)")
+    p.add_argument("--tolerance", type=number(0, strict=True), default=0.05,
+                   help="--checkpoint: allowed attention error per head")
+    p.add_argument("--align", type=int_in(1), default=8,
+                   help="--checkpoint: reduced qk_dim are multiples of this")
+    p.add_argument("--rule", choices=("bound", "measured"),
+                   help="--checkpoint: what decides each reduced qk_dim: the saturation rule's "
+                        "bound (docs/theory.md §4) or the attention error measured on the --data "
+                        "sample (default: measured with --data, else bound)")
+    p.add_argument("--logit-bound", type=number(0, strict=True),
+                   help="--checkpoint without --data: assume |logits| <= R (default: none, "
+                        "||J|| <= 1/2)")
     p.add_argument("--data-format", choices=FORMATS, help="default: from the path")
     p.add_argument("--data-dtype", choices=("uint16", "uint32"), default="uint16",
                    help="token type of .bin files")
@@ -379,6 +397,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.checkpoint is not None:
+        # Measuring a trained model runs it: the torch side lives in workers, imported here
+        # only (so alloc.solve and the data profile never load torch; tests/test_layering.py).
+        from workers.inspect import main_checkpoint
+
+        return main_checkpoint(args)
+    if args.data is None:
+        return fail(PROG, "--data or --checkpoint: one is required")
     try:
         for flag, path in (("--out", args.out), ("--plot", args.plot)):
             if path is not None:

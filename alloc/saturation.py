@@ -24,7 +24,11 @@ SIGMA_FORMS = "power:BETA or file:PATH"
 
 
 def jacobian_bound(seq_len: int, logit_bound: float) -> float:
-    """Upper bound ``2 e^{2R} / N`` on the spectral norm of the softmax Jacobian."""
+    """Upper bound ``min(1/2, 2 e^{2R} / N)`` on the norm of the softmax Jacobian (spectral, and
+    the max row sum): Gershgorin gives ``2 max_i s_i (1 - s_i)``, at most 1/2 for any logits and
+    at most ``2 e^{2R} / N`` when they are bounded by ``R`` (docs/theory.md §4)."""
+    if 2.0 * logit_bound > math.log(seq_len / 4.0):  # the exponential bound exceeds 1/2
+        return 0.5
     return 2.0 * math.exp(2.0 * logit_bound) / seq_len
 
 

@@ -32,6 +32,13 @@ def test_softmax_jacobian_respects_the_bound(seed: int) -> None:
     assert norm <= jacobian_bound(n, r) + 1e-12
 
 
+def test_the_bound_is_capped_at_one_half_for_sharp_softmaxes() -> None:
+    z = np.array([30.0, 0.0, 0.0, -30.0])  # R = 30: 2 e^60 / 4 is vacuous
+    s = np.exp(z - z.max()) / np.exp(z - z.max()).sum()
+    assert np.linalg.norm(np.diag(s) - np.outer(s, s), 2) <= jacobian_bound(4, 30.0) == 0.5
+    assert jacobian_bound(256, 2.0) == pytest.approx(2 * math.exp(4) / 256)  # below 1/2
+
+
 def test_jacobian_bound_falls_like_one_over_n() -> None:
     values = [jacobian_bound(n, 1.0) for n in (64, 128, 256)]
     assert values[0] / values[1] == pytest.approx(2) and values[1] / values[2] == pytest.approx(2)

@@ -26,7 +26,7 @@ from torch import nn
 from common.cli import Parser, UsageError, add_format, dump, fail, int_in, number
 from search_spaces import ArchConfig, ConfigError
 from workers.model import build_model, count_params, maybe_compile
-from workers.tasks import Task, fit_arch
+from workers.tasks import Task, describe_task, fit_arch
 from workers.tasks.cli import add_task_args, task_from_args
 
 log = logging.getLogger(__name__)
@@ -189,7 +189,7 @@ class Trainer:
             UsageError: the checkpoint was written for another architecture or task.
         """
         state = torch.load(path, map_location=self.device, weights_only=False)
-        if state["arch"] != self.arch.to_dict() or state["task"] != asdict(self.task):
+        if state["arch"] != self.arch.to_dict() or state["task"] != describe_task(self.task):
             raise UsageError(f"--checkpoint {str(path)!r}: written for another "
                              "architecture or task; use a new path")
         self.model.load_state_dict(state["model"])
@@ -203,7 +203,8 @@ class Trainer:
         if self.checkpoint is None:
             return
         save_checkpoint(self.checkpoint, {
-            "arch": self.arch.to_dict(), "task": asdict(self.task), "config": asdict(self.config),
+            "arch": self.arch.to_dict(), "task": describe_task(self.task),
+            "config": asdict(self.config),
             "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
             "step": self.step, "tokens": self.tokens, "time": self.train_time,
             "history": [asdict(r) for r in self.history], "last_loss": self.last_loss})

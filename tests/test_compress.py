@@ -1,0 +1,187 @@
+"""Checkpoint profiles and SVD students: a full-rank student is the teacher, the loss grows as
+the rank shrinks, every head's attention error stays under the bound the plan predicted, and a
+GPT-2 checkpoint written by ``transformers`` loads, profiles, compresses and loads back there."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from alloc.profile import main as profile_main
+from search_spaces import ArchConfig, HeadGroup, LayerSpec
+from search_spaces.data import DataSpec
+from workers.attention import future_mask
+from workers.checkpoints import load
+from workers.compress import main as compress_main
+from workers.compress import svd_student
+from workers.inspect import head_maps, measure, profile_checkpoint, student_arch
+from workers.model import Model
+from workers.tasks import make_data_task
+from workers.train import TrainConfig, Trainer, evaluate
+
+
+@functools.cache
+def corpus(folder: str) -> Path:
+    path = Path(folder) / "corpus"
+    path.mkdir(parents=True, exist_ok=True)
+    for source in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[:20]:
+        (path / f"{source.stem}.txt").write_text(source.read_text())
+    return path
+
+
+@pytest.fixture(scope="module")
+def teacher(tmp_path_factory: pytest.TempPathFactory) -> tuple[Model, Path, torch.Tensor]:
+    """A small byte LM trained for a few hundred steps, its checkpoint and a data sample."""
+    folder = tmp_path_factory.mktemp("teacher")
+    task = make_data_task(DataSpec(str(corpus(str(folder)))), length=32)
+    layer = LayerSpec("mhsa", (HeadGroup(4, 16),), mlp_ratio=2.0)
+    arch = ArchConfig(d_model=64, layers=(layer, layer), max_seq_len=32, vocab_size=256)
+    trainer = Trainer(arch, task, TrainConfig(steps=300, batch_size=32, lr=3e-3, eval_every=300,
+                                              device="cpu"), checkpoint=folder / "lm.pt")
+    trainer.run()
+    return trainer.model.eval(), folder, task.batch("val", 0, 16).x
+
+
+def uniform(arch: ArchConfig, rank: int) -> ArchConfig:
+    layers = [LayerSpec("mhsa", (HeadGroup(4, rank, 16),), mlp_ratio=2.0)] * arch.n_layers
+    return ArchConfig.from_dict({**arch.to_dict(), "layers": [x.to_dict() for x in layers]})
+
+
+def test_a_full_rank_student_is_the_teacher(teacher: tuple[Model, Path, torch.Tensor]) -> None:
+    model, _, x = teacher
+    student = svd_student(model, model.arch)  # every head refactored by its SVD
+    with torch.no_grad():
+        assert torch.allclose(student(x), model(x), atol=1e-5)
+    assert not torch.equal(student.block(0).attn.qkv.weight,  # type: ignore[union-attr]
+                           model.block(0).attn.qkv.weight)  # type: ignore[union-attr]
+
+
+def test_the_loss_grows_as_the_rank_shrinks(teacher: tuple[Model, Path, torch.Tensor]) -> None:
+    model, folder, _ = teacher
+    task = make_data_task(DataSpec(str(corpus(str(folder)))), length=32)
+    config = TrainConfig(eval_batches=8, batch_size=32)
+    losses = [evaluate(svd_student(model, uniform(model.arch, r)), task, config, "cpu")[0]
+              for r in (16, 12, 8, 4, 2, 1)]
+    assert losses[0] == pytest.approx(evaluate(model, task, config, "cpu")[0], abs=1e-5)
+    assert all(b >= a - 1e-4 for a, b in itertools.pairwise(losses)), losses
+    assert losses[-1] > losses[0] + 0.01
+
+
+def test_each_heads_attention_error_is_under_its_predicted_bound(
+        teacher: tuple[Model, Path, torch.Tensor]) -> None:
+    model, _, x = teacher
+    profile = profile_checkpoint(model, x, 32, tolerance=0.02, align=4, rule="measured")
+    reduced = ArchConfig.from_dict(profile["student"])
+    assert reduced != model.arch  # the measured rule reduces something at this tolerance
+    student = svd_student(model, reduced)
+    teacher_z, student_z = measure(model, x).logits, measure(student, x).logits
+    inputs = measure(model, x).inputs
+    for i, layer in enumerate(profile["layers"]):
+        (group,) = layer["groups"]
+        r = group["reduced_qk_dim"]
+        # The student's own model, layer by layer with the teacher's inputs: its change of
+        # attention weights, head by head, against the bound the plan predicted.
+        errors = []
+        for h, head in enumerate(m for m in head_maps(model) if m.layer == i):
+            mask = future_mask(x.shape[1])
+            xd = inputs[i].double()
+            u, s, vh = torch.linalg.svd(torch.from_numpy(head.matrix))
+            z = xd @ (u[:, :r] * s[:r] @ vh[:r]) @ xd.transpose(-1, -2)
+            low = torch.softmax(z.masked_fill(mask, float("-inf")), -1)
+            full = torch.softmax(teacher_z[i][0][:, h].double(), -1)
+            errors.append(float((full - low).abs().max()))
+            assert errors[-1] <= group["errors"][r] + 1e-9
+        assert max(errors) == pytest.approx(group["measured_errors"][r], abs=1e-6)
+        if i == 0:  # layer 0 sees the same input in the student model itself
+            seen = (torch.softmax(student_z[0][0].double(), -1)
+                    - torch.softmax(teacher_z[0][0].double(), -1)).abs().amax((0, 2, 3))
+            assert float(seen.max()) <= group["errors"][r] + 1e-9
+
+
+def test_profile_and_compress_our_checkpoint(teacher: tuple[Model, Path, torch.Tensor],
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    _, folder, _ = teacher
+    data = str(corpus(str(folder)))
+    assert profile_main(["--checkpoint", str(folder / "lm.pt"), "--data", data, "--align", "4",
+                         "--tolerance", "0.02", "--out", str(folder / "plan.yaml"),
+                         "--plot", str(folder / "heads.png")]) == 0
+    assert "qk_dim plan" in capsys.readouterr().out
+    assert compress_main(["--checkpoint", str(folder / "lm.pt"), "--plan",
+                          str(folder / "plan.yaml"), "--data", data, "--out",
+                          str(folder / "student.pt"), "--finetune-steps", "20",
+                          "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["params"]["student"] < report["params"]["teacher"]
+    assert {"teacher", "svd", "finetuned"} <= set(report)
+    plan = yaml.safe_load((folder / "plan.yaml").read_text())
+    loaded = load(folder / "student.pt")  # a workers.train checkpoint of the student
+    assert loaded.arch.to_dict() == plan["student"]
+    assert ArchConfig.from_yaml((folder / "student.arch.yaml").read_text()) == loaded.arch
+
+
+def test_bad_inputs_are_one_line(teacher: tuple[Model, Path, torch.Tensor], tmp_path: Path,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    _, folder, _ = teacher
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    (tmp_path / "folder").mkdir()
+    other = profile_checkpoint(svd_student(teacher[0], uniform(teacher[0].arch, 8)), None, 32,
+                               0.05, 4)
+    (tmp_path / "other.yaml").write_text(yaml.safe_dump(other))
+    cases = [(profile_main, ["--checkpoint", str(tmp_path / "nope.pt")], "no such file"),
+             (profile_main, ["--checkpoint", str(tmp_path / "junk.pt")], "unknown layout"),
+             (profile_main, ["--checkpoint", str(tmp_path / "folder")], "unknown layout"),
+             (compress_main, ["--checkpoint", str(folder / "lm.pt"), "--plan",
+                              str(tmp_path / "other.yaml"), "--out", str(tmp_path / "s.pt")],
+              "a plan for model")]
+    for main, argv, message in cases:
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err, err
+    assert not (tmp_path / "s.pt").exists()
+
+
+def test_a_gpt2_checkpoint_written_by_transformers(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    transformers = pytest.importorskip(
+        "transformers", reason="transformers is not installed (pip install -e '.[test]')")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                                     vocab_size=64, bos_token_id=0, eos_token_id=0)
+    reference = transformers.GPT2LMHeadModel(config).eval()
+    reference.save_pretrained(tmp_path / "gpt2")
+    loaded = load(tmp_path / "gpt2")
+    x = torch.randint(0, 64, (3, 40))
+    with torch.no_grad():  # our forward of the loaded weights is GPT-2's
+        assert torch.allclose(loaded.model(x), reference(x).logits, atol=1e-5)
+    tokens = np.random.default_rng(0).integers(0, 64, 20_000, dtype=np.uint16)
+    (tmp_path / "data").mkdir()
+    tokens[:18_000].tofile(tmp_path / "data" / "train.bin")
+    tokens[18_000:].tofile(tmp_path / "data" / "val.bin")
+    data = str(tmp_path / "data")
+    assert profile_main(["--checkpoint", str(tmp_path / "gpt2"), "--data", data, "--align", "2",
+                         "--tolerance", "0.5", "--seq-len", "32", "--out",
+                         str(tmp_path / "plan.yaml")]) == 0
+    assert compress_main(["--checkpoint", str(tmp_path / "gpt2"), "--plan",
+                          str(tmp_path / "plan.yaml"), "--data", data, "--vocab-size", "64",
+                          "--out", str(tmp_path / "student"), "--format", "json"]) == 0
+    capsys.readouterr()
+    plan = yaml.safe_load((tmp_path / "plan.yaml").read_text())
+    student_arch = ArchConfig.from_dict(plan["student"])
+    assert student_arch != loaded.arch  # some head lost query-key rank
+    ours = svd_student(loaded.model, student_arch)
+    back = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "student").eval()
+    with torch.no_grad():  # transformers runs the student we wrote
+        assert torch.allclose(back(x).logits, ours(x), atol=1e-5)
+    assert student_arch == student_arch_of(plan, loaded.arch)
+
+
+def student_arch_of(plan: dict[str, object], arch: ArchConfig) -> ArchConfig:
+    return student_arch(arch, plan["layers"])  # type: ignore[arg-type]
