@@ -65,6 +65,23 @@ def test_retrieval_answer_is_the_queried_keys_value() -> None:
         assert dict(pairs)[seq[-1]] == answer
 
 
+def test_retrieval_trains_on_several_queries_and_a_curriculum() -> None:
+    task = make_task("retrieval", "smoke", m_max=6, queries=3, ramp=100, ramp_from=2)
+    assert task.seq_len == 2 * 6 + 2 * 3 - 1
+    b = task.batch("train", 0, 300)
+    assert b.x.shape == (300, task.seq_len) and int(b.mask.sum(1).min()) == 3
+    for seq, y, mask in zip(b.x.tolist(), b.y.tolist(), b.mask.tolist()):
+        context = dict((seq[i], seq[i + 1]) for i in range(0, 12, 2) if seq[i])
+        assert 1 <= len(context) <= 2  # the curriculum's first batch: at most ramp_from pairs
+        for t in (t for t, m in enumerate(mask) if m):  # each query key -> its value
+            assert t >= 12 and context[seq[t]] == y[t]
+            assert t + 1 == len(seq) or seq[t + 1] == y[t]  # the next pair repeats it
+    assert task.pairs_at(50) == 4 and task.pairs_at(100) == task.pairs_at(10**6) == 6
+    val = task.batch("val", 0, 50)  # evaluation is the plain single-query task
+    assert val.x.shape == (50, 13) and val.mask[:, -1].all() and int(val.mask.sum()) == 50
+    assert torch.equal(val.y[:, -1], task.answer(val.x))  # type: ignore[attr-defined]
+
+
 def test_addition_hand_checked() -> None:
     task = make_task("addition", "smoke")  # 3 digits
     b = task.batch("train", 0, 50)

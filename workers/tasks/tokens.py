@@ -55,7 +55,14 @@ class InductionTask(Task):
 class RetrievalTask(Task):
     """Needle in a haystack (Dong et al., 2025): ``m ~ U{1..m_max}`` key/value pairs, then a query
     key; answer its value. Keys in ``[V/2, V)`` (distinct within a sequence), values in
-    ``[1, V/2)``, 0 pads on the left."""
+    ``[1, V/2)``, 0 pads on the left.
+
+    Training can be denser than the single query the task is evaluated on: ``queries = K``
+    appends K queried pairs (``... k1 v1 k2 v2 ... kK``, each value predicted at its key), and
+    ``ramp = S`` grows the number of pairs from ``ramp_from`` to ``m_max`` over the first S
+    training batches (a curriculum). Validation is always one query over up to ``m_max`` pairs;
+    train and validation never share a context.
+    """
 
     name: ClassVar[str] = "retrieval"
     inputs: ClassVar[str] = "tokens"
@@ -65,32 +72,57 @@ class RetrievalTask(Task):
         "smoke": {"m_max": 4}, "paper": {"m_max": 20}}
     m_max: int = 4
     vocab: int = 256
+    queries: int = 1
+    ramp: int = 0
+    ramp_from: int = 1
+
+    def __post_init__(self) -> None:
+        if self.queries < 1 or self.ramp < 0 or not 1 <= self.ramp_from <= self.m_max:
+            raise TaskError(f"retrieval: queries {self.queries} >= 1, ramp {self.ramp} >= 0 and "
+                            f"1 <= ramp_from {self.ramp_from} <= m_max {self.m_max}")
 
     @property
     def seq_len(self) -> int:
-        return 2 * self.m_max + 1
+        return 2 * self.m_max + 2 * self.queries - 1
 
     @property
     def vocab_size(self) -> int:
         return self.vocab
 
-    def _rows(self, g: torch.Generator, n: int) -> Tensor:
+    def pairs_at(self, index: int) -> int:
+        """The most pairs a training batch ``index`` holds (the curriculum)."""
+        if not self.ramp:
+            return self.m_max
+        share = min(1.0, index / self.ramp)
+        return round(self.ramp_from + share * (self.m_max - self.ramp_from))
+
+    def _contexts(self, g: torch.Generator, n: int, most: int) -> Tensor:
+        """(n, 2 m_max): the last m ~ U{1..most} key/value pairs used, the rest zero."""
         half, m_max = self.vocab // 2, self.m_max
         keys = torch.rand(n, half, generator=g).argsort(-1)[:, :m_max] + half
         values = torch.randint(1, half, (n, m_max), generator=g)
-        m = torch.randint(1, m_max + 1, (n, 1), generator=g)
-        active = torch.arange(m_max)[None, :] >= m_max - m  # the last m pairs are used
-        pairs = torch.stack([keys * active, values * active], dim=-1).reshape(n, 2 * m_max)
-        pick = m_max - 1 - (torch.rand(n, 1, generator=g) * m).long()  # an active pair
-        query = keys.gather(1, pick)
-        return torch.cat([pairs, query], dim=1)
+        m = torch.randint(1, most + 1, (n, 1), generator=g)
+        active = torch.arange(m_max)[None, :] >= m_max - m
+        return torch.stack([keys * active, values * active], dim=-1).reshape(n, 2 * m_max)
 
-    def make(self, g: torch.Generator, size: int, split: str) -> Batch:
-        seq = take_split(self._rows, g, size, split)
-        return last_position(seq, self.answer(seq))
+    def batch(self, split: str, index: int, size: int) -> Batch:
+        g = generator(self.seed, split, index)
+        most = self.m_max if split == "val" else self.pairs_at(index)
+        count = 1 if split == "val" else self.queries
+        context = take_split(lambda gen, n: self._contexts(gen, n, most), g, size, split)
+        keys, values = context[:, 0::2], context[:, 1::2]
+        m = (keys > 0).sum(1, keepdim=True)
+        pick = self.m_max - 1 - (torch.rand(size, count, generator=g) * m).long()
+        asked, answer = keys.gather(1, pick), values.gather(1, pick)  # (B, K)
+        tail = torch.stack([asked, answer], dim=-1).reshape(size, 2 * count)[:, :-1]
+        seq = torch.cat([context, tail], dim=1)
+        y, mask = torch.zeros_like(seq), torch.zeros_like(seq, dtype=torch.bool)
+        at = 2 * self.m_max + 2 * torch.arange(count)  # each query key's position
+        y[:, at], mask[:, at] = answer, True
+        return Batch(seq, y, mask)
 
     def answer(self, seq: Tensor) -> Tensor:
-        """The value that follows the query key in the prefix."""
+        """The value that follows the (last) query key in the prefix (single-query rows)."""
         keys, values = seq[:, 0:-1:2], seq[:, 1:-1:2]
         hit = keys == seq[:, -1:]
         return (values * hit).sum(1)
