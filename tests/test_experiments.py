@@ -106,9 +106,9 @@ def test_mixit_kinds_per_task_from_the_studies(tmp_path: Path) -> None:
     rows = read_csv(tmp_path / "mixit" / "mixit.csv")
     studies = {r["study"] for r in rows}
     assert studies == {"kinds-modadd", "kinds-retrieval-m2", "kinds-retrieval-m4",
-                       "kinds-memorize"}
-    d, depth = mixit.SMOKE_BUDGET, 2  # attention_kinds.yaml at the smoke budget
-    for study in studies:
+                       "memorize-d8", "memorize-d16"}
+    d, depth = mixit.SMOKE_BUDGET, 2  # the kinds' spaces at the smoke budget
+    for study in studies - {"memorize-d8", "memorize-d16"}:
         mine = {r["attention"]: r for r in rows if r["study"] == study}
         assert set(mine) == {"mhsa", "frozen_qk", "mixit", "mssa"}
         full = int(mine["mhsa"]["params_trainable"])
@@ -118,18 +118,21 @@ def test_mixit_kinds_per_task_from_the_studies(tmp_path: Path) -> None:
         for r in mine.values():
             assert 0.0 <= float(r["accuracy"]) <= 1.0
     # Bits per parameter from the model the trainer builds for the recorded architecture on
-    # the memorize task (not from the recorded counts).
-    study = optuna.load_study(study_name="kinds-memorize", storage=open_storage(
-        f"sqlite:///{tmp_path / 'mixit' / 'mixit.db'}"))
+    # the memorize task (not from the recorded counts), for both kinds at both sizes.
     task = make_task("memorize", "smoke")
     n = task.n  # type: ignore[attr-defined]
-    for r in (r for r in rows if r["task"] == "memorize"):
+    sweep = [r for r in rows if r["task"] == "memorize"]
+    assert {(r["attention"], int(r["d_model"])) for r in sweep} == {
+        (k, s) for k in ("mhsa", "mixit") for s in (8, 16)}
+    for r in sweep:
+        study = optuna.load_study(study_name=r["study"], storage=open_storage(
+            f"sqlite:///{tmp_path / 'mixit' / 'mixit.db'}"))
         recorded = ArchConfig.from_json(study.trials[int(r["trial"])].user_attrs["arch"])
         trainable, _ = count_params(build_model(fit_arch(recorded, task)))
         assert int(r["params_trainable"]) == trainable
         expected = n * n * math.log2(n) * float(r["accuracy"]) / trainable
         assert float(r["bits_per_param"]) == pytest.approx(expected)
-    assert len(result["rows"]) == len(rows) == 16
+    assert len(result["rows"]) == len(rows) == 3 * 4 + 4
 
 
 @pytest.mark.parametrize(("argv", "message"), [
