@@ -62,6 +62,9 @@ class PlanSettings:
     norm_bound: float | None = None
     tolerance: float = 0.05
     logit_bound: float = 1.0
+    # Measured logit bound R of each later layer (e.g. from a checkpoint profile); None: the
+    # one logit_bound for all of them.
+    logit_bounds: tuple[float, ...] | None = None
     spectrum: str = "power:1"
     attention: AttentionKind = "mhsa"
     mlp_ratio: float = 4.0
@@ -95,18 +98,27 @@ def merge_groups(groups: list[HeadGroup]) -> tuple[HeadGroup, ...]:
     return tuple(HeadGroup(c, qk, v) for (qk, v), c in ordered)
 
 
-def _later_heads(settings: PlanSettings, heads: tuple[HeadGroup, ...]
+def layer_logit_bound(settings: PlanSettings, index: int) -> float:
+    """R of layer ``index``: its measured bound when given, else ``logit_bound``."""
+    later = index - settings.extract_layers
+    if settings.logit_bounds is None or not 0 <= later < len(settings.logit_bounds):
+        return settings.logit_bound
+    return settings.logit_bounds[later]
+
+
+def _later_heads(settings: PlanSettings, heads: tuple[HeadGroup, ...], logit_bound: float
                  ) -> tuple[tuple[HeadGroup, ...], float]:
-    """Reduced heads of a later layer and their worst per-head attention-error bound."""
+    """Reduced heads of a later layer whose logits are bounded by ``logit_bound``, and their
+    worst per-head attention-error bound."""
     if settings.attention in SINGLE_WIDTH_KINDS:  # qk_dim == v_dim: nothing to reduce
         return heads, 0.0
     spectrum = parse_spectrum(settings.spectrum)
     reduced, worst = [], 0.0
     for g in heads:
-        sigma = teacher_spectrum(spectrum, g.qk_dim, settings.logit_bound)
-        r = reduced_qk_dim(sigma, settings.seq_len, settings.logit_bound, settings.tolerance,
+        sigma = teacher_spectrum(spectrum, g.qk_dim, logit_bound)
+        r = reduced_qk_dim(sigma, settings.seq_len, logit_bound, settings.tolerance,
                            settings.align)
-        worst = max(worst, attention_error(sigma, r, settings.seq_len, settings.logit_bound))
+        worst = max(worst, attention_error(sigma, r, settings.seq_len, logit_bound))
         reduced.append(HeadGroup(g.count, r, g.v_dim))
     return merge_groups(reduced), worst
 
@@ -135,12 +147,12 @@ def make_plan(settings: PlanSettings) -> Plan:
     continuous = solve_continuous(problem)
     chosen = uniform.allocation if settings.uniform else exact
     heads = _extract_heads(settings, exact, uniform)
-    later, later_error = _later_heads(settings, heads)
     layers, errors = [], []
     for i in range(settings.layers):
         extract = i < settings.extract_layers
-        layers.append(LayerSpec(settings.attention, heads if extract else later,
-                                mlp_ratio=settings.mlp_ratio,
+        later, later_error = (heads, 0.0) if extract else _later_heads(
+            settings, heads, layer_logit_bound(settings, i))
+        layers.append(LayerSpec(settings.attention, later, mlp_ratio=settings.mlp_ratio,
                                 role="extract" if extract else "process"))
         errors.append({"compression": chosen.compression, "extraction": chosen.extraction,
                        "truncation": chosen.truncation, "total": chosen.objective}

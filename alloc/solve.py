@@ -74,6 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="token norm bound B (default: sqrt(input-dim))")
     p.add_argument("--tolerance", type=number(0, strict=True), default=d.tolerance,
                    help="allowed attention error per later-layer head (docs/theory.md §4)")
+    p.add_argument("--logit-bounds", type=bounds_list,
+                   help="measured R of each later layer, comma-separated (e.g. from python -m "
+                        "alloc.profile --checkpoint); missing layers use --logit-bound "
+                        "(docs/theory.md §4)")
     p.add_argument("--logit-bound", type=number(0, strict=True), default=d.logit_bound,
                    help="logit bound R of the saturation rule (docs/theory.md §4)")
     p.add_argument("--spectrum", default=d.spectrum,
@@ -94,6 +98,16 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def bounds_list(text: str) -> tuple[float, ...]:
+    """argparse type: positive numbers separated by commas."""
+    parse = number(0, strict=True)
+    try:
+        return tuple(parse(part) for part in text.split(","))
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be positive numbers separated by "
+                                         "commas, one per later layer") from None
+
+
 def settings_from_args(args: argparse.Namespace) -> PlanSettings:
     """Turn parsed flags into settings, checking the rules that tie flags together."""
     s = PlanSettings(
@@ -101,6 +115,7 @@ def settings_from_args(args: argparse.Namespace) -> PlanSettings:
         seq_len=args.seq_len, input_dim=args.input_dim, kernel=args.kernel, align=args.align,
         c_proj=args.c_proj, c_head=args.c_head, order=args.order, alpha=args.alpha,
         norm_bound=args.norm_bound, tolerance=args.tolerance, logit_bound=args.logit_bound,
+        logit_bounds=args.logit_bounds,
         spectrum=args.spectrum, attention=args.attention, mlp_ratio=args.mlp_ratio,
         uniform=args.uniform, vocab_size=args.vocab_size, positional=args.positional)
     if s.align > min(s.input_dim, s.budget):

@@ -94,3 +94,17 @@ def test_predicted_error_of_any_layer_is_the_brute_force_bound() -> None:
                                   layers=1, uniform=True))
     assert predicted_error(plan.settings, plan.arch.layers[0]) == pytest.approx(
         plan.uniform.objective)
+
+
+def test_measured_logit_bounds_per_later_layer() -> None:
+    """A later layer with a larger measured R keeps a larger qk_dim; the list with the global
+    value everywhere is the global rule, and layers it omits fall back to it."""
+    from dataclasses import replace
+
+    base = PlanSettings(budget=256, layers=4, seq_len=128)
+    plan = make_plan(replace(base, logit_bounds=(0.5, 2.0, 30.0)))
+    qk = [max(g.qk_dim for g in layer.heads) for layer in plan.arch.layers[1:]]
+    assert qk == sorted(qk) and qk[0] < qk[-1] == 64  # R = 30: the bound keeps the full dim
+    assert make_plan(replace(base, logit_bounds=(1.0,) * 3)).arch == make_plan(base).arch
+    short = make_plan(replace(base, logit_bounds=(30.0,)))
+    assert short.arch.layers[2:] == make_plan(base).arch.layers[2:]
