@@ -80,6 +80,19 @@ def test_saturation_jacobian_falls_like_one_over_n_and_students_fit(tmp_path: Pa
         if int(r["rank"]) >= qk:  # the SVD of the teacher's map is exact at full rank
             assert float(r["svd_init_mse"]) < 1e-12
     assert (tmp_path / "saturation.png").stat().st_size > 10_000
+    # Per layer, on both teachers (documentation prose and the stdlib's code): the slope of
+    # ||J|| vs N from the rows, and at this size (barely trained: small logits) every layer
+    # saturates like 1/N.
+    layers = read_csv(tmp_path / "layers.csv")
+    assert {r["teacher"] for r in layers} == {"docs", "code"}
+    for name in ("docs", "code"):
+        for layer in range(saturation.SMOKE.layers):
+            mine = [r for r in layers if r["teacher"] == name and int(r["layer"]) == layer]
+            assert [int(r["seq_len"]) for r in mine] == list(saturation.SMOKE.lengths)
+            value = saturation.slope([int(r["seq_len"]) for r in mine],
+                                     [float(r["jacobian"]) for r in mine])
+            assert -1.3 < value < -0.7
+            assert all(0 < float(r["entropy"]) <= 1 + 1e-9 for r in mine)
 
 
 def test_tradeoff_best_of_per_head_count_from_the_study(tmp_path: Path) -> None:

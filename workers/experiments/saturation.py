@@ -30,10 +30,12 @@ from common.cli import int_in, render_table
 from common.files import write_csv
 from common.plots import new_figure, write_figure
 from search_spaces import ArchConfig, HeadGroup, LayerSpec
+from search_spaces.data import DataSpec
 from workers.attention import LogitRecorder, MultiHeadAttention, future_mask
 from workers.experiments import harness
+from workers.experiments.corpus import write_corpus
 from workers.model import Model, build_model
-from workers.tasks import LMTask, make_task
+from workers.tasks import LMTask, Task, make_data_task, make_task
 from workers.train import TrainConfig, Trainer
 
 NAME = "saturation"
@@ -59,16 +61,15 @@ FULL = Sizes(128, 4, 3, 256, 1500, (8, 16, 32, 64, 128, 256), (32, 256), (1, 2, 
              300, 10)
 
 
-def teacher(sizes: Sizes, seed: int, steps: int, checkpoint: Path
-            ) -> tuple[Model, LMTask, float]:
-    """Train the LM teacher with the product's trainer (or continue / reuse its checkpoint);
-    returns it with its validation loss."""
+def teacher(sizes: Sizes, seed: int, steps: int, checkpoint: Path, task: Task | None = None
+            ) -> tuple[Model, Task, float]:
+    """Train an LM teacher with the product's trainer (or continue / reuse its checkpoint) on
+    ``task`` (default: the built-in ``lm`` task); returns it with its validation loss."""
     d, h = sizes.d_model, sizes.heads
     layer = LayerSpec("mhsa", (HeadGroup(h, d // h),), mlp_ratio=4.0)
     arch = ArchConfig(d_model=d, layers=(layer,) * sizes.layers, vocab_size=256,
                       max_seq_len=sizes.length, positional="learned")
-    task = make_task("lm", "paper", seed=seed, length=sizes.length)
-    assert isinstance(task, LMTask)
+    task = task or make_task("lm", "paper", seed=seed, length=sizes.length)
     trainer = Trainer(arch, task, TrainConfig(steps=steps, batch_size=16, lr=3e-3,
                                               eval_every=max(1, steps // 5), seed=seed,
                                               device="cpu"), checkpoint=checkpoint)
@@ -77,9 +78,11 @@ def teacher(sizes: Sizes, seed: int, steps: int, checkpoint: Path
     return trainer.model, task, float(result.val_loss or math.nan)
 
 
-def windows(task: LMTask, length: int, count: int, seed: int) -> Tensor:
-    """``count`` validation byte windows of ``length`` (count, length)."""
-    data = task.text("val")
+def windows(task: Task, length: int, count: int, seed: int) -> Tensor:
+    """``count`` validation byte windows of ``length`` (count, length), from the built-in
+    ``lm`` task's text or a text corpus task's validation split."""
+    data = (task.text("val") if isinstance(task, LMTask)
+            else torch.from_numpy(np.asarray(task.data.val, dtype=np.int64)))  # type: ignore[attr-defined]
     g = torch.Generator().manual_seed(seed)
     start = torch.randint(0, len(data) - length, (count, 1), generator=g)
     return data[start + torch.arange(length)]
@@ -110,7 +113,7 @@ def jacobian_norm(z: Tensor) -> Tensor:
     return torch.linalg.eigvalsh(j)[..., -1]
 
 
-def jacobian_rows(model: Model, task: LMTask, lengths: list[int], count: int, seed: int
+def jacobian_rows(model: Model, task: Task, lengths: list[int], count: int, seed: int
                   ) -> list[dict[str, Any]]:
     """Per N: ||J|| of the trained model's layers, and of layer 0 of the same architecture at
     initialisation (small logits: the theorem's premise) for reference."""
@@ -203,7 +206,7 @@ def fit_student(m: Tensor, train_x: Tensor, test_x: Tensor, rank: int, steps: in
         return initial, error(test_x, target_test).item(), (target_test ** 2).mean().item()
 
 
-def student_rows(model: Model, task: LMTask, sizes: Sizes, seed: int) -> list[dict[str, Any]]:
+def student_rows(model: Model, task: Task, sizes: Sizes, seed: int) -> list[dict[str, Any]]:
     layer = len(model.blocks) - 1
     m = teacher_map(model, layer, 0)
     rows = []
@@ -217,8 +220,9 @@ def student_rows(model: Model, task: LMTask, sizes: Sizes, seed: int) -> list[di
     return rows
 
 
-def plot(jac: list[dict[str, Any]], students: list[dict[str, Any]], path: Path) -> None:
-    fig, axes = new_figure(2, (11, 4.2))
+def plot(jac: list[dict[str, Any]], students: list[dict[str, Any]],
+         summary: list[dict[str, Any]], path: Path) -> None:
+    fig, axes = new_figure(3, (16.5, 4.2))
     n = [r["seq_len"] for r in jac]
     axes[0].plot(n, [r["head0"] for r in jac], "o-", label="layer 0, head 0")
     axes[0].plot(n, [r["all_heads"] for r in jac], "s-", label="layer 0, mean over heads")
@@ -245,6 +249,17 @@ def plot(jac: list[dict[str, Any]], students: list[dict[str, Any]], path: Path) 
     axes[1].set_xlabel("student query-key rank r")
     axes[1].set_ylabel(f"MSE on attention weights (held-out; floor {FLOOR:g})")
     axes[1].set_title("reduced-qk student of the last layer's head 0")
+    for k, name in enumerate(dict.fromkeys(r["teacher"] for r in summary)):
+        mine = [r for r in summary if r["teacher"] == name]
+        x = np.array([r["layer"] for r in mine]) + (k - 0.5) * 0.35
+        axes[2].bar(x, [r["slope"] for r in mine], width=0.35, label=f"{name} LM: slope")
+        for r, xi in zip(mine, x):
+            axes[2].annotate(f"H {r['entropy']:.2f}\nR {r['logit_bound_R']:.0f}",
+                             (xi, r["slope"]), fontsize=6, ha="center", va="top")
+    axes[2].axhline(-1, color="k", ls="--", label="-1: saturation (bounded logits)")
+    axes[2].set_xlabel("layer")
+    axes[2].set_ylabel("log-log slope of ||J|| vs N (last query)")
+    axes[2].set_title("does each trained layer saturate? (H: entropy/ln N at the longest N)")
     for ax in axes:
         ax.legend(fontsize=8)
     write_figure(fig, path)
@@ -257,13 +272,63 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     model, task, val_loss = teacher(sizes, args.seed, steps, args.out / "teacher.pt")
     jac = jacobian_rows(model, task, list(sizes.lengths), sizes.sequences, args.seed)
     students = student_rows(model, task, sizes, args.seed)
+    # The same measurement per layer on a second teacher, trained on real code (the stdlib's
+    # sources, a --data corpus) instead of documentation prose.
+    corpus = write_corpus(args.out / "corpus", 0.2 if args.smoke_test else 8.0)
+    code_task = make_data_task(DataSpec(str(corpus)), length=sizes.length, seed=args.seed)
+    code, _, code_loss = teacher(sizes, args.seed, steps, args.out / "teacher_code.pt",
+                                 code_task)
+    layers = (layer_rows("docs", model, task, list(sizes.lengths), sizes.sequences, args.seed)
+              + layer_rows("code", code, code_task, list(sizes.lengths), sizes.sequences,
+                           args.seed))
+    summary = saturation_summary(layers)
     write_csv(args.out / "jacobian.csv", jac)
     write_csv(args.out / "students.csv", students)
-    plot(jac, students, args.out / "saturation.png")
+    write_csv(args.out / "layers.csv", layers)
+    plot(jac, students, summary, args.out / "saturation.png")
     n = [r["seq_len"] for r in jac]
     slopes = {key: slope(n, [r[key] for r in jac]) for key in norm_columns(jac)}
-    return {"teacher": {**asdict(sizes), "steps": steps, "val_loss": val_loss},
-            "jacobian": jac, "slopes": slopes, "students": students, "out": str(args.out)}
+    return {"teacher": {**asdict(sizes), "steps": steps, "val_loss": val_loss,
+                        "code_val_loss": code_loss},
+            "jacobian": jac, "slopes": slopes, "students": students, "layers": summary,
+            "logit_bounds": {name: [r["logit_bound_R"] for r in summary
+                                    if r["teacher"] == name and r["layer"] > 0]
+                             for name in ("docs", "code")},
+            "out": str(args.out)}
+
+
+def layer_rows(name: str, model: Model, task: Task, lengths: list[int], count: int,
+               seed: int) -> list[dict[str, Any]]:
+    """Per layer and N: mean over heads of ||J|| and of the attention entropy over ln N for
+    the last query (which sees all N keys), and the largest |logit| R of the layer."""
+    probe = LogitProbe(model)
+    rows = []
+    for n in lengths:
+        for i, z in enumerate(probe(windows(task, n, count, seed))):
+            last = z[:, :, -1, :]  # (B, H, N)
+            p = torch.softmax(last.double(), dim=-1)
+            entropy = -(p * torch.log(p.clamp_min(1e-300))).sum(-1) / math.log(n)
+            rows.append({"teacher": name, "layer": i, "seq_len": n,
+                         "jacobian": jacobian_norm(last).mean().item(),
+                         "entropy": entropy.mean().item(),
+                         "logit_bound_R": z.masked_fill(~torch.isfinite(z), 0).abs().max()
+                         .item()})
+    return rows
+
+
+def saturation_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per teacher and layer: the log-log slope of ||J|| vs N (-1: saturates like the theorem
+    says; ~0: does not), the entropy over ln N and R at the longest N."""
+    out = []
+    for name in dict.fromkeys(r["teacher"] for r in rows):
+        for layer in sorted({r["layer"] for r in rows if r["teacher"] == name}):
+            mine = sorted((r for r in rows if (r["teacher"], r["layer"]) == (name, layer)),
+                          key=lambda r: r["seq_len"])
+            value = slope([r["seq_len"] for r in mine], [r["jacobian"] for r in mine])
+            out.append({"teacher": name, "layer": layer, "slope": value,
+                        "entropy": mine[-1]["entropy"], "logit_bound_R": mine[-1]["logit_bound_R"],
+                        "saturates": value <= -0.5})
+    return out
 
 
 def norm_columns(jac: list[dict[str, Any]]) -> list[str]:
@@ -288,11 +353,21 @@ def render(result: dict[str, Any]) -> str:
                       [[r["seq_len"], r["rank"], f"{r['svd_init_mse']:.3g}",
                         f"{r['trained_mse']:.3g}", f"{r['relative_mse']:.3g}"]
                        for r in result["students"]], right=[True] * 5)
+    layers = render_table(["teacher", "layer", "slope of ||J||", "entropy / ln N", "R",
+                           "saturates"],
+                          [[r["teacher"], r["layer"], f"{r['slope']:.2f}", f"{r['entropy']:.3f}",
+                            f"{r['logit_bound_R']:.3g}", "yes" if r["saturates"] else "no"]
+                           for r in result["layers"]],
+                          right=[False, True, True, True, True, False])
+    bounds = "; ".join(f"{name}: --logit-bounds " + ",".join(f"{v:.3g}" for v in values)
+                       for name, values in result["logit_bounds"].items())
     return "\n".join([
         f"saturation: teacher byte LM D={t['d_model']} x{t['layers']} layers, {t['heads']} "
-        f"heads, {t['steps']} steps, val loss {t['val_loss']:.3f} nats/byte", jac,
-        f"log-log slope of ||J|| vs N: {slopes} (theory: -1 for bounded logits)", "", st,
-        f"wrote {result['out']}/jacobian.csv, students.csv, saturation.png"])
+        f"heads, {t['steps']} steps, val loss {t['val_loss']:.3f} nats/byte (docs), "
+        f"{t['code_val_loss']:.3f} (code)", jac,
+        f"log-log slope of ||J|| vs N: {slopes} (theory: -1 for bounded logits)", "", st, "",
+        layers, f"measured logit bounds of the later layers for alloc.solve: {bounds}",
+        f"wrote {result['out']}/jacobian.csv, students.csv, layers.csv, saturation.png"])
 
 
 def main(argv: list[str] | None = None) -> int:
