@@ -16,10 +16,10 @@ import optuna
 import pytest
 
 from alloc.constants import read_constants
-from search_spaces import ArchConfig
+from search_spaces import ArchConfig, HeadGroup, LayerSpec, param_count
 from studies import open_storage
 from tests.test_search import ray_tmp
-from workers.experiments import denoise, mixit, saturation
+from workers.experiments import compress, denoise, mixit, saturation
 from workers.model import build_model, count_params
 from workers.tasks import fit_arch, make_task
 
@@ -146,6 +146,32 @@ def test_mixit_kinds_per_task_from_the_studies(tmp_path: Path) -> None:
         expected = n * n * math.log2(n) * float(r["accuracy"]) / trainable
         assert float(r["bits_per_param"]) == pytest.approx(expected)
     assert len(result["rows"]) == len(rows) == 3 * 4 + 4
+
+
+def test_compress_allocator_and_uniform_students_at_equal_size(tmp_path: Path) -> None:
+    assert compress.main(["--smoke-test", "--out", str(tmp_path)]) == 0
+    rows = read_csv(tmp_path / "compress.csv")
+    assert {r["plan"] for r in rows} == {"allocator", "uniform"}
+    for tolerance in {r["tolerance"] for r in rows}:
+        a, b = (next(r for r in rows if r["tolerance"] == tolerance and r["plan"] == name)
+                for name in ("allocator", "uniform"))
+        assert a["params_trainable"] == b["params_trainable"]  # equal size, by construction
+        for r in (a, b):
+            assert math.isfinite(float(r["svd_loss"])) and math.isfinite(
+                float(r["finetuned_loss"]))
+    assert (tmp_path / "compress.png").stat().st_size > 10_000
+
+
+def test_a_uniform_student_matches_any_plans_size() -> None:
+    layer = LayerSpec("mhsa", (HeadGroup(4, 32),), mlp_ratio=2.0)
+    arch = ArchConfig(d_model=128, layers=(layer,) * 3, max_seq_len=16, vocab_size=256)
+    for dims in ([8, 16, 28], [4, 4, 32], [12, 20, 24]):
+        planned = ArchConfig.from_dict({**arch.to_dict(), "layers": [
+            LayerSpec("mhsa", (HeadGroup(4, d, 32),), mlp_ratio=2.0).to_dict() for d in dims]})
+        uniform = compress.uniform_like(arch, planned)
+        assert param_count(uniform).trainable == param_count(planned).trainable
+        qk = [g.qk_dim for x in uniform.layers for g in x.heads]
+        assert max(qk) - min(qk) <= 1
 
 
 @pytest.mark.parametrize(("argv", "message"), [
