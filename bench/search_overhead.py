@@ -20,13 +20,13 @@ from common.cli import Parser, add_format, dump, int_in, render_table
 from search_spaces import ArchConfig, FixedSuggester, load_space
 
 
-def launcher(url: str, results: Path, study: str, args: argparse.Namespace, reuse: bool
-             ) -> float:
+def launcher(url: str, results: Path, study: str, args: argparse.Namespace, reuse: bool,
+             checkpoints: bool = True) -> float:
     from workers.search import SearchOptions, run_search, training_budget
 
     space = training_budget(load_space(args.space), steps=args.steps)
     options = SearchOptions(scheduler="fifo", max_concurrent=1, storage_path=results,
-                            reuse_actors=reuse)
+                            reuse_actors=reuse, checkpoints=checkpoints)
     start = time.perf_counter()
     summary = run_search(space, args.task, storage=url, study=study, trials=args.trials,
                          options=options)
@@ -74,12 +74,15 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         url = f"sqlite:///{tmp}/bench.db"
-        walls = {reuse: launcher(url, Path(tmp) / "ray", f"reuse-{reuse}", args, reuse)
-                 for reuse in (True, False)}
-        loop = plain_loop(url, "reuse-True", args)
-    for reuse, wall in walls.items():
+        modes = {"launcher, actor reuse, checkpoints": (True, True),
+                 "launcher, actor reuse, --no-checkpoints": (True, False),
+                 "launcher, --no-reuse-actors, checkpoints": (False, True)}
+        walls = {mode: launcher(url, Path(tmp) / "ray", f"m{n}", args, *flags)
+                 for n, (mode, flags) in enumerate(modes.items())}
+        loop = plain_loop(url, "m0", args)
+    for mode, wall in walls.items():
         per_trial = (wall - loop) / args.trials
-        rows.append({"mode": f"launcher, reuse_actors={reuse}", "wall_s": wall,
+        rows.append({"mode": mode, "wall_s": wall,
                      "trial_s": loop / args.trials, "overhead_per_trial_s": per_trial,
                      "overhead_fraction": per_trial / (wall / args.trials),
                      "fraction_at_30s_trials": per_trial / (30 + per_trial)})

@@ -76,6 +76,7 @@ class SearchOptions:
     heartbeat_interval: int = 10
     grace_period: int = 60
     reuse_actors: bool = True
+    checkpoints: bool = True  # a checkpoint per evaluation: trials resume mid-way after faults
     profile: Path | None = None  # allocator inputs measured from the data (alloc.profile)
     inject: tuple[dict[str, str], ...] = ()  # tests: see workers.trial.injected
 
@@ -242,7 +243,8 @@ def _run(searcher: StudySearcher, space: SearchSpace, task: Task, total: int, na
         return "completed"
     job = {"task": describe_task(task), "seed": opts.seed, "metric": task.metric,
            "mode": searcher.mode, "device": "cuda" if opts.gpus_per_trial > 0 else "cpu",
-           "threads": max(1, int(opts.cpus_per_trial)), "inject": list(opts.inject)}
+           "threads": max(1, int(opts.cpus_per_trial)), "inject": list(opts.inject),
+           "checkpoints": opts.checkpoints}
     steps = int(space.fixed_train("steps"))
     run = tune.TuneRun(name=f"{name}-{time.strftime('%Y%m%d-%H%M%S')}",
                        storage_path=opts.storage_path, trials=remaining, steps=steps,
@@ -319,6 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grace-period", type=int_in(2), default=d.grace_period,
                    help="seconds without heartbeat before a running trial counts as dead")
     p.add_argument("--no-reuse-actors", action="store_true", help="a new worker per trial")
+    p.add_argument("--no-checkpoints", action="store_true",
+                   help="no checkpoint per evaluation (a trial hit by a fault restarts at step 0)")
     p.add_argument("--inject-failure", action="append", default=[], metavar="KIND:TEXT",
                    help=argparse.SUPPRESS)  # tests: see workers.trial.injected
     add_format(p)
@@ -352,7 +356,8 @@ def setup(args: argparse.Namespace) -> tuple[SearchSpace, Task, int | None, Sear
         gpus_per_trial=args.gpus_per_trial, max_concurrent=args.max_concurrent,
         address=args.address, storage_path=args.storage_path, profile=profile,
         heartbeat_interval=args.heartbeat_interval, grace_period=args.grace_period,
-        reuse_actors=not args.no_reuse_actors, inject=tuple(inject))
+        reuse_actors=not args.no_reuse_actors, checkpoints=not args.no_checkpoints,
+        inject=tuple(inject))
     return space, task, args.trials or (SMOKE_TRIALS if args.smoke_test else None), options
 
 

@@ -64,7 +64,8 @@ def build_trainer(config: dict[str, Any], workdir: Path,
     train.update(injected(job["inject"], config["arch"]))
     arch = ArchConfig.from_json(config["arch"])
     trainer = Trainer(arch, task_from_description(job["task"]), TrainConfig(**train),
-                      checkpoint=workdir / CHECKPOINT_FILE, callbacks=[callback])
+                      checkpoint=workdir / CHECKPOINT_FILE if job.get("checkpoints", True)
+                      else None, callbacks=[callback])
     check_recorded(arch, trainer)
     return trainer
 
@@ -81,7 +82,8 @@ def train_trial(config: dict[str, Any], report: Report, workdir: Path, node: str
     def on_eval(record: EvalRecord) -> None:
         report({metric: record.metric, STEP: record.step, "val_loss": record.val_loss,
                 "train_loss": record.train_loss, "tokens_per_s": record.tokens_per_s,
-                NODE: node, STATUS: "running", RESUMED: resumed}, workdir)
+                NODE: node, STATUS: "running", RESUMED: resumed},
+               workdir if job.get("checkpoints", True) else None)
 
     trainer = None
     try:

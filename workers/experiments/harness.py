@@ -74,6 +74,9 @@ def main(parser: argparse.ArgumentParser, argv: list[str] | None,
          render: Callable[[dict[str, Any]], str]) -> int:
     """Parse, run, print the table (or JSON/YAML); bad input is one line and exit code 2."""
     args = parser.parse_args(argv)
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         result = run(args)
     except UsageError as err:
