@@ -29,7 +29,6 @@ naming the file, the key and the rule.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -39,7 +38,16 @@ import yaml
 from search_spaces.arch import ATTENTION_KINDS, ArchConfig, HeadGroup, LayerSpec
 from search_spaces.checks import ConfigError, is_int, is_number
 from search_spaces.data import DataError, DataSpec
-from search_spaces.space import PROBE_IO, LayerRule, QkRule, SearchSpace, SpaceError, TrainParam
+from search_spaces.space import (
+    PROBE_IO,
+    LayerRule,
+    QkRule,
+    SearchSpace,
+    SpaceError,
+    TrainParam,
+    min_group_widths,
+    neighbourhood,
+)
 
 SPACES_DIR = Path(__file__).resolve().parent
 TRAIN_KEYS = ("steps", "eval_every", "batch_size", "lr", "optimizer", "weight_decay", "warmup",
@@ -344,20 +352,6 @@ def _parse_train(check: _Checker, data: Any) -> list[TrainParam]:
     return params
 
 
-def _min_group_widths(dims: tuple[int, ...], max_groups: int, budget: int) -> list[str]:
-    """Why groups of these dims could fail to fill ``budget`` (empty: they always can). Every
-    dim must divide the budget, and the widest minimal layer -- ``max_groups - 1`` groups of
-    ``lcm(dim, last)`` and one of ``last`` -- must fit."""
-    problems = [f"head_dim {d} does not divide the layer budget {budget}" for d in dims
-                if budget % d]
-    for last in dims:
-        widest = (max_groups - 1) * max(math.lcm(d, last) for d in dims) + last
-        if not problems and widest > budget:
-            problems.append(f"{max_groups} groups ending with head_dim {last} need a width of "
-                            f"{widest} > budget {budget}; lower groups.max or drop large dims")
-    return problems
-
-
 def _check_constructible(space: SearchSpace) -> None:
     """Every choice a rule allows must make a valid layer: budget, divisibility, ArchConfig."""
     problems = []
@@ -365,7 +359,7 @@ def _check_constructible(space: SearchSpace) -> None:
         where = f"layers[{r}]"
         if rule.max_groups > 1:
             assert rule.head_dim is not None
-            problems += [f"{where}: {p}" for p in _min_group_widths(rule.head_dim,
+            problems += [f"{where}: {p}" for p in min_group_widths(rule.head_dim,
                                                                     rule.max_groups,
                                                                     rule.budget)]
         for count in rule.heads:
@@ -432,20 +426,3 @@ def _resolve_allocator(check: _Checker, rules: Any, budget: int, depth: int,
             item = {**item, "head_dim": dims, "groups": {"max": max_groups}}
         resolved.append(item)
     return resolved
-
-
-def neighbourhood(plan_dims: set[int], width: int, most: int) -> tuple[int, list[int]]:
-    """``(groups, dims)`` around a plan: the plan's head dims with their halves and doubles that
-    divide ``width``, dropping the largest extra dims, then groups (from ``most`` down), until
-    any choice of that many groups of those dims can fill the width."""
-    extra = {d * f for d in plan_dims for f in (0.5, 2)} - plan_dims
-    for groups in range(max(1, most), 0, -1):
-        candidates = sorted(int(d) for d in extra if d == int(d) and width % int(d) == 0)
-        while True:
-            dims = sorted(plan_dims | set(candidates))
-            if not _min_group_widths(tuple(dims), groups, width):
-                return groups, dims
-            if not candidates:
-                break
-            candidates.pop()
-    return 1, sorted(plan_dims)  # reported by the loader's checks

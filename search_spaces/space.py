@@ -385,3 +385,37 @@ class SearchSpace:
             raise SpaceError(f"{self.source}: architecture not in space {self.name!r}: "
                              + "; ".join(problems))
         return params
+
+
+# --- feasibility of several head groups ----------------------------------------------------
+
+
+def min_group_widths(dims: tuple[int, ...], max_groups: int, budget: int) -> list[str]:
+    """Why groups of these dims could fail to fill ``budget`` (empty: they always can). Every
+    dim must divide the budget, and the widest minimal layer -- ``max_groups - 1`` groups of
+    ``lcm(dim, last)`` and one of ``last`` -- must fit."""
+    problems = [f"head_dim {d} does not divide the layer budget {budget}" for d in dims
+                if budget % d]
+    for last in dims:
+        widest = (max_groups - 1) * max(math.lcm(d, last) for d in dims) + last
+        if not problems and widest > budget:
+            problems.append(f"{max_groups} groups ending with head_dim {last} need a width of "
+                            f"{widest} > budget {budget}; lower groups.max or drop large dims")
+    return problems
+
+
+def neighbourhood(plan_dims: set[int], width: int, most: int) -> tuple[int, list[int]]:
+    """``(groups, dims)`` around a plan: the plan's head dims with their halves and doubles that
+    divide ``width``, dropping the largest extra dims, then groups (from ``most`` down), until
+    any choice of that many groups of those dims can fill the width."""
+    extra = {d * f for d in plan_dims for f in (0.5, 2)} - plan_dims
+    for groups in range(max(1, most), 0, -1):
+        candidates = sorted(int(d) for d in extra if d == int(d) and width % int(d) == 0)
+        while True:
+            dims = sorted(plan_dims | set(candidates))
+            if not min_group_widths(tuple(dims), groups, width):
+                return groups, dims
+            if not candidates:
+                break
+            candidates.pop()
+    return 1, sorted(plan_dims)  # reported by the loader's checks
