@@ -20,7 +20,7 @@ from sqlalchemy.engine import make_url
 
 from search_spaces import load_space
 from studies.cli import main as studies_main
-from workers.searcher import finished_count, retried_numbers
+from workers.searcher import CHECKPOINT, RESUMED, finished_count, retried_numbers
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ["--space", "aot_vs_standard.yaml", "--task", "modadd", "--smoke-test"]
@@ -216,6 +216,13 @@ def test_resume_after_interrupt_or_killed_driver(tmp_path: Path, how: str) -> No
     check_consistent(study, 12)
     after = {t.number: (t.state, t.value) for t in study.trials}
     assert all(after[n] == v for n, v in before.items())  # no finished trial lost or redone
+    # A retried trial whose failed original had checkpointed continued from that checkpoint.
+    by_number = {t.number: t for t in study.trials}
+    for t in study.trials:
+        original = t.system_attrs.get("failed_trial")
+        if original is not None and CHECKPOINT in by_number[original].user_attrs \
+                and t.state == TrialState.COMPLETE:
+            assert t.user_attrs.get(RESUMED, 0) > 0, (t.number, original)
 
 
 def test_cli_errors_are_one_line_and_touch_nothing(tmp_path: Path) -> None:
