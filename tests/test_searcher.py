@@ -117,6 +117,9 @@ def test_a_retried_trial_gets_the_checkpoint_of_the_one_it_retries(
     searcher.abandon("interrupted")  # the retry fails too: its retry takes the later one
     assert searcher.ask("c")["resume_from"] == str(tmp_path / "checkpoint_000005")
     searcher.complete("c", result(STEPS, 0.5))
+    # Both failed links of the chain 0 -> 1 -> 2 were retried: one trial finished, not two.
+    assert retried_numbers(searcher.study.trials) == {0, 1}
+    assert finished_count(searcher.study) == 1
     assert searcher.ask("d")["resume_from"] is None  # a new trial starts from scratch
 
 

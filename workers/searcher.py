@@ -96,19 +96,15 @@ class StudySearcher:
                                      skip_if_exists=True)
 
     def _retried_checkpoint(self, trial: Trial) -> str | None:
-        """The last checkpoint of the failed trials ``trial`` retries: Optuna's retry marker
-        names the first of a chain of retries; the latest of the chain that checkpointed wins."""
+        """The last checkpoint of the failed trials ``trial`` retries (Optuna's retry history:
+        every trial of the chain before it); the latest of the chain that checkpointed wins."""
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            root = RetryHeartbeatStaleTrialCallback.retried_trial_number(
-                self._frozen(trial.number))
-            if root is None:
-                return None
-            chain = [t for t in self.study.get_trials(deepcopy=False)
-                     if t.number != trial.number and CHECKPOINT in t.user_attrs
-                     and root in (t.number, RetryHeartbeatStaleTrialCallback
-                                  .retried_trial_number(t))]
-        return str(max(chain, key=lambda t: t.number).user_attrs[CHECKPOINT]) if chain else None
+            chain = set(RetryHeartbeatStaleTrialCallback.retry_history(
+                self._frozen(trial.number)))
+        done = [t for t in self.study.get_trials(deepcopy=False)
+                if t.number in chain and CHECKPOINT in t.user_attrs]
+        return str(max(done, key=lambda t: t.number).user_attrs[CHECKPOINT]) if done else None
 
     def _frozen(self, number: int) -> FrozenTrial:
         trial_id = self.storage.get_trial_id_from_study_id_trial_number(self._study_id, number)
@@ -228,11 +224,11 @@ def tell(study: optuna.Study, trial: Trial, state: TrialState, value: float | No
 
 
 def retried_numbers(trials: list[FrozenTrial]) -> set[int]:
-    """Numbers of failed trials that have a retry copy (they do not count as finished)."""
+    """Numbers of failed trials that have a retry copy (they do not count as finished): every
+    trial in some trial's retry history, so each link of a chain of retries is counted."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        numbers = (RetryHeartbeatStaleTrialCallback.retried_trial_number(t) for t in trials)
-        return {n for n in numbers if n is not None}
+        return {n for t in trials for n in RetryHeartbeatStaleTrialCallback.retry_history(t)}
 
 
 def finished_count(study: optuna.Study) -> int:
