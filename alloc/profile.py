@@ -386,7 +386,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                      "tokens, the sequences' length for npy)")
     p.add_argument("--sample-tokens", type=int_in(1000),
                    help=f"tokens (or vector positions) sampled (default: 1,000,000 tokens, "
-                        f"{VECTOR_SAMPLE:,} vector positions)")
+                        f"{VECTOR_SAMPLE:,} vector positions; with --checkpoint, 32,768 tokens "
+                        "in windows of the model's length)")
     p.add_argument("--seed", type=int_in(0), default=0, help="where the sample is drawn")
     p.add_argument("--out", type=Path, help="write the profile YAML (and its kernel and "
                                             "spectrum files beside it)")

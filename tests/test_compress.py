@@ -16,6 +16,7 @@ import torch
 import yaml
 
 from alloc.profile import main as profile_main
+from common.cli import UsageError
 from search_spaces import ArchConfig, HeadGroup, LayerSpec
 from search_spaces.data import DataSpec
 from workers.attention import future_mask
@@ -23,7 +24,7 @@ from workers.checkpoints import load
 from workers.compress import main as compress_main
 from workers.compress import svd_student
 from workers.inspect import head_maps, measure, profile_checkpoint, student_arch
-from workers.model import Model
+from workers.model import Model, build_model
 from workers.tasks import make_data_task
 from workers.train import TrainConfig, Trainer, evaluate
 
@@ -82,7 +83,8 @@ def test_each_heads_attention_error_is_under_its_predicted_bound(
     reduced = ArchConfig.from_dict(profile["student"])
     assert reduced != model.arch  # the measured rule reduces something at this tolerance
     student = svd_student(model, reduced)
-    teacher_z, student_z = measure(model, x).logits, measure(student, x).logits
+    teacher_z = measure(model, x, reduce=lambda z: z).groups
+    student_z = measure(student, x, reduce=lambda z: z).groups
     inputs = measure(model, x).inputs
     for i, layer in enumerate(profile["layers"]):
         (group,) = layer["groups"]
@@ -135,17 +137,42 @@ def test_bad_inputs_are_one_line(teacher: tuple[Model, Path, torch.Tensor], tmp_
     other = profile_checkpoint(svd_student(teacher[0], uniform(teacher[0].arch, 8)), None, 32,
                                0.05, 4)
     (tmp_path / "other.yaml").write_text(yaml.safe_dump(other))
+    plan = profile_checkpoint(teacher[0], None, 32, 0.05, 4)
+    (tmp_path / "plan.yaml").write_text(yaml.safe_dump(plan))
+    wider = LayerSpec("mhsa", (HeadGroup(2, 16, 32),), mlp_ratio=2.0)  # values changed too
+    edited = {**plan, "student": {**plan["student"], "layers": [wider.to_dict()] * 2}}
+    (tmp_path / "edited.yaml").write_text(yaml.safe_dump(edited))
+    ours = ["--checkpoint", str(folder / "lm.pt"), "--plan", str(tmp_path / "plan.yaml"),
+            "--out", str(tmp_path / "s.pt")]
     cases = [(profile_main, ["--checkpoint", str(tmp_path / "nope.pt")], "no such file"),
              (profile_main, ["--checkpoint", str(tmp_path / "junk.pt")], "unknown layout"),
              (profile_main, ["--checkpoint", str(tmp_path / "folder")], "unknown layout"),
              (compress_main, ["--checkpoint", str(folder / "lm.pt"), "--plan",
                               str(tmp_path / "other.yaml"), "--out", str(tmp_path / "s.pt")],
-              "a plan for model")]
+              "a plan for model"),
+             (compress_main, [*ours[:3], str(tmp_path / "edited.yaml"), *ours[4:]],
+              "a plan may only lower qk_dim"),
+             (compress_main, [*ours, "--task", "modadd"],
+              "--task modadd: vocab_size 600, the checkpoint's model has 256"),
+             (compress_main, [*ours, "--data", str(corpus(str(folder))), "--seq-len", "16"],
+              "windows of 16 tokens"),
+             (compress_main, [*ours[:5], str(tmp_path / "missing" / "s.pt")],
+              "does not exist")]
     for main, argv, message in cases:
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and message in err, err
     assert not (tmp_path / "s.pt").exists()
+
+
+def test_a_rope_model_is_refused_not_mismeasured() -> None:
+    """RoPE rotates queries and keys between the two maps: no single W_Q W_K^T describes a
+    head, so profiling one by SVD would be wrong, not approximate."""
+    layer = LayerSpec("mhsa", (HeadGroup(2, 16),))
+    model = build_model(ArchConfig(d_model=32, layers=(layer,), max_seq_len=8, vocab_size=16,
+                                   positional="rope"))
+    with pytest.raises(UsageError, match="rope"):
+        head_maps(model)
 
 
 def test_a_gpt2_checkpoint_written_by_transformers(tmp_path: Path,

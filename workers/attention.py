@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -55,17 +56,19 @@ def future_mask(t: int, device: torch.device | str = "cpu") -> Tensor:
 
 class LogitRecorder:
     """Softmax attention (what SDPA computes) that keeps every call's logits (B, H, T, T), causal
-    entries -inf: one call per head group and layer, in forward order. For measuring a model."""
+    entries -inf, or what ``reduce`` makes of them (so a long sample need not keep every T x T
+    map): one call per head group and layer, in forward order. For measuring a model."""
 
-    def __init__(self) -> None:
-        self.logits: list[Tensor] = []
+    def __init__(self, reduce: Callable[[Tensor], Any] | None = None) -> None:
+        self.logits: list[Any] = []
+        self.reduce = reduce
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> Tensor:
         z = q @ k.transpose(-1, -2) * scale
         if causal:
             t = z.shape[-1]
             z = z.masked_fill(future_mask(t, z.device), float("-inf"))
-        self.logits.append(z)
+        self.logits.append(z if self.reduce is None else self.reduce(z))
         return torch.softmax(z, dim=-1) @ v
 
 

@@ -13,6 +13,7 @@ beside it, for ``--arch`` and ``--resume``); a folder writes the GPT-2 layout of
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 from pathlib import Path
@@ -22,7 +23,17 @@ import torch
 import yaml
 from torch import Tensor
 
-from common.cli import Parser, UsageError, add_format, dump, fail, int_in, number, render_table
+from common.cli import (
+    Parser,
+    UsageError,
+    add_format,
+    check_writable,
+    dump,
+    fail,
+    int_in,
+    number,
+    render_table,
+)
 from common.files import write_atomic
 from search_spaces import SINGLE_WIDTH_KINDS, ArchConfig, ConfigError, param_count
 from search_spaces.data import DataError, DataSpec
@@ -99,7 +110,27 @@ def read_plan(path: Path, teacher: ArchConfig) -> ArchConfig:
     if plan.get("arch_id") != teacher.arch_id:
         raise UsageError(f"--plan {str(path)!r}: a plan for model {plan.get('arch_id')}, not "
                          f"for this checkpoint ({teacher.arch_id}); profile this one")
+    if reduced_qk_only(teacher, student) is not None:
+        raise UsageError(f"--plan {str(path)!r}: its student {reduced_qk_only(teacher, student)}"
+                         "; a plan may only lower qk_dim")
     return student
+
+
+def reduced_qk_only(teacher: ArchConfig, student: ArchConfig) -> str | None:
+    """None if ``student`` is ``teacher`` with some heads' ``qk_dim`` lowered, else what
+    differs (a hand-edited plan must not change what the SVD copies)."""
+    if len(student.layers) != len(teacher.layers):
+        return f"has {len(student.layers)} layers, the teacher {len(teacher.layers)}"
+    for i, (old, new) in enumerate(zip(teacher.layers, student.layers)):
+        shape = [(g.count, g.v_dim) for g in old.heads]
+        if [(g.count, g.v_dim) for g in new.heads] != shape or any(
+                n.qk_dim > o.qk_dim for o, n in zip(old.heads, new.heads)):
+            return f"layer {i} has heads {new.heads_str}, the teacher {old.heads_str}"
+        if dataclasses.replace(new, heads=old.heads) != old:
+            return f"layer {i} differs from the teacher's beyond qk_dim"
+    if dataclasses.replace(student, layers=teacher.layers) != teacher:
+        return "differs from the teacher beyond its layers' qk_dim"
+    return None
 
 
 def resolve_task(args: argparse.Namespace, loaded: Loaded) -> Task | None:
@@ -119,6 +150,29 @@ def resolve_task(args: argparse.Namespace, loaded: Loaded) -> Task | None:
     return None
 
 
+def check_fits(task: Task, arch: ArchConfig, trains: bool, source: str) -> None:
+    """``task`` feeds ``arch`` as it is: the same vocabulary (or input/output widths), windows
+    no longer than its positions, and, where a student is trained or saved as a ``workers.train``
+    checkpoint (``trains``), exactly its length (the trainer wires the model to the task).
+
+    Raises:
+        UsageError: naming ``source`` (the flag that chose the task) and the mismatch.
+    """
+    io = task.io
+    for name, want in (("vocab_size", arch.vocab_size), ("input_dim", arch.input_dim),
+                       ("output_dim", arch.output_dim)):
+        got = getattr(io, name)
+        if got != want:
+            hint = ("; give --vocab-size" if name == "vocab_size" and source.startswith("--data")
+                    else "")
+            raise UsageError(f"{source}: {name} {got}, the checkpoint's model has {want}{hint}")
+    if io.max_seq_len > arch.max_seq_len or (trains and io.max_seq_len != arch.max_seq_len):
+        rule = ("at most" if not trains else
+                "exactly (fine-tuning and .pt students keep the model's positions)")
+        raise UsageError(f"{source}: windows of {io.max_seq_len} tokens, the checkpoint's model "
+                         f"takes {rule} {arch.max_seq_len}; set --seq-len")
+
+
 def measure(model: Model, task: Task, batches: int) -> dict[str, float]:
     loss, metric = evaluate(model, task, TrainConfig(eval_batches=batches, batch_size=32),
                             "cpu")
@@ -128,10 +182,23 @@ def measure(model: Model, task: Task, batches: int) -> dict[str, float]:
 def compress(args: argparse.Namespace) -> dict[str, Any]:
     loaded = load(args.checkpoint)
     student_arch = read_plan(args.plan, loaded.arch)
-    if args.out.suffix != ".pt" and loaded.layout != "gpt2":
+    as_pt = args.out.suffix == ".pt"
+    if not as_pt and loaded.layout != "gpt2":
         raise UsageError(f"--out {str(args.out)!r}: a folder is the GPT-2 layout, for a GPT-2 "
                          "checkpoint; write a .pt")
+    if as_pt:
+        check_writable("--out", args.out)
+    elif not args.out.parent.is_dir():
+        raise UsageError(f"--out {str(args.out)!r}: directory {str(args.out.parent)!r} does "
+                         "not exist")
     task = resolve_task(args, loaded)
+    if task is None and as_pt:
+        raise UsageError("--out *.pt: a workers.train checkpoint needs the task it trains on; "
+                         "give --data or --task")
+    if task is not None:
+        source = (f"--data {str(args.data)!r}" if args.data is not None else
+                  f"--task {args.task}" if args.task is not None else "the checkpoint's task")
+        check_fits(task, loaded.arch, as_pt or args.finetune_steps > 0, source)
     student = svd_student(loaded.model, student_arch)
     before, after = param_count(loaded.arch), param_count(student_arch)
     report: dict[str, Any] = {
@@ -168,9 +235,7 @@ def write(args: argparse.Namespace, loaded: Loaded, student: Model,
         assert loaded.config is not None
         save_gpt2(student, loaded.config, args.out)
         return
-    if trainer is None:
-        raise UsageError("--out *.pt: a workers.train checkpoint needs the task it trains on; "
-                         "give --data or --task")
+    assert trainer is not None  # compress() refused a .pt without a task
     if not args.finetune_steps:
         trainer.save()  # step 0: the SVD initialisation, ready for workers.train --resume
     write_atomic(args.out.with_suffix(".arch.yaml"), student.arch.to_yaml())

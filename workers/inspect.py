@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from alloc.saturation import jacobian_bound
+from common.cli import UsageError
 from search_spaces import SINGLE_WIDTH_KINDS, ArchConfig, HeadGroup
 from workers.attention import FrozenQKAttention, LogitRecorder, MultiHeadAttention
 from workers.model import Model, build_model
@@ -47,7 +48,15 @@ class HeadMap:
 
 def head_maps(model: Model) -> list[HeadMap]:
     """Every query-key head of the model (mhsa and frozen_qk layers; MSSA and MixiT heads have
-    no separate query and key maps)."""
+    no separate query and key maps).
+
+    Raises:
+        UsageError: a RoPE model, whose logits are not ``x M y^T``: RoPE rotates queries and
+            keys by their positions between the two maps, so no single matrix describes a head.
+    """
+    if model.arch.positional == "rope":
+        raise UsageError("positional 'rope': a RoPE model's query-key map depends on the "
+                         "positions, so its heads cannot be profiled or compressed by SVD here")
     out = []
     for i, layer in enumerate(model.arch.layers):
         if layer.attention in SINGLE_WIDTH_KINDS:
@@ -78,20 +87,24 @@ def effective_rank(sigma: np.ndarray, tolerance: float) -> int:
 
 @dataclass(frozen=True)
 class Measured:
-    """Per layer: logits per head group ``(B, H, T, T)`` (future entries -inf), the attention's
+    """Per layer: per head group, what ``measure``'s ``reduce`` made of its logits (by default
+    ``head_statistics``: each head's logit bound and mean normalised entropy); the attention's
     input ``(B, T, d [+ 1])`` (the constant 1 appended when the model has biases) and its
     largest norm."""
 
-    logits: list[list[Tensor]]
+    groups: list[list[Any]]
     inputs: list[Tensor]
     norms: list[float]
     causal: bool = True
 
 
 @torch.no_grad()
-def measure(model: Model, x: Tensor) -> Measured:
-    """Run ``model`` on ids or vectors ``x`` recording every attention logit and input norm."""
-    recorder = LogitRecorder()
+def measure(model: Model, x: Tensor,
+            reduce: Callable[[Tensor], Any] | None = None) -> Measured:
+    """Run ``model`` on ids or vectors ``x`` recording each head group's logits
+    ``(B, H, T, T)`` (future entries -inf) reduced by ``reduce`` as they are computed (default
+    ``head_statistics``; pass ``lambda z: z`` to keep them whole) and each attention's input."""
+    recorder = LogitRecorder(head_statistics if reduce is None else reduce)
     twin = build_model(model.arch, kernel=recorder)
     twin.load_state_dict(model.state_dict())
     twin.eval()
@@ -101,15 +114,16 @@ def measure(model: Model, x: Tensor) -> Measured:
     twin(x)
     for hook in hooks:
         hook.remove()
-    groups = [len(layer.heads) if layer.attention not in ("mixit",) else 0
+    # MixiT layers compute no logits: every other layer calls the kernel once per head group.
+    counts = [0 if layer.attention == "mixit" else len(layer.heads)
               for layer in model.arch.layers]
-    logits, cursor = [], 0
-    for count in groups:
-        logits.append(recorder.logits[cursor:cursor + count])
+    groups, cursor = [], 0
+    for count in counts:
+        groups.append(recorder.logits[cursor:cursor + count])
         cursor += count
     if model.arch.bias:
         inputs = [torch.cat([x, x.new_ones(*x.shape[:-1], 1)], -1) for x in inputs]
-    return Measured(logits, inputs, [float(x.double().norm(dim=-1).max()) for x in inputs],
+    return Measured(groups, inputs, [float(x.double().norm(dim=-1).max()) for x in inputs],
                     model.arch.causal)
 
 
@@ -227,8 +241,8 @@ def profile_checkpoint(model: Model, x: Tensor | None, seq_len: int, tolerance: 
     for i, layer in enumerate(model.arch.layers):
         entry: dict[str, Any] = {"index": i, "attention": layer.attention,
                                  "heads": layer.heads_str, "groups": [], "head_stats": []}
-        if measured is not None and measured.logits[i]:
-            stats = [head_statistics(z) for z in measured.logits[i]]
+        if measured is not None and measured.groups[i]:
+            stats = measured.groups[i]
             bounds = np.concatenate([b for b, _ in stats])
             entropy = np.concatenate([e for _, e in stats])
             entry |= {"logit_bound": float(bounds.max()), "token_norm": measured.norms[i],
@@ -272,15 +286,22 @@ def _plan(j: int, group: HeadGroup, maps: list[HeadMap],
 # --- python -m alloc.profile --checkpoint ---------------------------------------------------
 
 
+WINDOW_TOKENS = 32 * 1024  # default checkpoint sample: 32 windows of 1,024 tokens
+
+# Validation batches from this index on are the profile's sample: ``workers.compress`` and the
+# trainer evaluate on batches 0, 1, ..., so a plan is never chosen on the windows it is scored on.
+SAMPLE_BATCH = 1 << 20
+
+
 def sample(model: Model, data: Any, seq_len: int | None, count: int = 32,
            seed: int = 0) -> tuple[Tensor, int]:
     """``count`` validation windows of the user's data (``DataSpec``) for ``model``, and their
-    length (at most the model's ``max_seq_len``)."""
+    length (at most the model's ``max_seq_len``); drawn apart from the evaluation batches."""
     from workers.tasks import make_data_task
 
     length = min(seq_len or model.arch.max_seq_len, model.arch.max_seq_len)
     task = make_data_task(data, length=length, seed=seed)
-    batch = task.batch("val", 0, count)
+    batch = task.batch("val", SAMPLE_BATCH, count)
     if model.arch.vocab_size is not None and int(batch.x.max()) >= model.arch.vocab_size:
         raise ValueError(f"--data {data.path!r}: token {int(batch.x.max())} is outside the "
                          f"model's vocabulary of {model.arch.vocab_size}")
@@ -348,7 +369,7 @@ def main_checkpoint(args: Any) -> int:
 
     import yaml
 
-    from common.cli import UsageError, check_writable, dump, fail
+    from common.cli import check_writable, dump, fail
     from common.files import write_atomic
     from search_spaces.data import DataError, DataSpec
     from workers.checkpoints import CheckpointError, load
@@ -362,7 +383,9 @@ def main_checkpoint(args: Any) -> int:
         x, seq_len = (None, args.seq_len or loaded.arch.max_seq_len)
         if args.data is not None:
             spec = DataSpec(str(args.data), args.data_format, args.data_dtype, args.vocab_size)
-            x, seq_len = sample(loaded.model, spec, args.seq_len)
+            length = min(args.seq_len or loaded.arch.max_seq_len, loaded.arch.max_seq_len)
+            windows = max(1, (args.sample_tokens or WINDOW_TOKENS) // length)
+            x, seq_len = sample(loaded.model, spec, args.seq_len, windows, args.seed)
     except (CheckpointError, DataError, UsageError, ValueError) as err:
         return fail(prog, str(err))
     rule = args.rule or ("measured" if x is not None else "bound")

@@ -27,7 +27,7 @@ from search_spaces.data import DataSpec
 from workers.compress import svd_student
 from workers.experiments import harness
 from workers.experiments.corpus import write_corpus
-from workers.inspect import profile_checkpoint
+from workers.inspect import SAMPLE_BATCH, profile_checkpoint
 from workers.model import Model
 from workers.tasks import Task, make_data_task
 from workers.train import TrainConfig, Trainer, evaluate
@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     model = teacher(sizes, task, args.steps or sizes.steps, args.out / "teacher.pt")
     config = TrainConfig(eval_batches=16, batch_size=32, device="cpu")
     teacher_loss = evaluate(model, task, config, "cpu")[0]
-    sample = task.batch("val", 1000, 32).x  # not the evaluation batches
+    sample = task.batch("val", SAMPLE_BATCH, 32).x  # not the evaluation batches
     rows: list[dict[str, Any]] = []
     profile: dict[str, Any] = {}
     for tolerance in sizes.tolerances:
