@@ -117,14 +117,15 @@ def token_sample(tokens: np.ndarray, count: int, chunk: int, seed: int = 0) -> n
 def mutual_information(sample: np.ndarray, offsets: int, top_k: int = TOP_K
                        ) -> tuple[np.ndarray, np.ndarray]:
     """Bias-corrected mutual information in bits between x_t and x_{t-s}, s = 1..offsets,
-    over the ``top_k`` most frequent symbols (the rest pooled), and the offset-1 PMI matrix.
+    over the ``top_k`` most frequent symbols (the rest pooled into one more category, if there
+    is a rest), and the offset-1 PMI matrix.
 
     The plug-in estimate exceeds the truth by about ``(K - 1)^2 / (2 n ln 2)`` bits for K
     categories and n pairs (Miller-Madow); that is subtracted, and negative values clipped.
     """
     values, counts = np.unique(sample, return_counts=True)
     top = values[np.argsort(-counts)[:top_k]]
-    k = len(top) + 1
+    k = len(top) + (len(values) > len(top))  # no empty "rest" category: it would inflate K
     lookup = np.full(int(values.max()) + 1, k - 1, dtype=np.int64)
     lookup[top] = np.arange(len(top))
     ids = lookup[sample]  # (C, L) in [0, k)
