@@ -37,6 +37,7 @@ from search_spaces import (
     LayerSpec,
     Positional,
     attention_params,
+    merge_groups,
     param_count,
 )
 from search_spaces.kernels import parse_kernel
@@ -87,15 +88,6 @@ class Plan:
     uniform: UniformAllocation
     arch: ArchConfig
     layer_errors: tuple[dict[str, float], ...]
-
-
-def merge_groups(groups: list[HeadGroup]) -> tuple[HeadGroup, ...]:
-    """Merge head groups of identical dims (the model does not care which offset a head serves)."""
-    counts: dict[tuple[int, int], int] = {}
-    for g in groups:
-        counts[(g.qk_dim, g.v_dim)] = counts.get((g.qk_dim, g.v_dim), 0) + g.count
-    ordered = sorted(counts.items(), key=lambda item: (-item[0][1], -item[0][0]))
-    return tuple(HeadGroup(c, qk, v) for (qk, v), c in ordered)
 
 
 def layer_logit_bound(settings: PlanSettings, index: int) -> float:

@@ -16,6 +16,7 @@ from search_spaces.arch import (
     LayerSpec,
     ModelIO,
     Positional,
+    merge_groups,
 )
 from search_spaces.checks import ConfigError
 from search_spaces.loader import load_space, parse_space, shipped_spaces
@@ -53,6 +54,7 @@ __all__ = [
     "codec",
     "layer_params",
     "load_space",
+    "merge_groups",
     "param_count",
     "parse_space",
     "shipped_spaces",

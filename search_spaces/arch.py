@@ -18,6 +18,7 @@ import dataclasses
 import hashlib
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
@@ -105,6 +106,16 @@ class HeadGroup:
             return cls(data.get("count"), data.get("qk_dim"), data.get("v_dim", 0))
         except ConfigError as err:
             raise ConfigError([f"{path}.{p}" for p in err.problems]) from None
+
+
+def merge_groups(groups: Iterable[HeadGroup]) -> tuple[HeadGroup, ...]:
+    """The canonical form of a layer's head groups: groups of identical dims merged, ordered by
+    decreasing v_dim then qk_dim (the model computes the same function in any order)."""
+    counts: dict[tuple[int, int], int] = {}
+    for g in groups:
+        counts[(g.qk_dim, g.v_dim)] = counts.get((g.qk_dim, g.v_dim), 0) + g.count
+    ordered = sorted(counts.items(), key=lambda item: (-item[0][1], -item[0][0]))
+    return tuple(HeadGroup(c, qk, v) for (qk, v), c in ordered)
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ from search_spaces.arch import (
     LayerSpec,
     ModelIO,
     Role,
+    merge_groups,
 )
 from search_spaces.data import DataSpec
 
@@ -342,13 +343,23 @@ class SearchSpace:
         return arch, {p.key: p.sample(trial) for p in self.train}
 
     def grid(self) -> list[dict[str, Any]]:
-        """Every point of a finite space, as params (raises ``SpaceError`` on a float range)."""
+        """Every point of a finite space, as params (raises ``SpaceError`` on a float range).
+        Head groups are sampled in any order, so one model can have several parametrisations
+        (``2x32 + 1x64`` and ``1x64 + 2x32``, ``1x32 + 3x32`` and ``4x32``): only the first
+        of each is a grid point."""
         points: list[dict[str, Any]] = []
+        seen: set[str] = set()
         path: list[int] = []
         while True:
             suggester = PathSuggester(path, self.source)
-            self.sample(suggester, PROBE_IO)
-            points.append(suggester.params)
+            arch, train = self.sample(suggester, PROBE_IO)
+            canonical = dataclasses.replace(arch, layers=tuple(
+                dataclasses.replace(layer, heads=merge_groups(layer.heads))
+                for layer in arch.layers))
+            key = canonical.to_json() + json.dumps(train, sort_keys=True, default=str)
+            if key not in seen:
+                seen.add(key)
+                points.append(suggester.params)
             decisions = suggester.decisions
             while decisions and decisions[-1][0] + 1 >= decisions[-1][1]:
                 decisions.pop()

@@ -17,10 +17,12 @@ from hypothesis import strategies as st
 from search_spaces import (
     ArchConfig,
     FixedSuggester,
+    HeadGroup,
     ModelIO,
     RandomSuggester,
     SpaceError,
     load_space,
+    merge_groups,
     parse_space,
     shipped_spaces,
 )
@@ -188,6 +190,20 @@ def test_optuna_samples_the_dynamic_group_ranges() -> None:
         arch, _ = space.sample(trial, IO)
         assert all(layer.width == 256 for layer in arch.layers)
         study.tell(trial, float(arch.layers[0].n_heads))
+
+
+def test_a_grid_of_head_groups_holds_each_model_once() -> None:
+    """Groups drawn in any order parametrise one model several ways (2x32 + 1x64 is 1x64 +
+    2x32, 1x32 + 3x32 is 4x32): the grid keeps one point per model, and misses none."""
+    space = parse_space({"name": "g", "budget": 128, "depth": 1,
+                         "layers": [{"layers": "all", "groups": {"max": 2},
+                                     "head_dim": [32, 64]}]})
+    models = [space.sample(FixedSuggester(p), IO)[0].layers[0].heads for p in space.grid()]
+    canonical = [merge_groups(heads) for heads in models]
+    assert len(set(canonical)) == len(canonical)
+    # brute force: every multiset of heads of dims 32/64 filling 128 with at most 2 dims
+    assert set(canonical) == {(HeadGroup(2, 64),), (HeadGroup(4, 32),),
+                              (HeadGroup(1, 64), HeadGroup(2, 32))}
 
 
 def planner_for(**settings: object) -> object:
