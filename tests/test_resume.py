@@ -119,6 +119,13 @@ def test_a_trial_reports_every_evaluation_with_its_checkpoint(checkpoints: bool,
                     tmp_path / "work2", "node", restore=tmp_path / "at20")
         assert [m["step"] for m, _ in again] == [30] and again[0][0][RESUMED] == 20
         assert again[0][0]["mse"] == pytest.approx(reports[-1][0]["mse"], rel=1e-6)
+        # From the final checkpoint (the driver died before the end was told): the last
+        # evaluation is reported again, not lost.
+        final: list[dict[str, object]] = []
+        train_trial(config, lambda m, c: final.append(m), tmp_path / "work2", "node",
+                    restore=tmp_path / "work")
+        assert [(m["step"], m["status"]) for m in final] == [(30, "running")]
+        assert final[0]["mse"] == reports[-1][0]["mse"]
 
 
 def _safe(check: object) -> bool:

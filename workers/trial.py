@@ -92,6 +92,10 @@ def train_trial(config: dict[str, Any], report: Report, workdir: Path, node: str
         if source is not None and (source / CHECKPOINT_FILE).exists():
             trainer.restore(source / CHECKPOINT_FILE)
             resumed = trainer.step
+            if trainer.step >= trainer.config.steps and trainer.history:
+                # The run had finished but its end was never told (the driver died after the
+                # last report): report that evaluation again instead of failing the trial.
+                on_eval(trainer.history[-1])
         result = trainer.run()
         error = result.error if result.status == "diverged" else None
     except Exception as err:
