@@ -20,7 +20,7 @@ from common.cli import UsageError
 from search_spaces import ArchConfig, HeadGroup, LayerSpec
 from search_spaces.data import DataSpec
 from workers.attention import future_mask
-from workers.checkpoints import load
+from workers.checkpoints import CheckpointError, gpt2_arch, load
 from workers.compress import main as compress_main
 from workers.compress import svd_student
 from workers.inspect import head_maps, measure, profile_checkpoint, student_arch
@@ -134,6 +134,9 @@ def test_bad_inputs_are_one_line(teacher: tuple[Model, Path, torch.Tensor], tmp_
     _, folder, _ = teacher
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
     (tmp_path / "folder").mkdir()
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{")
+    (tmp_path / "broken" / "model.safetensors").write_bytes(b"")
     other = profile_checkpoint(svd_student(teacher[0], uniform(teacher[0].arch, 8)), None, 32,
                                0.05, 4)
     (tmp_path / "other.yaml").write_text(yaml.safe_dump(other))
@@ -147,6 +150,7 @@ def test_bad_inputs_are_one_line(teacher: tuple[Model, Path, torch.Tensor], tmp_
     cases = [(profile_main, ["--checkpoint", str(tmp_path / "nope.pt")], "no such file"),
              (profile_main, ["--checkpoint", str(tmp_path / "junk.pt")], "unknown layout"),
              (profile_main, ["--checkpoint", str(tmp_path / "folder")], "unknown layout"),
+             (profile_main, ["--checkpoint", str(tmp_path / "broken")], "unreadable"),
              (compress_main, ["--checkpoint", str(folder / "lm.pt"), "--plan",
                               str(tmp_path / "other.yaml"), "--out", str(tmp_path / "s.pt")],
               "a plan for model"),
@@ -163,6 +167,15 @@ def test_bad_inputs_are_one_line(teacher: tuple[Model, Path, torch.Tensor], tmp_
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and message in err, err
     assert not (tmp_path / "s.pt").exists()
+
+
+def test_gpt2_options_the_model_does_not_implement_are_refused() -> None:
+    config = {"n_embd": 32, "n_head": 2, "n_layer": 1, "n_positions": 16, "vocab_size": 64}
+    assert gpt2_arch(config).tie_embeddings
+    for key, value in (("tie_word_embeddings", False), ("scale_attn_by_inverse_layer_idx", True),
+                       ("layer_norm_epsilon", 1e-6)):
+        with pytest.raises(CheckpointError, match=key):
+            gpt2_arch({**config, key: value})
 
 
 def test_a_rope_model_is_refused_not_mismeasured() -> None:

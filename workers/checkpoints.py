@@ -58,20 +58,33 @@ def load(path: Path) -> Loaded:
                                   f"config.json and {SAFETENSORS} (GPT-2 layout)")
         return _load_gpt2(path)
     try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        # weights_only: our checkpoints are tensors, dicts and numbers; never unpickle code
+        state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises many kinds for a file that is not a checkpoint
         raise CheckpointError(f"--checkpoint {str(path)!r}: unknown layout (not a "
                               f"workers.train checkpoint: {type(err).__name__})") from None
     if not isinstance(state, dict) or not {"arch", "model"} <= set(state):
         raise CheckpointError(f"--checkpoint {str(path)!r}: unknown layout (a workers.train "
                               "checkpoint holds arch and model)")
-    arch = ArchConfig.from_dict(state["arch"])
-    model = build_model(arch)
-    model.load_state_dict(state["model"])
+    try:
+        arch = ArchConfig.from_dict(state["arch"])
+        model = build_model(arch)
+        model.load_state_dict(state["model"])
+    except (ConfigError, RuntimeError, TypeError) as err:
+        raise CheckpointError(f"--checkpoint {str(path)!r}: its weights do not fit its "
+                              f"architecture ({str(err).splitlines()[0]})") from None
     return Loaded(arch, model.eval(), "ours", path, task=state.get("task"))
 
 
 # --- GPT-2 layout -----------------------------------------------------------------------------
+
+
+# GPT-2 options our model does not implement: a config that sets one otherwise is refused
+# rather than loaded into a model that computes something else.
+UNSUPPORTED_GPT2: dict[str, Any] = {"tie_word_embeddings": True,
+                                    "scale_attn_by_inverse_layer_idx": False,
+                                    "reorder_and_upcast_attn": False, "layer_norm_epsilon": 1e-5,
+                                    "add_cross_attention": False}
 
 
 def gpt2_arch(config: dict[str, Any]) -> ArchConfig:
@@ -82,6 +95,10 @@ def gpt2_arch(config: dict[str, Any]) -> ArchConfig:
         if config.get("activation_function", "gelu_new") not in ("gelu_new", "gelu"):
             raise CheckpointError(f"config.json: activation {config['activation_function']!r} "
                                   "is not GPT-2's gelu_new")
+        for key, supported in UNSUPPORTED_GPT2.items():
+            if config.get(key, supported) != supported:
+                raise CheckpointError(f"config.json: {key} = {config[key]!r}; this model "
+                                      f"supports only {supported!r}")
         layer = LayerSpec("mhsa", (HeadGroup(heads, d // heads),), mlp_ratio=inner / d)
         return ArchConfig(d_model=d, layers=(layer,) * int(config["n_layer"]),
                           max_seq_len=int(config["n_positions"]),
@@ -97,10 +114,17 @@ def gpt2_arch(config: dict[str, Any]) -> ArchConfig:
 def _load_gpt2(folder: Path) -> Loaded:
     from safetensors.numpy import load_file
 
-    config = json.loads((folder / "config.json").read_text())
+    try:
+        config = json.loads((folder / "config.json").read_text())
+        weights = {k.removeprefix("transformer."): v
+                   for k, v in load_file(folder / SAFETENSORS).items()}
+    except Exception as err:  # JSON and safetensors errors: a broken or foreign file
+        raise CheckpointError(f"--checkpoint {str(folder)!r}: unreadable config.json or "
+                              f"{SAFETENSORS} ({type(err).__name__}: "
+                              f"{str(err).splitlines()[0] if str(err) else ''})") from None
+    if not isinstance(config, dict):
+        raise CheckpointError(f"--checkpoint {str(folder)!r}: config.json is not an object")
     arch = gpt2_arch(config)
-    weights = {k.removeprefix("transformer."): v for k, v in load_file(folder / SAFETENSORS)
-               .items()}
     model = build_model(arch)
     try:
         model.load_state_dict(gpt2_state(weights, arch))

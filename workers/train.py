@@ -188,7 +188,8 @@ class Trainer:
         Raises:
             UsageError: the checkpoint was written for another architecture or task.
         """
-        state = torch.load(path, map_location=self.device, weights_only=False)
+        # weights_only: a checkpoint is tensors, dicts and numbers; never unpickle code
+        state = torch.load(path, map_location=self.device, weights_only=True)
         if state["arch"] != self.arch.to_dict() or state["task"] != describe_task(self.task):
             raise UsageError(f"--checkpoint {str(path)!r}: written for another "
                              "architecture or task; use a new path")
