@@ -254,3 +254,6 @@ def test_secure_url_moves_the_password_to_the_environment(
     url = secure_url("postgresql://alice:s3cr%40t@db:5432/studies")
     assert url == "postgresql://alice@db:5432/studies" and os.environ["PGPASSWORD"] == "s3cr@t"
     assert secure_url("sqlite:///x.db") == "sqlite:///x.db"
+    monkeypatch.delenv("PGPASSWORD")
+    pure_python = "postgresql+pg8000://alice:pw@db/studies"  # no libpq: it needs the URL's
+    assert secure_url(pure_python) == pure_python and "PGPASSWORD" not in os.environ

@@ -115,10 +115,15 @@ class SearchSummary:
 # --- the study ----------------------------------------------------------------------------------
 
 
+LIBPQ_DRIVERS = ("postgresql", "postgresql+psycopg2", "postgresql+psycopg")
+
+
 def secure_url(url: str) -> str:
-    """``url`` without its password, which moves to ``$PGPASSWORD`` (read by libpq itself)."""
+    """``url`` without its password, which moves to ``$PGPASSWORD``, for the drivers built on
+    libpq (which reads it itself); other drivers (pg8000, MySQL) keep it in the URL, which is
+    only ever printed redacted."""
     parsed = make_url(url)
-    if parsed.password is None:
+    if parsed.password is None or parsed.drivername not in LIBPQ_DRIVERS:
         return url
     os.environ["PGPASSWORD"] = str(parsed.password)
     return URL.create(parsed.drivername, username=parsed.username, host=parsed.host,
@@ -212,6 +217,7 @@ def run_search(space: SearchSpace | str | Path, task: Task | str, *, storage: st
         if alive:
             raise UsageError(f"--resume: trials {alive} of {name!r} still have a live "
                              "heartbeat; another driver is running this study")
+    probe.engine.dispose()  # its connections are not needed past the checks
     from workers import tune  # Ray starts here
 
     tune.start(opts.address)
