@@ -25,10 +25,11 @@ from typing import Any
 import numpy as np
 import optuna
 
-from common.cli import Parser, add_format, dump, int_in, render_table
+from common.cli import Parser, UsageError, add_format, dump, fail, int_in, render_table
 from common.files import write_csv
 from common.plots import new_figure, write_figure
 from search_spaces import ModelIO, SearchSpace, parse_space
+from workers.searcher import ASHA_REDUCTION, asha_grace_period
 
 TARGET = 0.02  # within 2% of the best value of the table
 STRATEGIES = ("seeded-tpe", "tpe", "random", "grid")
@@ -125,8 +126,8 @@ def replay(space: SearchSpace, io: ModelIO, table: dict[str, Entry], strategy: s
            maximize: bool) -> list[Outcome]:
     """``trials`` trials of ``strategy`` against ``table``."""
     steps, every = int(space.fixed_train("steps")), int(space.fixed_train("eval_every"))
-    pruner = (optuna.pruners.SuccessiveHalvingPruner(min_resource=max(every, steps // 9),
-                                                     reduction_factor=3)
+    pruner = (optuna.pruners.SuccessiveHalvingPruner(
+        min_resource=asha_grace_period(steps, every), reduction_factor=ASHA_REDUCTION)
               if asha else optuna.pruners.NopPruner())
     if strategy == "grid":
         order = list(table)
@@ -165,7 +166,10 @@ def _fixed(order: list[str], space: SearchSpace, io: ModelIO
 def _run(study: optuna.Study, ask: Callable[[optuna.Study], optuna.trial.Trial],
          table: dict[str, Entry], steps: int) -> Outcome:
     trial = ask(study)
-    entry = table[key(trial.params)]
+    entry = table.get(key(trial.params))
+    if entry is None:  # a point whose training failed: it costs a trial and finds nothing
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        return Outcome(None, steps)
     for step, value in sorted(entry.curve.items()):
         trial.report(value, step)
         if step < steps and trial.should_prune():
@@ -200,6 +204,12 @@ def run_bench(bench: Bench, args: argparse.Namespace) -> list[dict[str, Any]]:
     url = f"sqlite:///{(args.out / 'tables.db').resolve()}"
     build_table(bench, space, task, url, args.out / "ray_results")
     table = load_table(url, f"table-{bench.name}")
+    points = len(space.grid())
+    if not table:
+        raise UsageError(f"table-{bench.name}: no trained point in {args.out / 'tables.db'}")
+    if len(table) < points:
+        print(f"table-{bench.name}: {points - len(table)} of {points} points failed to train; "
+              "a strategy that samples one pays a trial for nothing", file=sys.stderr)
     values = [e.value for e in table.values()]
     best = max(values) if task.higher_is_better else min(values)
     target = best * (1 - TARGET if task.higher_is_better else 1 + TARGET)
@@ -297,22 +307,31 @@ def render(summary: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = Parser(prog="python -m bench.search_efficiency", description=__doc__.split("\n\n")[1])
     p.add_argument("--replay", action="store_true",
-                   help="replay the strategies against the trained table (the mode this "
-                        "benchmark runs; live searches per strategy and seed would cost "
-                        "seeds x strategies full searches)")
+                   help="replay the strategies against the trained table (required: the only "
+                        "mode; live searches per strategy and seed would cost seeds x "
+                        "strategies full searches)")
     p.add_argument("--smoke-test", action="store_true", help="tiny tables: under a minute")
     p.add_argument("--seeds", type=int_in(1), default=20, help="replays per strategy")
     p.add_argument("--out", type=Path, default=Path("results/search_efficiency"),
                    help="folder for the tables' study, the CSV and the PNG")
     add_format(p)
     args = p.parse_args(argv)
+    if not args.replay:
+        return fail(p.prog, "--replay: required (the benchmark replays each strategy against "
+                            "a trained table; live searches per strategy and seed are not "
+                            "offered)")
+    if args.out.exists() and not args.out.is_dir():
+        return fail(p.prog, f"--out {str(args.out)!r}: exists and is not a folder")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     args.out.mkdir(parents=True, exist_ok=True)
     from workers import tune
 
-    with tune.session():
-        rows = [row for bench in (SMOKE if args.smoke_test else FULL)
-                for row in run_bench(bench, args)]
+    try:
+        with tune.session():
+            rows = [row for bench in (SMOKE if args.smoke_test else FULL)
+                    for row in run_bench(bench, args)]
+    except UsageError as err:
+        return fail(p.prog, str(err))
     write_csv(args.out / "search_efficiency.csv", rows)
     plot(rows, args.out / "search_efficiency.png")
     summary = summarise(rows)

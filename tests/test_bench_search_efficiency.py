@@ -69,3 +69,21 @@ def test_to_target_counts_pruned_trials_as_partial_cost() -> None:
     assert to_target(outcomes, 1.0, False, 30) == (4.0, 80 / 30)
     assert to_target(outcomes, 0.5, False, 30) == (math.inf, math.inf)
     assert to_target(outcomes, 5.0, True, 30) == (2.0, 40 / 30)
+
+
+def test_a_point_that_failed_to_train_costs_a_trial_and_finds_nothing() -> None:
+    space = parse_space({"name": "t", "budget": 16, "depth": 1, "sampler": "grid",
+                         "layers": [{"heads": [1, 2, 4, 8]}],
+                         "train": {"steps": 30, "eval_every": 10}})
+    grid = space.grid()
+    table = {key(p): Entry(1.0, {30: 1.0}) for p in grid[1:]}  # grid[0] failed to train
+    outcomes = replay(space, ModelIO(4, vocab_size=5), table, "random", seed=0, asha=False,
+                      trials=20, starts=[grid[0]], maximize=False)
+    assert Outcome(None, 30) in outcomes and all(o.value in (None, 1.0) for o in outcomes)
+
+
+def test_without_replay_it_is_one_line_and_writes_nothing(tmp_path: Path) -> None:
+    from bench.search_efficiency import main
+
+    assert main(["--smoke-test", "--out", str(tmp_path / "out")]) == 2
+    assert not (tmp_path / "out").exists()

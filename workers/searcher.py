@@ -40,6 +40,12 @@ Predictor = Callable[[ArchConfig], float | None]
 # Keys of the results a trial reports besides the task's metric.
 STEP, STATUS, ERROR, NODE, RESUMED = "step", "status", "error", "node", "resumed_from"
 CHECKPOINT = "checkpoint"  # trial user attr: the last checkpoint directory
+ASHA_REDUCTION = 3  # successive halving keeps the best third at each rung
+
+
+def asha_grace_period(steps: int, eval_every: int) -> int:
+    """The first rung of ASHA: a ninth of the training, and at least one evaluation."""
+    return max(eval_every, steps // 9)
 
 
 @dataclass(frozen=True)

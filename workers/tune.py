@@ -26,7 +26,7 @@ from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 from ray.tune.search import Searcher
 
 from search_spaces import ArchConfig
-from workers.searcher import StudySearcher
+from workers.searcher import ASHA_REDUCTION, StudySearcher, asha_grace_period
 from workers.trial import train_trial
 
 log = logging.getLogger(__name__)
@@ -77,8 +77,9 @@ class TuneRun:
 def run_tuner(searcher: StudySearcher, job: dict[str, Any], run: TuneRun) -> str:
     """Run ``run.trials`` trials; returns ``completed`` or ``interrupted`` (Ctrl-C)."""
     scheduler = (ASHAScheduler(time_attr="step", metric=searcher.metric, mode=searcher.mode,
-                               max_t=run.steps, grace_period=max(run.eval_every, run.steps // 9),
-                               reduction_factor=3)
+                               max_t=run.steps,
+                               grace_period=asha_grace_period(run.steps, run.eval_every),
+                               reduction_factor=ASHA_REDUCTION)
                  if run.scheduler == "asha" else FIFOScheduler())
     tuner = tune.Tuner(
         tune.with_resources(_trainable, {"cpu": run.cpus_per_trial, "gpu": run.gpus_per_trial}),
