@@ -126,6 +126,10 @@ def settings_from_args(args: argparse.Namespace) -> PlanSettings:
                          "multiples of --align and a uniform layer must fill the budget)")
     if s.extract_layers > s.layers:
         raise UsageError(f"--extract-layers {s.extract_layers}: must be <= --layers {s.layers}")
+    later = s.layers - s.extract_layers
+    if s.logit_bounds is not None and len(s.logit_bounds) > later:
+        raise UsageError(f"--logit-bounds: {len(s.logit_bounds)} values for {later} later "
+                         f"layer(s) (--layers {s.layers} - --extract-layers {s.extract_layers})")
     hidden = s.mlp_ratio * s.budget
     if abs(hidden - round(hidden)) > 1e-9:
         raise UsageError(f"--mlp-ratio {s.mlp_ratio:g}: mlp-ratio * budget = {hidden:g} must be "

@@ -12,7 +12,9 @@ Formats (``DataSpec.format``, taken from the path unless given):
   (N, T, d_out) as targets or, without it, next-step prediction of ``x``; the last 10% of the
   sequences is validation.
 
-Files are memory-mapped, never loaded whole: a batch reads its windows from the page cache. Every
+Files are memory-mapped, never loaded whole: a batch reads its windows from the page cache (a
+folder of ``*.txt`` files is the exception: it is joined in memory, so give a large text corpus as
+one file or as nanoGPT ``.bin``). Every
 check (missing file, empty corpus, wrong dtype, token >= vocabulary, sequences shorter than the
 window, NaN) raises ``DataError`` with one line naming the file and the rule.
 """
@@ -140,10 +142,10 @@ def _text_bytes(path: Path) -> np.ndarray:
         if size == 0:
             raise DataError(f"--data {str(files[0])!r}: the corpus is empty")
         return np.memmap(files[0], dtype=np.uint8, mode="r")
-    data = np.frombuffer(b"\n\n".join(f.read_bytes() for f in files), dtype=np.uint8)
-    if not data.any():
-        raise DataError(f"--data {str(path)!r}: the corpus is empty")
-    return data
+    if not any(f.stat().st_size for f in files):
+        raise DataError(f"--data {str(path)!r}: the corpus is empty (every *.txt file is)")
+    # A folder of files is joined in memory (a single large file is memory-mapped instead).
+    return np.frombuffer(b"\n\n".join(f.read_bytes() for f in files), dtype=np.uint8)
 
 
 def _bin_tokens(spec: DataSpec, scan: bool) -> TokenData:
@@ -234,9 +236,11 @@ def open_arrays(spec: DataSpec) -> ArrayData:
                         "sequences")
     path = Path(spec.path)
     x_file = path if path.is_file() else path / "x.npy"
-    y_file = x_file.with_name("y.npy")
+    # Targets only beside an x.npy (a folder, or the file itself): any foo.npy with an
+    # unrelated y.npy next to it is next-step prediction of foo.
+    y_file = x_file.with_name("y.npy") if x_file.name == "x.npy" else None
     x = _load_array(x_file)
-    if y_file.is_file():
+    if y_file is not None and y_file.is_file():
         y = _load_array(y_file)
         if y.shape[:2] != x.shape[:2]:
             raise DataError(f"--data {str(y_file)!r}: shape {y.shape} must match x's (N, T) = "

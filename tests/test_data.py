@@ -94,6 +94,7 @@ def test_bin_is_memory_mapped_and_its_vocabulary_found(tmp_path: Path) -> None:
                                       np.arange(100, dtype=np.uint16), {"vocab_size": 50}))),
      "token 99 >= vocabulary size 50"),
     (lambda t: DataSpec(str(_folder(t / "empty"))), "a folder needs train.bin/val.bin"),
+    (lambda t: DataSpec(str(_files(t / "blank", [b"", b""]))), "the corpus is empty"),
 ])
 def test_bad_token_sources_say_which_file_and_rule(tmp_path: Path, make: object,
                                                    message: str) -> None:
@@ -104,6 +105,13 @@ def test_bad_token_sources_say_which_file_and_rule(tmp_path: Path, make: object,
 
 def _file(path: Path, data: bytes) -> Path:
     path.write_bytes(data)
+    return path
+
+
+def _files(path: Path, texts: list[bytes]) -> Path:
+    path.mkdir()
+    for i, text in enumerate(texts):
+        (path / f"{i}.txt").write_bytes(text)
     return path
 
 
@@ -203,3 +211,11 @@ def test_a_space_names_its_data_relative_to_its_file(tmp_path: Path) -> None:
     with pytest.raises(Exception, match="data"):
         parse_space({"name": "t", "budget": 16, "layers": [{"heads": [2]}],
                      "data": {"path": str(tmp_path / "corpus"), "colour": 1}})
+
+
+def test_a_y_npy_is_only_the_targets_of_an_x_npy(tmp_path: Path) -> None:
+    x = np.random.default_rng(0).normal(size=(20, 8, 3)).astype(np.float32)
+    np.save(tmp_path / "foo.npy", x)
+    np.save(tmp_path / "y.npy", np.zeros((5, 2, 1), dtype=np.float32))  # someone else's
+    data = open_arrays(DataSpec(str(tmp_path / "foo.npy")))
+    assert data.y_train.shape[-1] == 3  # next-step prediction of foo, not the unrelated y.npy

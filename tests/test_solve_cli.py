@@ -44,6 +44,8 @@ def test_out_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
 
 BAD = [
     (["--budget", "0"], "--budget: '0': must be an integer between 1 and 65536"),
+    (["--layers", "3", "--logit-bounds", "4,4,4"],
+     "--logit-bounds: 3 values for 2 later layer(s) (--layers 3 - --extract-layers 1)"),
     (["--budget", "-8"], "--budget: '-8'"),
     (["--budget", "1.5"], "--budget: '1.5': must be an integer"),
     (["--budget", "65537"], "--budget: '65537'"),

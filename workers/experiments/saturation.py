@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from alloc.plan import PlanSettings
 from alloc.saturation import jacobian_bound
 from common.cli import int_in, render_table
 from common.files import write_csv
@@ -292,7 +293,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         "code_val_loss": code_loss},
             "jacobian": jac, "slopes": slopes, "students": students, "layers": summary,
             "logit_bounds": {name: [r["logit_bound_R"] for r in summary
-                                    if r["teacher"] == name and r["layer"] > 0]
+                                    if r["teacher"] == name
+                                    and r["layer"] >= PlanSettings.extract_layers]
                              for name in ("docs", "code")},
             "out": str(args.out)}
 
