@@ -26,7 +26,6 @@ from search_spaces import ArchConfig, HeadGroup, LayerSpec, param_count
 from search_spaces.data import DataSpec
 from workers.compress import svd_student
 from workers.experiments import harness
-from workers.experiments.corpus import write_corpus
 from workers.inspect import SAMPLE_BATCH, profile_checkpoint
 from workers.model import Model
 from workers.tasks import Task, make_data_task
@@ -103,7 +102,7 @@ def student_row(name: str, tolerance: float, model: Model, arch: ArchConfig, tas
 def run(args: argparse.Namespace) -> dict[str, Any]:
     sizes = SMOKE if args.smoke_test else FULL
     harness.prepare(args)
-    corpus = write_corpus(args.out / "corpus", sizes.megabytes)
+    corpus = harness.write_corpus(args.out / "corpus", sizes.megabytes)
     task = make_data_task(DataSpec(str(corpus)), length=sizes.length)
     model = teacher(sizes, task, args.steps or sizes.steps, args.out / "teacher.pt")
     config = TrainConfig(eval_batches=16, batch_size=32, device="cpu")

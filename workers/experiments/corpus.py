@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,25 +50,6 @@ SMOKE = Sizes(budget=32, depth=2, length=32, megabytes=0.3, steps=30, trials=4)
 FULL = Sizes(budget=128, depth=2, length=128, megabytes=8.0, steps=800, trials=16)
 
 
-def write_corpus(folder: Path, megabytes: float) -> Path:
-    """The standard library's modules (tests excluded), one ``.txt`` per module, in sorted
-    order, until ``megabytes`` are written: the same corpus on every machine of a Python."""
-    folder.mkdir(parents=True, exist_ok=True)
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    written = 0
-    for path in sorted(stdlib.rglob("*.py")):
-        parts = path.relative_to(stdlib).parts
-        if any(p in ("test", "tests", "idle_test", "site-packages") for p in parts):
-            continue
-        target = folder / ("__".join(parts)[:-3] + ".txt")
-        if not target.exists():
-            target.write_text(path.read_text(encoding="utf-8", errors="replace"))
-        written += target.stat().st_size
-        if written >= megabytes * 1e6:
-            break
-    return folder
-
-
 def space(sizes: Sizes) -> dict[str, Any]:
     """Head count per layer (head dim = D / heads), everything else fixed."""
     heads = [h for h in (1, 2, 4, 8, 16) if h <= sizes.budget // 2]
@@ -83,7 +63,7 @@ def space(sizes: Sizes) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     sizes = SMOKE if args.smoke_test else FULL
     harness.prepare(args)
-    corpus = write_corpus(args.out / "corpus", sizes.megabytes)
+    corpus = harness.write_corpus(args.out / "corpus", sizes.megabytes)
     profile = profile_data(DataSpec(str(corpus)), seq_len=sizes.length)
     write_profile(profile, args.out / "profile.yaml")
     plot_profile(profile, args.out / "profile.png")
@@ -102,6 +82,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rows = trial_rows(url, plan.arch_id)
     write_csv(args.out / "corpus.csv", rows)
     plot(rows, args.out / "corpus.png")
+    if not rows:
+        raise RuntimeError(f"study {STUDY}: no trial trained fully; see the search's log")
     mine = next((r for r in rows if r["allocator"]), None)
     best = rows[0]
     return {"corpus_mb": sum(p.stat().st_size for p in corpus.iterdir()) / 1e6,

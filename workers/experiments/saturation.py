@@ -34,7 +34,6 @@ from search_spaces import ArchConfig, HeadGroup, LayerSpec
 from search_spaces.data import DataSpec
 from workers.attention import LogitRecorder, MultiHeadAttention, future_mask
 from workers.experiments import harness
-from workers.experiments.corpus import write_corpus
 from workers.model import Model, build_model
 from workers.tasks import LMTask, Task, make_data_task, make_task
 from workers.train import TrainConfig, Trainer
@@ -275,7 +274,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     students = student_rows(model, task, sizes, args.seed)
     # The same measurement per layer on a second teacher, trained on real code (the stdlib's
     # sources, a --data corpus) instead of documentation prose.
-    corpus = write_corpus(args.out / "corpus", 0.2 if args.smoke_test else 8.0)
+    corpus = harness.write_corpus(args.out / "corpus", 0.2 if args.smoke_test else 8.0)
     code_task = make_data_task(DataSpec(str(corpus)), length=sizes.length, seed=args.seed)
     code, _, code_loss = teacher(sizes, args.seed, steps, args.out / "teacher_code.pt",
                                  code_task)
