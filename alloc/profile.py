@@ -43,6 +43,7 @@ from common.cli import (
 )
 from common.files import write_atomic
 from search_spaces.data import FORMATS, DataError, DataSpec, open_arrays, open_tokens
+from search_spaces.kernels import kernel_shape
 
 PROG = "alloc.profile"
 TOP_K = 64  # symbols kept apart; the rest are one "other" symbol
@@ -177,18 +178,18 @@ def participation_ratio(x: np.ndarray) -> float:
 
 def fit_kernel(rho: np.ndarray) -> tuple[Fit, ...]:
     """Least-squares fits of ngram:K, exp:LAMBDA and poly:P (each with a free scale)."""
-    s = np.arange(1, len(rho) + 1, dtype=np.float64)
+    n = len(rho)
     total = float(((rho - rho.mean()) ** 2).sum()) or 1.0
 
-    def sse(shape: np.ndarray) -> float:
+    def sse(form: str, param: float) -> float:
+        shape = kernel_shape(form, param, n)
         scale = float(rho @ shape / (shape @ shape)) if shape.any() else 0.0
         return float(((rho - scale * shape) ** 2).sum())
 
-    ngram = min(range(1, len(rho) + 1), key=lambda k: sse((s <= k).astype(float)))
-    fits = [Fit("ngram", ngram, 1 - sse((s <= ngram).astype(float)) / total)]
-    for form, shape, bounds in (("exp", lambda v: np.exp(-v * s), (1e-4, 20.0)),
-                                ("poly", lambda v: s ** -v, (0.0, 10.0))):
-        best = minimize_scalar(lambda v, f=shape: sse(f(v)), bounds=bounds, method="bounded",
+    ngram = min(range(1, n + 1), key=lambda k: sse("ngram", k))
+    fits = [Fit("ngram", ngram, 1 - sse("ngram", ngram) / total)]
+    for form, bounds in (("exp", (1e-4, 20.0)), ("poly", (0.0, 10.0))):
+        best = minimize_scalar(lambda v, f=form: sse(f, v), bounds=bounds, method="bounded",
                                options={"xatol": 1e-6})
         fits.append(Fit(form, float(best.x), 1 - float(best.fun) / total))
     return tuple(fits)
@@ -336,8 +337,7 @@ def plot(profile: Profile, path: Path) -> None:
     s = np.arange(1, len(profile.kernel) + 1, dtype=np.float64)
     axes[0].loglog(s, np.maximum(profile.kernel, 1e-4), "k.", label="measured rho(s)")
     for fit in profile.fits:
-        shape = {"ngram": (s <= fit.param).astype(float), "exp": np.exp(-fit.param * s),
-                 "poly": s ** -fit.param}[fit.form]
+        shape = kernel_shape(fit.form, fit.param, len(s))
         scale = float(profile.kernel @ shape / (shape @ shape)) if shape.any() else 0.0
         axes[0].loglog(s, np.maximum(scale * shape, 1e-4), label=f"{fit.spec} (R² {fit.r2:.2f})")
     axes[0].set_xlabel("offset s")

@@ -38,17 +38,23 @@ def parse_kernel(spec: str, seq_len: int) -> np.ndarray:
     name, sep, arg = spec.partition(":")
     if not sep and Path(spec).is_file():
         name, arg = "file", spec
-    s = np.arange(1, seq_len + 1, dtype=np.float64)
     if name == "file":
         return _read_kernel_file(Path(arg), seq_len)
-    if name == "ngram":
-        k = _number(spec, arg, integer=True)
-        return (s <= k).astype(np.float64)
-    if name == "exp":
-        return np.exp(-_number(spec, arg) * s)
-    if name == "poly":
-        return s ** -_number(spec, arg)
+    if name in PARAMETRIC:
+        return kernel_shape(name, _number(spec, arg, integer=name == "ngram"), seq_len)
     raise KernelError(f"unknown kernel {spec!r}: use {KERNEL_FORMS}")
+
+
+PARAMETRIC = ("ngram", "exp", "poly")
+
+
+def kernel_shape(form: str, param: float, seq_len: int) -> np.ndarray:
+    """A parametric kernel at offsets ``1..seq_len``: ``ngram`` (1 up to offset K), ``exp``
+    (``exp(-lambda s)``) or ``poly`` (``s^-p``); ``param`` already checked."""
+    s = np.arange(1, seq_len + 1, dtype=np.float64)
+    if form == "ngram":
+        return (s <= param).astype(np.float64)
+    return np.exp(-param * s) if form == "exp" else s ** -param
 
 
 def _number(spec: str, arg: str, integer: bool = False) -> float:
