@@ -79,7 +79,12 @@ def head_maps(model: Model) -> list[HeadMap]:
     return out
 
 
-def effective_rank(sigma: np.ndarray, tolerance: float) -> int:
+# Share of a head's spectrum (sum of singular values) that its effective rank may discard: a
+# description of the spectrum, separate from the attention-error tolerance that sets the plan.
+RANK_TAIL = 0.05
+
+
+def effective_rank(sigma: np.ndarray, tolerance: float = RANK_TAIL) -> int:
     """Smallest r whose discarded singular values sum to at most ``tolerance`` of the total."""
     tail = np.concatenate([np.cumsum(sigma[::-1])[::-1], [0.0]])
     return int(np.argmax(tail <= tolerance * max(tail[0], 1e-300)))
@@ -254,7 +259,7 @@ def profile_checkpoint(model: Model, x: Tensor | None, seq_len: int, tolerance: 
         mine = [m for m in maps if m.layer == i]
         spectra = {(m.group, m.head): m.singular_values() for m in mine}
         entry["spectra"] = [{"group": g, "head": h, "sigma": [float(v) for v in sigma],
-                             "effective_rank": effective_rank(sigma, tolerance)}
+                             "effective_rank": effective_rank(sigma)}
                             for (g, h), sigma in spectra.items()]
         if mine:
             entry["groups"] = [_plan(j, group, mine, spectra, measured, (seq_len, r_bound, norm),
