@@ -96,9 +96,9 @@ def run_tuner(searcher: StudySearcher, job: dict[str, Any], run: TuneRun) -> str
             failure_config=tune.FailureConfig(max_failures=1)))
     try:
         tuner.fit()
-    except KeyboardInterrupt:
-        return "interrupted"
-    return "completed"
+    except KeyboardInterrupt:  # a second Ctrl-C; the first one Tune handles itself, stopping
+        return "interrupted"   # the run and returning, and the searcher's abandon() finds
+    return "completed"         # the trials it left open (workers.search reports that)
 
 
 def _trainable(config: dict[str, Any]) -> None:

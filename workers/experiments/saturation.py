@@ -259,7 +259,7 @@ def plot(jac: list[dict[str, Any]], students: list[dict[str, Any]],
     axes[2].axhline(-1, color="k", ls="--", label="-1: saturation (bounded logits)")
     axes[2].set_xlabel("layer")
     axes[2].set_ylabel("log-log slope of ||J|| vs N (last query)")
-    axes[2].set_title("does each trained layer saturate? (H: entropy/ln N at the longest N)")
+    axes[2].set_title("does each trained layer saturate? (H: last query's entropy/ln N, longest N)")
     for ax in axes:
         ax.legend(fontsize=8)
     write_figure(fig, path)
@@ -354,7 +354,7 @@ def render(result: dict[str, Any]) -> str:
                       [[r["seq_len"], r["rank"], f"{r['svd_init_mse']:.3g}",
                         f"{r['trained_mse']:.3g}", f"{r['relative_mse']:.3g}"]
                        for r in result["students"]], right=[True] * 5)
-    layers = render_table(["teacher", "layer", "slope of ||J||", "entropy / ln N", "R",
+    layers = render_table(["teacher", "layer", "slope of ||J||", "last query's entropy / ln N", "R",
                            "saturates"],
                           [[r["teacher"], r["layer"], f"{r['slope']:.2f}", f"{r['entropy']:.3f}",
                             f"{r['logit_bound_R']:.3g}", "yes" if r["saturates"] else "no"]
