@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from common.cli import Parser, add_format, dump, number, render_table
+from common.cli import Parser, add_format, dump, int_in, number, render_table
 
 CHUNK = 1 << 26  # tokens written at a time (128 MB)
 
@@ -101,8 +101,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="size of the generated train.bin")
     p.add_argument("--dir", type=Path, default=Path("/tmp/bench-data"),
                    help="where the generated files go (reused when the size matches)")
-    p.add_argument("--steps", type=int, default=60, help="training steps per round")
-    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--steps", type=int_in(1), default=60, help="training steps per round")
+    p.add_argument("--rounds", type=int_in(1), default=5)
     p.add_argument("--smoke-test", action="store_true", help="10 MB, a small model, 2 rounds")
     add_format(p)
     args = p.parse_args(argv)
