@@ -142,7 +142,7 @@ def replay(space: SearchSpace, io: ModelIO, table: dict[str, Entry], strategy: s
     study = optuna.create_study(sampler=sampler, pruner=pruner,
                                 direction="maximize" if maximize else "minimize")
     for params in starts if strategy == "seeded-tpe" else []:
-        study.enqueue_trial(params)
+        study.enqueue_trial(params, skip_if_exists=True)  # as the launcher: once per point
     return [_run(study, ask, table, steps) for _ in range(trials)]
 
 
@@ -263,7 +263,8 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _iqr(values: np.ndarray) -> list[float]:
-    return [float(np.percentile(values, 25)), float(np.percentile(values, 75))]
+    # inverted_cdf picks observed values, so "never" (inf) stays inf instead of inf - inf = nan
+    return [float(np.percentile(values, q, method="inverted_cdf")) for q in (25, 75)]
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:

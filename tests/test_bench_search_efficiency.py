@@ -87,3 +87,17 @@ def test_without_replay_it_is_one_line_and_writes_nothing(tmp_path: Path) -> Non
 
     assert main(["--smoke-test", "--out", str(tmp_path / "out")]) == 2
     assert not (tmp_path / "out").exists()
+
+
+def test_seeds_that_are_one_point_cost_one_trial_as_in_the_launcher() -> None:
+    """The allocator's plan, its uniform variant and the baseline are often the same point;
+    the launcher enqueues it once (skip_if_exists), and so does the replay."""
+    space = parse_space({"name": "t", "budget": 16, "depth": 1, "sampler": "grid",
+                         "layers": [{"heads": [1, 2, 4, 8]}],
+                         "train": {"steps": 30, "eval_every": 10}})
+    grid = space.grid()
+    table = {key(p): Entry(float(i), {30: float(i)}) for i, p in enumerate(grid)}
+    outcomes = replay(space, ModelIO(4, vocab_size=5), table, "seeded-tpe", seed=0, asha=False,
+                      trials=3, starts=[grid[2], grid[2], grid[2]], maximize=False)
+    values = [o.value for o in outcomes]
+    assert values[0] == 2.0 and values != [2.0, 2.0, 2.0]  # enqueued three times: 2, 2, 2
