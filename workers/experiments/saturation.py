@@ -259,7 +259,9 @@ def plot(jac: list[dict[str, Any]], students: list[dict[str, Any]],
     axes[2].axhline(-1, color="k", ls="--", label="-1: saturation (bounded logits)")
     axes[2].set_xlabel("layer")
     axes[2].set_ylabel("log-log slope of ||J|| vs N (last query)")
-    axes[2].set_title("does each trained layer saturate? (H: last query's entropy/ln N, longest N)")
+    axes[2].set_xticks(sorted({r["layer"] for r in summary}))
+    axes[2].set_title("does each trained layer saturate?\n(H: last query's entropy / ln N, and R, "
+                      "at the longest N)", fontsize=10)
     for ax in axes:
         ax.legend(fontsize=8)
     write_figure(fig, path)
