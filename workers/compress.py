@@ -110,9 +110,10 @@ def read_plan(path: Path, teacher: ArchConfig) -> ArchConfig:
     if plan.get("arch_id") != teacher.arch_id:
         raise UsageError(f"--plan {str(path)!r}: a plan for model {plan.get('arch_id')}, not "
                          f"for this checkpoint ({teacher.arch_id}); profile this one")
-    if reduced_qk_only(teacher, student) is not None:
-        raise UsageError(f"--plan {str(path)!r}: its student {reduced_qk_only(teacher, student)}"
-                         "; a plan may only lower qk_dim")
+    problem = reduced_qk_only(teacher, student)
+    if problem is not None:
+        raise UsageError(f"--plan {str(path)!r}: its student {problem}; a plan may only lower "
+                         "qk_dim")
     return student
 
 
@@ -133,21 +134,23 @@ def reduced_qk_only(teacher: ArchConfig, student: ArchConfig) -> str | None:
     return None
 
 
-def resolve_task(args: argparse.Namespace, loaded: Loaded) -> Task | None:
+def resolve_task(args: argparse.Namespace, loaded: Loaded) -> tuple[Task | None, str]:
     """The data or task to measure and fine-tune on: ``--data``, ``--task``, else the task our
-    checkpoint was trained on; None for a GPT-2 checkpoint without either."""
+    checkpoint was trained on (None for a GPT-2 checkpoint without either), and where it came
+    from, for error messages."""
     length = loaded.arch.max_seq_len
     try:
         if args.data is not None:
             spec = DataSpec(str(args.data), args.data_format, args.data_dtype, args.vocab_size)
-            return make_data_task(spec, length=min(length, args.seq_len or length))
+            return (make_data_task(spec, length=min(length, args.seq_len or length)),
+                    f"--data {str(args.data)!r}")
         if args.task is not None:
-            return make_task(args.task, "paper", args.seed)
+            return make_task(args.task, "paper", args.seed), f"--task {args.task}"
         if loaded.task is not None:
-            return task_from_description(loaded.task)
+            return task_from_description(loaded.task), "the checkpoint's task"
     except (DataError, TaskError, TypeError, ValueError) as err:
         raise UsageError(str(err)) from None
-    return None
+    return None, "no task"
 
 
 def check_fits(task: Task, arch: ArchConfig, trains: bool, source: str) -> None:
@@ -191,13 +194,11 @@ def compress(args: argparse.Namespace) -> dict[str, Any]:
     elif not args.out.parent.is_dir():
         raise UsageError(f"--out {str(args.out)!r}: directory {str(args.out.parent)!r} does "
                          "not exist")
-    task = resolve_task(args, loaded)
+    task, source = resolve_task(args, loaded)
     if task is None and as_pt:
         raise UsageError("--out *.pt: a workers.train checkpoint needs the task it trains on; "
                          "give --data or --task")
     if task is not None:
-        source = (f"--data {str(args.data)!r}" if args.data is not None else
-                  f"--task {args.task}" if args.task is not None else "the checkpoint's task")
         check_fits(task, loaded.arch, as_pt or args.finetune_steps > 0, source)
     student = svd_student(loaded.model, student_arch)
     before, after = param_count(loaded.arch), param_count(student_arch)

@@ -133,21 +133,24 @@ def measure(model: Model, x: Tensor,
 
 
 @torch.no_grad()
-def measured_error(head: HeadMap, x: Tensor, rank: int, causal: bool) -> float:
-    """Largest change of an attention weight on the inputs ``x`` (B, T, d [+ 1]) when the head's
-    query-key map is truncated to ``rank`` (everything upstream unchanged)."""
+def measured_errors(head: HeadMap, x: Tensor, ranks: Sequence[int], causal: bool
+                    ) -> dict[int, float]:
+    """Per rank: the largest change of an attention weight on the inputs ``x`` (B, T, d [+ 1])
+    when the head's query-key map is truncated to that rank (everything upstream unchanged)."""
     from workers.attention import future_mask
 
     xd = x.double()
-    u, s, vh = torch.linalg.svd(torch.from_numpy(head.matrix))
+    matrix = torch.from_numpy(head.matrix)
+    u, s, vh = torch.linalg.svd(matrix)
+
     def attention(m: Tensor) -> Tensor:
         z = xd @ m @ xd.transpose(-1, -2)
         if causal:
             z = z.masked_fill(future_mask(z.shape[-1], z.device), float("-inf"))
         return torch.softmax(z, dim=-1)
-    full = attention(torch.from_numpy(head.matrix))
-    low = attention(u[:, :rank] * s[:rank] @ vh[:rank])
-    return float((full - low).abs().max())
+
+    full = attention(matrix)  # the teacher's weights, once for every rank
+    return {r: float((full - attention(u[:, :r] * s[:r] @ vh[:r])).abs().max()) for r in ranks}
 
 
 def head_statistics(logits: Tensor) -> tuple[np.ndarray, np.ndarray]:
@@ -180,6 +183,12 @@ def predicted_error(sigma: np.ndarray, rank: int, seq_len: int, logit_bound: flo
 RULES = ("bound", "measured")
 
 
+def candidate_dims(qk_dim: int, align: int) -> list[int]:
+    """The ``qk_dim`` a head group of ``qk_dim`` may be reduced to: multiples of ``align``
+    below it, and itself."""
+    return sorted({*range(align, qk_dim, align), qk_dim})
+
+
 def group_plan(sigmas: Sequence[np.ndarray], group: HeadGroup, seq_len: int,
                logit_bound: float, norm: float, tolerance: float, align: int,
                measured: Sequence[dict[int, float]] | None = None, rule: str = "bound"
@@ -188,7 +197,7 @@ def group_plan(sigmas: Sequence[np.ndarray], group: HeadGroup, seq_len: int,
     every head: the bound's (``rule="bound"``, docs/theory.md §4) or the error measured on the
     data sample (``"measured"``); each candidate's bound and measured error are reported.
     ``measured``: per head, the measured error of each candidate."""
-    candidates = sorted({*range(align, group.qk_dim, align), group.qk_dim})
+    candidates = candidate_dims(group.qk_dim, align)
     bound = {r: max(predicted_error(s, r, seq_len, logit_bound, norm) for s in sigmas)
              for r in candidates}
     seen = ({r: max(m[r] for m in measured) for r in candidates} if measured is not None
@@ -280,9 +289,8 @@ def _plan(j: int, group: HeadGroup, maps: list[HeadMap],
     heads = [m for m in maps if m.group == j]
     errors = None
     if measured is not None:
-        candidates = sorted({*range(align, group.qk_dim, align), group.qk_dim})
         x = measured.inputs[heads[0].layer]
-        errors = [{r: measured_error(h, x, r, measured.causal) for r in candidates}
+        errors = [measured_errors(h, x, candidate_dims(group.qk_dim, align), measured.causal)
                   for h in heads]
     return group_plan([spectra[(h.group, h.head)] for h in heads], group, *setting, tolerance,
                       align, errors, rule)

@@ -32,8 +32,9 @@ from common.files import write_csv
 from common.plots import new_figure, write_figure
 from search_spaces import ArchConfig, HeadGroup, LayerSpec
 from search_spaces.data import DataSpec
-from workers.attention import LogitRecorder, MultiHeadAttention, future_mask
+from workers.attention import MultiHeadAttention, future_mask
 from workers.experiments import harness
+from workers.inspect import measure
 from workers.model import Model, build_model
 from workers.tasks import LMTask, Task, make_data_task, make_task
 from workers.train import TrainConfig, Trainer
@@ -88,21 +89,10 @@ def windows(task: Task, length: int, count: int, seed: int) -> Tensor:
     return data[start + torch.arange(length)]
 
 
-class LogitProbe:
-    """A twin of ``model`` whose attention records its logits (built once, called per input)."""
-
-    def __init__(self, model: Model) -> None:
-        self.recorder = LogitRecorder()
-        self.model = build_model(model.arch, kernel=self.recorder)
-        self.model.load_state_dict(model.state_dict())
-        self.model.eval()
-
-    @torch.no_grad()
-    def __call__(self, x: Tensor) -> list[Tensor]:
-        """Attention logits of every layer for ids ``x``: (B, H, T, T), causal entries -inf."""
-        self.recorder.logits.clear()
-        self.model(x)
-        return list(self.recorder.logits)
+def layer_logits(model: Model, x: Tensor) -> list[Tensor]:
+    """Attention logits of every layer for ids ``x``: (B, H, T, T), causal entries -inf (one
+    head group per layer, as in this experiment's teachers)."""
+    return [group for (group,) in measure(model, x, reduce=lambda z: z).groups]
 
 
 def jacobian_norm(z: Tensor) -> Tensor:
@@ -118,12 +108,11 @@ def jacobian_rows(model: Model, task: Task, lengths: list[int], count: int, seed
     """Per N: ||J|| of the trained model's layers, and of layer 0 of the same architecture at
     initialisation (small logits: the theorem's premise) for reference."""
     torch.manual_seed(seed)
-    init = LogitProbe(build_model(model.arch))
-    trained = LogitProbe(model)
+    init = build_model(model.arch)
     rows = []
     for n in lengths:
         x = windows(task, n, count, seed)
-        logits = [z[:, :, -1, :] for z in trained(x)]
+        logits = [z[:, :, -1, :] for z in layer_logits(model, x)]
         norms = [jacobian_norm(z) for z in logits]  # per layer (B, H)
         r = logits[0].abs().max().item()
         row = {"seq_len": n, "head0": norms[0][:, 0].mean().item(),
@@ -132,7 +121,7 @@ def jacobian_rows(model: Model, task: Task, lengths: list[int], count: int, seed
         for i in range(1, len(norms)):  # later layers, mean over heads
             row[f"layer{i}"] = norms[i].mean().item()
             row[f"layer{i}_R"] = logits[i].abs().max().item()
-        at_init = init(x)[0][:, :, -1, :]
+        at_init = layer_logits(init, x)[0][:, :, -1, :]
         row["init_layer0"] = jacobian_norm(at_init).mean().item()
         rows.append(row)
     return rows
@@ -304,10 +293,9 @@ def layer_rows(name: str, model: Model, task: Task, lengths: list[int], count: i
                seed: int) -> list[dict[str, Any]]:
     """Per layer and N: mean over heads of ||J|| and of the attention entropy over ln N for
     the last query (which sees all N keys), and the largest |logit| R of the layer."""
-    probe = LogitProbe(model)
     rows = []
     for n in lengths:
-        for i, z in enumerate(probe(windows(task, n, count, seed))):
+        for i, z in enumerate(layer_logits(model, windows(task, n, count, seed))):
             last = z[:, :, -1, :]  # (B, H, N)
             p = torch.softmax(last.double(), dim=-1)
             entropy = -(p * torch.log(p.clamp_min(1e-300))).sum(-1) / math.log(n)
