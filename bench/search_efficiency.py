@@ -93,14 +93,12 @@ def key(params: dict[str, Any]) -> str:
 # --- the table ----------------------------------------------------------------------------------
 
 
-def build_table(bench: Bench, space: SearchSpace, task: Any, url: str, results: Path) -> None:
+def build_table(bench: Bench, space: SearchSpace, task: Any, points: int, url: str,
+                results: Path) -> None:
     """Train every point of the space once into the study ``table-NAME`` (resumed if there)."""
-    from workers.search import SearchOptions, run_search
+    from workers.experiments import harness
 
-    study = f"table-{bench.name}"
-    exists = study in optuna.get_all_study_names(storage=url)
-    run_search(space, task, storage=url, study=study, trials=len(space.grid()), resume=exists,
-               options=SearchOptions(scheduler="fifo", storage_path=results))
+    harness.search(space, task, points, url, f"table-{bench.name}", results)
 
 
 def load_table(url: str, study: str) -> dict[str, Entry]:
@@ -203,9 +201,9 @@ def run_bench(bench: Bench, args: argparse.Namespace) -> list[dict[str, Any]]:
     task = make_task(bench.task, "smoke" if args.smoke_test else "paper", 0, **bench.task_params)
     space = training_budget(parse_space(bench.space, f"<{bench.name}>"))
     url = f"sqlite:///{(args.out / 'tables.db').resolve()}"
-    build_table(bench, space, task, url, args.out / "ray_results")
-    table = load_table(url, f"table-{bench.name}")
     points = len(space.grid())
+    build_table(bench, space, task, points, url, args.out / "ray_results")
+    table = load_table(url, f"table-{bench.name}")
     if not table:
         raise UsageError(f"table-{bench.name}: no trained point in {args.out / 'tables.db'}")
     if len(table) < points:
@@ -325,13 +323,12 @@ def main(argv: list[str] | None = None) -> int:
         return fail(p.prog, "--replay: required (the benchmark replays each strategy against "
                             "a trained table; live searches per strategy and seed are not "
                             "offered)")
-    if args.out.exists() and not args.out.is_dir():
-        return fail(p.prog, f"--out {str(args.out)!r}: exists and is not a folder")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    args.out.mkdir(parents=True, exist_ok=True)
     from workers import tune
+    from workers.experiments import harness
 
     try:
+        harness.prepare(args)
         with tune.session():
             rows = [row for bench in (SMOKE if args.smoke_test else FULL)
                     for row in run_bench(bench, args)]

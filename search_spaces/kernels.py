@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 KERNEL_FORMS = "ngram:K, exp:LAMBDA, poly:P or file:PATH"
+PARAMETRIC = ("ngram", "exp", "poly")
 
 
 class KernelError(ValueError):
@@ -43,9 +44,6 @@ def parse_kernel(spec: str, seq_len: int) -> np.ndarray:
     if name in PARAMETRIC:
         return kernel_shape(name, _number(spec, arg, integer=name == "ngram"), seq_len)
     raise KernelError(f"unknown kernel {spec!r}: use {KERNEL_FORMS}")
-
-
-PARAMETRIC = ("ngram", "exp", "poly")
 
 
 def kernel_shape(form: str, param: float, seq_len: int) -> np.ndarray:
