@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from common.files import write_atomic
 from search_spaces import ArchConfig, ConfigError, HeadGroup, LayerSpec
 from workers.model import Model, build_model
 
@@ -183,7 +184,7 @@ def save_gpt2(model: Model, config: dict[str, Any], folder: Path) -> None:
                .detach().contiguous().clone() for ours, theirs, transpose in _pairs(arch)}
     folder.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(folder / SAFETENSORS), metadata={"format": "pt"})
-    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    write_atomic(folder / "config.json", json.dumps(config, indent=2))
 
 
 def padded_qkv(weight: Tensor, bias: Tensor, layer: LayerSpec, width: int
@@ -191,6 +192,9 @@ def padded_qkv(weight: Tensor, bias: Tensor, layer: LayerSpec, width: int
     """``(3 * heads * width, d)`` query/key/value weights and biases of a layer whose groups
     may have ``qk_dim < width``: each head's rows zero-padded to ``width`` and scaled so that
     ``q . k / sqrt(width)`` equals the reduced head's ``q . k / sqrt(qk_dim)``."""
+    if any(g.v_dim != width for g in layer.heads):
+        raise CheckpointError(f"every head of a GPT-2 layer has width {width}; this layer has "
+                              f"{layer.heads_str}")
     qk_width = sum(g.count * g.qk_dim for g in layer.heads)
     q, k, v = weight.split([qk_width, qk_width, layer.width])
     qb, kb, vb = bias.split([qk_width, qk_width, layer.width])
@@ -206,8 +210,5 @@ def padded_qkv(weight: Tensor, bias: Tensor, layer: LayerSpec, width: int
                                                                           w.shape[1])]))
                 out_b[n].append(torch.cat([b[rows] * scale, b.new_zeros(width - g.qk_dim)]))
             offset += g.qk_dim
-    if any(g.v_dim != width for g in layer.heads):
-        raise CheckpointError(f"every head of a GPT-2 layer has width {width}; this layer has "
-                              f"{layer.heads_str}")
     return (torch.cat([*out_w[0], *out_w[1], v]), torch.cat([*out_b[0], *out_b[1], vb]))
 

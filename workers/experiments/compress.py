@@ -22,7 +22,7 @@ from typing import Any
 from common.cli import int_in, render_table
 from common.files import write_csv
 from common.plots import new_figure, write_figure
-from search_spaces import ArchConfig, HeadGroup, LayerSpec, param_count
+from search_spaces import ArchConfig, HeadGroup, LayerSpec, merge_groups, param_count
 from search_spaces.data import DataSpec
 from workers.compress import svd_student
 from workers.experiments import harness
@@ -46,6 +46,7 @@ class Sizes:
     tolerances: tuple[float, ...]
 
 
+EVAL = TrainConfig(eval_batches=16, batch_size=32, device="cpu")  # every loss reported
 SMOKE = Sizes(32, 2, 2, 32, 0.2, 40, 5, (0.05,))
 FULL = Sizes(128, 4, 4, 128, 8.0, 1500, 200, (0.01, 0.03, 0.1))
 
@@ -73,30 +74,28 @@ def uniform_like(arch: ArchConfig, planned: ArchConfig) -> ArchConfig:
     base, extra = divmod(total, count)
     layers, given = [], 0
     for layer in arch.layers:
-        groups = []
-        for _ in range(layer.heads[0].count):
-            groups.append(base + (given < extra))
-            given += 1
-        dims = sorted(set(groups), reverse=True)
-        heads_ = tuple(HeadGroup(groups.count(r), r, layer.heads[0].v_dim) for r in dims)
-        layers.append(LayerSpec(layer.attention, heads_, layer.mlp_ratio, layer.role))
+        count, v_dim = layer.heads[0].count, layer.heads[0].v_dim
+        dims = [base + (given + h < extra) for h in range(count)]
+        given += count
+        layers.append(LayerSpec(layer.attention, merge_groups(HeadGroup(1, r, v_dim)
+                                                              for r in dims),
+                                layer.mlp_ratio, layer.role))
     return ArchConfig.from_dict({**arch.to_dict(), "layers": [x.to_dict() for x in layers]})
 
 
 def student_row(name: str, tolerance: float, model: Model, arch: ArchConfig, task: Task,
                 sizes: Sizes) -> dict[str, Any]:
     """Compress to ``arch``, evaluate after the SVD, fine-tune, evaluate again."""
-    config = TrainConfig(eval_batches=16, batch_size=32, device="cpu")
     student = svd_student(model, arch)
     trainer = Trainer(arch, task, TrainConfig(steps=sizes.finetune, lr=3e-4, batch_size=32,
                                               eval_every=sizes.finetune, device="cpu"))
     trainer.model.load_state_dict(student.state_dict())
-    svd_loss = evaluate(student, task, config, "cpu")[0]
+    svd_loss = evaluate(student, task, EVAL, "cpu")[0]
     trainer.run()
     return {"tolerance": tolerance, "plan": name,
             "qk_dims": " | ".join(x.heads_str for x in arch.layers),
             "params_trainable": param_count(arch).trainable, "svd_loss": svd_loss,
-            "finetuned_loss": evaluate(trainer.model, task, config, "cpu")[0]}
+            "finetuned_loss": evaluate(trainer.model, task, EVAL, "cpu")[0]}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -105,8 +104,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     corpus = harness.write_corpus(args.out / "corpus", sizes.megabytes)
     task = make_data_task(DataSpec(str(corpus)), length=sizes.length)
     model = teacher(sizes, task, args.steps or sizes.steps, args.out / "teacher.pt")
-    config = TrainConfig(eval_batches=16, batch_size=32, device="cpu")
-    teacher_loss = evaluate(model, task, config, "cpu")[0]
+    teacher_loss = evaluate(model, task, EVAL, "cpu")[0]
     sample = task.batch("val", SAMPLE_BATCH, 32).x  # not the evaluation batches
     rows: list[dict[str, Any]] = []
     profile: dict[str, Any] = {}
