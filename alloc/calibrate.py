@@ -28,9 +28,10 @@ from scipy.stats import spearmanr
 
 from alloc.constants import Constants, to_yaml
 from alloc.plan import Plan, PlanSettings, make_plan, predicted_error
-from common.cli import Parser, UsageError, add_format, check_writable, dump, fail, render_table
+from arch import LayerSpec
+from common.cli import Parser, add_format, check_writable, dump, fail, render_table
+from common.errors import UsageError
 from common.files import write_atomic
-from search_spaces import LayerSpec
 
 PROG = "alloc.calibrate"
 ORDER_RANGE = (1.0, 6.0)
@@ -52,7 +53,7 @@ class Observation:
 
 
 @dataclass(frozen=True)
-class Fit:
+class ConstantsFit:
     constants: Constants
     scale: float
     r2: float  # of log-loss
@@ -78,7 +79,7 @@ def bounds(settings: PlanSettings, observations: Sequence[Observation],
 
 
 def _score(settings: PlanSettings, observations: Sequence[Observation],
-           constants: Constants) -> Fit:
+           constants: Constants) -> ConstantsFit:
     """Best scale for ``constants`` and the fit's quality."""
     e = bounds(settings, observations, constants)
     log_y = np.log([o.loss for o in observations])
@@ -88,7 +89,7 @@ def _score(settings: PlanSettings, observations: Sequence[Observation],
     sst = float(((log_y - log_y.mean()) ** 2).sum())
     r2 = 1.0 - sse / sst if sst > 0 else 1.0
     rho = float(spearmanr(e, log_y).statistic) if len(set(e.tolist())) > 1 else 0.0
-    return Fit(constants, math.exp(log_k), r2, rho if math.isfinite(rho) else 0.0,
+    return ConstantsFit(constants, math.exp(log_k), r2, rho if math.isfinite(rho) else 0.0,
                tuple(e.tolist()))
 
 
@@ -96,7 +97,8 @@ def _constants(theta: np.ndarray) -> Constants:
     return Constants(math.exp(theta[0]), math.exp(theta[1]), float(theta[2]))
 
 
-def fit(settings: PlanSettings, observations: Sequence[Observation]) -> tuple[Fit, Fit]:
+def fit(settings: PlanSettings, observations: Sequence[Observation]
+        ) -> tuple[ConstantsFit, ConstantsFit]:
     """(raw, calibrated): the settings' own constants with only the scale fitted, and the least
     squares constants. The calibrated fit nests the raw one, so its R² is never lower."""
     if len(observations) < 4:
@@ -164,7 +166,7 @@ def observations_from_study(url: str | None, study: str) -> tuple[PlanSettings,
     return settings, sorted(out, key=lambda o: (o.layer.n_heads, o.label))
 
 
-def write_constants(path: Path, study: str, architectures: int, fitted: Fit) -> None:
+def write_constants(path: Path, study: str, architectures: int, fitted: ConstantsFit) -> None:
     """The fitted constants for ``alloc.solve --constants``, with the fit's provenance."""
     meta = {"study": study, "architectures": architectures, "r2": fitted.r2,
             "spearman": fitted.spearman}
@@ -184,12 +186,12 @@ def _plan_summary(plan: Plan) -> dict[str, Any]:
             "extract_layer": plan.arch.layers[0].heads_str}
 
 
-def _fit_dict(f: Fit) -> dict[str, Any]:
+def _fit_dict(f: ConstantsFit) -> dict[str, Any]:
     return {**f.constants.as_flags(), "scale": f.scale, "r2": f.r2, "spearman": f.spearman}
 
 
 def calibration_report(study: str, settings: PlanSettings, observations: Sequence[Observation],
-                       raw: Fit, calibrated: Fit) -> dict[str, Any]:
+                       raw: ConstantsFit, calibrated: ConstantsFit) -> dict[str, Any]:
     rows = [{"architecture": o.label, "trial": o.trial, "trials": o.trials, "loss": o.loss,
              "raw": r, "calibrated": c}
             for o, r, c in zip(observations, raw.predicted, calibrated.predicted)]

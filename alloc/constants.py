@@ -14,11 +14,13 @@ from typing import Any
 
 import yaml
 
+from common.errors import TransformerAllocError
+
 FIELDS = ("c_proj", "c_head", "order")
 METADATA = ("scale", "fit")
 
 
-class ConstantsError(ValueError):
+class ConstantsError(TransformerAllocError):
     """A constants file that cannot be used; the message is one line naming the key and rule."""
 
 

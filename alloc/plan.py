@@ -29,7 +29,7 @@ from alloc.saturation import (
     reduced_qk_dim,
     teacher_spectrum,
 )
-from search_spaces import (
+from arch import (
     SINGLE_WIDTH_KINDS,
     ArchConfig,
     AttentionKind,
@@ -40,7 +40,7 @@ from search_spaces import (
     merge_groups,
     param_count,
 )
-from search_spaces.kernels import parse_kernel
+from arch.kernels import parse_kernel
 
 BASELINE_HEAD_DIM = 64
 

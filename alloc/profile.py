@@ -1,4 +1,4 @@
-"""python -m alloc.profile --data PATH [--out profile.yaml] | --checkpoint PATH [--data PATH]
+"""python -m alloc.profile --data PATH [--out profile.yaml] | --checkpoint PATH --task lm
 
 Measure, from a bounded sample of your data, what the allocator takes as inputs
 (docs/theory.md §9): the memory kernel rho(s) for offsets s = 1..N, the best-fitting parametric
@@ -11,8 +11,10 @@ participation ratio. ``--out`` writes the profile as YAML, with the per-offset k
 spectrum as one-value-per-line files beside it that ``alloc.solve --kernel file:`` and
 ``--spectrum file:`` accept; ``alloc.solve --profile profile.yaml`` takes all of it at once.
 With ``--checkpoint`` it profiles a trained model instead (docs/theory.md §10): per head the
-spectrum of its query-key map and, on a ``--data`` sample, its logit bound and attention entropy,
-and the per-layer plan of reduced ``qk_dim`` that ``python -m workers.compress`` builds.
+spectrum of its query-key map and, on a sample of ``--data`` or of ``--task`` (the trainer's
+task flags), its logit bound and attention entropy, and the per-layer plan of reduced ``qk_dim``
+(``alloc.compression``) that ``python -m workers.compress`` builds. The model runs on the torch
+side (``workers.measure``), reached through its entry point: this module imports no torch.
 """
 
 from __future__ import annotations
@@ -30,20 +32,29 @@ import numpy as np
 import yaml
 from scipy.optimize import minimize_scalar
 
+from alloc.compression import (
+    RULES,
+    MeasureRequest,
+    load_measurer,
+    plan_compression,
+    plot_plan,
+    render_plan,
+)
+from arch.kernels import kernel_shape
 from common.cli import (
     Parser,
-    UsageError,
     add_format,
     check_writable,
     dump,
     fail,
     int_in,
     number,
+    parse_task_params,
     render_table,
 )
+from common.errors import TransformerAllocError, UsageError
 from common.files import write_atomic
-from search_spaces.data import FORMATS, DataError, DataSpec, open_arrays, open_tokens
-from search_spaces.kernels import kernel_shape
+from userdata import FORMATS, DataError, DataSpec, open_arrays, open_tokens
 
 PROG = "alloc.profile"
 TOP_K = 64  # symbols kept apart; the rest are one "other" symbol
@@ -54,7 +65,7 @@ RIDGE = 1e-3  # ridge penalty, relative to the mean feature variance
 
 
 @dataclass(frozen=True)
-class Fit:
+class KernelFit:
     """A parametric kernel fitted to the measured one: ``form:param`` and its R²."""
 
     form: str
@@ -78,14 +89,14 @@ class Profile:
     estimator: str
     kernel: np.ndarray  # rho(s), s = 1..seq_len, largest 1
     raw: np.ndarray  # per offset: bits of mutual information, or share of variance
-    fits: tuple[Fit, ...]
+    fits: tuple[KernelFit, ...]
     input_dim: int
     spectrum: np.ndarray  # decreasing
     wall_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def best(self) -> Fit:
+    def best(self) -> KernelFit:
         return max(self.fits, key=lambda f: f.r2)
 
     @property
@@ -176,7 +187,7 @@ def participation_ratio(x: np.ndarray) -> float:
 # --- parametric fits ----------------------------------------------------------------------------
 
 
-def fit_kernel(rho: np.ndarray) -> tuple[Fit, ...]:
+def fit_kernel(rho: np.ndarray) -> tuple[KernelFit, ...]:
     """Least-squares fits of ngram:K, exp:LAMBDA and poly:P (each with a free scale)."""
     n = len(rho)
     total = float(((rho - rho.mean()) ** 2).sum()) or 1.0
@@ -187,11 +198,11 @@ def fit_kernel(rho: np.ndarray) -> tuple[Fit, ...]:
         return float(((rho - scale * shape) ** 2).sum())
 
     ngram = min(range(1, n + 1), key=lambda k: sse("ngram", k))
-    fits = [Fit("ngram", ngram, 1 - sse("ngram", ngram) / total)]
+    fits = [KernelFit("ngram", ngram, 1 - sse("ngram", ngram) / total)]
     for form, bounds in (("exp", (1e-4, 20.0)), ("poly", (0.0, 10.0))):
         best = minimize_scalar(lambda v, f=form: sse(f, v), bounds=bounds, method="bounded",
                                options={"xatol": 1e-6})
-        fits.append(Fit(form, float(best.x), 1 - float(best.fun) / total))
+        fits.append(KernelFit(form, float(best.x), 1 - float(best.fun) / total))
     return tuple(fits)
 
 
@@ -366,11 +377,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", type=Path,
                    help="profile a trained model instead (a workers.train .pt, or a GPT-2 "
                         "layout folder: config.json + model.safetensors; docs/theory.md §10)")
+    p.add_argument("--task", help="--checkpoint: measure on a sample of this generated task "
+                                  "(as workers.train --task), in windows of the model's length")
+    p.add_argument("--task-param", action="append", default=[], metavar="KEY=VALUE",
+                   help="--checkpoint: override a task parameter (repeatable)")
+    p.add_argument("--smoke-test", action="store_true", help="--checkpoint: --task at its "
+                                                             "smoke size")
     p.add_argument("--tolerance", type=number(0, strict=True), default=0.05,
                    help="--checkpoint: allowed attention error per head")
     p.add_argument("--align", type=int_in(1), default=8,
                    help="--checkpoint: reduced qk_dim are multiples of this")
-    p.add_argument("--rule", choices=("bound", "measured"),
+    p.add_argument("--rule", choices=RULES,
                    help="--checkpoint: what decides each reduced qk_dim: the saturation rule's "
                         "bound (docs/theory.md §4) or the attention error measured on the --data "
                         "sample (default: measured with --data, else bound)")
@@ -399,26 +416,56 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.checkpoint is not None:
-        # Measuring a trained model runs it: the torch side lives in workers, imported here
-        # only (so alloc.solve and the data profile never load torch; tests/test_layering.py).
-        from workers.inspect import main_checkpoint
-
-        return main_checkpoint(args)
-    if args.data is None:
-        return fail(PROG, "--data or --checkpoint: one is required")
     try:
         for flag, path in (("--out", args.out), ("--plot", args.plot)):
             if path is not None:
                 check_writable(flag, path)
+        if args.checkpoint is not None:
+            return _main_checkpoint(args)
+        _check_data_flags(args)
         spec = DataSpec(str(args.data), args.data_format, args.data_dtype, args.vocab_size)
         profile = profile_data(spec, args.seq_len, args.sample_tokens, args.seed)
-    except (UsageError, DataError) as err:
+    except TransformerAllocError as err:
         return fail(PROG, str(err))
     data = write_profile(profile, args.out) if args.out else to_dict(profile)
     if args.plot is not None:
         plot(profile, args.plot)
     print(render(data) if args.format == "table" else dump(data, args.format))
+    return 0
+
+
+def _check_data_flags(args: argparse.Namespace) -> None:
+    checkpoint_only = [flag for flag, given in (("--task", args.task),
+                                                ("--task-param", args.task_param),
+                                                ("--smoke-test", args.smoke_test)) if given]
+    if checkpoint_only:
+        raise UsageError(f"{checkpoint_only[0]}: only with --checkpoint (a data profile "
+                         "measures --data)")
+    if args.data is None:
+        raise UsageError("--data or --checkpoint: one is required")
+
+
+def _main_checkpoint(args: argparse.Namespace) -> int:
+    """``--checkpoint``: measure the model (torch side), plan, write and show the plan."""
+    if args.data is not None and args.task is not None:
+        raise UsageError("--data and --task: give one sample source")
+    data = None if args.data is None else DataSpec(str(args.data), args.data_format,
+                                                   args.data_dtype, args.vocab_size)
+    request = MeasureRequest(args.checkpoint, args.align, data=data, task=args.task,
+                             task_params=parse_task_params(args.task_param),
+                             smoke_test=args.smoke_test, seq_len=args.seq_len,
+                             sample_tokens=args.sample_tokens, seed=args.seed)
+    plan = plan_compression(load_measurer()(request), args.tolerance, args.rule,
+                            args.logit_bound)
+    if not plan.measured and not plan.reduces:
+        print(f"{PROG}: no reduction can be planned without data: the bound alone allows none "
+              "at these norms; give --task or --data to measure the logits (or --logit-bound "
+              "R to assume them)", file=sys.stderr)
+    if args.out is not None:
+        write_atomic(args.out, plan.to_yaml())
+    if args.plot is not None:
+        plot_plan(plan, args.plot)
+    print(render_plan(plan) if args.format == "table" else dump(plan.to_dict(), args.format))
     return 0
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from search_spaces.kernels import KernelError, read_values
+from arch.kernels import KernelError, read_values
 
 SIGMA_FORMS = "power:BETA or file:PATH"
 

@@ -17,20 +17,11 @@ from typing import Any
 from alloc.constants import ConstantsError, read_constants
 from alloc.plan import Plan, PlanSettings, make_plan, report
 from alloc.saturation import parse_spectrum
-from common.cli import (
-    Parser,
-    UsageError,
-    add_format,
-    check_writable,
-    dump,
-    fail,
-    int_in,
-    number,
-    render_table,
-)
+from arch import ATTENTION_KINDS, POSITIONALS
+from arch.kernels import KernelError, parse_kernel
+from common.cli import Parser, add_format, check_writable, dump, fail, int_in, number, render_table
+from common.errors import UsageError
 from common.files import write_atomic
-from search_spaces import ATTENTION_KINDS, POSITIONALS
-from search_spaces.kernels import KernelError, parse_kernel
 
 PROG = "alloc.solve"
 MAX_BUDGET = 65536

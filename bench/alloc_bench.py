@@ -30,8 +30,8 @@ from alloc.extract import (
     solve_brute_force,
     solve_exact,
 )
+from arch.kernels import parse_kernel
 from common.cli import Parser, add_format, dump, render_table
-from search_spaces.kernels import parse_kernel
 
 # (kernel, seq_len, budget, align, input_dim, brute force feasible)
 FULL = [

@@ -64,10 +64,10 @@ def throughput(folder: Path, steps: int, rounds: int, smoke: bool) -> dict[str, 
     """Median training tokens/s and batch-building time: ``.bin`` windows vs the ``lm`` task."""
     import torch
 
-    from search_spaces import ArchConfig, HeadGroup, LayerSpec
-    from search_spaces.data import DataSpec
+    from arch import ArchConfig, HeadGroup, LayerSpec, TrainConfig
+    from userdata import DataSpec
     from workers.tasks import make_data_task, make_task
-    from workers.train import TrainConfig, Trainer
+    from workers.train import Trainer
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1)))
     length = 64 if smoke else 256

@@ -26,11 +26,13 @@ from typing import Any
 import numpy as np
 import optuna
 
-from common.cli import Parser, UsageError, add_format, dump, fail, int_in, number, render_table
+from arch import ModelIO
+from common.cli import Parser, add_format, dump, fail, int_in, number, render_table
+from common.errors import UsageError
 from common.files import write_csv
 from common.plots import new_figure, write_figure
-from search_spaces import ModelIO, SearchSpace, parse_space
-from workers.searcher import ASHA_REDUCTION, asha_grace_period
+from search_spaces import SearchSpace, parse_space
+from workers.search.searcher import ASHA_REDUCTION, asha_grace_period
 
 TARGET = 0.02  # within 2% of the best value of the table
 STRATEGIES = ("seeded-tpe", "tpe", "random", "grid")
@@ -194,8 +196,8 @@ def to_target(outcomes: list[Outcome], target: float, maximize: bool, steps: int
 
 
 def run_bench(bench: Bench, args: argparse.Namespace) -> list[dict[str, Any]]:
-    from workers.search import training_budget
-    from workers.seeding import plan_settings, seeds
+    from workers.search.driver import training_budget
+    from workers.search.seeding import plan_settings, seeds
     from workers.tasks import make_task
 
     task = make_task(bench.task, "smoke" if args.smoke_test else "paper", 0, **bench.task_params)
@@ -324,8 +326,8 @@ def main(argv: list[str] | None = None) -> int:
                             "a trained table; live searches per strategy and seed are not "
                             "offered)")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    from workers import tune
     from workers.experiments import harness
+    from workers.search import tune
 
     try:
         harness.prepare(args)

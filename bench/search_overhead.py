@@ -16,13 +16,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from arch import ArchConfig
 from common.cli import Parser, add_format, dump, int_in, render_table
-from search_spaces import ArchConfig, FixedSuggester, load_space
+from search_spaces import FixedSuggester, load_space
 
 
 def launcher(url: str, results: Path, study: str, args: argparse.Namespace, reuse: bool,
              checkpoints: bool = True) -> float:
-    from workers.search import SearchOptions, run_search, training_budget
+    from workers.search.driver import SearchOptions, run_search, training_budget
 
     space = training_budget(load_space(args.space), steps=args.steps)
     options = SearchOptions(scheduler="fifo", max_concurrent=1, storage_path=results,
@@ -40,8 +41,9 @@ def plain_loop(url: str, study: str, args: argparse.Namespace) -> float:
     import optuna
     import torch
 
+    from arch import TrainConfig
     from workers.tasks import make_task
-    from workers.train import TrainConfig, Trainer
+    from workers.train import Trainer
 
     torch.set_num_threads(1)  # what a 1-CPU trial gets
     trials = optuna.load_study(study_name=study, storage=url).get_trials(
@@ -66,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--task", default="ngram")
     add_format(p)
     args = p.parse_args(argv)
-    from workers import tune
+    from workers.search import tune
 
     start = time.perf_counter()
     tune.start()

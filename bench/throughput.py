@@ -19,8 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from arch import ATTENTION_KINDS, ArchConfig, AttentionKind, HeadGroup, LayerSpec
 from common.cli import Parser, add_format, dump, render_table
-from search_spaces import ATTENTION_KINDS, ArchConfig, AttentionKind, HeadGroup, LayerSpec
 from workers.model import Block, count_params
 
 

@@ -16,11 +16,9 @@ from typing import Any, NoReturn
 
 import yaml
 
+from common.errors import UsageError
+
 FORMATS = ("table", "json", "yaml")
-
-
-class UsageError(Exception):
-    """Bad input found after parsing; the message is the one line to print."""
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -84,6 +82,24 @@ def number(low: float, strict: bool = False) -> Callable[[str], float]:
         return value
 
     return parse
+
+
+def parse_task_params(items: list[str]) -> dict[str, Any]:
+    """``["m_max=10", ...]`` -> ``{"m_max": 10}`` (ints, then floats, else strings)."""
+    params: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--task-param {item!r}: expected KEY=VALUE")
+        for cast in (int, float):
+            try:
+                params[key] = cast(text)
+                break
+            except ValueError:
+                continue
+        else:
+            params[key] = text
+    return params
 
 
 def add_format(parser: argparse.ArgumentParser) -> None:

@@ -35,9 +35,9 @@ from typing import Any
 
 import yaml
 
-from search_spaces.arch import ATTENTION_KINDS, ArchConfig, HeadGroup, LayerSpec
-from search_spaces.checks import ConfigError, is_int, is_number
-from search_spaces.data import DataError, DataSpec
+from arch.checks import ConfigError, is_int, is_number
+from arch.config import ATTENTION_KINDS, ArchConfig, HeadGroup, LayerSpec
+from arch.training import TrainConfig
 from search_spaces.space import (
     PROBE_IO,
     LayerRule,
@@ -48,10 +48,10 @@ from search_spaces.space import (
     min_group_widths,
     neighbourhood,
 )
+from userdata import DataError, DataSpec
 
 SPACES_DIR = Path(__file__).resolve().parent
-TRAIN_KEYS = ("steps", "eval_every", "batch_size", "lr", "optimizer", "weight_decay", "warmup",
-              "min_lr", "grad_clip", "eval_batches", "seed")
+TRAIN_KEYS = TrainConfig.experiment_fields()
 FIXED_TRAIN_KEYS = ("steps", "eval_every")  # the scheduler needs one budget per study
 MODEL_KEYS = ("positional", "norm", "mlp", "causal", "tie_embeddings", "seed")
 SAMPLERS = ("tpe", "grid", "random")
@@ -349,7 +349,17 @@ def _parse_train(check: _Checker, data: Any) -> list[TrainParam]:
             if key in FIXED_TRAIN_KEYS and not check.int_at_least(where, value, 1):
                 continue
             params.append(TrainParam(key, value=value))
+    for param in params:
+        check.problems += _train_value_problems(param)
     return params
+
+
+def _train_value_problems(param: TrainParam) -> list[str]:
+    """What ``TrainConfig`` says of every value the parameter can take (its fixed value, each
+    choice, or both ends of its range)."""
+    values = ([param.value] if param.low is None and param.choices is None
+              else list(param.choices or ()) or [param.low, param.high])
+    return sorted({p for v in values for p in TrainConfig.problems({param.key: v}, "train")})
 
 
 def _check_constructible(space: SearchSpace) -> None:

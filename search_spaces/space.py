@@ -8,7 +8,7 @@ Sampling is define-by-run against anything with Optuna's ``suggest_categorical``
 ``suggest_int`` / ``suggest_float`` (an Optuna trial, or ``RandomSuggester`` here), and every
 sampled point is a valid ``ArchConfig`` by construction: derived values are one-point integer
 ranges, and the loader rejects rules whose choices could break the budget. Param names come
-from ``search_spaces.codec`` (``L0.attention``, ``L0.g1.count``, ``L1-3.attention`` for a shared
+from ``arch.codec`` (``L0.attention``, ``L0.g1.count``, ``L1-3.attention`` for a shared
 rule) plus ``train.<key>``; ``encode`` is the inverse of sampling, so any architecture of the
 space can be enqueued.
 
@@ -29,8 +29,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from search_spaces import codec
-from search_spaces.arch import (
+from arch import codec
+from arch.config import (
     SINGLE_WIDTH_KINDS,
     ArchConfig,
     AttentionKind,
@@ -40,14 +40,15 @@ from search_spaces.arch import (
     Role,
     merge_groups,
 )
-from search_spaces.data import DataSpec
+from common.errors import TransformerAllocError
+from userdata import DataSpec
 
 # Input/output of no task: enumerating a grid and validating a rule's choices need an
 # ArchConfig, and the layers' validity does not depend on the task.
 PROBE_IO = ModelIO(max_seq_len=1, vocab_size=1)
 
 
-class SpaceError(ValueError):
+class SpaceError(TransformerAllocError):
     """An invalid search space, or an architecture outside one; the message names the file,
     the key and the rule."""
 

@@ -14,16 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from common.cli import (
-    Parser,
-    UsageError,
-    add_format,
-    check_writable,
-    dump,
-    fail,
-    int_in,
-    render_table,
-)
+from common.cli import Parser, add_format, check_writable, dump, fail, int_in, render_table
+from common.errors import UsageError
 from common.files import write_atomic
 from common.plots import new_figure, write_figure
 from studies import query
@@ -73,7 +65,7 @@ def _trial_dict(t: query.TrialRecord) -> dict[str, Any]:
 
 
 def allocation_table(t: query.TrialRecord) -> str:
-    from search_spaces import attention_params
+    from arch import attention_params
 
     assert t.arch is not None
     rows = [[i, layer.attention, layer.heads_str, layer.width,

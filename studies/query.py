@@ -20,7 +20,8 @@ from typing import Any
 import sqlalchemy as sa
 from scipy.stats import spearmanr
 
-from search_spaces import ArchConfig
+from arch import ArchConfig
+from common.errors import TransformerAllocError
 from studies import records as rec
 
 _studies = sa.table("studies", sa.column("study_id"), sa.column("study_name"))
@@ -43,7 +44,7 @@ _VALUE_TYPE = sa.cast(_values.c.value_type, sa.String)
 _DIRECTION = sa.cast(_directions.c.direction, sa.String)
 
 
-class QueryError(Exception):
+class QueryError(TransformerAllocError):
     """A query that cannot be answered (unknown study, no eligible trial); one line."""
 
 

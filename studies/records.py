@@ -1,6 +1,6 @@
 """The mapping between an Optuna trial and our record of a candidate architecture.
 
-Trial params are the flat per-layer fields of ``search_spaces.codec`` (``L0.attention``,
+Trial params are the flat per-layer fields of ``arch.codec`` (``L0.attention``,
 ``L0.g0.count``, ...; fields at their default are left out, since Optuna writes each param with
 three queries). Trial user attrs hold the whole ``ArchConfig`` JSON of the trained model and
 its measurements; study user attrs describe the search.
@@ -24,7 +24,7 @@ from optuna.distributions import (
 )
 from optuna.trial import FrozenTrial, TrialState
 
-from search_spaces import ATTENTION_KINDS, ROLES, ArchConfig, codec, param_count
+from arch import ATTENTION_KINDS, ROLES, ArchConfig, codec, param_count
 
 # Trial user attributes written for every trial.
 ARCH, ARCH_ID = "arch", "arch_id"

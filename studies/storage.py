@@ -30,13 +30,15 @@ from optuna.trial import TrialState
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
+from common.errors import TransformerAllocError
+
 log = logging.getLogger(__name__)
 ENV_VAR = "OPTUNA_STORAGE"
 DEFAULT_URL = "sqlite:///studies.db"
 SCHEMES = ("sqlite", "postgresql")
 
 
-class StorageError(Exception):
+class StorageError(TransformerAllocError):
     """The storage cannot be opened; the message is one line and never holds a password."""
 
 

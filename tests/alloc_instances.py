@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from alloc.extract import ErrorModel, ExtractProblem
-from search_spaces.kernels import parse_kernel
+from arch.kernels import parse_kernel
 
 
 def random_kernel(rng: np.random.Generator, tmp: Path, seq_len: int) -> str:

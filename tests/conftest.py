@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from hypothesis import strategies as st
 
-from search_spaces import ArchConfig, HeadGroup, LayerSpec
+from arch import ArchConfig, HeadGroup, LayerSpec
 
 DIMS = st.sampled_from([2, 4, 8, 16, 32])
 

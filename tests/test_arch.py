@@ -8,7 +8,7 @@ import json
 import pytest
 from hypothesis import given, settings
 
-from search_spaces import ArchConfig, ConfigError, HeadGroup, LayerSpec
+from arch import ArchConfig, ConfigError, HeadGroup, LayerSpec
 from tests.conftest import arch_configs
 
 

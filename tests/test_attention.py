@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from search_spaces import ArchConfig, HeadGroup, LayerSpec
+from arch import ArchConfig, HeadGroup, LayerSpec
 from workers.attention import (
     ATTENTION,
     MixiTAttention,

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import optuna
 
+from arch import ModelIO
 from bench.search_efficiency import STRATEGIES, Entry, Outcome, key, replay, to_target
-from search_spaces import ModelIO, parse_space
+from search_spaces import parse_space
 from tests.test_search import ray_tmp
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,7 +16,7 @@ from alloc.calibrate import Observation, fit, with_constants
 from alloc.constants import Constants, read_constants
 from alloc.plan import PlanSettings, make_plan, predicted_error
 from alloc.solve import main as solve_main
-from search_spaces import ArchConfig, HeadGroup, LayerSpec
+from arch import ArchConfig, HeadGroup, LayerSpec
 from studies import add_record, open_storage, set_study_attrs
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -10,19 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from search_spaces import (
-    ATTENTION_KINDS,
-    ArchConfig,
-    ConfigError,
-    HeadGroup,
-    LayerSpec,
-    ModelIO,
-    RandomSuggester,
-    codec,
-    load_space,
-    parse_space,
-    shipped_spaces,
-)
+from arch import ATTENTION_KINDS, ArchConfig, ConfigError, HeadGroup, LayerSpec, ModelIO, codec
+from search_spaces import RandomSuggester, load_space, parse_space, shipped_spaces
 from tests.conftest import arch_configs
 
 

@@ -15,18 +15,18 @@ import pytest
 import torch
 import yaml
 
+from alloc.compression import CompressionError, CompressionPlan
 from alloc.profile import main as profile_main
-from common.cli import UsageError
-from search_spaces import ArchConfig, HeadGroup, LayerSpec
-from search_spaces.data import DataSpec
+from arch import ArchConfig, HeadGroup, LayerSpec, TrainConfig
+from userdata import DataSpec
 from workers.attention import future_mask
 from workers.checkpoints import CheckpointError, gpt2_arch, load
 from workers.compress import main as compress_main
 from workers.compress import svd_student
-from workers.inspect import head_maps, measure, profile_checkpoint
+from workers.measure import head_maps, measure, profile_checkpoint
 from workers.model import Model, build_model
 from workers.tasks import make_data_task
-from workers.train import TrainConfig, Trainer, evaluate
+from workers.train import Trainer, evaluate
 
 
 @functools.cache
@@ -79,16 +79,16 @@ def test_the_loss_grows_as_the_rank_shrinks(teacher: tuple[Model, Path, torch.Te
 def test_each_heads_attention_error_is_under_its_predicted_bound(
         teacher: tuple[Model, Path, torch.Tensor]) -> None:
     model, _, x = teacher
-    profile = profile_checkpoint(model, x, 32, tolerance=0.02, align=4, rule="measured")
-    reduced = ArchConfig.from_dict(profile["student"])
+    plan = profile_checkpoint(model, x, 32, tolerance=0.02, align=4, rule="measured")
+    reduced = plan.student
     assert reduced != model.arch  # the measured rule reduces something at this tolerance
     student = svd_student(model, reduced)
     teacher_z = measure(model, x, reduce=lambda z: z).groups
     student_z = measure(student, x, reduce=lambda z: z).groups
     inputs = measure(model, x).inputs
-    for i, layer in enumerate(profile["layers"]):
-        (group,) = layer["groups"]
-        r = group["reduced_qk_dim"]
+    for i, layer in enumerate(plan.layers):
+        (group,) = layer.groups
+        r = group.reduced_qk_dim
         # The student's own model, layer by layer with the teacher's inputs: its change of
         # attention weights, head by head, against the bound the plan predicted.
         errors = []
@@ -100,12 +100,13 @@ def test_each_heads_attention_error_is_under_its_predicted_bound(
             low = torch.softmax(z.masked_fill(mask, float("-inf")), -1)
             full = torch.softmax(teacher_z[i][0][:, h].double(), -1)
             errors.append(float((full - low).abs().max()))
-            assert errors[-1] <= group["errors"][r] + 1e-9
-        assert max(errors) == pytest.approx(group["measured_errors"][r], abs=1e-6)
+            assert errors[-1] <= group.error_bounds[r] + 1e-9
+        assert group.measured_errors is not None
+        assert max(errors) == pytest.approx(group.measured_errors[r], abs=1e-6)
         if i == 0:  # layer 0 sees the same input in the student model itself
             seen = (torch.softmax(student_z[0][0].double(), -1)
                     - torch.softmax(teacher_z[0][0].double(), -1)).abs().amax((0, 2, 3))
-            assert float(seen.max()) <= group["errors"][r] + 1e-9
+            assert float(seen.max()) <= group.error_bounds[r] + 1e-9
 
 
 def test_profile_and_compress_our_checkpoint(teacher: tuple[Model, Path, torch.Tensor],
@@ -139,11 +140,12 @@ def test_bad_inputs_are_one_line(teacher: tuple[Model, Path, torch.Tensor], tmp_
     (tmp_path / "broken" / "model.safetensors").write_bytes(b"")
     other = profile_checkpoint(svd_student(teacher[0], uniform(teacher[0].arch, 8)), None, 32,
                                0.05, 4)
-    (tmp_path / "other.yaml").write_text(yaml.safe_dump(other))
-    plan = profile_checkpoint(teacher[0], None, 32, 0.05, 4)
+    (tmp_path / "other.yaml").write_text(other.to_yaml())
+    plan = profile_checkpoint(teacher[0], None, 32, 0.05, 4).to_dict()
     (tmp_path / "plan.yaml").write_text(yaml.safe_dump(plan))
     wider = LayerSpec("mhsa", (HeadGroup(2, 16, 32),), mlp_ratio=2.0)  # values changed too
     edited = {**plan, "student": {**plan["student"], "layers": [wider.to_dict()] * 2}}
+    (tmp_path / "notaplan.yaml").write_text(yaml.safe_dump({**plan, "layers": "?"}))
     (tmp_path / "edited.yaml").write_text(yaml.safe_dump(edited))
     ours = ["--checkpoint", str(folder / "lm.pt"), "--plan", str(tmp_path / "plan.yaml"),
             "--out", str(tmp_path / "s.pt")]
@@ -156,6 +158,12 @@ def test_bad_inputs_are_one_line(teacher: tuple[Model, Path, torch.Tensor], tmp_
               "a plan for model"),
              (compress_main, [*ours[:3], str(tmp_path / "edited.yaml"), *ours[4:]],
               "a plan may only lower qk_dim"),
+             (compress_main, [*ours[:3], str(tmp_path / "notaplan.yaml"), *ours[4:]],
+              "not a checkpoint profile"),
+             (profile_main, ["--checkpoint", str(folder / "lm.pt"), "--task", "nosuch"],
+              "unknown task 'nosuch'"),
+             (profile_main, ["--data", str(corpus(str(folder))), "--task", "lm"],
+              "--task: only with --checkpoint"),
              (compress_main, [*ours, "--task", "modadd"],
               "--task modadd: vocab_size 600, the checkpoint's model has 256"),
              (compress_main, [*ours, "--data", str(corpus(str(folder))), "--seq-len", "16"],
@@ -184,7 +192,7 @@ def test_a_rope_model_is_refused_not_mismeasured() -> None:
     layer = LayerSpec("mhsa", (HeadGroup(2, 16),))
     model = build_model(ArchConfig(d_model=32, layers=(layer,), max_seq_len=8, vocab_size=16,
                                    positional="rope"))
-    with pytest.raises(UsageError, match="rope"):
+    with pytest.raises(CompressionError, match="rope"):
         head_maps(model)
 
 
@@ -223,3 +231,38 @@ def test_a_gpt2_checkpoint_written_by_transformers(tmp_path: Path,
     # the student is the per-layer plan: each group's qk_dim is the one the profile chose
     assert [[g.qk_dim for g in layer.heads] for layer in student_arch.layers] == [
         [g["reduced_qk_dim"] for g in layer["groups"]] for layer in plan["layers"]]
+
+
+def test_a_plan_round_trips_through_yaml(teacher: tuple[Model, Path, torch.Tensor]) -> None:
+    model, _, x = teacher
+    plan = profile_checkpoint(model, x, 32, tolerance=0.02, align=4, rule="measured")
+    back = CompressionPlan.from_yaml(plan.to_yaml())
+    assert back == plan and back.student == plan.student and back.reduces
+    assert back.layers[0].groups[0].measured_error == plan.layers[0].groups[0].measured_error
+
+
+def test_the_trainer_profile_and_compress_chain_on_a_task(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The commands a user chains share their task flags: a model trained on ``--task lm
+    --smoke-test`` is profiled and compressed with the same flags, in windows of its length."""
+    from alloc.solve import main as solve_main
+    from workers.train import main as train_main
+
+    arch, ckpt, plan, out = (str(tmp_path / n) for n in ("A", "c.pt", "plan.yaml", "s.pt"))
+    assert solve_main(["--budget", "64", "--layers", "3", "--vocab-size", "64", "--out",
+                       arch]) == 0
+    task = ["--task", "lm", "--smoke-test"]
+    assert train_main(["--arch", arch, *task, "--checkpoint", ckpt, "--quiet"]) == 0
+    assert profile_main(["--checkpoint", ckpt, *task, "--out", plan]) == 0
+    assert "sample: --task lm" in capsys.readouterr().out
+    assert compress_main(["--checkpoint", ckpt, "--plan", plan, *task, "--out", out,
+                          "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["task"] == "lm" and "svd" in report
+    # Without a sample, the profile says in one line that it can plan no reduction, and
+    # compress says that the student is not smaller.
+    assert profile_main(["--checkpoint", ckpt, "--out", plan, "--format", "json"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no reduction can be planned without data" in err
+    assert compress_main(["--checkpoint", ckpt, "--plan", plan, *task, "--out", out]) == 0
+    assert "the student is as large as the teacher" in capsys.readouterr().err

@@ -10,7 +10,7 @@ import pytest
 
 from alloc.continuous import solve_continuous
 from alloc.extract import ErrorModel, ExtractProblem, solve_exact
-from search_spaces.kernels import parse_kernel
+from arch.kernels import parse_kernel
 from tests.alloc_instances import random_problem
 
 

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from search_spaces import ArchConfig, HeadGroup, LayerSpec, load_space, parse_space
-from search_spaces.data import DataError, DataSpec, infer_format, open_arrays, open_tokens
+from arch import ArchConfig, HeadGroup, LayerSpec
+from search_spaces import load_space, parse_space
+from userdata import DataError, DataSpec, infer_format, open_arrays, open_tokens
 from workers.tasks import describe_task, make_data_task, task_from_description
 from workers.train import main as train_main
 

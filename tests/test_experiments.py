@@ -16,7 +16,7 @@ import optuna
 import pytest
 
 from alloc.constants import read_constants
-from search_spaces import ArchConfig, HeadGroup, LayerSpec, param_count
+from arch import ArchConfig, HeadGroup, LayerSpec, param_count
 from studies import open_storage
 from tests.test_search import ray_tmp
 from workers.experiments import compress, denoise, mixit, saturation

@@ -18,7 +18,7 @@ from alloc.extract import (
     solve_uniform,
     uniform_options,
 )
-from search_spaces.kernels import parse_kernel
+from arch.kernels import parse_kernel
 from tests.alloc_instances import random_problem
 
 

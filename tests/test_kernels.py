@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from search_spaces.kernels import KernelError, parse_kernel
+from arch.kernels import KernelError, parse_kernel
 
 
 def test_forms() -> None:

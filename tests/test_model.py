@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from torch import Tensor
 
-from search_spaces import ArchConfig, HeadGroup, LayerSpec, param_count
+from arch import ArchConfig, HeadGroup, LayerSpec, param_count
 from tests.conftest import arch_configs
 from workers.attention import FrozenQKAttention, MultiHeadAttention, SubspaceAttention
 from workers.model import build_model, count_params

@@ -6,15 +6,8 @@ from dataclasses import replace
 
 from hypothesis import given, settings
 
-from search_spaces import (
-    ArchConfig,
-    HeadGroup,
-    LayerSpec,
-    ParamCount,
-    attention_params,
-    param_count,
-)
-from search_spaces.params import io_params, layer_params
+from arch import ArchConfig, HeadGroup, LayerSpec, ParamCount, attention_params, param_count
+from arch.params import io_params, layer_params
 from tests.conftest import arch_configs
 
 D = 32

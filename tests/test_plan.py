@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from alloc.plan import PlanSettings, make_plan, report
-from search_spaces import ArchConfig, HeadGroup, attention_params
+from arch import ArchConfig, HeadGroup, attention_params
 
 
 def test_default_plan() -> None:
@@ -74,8 +74,8 @@ def test_predicted_error_of_any_layer_is_the_brute_force_bound() -> None:
 
     from alloc.extract import ExtractProblem, GroupChoice
     from alloc.plan import predicted_error
-    from search_spaces import LayerSpec
-    from search_spaces.kernels import parse_kernel
+    from arch import LayerSpec
+    from arch.kernels import parse_kernel
 
     settings = PlanSettings(budget=64, input_dim=16, seq_len=4, kernel="poly:1", layers=1)
     rho = parse_kernel(settings.kernel, settings.seq_len)

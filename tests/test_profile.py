@@ -13,7 +13,7 @@ import yaml
 
 from alloc.profile import energy_rank, fit_kernel, main, mutual_information, profile_data
 from alloc.solve import main as solve_main
-from search_spaces.data import DataSpec
+from userdata import DataSpec
 from workers.tasks import make_task
 from workers.train import main as train_main
 

@@ -17,11 +17,11 @@ import torch
 import yaml
 from optuna.trial import TrialState
 
-from search_spaces import ArchConfig
+from arch import ArchConfig, TrainConfig
 from tests.test_search import launch, load, wait_for
-from workers.searcher import RESUMED
+from workers.search.protocol import RESUMED, TrialJob, TrialReport, TrialSpec
 from workers.tasks import make_task
-from workers.train import TrainConfig, Trainer
+from workers.train import Trainer
 
 SPACE = """name: one
 budget: 32
@@ -89,40 +89,39 @@ def test_a_trial_reports_every_evaluation_with_its_checkpoint(checkpoints: bool,
                                                              tmp_path: Path) -> None:
     """The trial function without Ray: a report per evaluation, each with the trainer's state
     (or none with --no-checkpoints), and a restart from one continues its curve."""
-    from search_spaces import HeadGroup, LayerSpec
+    from arch import HeadGroup, LayerSpec
     from workers.tasks import describe_task
     from workers.trial import CHECKPOINT_FILE, train_trial
 
     layer = LayerSpec("mhsa", (HeadGroup(2, 8),))
     arch = ArchConfig(d_model=16, layers=(layer,), max_seq_len=16, input_dim=8)
-    job = {"task": describe_task(make_task("ngram", "smoke")), "seed": 0, "metric": "mse",
-           "mode": "min", "device": "cpu", "threads": 1, "inject": [],
-           "checkpoints": checkpoints}
-    config = {"job": job, "arch": arch.to_json(), "resume_from": None,
-              "train": {"steps": 30, "eval_every": 10, "batch_size": 8}}
+    job = TrialJob(task=describe_task(make_task("ngram", "smoke")), metric="mse", mode="min",
+                   checkpoints=checkpoints)
+    spec = TrialSpec(arch, {"steps": 30, "eval_every": 10, "batch_size": 8})
     reports: list[tuple[dict[str, object], bool]] = []
 
-    def report(metrics: dict[str, object], checkpoint: Path | None) -> None:
+    def report(result: TrialReport, checkpoint: Path | None) -> None:
         saved = checkpoint is not None and (checkpoint / CHECKPOINT_FILE).exists()
-        reports.append((metrics, saved))
-        if checkpoint is not None and metrics["step"] == 20:
+        reports.append((result.to_result(job.metric), saved))
+        if checkpoint is not None and result.step == 20:
             shutil.copytree(checkpoint, tmp_path / "at20")
 
     (tmp_path / "work").mkdir()
     (tmp_path / "work2").mkdir()
-    train_trial(config, report, tmp_path / "work", "node")
+    train_trial(job, spec, report, tmp_path / "work", "node")
     assert [m["step"] for m, _ in reports] == [10, 20, 30]
     assert all(saved == checkpoints for _, saved in reports)
     if checkpoints:
         again: list[tuple[dict[str, object], bool]] = []
-        train_trial(config, lambda m, c: again.append((m, c is not None)),
+        train_trial(job, spec, lambda r, c: again.append((r.to_result("mse"), c is not None)),
                     tmp_path / "work2", "node", restore=tmp_path / "at20")
         assert [m["step"] for m, _ in again] == [30] and again[0][0][RESUMED] == 20
         assert again[0][0]["mse"] == pytest.approx(reports[-1][0]["mse"], rel=1e-6)
         # From the final checkpoint (the driver died before the end was told): the last
         # evaluation is reported again, not lost.
         final: list[dict[str, object]] = []
-        train_trial(config, lambda m, c: final.append(m), tmp_path / "work2", "node",
+        train_trial(job, spec, lambda r, c: final.append(r.to_result("mse")), tmp_path / "work2",
+                    "node",
                     restore=tmp_path / "work")
         assert [(m["step"], m["status"]) for m in final] == [(30, "running")]
         assert final[0]["mse"] == reports[-1][0]["mse"]

@@ -16,7 +16,7 @@ from alloc.saturation import (
     power_spectrum,
     reduced_qk_dim,
 )
-from search_spaces.kernels import KernelError
+from arch.kernels import KernelError
 
 
 @pytest.mark.parametrize("seed", range(20))

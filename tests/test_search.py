@@ -20,7 +20,9 @@ from sqlalchemy.engine import make_url
 
 from search_spaces import load_space
 from studies.cli import main as studies_main
-from workers.searcher import CHECKPOINT, RESUMED, finished_count, retried_numbers
+from workers.search.protocol import RESUMED
+from workers.search.searcher import CHECKPOINT, finished_count, retried_numbers
+from workers.trial import FAULTS_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ["--space", "aot_vs_standard.yaml", "--task", "modadd", "--smoke-test"]
@@ -80,7 +82,7 @@ def check_consistent(study: optuna.Study, total: int) -> None:
 def assert_records_are_the_trained_models(study: optuna.Study, task: str, tmp: Path) -> None:
     """Every COMPLETE trial's recorded architecture is the task's model and its recorded counts
     are what ``python -m workers.train`` reports for it (the acceptance check of the records)."""
-    from search_spaces import ArchConfig
+    from arch import ArchConfig
     from workers.tasks import make_task
     from workers.train import main as train_main
 
@@ -156,9 +158,9 @@ def test_smoke_search_then_studies_best(storage_url: str, study_name: str, tmp_p
 
 def test_failed_trials_are_recorded_and_the_search_goes_on(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 's.db'}"
+    faults = [{"kind": "raise", "match": '"mixit"'}, {"kind": "nan", "match": '"mssa"'}]
     proc = run(tmp_path, *SMOKE, "--storage", url, "--study", "f", "--trials", "8",
-               "--scheduler", "fifo", "--inject-failure", 'raise:"mixit"',
-               "--inject-failure", 'nan:"mssa"')
+               "--scheduler", "fifo", env={**os.environ, FAULTS_ENV: json.dumps(faults)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     study = load(url, "f")
     check_consistent(study, 8)
@@ -248,7 +250,7 @@ def test_cli_errors_are_one_line_and_touch_nothing(tmp_path: Path) -> None:
 
 def test_secure_url_moves_the_password_to_the_environment(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from workers.search import secure_url
+    from workers.search.driver import secure_url
 
     monkeypatch.delenv("PGPASSWORD", raising=False)
     url = secure_url("postgresql://alice:s3cr%40t@db:5432/studies")

@@ -6,16 +6,25 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
 from optuna.trial import TrialState
 
 from alloc.plan import PlanSettings
-from search_spaces import ModelIO, load_space
+from arch import ModelIO
+from search_spaces import load_space
 from studies.storage import StorageSettings, open_storage, reap_dead
-from workers.searcher import CHECKPOINT, Start, StudySearcher, finished_count, retried_numbers
-from workers.seeding import Predictor
+from workers.search.protocol import SPEC, Status, TrialReport, TrialSpec
+from workers.search.searcher import (
+    CHECKPOINT,
+    Start,
+    StudySearcher,
+    finished_count,
+    retried_numbers,
+)
+from workers.search.seeding import Predictor
 
 STEPS = 30
 
@@ -39,24 +48,38 @@ def searcher(tmp_path: Path) -> StudySearcher:
     return make(tmp_path)
 
 
-def result(step: int | None, acc: float, **extra: object) -> dict[str, object]:
-    return {"acc": acc, **({"step": step} if step is not None else {}), **extra}
+def report(step: int | None, acc: float, status: Status = "running", **extra: Any
+           ) -> TrialReport:
+    return TrialReport(status, acc, "node", step, **extra)
+
+
+def result(step: int | None, acc: float, **extra: Any) -> dict[str, Any]:
+    """What Tune hands the searcher: the trial's report as a flat dict, plus Tune's own keys."""
+    return {**report(step, acc, **extra).to_result("acc"), "training_iteration": 1}
 
 
 def test_classify(searcher: StudySearcher) -> None:
-    assert searcher.classify(result(STEPS, 0.5), False)[:2] == (TrialState.COMPLETE, 0.5)
-    assert searcher.classify(result(10, 0.9), False)[0] == TrialState.PRUNED  # ASHA stopped it
-    assert searcher.classify(result(STEPS, float("nan")), False)[0] == TrialState.FAIL
-    state, _, attrs = searcher.classify(result(None, float("-inf"), status="failed",
+    assert searcher.classify(report(STEPS, 0.5), False)[:2] == (TrialState.COMPLETE, 0.5)
+    assert searcher.classify(report(10, 0.9), False)[0] == TrialState.PRUNED  # ASHA stopped it
+    assert searcher.classify(report(STEPS, float("nan")), False)[0] == TrialState.FAIL
+    state, _, attrs = searcher.classify(report(7, float("-inf"), status="failed",
                                                error="boom"), False)
     assert state == TrialState.FAIL and attrs["error"] == "boom"
-    assert searcher.classify(result(10, 0.9), True)[0] == TrialState.FAIL
+    assert attrs["steps_reached"] == 7  # where a diverged trial stopped is recorded
+    assert searcher.classify(report(10, 0.9), True)[0] == TrialState.FAIL
     assert searcher.classify(None, False)[0] == TrialState.FAIL
+
+
+def test_a_report_round_trips_through_tunes_result_dict() -> None:
+    sent = TrialReport("running", 0.5, "n1", 20, 1.5, 1.25, 900.0, resumed_from=10)
+    assert TrialReport.from_result(result(20, 0.0) | sent.to_result("acc"), "acc") == sent
+    assert TrialReport.from_result({"training_iteration": 3}, "acc") is None
 
 
 def test_trials_record_arch_curve_and_state(searcher: StudySearcher) -> None:
     config = searcher.ask("a")
-    assert set(config) == {"arch", "train", "resume_from"} and config["resume_from"] is None
+    assert set(config) == {SPEC} and isinstance(config[SPEC], TrialSpec)
+    assert config[SPEC].resume_from is None
     for step in (10, 20, STEPS):
         searcher.report("a", result(step, step / 100, tokens_per_s=5.0))
     searcher.complete("a", result(STEPS, STEPS / 100, tokens_per_s=5.0))
@@ -110,17 +133,17 @@ def test_a_retried_trial_gets_the_checkpoint_of_the_one_it_retries(
     searcher.ask("a")
     searcher.record_checkpoint("a", str(tmp_path / "checkpoint_000002"))
     searcher.abandon("interrupted")  # fails trial 0 and enqueues its retry
-    config = searcher.ask("b")
-    assert config["resume_from"] == str(tmp_path / "checkpoint_000002")
-    assert searcher.study.trials[0].user_attrs[CHECKPOINT] == config["resume_from"]
+    spec = searcher.ask("b")[SPEC]
+    assert spec.resume_from == tmp_path / "checkpoint_000002"
+    assert searcher.study.trials[0].user_attrs[CHECKPOINT] == str(spec.resume_from)
     searcher.record_checkpoint("b", str(tmp_path / "checkpoint_000005"))
     searcher.abandon("interrupted")  # the retry fails too: its retry takes the later one
-    assert searcher.ask("c")["resume_from"] == str(tmp_path / "checkpoint_000005")
+    assert searcher.ask("c")[SPEC].resume_from == tmp_path / "checkpoint_000005"
     searcher.complete("c", result(STEPS, 0.5))
     # Both failed links of the chain 0 -> 1 -> 2 were retried: one trial finished, not two.
     assert retried_numbers(searcher.study.trials) == {0, 1}
     assert finished_count(searcher.study) == 1
-    assert searcher.ask("d")["resume_from"] is None  # a new trial starts from scratch
+    assert searcher.ask("d")[SPEC].resume_from is None  # a new trial starts from scratch
 
 
 def test_starting_points_are_enqueued_one_at_a_time(tmp_path: Path) -> None:

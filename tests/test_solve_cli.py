@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from alloc.solve import main
-from search_spaces import ArchConfig
+from arch import ArchConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 

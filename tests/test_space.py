@@ -14,15 +14,12 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from arch import ArchConfig, HeadGroup, ModelIO, merge_groups
 from search_spaces import (
-    ArchConfig,
     FixedSuggester,
-    HeadGroup,
-    ModelIO,
     RandomSuggester,
     SpaceError,
     load_space,
-    merge_groups,
     parse_space,
     shipped_spaces,
 )
@@ -91,7 +88,7 @@ def test_grid_is_the_product_of_the_choices() -> None:
 def test_shared_rule_samples_one_configuration_for_all_its_layers() -> None:
     space = load_space("attention_kinds")
     points = space.grid()
-    # One param per field, named for both layers (search_spaces.codec).
+    # One param per field, named for both layers (arch.codec).
     assert [p["L0-1.attention"] for p in points] == ["mhsa", "frozen_qk", "mixit", "mssa"]
     assert not any(key.startswith(("L0.", "L1.")) for p in points for key in p)
     for seed in range(20):

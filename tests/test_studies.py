@@ -16,7 +16,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from search_spaces import ArchConfig, HeadGroup, LayerSpec, codec
+from arch import ArchConfig, HeadGroup, LayerSpec, codec
 from studies import (
     StorageError,
     StorageSettings,

@@ -16,7 +16,7 @@ import pytest
 import sqlalchemy
 from optuna.trial import TrialState
 
-from search_spaces import ArchConfig, HeadGroup, LayerSpec
+from arch import ArchConfig, HeadGroup, LayerSpec
 from studies import StorageSettings, add_record, open_storage, reap_stale
 from studies import query as q
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from search_spaces import ArchConfig, HeadGroup, LayerSpec
+from arch import ArchConfig, HeadGroup, LayerSpec
 from workers.tasks import (
     DATA_TASKS,
     TASKS,

@@ -12,10 +12,10 @@ from typing import ClassVar
 import pytest
 import torch
 
-from search_spaces import ArchConfig, HeadGroup, LayerSpec, param_count
+from arch import ArchConfig, HeadGroup, LayerSpec, TrainConfig, param_count
 from workers.model import build_model, count_params
 from workers.tasks import DATA_TASKS, TASKS, Batch, NgramTask, fit_arch, make_task
-from workers.train import EvalRecord, TrainConfig, Trainer, main, train
+from workers.train import EvalRecord, Trainer, main, train
 
 ROOT = Path(__file__).resolve().parents[1]
 

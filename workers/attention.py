@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from search_spaces import ArchConfig, LayerSpec
+from arch import ArchConfig, LayerSpec
 
 # kernel(q, k, v, causal, scale) -> out; q, k: (B, H, T, qk), v: (B, H, T, v) -> (B, H, T, v)
 Kernel = Callable[[Tensor, Tensor, Tensor, bool, float], Tensor]

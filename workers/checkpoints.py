@@ -21,15 +21,16 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from arch import ArchConfig, ConfigError, HeadGroup, LayerSpec
+from common.errors import TransformerAllocError
 from common.files import write_atomic
-from search_spaces import ArchConfig, ConfigError, HeadGroup, LayerSpec
 from workers.model import Model, build_model
 
 Layout = Literal["ours", "gpt2"]
 SAFETENSORS = "model.safetensors"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(TransformerAllocError):
     """A checkpoint that cannot be read or written; one line naming the file and the rule."""
 
 

@@ -1,4 +1,4 @@
-"""python -m workers.compress --checkpoint PATH --plan plan.yaml --data PATH --out student.pt
+"""python -m workers.compress --checkpoint PATH --plan plan.yaml --task lm --out student.pt
 
 Build the student a checkpoint profile planned (``python -m alloc.profile --checkpoint --out
 plan.yaml``): the same model with the planned heads' ``qk_dim`` reduced, each head's query and
@@ -20,28 +20,30 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from torch import Tensor
 
+from alloc.compression import CompressionError, CompressionPlan
+from arch import SINGLE_WIDTH_KINDS, ArchConfig, TrainConfig, param_count
 from common.cli import (
     Parser,
-    UsageError,
     add_format,
     check_writable,
     dump,
     fail,
     int_in,
     number,
+    parse_task_params,
     render_table,
 )
+from common.errors import TransformerAllocError, UsageError
 from common.files import write_atomic
-from search_spaces import SINGLE_WIDTH_KINDS, ArchConfig, ConfigError, param_count
-from search_spaces.data import DataError, DataSpec
-from workers.checkpoints import CheckpointError, Loaded, load, save_gpt2
-from workers.inspect import head_maps
+from userdata import DataSpec
+from workers.checkpoints import Loaded, load, save_gpt2
+from workers.measure import head_maps
 from workers.model import Model, build_model
-from workers.tasks import Task, TaskError, make_data_task, make_task, task_from_description
-from workers.train import TrainConfig, Trainer, evaluate
+from workers.tasks import Task, task_from_description
+from workers.tasks.cli import add_task_args, check_fits, task_for_model
+from workers.train import Trainer, evaluate
 
 PROG = "workers.compress"
 
@@ -95,26 +97,28 @@ def _qk_rows(state: dict[str, Tensor], i: int, name: str, layer: Any, maps: list
     return weight, torch.cat([q[:, -1], k[:, -1], old_b[2 * qk_width:]])
 
 
-def read_plan(path: Path, teacher: ArchConfig) -> ArchConfig:
-    """The student architecture of a profile, checked to be a plan for ``teacher``.
+def read_plan(path: Path, teacher: ArchConfig) -> CompressionPlan:
+    """The plan of a checkpoint profile, checked to be a plan for ``teacher``.
 
     Raises:
-        UsageError: unreadable, or a plan for a different model.
+        CompressionError: unreadable, not a plan, or a plan for a different model.
     """
     try:
-        plan = yaml.safe_load(path.read_text())
-        student = ArchConfig.from_dict(plan["student"])
-    except (OSError, yaml.YAMLError, KeyError, TypeError, ConfigError) as err:
-        raise UsageError(f"--plan {str(path)!r}: not a checkpoint profile "
-                         f"({str(err).splitlines()[0]})") from None
-    if plan.get("arch_id") != teacher.arch_id:
-        raise UsageError(f"--plan {str(path)!r}: a plan for model {plan.get('arch_id')}, not "
-                         f"for this checkpoint ({teacher.arch_id}); profile this one")
-    problem = reduced_qk_only(teacher, student)
+        text = path.read_text()
+    except OSError as err:
+        raise CompressionError(f"--plan {str(path)!r}: cannot read ({err.strerror})") from None
+    try:
+        plan = CompressionPlan.from_yaml(text)
+    except CompressionError as err:
+        raise CompressionError(f"--plan {str(path)!r}: {err}") from None
+    if plan.arch_id != teacher.arch_id:
+        raise CompressionError(f"--plan {str(path)!r}: a plan for model {plan.arch_id}, not "
+                               f"for this checkpoint ({teacher.arch_id}); profile this one")
+    problem = reduced_qk_only(teacher, plan.student)
     if problem is not None:
-        raise UsageError(f"--plan {str(path)!r}: its student {problem}; a plan may only lower "
-                         "qk_dim")
-    return student
+        raise CompressionError(f"--plan {str(path)!r}: its student {problem}; a plan may only "
+                               "lower qk_dim")
+    return plan
 
 
 def reduced_qk_only(teacher: ArchConfig, student: ArchConfig) -> str | None:
@@ -135,45 +139,18 @@ def reduced_qk_only(teacher: ArchConfig, student: ArchConfig) -> str | None:
 
 
 def resolve_task(args: argparse.Namespace, loaded: Loaded) -> tuple[Task | None, str]:
-    """The data or task to measure and fine-tune on: ``--data``, ``--task``, else the task our
-    checkpoint was trained on (None for a GPT-2 checkpoint without either), and where it came
-    from, for error messages."""
-    length = loaded.arch.max_seq_len
-    try:
-        if args.data is not None:
-            spec = DataSpec(str(args.data), args.data_format, args.data_dtype, args.vocab_size)
-            return (make_data_task(spec, length=min(length, args.seq_len or length)),
-                    f"--data {str(args.data)!r}")
-        if args.task is not None:
-            return make_task(args.task, "paper", args.seed), f"--task {args.task}"
-        if loaded.task is not None:
-            return task_from_description(loaded.task), "the checkpoint's task"
-    except (DataError, TaskError, TypeError, ValueError) as err:
-        raise UsageError(str(err)) from None
-    return None, "no task"
-
-
-def check_fits(task: Task, arch: ArchConfig, trains: bool, source: str) -> None:
-    """``task`` feeds ``arch`` as it is: the same vocabulary (or input/output widths), windows
-    no longer than its positions, and, where a student is trained or saved as a ``workers.train``
-    checkpoint (``trains``), exactly its length (the trainer wires the model to the task).
-
-    Raises:
-        UsageError: naming ``source`` (the flag that chose the task) and the mismatch.
-    """
-    io = task.io
-    for name, want in (("vocab_size", arch.vocab_size), ("input_dim", arch.input_dim),
-                       ("output_dim", arch.output_dim)):
-        got = getattr(io, name)
-        if got != want:
-            hint = ("; give --vocab-size" if name == "vocab_size" and source.startswith("--data")
-                    else "")
-            raise UsageError(f"{source}: {name} {got}, the checkpoint's model has {want}{hint}")
-    if io.max_seq_len > arch.max_seq_len or (trains and io.max_seq_len != arch.max_seq_len):
-        rule = ("at most" if not trains else
-                "exactly (fine-tuning and .pt students keep the model's positions)")
-        raise UsageError(f"{source}: windows of {io.max_seq_len} tokens, the checkpoint's model "
-                         f"takes {rule} {arch.max_seq_len}; set --seq-len")
+    """The data or task to measure and fine-tune on: ``--data``, ``--task`` (in windows of the
+    model's length), else the task our checkpoint was trained on (None for a GPT-2 checkpoint
+    without either), and where it came from, for error messages."""
+    data = None if args.data is None else DataSpec(str(args.data), args.data_format,
+                                                   args.data_dtype, args.vocab_size)
+    task, source = task_for_model(loaded.arch, data=data, task=args.task,
+                                  params=parse_task_params(args.task_param),
+                                  size="smoke" if args.smoke_test else "paper", seed=args.seed,
+                                  seq_len=args.seq_len)
+    if task is None and loaded.task is not None:
+        return task_from_description(loaded.task), "the checkpoint's task"
+    return task, source
 
 
 def measure(model: Model, task: Task, batches: int) -> dict[str, float]:
@@ -184,7 +161,8 @@ def measure(model: Model, task: Task, batches: int) -> dict[str, float]:
 
 def compress(args: argparse.Namespace) -> dict[str, Any]:
     loaded = load(args.checkpoint)
-    student_arch = read_plan(args.plan, loaded.arch)
+    plan = read_plan(args.plan, loaded.arch)
+    student_arch = plan.student
     as_pt = args.out.suffix == ".pt"
     if not as_pt and loaded.layout != "gpt2":
         raise UsageError(f"--out {str(args.out)!r}: a folder is the GPT-2 layout, for a GPT-2 "
@@ -209,7 +187,7 @@ def compress(args: argparse.Namespace) -> dict[str, Any]:
         "qk_dims": [{"layer": i, "teacher": old.heads_str, "student": new.heads_str}
                     for i, (old, new) in enumerate(zip(loaded.arch.layers,
                                                        student_arch.layers))],
-        "task": None if task is None else task.name}
+        "task": None if task is None else task.name, "plan_measured": plan.measured}
     trainer = None
     if task is not None:
         report["teacher"] = measure(loaded.model, task, args.eval_batches)
@@ -266,13 +244,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="its profile (python -m alloc.profile --checkpoint ... --out)")
     p.add_argument("--out", type=Path, required=True,
                    help="student.pt (a workers.train checkpoint) or a folder (GPT-2 layout)")
-    source = p.add_mutually_exclusive_group()
-    source.add_argument("--data", type=Path, help="data to measure and fine-tune on")
-    source.add_argument("--task", help="a generated task instead (default: the checkpoint's)")
-    p.add_argument("--data-format", choices=("text", "bin", "npy"))
-    p.add_argument("--data-dtype", choices=("uint16", "uint32"), default="uint16")
-    p.add_argument("--vocab-size", type=int_in(1))
-    p.add_argument("--seq-len", type=int_in(1), help="window of --data (default: the model's)")
+    add_task_args(p, required=False,
+                  default="the task the checkpoint was trained on, if it says")
+    p.add_argument("--smoke-test", action="store_true", help="--task at its smoke size")
+    p.add_argument("--seq-len", type=int_in(1),
+                   help="window of --data or --task (default: the model's max_seq_len)")
     p.add_argument("--finetune-steps", type=int_in(0), default=0)
     p.add_argument("--lr", type=number(0, strict=True), default=3e-4)
     p.add_argument("--batch-size", type=int_in(1), default=32)
@@ -286,8 +262,14 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         report = compress(args)
-    except (UsageError, CheckpointError) as err:
+    except TransformerAllocError as err:
         return fail(PROG, str(err))
+    params = report["params"]
+    if params["student"] >= params["teacher"]:
+        print(f"{PROG}: the plan lowers no qk_dim: the student is as large as the teacher "
+              f"({params['teacher']:,} parameters)" + ("" if report["plan_measured"] else
+              "; profile with --data or --task so that a reduction can be measured"),
+              file=sys.stderr)
     print(render(report) if args.format == "table" else dump(report, args.format))
     return 0
 

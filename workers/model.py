@@ -17,7 +17,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from search_spaces import ArchConfig, LayerSpec
+from arch import ArchConfig, LayerSpec
 from workers.attention import INIT_STD, Kernel, init_linear, make_attention, out_std, sdpa
 
 

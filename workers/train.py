@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import os
 import sys
 import time
@@ -23,8 +22,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from common.cli import Parser, UsageError, add_format, dump, fail, int_in, number
-from search_spaces import ArchConfig, ConfigError
+from arch import OPTIMIZERS, ArchConfig, ConfigError, TrainConfig
+from common.cli import Parser, add_format, dump, fail, int_in, number
+from common.errors import UsageError
 from workers.model import build_model, count_params, maybe_compile
 from workers.tasks import Task, describe_task, fit_arch
 from workers.tasks.cli import add_task_args, task_from_args
@@ -32,34 +32,6 @@ from workers.tasks.cli import add_task_args, task_from_args
 log = logging.getLogger(__name__)
 PROG = "workers.train"
 STATUSES = ("completed", "stopped", "diverged", "interrupted")
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Optimisation settings; ``warmup`` is a fraction of ``steps``, ``min_lr`` of ``lr``."""
-
-    steps: int = 1000
-    batch_size: int = 64
-    lr: float = 1e-3
-    optimizer: str = "adamw"
-    weight_decay: float = 0.1
-    warmup: float = 0.05
-    min_lr: float = 0.1
-    grad_clip: float = 1.0
-    eval_every: int = 100
-    eval_batches: int = 4
-    seed: int = 0
-    device: str = "auto"
-    compile: bool = False
-
-    def lr_at(self, step: int) -> float:
-        """Linear warmup to ``lr``, then cosine decay to ``min_lr * lr`` at the last step."""
-        warm = max(1, round(self.warmup * self.steps))
-        if step < warm:
-            return self.lr * (step + 1) / warm
-        progress = (step - warm) / max(1, self.steps - warm)
-        cosine = 0.5 * (1 + math.cos(math.pi * progress))
-        return self.lr * (self.min_lr + (1 - self.min_lr) * cosine)
 
 
 @dataclass(frozen=True)
@@ -301,7 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int_in(1), default=d.steps)
     p.add_argument("--batch-size", type=int_in(1), default=d.batch_size)
     p.add_argument("--lr", type=number(0, strict=True), default=d.lr)
-    p.add_argument("--optimizer", choices=("adamw", "lion"), default=d.optimizer)
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default=d.optimizer)
     p.add_argument("--weight-decay", type=number(0), default=d.weight_decay)
     p.add_argument("--warmup", type=number(0), default=d.warmup, help="fraction of steps")
     p.add_argument("--grad-clip", type=number(0, strict=True), default=d.grad_clip)

@@ -1,17 +1,18 @@
 """One search trial: the sampled architecture trained by ``workers.train`` (no Ray here:
-``workers.tune`` runs it as a Tune function trainable).
+``workers.search.tune`` runs it as a Tune function trainable).
 
-Every evaluation is reported as ``{metric, step, val_loss, train_loss, tokens_per_s, node,
-resumed_from}`` together with a checkpoint directory (the trainer's state at that step), so a
-trial restarted after its worker died, or retried after its driver died, continues from its
-last evaluation instead of step 0. A trial that raises or diverges does not crash the worker: it
-reports ``status: failed`` with the error, and the searcher records it as FAIL. Torch state is
-released before the next trial reuses the worker.
+Every evaluation is reported as a ``TrialReport`` together with a checkpoint directory (the
+trainer's state at that step), so a trial restarted after its worker died, or retried after its
+driver died, continues from its last evaluation instead of step 0. A trial that raises or
+diverges does not crash the worker: it reports ``status: failed`` with the error, and the
+searcher records it as FAIL. Torch state is released before the next trial reuses the worker.
 """
 
 from __future__ import annotations
 
 import gc
+import json
+import os
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -19,30 +20,28 @@ from typing import Any
 
 import torch
 
-from search_spaces import ArchConfig, param_count
-from workers.searcher import ERROR, NODE, RESUMED, STATUS, STEP
+from arch import ArchConfig, param_count
+from workers.search.protocol import TrialJob, TrialReport, TrialSpec
 from workers.tasks import task_from_description
-from workers.train import EvalRecord, TrainConfig, Trainer
+from workers.train import EvalRecord, Trainer
 
 CHECKPOINT_FILE = "trainer.pt"
-# report(metrics, checkpoint directory or None)
-Report = Callable[[dict[str, Any], Path | None], None]
+# Fault injection for the tests, never set by the product: a JSON list of {"kind": "raise" |
+# "nan", "match": TEXT}; a trial whose architecture JSON contains TEXT raises, or trains with a
+# learning rate of 1e30 so that its weights and then its loss really become non-finite.
+FAULTS_ENV = "TRANSFORMER_ALLOC_TEST_FAULTS"
+# report(what the trial reports, its checkpoint directory or None)
+Report = Callable[[TrialReport, Path | None], None]
 
 
-def worst(mode: str) -> float:
-    """The value reported with a failure (the metric key must be present in every result)."""
-    return float("-inf") if mode == "max" else float("inf")
-
-
-def injected(inject: list[dict[str, str]], arch_json: str) -> dict[str, float]:
-    """Fault injection for the launcher's tests (``--inject-failure KIND:TEXT``): trials whose
-    architecture JSON contains TEXT raise (``raise``) or train with an infinite learning rate, so
-    the weights and then the loss really become non-finite (``nan``)."""
-    for rule in inject:
+def injected_faults(arch: ArchConfig) -> dict[str, Any]:
+    """Training overrides (or an exception) for ``arch`` from ``$TRANSFORMER_ALLOC_TEST_FAULTS``."""
+    arch_json = arch.to_json()
+    for rule in json.loads(os.environ.get(FAULTS_ENV) or "[]"):
         if rule["match"] in arch_json:
             if rule["kind"] == "raise":
                 raise RuntimeError(f"injected failure (architecture contains {rule['match']!r})")
-            return {"lr": float("inf")}
+            return {"lr": 1e30}
     return {}
 
 
@@ -55,40 +54,36 @@ def check_recorded(arch: ArchConfig, trainer: Trainer) -> None:
                            f"({trainer.params[0]:,}): the study would describe another model")
 
 
-def build_trainer(config: dict[str, Any], workdir: Path,
+def build_trainer(job: TrialJob, spec: TrialSpec, workdir: Path,
                   callback: Callable[[EvalRecord], None]) -> Trainer:
-    """The trainer of a trial's config, saving its checkpoint in ``workdir``."""
-    job = config["job"]
-    # A space may list training seeds (``train.seed``); else the search's --seed.
-    train = {"seed": job["seed"], **config["train"], "device": job["device"]}
-    train.update(injected(job["inject"], config["arch"]))
-    arch = ArchConfig.from_json(config["arch"])
-    trainer = Trainer(arch, task_from_description(job["task"]), TrainConfig(**train),
-                      checkpoint=workdir / CHECKPOINT_FILE if job.get("checkpoints", True)
-                      else None, callbacks=[callback])
-    check_recorded(arch, trainer)
+    """The trainer of a trial, saving its checkpoint in ``workdir``."""
+    config = spec.train_config(job).replace(**injected_faults(spec.arch))
+    trainer = Trainer(spec.arch, task_from_description(dict(job.task)), config,
+                      checkpoint=workdir / CHECKPOINT_FILE if job.checkpoints else None,
+                      callbacks=[callback])
+    check_recorded(spec.arch, trainer)
     return trainer
 
 
-def train_trial(config: dict[str, Any], report: Report, workdir: Path, node: str,
+def train_trial(job: TrialJob, spec: TrialSpec,
+                report: Report, workdir: Path, node: str,
                 restore: Path | None = None) -> None:
-    """Train ``config["arch"]`` with ``config["train"]`` on the job's task, reporting every
-    evaluation with the checkpoint in ``workdir``; continue from ``restore`` (this trial's own
-    last checkpoint) or ``config["resume_from"]`` (that of the failed trial it retries)."""
-    job = config["job"]
-    torch.set_num_threads(max(1, int(job["threads"])))
-    metric, resumed = job["metric"], 0
+    """Train ``spec`` for ``job``, reporting every evaluation with the checkpoint in
+    ``workdir``; continue from ``restore`` (this trial's own last checkpoint) or
+    ``spec.resume_from`` (that of the failed trial it retries)."""
+    torch.set_num_threads(max(1, job.threads))
+    resumed = 0
 
     def on_eval(record: EvalRecord) -> None:
-        report({metric: record.metric, STEP: record.step, "val_loss": record.val_loss,
-                "train_loss": record.train_loss, "tokens_per_s": record.tokens_per_s,
-                NODE: node, STATUS: "running", RESUMED: resumed},
-               workdir if job.get("checkpoints", True) else None)
+        report(TrialReport("running", record.metric, node, record.step, record.val_loss,
+                           record.train_loss, record.tokens_per_s, resumed),
+               workdir if job.checkpoints else None)
 
-    trainer = None
+    trainer: Trainer | None = None
+    error, step = None, None
     try:
-        trainer = build_trainer(config, workdir, on_eval)
-        source = restore or (Path(config["resume_from"]) if config.get("resume_from") else None)
+        trainer = build_trainer(job, spec, workdir, on_eval)
+        source = restore or spec.resume_from
         if source is not None and (source / CHECKPOINT_FILE).exists():
             trainer.restore(source / CHECKPOINT_FILE)
             resumed = trainer.step
@@ -97,13 +92,16 @@ def train_trial(config: dict[str, Any], report: Report, workdir: Path, node: str
                 # last report): report that evaluation again instead of failing the trial.
                 on_eval(trainer.history[-1])
         result = trainer.run()
-        error = result.error if result.status == "diverged" else None
+        if result.status == "diverged":
+            error = result.error
     except Exception as err:
         error = traceback.format_exception_only(type(err), err)[-1].strip()
     finally:
+        step = trainer.step if trainer is not None else None
         del trainer
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()  # the next trial on this worker gets the memory back
     if error is not None:
-        report({metric: worst(job["mode"]), STATUS: "failed", ERROR: error, NODE: node}, None)
+        report(TrialReport("failed", job.worst(), node, step=step, resumed_from=resumed,
+                           error=error), None)

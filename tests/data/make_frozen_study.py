@@ -10,7 +10,7 @@ import sys
 import optuna
 from optuna.trial import TrialState
 
-from search_spaces import ArchConfig, HeadGroup, LayerSpec
+from arch import ArchConfig, HeadGroup, LayerSpec
 from studies import add_record, open_storage, set_study_attrs
 
 

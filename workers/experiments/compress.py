@@ -19,17 +19,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from alloc.compression import plan_compression
+from arch import ArchConfig, HeadGroup, LayerSpec, TrainConfig, merge_groups, param_count
 from common.cli import int_in, render_table
 from common.files import write_csv
 from common.plots import new_figure, write_figure
-from search_spaces import ArchConfig, HeadGroup, LayerSpec, merge_groups, param_count
-from search_spaces.data import DataSpec
+from userdata import DataSpec
 from workers.compress import svd_student
 from workers.experiments import harness
-from workers.inspect import SAMPLE_BATCH, profile_checkpoint
+from workers.measure import SAMPLE_BATCH, measure_model
 from workers.model import Model
 from workers.tasks import Task, make_data_task
-from workers.train import TrainConfig, Trainer, evaluate
+from workers.train import Trainer, evaluate
 
 NAME = "compress"
 
@@ -106,17 +107,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     model = teacher(sizes, task, args.steps or sizes.steps, args.out / "teacher.pt")
     teacher_loss = evaluate(model, task, EVAL, "cpu")[0]
     sample = task.batch("val", SAMPLE_BATCH, 32).x  # not the evaluation batches
+    measured = measure_model(model, sample, sizes.length, align=4, sample="corpus")
     rows: list[dict[str, Any]] = []
-    profile: dict[str, Any] = {}
     for tolerance in sizes.tolerances:
-        profile = profile_checkpoint(model, sample, sizes.length, tolerance, align=4,
-                                     rule="measured")
-        planned = ArchConfig.from_dict(profile["student"])
+        planned = plan_compression(measured, tolerance, rule="measured").student
         rows.append(student_row("allocator", tolerance, model, planned, task, sizes))
         rows.append(student_row("uniform", tolerance, model, uniform_like(model.arch, planned),
                                 task, sizes))
-    entropy = [{"layer": x["index"], "entropy": x.get("entropy"),
-                "logit_bound_R": x.get("logit_bound")} for x in profile["layers"]]
+    layers = plan_compression(measured, sizes.tolerances[-1]).layers
+    entropy = [{"layer": x.index, "entropy": x.entropy, "logit_bound_R": x.logit_bound}
+               for x in layers]
     write_csv(args.out / "compress.csv", rows)
     plot(rows, entropy, teacher_loss, param_count(model.arch).trainable, args.out / "compress.png")
     return {"teacher_loss": teacher_loss, "teacher_params": param_count(model.arch).trainable,

@@ -23,13 +23,13 @@ from common.cli import int_in, render_table
 from common.files import write_csv
 from common.plots import new_figure, write_figure
 from search_spaces import FixedSuggester, parse_space
-from search_spaces.data import DataSpec
 from studies import query
 from studies.storage import open_storage
-from workers import tune
+from userdata import DataSpec
 from workers.experiments import harness
-from workers.search import training_budget
-from workers.seeding import measured_inputs, plan_settings, seeds
+from workers.search import tune
+from workers.search.driver import training_budget
+from workers.search.seeding import measured_inputs, plan_settings, seeds
 from workers.tasks import make_data_task
 
 NAME = "corpus"

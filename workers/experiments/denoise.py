@@ -24,10 +24,10 @@ from typing import Any
 
 import torch
 
+from arch import ArchConfig, HeadGroup, LayerSpec
 from common.cli import int_in, number, render_table
 from common.files import write_csv
 from common.plots import new_figure, write_figure
-from search_spaces import ArchConfig, HeadGroup, LayerSpec
 from workers.attention import LogitRecorder, SubspaceAttention
 from workers.experiments import harness
 from workers.model import Model, build_model

@@ -9,11 +9,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from common.cli import Parser, UsageError, add_format, dump, fail
+from common.cli import Parser, add_format, dump, fail
+from common.errors import UsageError
 from search_spaces import SearchSpace
 
 if TYPE_CHECKING:
-    from workers.search import SearchSummary
+    from workers.search.driver import SearchSummary
     from workers.tasks import Task
 
 RESULTS = Path("results")
@@ -83,7 +84,7 @@ def search(space: SearchSpace, task: Task, trials: int, url: str, study: str, re
            scheduler: str = "fifo", profile: Path | None = None) -> SearchSummary:
     """``workers.search.run_search`` into ``study``; an existing study is resumed, so a re-run
     continues where an interrupted one stopped."""
-    from workers.search import SearchOptions, run_search
+    from workers.search.driver import SearchOptions, run_search
 
     summary = run_search(space, task, storage=url, study=study, trials=trials,
                          resume=study_exists(url, study),

@@ -27,9 +27,9 @@ from common.plots import new_figure, write_figure
 from search_spaces import load_space, parse_space
 from studies import query
 from studies.storage import engine, open_storage
-from workers import tune
 from workers.experiments import harness
-from workers.search import training_budget
+from workers.search import tune
+from workers.search.driver import training_budget
 from workers.tasks import make_task
 from workers.tasks.tokens import bits_per_param
 

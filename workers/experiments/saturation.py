@@ -27,17 +27,17 @@ from torch import Tensor
 
 from alloc.plan import PlanSettings
 from alloc.saturation import jacobian_bound
+from arch import ArchConfig, HeadGroup, LayerSpec, TrainConfig
 from common.cli import int_in, render_table
 from common.files import write_csv
 from common.plots import new_figure, write_figure
-from search_spaces import ArchConfig, HeadGroup, LayerSpec
-from search_spaces.data import DataSpec
+from userdata import DataSpec
 from workers.attention import MultiHeadAttention, future_mask
 from workers.experiments import harness
-from workers.inspect import measure
+from workers.measure import measure
 from workers.model import Model, build_model
 from workers.tasks import LMTask, Task, make_data_task, make_task
-from workers.train import TrainConfig, Trainer
+from workers.train import Trainer
 
 NAME = "saturation"
 FLOOR = 1e-16  # full-rank students are exact up to rounding: plot them at this floor

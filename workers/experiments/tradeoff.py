@@ -22,9 +22,9 @@ from common.cli import int_in, render_table
 from common.files import write_csv, write_yaml
 from common.plots import new_figure, write_figure
 from search_spaces import load_space
-from workers import tune
 from workers.experiments import harness
-from workers.search import training_budget
+from workers.search import tune
+from workers.search.driver import training_budget
 from workers.tasks import make_task
 
 NAME = "tradeoff"
@@ -53,8 +53,8 @@ def space_data(budget: int, lrs: list[float], seeds: list[int], steps: int) -> d
                       "lr": lrs, "seed": seeds}}
 
 
-def table(observations: list[calibrate.Observation], raw: calibrate.Fit,
-          cal: calibrate.Fit) -> list[dict[str, Any]]:
+def table(observations: list[calibrate.Observation], raw: calibrate.ConstantsFit,
+          cal: calibrate.ConstantsFit) -> list[dict[str, Any]]:
     """One row per head count H (one head group of d = D/H per architecture)."""
     rows = []
     for o, r, c in zip(observations, raw.predicted, cal.predicted):

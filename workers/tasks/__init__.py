@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from search_spaces import ArchConfig
+from arch import ArchConfig
 from workers.tasks.base import Batch, Task, TaskError, generator
 from workers.tasks.data import ArrayTask, BinTask, TextTask, make_data_task
 from workers.tasks.text import LMTask, corpus

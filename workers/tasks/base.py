@@ -16,13 +16,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from search_spaces import ModelIO
+from arch import ModelIO
+from common.errors import TransformerAllocError
 
 SPLITS = {"train": 0, "val": 1}
 VAL_BUCKETS = 10  # a hashed discrete example is in val iff hash % VAL_BUCKETS == 0
 
 
-class TaskError(ValueError):
+class TaskError(TransformerAllocError):
     """Unknown task, size or parameter; the message lists the valid ones."""
 
 

@@ -1,24 +1,30 @@
 """How a command names its task: ``--task NAME`` (a generated task) or ``--data PATH`` (the
 user's own data), with ``--task-param KEY=VALUE`` overrides; shared by ``workers.train`` and
-``workers.search``."""
+``workers.search``, and (``task_for_model``) by the commands that run a trained model:
+``alloc.profile --checkpoint`` and ``workers.compress``."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from common.cli import UsageError, int_in
-from search_spaces.data import DTYPES, FORMATS, DataError, DataSpec
+from arch import ArchConfig
+from common.cli import int_in, parse_task_params
+from common.errors import UsageError
+from userdata import DTYPES, FORMATS, DataError, DataSpec
 from workers.tasks import DATA_TASKS, TASKS, Task, TaskError, make_data_task, make_task
 
 
-def add_task_args(p: argparse.ArgumentParser, required: bool = True) -> None:
-    """``--task`` or ``--data`` (one is required unless ``required`` is False) and their
-    parameters."""
+def add_task_args(p: argparse.ArgumentParser, required: bool = True,
+                  default: str | None = None) -> None:
+    """``--task`` or ``--data`` (one is required unless ``required`` is False; ``default``
+    says what is used without either) and their parameters."""
     source = p.add_mutually_exclusive_group(required=required)
     source.add_argument("--task", choices=sorted(set(TASKS) - set(DATA_TASKS)),
-                        help="a generated task")
+                        help="a generated task" + (f" (default: {default})" if default else ""))
     source.add_argument("--data", type=Path,
                         help="your data: a UTF-8 text file or folder of *.txt, a folder with "
                              "nanoGPT's train.bin/val.bin, or x.npy (with y.npy)")
@@ -31,24 +37,6 @@ def add_task_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("--task-param", action="append", default=[], metavar="KEY=VALUE",
                    help="override a task parameter, e.g. m_max=10, or length=N of --data "
                         "(repeatable)")
-
-
-def parse_task_params(items: list[str]) -> dict[str, Any]:
-    """``["m_max=10", ...]`` -> ``{"m_max": 10}`` (ints, then floats, else strings)."""
-    params: dict[str, Any] = {}
-    for item in items:
-        key, sep, text = item.partition("=")
-        if not sep or not key:
-            raise UsageError(f"--task-param {item!r}: expected KEY=VALUE")
-        for cast in (int, float):
-            try:
-                params[key] = cast(text)
-                break
-            except ValueError:
-                continue
-        else:
-            params[key] = text
-    return params
 
 
 def task_from_args(args: argparse.Namespace, size: str, data: DataSpec | None = None) -> Task:
@@ -76,3 +64,56 @@ def task_from_args(args: argparse.Namespace, size: str, data: DataSpec | None = 
         return make_data_task(data, size, args.seed, params.get("length"))
     except (DataError, ValueError) as err:
         raise UsageError(str(err)) from None
+
+
+def task_for_model(arch: ArchConfig, *, data: DataSpec | None = None, task: str | None = None,
+                   params: Mapping[str, Any] | None = None, size: str = "paper", seed: int = 0,
+                   seq_len: int | None = None) -> tuple[Task | None, str]:
+    """The task a trained model runs on, and the flag that chose it (for messages): ``data`` or
+    the generated ``task``, in windows of the model's length (``seq_len``: shorter ones) unless
+    ``params`` set ``length``; (None, "no task") when neither is given.
+
+    Raises:
+        TaskError, DataError: an unknown task or parameter, or unusable data.
+    """
+    params = dict(params or {})
+    window = min(seq_len or arch.max_seq_len, arch.max_seq_len)
+    if data is not None:
+        unknown = sorted(set(params) - {"length"})
+        if unknown:
+            raise TaskError(f"--task-param {unknown[0]}: a --data task takes only length=N")
+        return (make_data_task(data, size, seed, params.get("length", window)),
+                f"--data {data.path!r}")
+    if task is None:
+        return None, "no task"
+    try:
+        made = make_task(task, size, seed, **params)
+    except TypeError as err:
+        raise TaskError(f"--task-param: {err}") from None
+    if "length" not in params and hasattr(made, "length") and made.seq_len != window:
+        # Tasks whose window is their ``length`` (lm, induction, dyck) take the model's.
+        made = dataclasses.replace(made, length=made.length + window - made.seq_len)
+    return made, f"--task {task}"
+
+
+def check_fits(task: Task, arch: ArchConfig, trains: bool, source: str) -> None:
+    """``task`` feeds ``arch`` as it is: the same vocabulary (or input/output widths), windows
+    no longer than its positions, and, where a student is trained or saved as a ``workers.train``
+    checkpoint (``trains``), exactly its length (the trainer wires the model to the task).
+
+    Raises:
+        TaskError: naming ``source`` (the flag that chose the task) and the mismatch.
+    """
+    io = task.io
+    for name, want in (("vocab_size", arch.vocab_size), ("input_dim", arch.input_dim),
+                       ("output_dim", arch.output_dim)):
+        got = getattr(io, name)
+        if got != want:
+            hint = ("; give --vocab-size" if name == "vocab_size" and source.startswith("--data")
+                    else "")
+            raise TaskError(f"{source}: {name} {got}, the checkpoint's model has {want}{hint}")
+    if io.max_seq_len > arch.max_seq_len or (trains and io.max_seq_len != arch.max_seq_len):
+        rule = ("at most" if not trains else
+                "exactly (fine-tuning and .pt students keep the model's positions)")
+        raise TaskError(f"{source}: windows of {io.max_seq_len} tokens, the checkpoint's model "
+                         f"takes {rule} {arch.max_seq_len}; set --seq-len")

@@ -1,4 +1,4 @@
-"""Tasks on the user's own data (``search_spaces.data``): language modelling on a text corpus
+"""Tasks on the user's own data (``userdata``): language modelling on a text corpus
 (``text``) or on nanoGPT-style token files (``bin``), and regression on numpy arrays of vector
 sequences (``npy``).
 
@@ -20,14 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from search_spaces.data import (
-    ArrayData,
-    DataFormat,
-    DataSpec,
-    TokenData,
-    open_arrays,
-    open_tokens,
-)
+from userdata import ArrayData, DataFormat, DataSpec, TokenData, open_arrays, open_tokens
 from workers.tasks.base import Batch, Task
 
 SIZES: dict[str, dict[str, Any]] = {"smoke": {"length": 32}, "paper": {"length": 256}}

@@ -24,7 +24,7 @@ from typing import Any, Literal, get_args
 
 import yaml
 
-from search_spaces.checks import (
+from arch.checks import (
     ConfigError,
     check_keys,
     field_defaults,

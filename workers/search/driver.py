@@ -10,7 +10,7 @@ before anything is pickled or logged (``~/.pgpass`` and service files work too).
 
 From Python::
 
-    from workers.search import run_search
+    from workers.search.driver import run_search
     summary = run_search("aot_vs_standard.yaml", "modadd", storage="sqlite:///s.db", trials=20)
     print(summary.counts, summary.best)
 """
@@ -31,7 +31,8 @@ import optuna
 from sqlalchemy.engine import URL, make_url
 
 from alloc.plan import PlanSettings
-from common.cli import Parser, UsageError, add_format, dump, fail, int_in, number
+from common.cli import Parser, add_format, dump, fail, int_in, number
+from common.errors import UsageError
 from search_spaces import SearchSpace, SpaceError, load_space
 from search_spaces.loader import space_data_source
 from studies import query
@@ -44,8 +45,9 @@ from studies.storage import (
     redact,
     resolve_url,
 )
-from workers.searcher import StudySearcher, finished_count, retried_numbers
-from workers.seeding import (
+from workers.search.protocol import TrialJob
+from workers.search.searcher import StudySearcher, finished_count, retried_numbers
+from workers.search.seeding import (
     Predictor,
     measured_inputs,
     plan_settings,
@@ -78,7 +80,6 @@ class SearchOptions:
     reuse_actors: bool = True
     checkpoints: bool = True  # a checkpoint per evaluation: trials resume mid-way after faults
     profile: Path | None = None  # allocator inputs measured from the data (alloc.profile)
-    inject: tuple[dict[str, str], ...] = ()  # tests: see workers.trial.injected
 
 
 @dataclass(frozen=True)
@@ -218,7 +219,7 @@ def run_search(space: SearchSpace | str | Path, task: Task | str, *, storage: st
             raise UsageError(f"--resume: trials {alive} of {name!r} still have a live "
                              "heartbeat; another driver is running this study")
     probe.engine.dispose()  # its connections are not needed past the checks
-    from workers import tune  # Ray starts here
+    from workers.search import tune  # Ray starts here
 
     tune.start(opts.address)
     url = secure_url(url)  # after Ray started its processes, so they never inherit it
@@ -241,16 +242,15 @@ def _sampler(space: SearchSpace, opts: SearchOptions) -> optuna.samplers.BaseSam
 def _run(searcher: StudySearcher, space: SearchSpace, task: Task, total: int, name: str,
          url: str, opts: SearchOptions) -> str:
     """Run the trials the study still lacks; returns how the run ended."""
-    from workers import tune
+    from workers.search import tune
 
     remaining = total - finished_count(searcher.study)
     if remaining <= 0:
         print(f"study {name} already has its {total} trials", file=sys.stderr)
         return "completed"
-    job = {"task": describe_task(task), "seed": opts.seed, "metric": task.metric,
-           "mode": searcher.mode, "device": "cuda" if opts.gpus_per_trial > 0 else "cpu",
-           "threads": max(1, int(opts.cpus_per_trial)), "inject": list(opts.inject),
-           "checkpoints": opts.checkpoints}
+    job = TrialJob(task=describe_task(task), metric=task.metric, mode=searcher.mode,
+                   seed=opts.seed, device="cuda" if opts.gpus_per_trial > 0 else "cpu",
+                   threads=max(1, int(opts.cpus_per_trial)), checkpoints=opts.checkpoints)
     steps = int(space.fixed_train("steps"))
     run = tune.TuneRun(name=f"{name}-{time.strftime('%Y%m%d-%H%M%S')}",
                        storage_path=opts.storage_path, trials=remaining, steps=steps,
@@ -329,8 +329,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-reuse-actors", action="store_true", help="a new worker per trial")
     p.add_argument("--no-checkpoints", action="store_true",
                    help="no checkpoint per evaluation (a trial hit by a fault restarts at step 0)")
-    p.add_argument("--inject-failure", action="append", default=[], metavar="KIND:TEXT",
-                   help=argparse.SUPPRESS)  # tests: see workers.trial.injected
     add_format(p)
     return p
 
@@ -351,19 +349,12 @@ def setup(args: argparse.Namespace) -> tuple[SearchSpace, Task, int | None, Sear
 
         if not torch.cuda.is_available() and not args.address:
             raise UsageError(f"--gpus-per-trial {args.gpus_per_trial:g}: no CUDA device here")
-    inject = []
-    for item in args.inject_failure:
-        kind, _, match = item.partition(":")
-        if kind not in ("raise", "nan") or not match:
-            raise UsageError(f"--inject-failure {item!r}: expected raise:TEXT or nan:TEXT")
-        inject.append({"kind": kind, "match": match})
     options = SearchOptions(
         scheduler=args.scheduler, seed=args.seed, cpus_per_trial=args.cpus_per_trial,
         gpus_per_trial=args.gpus_per_trial, max_concurrent=args.max_concurrent,
         address=args.address, storage_path=args.storage_path, profile=profile,
         heartbeat_interval=args.heartbeat_interval, grace_period=args.grace_period,
-        reuse_actors=not args.no_reuse_actors, checkpoints=not args.no_checkpoints,
-        inject=tuple(inject))
+        reuse_actors=not args.no_reuse_actors, checkpoints=not args.no_checkpoints)
     return space, task, args.trials or (SMOKE_TRIALS if args.smoke_test else None), options
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from search_spaces.arch import ArchConfig, LayerSpec
+from arch.config import ArchConfig, LayerSpec
 
 
 @dataclass(frozen=True)

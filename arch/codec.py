@@ -21,8 +21,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import MISSING, fields
 from typing import Any
 
-from search_spaces.arch import ArchConfig, HeadGroup, LayerSpec
-from search_spaces.checks import ConfigError, field_names
+from arch.checks import ConfigError, field_names
+from arch.config import ArchConfig, HeadGroup, LayerSpec
 
 # Layer fields always written (the search samples them); the others only when not default.
 ALWAYS = ("attention", "mlp_ratio")

@@ -2,7 +2,7 @@
 
 ``run_tuner`` runs a search's remaining trials with Tune's ``Tuner`` (a function trainable,
 ASHA or FIFO, one report per evaluation with a checkpoint through Tune's public checkpoint
-API) while ``workers.searcher.StudySearcher`` asks and tells the Optuna study; ``start`` /
+API) while ``workers.search.searcher.StudySearcher`` asks and tells the Optuna study; ``start`` /
 ``session`` manage the Ray instance (local by default, ``address`` for a cluster). Everything
 else of the search (the study, seeds, the summary) lives in ``workers.search``, Ray-free.
 """
@@ -25,8 +25,9 @@ from ray import tune
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 from ray.tune.search import Searcher
 
-from search_spaces import ArchConfig
-from workers.searcher import ASHA_REDUCTION, StudySearcher, asha_grace_period
+from arch import ArchConfig
+from workers.search.protocol import JOB, SPEC, TrialJob, TrialReport
+from workers.search.searcher import ASHA_REDUCTION, StudySearcher, asha_grace_period
 from workers.trial import train_trial
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,7 @@ class TuneRun:
     heartbeat_interval: float = 10.0
 
 
-def run_tuner(searcher: StudySearcher, job: dict[str, Any], run: TuneRun) -> str:
+def run_tuner(searcher: StudySearcher, job: TrialJob, run: TuneRun) -> str:
     """Run ``run.trials`` trials; returns ``completed`` or ``interrupted`` (Ctrl-C)."""
     scheduler = (ASHAScheduler(time_attr="step", metric=searcher.metric, mode=searcher.mode,
                                max_t=run.steps,
@@ -83,7 +84,7 @@ def run_tuner(searcher: StudySearcher, job: dict[str, Any], run: TuneRun) -> str
                  if run.scheduler == "asha" else FIFOScheduler())
     tuner = tune.Tuner(
         tune.with_resources(_trainable, {"cpu": run.cpus_per_trial, "gpu": run.gpus_per_trial}),
-        param_space={"job": job},
+        param_space={JOB: job},
         tune_config=tune.TuneConfig(search_alg=_Adapter(searcher), scheduler=scheduler,
                                     num_samples=run.trials,
                                     max_concurrent_trials=run.max_concurrent,
@@ -104,15 +105,17 @@ def run_tuner(searcher: StudySearcher, job: dict[str, Any], run: TuneRun) -> str
 def _trainable(config: dict[str, Any]) -> None:
     """The function trainable: ``workers.trial.train_trial`` with Tune's report and checkpoint."""
     node = ray.get_runtime_context().get_node_id()
+    job: TrialJob = config[JOB]
 
-    def report(metrics: dict[str, Any], checkpoint: Path | None) -> None:
-        tune.report(metrics, checkpoint=None if checkpoint is None
+    def report(result: TrialReport, checkpoint: Path | None) -> None:
+        tune.report(result.to_result(job.metric), checkpoint=None if checkpoint is None
                     else tune.Checkpoint.from_directory(str(checkpoint)))
 
     restored = tune.get_checkpoint()  # set when Tune restarts this trial after a failure
     with tempfile.TemporaryDirectory(prefix="trial-") as workdir, \
             (restored.as_directory() if restored else contextlib.nullcontext()) as restore:
-        train_trial(config, report, Path(workdir), node, Path(restore) if restore else None)
+        train_trial(job, config[SPEC], report, Path(workdir), node,
+                    Path(restore) if restore else None)
 
 
 class _Adapter(Searcher):

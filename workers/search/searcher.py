@@ -1,6 +1,6 @@
 """The study side of a search: ask, record and tell Optuna trials safely, without Ray.
 
-``StudySearcher`` is what the Ray Tune adapter (``workers.tune``) calls for every trial; it
+``StudySearcher`` is what the Ray Tune adapter (``workers.search.tune``) calls for every trial; it
 speaks only Optuna's public ask/tell API, so it runs (and is tested) without Ray. It closes the
 ways a stock ``OptunaSearch`` on an SQL study loses or corrupts trials:
 
@@ -25,20 +25,21 @@ import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import optuna
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, Trial, TrialState
 
-from search_spaces import ArchConfig, ModelIO, SearchSpace
+from arch import ArchConfig, ModelIO
+from search_spaces import SearchSpace
 from studies import records as rec
 from studies.storage import retry_failed
+from workers.search.protocol import ERROR, NODE, RESUMED, SPEC, TrialReport, TrialSpec
 
 log = logging.getLogger(__name__)
 Predictor = Callable[[ArchConfig], float | None]
-# Keys of the results a trial reports besides the task's metric.
-STEP, STATUS, ERROR, NODE, RESUMED = "step", "status", "error", "node", "resumed_from"
 CHECKPOINT = "checkpoint"  # trial user attr: the last checkpoint directory
 ASHA_REDUCTION = 3  # successive halving keeps the best third at each rung
 
@@ -71,14 +72,15 @@ class StudySearcher:
         self.starts = list(starts)
         self.trials: dict[str, Trial] = {}
         self.done: set[str] = set()
-        self.last: dict[str, dict[str, Any]] = {}
+        self.last: dict[str, TrialReport] = {}
         self._study_id = storage.get_study_id_from_name(study.study_name)
 
     # --- asking ---------------------------------------------------------------------------
 
-    def ask(self, key: str) -> dict[str, Any]:
-        """A new trial for ``key``: its architecture (wired to the task), training
-        hyper-parameters, and the checkpoint of the failed trial it retries, if any."""
+    def ask(self, key: str) -> dict[str, TrialSpec]:
+        """A new trial for ``key``: its ``TrialSpec`` (the architecture wired to the task, the
+        sampled training fields, the checkpoint of the failed trial it retries), as the config
+        dict Tune merges into the job's."""
         self._enqueue_next_start()
         with warnings.catch_warnings():  # heartbeats with ask/tell are this class's point
             warnings.filterwarnings("ignore", "Heartbeat of storage is supposed to be used")
@@ -89,8 +91,7 @@ class StudySearcher:
             trial.set_user_attr(name, value)
         self.trials[key] = trial
         self._beat(trial.number)
-        return {"arch": arch.to_json(), "train": train,
-                "resume_from": self._retried_checkpoint(trial)}
+        return {SPEC: TrialSpec(arch, train, self._retried_checkpoint(trial))}
 
     def _enqueue_next_start(self) -> None:
         """Enqueue the next starting point not yet in the study, unless a trial is waiting
@@ -101,7 +102,7 @@ class StudySearcher:
             self.study.enqueue_trial(dict(start.params), user_attrs={"seed": start.label},
                                      skip_if_exists=True)
 
-    def _retried_checkpoint(self, trial: Trial) -> str | None:
+    def _retried_checkpoint(self, trial: Trial) -> Path | None:
         """The last checkpoint of the failed trials ``trial`` retries (Optuna's retry history:
         every trial of the chain before it); the latest of the chain that checkpointed wins."""
         with warnings.catch_warnings():
@@ -110,7 +111,7 @@ class StudySearcher:
                 self._frozen(trial.number)))
         done = [t for t in self.study.get_trials(deepcopy=False)
                 if t.number in chain and CHECKPOINT in t.user_attrs]
-        return str(max(done, key=lambda t: t.number).user_attrs[CHECKPOINT]) if done else None
+        return Path(max(done, key=lambda t: t.number).user_attrs[CHECKPOINT]) if done else None
 
     def _frozen(self, number: int) -> FrozenTrial:
         trial_id = self.storage.get_trial_id_from_study_id_trial_number(self._study_id, number)
@@ -130,15 +131,18 @@ class StudySearcher:
         return None if trial is None else trial.number
 
     def report(self, key: str, result: Mapping[str, Any]) -> None:
-        """An intermediate result: the learning curve, at the trial's ``step``."""
-        self.last[key] = dict(result)
-        value, trial = result.get(self.metric), self.trials.get(key)
-        if trial is None or key in self.done or STEP not in result or value is None:
+        """An intermediate result (Tune's dict of a ``TrialReport``): the learning curve, at
+        the trial's ``step``."""
+        report, trial = TrialReport.from_result(result, self.metric), self.trials.get(key)
+        if report is None:
             return
-        if math.isfinite(value):
+        self.last[key] = report
+        if trial is None or key in self.done or report.step is None:
+            return
+        if math.isfinite(report.value):
             # A trial reaped while it ran (its driver looked dead) is finished: ignore the rest.
             with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
-                trial.report(value, result[STEP])
+                trial.report(report.value, report.step)
 
     def record_checkpoint(self, key: str, path: str) -> None:
         """Remember where the trial's last checkpoint is (a retry continues from it)."""
@@ -152,34 +156,38 @@ class StudySearcher:
         trial = self.trials.get(key)
         if trial is None or key in self.done:
             return
-        if result is not None and result.get(STEP) != self.last.get(key, {}).get(STEP):
-            self.report(key, result)  # Tune skips on_trial_result when a trial is stopped
-        state, value, attrs = self.classify(result or self.last.get(key), error)
+        final = None if result is None else TrialReport.from_result(result, self.metric)
+        last = self.last.get(key)
+        if final is not None and (last is None or final.step != last.step):
+            self.report(key, result or {})  # Tune skips on_trial_result when a trial is stopped
+        state, value, attrs = self.classify(final or last, error)
         self.done.add(key)
         self.last.pop(key, None)
         tell(self.study, trial, state, value, attrs)
 
-    def classify(self, result: Mapping[str, Any] | None, error: bool
+    def classify(self, report: TrialReport | None, error: bool
                  ) -> tuple[TrialState, float | None, dict[str, Any]]:
-        """(state, value, user attrs) of a finished trial from its last result."""
-        result = result or {}
-        value, step = result.get(self.metric), result.get(STEP)
-        attrs: dict[str, Any] = {rec.STEPS_REACHED: step, rec.TOKENS_PER_S:
-                                 result.get("tokens_per_s"), NODE: result.get(NODE),
-                                 RESUMED: result.get(RESUMED) or None}
+        """(state, value, user attrs) of a finished trial from its last report."""
+        if report is None:
+            attrs: dict[str, Any] = {}
+        else:
+            attrs = {rec.STEPS_REACHED: report.step, rec.TOKENS_PER_S: report.tokens_per_s,
+                     NODE: report.node or None, RESUMED: report.resumed_from or None}
         if error:
             return TrialState.FAIL, None, {**attrs, rec.STATUS: "failed", ERROR:
                                            "the worker died or the trial raised in Ray; see the "
                                            "trial's error.txt in the Ray experiment directory"}
-        if result.get(STATUS) == "failed":
-            return TrialState.FAIL, None, {**attrs, rec.STATUS: "failed",
-                                           ERROR: result.get(ERROR)}
-        if value is None or not math.isfinite(value):
+        if report is None:
+            return TrialState.FAIL, None, {rec.STATUS: "failed",
+                                           ERROR: f"no {self.metric} reported"}
+        if report.status == "failed":
+            return TrialState.FAIL, None, {**attrs, rec.STATUS: "failed", ERROR: report.error}
+        if not math.isfinite(report.value):
             return TrialState.FAIL, None, {**attrs, rec.STATUS: "failed",
                                            ERROR: f"no finite {self.metric} reported"}
-        if step is None or step < self.steps:
+        if report.step is None or report.step < self.steps:
             return TrialState.PRUNED, None, {**attrs, rec.STATUS: "stopped"}
-        return TrialState.COMPLETE, float(value), {**attrs, rec.STATUS: "completed"}
+        return TrialState.COMPLETE, report.value, {**attrs, rec.STATUS: "completed"}
 
     def better(self, value: float, than: float) -> bool:
         return value > than if self.mode == "max" else value < than

@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from alloc.plan import PlanSettings, baseline_arch, make_plan, predicted_error
-from common.cli import UsageError
-from search_spaces import ArchConfig, HeadGroup, LayerSpec, SearchSpace, SpaceError
-from search_spaces.data import DataError
-from workers.searcher import Start
+from arch import ArchConfig, HeadGroup, LayerSpec
+from common.errors import UsageError
+from search_spaces import SearchSpace, SpaceError
+from userdata import DataError
+from workers.search.searcher import Start
 from workers.tasks import ArrayTask, Task, TextTask
 
 log = logging.getLogger(__name__)

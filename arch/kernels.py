@@ -15,11 +15,13 @@ from pathlib import Path
 
 import numpy as np
 
+from common.errors import TransformerAllocError
+
 KERNEL_FORMS = "ngram:K, exp:LAMBDA, poly:P or file:PATH"
 PARAMETRIC = ("ngram", "exp", "poly")
 
 
-class KernelError(ValueError):
+class KernelError(TransformerAllocError):
     """A kernel spec or kernel file that cannot be used; the message names the rule."""
 
 

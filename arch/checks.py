@@ -7,8 +7,10 @@ import math
 from dataclasses import MISSING, fields
 from typing import Any
 
+from common.errors import TransformerAllocError
 
-class ConfigError(ValueError):
+
+class ConfigError(TransformerAllocError):
     """An invalid architecture description; ``problems`` lists every rule broken."""
 
     def __init__(self, problems: list[str]) -> None:

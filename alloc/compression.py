@@ -1,0 +1,471 @@
+"""Planning a trained model's compression (docs/theory.md §10): from what its attention was
+measured to use, the smallest aligned ``qk_dim`` of every head group whose attention error stays
+within a tolerance, as a typed ``CompressionPlan`` that ``workers.compress`` builds.
+
+The measurement itself runs the model, so it lives with torch (``workers.measure``); it reaches
+this module as a ``CheckpointMeasurement`` through the ``Measurer`` protocol, which the torch side
+registers as the entry point ``transformer_alloc.measurers:checkpoint``. Planning is pure: numpy
+and the saturation bound of ``alloc.saturation``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any, Literal, Protocol, get_args
+
+import numpy as np
+import yaml
+
+from alloc.saturation import jacobian_bound
+from arch import ArchConfig, ConfigError, HeadGroup
+from common.cli import render_table
+from common.errors import TransformerAllocError
+from common.plots import new_figure, write_figure
+from userdata import DataSpec
+
+Rule = Literal["bound", "measured"]
+RULES: tuple[Rule, ...] = get_args(Rule)
+# Share of a head's spectrum (sum of singular values) that its effective rank may discard: a
+# description of the spectrum, separate from the attention-error tolerance that sets the plan.
+RANK_TAIL = 0.05
+MEASURERS = "transformer_alloc.measurers"  # entry-point group of the torch side
+
+
+class CompressionError(TransformerAllocError):
+    """A plan that cannot be made or used: no measurer, a broken plan file, a plan for another
+    model."""
+
+
+# --- what the torch side measures ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HeadStats:
+    """One head on the data sample: its largest |logit|, and its mean attention entropy over
+    ``ln N`` (1: uniform attention, 0: one key)."""
+
+    logit_bound: float
+    entropy: float
+
+
+@dataclass(frozen=True)
+class HeadMeasurement:
+    """One query-key head: the singular values of ``M_h = W_Q,h W_K,h^T / sqrt(qk_dim)`` and,
+    with a data sample, the largest attention-weight change measured at each candidate rank."""
+
+    group: int
+    head: int
+    sigma: tuple[float, ...]
+    measured_errors: Mapping[int, float] | None = None
+
+
+@dataclass(frozen=True)
+class LayerMeasurement:
+    """One layer: its query-key heads (none for MSSA and MixiT), the largest attention-input
+    norm (measured, or bounded from the norm's parameters without data), and per-head logit
+    statistics on the sample."""
+
+    index: int
+    heads: tuple[HeadMeasurement, ...]
+    token_norm: float
+    head_stats: tuple[HeadStats, ...] = ()
+
+
+@dataclass(frozen=True)
+class CheckpointMeasurement:
+    """Everything planning needs of a trained model."""
+
+    arch: ArchConfig
+    seq_len: int  # N of the saturation rule: the sample's window, or the model's length
+    align: int  # the candidate qk_dims measured are multiples of it
+    layers: tuple[LayerMeasurement, ...]
+    sample: str | None = None  # what was sampled ("--task lm", "--data x.txt"); None: no data
+    checkpoint: str = ""
+    layout: str = ""
+
+    @property
+    def measured(self) -> bool:
+        return self.sample is not None
+
+
+@dataclass(frozen=True)
+class MeasureRequest:
+    """What to measure: a checkpoint, on a sample of ``data`` or of a generated ``task`` (or on
+    none: spectra and norm bounds only)."""
+
+    checkpoint: Path
+    align: int = 8
+    data: DataSpec | None = None
+    task: str | None = None
+    task_params: Mapping[str, Any] = field(default_factory=dict)
+    smoke_test: bool = False  # the task at its smoke size
+    seq_len: int | None = None  # sample window (default: the model's max_seq_len)
+    sample_tokens: int | None = None
+    seed: int = 0
+
+
+class Measurer(Protocol):
+    def __call__(self, request: MeasureRequest) -> CheckpointMeasurement: ...
+
+
+def load_measurer() -> Measurer:
+    """The torch side's measurer, found through its entry point (alloc imports no torch)."""
+    found = entry_points(group=MEASURERS, name="checkpoint")
+    if not found:
+        raise CompressionError("--checkpoint: measuring a model needs the torch workers "
+                               f"(entry point {MEASURERS}:checkpoint); run 'pip install -e .'")
+    measurer: Measurer = next(iter(found)).load()
+    return measurer
+
+
+# --- the rule ----------------------------------------------------------------------------------
+
+
+def effective_rank(sigma: Sequence[float], tolerance: float = RANK_TAIL) -> int:
+    """Smallest r whose discarded singular values sum to at most ``tolerance`` of the total."""
+    values = np.asarray(sigma, dtype=float)
+    tail = np.concatenate([np.cumsum(values[::-1])[::-1], [0.0]])
+    return int(np.argmax(tail <= tolerance * max(tail[0], 1e-300)))
+
+
+def truncation_error_bound(sigma: Sequence[float], rank: int, seq_len: int, logit_bound: float,
+                           norm: float) -> float:
+    """Bound on the largest attention-weight change of a rank-``rank`` student of this head:
+    ``||J|| * max |delta logit|`` with ``||J|| <= min(1/2, 2 e^{2R'} / N)``, ``R'`` bounding the
+    teacher's and the student's logits, and ``|delta logit| <= norm^2 sum_{i>r} sigma_i``
+    (docs/theory.md §4, §10)."""
+    delta = norm * norm * float(np.sum(np.asarray(sigma, dtype=float)[rank:]))
+    return jacobian_bound(seq_len, logit_bound + delta) * delta
+
+
+def candidate_dims(qk_dim: int, align: int) -> list[int]:
+    """The ``qk_dim`` a head group of ``qk_dim`` may be reduced to: multiples of ``align``
+    below it, and itself."""
+    return sorted({*range(align, qk_dim, align), qk_dim})
+
+
+# --- the plan ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """One head group's decision: ``qk_dim`` -> ``reduced_qk_dim``, with the error bound and
+    the measured error of every candidate (the worst head of the group)."""
+
+    count: int
+    qk_dim: int
+    v_dim: int
+    reduced_qk_dim: int
+    error_bounds: Mapping[int, float]
+    measured_errors: Mapping[int, float] | None = None
+
+    @property
+    def error_bound(self) -> float:
+        return self.error_bounds[self.reduced_qk_dim]
+
+    @property
+    def measured_error(self) -> float | None:
+        return None if self.measured_errors is None else self.measured_errors[self.reduced_qk_dim]
+
+
+@dataclass(frozen=True)
+class HeadSpectrum:
+    group: int
+    head: int
+    sigma: tuple[float, ...]
+    effective_rank: int
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """A layer of the plan: what was measured and each head group's decision."""
+
+    index: int
+    attention: str
+    heads: str  # the teacher's head groups, e.g. "4x16"
+    token_norm: float
+    groups: tuple[GroupPlan, ...] = ()
+    spectra: tuple[HeadSpectrum, ...] = ()
+    head_stats: tuple[HeadStats, ...] = ()
+
+    @property
+    def logit_bound(self) -> float | None:
+        return max(s.logit_bound for s in self.head_stats) if self.head_stats else None
+
+    @property
+    def entropy(self) -> float | None:
+        if not self.head_stats:
+            return None
+        return float(np.mean([s.entropy for s in self.head_stats]))
+
+
+@dataclass(frozen=True)
+class CompressionPlan:
+    """The per-layer ``qk_dim`` plan of one checkpoint and the student it describes."""
+
+    arch_id: str  # the teacher's
+    seq_len: int
+    tolerance: float
+    align: int
+    rule: Rule
+    layers: tuple[LayerPlan, ...]
+    student: ArchConfig
+    sample: str | None = None
+    checkpoint: str = ""
+    layout: str = ""
+
+    @property
+    def measured(self) -> bool:
+        return self.sample is not None
+
+    @property
+    def reduces(self) -> bool:
+        """Whether any head group's ``qk_dim`` is lowered."""
+        return any(g.reduced_qk_dim < g.qk_dim for layer in self.layers for g in layer.groups)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["student"] = self.student.to_dict()
+        for layer, plan in zip(data["layers"], self.layers):
+            layer["logit_bound"], layer["entropy"] = plan.logit_bound, plan.entropy
+            for group, decided in zip(layer["groups"], plan.groups):
+                group["error_bound"] = decided.error_bound
+                group["measured_error"] = decided.measured_error
+        return _plain(data)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> CompressionPlan:
+        """The plan ``to_dict`` wrote (derived keys are ignored).
+
+        Raises:
+            CompressionError: not such a plan.
+        """
+        try:
+            layers = tuple(_layer_from_dict(x) for x in data["layers"])
+            return cls(arch_id=str(data["arch_id"]), seq_len=int(data["seq_len"]),
+                       tolerance=float(data["tolerance"]), align=int(data["align"]),
+                       rule=_rule(data["rule"]), layers=layers,
+                       student=ArchConfig.from_dict(data["student"]), sample=data.get("sample"),
+                       checkpoint=str(data.get("checkpoint", "")),
+                       layout=str(data.get("layout", "")))
+        except (KeyError, TypeError, ValueError, AttributeError, ConfigError) as err:
+            what = f"missing key {err}" if isinstance(err, KeyError) else str(err)
+            raise CompressionError(f"not a checkpoint profile ({what.splitlines()[0]})") \
+                from None
+
+    @classmethod
+    def from_yaml(cls, text: str) -> CompressionPlan:
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as err:
+            raise CompressionError(f"not YAML ({str(err).splitlines()[0]})") from None
+        return cls.from_dict(data)
+
+
+def _rule(value: Any) -> Rule:
+    if value not in RULES:
+        raise ValueError(f"rule {value!r}: must be one of {', '.join(RULES)}")
+    rule: Rule = value
+    return rule
+
+
+def _layer_from_dict(data: Mapping[str, Any]) -> LayerPlan:
+    def by_rank(values: Mapping[Any, float] | None) -> dict[int, float] | None:
+        return None if values is None else {int(r): float(e) for r, e in values.items()}
+
+    groups = tuple(GroupPlan(int(g["count"]), int(g["qk_dim"]), int(g["v_dim"]),
+                             int(g["reduced_qk_dim"]), by_rank(g["error_bounds"]) or {},
+                             by_rank(g.get("measured_errors"))) for g in data["groups"])
+    spectra = tuple(HeadSpectrum(int(s["group"]), int(s["head"]),
+                                 tuple(float(v) for v in s["sigma"]), int(s["effective_rank"]))
+                    for s in data.get("spectra", ()))
+    stats = tuple(HeadStats(float(s["logit_bound"]), float(s["entropy"]))
+                  for s in data.get("head_stats", ()))
+    return LayerPlan(int(data["index"]), str(data["attention"]), str(data["heads"]),
+                     float(data["token_norm"]), groups, spectra, stats)
+
+
+def _plain(value: Any) -> Any:
+    """Tuples as lists and numpy scalars as floats, so that ``yaml.safe_dump`` writes them."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def group_plan(heads: Sequence[HeadMeasurement], group: HeadGroup, seq_len: int,
+               logit_bound: float, norm: float, tolerance: float, align: int,
+               rule: Rule = "bound") -> GroupPlan:
+    """The smallest aligned ``qk_dim`` of the group whose error stays within ``tolerance`` for
+    every head: the bound's (``rule="bound"``, docs/theory.md §4) or the error measured on the
+    data sample (``"measured"``); each candidate's bound and measured error are kept."""
+    candidates = candidate_dims(group.qk_dim, align)
+    bounds = {r: max(truncation_error_bound(h.sigma, r, seq_len, logit_bound, norm)
+                     for h in heads) for r in candidates}
+    measured = None
+    if all(h.measured_errors is not None for h in heads):
+        measured = {r: max(h.measured_errors[r] for h in heads if h.measured_errors is not None)
+                    for r in candidates}
+    decide = measured if rule == "measured" and measured is not None else bounds
+    chosen = next(r for r in candidates if decide[r] <= tolerance or r == group.qk_dim)
+    return GroupPlan(group.count, group.qk_dim, group.v_dim, chosen, bounds, measured)
+
+
+def plan_compression(measured: CheckpointMeasurement, tolerance: float,
+                     rule: Rule | None = None, logit_bound: float | None = None
+                     ) -> CompressionPlan:
+    """The per-layer plan of a measured model (docs/theory.md §10).
+
+    Args:
+        measured: the model's spectra, norms and (with a sample) logit statistics and errors.
+        tolerance: allowed attention error per head.
+        rule: ``bound`` (the saturation rule's guarantee) or ``measured`` (the error measured
+            on the sample; needs one); default: measured with a sample, else bound.
+        logit_bound: assumed R without a sample (None: any logits, ``||J|| <= 1/2``).
+
+    Raises:
+        CompressionError: ``rule="measured"`` without a sample.
+    """
+    rule = rule or ("measured" if measured.measured else "bound")
+    if rule == "measured" and not measured.measured:
+        raise CompressionError("--rule measured: needs a sample to measure the errors on "
+                               "(--data or --task)")
+    layers = tuple(_layer_plan(measured, m, tolerance, rule, logit_bound)
+                   for m in measured.layers)
+    return CompressionPlan(
+        arch_id=measured.arch.arch_id, seq_len=measured.seq_len, tolerance=tolerance,
+        align=measured.align, rule=rule, layers=layers,
+        student=student_arch(measured.arch, layers), sample=measured.sample,
+        checkpoint=measured.checkpoint, layout=measured.layout)
+
+
+def _layer_plan(measured: CheckpointMeasurement, layer: LayerMeasurement, tolerance: float,
+                rule: Rule, logit_bound: float | None) -> LayerPlan:
+    spec = measured.arch.layers[layer.index]
+    if layer.head_stats:
+        r_bound = max(s.logit_bound for s in layer.head_stats)
+    else:
+        r_bound = logit_bound if logit_bound is not None else math.inf
+    spectra = tuple(HeadSpectrum(h.group, h.head, h.sigma, effective_rank(h.sigma))
+                    for h in layer.heads)
+    groups = ()
+    if layer.heads:
+        groups = tuple(group_plan([h for h in layer.heads if h.group == j], group,
+                                  measured.seq_len, r_bound, layer.token_norm, tolerance,
+                                  measured.align, rule)
+                       for j, group in enumerate(spec.heads))
+    return LayerPlan(layer.index, spec.attention, spec.heads_str, layer.token_norm, groups,
+                     spectra, layer.head_stats)
+
+
+def student_arch(teacher: ArchConfig, layers: Sequence[LayerPlan]) -> ArchConfig:
+    """``teacher`` with each planned group's ``qk_dim`` reduced."""
+    specs = list(teacher.layers)
+    for plan in layers:
+        if plan.groups:
+            heads = tuple(HeadGroup(g.count, g.reduced_qk_dim, g.v_dim) for g in plan.groups)
+            specs[plan.index] = dataclasses.replace(specs[plan.index], heads=heads)
+    return ArchConfig.from_dict({**teacher.to_dict(), "layers": [x.to_dict() for x in specs]})
+
+
+# --- showing a plan ----------------------------------------------------------------------------
+
+
+def render_plan(plan: CompressionPlan) -> str:
+    """The plan as a table: per layer what was measured and each group's decision."""
+    rows = []
+    for layer in plan.layers:
+        decisions = "  ".join(
+            f"{g.count}x{g.qk_dim}->{g.reduced_qk_dim} (bound {g.error_bound:.3g}"
+            + (f", measured {g.measured_error:.3g}" if g.measured_error is not None else "")
+            + ")" for g in layer.groups) or "-"
+        ranks = ",".join(str(s.effective_rank) for s in layer.spectra) or "-"
+        rows.append([layer.index, layer.attention, layer.heads, _fmt(layer.logit_bound),
+                     _fmt(layer.token_norm), _fmt(layer.entropy), ranks, decisions])
+    head = (f"checkpoint profile: N = {plan.seq_len}, tolerance {plan.tolerance:g} on the "
+            f"{plan.rule} error, sample: "
+            + (plan.sample or "none (||J|| <= 1/2, norms bounded from the norm layers)"))
+    table = render_table(["layer", "attention", "heads", "R", "max |x|", "entropy/ln N",
+                          "effective ranks", "qk_dim plan (attention error)"], rows,
+                         right=[True, False, False, True, True, True, False, False])
+    return f"{head}\n{table}"
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}"
+
+
+def plot_plan(plan: CompressionPlan, path: Path) -> None:
+    """``heads.png``: every head's query-key spectrum; per layer the chosen ``qk_dim`` against
+    the teacher's; and the error of each candidate ``qk_dim`` against the tolerance, the chosen
+    one marked (solid: measured on the sample, dotted: the bound)."""
+    fig, axes = new_figure(3, (16, 4.4))
+    _plot_spectra(axes[0], plan)
+    _plot_dims(axes[1], plan)
+    _plot_errors(axes[2], plan)
+    write_figure(fig, path)
+
+
+def _plot_spectra(ax: Any, plan: CompressionPlan) -> None:
+    for layer in plan.layers:
+        for k, spectrum in enumerate(layer.spectra):
+            sigma = np.maximum(np.asarray(spectrum.sigma), 1e-12)
+            ax.semilogy(np.arange(1, len(sigma) + 1), sigma, color=f"C{layer.index % 10}",
+                        alpha=0.6, label=f"layer {layer.index}" if k == 0 else None)
+    ax.set_xlabel("singular value index i")
+    ax.set_ylabel("sigma_i of W_Q,h W_K,h^T / sqrt(d_qk) (floor 1e-12)")
+    ax.set_title("query-key spectrum of every head")
+    ax.legend(fontsize=8)
+
+
+def _plot_dims(ax: Any, plan: CompressionPlan) -> None:
+    """Bars per head group: the teacher's ``qk_dim`` (outline) and the chosen one (filled)."""
+    for layer in plan.layers:
+        width = 0.8 / max(1, len(layer.groups))
+        for j, group in enumerate(layer.groups):
+            x = layer.index - 0.4 + width * (j + 0.5)
+            ax.bar(x, group.qk_dim, width * 0.9, fill=False, edgecolor="0.4",
+                   label="teacher" if (layer.index, j) == (0, 0) else None)
+            ax.bar(x, group.reduced_qk_dim, width * 0.9, color=f"C{layer.index % 10}",
+                   alpha=0.8)
+            ax.annotate(f"{group.count}x{group.reduced_qk_dim}", (x, group.reduced_qk_dim),
+                        ha="center", va="bottom", fontsize=7)
+    ax.set_xticks([layer.index for layer in plan.layers])
+    ax.set_xlabel("layer")
+    ax.set_ylabel("qk_dim per head (outline: teacher, filled: chosen)")
+    ax.set_title(f"the plan: {plan.student.arch_id} from {plan.arch_id}")
+
+
+def _plot_errors(ax: Any, plan: CompressionPlan) -> None:
+    for layer in plan.layers:
+        color = f"C{layer.index % 10}"
+        for j, group in enumerate(layer.groups):
+            label = f"layer {layer.index}" + (f" g{j}" if len(layer.groups) > 1 else "")
+            dims = sorted(group.error_bounds)
+            ax.plot(dims, [max(group.error_bounds[r], 1e-12) for r in dims], ":", color=color)
+            chosen = group.error_bound
+            if group.measured_errors is not None:
+                errors = group.measured_errors
+                ax.plot(dims, [max(errors[r], 1e-12) for r in dims], "-", color=color,
+                        label=label)
+                chosen = errors[group.reduced_qk_dim] if plan.rule == "measured" else chosen
+            ax.plot([group.reduced_qk_dim], [max(chosen, 1e-12)], "o", color=color,
+                    markersize=9, label=None if group.measured_errors is not None else label)
+    ax.axhline(plan.tolerance, color="k", linestyle="--", label=f"tolerance {plan.tolerance:g}")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.set_yscale("log")
+    ax.set_xlabel("candidate qk_dim")
+    ax.set_ylabel(f"max weight change (solid: measured, dotted: bound; rule {plan.rule})")
+    ax.set_title("attention error per qk_dim (o: chosen)")
+    ax.legend(fontsize=7)

@@ -1,0 +1,50 @@
+"""The project's vocabulary: what a model is (``ArchConfig`` of ``LayerSpec`` of ``HeadGroup``),
+how it is trained (``TrainConfig``), its analytic parameter counts, the flat parameter names a
+study records (``codec``) and the memory kernels of the allocator. Frozen, typed, validated
+dataclasses that own their serialisation; imports no torch or Ray."""
+
+from arch import codec
+from arch.checks import ConfigError
+from arch.config import (
+    ATTENTION_KINDS,
+    MLP_KINDS,
+    NORMS,
+    POSITIONALS,
+    ROLES,
+    SCHEMA_VERSION,
+    SINGLE_WIDTH_KINDS,
+    ArchConfig,
+    AttentionKind,
+    HeadGroup,
+    LayerSpec,
+    ModelIO,
+    Positional,
+    merge_groups,
+)
+from arch.params import ParamCount, attention_params, layer_params, param_count
+from arch.training import OPTIMIZERS, TrainConfig
+
+__all__ = [
+    "ATTENTION_KINDS",
+    "MLP_KINDS",
+    "NORMS",
+    "OPTIMIZERS",
+    "POSITIONALS",
+    "ROLES",
+    "SCHEMA_VERSION",
+    "SINGLE_WIDTH_KINDS",
+    "ArchConfig",
+    "AttentionKind",
+    "ConfigError",
+    "HeadGroup",
+    "LayerSpec",
+    "ModelIO",
+    "ParamCount",
+    "Positional",
+    "TrainConfig",
+    "attention_params",
+    "codec",
+    "layer_params",
+    "merge_groups",
+    "param_count",
+]

@@ -1,0 +1,255 @@
+"""What a trained model's attention uses (docs/theory.md §10), measured with torch: per layer
+and head, the singular values of the query-key map ``M_h = W_Q,h W_K,h^T / sqrt(d_qk)`` (biases
+folded in by a constant input coordinate, as in GPT-2's fused ``c_attn``) and, on a data sample,
+the logit bound ``R`` the head reaches, the largest input norm, the attention entropy over
+``ln N`` and the attention error of every candidate ``qk_dim``. The result is a typed
+``CheckpointMeasurement`` that ``alloc.compression`` plans from: ``measure_checkpoint`` is the
+measurer ``python -m alloc.profile --checkpoint`` finds through its entry point.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from alloc.compression import (
+    CheckpointMeasurement,
+    CompressionError,
+    CompressionPlan,
+    HeadMeasurement,
+    HeadStats,
+    LayerMeasurement,
+    MeasureRequest,
+    Rule,
+    candidate_dims,
+    plan_compression,
+)
+from arch import SINGLE_WIDTH_KINDS
+from workers.attention import FrozenQKAttention, LogitRecorder, MultiHeadAttention
+from workers.checkpoints import load
+from workers.model import Model, build_model
+from workers.tasks.cli import check_fits, task_for_model
+
+
+@dataclass(frozen=True)
+class HeadMap:
+    """One head's query and key maps, biases folded in: logits are ``(x A)(x B)^T`` for
+    ``x = [input, 1]`` (the ``1`` only with biases); ``A, B`` are ``(d [+ 1], qk_dim)``."""
+
+    layer: int
+    group: int
+    head: int
+    a: np.ndarray
+    b: np.ndarray
+
+    @property
+    def matrix(self) -> np.ndarray:
+        """``M = A B^T / sqrt(qk_dim)``, the scaled bilinear map of the logits."""
+        return self.a @ self.b.T / math.sqrt(self.a.shape[1])
+
+    def singular_values(self) -> np.ndarray:
+        return np.linalg.svd(self.matrix, compute_uv=False)[: self.a.shape[1]]
+
+
+def head_maps(model: Model) -> list[HeadMap]:
+    """Every query-key head of the model (mhsa and frozen_qk layers; MSSA and MixiT heads have
+    no separate query and key maps).
+
+    Raises:
+        CompressionError: a RoPE model, whose logits are not ``x M y^T``: RoPE rotates queries
+            and keys by their positions between the two maps, so no single matrix describes a
+            head.
+    """
+    if model.arch.positional == "rope":
+        raise CompressionError("positional 'rope': a RoPE model's query-key map depends on the "
+                         "positions, so its heads cannot be profiled or compressed by SVD here")
+    out = []
+    for i, layer in enumerate(model.arch.layers):
+        if layer.attention in SINGLE_WIDTH_KINDS:
+            continue
+        attn = model.block(i).attn
+        assert isinstance(attn, MultiHeadAttention)
+        linear = attn.qk if isinstance(attn, FrozenQKAttention) else attn.qkv
+        weight = linear.weight.detach().double()
+        bias = None if linear.bias is None else linear.bias.detach().double()
+        offset = 0
+        for j, g in enumerate(layer.heads):
+            for h in range(g.count):
+                rows = slice(offset, offset + g.qk_dim)
+                krows = slice(attn.qk_width + offset, attn.qk_width + offset + g.qk_dim)
+                a, b = weight[rows].T, weight[krows].T  # (d, qk_dim)
+                if bias is not None:
+                    a, b = torch.cat([a, bias[rows][None]]), torch.cat([b, bias[krows][None]])
+                out.append(HeadMap(i, j, h, a.numpy(), b.numpy()))
+                offset += g.qk_dim
+    return out
+
+
+@dataclass(frozen=True)
+class Measured:
+    """Per layer: per head group, what ``measure``'s ``reduce`` made of its logits (by default
+    ``head_statistics``: each head's logit bound and mean normalised entropy); the attention's
+    input ``(B, T, d [+ 1])`` (the constant 1 appended when the model has biases) and its
+    largest norm."""
+
+    groups: list[list[Any]]
+    inputs: list[Tensor]
+    norms: list[float]
+    causal: bool = True
+
+
+@torch.no_grad()
+def measure(model: Model, x: Tensor,
+            reduce: Callable[[Tensor], Any] | None = None) -> Measured:
+    """Run ``model`` on ids or vectors ``x`` recording each head group's logits
+    ``(B, H, T, T)`` (future entries -inf) reduced by ``reduce`` as they are computed (default
+    ``head_statistics``; pass ``lambda z: z`` to keep them whole) and each attention's input."""
+    recorder = LogitRecorder(head_statistics if reduce is None else reduce)
+    twin = build_model(model.arch, kernel=recorder)
+    twin.load_state_dict(model.state_dict())
+    twin.eval()
+    inputs: list[Tensor] = []
+    hooks = [twin.block(i).attn_norm.register_forward_hook(
+        lambda _m, _i, out: inputs.append(out)) for i in range(model.arch.n_layers)]
+    twin(x)
+    for hook in hooks:
+        hook.remove()
+    # MixiT layers compute no logits: every other layer calls the kernel once per head group.
+    counts = [0 if layer.attention == "mixit" else len(layer.heads)
+              for layer in model.arch.layers]
+    groups, cursor = [], 0
+    for count in counts:
+        groups.append(recorder.logits[cursor:cursor + count])
+        cursor += count
+    if model.arch.bias:
+        inputs = [torch.cat([x, x.new_ones(*x.shape[:-1], 1)], -1) for x in inputs]
+    return Measured(groups, inputs, [float(x.double().norm(dim=-1).max()) for x in inputs],
+                    model.arch.causal)
+
+
+@torch.no_grad()
+def measured_errors(head: HeadMap, x: Tensor, ranks: Sequence[int], causal: bool
+                    ) -> dict[int, float]:
+    """Per rank: the largest change of an attention weight on the inputs ``x`` (B, T, d [+ 1])
+    when the head's query-key map is truncated to that rank (everything upstream unchanged)."""
+    from workers.attention import future_mask
+
+    xd = x.double()
+    matrix = torch.from_numpy(head.matrix)
+    u, s, vh = torch.linalg.svd(matrix)
+
+    def attention(m: Tensor) -> Tensor:
+        z = xd @ m @ xd.transpose(-1, -2)
+        if causal:
+            z = z.masked_fill(future_mask(z.shape[-1], z.device), float("-inf"))
+        return torch.softmax(z, dim=-1)
+
+    full = attention(matrix)  # the teacher's weights, once for every rank
+    return {r: float((full - attention(u[:, :r] * s[:r] @ vh[:r])).abs().max()) for r in ranks}
+
+
+def head_statistics(logits: Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """Per head: the largest |logit| over allowed pairs, and the mean over rows (with at least
+    two keys) of the attention entropy over ``ln N_row``. ``logits``: (B, H, T, T)."""
+    allowed = torch.isfinite(logits)
+    bound = logits.masked_fill(~allowed, 0).abs().amax(dim=(0, 2, 3))
+    p = torch.softmax(logits.double(), dim=-1)
+    entropy = -(p * torch.log(p.clamp_min(1e-300))).sum(-1)  # (B, H, T)
+    keys = allowed.sum(-1).double()  # (B?, H?, T)
+    rows = keys >= 2
+    normalised = torch.where(rows, entropy / keys.clamp_min(2).log(), torch.zeros(()))
+    mean = normalised.sum(dim=(0, 2)) / rows.sum(dim=(0, 2)).clamp_min(1)
+    return bound.numpy(), mean.numpy()
+
+
+def norm_bound(model: Model, index: int) -> float:
+    """Without data: a bound on the attention input's norm from the layer's norm parameters,
+    ``sqrt(d) max|gamma| + ||beta||`` (a normalised vector has norm ``sqrt(d)``)."""
+    params = dict(model.block(index).attn_norm.named_parameters())
+    gamma = params["weight"].detach().abs().max().item()
+    beta = params["bias"].detach().norm().item() if "bias" in params else 0.0
+    bound = math.sqrt(model.arch.d_model) * gamma + beta
+    return math.sqrt(bound * bound + 1) if model.arch.bias else bound
+
+
+
+# --- the measurer -------------------------------------------------------------------------
+
+
+WINDOW_TOKENS = 32 * 1024  # default checkpoint sample: 32 windows of 1,024 tokens
+
+# Validation batches from this index on are the profile's sample: ``workers.compress`` and the
+# trainer evaluate on batches 0, 1, ..., so a plan is never chosen on the windows it is scored on.
+SAMPLE_BATCH = 1 << 20
+
+
+def measure_model(model: Model, x: Tensor | None, seq_len: int, align: int,
+                  sample: str | None = None) -> CheckpointMeasurement:
+    """What planning needs of ``model``: every query-key head's spectrum and, on the sample
+    ``x`` (ids or vectors, ``(B, T)`` / ``(B, T, d)``; None: no data), each head's logit
+    statistics and the attention error of each candidate ``qk_dim`` (multiples of ``align``).
+
+    Args:
+        seq_len: N of the saturation rule (the sample's length when there is one).
+        sample: what ``x`` is, for the plan's record ("--task lm").
+    """
+    maps = head_maps(model)
+    measured = measure(model, x) if x is not None else None
+    layers = []
+    for i, layer in enumerate(model.arch.layers):
+        stats: tuple[HeadStats, ...] = ()
+        norm = norm_bound(model, i)
+        if measured is not None and measured.groups[i]:
+            bounds = np.concatenate([b for b, _ in measured.groups[i]])
+            entropy = np.concatenate([e for _, e in measured.groups[i]])
+            stats = tuple(HeadStats(float(b), float(e)) for b, e in zip(bounds, entropy))
+            norm = measured.norms[i]
+        heads = []
+        for m in (m for m in maps if m.layer == i):
+            errors = None
+            if measured is not None:
+                ranks = candidate_dims(layer.heads[m.group].qk_dim, align)
+                errors = measured_errors(m, measured.inputs[i], ranks, measured.causal)
+            heads.append(HeadMeasurement(m.group, m.head,
+                                         tuple(float(v) for v in m.singular_values()), errors))
+        layers.append(LayerMeasurement(i, tuple(heads), norm, stats))
+    return CheckpointMeasurement(model.arch, seq_len, align, tuple(layers),
+                                 sample if x is not None else None)
+
+
+def profile_checkpoint(model: Model, x: Tensor | None, seq_len: int, tolerance: float,
+                       align: int, logit_bound: float | None = None,
+                       rule: Rule = "bound") -> CompressionPlan:
+    """The plan of ``model`` measured on ``x`` (``measure_model`` then ``plan_compression``)."""
+    measured = measure_model(model, x, seq_len, align, "sample")
+    return plan_compression(measured, tolerance, rule, logit_bound)
+
+
+def measure_checkpoint(request: MeasureRequest) -> CheckpointMeasurement:
+    """The measurer of ``python -m alloc.profile --checkpoint`` (entry point
+    ``transformer_alloc.measurers:checkpoint``): the checkpoint, on a sample of the requested
+    data or task drawn apart from the evaluation batches (see ``SAMPLE_BATCH``).
+
+    Raises:
+        CheckpointError, TaskError, DataError, CompressionError: one line each.
+    """
+    loaded = load(request.checkpoint)
+    task, source = task_for_model(
+        loaded.arch, data=request.data, task=request.task, params=request.task_params,
+        size="smoke" if request.smoke_test else "paper", seed=request.seed,
+        seq_len=request.seq_len)
+    x, seq_len = None, min(request.seq_len or loaded.arch.max_seq_len, loaded.arch.max_seq_len)
+    if task is not None:
+        check_fits(task, loaded.arch, trains=False, source=source)
+        windows = max(1, (request.sample_tokens or WINDOW_TOKENS) // task.seq_len)
+        x, seq_len = task.batch("val", SAMPLE_BATCH, windows).x, task.seq_len
+    measured = measure_model(loaded.model, x, seq_len, request.align, source)
+    return dataclasses.replace(measured, checkpoint=str(request.checkpoint),
+                               layout=loaded.layout)
