@@ -30,10 +30,14 @@ from alloc.constants import Constants, to_yaml
 from alloc.plan import Plan, PlanSettings, make_plan, predicted_error
 from arch import LayerSpec
 from common.cli import Parser, add_format, check_writable, dump, fail, render_table
-from common.errors import UsageError
+from common.errors import TransformerAllocError
 from common.files import write_atomic
 
 PROG = "alloc.calibrate"
+
+
+class CalibrationError(TransformerAllocError):
+    """A study that cannot calibrate the bound's constants."""
 ORDER_RANGE = (1.0, 6.0)
 LOG_C_RANGE = (-12.0, 12.0)  # c in [6e-6, 1.6e5]: wide, but keeps the optimiser finite
 # Coarse grid over (log c_proj, log c_head, n) whose best points start the local fits.
@@ -102,8 +106,8 @@ def fit(settings: PlanSettings, observations: Sequence[Observation]
     """(raw, calibrated): the settings' own constants with only the scale fitted, and the least
     squares constants. The calibrated fit nests the raw one, so its R² is never lower."""
     if len(observations) < 4:
-        raise UsageError(f"calibration needs at least 4 architectures with a full-budget loss "
-                         f"(3 constants + the scale); the study has {len(observations)}")
+        raise CalibrationError("calibration needs at least 4 architectures with a full-budget "
+                               f"loss (3 constants + the scale); the study has {len(observations)}")
     log_y = np.log([o.loss for o in observations])
 
     def residuals(theta: np.ndarray) -> np.ndarray:
@@ -138,14 +142,14 @@ def observations_from_study(url: str | None, study: str) -> tuple[PlanSettings,
     eng = engine(open_storage(url))
     summaries = {s.name: s for s in query.list_studies(eng)}
     if study not in summaries:
-        raise UsageError(f"--study {study!r}: no such study; studies: "
+        raise CalibrationError(f"--study {study!r}: no such study; studies: "
                          f"{', '.join(summaries) or '(none)'}")
     summary = summaries[study]
     if summary.direction != "MINIMIZE":
-        raise UsageError(f"--study {study!r}: its metric is maximised "
+        raise CalibrationError(f"--study {study!r}: its metric is maximised "
                          f"({summary.attrs.get('metric', '?')}); calibration fits a loss")
     if "alloc_inputs" not in summary.attrs:
-        raise UsageError(f"--study {study!r}: has no allocator inputs (study attr "
+        raise CalibrationError(f"--study {study!r}: has no allocator inputs (study attr "
                          "alloc_inputs); run it with python -m workers.search")
     settings = PlanSettings(**json.loads(summary.attrs["alloc_inputs"]))
     _, trials = query.load_trials(eng, study)
@@ -159,8 +163,8 @@ def observations_from_study(url: str | None, study: str) -> tuple[PlanSettings,
         best = min(records, key=lambda t: (t.value, t.number))
         assert best.arch is not None and best.value is not None
         if best.value <= 0:
-            raise UsageError(f"--study {study!r}: trial {best.number} has loss {best.value:g}; "
-                             "log-loss needs positive values")
+            raise CalibrationError(f"--study {study!r}: trial {best.number} has loss "
+                                   f"{best.value:g}; log-loss needs positive values")
         out.append(Observation(" | ".join(x.heads_str for x in best.arch.layers),
                                best.arch.layers[0], best.value, best.number, len(records)))
     return settings, sorted(out, key=lambda o: (o.layer.n_heads, o.label))
@@ -245,8 +249,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from studies.query import QueryError
-    from studies.storage import StorageError
 
     args = build_parser().parse_args(argv)
     try:
@@ -255,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
                 check_writable(flag, path)
         settings, observations = observations_from_study(args.storage, args.study)
         raw, calibrated = fit(settings, observations)
-    except (UsageError, StorageError, QueryError) as err:
+    except TransformerAllocError as err:
         return fail(PROG, str(err))
     rep = calibration_report(args.study, settings, observations, raw, calibrated)
     if args.out is not None:

@@ -359,7 +359,7 @@ def _layer_plan(measured: CheckpointMeasurement, layer: LayerMeasurement, tolera
         r_bound = logit_bound if logit_bound is not None else math.inf
     spectra = tuple(HeadSpectrum(h.group, h.head, h.sigma, effective_rank(h.sigma))
                     for h in layer.heads)
-    groups = ()
+    groups: tuple[GroupPlan, ...] = ()
     if layer.heads:
         groups = tuple(group_plan([h for h in layer.heads if h.group == j], group,
                                   measured.seq_len, r_bound, layer.token_norm, tolerance,

@@ -64,6 +64,10 @@ VECTOR_SAMPLE = 16_384  # default vector positions: the regression is O(n (lags 
 RIDGE = 1e-3  # ridge penalty, relative to the mean feature variance
 
 
+class ProfileError(TransformerAllocError):
+    """A profile file that cannot be used."""
+
+
 @dataclass(frozen=True)
 class KernelFit:
     """A parametric kernel fitted to the measured one: ``form:param`` and its R²."""
@@ -308,12 +312,12 @@ def read_allocator_inputs(path: Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as err:
-        raise UsageError(f"--profile {str(path)!r}: cannot read ({err})".splitlines()[0]) \
+        raise ProfileError(f"--profile {str(path)!r}: cannot read ({err})".splitlines()[0]) \
             from None
     inputs = data.get("allocator") if isinstance(data, dict) else None
     keys = {"kernel", "input_dim", "seq_len", "spectrum"}
     if not isinstance(inputs, dict) or set(inputs) != keys:
-        raise UsageError(f"--profile {str(path)!r}: needs an allocator section with "
+        raise ProfileError(f"--profile {str(path)!r}: needs an allocator section with "
                          f"{', '.join(sorted(keys))} (python -m alloc.profile --out writes it)")
     for key in ("kernel", "spectrum"):
         if str(inputs[key]).startswith("file:"):

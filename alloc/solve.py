@@ -14,13 +14,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from alloc.constants import ConstantsError, read_constants
+from alloc.constants import read_constants
 from alloc.plan import Plan, PlanSettings, make_plan, report
 from alloc.saturation import parse_spectrum
 from arch import ATTENTION_KINDS, POSITIONALS
 from arch.kernels import KernelError, parse_kernel
 from common.cli import Parser, add_format, check_writable, dump, fail, int_in, number, render_table
-from common.errors import UsageError
+from common.errors import TransformerAllocError, UsageError
 from common.files import write_atomic
 
 PROG = "alloc.solve"
@@ -228,14 +228,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     try:
         args = parse_args(argv)
-    except (ConstantsError, UsageError) as err:
+    except TransformerAllocError as err:
         return fail(PROG, str(err))
     try:
         settings = settings_from_args(args)
         for flag, path in (("--out", args.out), ("--plot", args.plot)):
             if path is not None:
                 check_writable(flag, path)
-    except UsageError as err:
+    except TransformerAllocError as err:
         return fail(PROG, str(err))
     plan: Plan = make_plan(settings)
     rep = report(plan)

@@ -28,7 +28,7 @@ import optuna
 
 from arch import ModelIO
 from common.cli import Parser, add_format, dump, fail, int_in, number, render_table
-from common.errors import UsageError
+from common.errors import TransformerAllocError, UsageError
 from common.files import write_csv
 from common.plots import new_figure, write_figure
 from search_spaces import SearchSpace, parse_space
@@ -334,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         with tune.session():
             rows = [row for bench in (SMOKE if args.smoke_test else FULL)
                     for row in run_bench(bench, args)]
-    except UsageError as err:
+    except TransformerAllocError as err:
         return fail(p.prog, str(err))
     write_csv(args.out / "search_efficiency.csv", rows)
     plot(rows, args.out / "search_efficiency.png")

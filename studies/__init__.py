@@ -4,8 +4,8 @@ from studies.records import add_record, read_arch, set_study_attrs, trial_attrs
 from studies.storage import (
     StorageError,
     StorageSettings,
+    fail_stale_trials,
     open_storage,
-    reap_stale,
     redact,
     resolve_url,
 )
@@ -14,9 +14,9 @@ __all__ = [
     "StorageError",
     "StorageSettings",
     "add_record",
+    "fail_stale_trials",
     "open_storage",
     "read_arch",
-    "reap_stale",
     "redact",
     "resolve_url",
     "set_study_attrs",

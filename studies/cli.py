@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from common.cli import Parser, add_format, check_writable, dump, fail, int_in, render_table
-from common.errors import UsageError
+from common.errors import TransformerAllocError, UsageError
 from common.files import write_atomic
 from common.plots import new_figure, write_figure
 from studies import query
-from studies.storage import StorageError, engine, open_storage
+from studies.storage import engine, open_storage
 
 PROG = "studies"
 
@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
             if path is not None:
                 check_writable(f"--{flag}", path)
         result = run(args)
-    except (UsageError, StorageError, query.QueryError) as err:
+    except TransformerAllocError as err:
         return fail(f"python -m {PROG}", str(err))
     print(result if isinstance(result, str) else dump(result, args.format))
     return 0

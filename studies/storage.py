@@ -8,7 +8,7 @@
 * PostgreSQL: ``pool_pre_ping`` (Optuna enables it only for MySQL), and small pools, since a
   search's many workers would otherwise exhaust the server's connections.
 * Heartbeats: with ``heartbeat_interval`` a dead worker's RUNNING trial is failed (and, with
-  ``retries``, re-enqueued) by ``reap_stale`` once it is ``grace_period`` seconds silent.
+  ``retries``, re-enqueued) by ``fail_stale_trials`` once it is ``grace_period`` seconds silent.
 * A URL's password is never printed, logged or put in an exception: ``redact`` is used for every
   message, and driver errors are scrubbed of it.
 """
@@ -141,7 +141,7 @@ def engine(storage: RDBStorage) -> sqlalchemy.Engine:
     return storage.engine
 
 
-def reap_stale(study: optuna.Study) -> list[int]:
+def fail_stale_trials(study: optuna.Study) -> list[int]:
     """Fail trials whose heartbeat went silent (and re-enqueue them if retries are set).
 
     Returns:
@@ -172,21 +172,26 @@ def _running(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     return study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
 
 
-def reap_dead(study: optuna.Study, storage: RDBStorage, wait: float,
-              poll: float = 0.5) -> list[int]:
-    """Fail and retry the RUNNING trials of a dead process: those whose heartbeat lapses within
-    ``wait`` seconds (``reap_stale``), and those that never recorded one.
+@dataclass(frozen=True)
+class Reaped:
+    """What ``reap_trials`` did to a study's RUNNING trials."""
 
-    Returns:
-        Numbers of the trials still RUNNING with a live heartbeat (their process is alive).
-    """
+    failed: list[int]  # failed (and re-enqueued): their process is dead
+    alive: list[int]  # still RUNNING with a live heartbeat: their process is alive
+
+
+def reap_trials(study: optuna.Study, storage: RDBStorage, wait: float,
+                poll: float = 0.5) -> Reaped:
+    """Fail and retry the RUNNING trials of a dead process: those whose heartbeat lapses within
+    ``wait`` seconds (``fail_stale_trials``), and those that never recorded one."""
     from studies.query import beating_numbers
 
     deadline = time.monotonic() + wait
+    failed: list[int] = []
     while _running(study) and time.monotonic() < deadline:
-        reap_stale(study)
+        failed += fail_stale_trials(study)
         time.sleep(poll)
-    reap_stale(study)
+    failed += fail_stale_trials(study)
     running = [t.number for t in _running(study)]
     beating = beating_numbers(storage.engine, study.study_name)
     study_id = storage.get_study_id_from_name(study.study_name)
@@ -195,4 +200,5 @@ def reap_dead(study: optuna.Study, storage: RDBStorage, wait: float,
             trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, number)
             storage.set_trial_state_values(trial_id, TrialState.FAIL)
             retry_failed(study, number)
-    return [n for n in running if n in beating]
+            failed.append(number)
+    return Reaped(sorted(failed), [n for n in running if n in beating])

@@ -1,4 +1,5 @@
-"""Analytic parameter counts: hand-computed cases and the relations between kinds."""
+"""Analytic parameter counts: hand-computed cases, the relations between kinds, and every count
+equal to the built modules'."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from hypothesis import given, settings
 from arch import ArchConfig, HeadGroup, LayerSpec, ParamCount, attention_params, param_count
 from arch.params import io_params, layer_params
 from tests.conftest import arch_configs
+from workers.model import build_model, count_params
 
 D = 32
 GROUPS = (HeadGroup(2, 8, 16), HeadGroup(3, 4))
@@ -49,27 +51,25 @@ def test_kind_relations() -> None:
     assert mixit == ParamCount(2 * D * width, 2 * D * width)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(arch_configs())
-def test_totals_add_up_and_freezing_moves_params_out_of_trainable(arch: ArchConfig) -> None:
-    total = param_count(arch)
-    parts = io_params(arch)
+def test_every_count_is_the_built_modules(arch: ArchConfig) -> None:
+    """Each layer's analytic count is its built block's, the rest is the input/output's, and
+    freezing the MLPs moves exactly their built parameters out of the trainable ones."""
+    model = build_model(arch)
+    count = param_count(arch)
+    assert count_params(model) == (count.trainable, count.total)
     for i in range(arch.n_layers):
-        parts += layer_params(arch, i)
-    assert total == parts
-    assert 0 <= total.trainable <= total.total
-    frozen_mlp = replace(arch, layers=tuple(
-        replace(layer, freeze_mlp=layer.mlp_ratio > 0) for layer in arch.layers))
-    all_mlps = sum(_mlp_size(arch, layer) for layer in arch.layers)
-    assert param_count(frozen_mlp).total == total.total
-    assert param_count(frozen_mlp).frozen == (total.frozen + all_mlps - sum(
-        _mlp_size(arch, layer) for layer in arch.layers if layer.freeze_mlp))
-
-
-def _mlp_size(arch: ArchConfig, layer: LayerSpec) -> int:
-    """By hand: d -> h (two of them gated) -> d, each map with a bias if the model has them."""
-    h, d, b = arch.mlp_hidden(layer), arch.d_model, int(arch.bias)
-    if h == 0:
-        return 0
-    up = 2 * h if arch.mlp == "swiglu" else h
-    return (d + b) * up + (h + b) * d
+        assert count_params(model.block(i)) == (layer_params(arch, i).trainable,
+                                                 layer_params(arch, i).total)
+    blocks = [count_params(model.block(i)) for i in range(arch.n_layers)]
+    outside = (count.trainable - sum(t for t, _ in blocks), count.total - sum(n for _, n in blocks))
+    assert (io_params(arch).trainable, io_params(arch).total) == outside
+    frozen = replace(arch, layers=tuple(replace(layer, freeze_mlp=layer.mlp_ratio > 0)
+                                        for layer in arch.layers))
+    trainable_mlps = sum(p.numel() for i in range(arch.n_layers)
+                         for name, p in model.block(i).named_parameters()
+                         if name.startswith("mlp.") and p.requires_grad)
+    assert count_params(build_model(frozen)) == (param_count(frozen).trainable,
+                                                 param_count(frozen).total)
+    assert param_count(frozen) == replace(count, trainable=count.trainable - trainable_mlps)

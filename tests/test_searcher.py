@@ -15,7 +15,7 @@ from optuna.trial import TrialState
 from alloc.plan import PlanSettings
 from arch import ModelIO
 from search_spaces import load_space
-from studies.storage import StorageSettings, open_storage, reap_dead
+from studies.storage import Reaped, StorageSettings, open_storage, reap_trials
 from workers.search.protocol import SPEC, Status, TrialReport, TrialSpec
 from workers.search.searcher import (
     CHECKPOINT,
@@ -101,9 +101,9 @@ def test_reaper_fails_and_retries_trials_of_a_dead_driver(searcher: StudySearche
     searcher.ask("b")
     searcher.complete("a", result(STEPS, 0.4))
     searcher.beat()
-    assert reap_dead(searcher.study, searcher.storage, wait=0.5) == [1]  # still beating
+    assert reap_trials(searcher.study, searcher.storage, wait=0.5).alive == [1]  # beating
     time.sleep(2.5)  # the driver "died": no more heartbeats past the grace period
-    assert reap_dead(searcher.study, searcher.storage, wait=5) == []
+    assert reap_trials(searcher.study, searcher.storage, wait=5) == Reaped([1], [])
     states = [t.state for t in searcher.study.trials]
     assert states == [TrialState.COMPLETE, TrialState.FAIL, TrialState.WAITING]
     assert retried_numbers(searcher.study.trials) == {1}

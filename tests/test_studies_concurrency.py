@@ -17,7 +17,7 @@ import sqlalchemy
 from optuna.trial import TrialState
 
 from arch import ArchConfig, HeadGroup, LayerSpec
-from studies import StorageSettings, add_record, open_storage, reap_stale
+from studies import StorageSettings, add_record, fail_stale_trials, open_storage
 from studies import query as q
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -140,9 +140,9 @@ def test_killed_worker_leaves_a_consistent_study(storage_url: str, study_name: s
     worker.wait(timeout=30)
     settings = StorageSettings(heartbeat_interval=1, grace_period=2, retries=1)
     study = optuna.load_study(study_name=study_name, storage=open_storage(storage_url, settings))
-    assert reap_stale(study) == []  # still inside the grace period: nothing is failed early
+    assert fail_stale_trials(study) == []  # still inside the grace period: nothing is failed early
     time.sleep(3.0)
-    assert reap_stale(study) == [2]
+    assert fail_stale_trials(study) == [2]
     trials = study.get_trials(deepcopy=False)
     assert [t.state for t in trials[:3]] == [TrialState.COMPLETE, TrialState.COMPLETE,
                                              TrialState.FAIL]

@@ -24,7 +24,8 @@ from torch import nn
 
 from arch import OPTIMIZERS, ArchConfig, ConfigError, TrainConfig
 from common.cli import Parser, add_format, dump, fail, int_in, number
-from common.errors import UsageError
+from common.errors import TransformerAllocError, UsageError
+from workers.checkpoints import CheckpointError
 from workers.model import build_model, count_params, maybe_compile
 from workers.tasks import Task, describe_task, fit_arch
 from workers.tasks.cli import add_task_args, task_from_args
@@ -163,7 +164,7 @@ class Trainer:
         # weights_only: a checkpoint is tensors, dicts and numbers; never unpickle code
         state = torch.load(path, map_location=self.device, weights_only=True)
         if state["arch"] != self.arch.to_dict() or state["task"] != describe_task(self.task):
-            raise UsageError(f"--checkpoint {str(path)!r}: written for another "
+            raise CheckpointError(f"--checkpoint {str(path)!r}: written for another "
                              "architecture or task; use a new path")
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
@@ -354,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         trainer = Trainer(arch, task, config, args.checkpoint)
         if args.resume:
             trainer.resume()
-    except UsageError as err:
+    except TransformerAllocError as err:
         return fail(PROG, str(err))
     from tqdm import tqdm
 

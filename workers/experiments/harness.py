@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from common.cli import Parser, add_format, dump, fail
-from common.errors import UsageError
+from common.errors import TransformerAllocError, UsageError
 from search_spaces import SearchSpace
 
 if TYPE_CHECKING:
@@ -105,7 +105,7 @@ def main(parser: argparse.ArgumentParser, argv: list[str] | None,
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         result = run(args)
-    except UsageError as err:
+    except TransformerAllocError as err:
         return fail(parser.prog, str(err))
     print(render(result) if args.format == "table" else dump(result, args.format))
     return 0

@@ -32,16 +32,15 @@ from sqlalchemy.engine import URL, make_url
 
 from alloc.plan import PlanSettings
 from common.cli import Parser, add_format, dump, fail, int_in, number
-from common.errors import UsageError
+from common.errors import TransformerAllocError, UsageError
 from search_spaces import SearchSpace, SpaceError, load_space
 from search_spaces.loader import space_data_source
 from studies import query
 from studies import records as rec
 from studies.storage import (
-    StorageError,
     StorageSettings,
     open_storage,
-    reap_dead,
+    reap_trials,
     redact,
     resolve_url,
 )
@@ -62,6 +61,10 @@ log = logging.getLogger(__name__)
 PROG = "workers.search"
 SMOKE_TRAIN = {"steps": 40, "eval_every": 10, "batch_size": 16, "eval_batches": 2}
 SMOKE_TRIALS = 6
+
+
+class SearchError(TransformerAllocError):
+    """A search that cannot start or resume as asked (the study, its task or its space)."""
 
 
 @dataclass(frozen=True)
@@ -148,24 +151,24 @@ def open_study(name: str, storage: optuna.storages.BaseStorage, url: str,
         study = optuna.load_study(study_name=name, storage=storage)
     except KeyError:
         if resume:
-            raise UsageError(f"--resume: no study {name!r} in {redact(url)}; run without "
+            raise SearchError(f"--resume: no study {name!r} in {redact(url)}; run without "
                              "--resume to start it") from None
         study = optuna.create_study(study_name=name, storage=storage,
                                     direction="maximize" if maximize else "minimize")
         rec.set_study_attrs(study, **description)
         return study
     if not resume and study.trials:
-        raise UsageError(f"--study {name!r}: already has {len(study.trials)} trials in "
+        raise SearchError(f"--study {name!r}: already has {len(study.trials)} trials in "
                          f"{redact(url)}; pass --resume to continue it or choose a new name")
     if study.trials and study.user_attrs.get("record_schema") != rec.RECORD_SCHEMA:
-        raise UsageError(f"--resume: study {name!r} was written by an older version whose "
+        raise SearchError(f"--resume: study {name!r} was written by an older version whose "
                          "trial records are not comparable (record_schema "
                          f"{study.user_attrs.get('record_schema')!r}, this code writes "
                          f"{rec.RECORD_SCHEMA}); start a new study")
     mine = rec.study_attrs(**description)
     for key in ("task", "space_hash", "task_fields", "steps"):
         if key in study.user_attrs and study.user_attrs[key] != mine[key]:
-            raise UsageError(f"--resume: study {name!r} was run with {key} = "
+            raise SearchError(f"--resume: study {name!r} was run with {key} = "
                              f"{study.user_attrs[key]!r}, this command gives {mine[key]!r}")
     if not study.trials:  # an empty study made elsewhere: describe it as ours
         rec.set_study_attrs(study, **description)
@@ -196,14 +199,14 @@ def run_search(space: SearchSpace | str | Path, task: Task | str, *, storage: st
     try:
         task = make_task(task, "paper", opts.seed) if isinstance(task, str) else task
     except TaskError as err:
-        raise UsageError(f"--task: {err}") from None
+        raise SearchError(f"--task: {err}") from None
     profile = profile_for(task, opts.profile, opts.storage_path)
     measured = measured_inputs(profile)
     if not isinstance(space, SearchSpace):
         try:
             space = load_space(space, planner=planner(task, measured))
         except SpaceError as err:
-            raise UsageError(f"--space: {err}") from None
+            raise SearchError(f"--space: {err}") from None
     url = resolve_url(storage)
     name = study or f"{space.name}-{task.name}"
     settings = plan_settings(space.budget, space.depth, task, measured)
@@ -214,9 +217,10 @@ def run_search(space: SearchSpace | str | Path, task: Task | str, *, storage: st
     ot_study = open_study(name, probe, url, describe_search(space, task, settings, opts.seed),
                           task.higher_is_better, resume)
     if resume:
-        alive = reap_dead(ot_study, probe, opts.grace_period + opts.heartbeat_interval)
+        alive = reap_trials(ot_study, probe,
+                            opts.grace_period + opts.heartbeat_interval).alive
         if alive:
-            raise UsageError(f"--resume: trials {alive} of {name!r} still have a live "
+            raise SearchError(f"--resume: trials {alive} of {name!r} still have a live "
                              "heartbeat; another driver is running this study")
     probe.engine.dispose()  # its connections are not needed past the checks
     from workers.search import tune  # Ray starts here
@@ -391,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
         space, task, trials, options = setup(args)
         summary = run_search(space, task, storage=args.storage, study=args.study,
                              trials=trials, resume=args.resume, options=options)
-    except (UsageError, StorageError) as err:
+    except TransformerAllocError as err:
         return fail(PROG, str(err))
     print(render(summary) if args.format == "table" else dump(summary.to_dict(), args.format))
     return 130 if summary.status == "interrupted" else 0

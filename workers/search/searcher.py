@@ -9,7 +9,7 @@ ways a stock ``OptunaSearch`` on an SQL study loses or corrupts trials:
 * a trial that raised or produced NaN is FAIL with its error in the user attr ``error``;
 * the driver records a heartbeat for every trial it asked (Optuna's own heartbeats cover
   ``study.optimize`` only), so a dead driver's trials are failed and retried on ``--resume``
-  (``studies.storage.reap_dead``), and a retried trial continues from the checkpoint its
+  (``studies.storage.reap_trials``), and a retried trial continues from the checkpoint its
   failed original recorded;
 * starting points (the allocator's seeds, or a grid) are enqueued one at a time, as trials are
   asked, so a search with fewer trials than points leaves none WAITING;
@@ -36,7 +36,7 @@ from arch import ArchConfig, ModelIO
 from search_spaces import SearchSpace
 from studies import records as rec
 from studies.storage import retry_failed
-from workers.search.protocol import ERROR, NODE, RESUMED, SPEC, TrialReport, TrialSpec
+from workers.search.protocol import ERROR, NODE, RESUMED, SPEC, Mode, TrialReport, TrialSpec
 
 log = logging.getLogger(__name__)
 Predictor = Callable[[ArchConfig], float | None]
@@ -65,7 +65,7 @@ class StudySearcher:
     """
 
     def __init__(self, space: SearchSpace, *, io: ModelIO, study: optuna.Study,
-                 storage: RDBStorage, metric: str, mode: str, steps: int, predict: Predictor,
+                 storage: RDBStorage, metric: str, mode: Mode, steps: int, predict: Predictor,
                  starts: Sequence[Start] = ()) -> None:
         self.space, self.io, self.study, self.storage = space, io, study, storage
         self.metric, self.mode, self.steps, self.predict = metric, mode, steps, predict

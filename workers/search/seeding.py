@@ -14,9 +14,7 @@ from typing import Any
 
 from alloc.plan import PlanSettings, baseline_arch, make_plan, predicted_error
 from arch import ArchConfig, HeadGroup, LayerSpec
-from common.errors import UsageError
 from search_spaces import SearchSpace, SpaceError
-from userdata import DataError
 from workers.search.searcher import Start
 from workers.tasks import ArrayTask, Task, TextTask
 
@@ -54,10 +52,7 @@ def profile_for(task: Task, profile: Path | None, out_dir: Path) -> Path | None:
 
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"profile-{Path(task.path).name}.yaml"
-    try:
-        measured = profile_data(task.data_spec(), seq_len=task.seq_len)
-    except DataError as err:
-        raise UsageError(str(err)) from None
+    measured = profile_data(task.data_spec(), seq_len=task.seq_len)  # DataError if unusable
     inputs = write_profile(measured, path)["allocator"]
     print(f"profiled {task.path}: kernel {inputs['kernel']}, input dim {inputs['input_dim']} "
           f"({path})", file=sys.stderr)

@@ -92,7 +92,7 @@ def task_for_model(arch: ArchConfig, *, data: DataSpec | None = None, task: str 
         raise TaskError(f"--task-param: {err}") from None
     if "length" not in params and hasattr(made, "length") and made.seq_len != window:
         # Tasks whose window is their ``length`` (lm, induction, dyck) take the model's.
-        made = dataclasses.replace(made, length=made.length + window - made.seq_len)
+        made = dataclasses.replace(made, length=made.length + window - made.seq_len)  # type: ignore[call-arg]
     return made, f"--task {task}"
 
 
