@@ -32,7 +32,7 @@ from studies import query as q
 ROOT = Path(__file__).resolve().parents[1]
 WRITER = """
 import random, sys, optuna
-from search_spaces import ArchConfig, HeadGroup, LayerSpec
+from arch import ArchConfig, HeadGroup, LayerSpec
 from studies import add_record, open_storage
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 url, name, worker, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])

@@ -29,7 +29,19 @@ def help_text(module: str, argv: list[str], capsys: pytest.CaptureFixture[str]) 
 
 
 def test_the_entry_points_are_found() -> None:
-    assert {"alloc.solve", "workers.train", "workers.search", "studies.cli"} <= set(ENTRY_POINTS)
+    assert {"alloc.solve", "workers.train", "workers.search.driver",
+            "studies.cli"} <= set(ENTRY_POINTS)
+
+
+@pytest.mark.parametrize("package", ["workers.search", "studies"])
+def test_packages_run_with_python_dash_m(package: str) -> None:
+    """``python -m workers.search`` and ``python -m studies`` run their ``__main__``."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", package, "--help"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.startswith("usage:"), proc.stderr
 
 
 @pytest.mark.parametrize("module", ENTRY_POINTS)

@@ -25,8 +25,7 @@ from ray import tune
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 from ray.tune.search import Searcher
 
-from arch import ArchConfig
-from workers.search.protocol import JOB, SPEC, TrialJob, TrialReport
+from workers.search.protocol import JOB, SPEC, TrialJob, TrialReport, TrialSpec
 from workers.search.searcher import ASHA_REDUCTION, StudySearcher, asha_grace_period
 from workers.trial import train_trial
 
@@ -184,15 +183,16 @@ class _Monitor(tune.Callback):
         self._finished(trials, trial, error=True)
 
     def _finished(self, trials: list[Any], trial: Any, error: bool) -> None:
-        state, value, _ = self.searcher.classify(trial.last_result, error)
+        report = TrialReport.from_result(trial.last_result or {}, self.searcher.metric)
+        state, value, _ = self.searcher.classify(report, error)
         self.counts[state.name] += 1
         if value is not None and (self.best is None or self.searcher.better(value,
                                                                              self.best[0])):
-            self.best = (value, self.searcher.number(trial.trial_id), trial.config.get("arch"))
+            spec: TrialSpec = trial.config[SPEC]
+            self.best = (value, self.searcher.number(trial.trial_id), spec.arch.describe())
         running = sum(t.status == "RUNNING" and t is not trial for t in trials)
         best = (f"best {self.searcher.metric} {self.best[0]:.4g} (trial {self.best[1]}: "
-                f"{ArchConfig.from_json(self.best[2]).describe()})" if self.best
-                else "no full-budget trial yet")
+                f"{self.best[2]})" if self.best else "no full-budget trial yet")
         print(f"[{sum(self.counts.values())}/{self.total}] {self.counts['COMPLETE']} complete, "
               f"{self.counts['PRUNED']} stopped early, {self.counts['FAIL']} failed, "
               f"{running} running; {best}", file=sys.stderr, flush=True)

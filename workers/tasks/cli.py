@@ -116,4 +116,5 @@ def check_fits(task: Task, arch: ArchConfig, trains: bool, source: str) -> None:
         rule = ("at most" if not trains else
                 "exactly (fine-tuning and .pt students keep the model's positions)")
         raise TaskError(f"{source}: windows of {io.max_seq_len} tokens, the checkpoint's model "
-                         f"takes {rule} {arch.max_seq_len}; set --seq-len")
+                        f"takes {rule} {arch.max_seq_len}; leave --seq-len out (the model's "
+                        "length) or set it there")
