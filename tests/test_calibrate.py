@@ -68,7 +68,7 @@ def test_calibrated_fit_is_never_worse_than_the_raw_one(seed: int) -> None:
 
 
 def test_fit_needs_four_architectures() -> None:
-    with pytest.raises(calibrate.UsageError, match="at least 4 architectures"):
+    with pytest.raises(calibrate.CalibrationError, match="at least 4 architectures"):
         fit(SETTINGS, observations(synthetic(TRUE))[:3])
 
 
