@@ -139,7 +139,7 @@ def observations_from_study(url: str | None, study: str) -> tuple[PlanSettings,
     from studies import query
     from studies.storage import engine, open_storage
 
-    eng = engine(open_storage(url))
+    eng = engine(open_storage(url, read_only=True))
     summaries = {s.name: s for s in query.list_studies(eng)}
     if study not in summaries:
         raise CalibrationError(f"--study {study!r}: no such study; studies: "

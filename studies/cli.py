@@ -96,7 +96,7 @@ def _list(args: argparse.Namespace, summaries: list[query.StudySummary]) -> str 
 
 def run(args: argparse.Namespace) -> str | Any:
     """The command's result: text for ``--format table``, data otherwise."""
-    eng = engine(open_storage(args.storage))
+    eng = engine(open_storage(args.storage, read_only=True))
     summaries = query.list_studies(eng)
     if args.command == "list":
         return _list(args, summaries)

@@ -94,21 +94,31 @@ def engine_kwargs(url: str, settings: StorageSettings) -> dict[str, object]:
             "pool_recycle": 300}
 
 
-def _prepare_sqlite(parsed: URL, settings: StorageSettings) -> None:
-    """Check the directory exists and switch the file to WAL (persistent, done once)."""
+def _prepare_sqlite(parsed: URL, settings: StorageSettings, read_only: bool) -> None:
+    """Check the file (read-only: it must exist) or its directory, and switch a file we may
+    write to WAL (persistent, done once). A URI-form URL (``file:...?uri=true``, e.g. with
+    ``immutable=1`` for read-only media) is opened as given."""
     database = parsed.database
     if not database or database == ":memory:":
         return
-    path = Path(database)
+    uri = parsed.query.get("uri") == "true" and database.startswith("file:")
+    path = Path(database[len("file:"):] if uri else database)
+    if read_only and not path.is_file():
+        raise StorageError(f"sqlite file {database!r}: no such file (a command that only reads "
+                           "never creates a database)")
     if not path.parent.exists():
         raise StorageError(f"sqlite file {database!r}: directory {str(path.parent)!r} does not "
                            "exist")
+    if uri or read_only:
+        return  # reading needs no WAL switch, and a read-only file cannot take one
     with sqlite3.connect(path, timeout=settings.busy_timeout) as connection:
         connection.execute("PRAGMA journal_mode=WAL")
 
 
-def open_storage(url: str | None = None, settings: StorageSettings | None = None) -> RDBStorage:
-    """Optuna ``RDBStorage`` for ``url`` (see the module docstring for the defaults).
+def open_storage(url: str | None = None, settings: StorageSettings | None = None,
+                 read_only: bool = False) -> RDBStorage:
+    """Optuna ``RDBStorage`` for ``url`` (see the module docstring for the defaults);
+    ``read_only``: for commands that only read, which never create a database.
 
     Raises:
         StorageError: wrong scheme, missing directory, unreachable or incompatible database.
@@ -121,7 +131,7 @@ def open_storage(url: str | None = None, settings: StorageSettings | None = None
                            f"supported; use {' or '.join(s + '://' for s in SCHEMES)}")
     try:
         if parsed.get_backend_name() == "sqlite":
-            _prepare_sqlite(parsed, settings)
+            _prepare_sqlite(parsed, settings, read_only)
         with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna; we rely on them
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             callback = (RetryHeartbeatStaleTrialCallback(max_retry=settings.retries)

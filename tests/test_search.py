@@ -248,6 +248,26 @@ def test_cli_errors_are_one_line_and_touch_nothing(tmp_path: Path) -> None:
     assert len(load(url, "taken").trials) == 1
 
 
+def test_study_names_and_result_paths_are_checked_before_anything_is_created(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A study name is a directory name too; a bad one, or a --storage-path that cannot be
+    written, is one line and exit 2 with no database, study or Ray directory created."""
+    from workers.search.driver import main as search_main
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    (tmp_path / "file").write_text("")
+    cases = [(["--study", "../escape"], "--study '../escape': must be 1 to 100 letters"),
+             (["--study", "x" * 300], "... (302 characters): must be 1 to 100"),
+             (["--study", ""], "--study '': must be"),
+             (["--study", "ok", "--storage-path", str(tmp_path / "file" / "sub")],
+              "is not a directory")]
+    for argv, message in cases:
+        assert search_main([*SMOKE, "--storage", url, *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
 def test_secure_url_moves_the_password_to_the_environment(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from workers.search.driver import secure_url

@@ -163,3 +163,19 @@ def test_starting_points_are_enqueued_one_at_a_time(tmp_path: Path) -> None:
                           predict=searcher.predict, starts=[Start("grid", p) for p in grid])
     again.ask("d")  # the first three are in the study already
     assert searcher.study.trials[3].params == grid[3]
+
+
+def test_a_search_whose_every_trial_failed_exits_non_zero() -> None:
+    from workers.search.driver import SearchSummary, outcome
+
+    def summary(status: str = "completed", retried: list[int] | None = None,
+                **counts: int) -> SearchSummary:
+        return SearchSummary("s", "sqlite:///my studies.db", status, counts, retried or [], 0)
+
+    code, note = outcome(summary(FAIL=3))
+    assert code == 1 and note is not None and note.startswith("all 3 trials failed")
+    assert "--storage 'sqlite:///my studies.db' --study s" in note  # shell-quoted, complete
+    assert outcome(summary(FAIL=1, COMPLETE=2))[1].startswith("1 of 3 trials failed")
+    assert outcome(summary(FAIL=1, COMPLETE=1, retried=[0])) == (0, None)  # its retry ran
+    assert outcome(summary(COMPLETE=2)) == (0, None)
+    assert outcome(summary("interrupted", FAIL=1, WAITING=1))[0] == 130

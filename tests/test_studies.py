@@ -271,3 +271,24 @@ def test_postgres_pool_settings_reach_the_engine() -> None:
     kwargs = engine_kwargs(postgres_url(), settings)
     assert (kwargs["pool_size"], kwargs["max_overflow"], kwargs["pool_pre_ping"]) == (3, 1, True)
     assert open_storage(postgres_url(), settings).engine.pool.size() == 3  # what Optuna built
+
+
+def test_reading_commands_never_create_a_database(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """A mistyped file is one line, exit 2, and no file appears; ``immutable=1`` (read-only
+    media) opens a study without writing a byte."""
+    from alloc.calibrate import main as calibrate_main
+
+    missing = f"sqlite:///{tmp_path / 'mistyped.db'}"
+    for command, argv in ((main, ["list"]), (main, ["best", "--study", "x"]),
+                          (calibrate_main, ["--study", "x"])):
+        assert command([*argv, "--storage", missing]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "never creates a database" in err, err
+    assert list(tmp_path.iterdir()) == []
+    db = tmp_path / "study_v1.db"
+    shutil.copy(FROZEN, db)
+    before = db.read_bytes()
+    assert main(["best", "--storage", f"sqlite:///file:{db}?immutable=1&uri=true"]) == 0
+    assert "trial 2: value 0.2" in capsys.readouterr().out
+    assert db.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == [db.name]

@@ -83,7 +83,7 @@ def load(path: Path) -> Loaded:
 
 # GPT-2 options our model does not implement: a config that sets one otherwise is refused
 # rather than loaded into a model that computes something else.
-UNSUPPORTED_GPT2: dict[str, Any] = {"tie_word_embeddings": True,
+UNSUPPORTED_GPT2: dict[str, Any] = {"tie_word_embeddings": True, "scale_attn_weights": True,
                                     "scale_attn_by_inverse_layer_idx": False,
                                     "reorder_and_upcast_attn": False, "layer_norm_epsilon": 1e-5,
                                     "add_cross_attention": False}
@@ -93,10 +93,13 @@ def gpt2_arch(config: dict[str, Any]) -> ArchConfig:
     """The ``ArchConfig`` of a GPT-2 ``config.json``."""
     try:
         d, heads = int(config["n_embd"]), int(config["n_head"])
+        if heads < 1 or d % heads:
+            raise CheckpointError(f"config.json: n_embd {d} is not a multiple of n_head {heads}")
         inner = config.get("n_inner") or 4 * d
         if config.get("activation_function", "gelu_new") not in ("gelu_new", "gelu"):
-            raise CheckpointError(f"config.json: activation {config['activation_function']!r} "
-                                  "is not GPT-2's gelu_new")
+            raise CheckpointError(f"config.json: activation_function = "
+                                  f"{config['activation_function']!r}; this model supports only "
+                                  "'gelu_new' and 'gelu'")
         for key, supported in UNSUPPORTED_GPT2.items():
             if config.get(key, supported) != supported:
                 raise CheckpointError(f"config.json: {key} = {config[key]!r}; this model "
@@ -128,12 +131,22 @@ def _load_gpt2(folder: Path) -> Loaded:
         raise CheckpointError(f"--checkpoint {str(folder)!r}: config.json is not an object")
     arch = gpt2_arch(config)
     model = build_model(arch)
-    try:
-        model.load_state_dict(gpt2_state(weights, arch))
-    except (KeyError, RuntimeError) as err:
-        raise CheckpointError(f"--checkpoint {str(folder)!r}: weights do not match "
-                              f"config.json ({str(err).splitlines()[0]})") from None
+    check_gpt2_shapes(weights, model, f"--checkpoint {str(folder)!r}")
+    model.load_state_dict(gpt2_state(weights, arch))
     return Loaded(arch, model.eval(), "gpt2", folder, config=config)
+
+
+def check_gpt2_shapes(weights: dict[str, np.ndarray], model: Model, source: str) -> None:
+    """Raise ``CheckpointError`` naming the first GPT-2 tensor that is missing or whose shape is
+    not the one its ``config.json`` makes (both in the file's orientation)."""
+    expected = model.state_dict()
+    for ours, theirs, transpose in _pairs(model.arch):
+        if theirs not in weights:
+            raise CheckpointError(f"{source}: tensor {theirs!r} is missing from {SAFETENSORS}")
+        want = tuple(expected[ours].shape)[::-1] if transpose else tuple(expected[ours].shape)
+        if tuple(weights[theirs].shape) != want:
+            raise CheckpointError(f"{source}: tensor {theirs!r} has shape "
+                                  f"{tuple(weights[theirs].shape)}, config.json makes it {want}")
 
 
 # Our Model's state-dict keys and the GPT-2 ones (without "transformer."); Conv1D weights

@@ -21,6 +21,8 @@ import argparse
 import json
 import logging
 import os
+import re
+import shlex
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -31,7 +33,7 @@ import optuna
 from sqlalchemy.engine import URL, make_url
 
 from alloc.plan import PlanSettings
-from common.cli import Parser, add_format, dump, fail, int_in, number
+from common.cli import Parser, add_format, dump, excerpt, fail, int_in, number
 from common.errors import TransformerAllocError, UsageError
 from search_spaces import SearchSpace, SpaceError, load_space
 from search_spaces.loader import space_data_source
@@ -102,8 +104,8 @@ class SearchSummary:
         """The command that writes the best architecture as YAML."""
         if self.best is None:
             return None
-        return (f"python -m studies export --storage {self.storage} --study {self.study} "
-                f"--trial {self.best.number} --out best.yaml")
+        return (f"python -m studies export --storage {shlex.quote(self.storage)} --study "
+                f"{shlex.quote(self.study)} --trial {self.best.number} --out best.yaml")
 
     def to_dict(self) -> dict[str, Any]:
         best = self.best
@@ -208,7 +210,9 @@ def run_search(space: SearchSpace | str | Path, task: Task | str, *, storage: st
         except SpaceError as err:
             raise SearchError(f"--space: {err}") from None
     url = resolve_url(storage)
-    name = study or f"{space.name}-{task.name}"
+    name = study if study is not None else f"{space.name}-{task.name}"
+    check_study_name(name)
+    check_writable_dir("--storage-path", opts.storage_path)
     settings = plan_settings(space.budget, space.depth, task, measured)
     total = trials or (len(space.grid()) if space.sampler == "grid" else 20)
     heartbeats = StorageSettings(heartbeat_interval=opts.heartbeat_interval,
@@ -222,6 +226,10 @@ def run_search(space: SearchSpace | str | Path, task: Task | str, *, storage: st
         if alive:
             raise SearchError(f"--resume: trials {alive} of {name!r} still have a live "
                              "heartbeat; another driver is running this study")
+    if finished_count(ot_study) >= total:  # nothing to run: answer before Ray starts
+        print(f"study {name} already has its {total} trials", file=sys.stderr)
+        return summarise(_searcher(space, task, ot_study, probe, settings), name, url,
+                         "completed")
     probe.engine.dispose()  # its connections are not needed past the checks
     from workers.search import tune  # Ray starts here
 
@@ -229,12 +237,36 @@ def run_search(space: SearchSpace | str | Path, task: Task | str, *, storage: st
     url = secure_url(url)  # after Ray started its processes, so they never inherit it
     rdb = open_storage(url, heartbeats)
     ot_study = optuna.load_study(study_name=name, storage=rdb, sampler=_sampler(space, opts))
-    searcher = StudySearcher(space, io=task.io, study=ot_study, storage=rdb,
-                             metric=task.metric, mode="max" if task.higher_is_better else "min",
-                             steps=int(space.fixed_train("steps")), predict=Predictor(settings),
-                             starts=starting_points(space, settings))
+    searcher = _searcher(space, task, ot_study, rdb, settings)
     status = _run(searcher, space, task, total, name, url, opts)
     return summarise(searcher, name, url, status)
+
+
+def _searcher(space: SearchSpace, task: Task, study: optuna.Study,
+              storage: optuna.storages.RDBStorage, settings: PlanSettings) -> StudySearcher:
+    return StudySearcher(space, io=task.io, study=study, storage=storage, metric=task.metric,
+                         mode="max" if task.higher_is_better else "min",
+                         steps=int(space.fixed_train("steps")), predict=Predictor(settings),
+                         starts=starting_points(space, settings))
+
+
+# A study name is also a directory name (Ray's results): letters, digits, ".", "_", "-".
+STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
+def check_study_name(name: str) -> None:
+    """Raise ``SearchError`` unless ``name`` is 1-100 safe characters (no path separators)."""
+    if not STUDY_NAME.fullmatch(name):
+        raise SearchError(f"--study {excerpt(name)}: must be 1 to 100 letters, digits, '.', '_' "
+                          "or '-', starting with a letter or digit")
+
+
+def check_writable_dir(flag: str, path: Path) -> None:
+    """Raise ``SearchError`` unless ``path`` is, or can be made, a writable directory."""
+    existing = next(p for p in (path.resolve(), *path.resolve().parents) if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        why = "not a directory" if not existing.is_dir() else "not writable"
+        raise SearchError(f"{flag} {excerpt(str(path))}: {str(existing)!r} is {why}")
 
 
 def _sampler(space: SearchSpace, opts: SearchOptions) -> optuna.samplers.BaseSampler:
@@ -248,10 +280,7 @@ def _run(searcher: StudySearcher, space: SearchSpace, task: Task, total: int, na
     """Run the trials the study still lacks; returns how the run ended."""
     from workers.search import tune
 
-    remaining = total - finished_count(searcher.study)
-    if remaining <= 0:
-        print(f"study {name} already has its {total} trials", file=sys.stderr)
-        return "completed"
+    remaining = total - finished_count(searcher.study)  # > 0: run_search checked
     job = TrialJob(task=describe_task(task), metric=task.metric, mode=searcher.mode,
                    seed=opts.seed, device="cuda" if opts.gpus_per_trial > 0 else "cpu",
                    threads=max(1, int(opts.cpus_per_trial)), checkpoints=opts.checkpoints)
@@ -398,7 +427,24 @@ def main(argv: list[str] | None = None) -> int:
     except TransformerAllocError as err:
         return fail(PROG, str(err))
     print(render(summary) if args.format == "table" else dump(summary.to_dict(), args.format))
-    return 130 if summary.status == "interrupted" else 0
+    code, note = outcome(summary)
+    if note:
+        print(f"{PROG}: {note}", file=sys.stderr)
+    return code
+
+
+def outcome(summary: SearchSummary) -> tuple[int, str | None]:
+    """The exit code of a search (130 interrupted, 1 when every trial that ran failed) and
+    what to say of its failures."""
+    failed = summary.counts.get("FAIL", 0) - len(summary.retried)  # a retried one ran again
+    ran = sum(summary.counts.values()) - summary.counts.get("WAITING", 0) - len(summary.retried)
+    where = (f"their errors: python -m studies top --storage {shlex.quote(summary.storage)} "
+             f"--study {shlex.quote(summary.study)}")
+    if summary.status == "interrupted":
+        return 130, None  # the interrupt was reported when it happened
+    if failed and failed == ran:
+        return 1, f"all {failed} trials failed ({where})"
+    return 0, f"{failed} of {ran} trials failed ({where})" if failed else None
 
 
 if __name__ == "__main__":
