@@ -25,6 +25,7 @@ from alloc.saturation import jacobian_bound
 from arch import ArchConfig, ConfigError, HeadGroup
 from common.cli import render_table
 from common.errors import TransformerAllocError
+from common.files import load_yaml
 from common.plots import new_figure, write_figure
 from userdata import DataSpec
 
@@ -264,7 +265,7 @@ class CompressionPlan:
     @classmethod
     def from_yaml(cls, text: str) -> CompressionPlan:
         try:
-            data = yaml.safe_load(text)
+            data = load_yaml(text)
         except yaml.YAMLError as err:
             raise CompressionError(f"not YAML ({str(err).splitlines()[0]})") from None
         return cls.from_dict(data)

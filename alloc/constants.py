@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from common.errors import TransformerAllocError
+from common.files import read_yaml
 
 FIELDS = ("c_proj", "c_head", "order")
 METADATA = ("scale", "fit")
@@ -55,7 +56,7 @@ def read_constants(path: Path) -> Constants:
     """
     where = f"--constants {str(path)!r}"
     try:
-        data = yaml.safe_load(path.read_text())
+        data = read_yaml(path)
     except OSError as err:
         raise ConstantsError(f"{where}: cannot read ({err.strerror})") from None
     except yaml.YAMLError as err:

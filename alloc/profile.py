@@ -53,7 +53,7 @@ from common.cli import (
     render_table,
 )
 from common.errors import TransformerAllocError, UsageError
-from common.files import write_atomic
+from common.files import read_yaml, write_atomic
 from userdata import FORMATS, DataError, DataSpec, open_arrays, open_tokens
 
 PROG = "alloc.profile"
@@ -310,7 +310,7 @@ def write_profile(profile: Profile, out: Path) -> dict[str, Any]:
 def read_allocator_inputs(path: Path) -> dict[str, Any]:
     """The ``allocator`` section of a profile, file paths made absolute (``UsageError``)."""
     try:
-        data = yaml.safe_load(path.read_text())
+        data = read_yaml(path)
     except (OSError, yaml.YAMLError) as err:
         raise ProfileError(f"--profile {str(path)!r}: cannot read ({err})".splitlines()[0]) \
             from None

@@ -7,7 +7,7 @@ import math
 from dataclasses import MISSING, fields
 from typing import Any
 
-from common.errors import TransformerAllocError
+from common.errors import TransformerAllocError, excerpt
 
 
 class ConfigError(TransformerAllocError):
@@ -28,17 +28,17 @@ def is_number(value: Any) -> bool:
 
 def need_int(problems: list[str], path: str, value: Any, minimum: int) -> None:
     if not is_int(value) or value < minimum:
-        problems.append(f"{path} = {value!r}: must be an integer >= {minimum}")
+        problems.append(f"{path} = {excerpt(value)}: must be an integer >= {minimum}")
 
 
 def need_choice(problems: list[str], path: str, value: Any, choices: tuple[str, ...]) -> None:
     if value not in choices:
-        problems.append(f"{path} = {value!r}: must be one of {', '.join(choices)}")
+        problems.append(f"{path} = {excerpt(value)}: must be one of {', '.join(choices)}")
 
 
 def need_bool(problems: list[str], path: str, value: Any) -> None:
     if not isinstance(value, bool):
-        problems.append(f"{path} = {value!r}: must be true or false")
+        problems.append(f"{path} = {excerpt(value)}: must be true or false")
 
 
 def check_keys(data: Any, valid: tuple[str, ...], path: str) -> None:

@@ -37,6 +37,7 @@ from arch.checks import (
     need_choice,
     need_int,
 )
+from common.files import load_yaml
 
 SCHEMA_VERSION = 1
 # The vocabulary: each name set is a Literal type, and its tuple is derived from it.
@@ -370,9 +371,9 @@ class ArchConfig:
     @classmethod
     def from_yaml(cls, text: str) -> ArchConfig:
         try:
-            data = yaml.safe_load(text)
+            data = load_yaml(text)
         except yaml.YAMLError as err:
-            raise ConfigError([f"not valid YAML: {err}".replace("\n", " ")]) from None
+            raise ConfigError([f"not valid YAML ({str(err).splitlines()[0]})"]) from None
         if isinstance(data, dict) and "arch" in data and "d_model" not in data:
             data = data["arch"]  # accept the allocator's full JSON/YAML report too
         return cls.from_dict(data)

@@ -19,6 +19,7 @@ from arch.checks import (
     need_choice,
     need_int,
 )
+from common.errors import excerpt
 
 Optimizer = Literal["adamw", "lion"]
 OPTIMIZERS: tuple[Optimizer, ...] = get_args(Optimizer)
@@ -33,7 +34,7 @@ def need_number(problems: list[str], path: str, value: Any, low: float,
     if not ok:
         rule = f"{'>' if strict else '>='} {low:g}" + (f" and <= {high:g}"
                                                         if high != math.inf else "")
-        problems.append(f"{path} = {value!r}: must be a number {rule}")
+        problems.append(f"{path} = {excerpt(value)}: must be a number {rule}")
 
 
 @dataclass(frozen=True)
@@ -123,5 +124,5 @@ class TrainConfig:
 def _check_device(prefix: str) -> Any:
     def check(problems: list[str], value: Any) -> None:
         if not (isinstance(value, str) and _DEVICE.fullmatch(value)):
-            problems.append(f"{prefix}device = {value!r}: must be auto, cpu, cuda or cuda:N")
+            problems.append(f"{prefix}device = {excerpt(value)}: must be auto, cpu, cuda or cuda:N")
     return check

@@ -102,13 +102,6 @@ def parse_task_params(items: list[str]) -> dict[str, Any]:
     return params
 
 
-def excerpt(value: object, limit: int = 60) -> str:
-    """``repr(value)``, cut to about ``limit`` characters: what an error line shows of a value
-    (a value read from a file may be megabytes)."""
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
-
-
 def add_format(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", "-f", choices=FORMATS, default="table",
                         help="output format")

@@ -18,3 +18,10 @@ class TransformerAllocError(Exception):
 class UsageError(TransformerAllocError):
     """A command-line flag whose value breaks a rule found after parsing (the flag's own
     type and choices are argparse's)."""
+
+
+def excerpt(value: object, limit: int = 60) -> str:
+    """``repr(value)``, cut to about ``limit`` characters: what an error line shows of a value
+    (a value read from a file may be megabytes)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"

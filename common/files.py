@@ -12,6 +12,44 @@ from typing import Any
 
 import yaml
 
+# A space, plan, profile or config is kilobytes: this bounds what a wrong file can cost.
+MAX_YAML_CHARS = 1 << 20
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """``SafeLoader`` that refuses aliases (``*name``): nested aliases expand exponentially
+    (the "billion laughs" document), and none of our files needs them."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            line = self.peek_event().start_mark.line + 1  # type: ignore[no-untyped-call]
+            raise yaml.composer.ComposerError(
+                None, None, f"line {line}: aliases (*name) are not accepted")
+        return super().compose_node(parent, index)
+
+
+def load_yaml(text: str) -> Any:
+    """Parse YAML of at most ``MAX_YAML_CHARS`` characters without aliases.
+
+    Raises:
+        yaml.YAMLError: not YAML, too long, or with an alias.
+    """
+    if len(text) > MAX_YAML_CHARS:
+        raise yaml.YAMLError(f"{len(text):,} characters; at most {MAX_YAML_CHARS:,} are read")
+    return yaml.load(text, Loader=_NoAliasLoader)  # a SafeLoader: no arbitrary objects
+
+
+def read_yaml(path: Path) -> Any:
+    """``load_yaml`` of a file, its size checked before it is read.
+
+    Raises:
+        OSError: unreadable; yaml.YAMLError: as ``load_yaml``.
+    """
+    size = path.stat().st_size
+    if size > 4 * MAX_YAML_CHARS:  # UTF-8: at most 4 bytes a character
+        raise yaml.YAMLError(f"{size:,} bytes; at most {MAX_YAML_CHARS:,} characters are read")
+    return load_yaml(path.read_text())
+
 
 def write_atomic(path: Path, text: str | bytes) -> None:
     """Write ``path`` through a temporary file and a rename."""

@@ -38,6 +38,8 @@ import yaml
 from arch.checks import ConfigError, is_int, is_number
 from arch.config import ATTENTION_KINDS, ArchConfig, HeadGroup, LayerSpec
 from arch.training import TrainConfig
+from common.errors import excerpt
+from common.files import read_yaml
 from search_spaces.space import (
     PROBE_IO,
     LayerRule,
@@ -51,6 +53,9 @@ from search_spaces.space import (
 from userdata import DataError, DataSpec
 
 SPACES_DIR = Path(__file__).resolve().parent
+# Bounds read before anything is built (the allocator's own limits; the trial's memory is
+# checked against its device by the search driver).
+MAX_BUDGET, MAX_DEPTH = 65_536, 1_024
 TRAIN_KEYS = TrainConfig.experiment_fields()
 FIXED_TRAIN_KEYS = ("steps", "eval_every")  # the scheduler needs one budget per study
 MODEL_KEYS = ("positional", "norm", "mlp", "causal", "tie_embeddings", "seed")
@@ -87,7 +92,7 @@ def read_space_file(name: str | Path) -> tuple[dict[str, Any], str]:
     """The raw YAML mapping of a space file and where it was found."""
     path = resolve_path(name)
     try:
-        data = yaml.safe_load(path.read_text())
+        data = read_yaml(path)
     except (OSError, yaml.YAMLError) as err:
         raise SpaceError(f"{path}: cannot read YAML ({str(err).splitlines()[0]})") from None
     if not isinstance(data, dict):
@@ -129,7 +134,7 @@ class _Checker:
         self.problems: list[str] = []
 
     def add(self, key: str, value: Any, rule: str) -> None:
-        self.problems.append(f"{key} = {value!r}: {rule}")
+        self.problems.append(f"{key} = {excerpt(value)}: {rule}")
 
     def keys(self, data: Any, valid: tuple[str, ...], where: str) -> bool:
         if not isinstance(data, dict):
@@ -138,6 +143,12 @@ class _Checker:
         for key in sorted(set(data) - set(valid)):
             self.add(f"{where}.{key}" if where else key, data[key],
                      f"unknown key; valid: {', '.join(valid)}")
+        return True
+
+    def int_between(self, key: str, value: Any, low: int, high: int) -> bool:
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            self.add(key, value, f"must be an integer between {low} and {high:,}")
+            return False
         return True
 
     def int_at_least(self, key: str, value: Any, minimum: int) -> bool:
@@ -171,8 +182,8 @@ def parse_space(data: Mapping[str, Any], source: str = "<space>",
     budget: Any = data.get("budget")
     depth: Any = data.get("depth", 1)
     name = data.get("name") or Path(source).stem
-    budget_ok = check.int_at_least("budget", budget, 1)
-    depth_ok = check.int_at_least("depth", depth, 1)
+    budget_ok = check.int_between("budget", budget, 1, MAX_BUDGET)
+    depth_ok = check.int_between("depth", depth, 1, MAX_DEPTH)
     sampler = data.get("sampler", "tpe")
     if sampler not in SAMPLERS:
         check.add("sampler", sampler, f"must be one of {', '.join(SAMPLERS)}")

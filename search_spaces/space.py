@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from arch import codec
+from arch import TrainConfig, codec
 from arch.config import (
     SINGLE_WIDTH_KINDS,
     ArchConfig,
@@ -342,6 +342,26 @@ class SearchSpace:
         fields = {**self.model, **io.fields(self.model.get("tie_embeddings", False))}
         arch = ArchConfig(d_model=self.budget, layers=tuple(layers), **fields)
         return arch, {p.key: p.sample(trial) for p in self.train}
+
+    def largest(self, io: ModelIO) -> ArchConfig:
+        """An architecture at least as large as any the space samples for ``io``: every layer
+        at its rule's full width with ``qk_dim = v_dim``, its widest MLP and its most heads
+        (what memory bounds are checked against)."""
+        layers = []
+        for i in range(self.depth):
+            rule = self.rule(i)
+            heads = max(rule.heads or (rule.budget,))
+            layers.append(LayerSpec("mhsa", (HeadGroup(heads, max(1, rule.budget // heads)),),
+                                    mlp_ratio=max(rule.mlp_ratio)))
+        fields = {**self.model, **io.fields(self.model.get("tie_embeddings", False))}
+        return ArchConfig(d_model=self.budget, layers=tuple(layers), **fields)
+
+    def largest_train(self, key: str) -> Any:
+        """The largest value the space gives the training field ``key``."""
+        param = next((p for p in self.train if p.key == key), None)
+        if param is None:
+            return getattr(TrainConfig(), key)
+        return max(param.choices or (param.high,)) if param.value is None else param.value
 
     def grid(self) -> list[dict[str, Any]]:
         """Every point of a finite space, as params (raises ``SpaceError`` on a float range).

@@ -125,3 +125,16 @@ def test_yaml_reads_an_allocator_report() -> None:
 def test_bad_yaml_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="not valid YAML"):
         ArchConfig.from_yaml("d_model: [1,")
+
+
+def test_the_training_memory_estimate_counts_states_and_grows_with_the_batch() -> None:
+    from arch import param_count
+    from arch.memory import training_bytes
+
+    layer = LayerSpec("mhsa", (HeadGroup(4, 16),), mlp_ratio=4.0)
+    arch = ArchConfig(d_model=64, layers=(layer,) * 2, max_seq_len=32, vocab_size=100)
+    states = 4 * 4 * param_count(arch).trainable  # weights, gradients, two AdamW moments
+    assert training_bytes(arch, 1) > states
+    assert training_bytes(arch, 1, "lion") == training_bytes(arch, 1) - 4 * param_count(
+        arch).trainable
+    assert training_bytes(arch, 16) > training_bytes(arch, 8) > training_bytes(arch, 1)

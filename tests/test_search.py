@@ -256,16 +256,28 @@ def test_study_names_and_result_paths_are_checked_before_anything_is_created(
 
     url = f"sqlite:///{tmp_path / 's.db'}"
     (tmp_path / "file").write_text("")
-    cases = [(["--study", "../escape"], "--study '../escape': must be 1 to 100 letters"),
+    huge = tmp_path / "huge.yaml"
+    huge.write_text("name: huge\nbudget: 65536\ndepth: 2\nlayers:\n  - heads: [1]\n")
+    laughs = tmp_path / "laughs.yaml"
+    laughs.write_text("a: &a [x, x, x]\nb: &b [*a, *a, *a]\ndescription: *b\nbudget: 64\n")
+    cases = [(["--space", str(huge)], "GiB to train, more than the"),
+             (["--space", str(laughs)], "line 2: aliases (*name) are not accepted"),
+             (["--budget", "1000000000000"], "must be an integer between 1 and 65536"),
+             (["--study", "../escape"], "--study '../escape': must be 1 to 100 letters"),
              (["--study", "x" * 300], "... (302 characters): must be 1 to 100"),
              (["--study", ""], "--study '': must be"),
              (["--study", "ok", "--storage-path", str(tmp_path / "file" / "sub")],
               "is not a directory")]
     for argv, message in cases:
-        assert search_main([*SMOKE, "--storage", url, *argv]) == 2
+        if argv[0] == "--budget":
+            with pytest.raises(SystemExit) as exit_:  # argparse's own check
+                search_main([*SMOKE, "--storage", url, *argv])
+            assert exit_.value.code == 2
+        else:
+            assert search_main([*SMOKE, "--storage", url, *argv]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and message in err, err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "huge.yaml", "laughs.yaml"]
 
 
 def test_secure_url_moves_the_password_to_the_environment(

@@ -14,7 +14,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from arch import ArchConfig, HeadGroup, ModelIO, merge_groups
+from arch import ArchConfig, ConfigError, HeadGroup, ModelIO, merge_groups
 from search_spaces import (
     FixedSuggester,
     RandomSuggester,
@@ -243,3 +243,19 @@ def test_bad_group_rules(change: dict[str, object], message: str) -> None:
     data = {**TWO_GROUPS, "layers": [{**TWO_GROUPS["layers"][0], **change}]}  # type: ignore[dict-item]
     with pytest.raises(SpaceError, match=re.escape(message)):
         parse_space(data)
+
+
+def test_yaml_aliases_are_refused_and_long_values_cut(tmp_path: Path) -> None:
+    """Nested aliases expand exponentially ("billion laughs"): refused at once; a long value is
+    shown as an excerpt, never whole."""
+    laughs = "a: &a [" + ",".join(["lol"] * 9) + "]\n" + "".join(
+        f"{c}: &{c} [" + ",".join([f"*{p}"] * 9) + "]\n"
+        for p, c in zip("abcdefgh", "bcdefghi")) + "description: *i\n"
+    (tmp_path / "laughs.yaml").write_text(laughs + "budget: 64\nlayers: [{heads: [2]}]\n")
+    with pytest.raises(SpaceError, match=r"line 2: aliases \(\*name\) are not accepted"):
+        load_space(tmp_path / "laughs.yaml")
+    with pytest.raises(ConfigError, match="aliases"):
+        ArchConfig.from_yaml("d_model: &d 8\ninput_dim: *d\nmax_seq_len: 4\nlayers: []\n")
+    with pytest.raises(SpaceError) as err:
+        parse_space({**BASE, "train": {"lr": "y" * 100_000}})
+    assert len(str(err.value)) < 300 and "(100,002 characters)" in str(err.value)

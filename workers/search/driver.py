@@ -33,10 +33,11 @@ import optuna
 from sqlalchemy.engine import URL, make_url
 
 from alloc.plan import PlanSettings
-from common.cli import Parser, add_format, dump, excerpt, fail, int_in, number
-from common.errors import TransformerAllocError, UsageError
+from arch.memory import gib, training_bytes
+from common.cli import Parser, add_format, dump, fail, int_in, number
+from common.errors import TransformerAllocError, UsageError, excerpt
 from search_spaces import SearchSpace, SpaceError, load_space
-from search_spaces.loader import space_data_source
+from search_spaces.loader import MAX_BUDGET, space_data_source
 from studies import query
 from studies import records as rec
 from studies.storage import (
@@ -213,6 +214,7 @@ def run_search(space: SearchSpace | str | Path, task: Task | str, *, storage: st
     name = study if study is not None else f"{space.name}-{task.name}"
     check_study_name(name)
     check_writable_dir("--storage-path", opts.storage_path)
+    check_trial_memory(space, task, opts)
     settings = plan_settings(space.budget, space.depth, task, measured)
     total = trials or (len(space.grid()) if space.sampler == "grid" else 20)
     heartbeats = StorageSettings(heartbeat_interval=opts.heartbeat_interval,
@@ -259,6 +261,33 @@ def check_study_name(name: str) -> None:
     if not STUDY_NAME.fullmatch(name):
         raise SearchError(f"--study {excerpt(name)}: must be 1 to 100 letters, digits, '.', '_' "
                           "or '-', starting with a letter or digit")
+
+
+def check_trial_memory(space: SearchSpace, task: Task, opts: SearchOptions) -> None:
+    """Raise ``SearchError`` when the space's largest trial cannot fit in the memory a trial
+    has here (a GPU's share, or the machine's memory over the trials that run at once); on a
+    cluster (``--address``) the workers' memory is not known here and nothing is checked."""
+    if opts.address is not None:
+        return
+    largest = space.largest(task.io)
+    batch = int(space.largest_train("batch_size"))
+    need = training_bytes(largest, batch, str(space.largest_train("optimizer")))
+    if opts.gpus_per_trial > 0:
+        import torch
+
+        have = int(torch.cuda.get_device_properties(0).total_memory * opts.gpus_per_trial)
+        where = f"{opts.gpus_per_trial:g} of a GPU"
+    else:
+        at_once = max(1, int((os.cpu_count() or 1) // opts.cpus_per_trial))
+        at_once = min(at_once, opts.max_concurrent or at_once)
+        have = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // at_once
+        where = f"a share of this machine's memory ({at_once} trial(s) at once)"
+    if need > have:
+        raise SearchError(
+            f"space {excerpt(space.name)}: its largest trial (d_model {largest.d_model}, "
+            f"{largest.n_layers} layers, length {largest.max_seq_len}, batch {batch}) needs "
+            f"about {gib(need)} to train, more than the {gib(have)} of {where}; lower the "
+            "budget, depth or batch_size")
 
 
 def check_writable_dir(flag: str, path: Path) -> None:
@@ -335,7 +364,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trials", type=int_in(1),
                    help="trials in the study in all (default: 20; the grid size for grid "
                         f"spaces; {SMOKE_TRIALS} with --smoke-test)")
-    p.add_argument("--budget", type=int_in(1), help="width budget D (default: the space's)")
+    p.add_argument("--budget", type=int_in(1, MAX_BUDGET),
+                   help="width budget D (default: the space's)")
     p.add_argument("--steps", type=int_in(1), help="training steps per trial (default: the "
                                                    "space's)")
     p.add_argument("--address", help="Ray cluster: auto or ray://host:port (default: a local "
