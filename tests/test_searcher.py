@@ -13,7 +13,7 @@ import pytest
 from optuna.trial import TrialState
 
 from alloc.plan import PlanSettings
-from arch import ModelIO
+from arch import ArchConfig, ModelIO
 from search_spaces import load_space
 from studies.storage import Reaped, StorageSettings, open_storage, reap_trials
 from workers.search.protocol import SPEC, Status, TrialReport, TrialSpec
@@ -94,6 +94,9 @@ def test_trials_record_arch_curve_and_state(searcher: StudySearcher) -> None:
     assert b.intermediate_values == {10: 0.05, 20: 0.06}
     searcher.complete("a", result(STEPS, 0.9))  # a second completion changes nothing
     assert searcher.study.trials[0].value == 0.3
+    # What a resumed search's progress line starts from: the study's best so far.
+    assert searcher.best_so_far() == (0.3, 0, ArchConfig.from_json(a.user_attrs["arch"]
+                                                                   ).describe())
 
 
 def test_reaper_fails_and_retries_trials_of_a_dead_driver(searcher: StudySearcher) -> None:

@@ -189,6 +189,20 @@ class StudySearcher:
             return TrialState.PRUNED, None, {**attrs, rec.STATUS: "stopped"}
         return TrialState.COMPLETE, report.value, {**attrs, rec.STATUS: "completed"}
 
+    def best_so_far(self) -> tuple[float, int, str] | None:
+        """(value, number, architecture) of the study's best fully trained trial, this run's or
+        an earlier one's (a resumed search), or None."""
+        done = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                if t.value is not None and rec.ARCH in t.user_attrs]
+        if not done:
+            return None
+        best = done[0]
+        for t in done[1:]:
+            if self.better(float(t.value), float(best.value)):  # type: ignore[arg-type]
+                best = t
+        arch = ArchConfig.from_json(best.user_attrs[rec.ARCH])
+        return float(best.value), best.number, arch.describe()  # type: ignore[arg-type]
+
     def better(self, value: float, than: float) -> bool:
         return value > than if self.mode == "max" else value < than
 

@@ -163,7 +163,7 @@ class _Monitor(tune.Callback):
     def __init__(self, searcher: StudySearcher, total: int, interval: float) -> None:
         self.searcher, self.total, self.interval = searcher, total, interval
         self.counts = {"COMPLETE": 0, "PRUNED": 0, "FAIL": 0}
-        self.best: tuple[float, int | None, str] | None = None
+        self.best: tuple[float, int | None, str] | None = searcher.best_so_far()
         self.last_beat = 0.0
 
     def on_step_end(self, iteration: int, trials: list[Any], **info: Any) -> None:
