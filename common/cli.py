@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 
 import yaml
 
-from common.errors import UsageError
+from common.errors import UsageError, excerpt
 
 FORMATS = ("table", "json", "yaml")
 
@@ -108,12 +108,19 @@ def add_format(parser: argparse.ArgumentParser) -> None:
 
 
 def check_writable(flag: str, path: Path) -> None:
-    """Raise ``UsageError`` unless ``path`` can be created (its directory exists)."""
+    """Raise ``UsageError`` unless ``path`` can be created (its directory exists and its name
+    is one the file system takes)."""
     parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise UsageError(f"{flag} {str(path)!r}: directory {str(parent)!r} does not exist")
-    if path.is_dir():
-        raise UsageError(f"{flag} {str(path)!r}: is a directory, expected a file path")
+    shown = excerpt(str(path))
+    try:
+        if not parent.is_dir():
+            raise UsageError(f"{flag} {shown}: directory {excerpt(str(parent))} does not exist")
+        if path.is_dir():
+            raise UsageError(f"{flag} {shown}: is a directory, expected a file path")
+    except OSError as err:  # a name too long, or a component that is not a directory
+        raise UsageError(f"{flag} {shown}: not a usable path ({err.strerror})") from None
+    if len(path.name.encode()) > 255:
+        raise UsageError(f"{flag} {shown}: a file name is at most 255 bytes")
 
 
 def dump(data: Any, fmt: str) -> str:

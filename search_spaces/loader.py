@@ -187,9 +187,9 @@ def parse_space(data: Mapping[str, Any], source: str = "<space>",
     sampler = data.get("sampler", "tpe")
     if sampler not in SAMPLERS:
         check.add("sampler", sampler, f"must be one of {', '.join(SAMPLERS)}")
-    model = dict(data.get("model") or {})
-    if check.keys(model, MODEL_KEYS, "model"):
-        model = {k: v for k, v in model.items() if k in MODEL_KEYS}
+    model: Any = data.get("model") or {}
+    model = ({k: v for k, v in model.items() if k in MODEL_KEYS}
+             if check.keys(model, MODEL_KEYS, "model") else {})
     rules_data = data.get("layers")
     if budget_ok and depth_ok and uses_allocator(data):
         rules_data = _resolve_allocator(check, rules_data, budget, depth, planner)

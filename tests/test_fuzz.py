@@ -1,0 +1,181 @@
+"""Fuzzing the inputs a careless or hostile user controls: search-space documents, and the
+command lines of the entry points that run in-process in seconds. The only outcomes allowed are
+success, or one line on stderr with exit code 2 and nothing written; anything else (a
+traceback, a hang, a half-written file) fails the test with the input that caused it."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from alloc.calibrate import build_parser as calibrate_parser
+from alloc.calibrate import main as calibrate_main
+from alloc.profile import build_parser as profile_parser
+from alloc.profile import main as profile_main
+from alloc.solve import build_parser as solve_parser
+from alloc.solve import main as solve_main
+from search_spaces import SpaceError, load_space, parse_space
+from search_spaces.loader import _DATA_KEYS, _RULE_KEYS, _TOP_KEYS, MODEL_KEYS, TRAIN_KEYS
+from studies.cli import main as studies_main
+
+FROZEN = Path(__file__).parent / "data" / "study_v1.db"
+FUZZ = settings(max_examples=150, deadline=None, derandomize=True,
+                suppress_health_check=[HealthCheck.too_slow])
+
+# --- search-space documents ----------------------------------------------------------------
+
+scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(-2, 2 ** 70), st.sampled_from([0, 1, 2, 8, 64, 128]),
+    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=12),
+    st.sampled_from(["mhsa", "mssa", "mixit", "frozen_qk", "all", "reduced", "same", "tpe",
+                     "grid", "allocator", "adamw", "sgd", "learned", "rope", "x" * 5000]))
+values = st.recursive(scalars, lambda inner: st.one_of(
+    st.lists(inner, max_size=4),
+    st.dictionaries(st.sampled_from([*_RULE_KEYS, *TRAIN_KEYS, *MODEL_KEYS, *_DATA_KEYS,
+                                     "low", "high", "log", "min", "step", "?"]), inner,
+                    max_size=4)), max_leaves=12)
+rules = st.dictionaries(st.sampled_from([*_RULE_KEYS, "?"]), values, max_size=5)
+documents = st.fixed_dictionaries(
+    {"budget": st.one_of(st.sampled_from([16, 32, 64]), scalars),
+     "layers": st.one_of(st.lists(rules, min_size=1, max_size=3), values)},
+    optional={key: values for key in _TOP_KEYS if key not in ("budget", "layers")})
+
+
+@FUZZ
+@given(documents)
+def test_a_space_document_is_a_space_or_a_space_error(document: dict[str, object]) -> None:
+    try:
+        space = parse_space(document)
+    except SpaceError as err:
+        message = str(err)
+        assert "\n" not in message and len(message) < 20_000, message[:500]
+        return
+    assert space.depth >= 1 and space.budget >= 1  # accepted: it really is a space
+
+
+@FUZZ
+@given(st.one_of(documents.map(lambda d: yaml.safe_dump(d, allow_unicode=True)),
+                 st.text(max_size=200)))
+def test_a_space_file_is_a_space_or_a_space_error(tmp_path_factory: object, text: str) -> None:
+    path = _folder(tmp_path_factory) / "space.yaml"
+    path.write_text(text)
+    try:
+        load_space(path)
+    except SpaceError as err:
+        assert "\n" not in str(err) and len(str(err)) < 20_000, str(err)[:500]
+
+
+# --- command lines -------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def inside(folder: Path) -> Iterator[None]:
+    old = Path.cwd()
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        os.chdir(old)
+
+
+def snapshot(folder: Path) -> dict[str, tuple[int, float]]:
+    return {str(p): (p.stat().st_size, p.stat().st_mtime) for p in folder.rglob("*")}
+
+
+def run(main: Callable[[list[str]], int], argv: list[str], folder: Path) -> None:
+    """``main(argv)`` in ``folder``: exit 0, or 2 with one line on stderr and nothing written."""
+    before = snapshot(folder)
+    out, err = io.StringIO(), io.StringIO()
+    with inside(folder), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as exit_:  # argparse's own errors and --help
+            code = exit_.code if isinstance(exit_.code, int) else 2
+    text = err.getvalue()
+    assert code in (0, 2), (argv, code, text[-1000:])
+    if code == 2:
+        assert text.count("\n") == 1 and "Traceback" not in text, (argv, text[-1000:])
+        assert snapshot(folder) == before, argv
+
+
+def flags(parser_options: list[str]) -> st.SearchStrategy[list[str]]:
+    words = st.sampled_from(
+        ["", "0", "-1", "1", "2", "7", "16", "64", "512", "1e9", "nan", "inf", "-inf", "x",
+         "poly:1", "ngram:3", "exp:0.5", "exp:-1", "file:nope", "file:", "power:1", "power:x",
+         "table", "json", "yaml", "mhsa", "mixit", "../x", "a" * 300, "junk.yaml", "folder",
+         "out.yaml", "out.png", "1,2,3", "0.5,nan", "0.05", "uniform"])
+    pair = st.tuples(st.sampled_from(parser_options), words).map(list)
+    return st.lists(pair, max_size=5).map(lambda pairs: [w for p in pairs for w in p])
+
+
+def options(parser: object) -> list[str]:
+    return sorted(o for action in parser._actions  # type: ignore[attr-defined]
+                  for o in action.option_strings if o not in ("-h", "--help"))
+
+
+@FUZZ
+@given(flags(options(solve_parser())))
+def test_alloc_solve_command_lines(tmp_path_factory: object, argv: list[str]) -> None:
+    folder = _folder(tmp_path_factory)
+    # Small budgets only: a correct solve at the largest budget takes tens of seconds.
+    if any(a.isdigit() and int(a) > 512 for a in argv):
+        return
+    run(solve_main, argv, folder)
+
+
+@FUZZ
+@given(st.sampled_from(["list", "best", "top", "pareto", "layers", "theory", "export"]),
+       st.sampled_from(["sqlite:///study.db", "sqlite:///nope.db", "sqlite:///folder/x.db",
+                        "sqlite:///folder", "mysql://u:p@h/db", "postgresql://u:pw@127.0.0.1:1/x",
+                        "not a url", ""]),
+       flags(["--study", "-k", "--trial", "--out", "--plot", "--format"]))
+def test_studies_command_lines(tmp_path_factory: object, command: str, storage: str,
+                               argv: list[str]) -> None:
+    folder = _folder(tmp_path_factory)
+    run(studies_main, [command, "--storage", storage, *argv], folder)
+    assert "pw" not in str(snapshot(folder))
+
+
+@FUZZ
+@given(st.sampled_from([["--data", "corpus.txt"], ["--data", "folder"], ["--checkpoint", "x.pt"],
+                        ["--checkpoint", "junk.yaml"], []]),
+       flags(options(profile_parser())))
+def test_alloc_profile_command_lines(tmp_path_factory: object, source: list[str],
+                                     argv: list[str]) -> None:
+    folder = _folder(tmp_path_factory)
+    if any(a.isdigit() and int(a) > 512 for a in argv):
+        return  # a large --sample-tokens is a correct, slow profile
+    run(profile_main, [*source, *argv], folder)
+
+
+@FUZZ
+@given(st.sampled_from(["sqlite:///study.db", "sqlite:///nope.db", "sqlite:///folder"]),
+       flags(options(calibrate_parser())))
+def test_alloc_calibrate_command_lines(tmp_path_factory: object, storage: str,
+                                       argv: list[str]) -> None:
+    run(calibrate_main, ["--storage", storage, *argv], _folder(tmp_path_factory))
+
+
+_FOLDERS: dict[int, Path] = {}
+
+
+def _folder(factory: object) -> Path:
+    """One working folder per test: a copy of a study, a junk YAML file and a folder."""
+    key = id(factory)
+    if key not in _FOLDERS:
+        folder = factory.mktemp("fuzz")  # type: ignore[attr-defined]
+        shutil.copy(FROZEN, folder / "study.db")
+        (folder / "junk.yaml").write_text("{[: not yaml")
+        (folder / "folder").mkdir()
+        (folder / "corpus.txt").write_text("the quick brown fox jumps over the lazy dog. " * 200)
+        _FOLDERS[key] = folder
+    return _FOLDERS[key]
+
