@@ -25,7 +25,7 @@ from alloc.saturation import jacobian_bound
 from arch import ArchConfig, ConfigError, HeadGroup
 from common.cli import render_table
 from common.errors import TransformerAllocError
-from common.files import load_yaml
+from common.files import dump_yaml, load_yaml
 from common.plots import new_figure, write_figure
 from userdata import DataSpec
 
@@ -240,7 +240,7 @@ class CompressionPlan:
         return _plain(data)
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+        return dump_yaml(self.to_dict())
 
     @classmethod
     def from_dict(cls, data: Any) -> CompressionPlan:
@@ -295,7 +295,7 @@ def _layer_from_dict(data: Mapping[str, Any]) -> LayerPlan:
 
 
 def _plain(value: Any) -> Any:
-    """Tuples as lists and numpy scalars as floats, so that ``yaml.safe_dump`` writes them."""
+    """Tuples as lists and numpy scalars as floats, so that YAML writes them."""
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

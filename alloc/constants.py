@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from common.errors import TransformerAllocError
-from common.files import read_yaml
+from common.files import dump_yaml, read_yaml
 
 FIELDS = ("c_proj", "c_head", "order")
 METADATA = ("scale", "fit")
@@ -45,7 +45,7 @@ def to_yaml(constants: Constants, scale: float | None = None,
         data["scale"] = float(scale)
     if fit:
         data["fit"] = fit
-    return yaml.safe_dump(data, sort_keys=False)
+    return dump_yaml(data)
 
 
 def read_constants(path: Path) -> Constants:

@@ -53,7 +53,7 @@ from common.cli import (
     render_table,
 )
 from common.errors import TransformerAllocError, UsageError
-from common.files import read_yaml, write_atomic
+from common.files import dump_yaml, read_yaml, write_atomic
 from userdata import FORMATS, DataError, DataSpec, open_arrays, open_tokens
 
 PROG = "alloc.profile"
@@ -303,7 +303,7 @@ def write_profile(profile: Profile, out: Path) -> dict[str, Any]:
     write_atomic(spectrum, "# singular values, decreasing (alloc.profile)\n"
                  + "".join(f"{v:.8g}\n" for v in profile.spectrum))
     data = to_dict(profile, kernel.name, spectrum.name)
-    write_atomic(out, yaml.safe_dump(data, sort_keys=False))
+    write_atomic(out, dump_yaml(data))
     return data
 
 

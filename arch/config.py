@@ -37,7 +37,7 @@ from arch.checks import (
     need_choice,
     need_int,
 )
-from common.files import load_yaml
+from common.files import dump_yaml, load_yaml
 
 SCHEMA_VERSION = 1
 # The vocabulary: each name set is a Literal type, and its tuple is derived from it.
@@ -366,7 +366,7 @@ class ArchConfig:
         return cls.from_dict(json.loads(text))
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+        return dump_yaml(self.to_dict())
 
     @classmethod
     def from_yaml(cls, text: str) -> ArchConfig:

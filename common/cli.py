@@ -14,9 +14,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-import yaml
-
 from common.errors import UsageError, excerpt
+from common.files import dump_yaml
 
 FORMATS = ("table", "json", "yaml")
 
@@ -127,7 +126,7 @@ def dump(data: Any, fmt: str) -> str:
     """``data`` as JSON or YAML text."""
     if fmt == "json":
         return json.dumps(data, indent=2)
-    return yaml.safe_dump(data, sort_keys=False)
+    return dump_yaml(data)
 
 
 def render_table(headers: Sequence[str], rows: Sequence[Sequence[Any]],

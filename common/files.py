@@ -28,6 +28,19 @@ class _NoAliasLoader(yaml.SafeLoader):
         return super().compose_node(parent, index)
 
 
+class _NoAliasDumper(yaml.SafeDumper):
+    """``SafeDumper`` that writes a shared object out again instead of as an alias, so that
+    what we write, ``load_yaml`` reads."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def dump_yaml(data: Any) -> str:
+    """``data`` as YAML, keys in their given order, without aliases."""
+    return yaml.dump(data, Dumper=_NoAliasDumper, sort_keys=False, allow_unicode=True)
+
+
 def load_yaml(text: str) -> Any:
     """Parse YAML of at most ``MAX_YAML_CHARS`` characters without aliases.
 
@@ -83,5 +96,5 @@ def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
 
 def write_yaml(path: Path, data: Any) -> Path:
     """``data`` as YAML, keys in their given order."""
-    write_atomic(path, yaml.safe_dump(data, sort_keys=False))
+    write_atomic(path, dump_yaml(data))
     return path

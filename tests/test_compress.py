@@ -18,6 +18,7 @@ import yaml
 from alloc.compression import CompressionError, CompressionPlan
 from alloc.profile import main as profile_main
 from arch import ArchConfig, HeadGroup, LayerSpec, TrainConfig
+from common.files import dump_yaml
 from userdata import DataSpec
 from workers.attention import future_mask
 from workers.checkpoints import CheckpointError, gpt2_arch, load
@@ -146,7 +147,7 @@ def test_bad_inputs_are_one_line(teacher: tuple[Model, Path, torch.Tensor], tmp_
     wider = LayerSpec("mhsa", (HeadGroup(2, 16, 32),), mlp_ratio=2.0)  # values changed too
     edited = {**plan, "student": {**plan["student"], "layers": [wider.to_dict()] * 2}}
     (tmp_path / "notaplan.yaml").write_text(yaml.safe_dump({**plan, "layers": "?"}))
-    (tmp_path / "edited.yaml").write_text(yaml.safe_dump(edited))
+    (tmp_path / "edited.yaml").write_text(dump_yaml(edited))
     ours = ["--checkpoint", str(folder / "lm.pt"), "--plan", str(tmp_path / "plan.yaml"),
             "--out", str(tmp_path / "s.pt")]
     cases = [(profile_main, ["--checkpoint", str(tmp_path / "nope.pt")], "no such file"),

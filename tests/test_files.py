@@ -42,3 +42,11 @@ def test_yaml_is_read_within_bounds(tmp_path: Path) -> None:
         read_yaml(tmp_path / "big.yaml")
     with pytest.raises(yaml.YAMLError):
         load_yaml("!!python/object/apply:os.system ['true']")  # still a safe loader
+
+
+def test_what_we_write_we_read_even_with_shared_objects() -> None:
+    from common.files import dump_yaml
+
+    layer = {"attention": "mhsa", "heads": ["2x8"]}
+    data = {"layers": [layer, layer]}  # PyYAML's safe_dump would write an alias here
+    assert "*" not in dump_yaml(data) and load_yaml(dump_yaml(data)) == data

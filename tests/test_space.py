@@ -133,7 +133,7 @@ def test_encode_names_what_is_outside_the_space() -> None:
     ({"layers": [{"layers": 0, "heads": [1]}]}, r"no rule covers layers \[1\]"),
     ({"layers": [{"heads": [1]}, {"layers": 1, "heads": [2]}]}, "layer 1 is already covered"),
     ({"layers": [{"layers": "0-5", "heads": [1]}]}, "layer indices must lie in 0..1"),
-    ({"budget": 0}, "budget = 0: must be an integer >= 1"),
+    ({"budget": 0}, "budget = 0: must be an integer between 1 and 65,536"),
     ({"train": {"steps": [10, 20]}}, "train.steps = \\[10, 20\\]: must be one value"),
     ({"train": {"lr": {"low": 0, "high": 1}}}, "train.lr = .*0 < low <= high"),
     ({"train": {"momentum": 0.9}}, "train.momentum = 0.9: unknown key"),
