@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sqlite3
@@ -199,16 +200,39 @@ def reap_trials(study: optuna.Study, storage: RDBStorage, wait: float,
     deadline = time.monotonic() + wait
     failed: list[int] = []
     while _running(study) and time.monotonic() < deadline:
-        failed += fail_stale_trials(study)
+        failed += _fail_stale(study, storage)
         time.sleep(poll)
-    failed += fail_stale_trials(study)
+    failed += _fail_stale(study, storage)
     running = [t.number for t in _running(study)]
     beating = beating_numbers(storage.engine, study.study_name)
-    study_id = storage.get_study_id_from_name(study.study_name)
     for number in running:
         if number not in beating:
-            trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, number)
+            trial_id = _mark_interrupted(storage, study, number)
             storage.set_trial_state_values(trial_id, TrialState.FAIL)
             retry_failed(study, number)
             failed.append(number)
     return Reaped(sorted(failed), [n for n in running if n in beating])
+
+
+INTERRUPTED = ("interrupted", "its driver or worker stopped (no heartbeat); failed, and retried "
+               "when the search resumed")
+
+
+def _mark_interrupted(storage: RDBStorage, study: optuna.Study, number: int) -> int:
+    """Record why a RUNNING trial is about to be failed (a finished trial takes no attrs)."""
+    trial_id = storage.get_trial_id_from_study_id_trial_number(
+        storage.get_study_id_from_name(study.study_name), number)
+    with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
+        storage.set_trial_user_attr(trial_id, "status", INTERRUPTED[0])
+        storage.set_trial_user_attr(trial_id, "error", INTERRUPTED[1])
+    return trial_id
+
+
+def _fail_stale(study: optuna.Study, storage: RDBStorage) -> list[int]:
+    """``fail_stale_trials``, each stale trial marked interrupted first."""
+    from studies.query import stale_numbers
+
+    grace = storage.grace_period or 2 * (storage.get_heartbeat_interval() or 0)
+    for number in sorted(stale_numbers(storage.engine, study.study_name, grace)):
+        _mark_interrupted(storage, study, number)
+    return fail_stale_trials(study)

@@ -29,12 +29,12 @@ from workers.search.seeding import Predictor
 STEPS = 30
 
 
-def make(tmp_path: Path, starts: list[Start] | None = None, space: str = "aot_vs_standard"
-         ) -> StudySearcher:
-    url = f"sqlite:///{tmp_path / 's.db'}"
+def make(tmp_path: Path, starts: list[Start] | None = None, space: str = "aot_vs_standard",
+         url: str | None = None, name: str = "s") -> StudySearcher:
+    url = url or f"sqlite:///{tmp_path / 's.db'}"
     storage = open_storage(url, StorageSettings(heartbeat_interval=1, grace_period=2, retries=1))
-    optuna.create_study(study_name="s", storage=storage, direction="maximize")
-    study = optuna.load_study(study_name="s", storage=storage,
+    optuna.create_study(study_name=name, storage=storage, direction="maximize")
+    study = optuna.load_study(study_name=name, storage=storage,
                               sampler=optuna.samplers.RandomSampler(seed=0))
     loaded = load_space(space).with_train(steps=STEPS, eval_every=10)
     return StudySearcher(loaded, io=ModelIO(3, vocab_size=14), study=study, storage=storage,
@@ -99,7 +99,9 @@ def test_trials_record_arch_curve_and_state(searcher: StudySearcher) -> None:
                                                                    ).describe())
 
 
-def test_reaper_fails_and_retries_trials_of_a_dead_driver(searcher: StudySearcher) -> None:
+def test_reaper_fails_and_retries_trials_of_a_dead_driver(tmp_path: Path, storage_url: str,
+                                                          study_name: str) -> None:
+    searcher = make(tmp_path, url=storage_url, name=study_name)
     searcher.ask("a")
     searcher.ask("b")
     searcher.complete("a", result(STEPS, 0.4))
@@ -109,6 +111,8 @@ def test_reaper_fails_and_retries_trials_of_a_dead_driver(searcher: StudySearche
     assert reap_trials(searcher.study, searcher.storage, wait=5) == Reaped([1], [])
     states = [t.state for t in searcher.study.trials]
     assert states == [TrialState.COMPLETE, TrialState.FAIL, TrialState.WAITING]
+    reaped = searcher.study.trials[1].user_attrs  # its record says why, not "running"
+    assert reaped["status"] == "interrupted" and "no heartbeat" in reaped["error"]
     assert retried_numbers(searcher.study.trials) == {1}
     assert finished_count(searcher.study) == 1
     retry = searcher.study.trials[2]
@@ -124,6 +128,7 @@ def test_abandon_fails_open_trials_and_requeues_them(searcher: StudySearcher) ->
     assert searcher.abandon("interrupted") == [1]
     b = searcher.study.trials[1]
     assert b.state == TrialState.FAIL and b.user_attrs["status"] == "interrupted"
+    assert "re-enqueued" in b.user_attrs["error"]
     waiting = searcher.study.get_trials(states=(TrialState.WAITING,))
     assert len(waiting) == 1 and waiting[0].params == b.params
     # The re-enqueued trial is asked next and samples the same architecture.

@@ -230,7 +230,9 @@ class StudySearcher:
             if key in self.done:
                 continue
             self.done.add(key)
-            if tell(self.study, trial, TrialState.FAIL, None, {rec.STATUS: status}):
+            attrs = {rec.STATUS: status, ERROR: f"the search was {status} while it ran; "
+                     "re-enqueued (python -m workers.search --resume runs it again)"}
+            if tell(self.study, trial, TrialState.FAIL, None, attrs):
                 retry_failed(self.study, trial.number)
                 failed.append(trial.number)
         return failed
