@@ -1,7 +1,7 @@
 """Fuzzing the inputs a careless or hostile user controls: search-space documents, and the
-command lines of the entry points that run in-process in seconds. The only outcomes allowed are
-success, or one line on stderr with exit code 2 and nothing written; anything else (a
-traceback, a hang, a half-written file) fails the test with the input that caused it."""
+command lines of the entry points (the search's up to where Ray would start). The only outcomes
+allowed are success, or one line on stderr with exit code 2 and nothing written; anything else
+(a traceback, a hang, a half-written file) fails the test with the input that caused it."""
 
 from __future__ import annotations
 
@@ -25,6 +25,12 @@ from alloc.solve import main as solve_main
 from search_spaces import SpaceError, load_space, parse_space
 from search_spaces.loader import _DATA_KEYS, _RULE_KEYS, _TOP_KEYS, MODEL_KEYS, TRAIN_KEYS
 from studies.cli import main as studies_main
+from workers.compress import build_parser as compress_parser
+from workers.compress import main as compress_main
+from workers.search.driver import build_parser as search_parser
+from workers.search.driver import main as search_main
+from workers.train import build_parser as train_parser
+from workers.train import main as train_main
 
 FROZEN = Path(__file__).parent / "data" / "study_v1.db"
 FUZZ = settings(max_examples=150, deadline=None, derandomize=True,
@@ -179,3 +185,91 @@ def _folder(factory: object) -> Path:
         _FOLDERS[key] = folder
     return _FOLDERS[key]
 
+
+
+# --- the commands that train: small sizes, or stopped where Ray would start ------------------
+
+SMALL = settings(FUZZ, max_examples=40)
+
+
+def _big(argv: list[str], limit: int = 16) -> bool:
+    """A count above ``limit``: a correct, slow run (training steps, windows), not fuzzed."""
+    return any(a.isdigit() and int(a) > limit for a in argv)
+
+
+def _trained(folder: Path) -> Path:
+    """A tiny lm checkpoint and its plan in ``folder`` (made once)."""
+    if not (folder / "c.pt").exists():
+        arch = folder / "arch.yaml"
+        arch.write_text("d_model: 16\nmax_seq_len: 8\ninput_dim: 1\n"
+                        "layers:\n  - {attention: mhsa, heads: ['2x8'], mlp_ratio: 1}\n")
+        for main, argv in ((train_main, ["--arch", str(arch), "--task", "lm", "--smoke-test",
+                                         "--steps", "2", "--checkpoint", str(folder / "c.pt"),
+                                         "--quiet"]),
+                           (profile_main, ["--checkpoint", str(folder / "c.pt"), "--task", "lm",
+                                           "--smoke-test", "--out", str(folder / "plan.yaml")])):
+            with contextlib.redirect_stdout(io.StringIO()):
+                assert main(argv) == 0
+    return folder
+
+
+@SMALL
+@given(flags(options(train_parser())))
+def test_workers_train_command_lines(tmp_path_factory: object, argv: list[str]) -> None:
+    folder = _trained(_folder(tmp_path_factory))
+    if not _big(argv):
+        run(train_main, ["--arch", "arch.yaml", "--task", "lm", "--smoke-test", "--quiet",
+                         "--steps", "2", *argv], folder)
+
+
+@SMALL
+@given(flags(options(compress_parser())))
+def test_workers_compress_command_lines(tmp_path_factory: object, argv: list[str]) -> None:
+    folder = _trained(_folder(tmp_path_factory))
+    if not _big(argv):
+        run(compress_main, ["--checkpoint", "c.pt", "--plan", "plan.yaml", "--out", "s.pt",
+                            *argv], folder)
+
+
+REACHED_RAY: list[list[str]] = []  # command lines whose every check passed
+
+
+class _RayWouldStart(Exception):
+    """Raised where the search would start Ray: every check before it has passed."""
+
+
+@SMALL
+@given(flags(options(search_parser())))
+def test_workers_search_command_lines_up_to_ray(tmp_path_factory: object,
+                                                argv: list[str]) -> None:
+    """Everything ``python -m workers.search`` does before Ray starts runs for real (flags,
+    task, space, study name, memory bound, storage, study); Ray itself is stubbed out."""
+    import sys
+    import types
+    from unittest import mock
+
+    import workers.search
+
+    stub = types.ModuleType("workers.search.tune")
+    stub.start = mock.Mock(side_effect=_RayWouldStart)  # type: ignore[attr-defined]
+
+    def search(args: list[str]) -> int:
+        try:
+            return search_main(args)
+        except _RayWouldStart:
+            REACHED_RAY.append(args)
+            return 0
+
+    with mock.patch.dict(sys.modules, {"workers.search.tune": stub}), \
+            mock.patch.object(workers.search, "tune", stub, create=True):
+        if not _big(argv, 64):
+            run(search, ["--space", "aot_vs_standard", "--task", "modadd", "--smoke-test",
+                         "--storage", "sqlite:///search.db", *argv], _folder(tmp_path_factory))
+
+
+def test_the_search_fuzz_reaches_ray(tmp_path_factory: object) -> None:
+    """The fuzz above is not only made of refusals: some command lines pass every check."""
+    if not REACHED_RAY:  # run alone: try the plain command line once
+        test_workers_search_command_lines_up_to_ray.hypothesis.inner_test(  # type: ignore[attr-defined]
+            tmp_path_factory, [])
+    assert REACHED_RAY

@@ -220,19 +220,22 @@ def run_search(space: SearchSpace | str | Path, task: Task | str, *, storage: st
     heartbeats = StorageSettings(heartbeat_interval=opts.heartbeat_interval,
                                  grace_period=opts.grace_period, retries=1)
     probe = open_storage(url, heartbeats)  # fail fast, before Ray starts
-    ot_study = open_study(name, probe, url, describe_search(space, task, settings, opts.seed),
-                          task.higher_is_better, resume)
-    if resume:
-        alive = reap_trials(ot_study, probe,
-                            opts.grace_period + opts.heartbeat_interval).alive
-        if alive:
-            raise SearchError(f"--resume: trials {alive} of {name!r} still have a live "
-                             "heartbeat; another driver is running this study")
-    if finished_count(ot_study) >= total:  # nothing to run: answer before Ray starts
-        print(f"study {name} already has its {total} trials", file=sys.stderr)
-        return summarise(_searcher(space, task, ot_study, probe, settings), name, url,
-                         "completed")
-    probe.engine.dispose()  # its connections are not needed past the checks
+    try:
+        ot_study = open_study(name, probe, url, describe_search(space, task, settings,
+                                                                opts.seed),
+                              task.higher_is_better, resume)
+        if resume:
+            alive = reap_trials(ot_study, probe,
+                                opts.grace_period + opts.heartbeat_interval).alive
+            if alive:
+                raise SearchError(f"--resume: trials {alive} of {name!r} still have a live "
+                                  "heartbeat; another driver is running this study")
+        if finished_count(ot_study) >= total:  # nothing to run: answer before Ray starts
+            print(f"study {name} already has its {total} trials", file=sys.stderr)
+            return summarise(_searcher(space, task, ot_study, probe, settings), name, url,
+                             "completed")
+    finally:
+        probe.engine.dispose()  # its connections are not needed past the checks
     from workers.search import tune  # Ray starts here
 
     tune.start(opts.address)
