@@ -18,7 +18,9 @@ import pytest
 from optuna.trial import TrialState
 from sqlalchemy.engine import make_url
 
+from arch import ArchConfig, HeadGroup, LayerSpec
 from search_spaces import load_space
+from studies import add_record
 from studies.cli import main as studies_main
 from workers.search.protocol import RESUMED
 from workers.search.searcher import CHECKPOINT, finished_count, retried_numbers
@@ -292,3 +294,32 @@ def test_secure_url_moves_the_password_to_the_environment(
     monkeypatch.delenv("PGPASSWORD")
     pure_python = "postgresql+pg8000://alice:pw@db/studies"  # no libpq: it needs the URL's
     assert secure_url(pure_python) == pure_python and "PGPASSWORD" not in os.environ
+
+
+def test_resume_of_a_finished_study_answers_before_ray_starts(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+        ) -> None:
+    import types
+    from unittest import mock
+
+    import workers.search
+    from workers.search.driver import main as search_main
+
+    started = mock.Mock(side_effect=RuntimeError("Ray would start"))
+    stub = types.ModuleType("workers.search.tune")
+    stub.start = started  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "workers.search.tune", stub)
+    monkeypatch.setattr(workers.search, "tune", stub, raising=False)
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    argv = [*SMOKE, "--storage", url, "--study", "done", "--trials", "1",
+            "--storage-path", str(tmp_path / "results")]
+    with pytest.raises(RuntimeError, match="Ray would start"):
+        search_main(argv)  # the study is created, then Ray would start
+    study = optuna.load_study(study_name="done", storage=url)
+    arch = ArchConfig(d_model=32, layers=(LayerSpec("mhsa", (HeadGroup(2, 16),)),),
+                      max_seq_len=8, vocab_size=16)
+    add_record(study, arch, 0.5, steps_reached=40)
+    started.reset_mock()
+    assert search_main([*argv, "--resume"]) == 0
+    assert "already has its 1 trials" in capsys.readouterr().err
+    started.assert_not_called()

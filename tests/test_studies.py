@@ -7,6 +7,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import uuid
 import warnings
 from io import BytesIO
 from pathlib import Path
@@ -292,3 +293,18 @@ def test_reading_commands_never_create_a_database(tmp_path: Path,
     assert main(["best", "--storage", f"sqlite:///file:{db}?immutable=1&uri=true"]) == 0
     assert "trial 2: value 0.2" in capsys.readouterr().out
     assert db.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == [db.name]
+
+
+def test_reading_a_missing_postgres_database_is_one_line(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """PostgreSQL never creates a database on connect: a mistyped name is one line, exit 2,
+    and the password stays out of it."""
+    import sqlalchemy
+
+    from tests.conftest import postgres_url
+
+    url = sqlalchemy.make_url(postgres_url())
+    missing = url.set(database=f"nope_{uuid.uuid4().hex[:8]}", password="s3cret")
+    assert main(["list", "--storage", missing.render_as_string(hide_password=False)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "s3cret" not in err and missing.database in err
