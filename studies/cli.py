@@ -10,6 +10,7 @@ depth, the allocator's predicted error vs measured values, and any trial exporte
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from common.errors import TransformerAllocError, UsageError
 from common.files import write_atomic
 from common.plots import new_figure, write_figure
 from studies import query
-from studies.storage import engine, open_storage
+from studies.storage import engine, open_storage, redact, resolve_url
 
 PROG = "studies"
 
@@ -110,7 +111,9 @@ def run(args: argparse.Namespace) -> str | Any:
             return [_trial_dict(t) for t in winners]
         text = "\n\n".join(allocation_table(t) for t in winners)
         best = winners[0].number
-        return f"{text}\n\nexport: python -m studies export --study {study} --trial {best}"
+        storage = shlex.quote(redact(resolve_url(args.storage)))
+        return (f"{text}\n\nexport: python -m studies export --storage {storage} --study "
+                f"{shlex.quote(study)} --trial {best}")
     if args.command == "pareto":
         direction, front = query.pareto(eng, study)
         if args.plot is not None:

@@ -135,6 +135,10 @@ def test_bad_inputs_are_one_line(teacher: tuple[Model, Path, torch.Tensor], tmp_
                                  capsys: pytest.CaptureFixture[str]) -> None:
     _, folder, _ = teacher
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    import datetime
+
+    torch.save({"arch": {}, "model": {}, "when": datetime.datetime(2026, 1, 1)},
+               tmp_path / "unsafe.pt")
     (tmp_path / "folder").mkdir()
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "config.json").write_text("{")
@@ -153,6 +157,7 @@ def test_bad_inputs_are_one_line(teacher: tuple[Model, Path, torch.Tensor], tmp_
     cases = [(profile_main, ["--checkpoint", str(tmp_path / "nope.pt")], "no such file"),
              (profile_main, ["--checkpoint", str(tmp_path / "junk.pt")], "unknown layout"),
              (profile_main, ["--checkpoint", str(tmp_path / "folder")], "unknown layout"),
+             (profile_main, ["--checkpoint", str(tmp_path / "unsafe.pt")], "refused as unsafe"),
              (profile_main, ["--checkpoint", str(tmp_path / "broken")], "unreadable"),
              (compress_main, ["--checkpoint", str(folder / "lm.pt"), "--plan",
                               str(tmp_path / "other.yaml"), "--out", str(tmp_path / "s.pt")],

@@ -73,6 +73,9 @@ def infer_format(path: Path) -> DataFormat:
     if path.is_file():
         if path.suffix == ".npy":
             return "npy"
+        if path.suffix == ".bin":
+            raise DataError(f"--data {str(path)!r}: a .bin file is one split of nanoGPT's "
+                            "layout; give the folder that holds train.bin and val.bin")
         return "text"
     if (path / "train.bin").exists():
         return "bin"
@@ -156,10 +159,15 @@ def _bin_tokens(spec: DataSpec, scan: bool) -> TokenData:
     splits = {}
     for split in ("train", "val"):
         file = folder / f"{split}.bin"
+        if folder.is_file():
+            raise DataError(f"--data {str(folder)!r}: --data-format bin reads a folder holding "
+                            "train.bin and val.bin (nanoGPT layout), not one file")
         if not file.is_file():
             raise DataError(f"--data {str(folder)!r}: needs {split}.bin (nanoGPT layout)")
         size = file.stat().st_size
-        if size == 0 or size % dtype.itemsize:
+        if size == 0:
+            raise DataError(f"--data {str(file)!r}: is empty (no tokens)")
+        if size % dtype.itemsize:
             raise DataError(f"--data {str(file)!r}: {size} bytes is not a whole number of "
                             f"{spec.dtype} tokens (--data-dtype uint16 or uint32)")
         splits[split] = np.memmap(file, dtype=dtype, mode="r")

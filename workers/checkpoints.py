@@ -13,6 +13,8 @@ divides logits by ``sqrt(head width)``, computes the student's logits exactly.
 from __future__ import annotations
 
 import json
+import pickle
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -61,7 +63,16 @@ def load(path: Path) -> Loaded:
         return _load_gpt2(path)
     try:
         # weights_only: our checkpoints are tensors, dicts and numbers; never unpickle code
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch's own warning would repeat our one line
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        if "Unsupported global" not in str(err):  # not a pickle of ours at all
+            raise CheckpointError(f"--checkpoint {str(path)!r}: unknown layout (not a "
+                                  "workers.train checkpoint: UnpicklingError)") from None
+        raise CheckpointError(f"--checkpoint {str(path)!r}: refused as unsafe: it holds "
+                              "pickled Python objects beyond tensors, dicts and numbers, which "
+                              "are never loaded (they could run code)") from None
     except Exception as err:  # torch raises many kinds for a file that is not a checkpoint
         raise CheckpointError(f"--checkpoint {str(path)!r}: unknown layout (not a "
                               f"workers.train checkpoint: {type(err).__name__})") from None
