@@ -193,7 +193,8 @@ def test_cli_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
                  ["pareto", "--plot", str(tmp_path / "front.png")]):
         assert main([*argv, "--storage", url]) == 0, argv
     out, err = capsys.readouterr()
-    assert "trial 2: value 0.2" in out and "export: python -m studies export" in out
+    assert "trial 2: value 0.2" in out
+    assert f"export: python -m studies export --storage {url} --study demo --trial 2" in out
     assert "warning" not in err  # a study of this version
     assert "Spearman" in out and (tmp_path / "front.png").read_bytes()[:4] == b"\x89PNG"
     assert main(["best", "--storage", url, "--format", "json"]) == 0
