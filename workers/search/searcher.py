@@ -36,7 +36,7 @@ from arch import ArchConfig, ModelIO
 from search_spaces import SearchSpace
 from studies import records as rec
 from studies.storage import retry_failed
-from workers.search.protocol import ERROR, NODE, RESUMED, SPEC, Mode, TrialReport, TrialSpec
+from workers.search.protocol import ERROR, NODE, RESUMED, SPEC_KEY, Mode, TrialReport, TrialSpec
 
 log = logging.getLogger(__name__)
 Predictor = Callable[[ArchConfig], float | None]
@@ -91,7 +91,7 @@ class StudySearcher:
             trial.set_user_attr(name, value)
         self.trials[key] = trial
         self._beat(trial.number)
-        return {SPEC: TrialSpec(arch, train, self._retried_checkpoint(trial))}
+        return {SPEC_KEY: TrialSpec(arch, train, self._retried_checkpoint(trial))}
 
     def _enqueue_next_start(self) -> None:
         """Enqueue the next starting point not yet in the study, unless a trial is waiting

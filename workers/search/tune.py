@@ -25,7 +25,7 @@ from ray import tune
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 from ray.tune.search import Searcher
 
-from workers.search.protocol import JOB, SPEC, TrialJob, TrialReport, TrialSpec
+from workers.search.protocol import JOB_KEY, SPEC_KEY, TrialJob, TrialReport, TrialSpec
 from workers.search.searcher import ASHA_REDUCTION, StudySearcher, asha_grace_period
 from workers.trial import train_trial
 
@@ -83,7 +83,7 @@ def run_tuner(searcher: StudySearcher, job: TrialJob, run: TuneRun) -> str:
                  if run.scheduler == "asha" else FIFOScheduler())
     tuner = tune.Tuner(
         tune.with_resources(_trainable, {"cpu": run.cpus_per_trial, "gpu": run.gpus_per_trial}),
-        param_space={JOB: job},
+        param_space={JOB_KEY: job},
         tune_config=tune.TuneConfig(search_alg=_Adapter(searcher), scheduler=scheduler,
                                     num_samples=run.trials,
                                     max_concurrent_trials=run.max_concurrent,
@@ -104,7 +104,7 @@ def run_tuner(searcher: StudySearcher, job: TrialJob, run: TuneRun) -> str:
 def _trainable(config: dict[str, Any]) -> None:
     """The function trainable: ``workers.trial.train_trial`` with Tune's report and checkpoint."""
     node = ray.get_runtime_context().get_node_id()
-    job: TrialJob = config[JOB]
+    job: TrialJob = config[JOB_KEY]
 
     def report(result: TrialReport, checkpoint: Path | None) -> None:
         tune.report(result.to_result(job.metric), checkpoint=None if checkpoint is None
@@ -113,7 +113,7 @@ def _trainable(config: dict[str, Any]) -> None:
     restored = tune.get_checkpoint()  # set when Tune restarts this trial after a failure
     with tempfile.TemporaryDirectory(prefix="trial-") as workdir, \
             (restored.as_directory() if restored else contextlib.nullcontext()) as restore:
-        train_trial(job, config[SPEC], report, Path(workdir), node,
+        train_trial(job, config[SPEC_KEY], report, Path(workdir), node,
                     Path(restore) if restore else None)
 
 
@@ -188,7 +188,7 @@ class _Monitor(tune.Callback):
         self.counts[state.name] += 1
         if value is not None and (self.best is None or self.searcher.better(value,
                                                                              self.best[0])):
-            spec: TrialSpec = trial.config[SPEC]
+            spec: TrialSpec = trial.config[SPEC_KEY]
             self.best = (value, self.searcher.number(trial.trial_id), spec.arch.describe())
         running = sum(t.status == "RUNNING" and t is not trial for t in trials)
         best = (f"best {self.searcher.metric} {self.best[0]:.4g} (trial {self.best[1]}: "
