@@ -31,6 +31,15 @@ def need_int(problems: list[str], path: str, value: Any, minimum: int) -> None:
         problems.append(f"{path} = {excerpt(value)}: must be an integer >= {minimum}")
 
 
+def need_number(problems: list[str], path: str, value: Any, low: float,
+                high: float = math.inf, strict: bool = False) -> None:
+    """A finite number in ``[low, high]`` (``(low, high]`` when ``strict``)."""
+    if not (is_number(value) and (value > low if strict else value >= low) and value <= high):
+        rule = f"{'>' if strict else '>='} {low:g}" + ("" if high == math.inf
+                                                       else f" and <= {high:g}")
+        problems.append(f"{path} = {excerpt(value)}: must be a number {rule}")
+
+
 def need_choice(problems: list[str], path: str, value: Any, choices: tuple[str, ...]) -> None:
     if value not in choices:
         problems.append(f"{path} = {excerpt(value)}: must be one of {', '.join(choices)}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
@@ -14,10 +15,10 @@ from arch.checks import (
     check_keys,
     field_names,
     field_values,
-    is_number,
     need_bool,
     need_choice,
     need_int,
+    need_number,
 )
 from common.errors import excerpt
 
@@ -25,16 +26,6 @@ Optimizer = Literal["adamw", "lion"]
 OPTIMIZERS: tuple[Optimizer, ...] = get_args(Optimizer)
 # "auto" picks CUDA when there is one; "cuda:N" names a device.
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
-
-
-def need_number(problems: list[str], path: str, value: Any, low: float,
-                high: float = math.inf, strict: bool = False) -> None:
-    """A finite number in ``[low, high]`` (``(low, high]`` when ``strict``)."""
-    ok = is_number(value) and (value > low if strict else value >= low) and value <= high
-    if not ok:
-        rule = f"{'>' if strict else '>='} {low:g}" + (f" and <= {high:g}"
-                                                        if high != math.inf else "")
-        problems.append(f"{path} = {excerpt(value)}: must be a number {rule}")
 
 
 @dataclass(frozen=True)
@@ -69,24 +60,8 @@ class TrainConfig:
         """Every rule the given field values break, as ``path.field = value: rule`` lines
         (fields not given are not checked)."""
         problems: list[str] = []
-        prefix = f"{path}." if path else ""
-        rules: dict[str, Any] = {
-            "steps": lambda p, v: need_int(p, f"{prefix}steps", v, 1),
-            "batch_size": lambda p, v: need_int(p, f"{prefix}batch_size", v, 1),
-            "lr": lambda p, v: need_number(p, f"{prefix}lr", v, 0, strict=True),
-            "optimizer": lambda p, v: need_choice(p, f"{prefix}optimizer", v, OPTIMIZERS),
-            "weight_decay": lambda p, v: need_number(p, f"{prefix}weight_decay", v, 0),
-            "warmup": lambda p, v: need_number(p, f"{prefix}warmup", v, 0, 1),
-            "min_lr": lambda p, v: need_number(p, f"{prefix}min_lr", v, 0, 1),
-            "grad_clip": lambda p, v: need_number(p, f"{prefix}grad_clip", v, 0, strict=True),
-            "eval_every": lambda p, v: need_int(p, f"{prefix}eval_every", v, 1),
-            "eval_batches": lambda p, v: need_int(p, f"{prefix}eval_batches", v, 1),
-            "seed": lambda p, v: need_int(p, f"{prefix}seed", v, 0),
-            "device": _check_device(prefix),
-            "compile": lambda p, v: need_bool(p, f"{prefix}compile", v),
-        }
         for name, value in values.items():
-            rules[name](problems, value)
+            _RULES[name](problems, f"{path}.{name}" if path else name, value)
         return problems
 
     @classmethod
@@ -121,8 +96,24 @@ class TrainConfig:
         return TrainConfig.from_dict({**self.to_dict(), **changes})
 
 
-def _check_device(prefix: str) -> Any:
-    def check(problems: list[str], value: Any) -> None:
-        if not (isinstance(value, str) and _DEVICE.fullmatch(value)):
-            problems.append(f"{prefix}device = {excerpt(value)}: must be auto, cpu, cuda or cuda:N")
-    return check
+def _need_device(problems: list[str], path: str, value: Any) -> None:
+    if not (isinstance(value, str) and _DEVICE.fullmatch(value)):
+        problems.append(f"{path} = {excerpt(value)}: must be auto, cpu, cuda or cuda:N")
+
+
+# field -> check(problems, path, value)
+_RULES: dict[str, Callable[[list[str], str, Any], None]] = {
+    "steps": lambda p, k, v: need_int(p, k, v, 1),
+    "batch_size": lambda p, k, v: need_int(p, k, v, 1),
+    "lr": lambda p, k, v: need_number(p, k, v, 0, strict=True),
+    "optimizer": lambda p, k, v: need_choice(p, k, v, OPTIMIZERS),
+    "weight_decay": lambda p, k, v: need_number(p, k, v, 0),
+    "warmup": lambda p, k, v: need_number(p, k, v, 0, 1),
+    "min_lr": lambda p, k, v: need_number(p, k, v, 0, 1),
+    "grad_clip": lambda p, k, v: need_number(p, k, v, 0, strict=True),
+    "eval_every": lambda p, k, v: need_int(p, k, v, 1),
+    "eval_batches": lambda p, k, v: need_int(p, k, v, 1),
+    "seed": lambda p, k, v: need_int(p, k, v, 0),
+    "device": _need_device,
+    "compile": need_bool,
+}

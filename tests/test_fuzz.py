@@ -112,6 +112,11 @@ def run(main: Callable[[list[str]], int], argv: list[str], folder: Path) -> None
         assert snapshot(folder) == before, argv
 
 
+def _big(argv: list[str], limit: int = 16) -> bool:
+    """A count above ``limit``: a correct, slow run (training steps, windows), not fuzzed."""
+    return any(a.isdigit() and int(a) > limit for a in argv)
+
+
 def flags(parser_options: list[str]) -> st.SearchStrategy[list[str]]:
     words = st.sampled_from(
         ["", "0", "-1", "1", "2", "7", "16", "64", "512", "1e9", "nan", "inf", "-inf", "x",
@@ -130,11 +135,8 @@ def options(parser: object) -> list[str]:
 @FUZZ
 @given(flags(options(solve_parser())))
 def test_alloc_solve_command_lines(tmp_path_factory: object, argv: list[str]) -> None:
-    folder = _folder(tmp_path_factory)
-    # Small budgets only: a correct solve at the largest budget takes tens of seconds.
-    if any(a.isdigit() and int(a) > 512 for a in argv):
-        return
-    run(solve_main, argv, folder)
+    if not _big(argv, 512):  # a solve at the largest budget is correct but takes ~50 s
+        run(solve_main, argv, _folder(tmp_path_factory))
 
 
 @FUZZ
@@ -156,10 +158,8 @@ def test_studies_command_lines(tmp_path_factory: object, command: str, storage: 
        flags(options(profile_parser())))
 def test_alloc_profile_command_lines(tmp_path_factory: object, source: list[str],
                                      argv: list[str]) -> None:
-    folder = _folder(tmp_path_factory)
-    if any(a.isdigit() and int(a) > 512 for a in argv):
-        return  # a large --sample-tokens is a correct, slow profile
-    run(profile_main, [*source, *argv], folder)
+    if not _big(argv, 512):  # a large --sample-tokens is a correct, slow profile
+        run(profile_main, [*source, *argv], _folder(tmp_path_factory))
 
 
 @FUZZ
@@ -190,11 +190,6 @@ def _folder(factory: object) -> Path:
 # --- the commands that train: small sizes, or stopped where Ray would start ------------------
 
 SMALL = settings(FUZZ, max_examples=40)
-
-
-def _big(argv: list[str], limit: int = 16) -> bool:
-    """A count above ``limit``: a correct, slow run (training steps, windows), not fuzzed."""
-    return any(a.isdigit() and int(a) > limit for a in argv)
 
 
 def _trained(folder: Path) -> Path:
