@@ -274,7 +274,7 @@ def check_trial_memory(space: SearchSpace, task: Task, opts: SearchOptions) -> N
         return
     largest = space.largest(task.io)
     batch = int(space.largest_train("batch_size"))
-    need = training_bytes(largest, batch, str(space.largest_train("optimizer")))
+    need = training_bytes(largest, batch)  # AdamW: the optimizer with the most state
     if opts.gpus_per_trial > 0:
         import torch
 
