@@ -350,10 +350,16 @@ class SearchSpace:
         layers = []
         for i in range(self.depth):
             rule = self.rule(i)
-            heads = max(rule.heads or (rule.budget,))
-            layers.append(LayerSpec("mhsa", (HeadGroup(heads, max(1, rule.budget // heads)),),
+            # Most heads: the one-group rule's largest count, else the budget over the
+            # smallest head dimension a group may take.
+            heads = max(rule.heads) if rule.heads else rule.budget // min(
+                rule.head_dim or (1,))
+            dim = 2 * max(1, rule.budget // heads // 2)  # even: valid for every positional
+            layers.append(LayerSpec("mhsa", (HeadGroup(max(1, rule.budget // dim), dim),),
                                     mlp_ratio=max(rule.mlp_ratio)))
-        fields = {**self.model, **io.fields(self.model.get("tie_embeddings", False))}
+        # Learned positions: the most parameters of any positional encoding.
+        fields = {**self.model, **io.fields(self.model.get("tie_embeddings", False)),
+                  "positional": "learned"}
         return ArchConfig(d_model=self.budget, layers=tuple(layers), **fields)
 
     def largest_train(self, key: str) -> Any:

@@ -187,3 +187,13 @@ def test_a_search_whose_every_trial_failed_exits_non_zero() -> None:
     assert outcome(summary(FAIL=1, COMPLETE=1, retried=[0])) == (0, None)  # its retry ran
     assert outcome(summary(COMPLETE=2)) == (0, None)
     assert outcome(summary("interrupted", FAIL=1, WAITING=1))[0] == 130
+
+
+def test_a_seed_the_space_cannot_build_is_skipped_not_raised() -> None:
+    """The plan is built for vector inputs; a space that ties embeddings cannot hold it."""
+    from search_spaces import parse_space
+    from workers.search.seeding import seeds
+
+    space = parse_space({"budget": 64, "depth": 2, "model": {"tie_embeddings": True},
+                         "layers": [{"heads": [1, 2, 4, 8]}]})
+    assert seeds(space, PlanSettings(budget=64, layers=2, seq_len=8)) == []

@@ -259,3 +259,22 @@ def test_yaml_aliases_are_refused_and_long_values_cut(tmp_path: Path) -> None:
     with pytest.raises(SpaceError) as err:
         parse_space({**BASE, "train": {"lr": "y" * 100_000}})
     assert len(str(err.value)) < 300 and "(100,002 characters)" in str(err.value)
+
+
+def test_the_largest_architecture_bounds_what_the_space_samples() -> None:
+    """What the search's memory check is against: at least every sampled model's parameters
+    and heads, for one-group and several-group rules, with any positional encoding."""
+    from arch import param_count
+
+    for data in ({"budget": 64, "depth": 2, "model": {"positional": "rope"},
+                  "layers": [{"layers": "all", "heads": [1, 2, 4], "mlp_ratio": [0, 4]}]},
+                 {"budget": 64, "depth": 1, "model": {"positional": "rope"},
+                  "layers": [{"groups": {"max": 2}, "head_dim": [16, 32]}]}):
+        space = parse_space(data)
+        largest = space.largest(IO)
+        for seed in range(20):
+            arch, _ = space.sample(RandomSuggester(seed), IO)
+            assert param_count(arch).total <= param_count(largest).total
+            for big, small in zip(largest.layers, arch.layers):
+                assert sum(g.count for g in small.heads) <= sum(g.count for g in big.heads)
+        assert sum(g.count for g in largest.layers[0].heads) <= 64 // 8  # not one head per unit

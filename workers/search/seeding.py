@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from alloc.plan import PlanSettings, baseline_arch, make_plan, predicted_error
-from arch import ArchConfig, HeadGroup, LayerSpec
+from arch import ArchConfig, ConfigError, HeadGroup, LayerSpec
 from search_spaces import SearchSpace, SpaceError
 from workers.search.searcher import Start
 from workers.tasks import ArrayTask, Task, TextTask
@@ -95,7 +95,7 @@ def seeds(space: SearchSpace, settings: PlanSettings) -> list[Start]:
             fitted = ArchConfig.from_dict({**arch.to_dict(), **space.model,
                                            "layers": [x.to_dict() for x in layers]})
             out.append(Start(label, space.encode(fitted)))
-        except (SpaceError, ValueError) as err:
+        except (SpaceError, ConfigError) as err:
             log.warning("seed %s is not in space %s, skipped: %s", label, space.name, err)
     return out
 
