@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -186,3 +188,22 @@ def test_modadd_rejects_a_split_larger_than_the_pairs() -> None:
     with pytest.raises(TaskError, match=r"train 40000 \+ val 4000 .* p\^2 = 9409 pairs"):
         make_task("modadd", "paper", p=97)
     assert len(make_task("modadd", "paper", p=97, train=4704, val=2000).pairs("val")) == 2000
+
+
+def test_a_trained_models_task_keeps_short_vector_sequences(tmp_path: Path) -> None:
+    """Measuring a vector model on .npy sequences shorter than its length uses them as they
+    are; asking for more steps than they have is a DataError, one line, not a traceback."""
+    import numpy as np
+
+    from arch import ArchConfig, HeadGroup, LayerSpec
+    from userdata import DataError, DataSpec
+    from workers.tasks.cli import check_fits, task_for_model
+
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).normal(size=(20, 8, 3)))
+    arch = ArchConfig(d_model=16, layers=(LayerSpec("mhsa", (HeadGroup(2, 8),)),),
+                      max_seq_len=16, input_dim=3)
+    task, source = task_for_model(arch, data=DataSpec(str(tmp_path / "x.npy")))
+    assert task is not None and task.seq_len == 7  # next-step prediction over 8 steps
+    check_fits(task, arch, trains=False, source=source)
+    with pytest.raises(DataError, match="length=12: the sequences"):
+        task_for_model(arch, data=DataSpec(str(tmp_path / "x.npy")), params={"length": 12})

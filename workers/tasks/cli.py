@@ -82,7 +82,10 @@ def task_for_model(arch: ArchConfig, *, data: DataSpec | None = None, task: str 
         unknown = sorted(set(params) - {"length"})
         if unknown:
             raise TaskError(f"--task-param {unknown[0]}: a --data task takes only length=N")
-        return (make_data_task(data, size, seed, params.get("length", window)),
+        # Token windows take the model's length; vector sequences keep their own (at most it:
+        # ``check_fits``) unless ``length`` says otherwise.
+        default = None if data.resolved().format == "npy" else window
+        return (make_data_task(data, size, seed, params.get("length", default)),
                 f"--data {data.path!r}")
     if task is None:
         return None, "no task"

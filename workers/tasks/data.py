@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from userdata import ArrayData, DataFormat, DataSpec, TokenData, open_arrays, open_tokens
+from userdata import ArrayData, DataError, DataFormat, DataSpec, TokenData, open_arrays, open_tokens
 from workers.tasks.base import Batch, Task
 
 SIZES: dict[str, dict[str, Any]] = {"smoke": {"length": 32}, "paper": {"length": 256}}
@@ -140,7 +140,7 @@ def make_data_task(spec: DataSpec, size: str = "paper", seed: int = 0,
         task: Task = ArrayTask(seed=seed, path=spec.path, length=length)
         data = task.data  # type: ignore[attr-defined]
         if length is not None and length > data.length:
-            raise ValueError(f"--task-param length={length}: the sequences of {spec.path!r} "
+            raise DataError(f"--task-param length={length}: the sequences of {spec.path!r} "
                              f"have {data.length} steps")
         return task
     window = length or SIZES[size]["length"]
