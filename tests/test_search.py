@@ -281,6 +281,22 @@ def test_study_names_and_result_paths_are_checked_before_anything_is_created(
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and message in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "huge.yaml", "laughs.yaml"]
+    # With --data, the data is profiled into --storage-path: only after the names are checked.
+    (tmp_path / "corpus.txt").write_text("some text to profile. " * 500)
+    named = tmp_path / "named.yaml"
+    named.write_text("name: my space\nbudget: 32\ndepth: 1\nlayers:\n  - heads: [2]\n")
+    for argv, message in (
+            (["--space", "aot_vs_standard", "--data", str(tmp_path / "corpus.txt"),
+              "--study", "../bad"], "--study '../bad': must be"),
+            (["--space", "aot_vs_standard", "--data", str(tmp_path / "corpus.txt"),
+              "--storage-path", str(tmp_path / "file" / "sub")], "is not a directory"),
+            (["--space", str(named), "--task", "modadd"],
+             "the study name from space 'my space' (give --study) 'my space-modadd'")):
+        assert search_main([*argv, "--smoke-test", "--storage", url]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "corpus.txt", "file", "huge.yaml", "laughs.yaml", "named.yaml"]
 
 
 def test_secure_url_moves_the_password_to_the_environment(

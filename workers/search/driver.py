@@ -212,7 +212,8 @@ def run_search(space: SearchSpace | str | Path, task: Task | str, *, storage: st
             raise SearchError(f"--space: {err}") from None
     url = resolve_url(storage)
     name = study if study is not None else f"{space.name}-{task.name}"
-    check_study_name(name)
+    check_study_name(name, "--study" if study is not None else
+                     f"the study name from space {excerpt(space.name)} (give --study)")
     check_writable_dir("--storage-path", opts.storage_path)
     check_trial_memory(space, task, opts)
     settings = plan_settings(space.budget, space.depth, task, measured)
@@ -259,10 +260,10 @@ def _searcher(space: SearchSpace, task: Task, study: optuna.Study,
 STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 
-def check_study_name(name: str) -> None:
+def check_study_name(name: str, what: str = "--study") -> None:
     """Raise ``SearchError`` unless ``name`` is 1-100 safe characters (no path separators)."""
     if not STUDY_NAME.fullmatch(name):
-        raise SearchError(f"--study {excerpt(name)}: must be 1 to 100 letters, digits, '.', '_' "
+        raise SearchError(f"{what} {excerpt(name)}: must be 1 to 100 letters, digits, '.', '_' "
                           "or '-', starting with a letter or digit")
 
 
@@ -404,6 +405,9 @@ def setup(args: argparse.Namespace) -> tuple[SearchSpace, Task, int | None, Sear
     try:
         task = task_from_args(args, "smoke" if args.smoke_test else "paper",
                               data=space_data_source(args.space))
+        if args.study is not None:  # before profiling the data writes into --storage-path
+            check_study_name(args.study)
+        check_writable_dir("--storage-path", args.storage_path)
         profile = profile_for(task, args.profile, args.storage_path)
         space = load_space(args.space, args.budget, planner=planner(task,
                                                                     measured_inputs(profile)))
