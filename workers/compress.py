@@ -187,7 +187,8 @@ def compress(args: argparse.Namespace) -> dict[str, Any]:
         "qk_dims": [{"layer": i, "teacher": old.heads_str, "student": new.heads_str}
                     for i, (old, new) in enumerate(zip(loaded.arch.layers,
                                                        student_arch.layers))],
-        "task": None if task is None else task.name, "plan_measured": plan.measured}
+        "task": None if task is None else task.name,
+        "plan": {"reduces": plan.reduces, "measured": plan.measured}}
     trainer = None
     if task is not None:
         report["teacher"] = measure(loaded.model, task, args.eval_batches)
@@ -264,10 +265,10 @@ def main(argv: list[str] | None = None) -> int:
         report = compress(args)
     except TransformerAllocError as err:
         return fail(PROG, str(err))
-    params = report["params"]
-    if params["student"] >= params["teacher"]:
+    if not report["plan"]["reduces"]:
         print(f"{PROG}: the plan lowers no qk_dim: the student is as large as the teacher "
-              f"({params['teacher']:,} parameters)" + ("" if report["plan_measured"] else
+              f"({report['params']['teacher_total']:,} parameters)" + (
+                  "" if report["plan"]["measured"] else
               "; profile with --data or --task so that a reduction can be measured"),
               file=sys.stderr)
     print(render(report) if args.format == "table" else dump(report, args.format))
