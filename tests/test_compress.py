@@ -263,10 +263,10 @@ def test_the_trainer_profile_and_compress_chain_on_a_task(
     assert "sample: --task lm" in capsys.readouterr().out
     assert compress_main(["--checkpoint", ckpt, "--plan", plan, *task, "--out", out,
                           "--format", "json"]) == 0
-    out, err = capsys.readouterr()
-    report = json.loads(out)
+    printed = capsys.readouterr()
+    report = json.loads(printed.out)
     assert report["task"] == "lm" and "svd" in report
-    assert report["plan"]["reduces"] and "as large as the teacher" not in err
+    assert report["plan"]["reduces"] and "as large as the teacher" not in printed.err
     # Without a sample, the profile says in one line that it can plan no reduction, and
     # compress says that the student is not smaller.
     assert profile_main(["--checkpoint", ckpt, "--out", plan, "--format", "json"]) == 0
