@@ -30,7 +30,7 @@ from arch import ATTENTION_KINDS, ROLES, ArchConfig, codec, param_count
 ARCH, ARCH_ID = "arch", "arch_id"
 PARAMS_TRAINABLE, PARAMS_TOTAL = "params_trainable", "params_total"
 PREDICTED_ERROR, TOKENS_PER_S = "predicted_error", "tokens_per_s"
-STEPS_REACHED, STATUS = "steps_reached", "status"
+STEPS_REACHED, STATUS, ERROR = "steps_reached", "status", "error"
 TRIAL_ATTRS = (ARCH, ARCH_ID, PARAMS_TRAINABLE, PARAMS_TOTAL, PREDICTED_ERROR, TOKENS_PER_S,
                STEPS_REACHED, STATUS)
 # Study user attributes.

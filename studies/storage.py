@@ -32,6 +32,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from common.errors import TransformerAllocError
+from studies import records as rec
 
 log = logging.getLogger(__name__)
 ENV_VAR = "OPTUNA_STORAGE"
@@ -207,32 +208,38 @@ def reap_trials(study: optuna.Study, storage: RDBStorage, wait: float,
     beating = beating_numbers(storage.engine, study.study_name)
     for number in running:
         if number not in beating:
-            trial_id = _mark_interrupted(storage, study, number)
+            trial_id = _mark(storage, study, number, "interrupted", INTERRUPTED)
             storage.set_trial_state_values(trial_id, TrialState.FAIL)
             retry_failed(study, number)
             failed.append(number)
     return Reaped(sorted(failed), [n for n in running if n in beating])
 
 
-INTERRUPTED = ("interrupted", "its driver or worker stopped (no heartbeat); failed, and retried "
-               "when the search resumed")
+INTERRUPTED = "its driver or worker stopped (no heartbeat); failed, and retried when the " \
+    "search resumed"
 
 
-def _mark_interrupted(storage: RDBStorage, study: optuna.Study, number: int) -> int:
-    """Record why a RUNNING trial is about to be failed (a finished trial takes no attrs)."""
+def _mark(storage: RDBStorage, study: optuna.Study, number: int, status: str,
+          error: str | None) -> int:
+    """Record a RUNNING trial's status and error (a finished trial takes no attrs)."""
     trial_id = storage.get_trial_id_from_study_id_trial_number(
         storage.get_study_id_from_name(study.study_name), number)
     with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
-        storage.set_trial_user_attr(trial_id, "status", INTERRUPTED[0])
-        storage.set_trial_user_attr(trial_id, "error", INTERRUPTED[1])
+        storage.set_trial_user_attr(trial_id, rec.STATUS, status)
+        storage.set_trial_user_attr(trial_id, rec.ERROR, error)
     return trial_id
 
 
 def _fail_stale(study: optuna.Study, storage: RDBStorage) -> list[int]:
-    """``fail_stale_trials``, each stale trial marked interrupted first."""
+    """``fail_stale_trials``, each stale trial marked interrupted first (a finished trial
+    takes no attrs); one whose heartbeat came back meanwhile is marked running again."""
     from studies.query import stale_numbers
 
     grace = storage.grace_period or 2 * (storage.get_heartbeat_interval() or 0)
-    for number in sorted(stale_numbers(storage.engine, study.study_name, grace)):
-        _mark_interrupted(storage, study, number)
-    return fail_stale_trials(study)
+    marked = stale_numbers(storage.engine, study.study_name, grace)
+    for number in sorted(marked):
+        _mark(storage, study, number, "interrupted", INTERRUPTED)
+    failed = fail_stale_trials(study)
+    for number in sorted(marked - set(failed)):
+        _mark(storage, study, number, "running", None)
+    return failed
