@@ -80,7 +80,15 @@ def write_atomic(path: Path, text: str | bytes) -> None:
 
 
 def _umask() -> int:
-    mask = os.umask(0)  # the only way to read it is to set it: put it straight back
+    """The process's umask: read from ``/proc`` where there is one, since reading it through
+    ``os.umask`` sets it to 0 for a moment, racing files other threads create."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0)
     os.umask(mask)
     return mask
 
