@@ -308,7 +308,7 @@ def write_profile(profile: Profile, out: Path) -> dict[str, Any]:
 
 
 def read_allocator_inputs(path: Path) -> dict[str, Any]:
-    """The ``allocator`` section of a profile, file paths made absolute (``UsageError``)."""
+    """The ``allocator`` section of a profile, file paths made absolute (``ProfileError``)."""
     try:
         data = read_yaml(path)
     except (OSError, yaml.YAMLError) as err:

@@ -18,13 +18,13 @@ from alloc.constants import read_constants
 from alloc.plan import Plan, PlanSettings, make_plan, report
 from alloc.saturation import parse_spectrum
 from arch import ATTENTION_KINDS, POSITIONALS
+from arch.config import MAX_DEPTH, MAX_WIDTH
 from arch.kernels import KernelError, parse_kernel
 from common.cli import Parser, add_format, check_writable, dump, fail, int_in, number, render_table
 from common.errors import TransformerAllocError, UsageError
 from common.files import write_atomic
 
 PROG = "alloc.solve"
-MAX_BUDGET = 65536
 MAX_SEQ_LEN = 16384
 # (groups x (count, dim) pairs) above this would take seconds and gigabytes: refuse it up front.
 MAX_TABLE = 50_000_000
@@ -33,14 +33,14 @@ MAX_TABLE = 50_000_000
 def build_parser() -> argparse.ArgumentParser:
     d = PlanSettings()
     p = Parser(prog=PROG, description=__doc__.split("\n\n")[1])
-    p.add_argument("--budget", type=int_in(1, MAX_BUDGET), default=d.budget,
+    p.add_argument("--budget", type=int_in(1, MAX_WIDTH), default=d.budget,
                    help="attention width D per layer (sum of count * v_dim)")
-    p.add_argument("--layers", type=int_in(1, 1024), default=d.layers, help="number of layers")
-    p.add_argument("--extract-layers", type=int_in(0, 1024), default=d.extract_layers,
+    p.add_argument("--layers", type=int_in(1, MAX_DEPTH), default=d.layers, help="number of layers")
+    p.add_argument("--extract-layers", type=int_in(0, MAX_DEPTH), default=d.extract_layers,
                    help="leading layers solved as extraction layers; the rest get reduced qk_dim")
     p.add_argument("--seq-len", type=int_in(1, MAX_SEQ_LEN), default=d.seq_len,
                    help="sequence length N: offsets 1..N and the softmax width")
-    p.add_argument("--input-dim", type=int_in(1, MAX_BUDGET), default=d.input_dim,
+    p.add_argument("--input-dim", type=int_in(1, MAX_WIDTH), default=d.input_dim,
                    help="token dimension d_in")
     p.add_argument("--kernel", default=d.kernel,
                    help="memory kernel: ngram:K, exp:LAMBDA, poly:P or file:PATH "

@@ -55,6 +55,9 @@ MLP_KINDS: tuple[MlpKind, ...] = get_args(MlpKind)
 # MixiT has no query/key at all. Their groups must have qk_dim == v_dim, so the allocator never
 # reduces their qk_dim.
 SINGLE_WIDTH_KINDS: frozenset[AttentionKind] = frozenset({"mssa", "mixit"})
+# The widest model and the deepest the tools take (every size read from a file or a flag is
+# bounded): d_model and depth.
+MAX_WIDTH, MAX_DEPTH = 65_536, 1_024
 
 _SHORTHAND = re.compile(r"^\s*(\d+)\s*x\s*(\d+)\s*(?:/\s*(\d+))?\s*$")
 

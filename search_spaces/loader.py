@@ -36,7 +36,7 @@ from typing import Any
 import yaml
 
 from arch.checks import ConfigError, is_int, is_number
-from arch.config import ATTENTION_KINDS, ArchConfig, HeadGroup, LayerSpec
+from arch.config import ATTENTION_KINDS, MAX_DEPTH, MAX_WIDTH, ArchConfig, HeadGroup, LayerSpec
 from arch.training import TrainConfig
 from common.errors import excerpt
 from common.files import read_yaml
@@ -53,9 +53,6 @@ from search_spaces.space import (
 from userdata import DataError, DataSpec
 
 SPACES_DIR = Path(__file__).resolve().parent
-# Bounds read before anything is built (the allocator's own limits; the trial's memory is
-# checked against its device by the search driver).
-MAX_BUDGET, MAX_DEPTH = 65_536, 1_024
 TRAIN_KEYS = TrainConfig.experiment_fields()
 FIXED_TRAIN_KEYS = ("steps", "eval_every")  # the scheduler needs one budget per study
 MODEL_KEYS = ("positional", "norm", "mlp", "causal", "tie_embeddings", "seed")
@@ -182,7 +179,7 @@ def parse_space(data: Mapping[str, Any], source: str = "<space>",
     budget: Any = data.get("budget")
     depth: Any = data.get("depth", 1)
     name = data.get("name") or Path(source).stem
-    budget_ok = check.int_between("budget", budget, 1, MAX_BUDGET)
+    budget_ok = check.int_between("budget", budget, 1, MAX_WIDTH)
     depth_ok = check.int_between("depth", depth, 1, MAX_DEPTH)
     sampler = data.get("sampler", "tpe")
     if sampler not in SAMPLERS:

@@ -94,9 +94,15 @@ def test_trials_record_arch_curve_and_state(searcher: StudySearcher) -> None:
     assert b.intermediate_values == {10: 0.05, 20: 0.06}
     searcher.complete("a", result(STEPS, 0.9))  # a second completion changes nothing
     assert searcher.study.trials[0].value == 0.3
-    # What a resumed search's progress line starts from: the study's best so far.
+    # What a resumed search's progress line starts from: the study's best so far (acc is
+    # maximised: the higher of the two complete trials).
+    searcher.ask("c")
+    searcher.complete("c", result(STEPS, 0.2))
     assert searcher.best_so_far() == (0.3, 0, ArchConfig.from_json(a.user_attrs["arch"]
                                                                    ).describe())
+    searcher.ask("d")
+    searcher.complete("d", result(STEPS, 0.7))
+    assert searcher.best_so_far()[:2] == (0.7, 3)  # type: ignore[index]
 
 
 def test_reaper_fails_and_retries_trials_of_a_dead_driver(tmp_path: Path, storage_url: str,

@@ -159,7 +159,7 @@ class Trainer:
         """Continue from the checkpoint file ``path`` (model, optimizer, step, curve).
 
         Raises:
-            UsageError: the checkpoint was written for another architecture or task.
+            CheckpointError: the checkpoint was written for another architecture or task.
         """
         # weights_only: a checkpoint is tensors, dicts and numbers; never unpickle code
         state = torch.load(path, map_location=self.device, weights_only=True)

@@ -33,11 +33,12 @@ import optuna
 from sqlalchemy.engine import URL, make_url
 
 from alloc.plan import PlanSettings
+from arch.config import MAX_WIDTH
 from arch.memory import gib, training_bytes
 from common.cli import Parser, add_format, dump, fail, int_in, number
 from common.errors import TransformerAllocError, UsageError, excerpt
 from search_spaces import SearchSpace, SpaceError, load_space
-from search_spaces.loader import MAX_BUDGET, space_data_source
+from search_spaces.loader import space_data_source
 from studies import query
 from studies import records as rec
 from studies.storage import (
@@ -368,7 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trials", type=int_in(1),
                    help="trials in the study in all (default: 20; the grid size for grid "
                         f"spaces; {SMOKE_TRIALS} with --smoke-test)")
-    p.add_argument("--budget", type=int_in(1, MAX_BUDGET),
+    p.add_argument("--budget", type=int_in(1, MAX_WIDTH),
                    help="width budget D (default: the space's)")
     p.add_argument("--steps", type=int_in(1), help="training steps per trial (default: the "
                                                    "space's)")

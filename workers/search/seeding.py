@@ -60,7 +60,7 @@ def profile_for(task: Task, profile: Path | None, out_dir: Path) -> Path | None:
 
 
 def measured_inputs(profile: Path | None) -> dict[str, Any] | None:
-    """The ``allocator`` section of a profile (``UsageError`` if unreadable), or None."""
+    """The ``allocator`` section of a profile (``ProfileError`` if unreadable), or None."""
     if profile is None:
         return None
     from alloc.profile import read_allocator_inputs
