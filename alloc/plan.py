@@ -164,6 +164,28 @@ def predicted_error(settings: PlanSettings, layer: LayerSpec) -> float:
     return solve_with_dims(problem, dims).objective
 
 
+def saturation_error(settings: PlanSettings, index: int, group: HeadGroup) -> float:
+    """The saturation rule's attention-error bound of a later layer's head group: a teacher head
+    of ``v_dim`` (the settings' spectrum) cut to the group's ``qk_dim`` at layer ``index``'s R."""
+    logit_bound = layer_logit_bound(settings, index)
+    sigma = teacher_spectrum(parse_spectrum(settings.spectrum), group.v_dim, logit_bound)
+    return attention_error(sigma, group.qk_dim, settings.seq_len, logit_bound)
+
+
+def layer_bound(settings: PlanSettings, index: int, layer: LayerSpec) -> float:
+    """What the allocator minimises for layer ``index`` of any candidate, as a log-scale cost:
+    the log of the early-layer bound for an extraction layer (``index < extract_layers`` or role
+    ``extract``); for a later layer, ``sum max(0, log(error / tolerance))`` over its head
+    groups: nothing while the saturation rule's error is within the tolerance (every
+    ``qk_dim`` the rule would accept), growing with the log of the excess below it."""
+    if index < settings.extract_layers or layer.role == "extract":
+        return math.log(max(predicted_error(settings, layer), 1e-300))
+    if layer.attention in SINGLE_WIDTH_KINDS:
+        return 0.0
+    errors = (saturation_error(settings, index, g) for g in layer.heads)
+    return sum(math.log(e / settings.tolerance) for e in errors if e > settings.tolerance)
+
+
 def baseline_arch(plan: Plan) -> ArchConfig:
     """The usual layer everywhere: ``D/64`` heads of 64 (one head of ``D`` when ``D < 64``)."""
     d = plan.settings.budget

@@ -100,9 +100,10 @@ class PathSuggester(RandomSuggester):
     """Takes the ``path[k]``-th choice at the k-th decision (0 past the path's end), recording
     each decision's number of options: an odometer over a finite space."""
 
-    def __init__(self, path: list[int], source: str) -> None:
+    def __init__(self, path: list[int], source: str, free: frozenset[str] = frozenset()
+                 ) -> None:
         super().__init__()
-        self.path, self.source = path, source
+        self.path, self.source, self.free = path, source, free
         self.decisions: list[tuple[int, int]] = []
 
     def _pick(self, name: str, options: list[Any]) -> Any:
@@ -116,10 +117,14 @@ class PathSuggester(RandomSuggester):
 
     def suggest_int(self, name: str, low: int, high: int, *, step: int = 1,
                     log: bool = False) -> int:
+        if name in self.free:  # not a coordinate of the grid: not recorded
+            return low
         return self._pick(name, list(range(low, high + 1, step)))
 
     def suggest_float(self, name: str, low: float, high: float, *, step: float | None = None,
                       log: bool = False) -> float:
+        if name in self.free:
+            return low
         if low != high:
             raise SpaceError(f"{self.source}: sampler 'grid' needs finite choices; {name} is a "
                              f"range {low:g}..{high:g} (give a list)")
@@ -308,7 +313,7 @@ class SearchSpace:
     model: Mapping[str, Any]
     rules: tuple[LayerRule, ...]
     train: tuple[TrainParam, ...]
-    sampler: str  # tpe | random | grid (grid: every point of a finite space is enqueued)
+    sampler: str  # tpe | random | grid | prior (grid: every point of a finite space is enqueued)
     source: str  # where it was loaded from (for messages)
     data: Mapping[str, Any]  # the validated YAML content (hashed)
     data_source: DataSpec | None = None  # ``data:``: searched when no task is given
@@ -369,16 +374,27 @@ class SearchSpace:
             return getattr(TrainConfig(), key)
         return max(param.choices or (param.high,)) if param.value is None else param.value
 
-    def grid(self) -> list[dict[str, Any]]:
-        """Every point of a finite space, as params (raises ``SpaceError`` on a float range).
-        Head groups are sampled in any order, so one model can have several parametrisations
-        (``2x32 + 1x64`` and ``1x64 + 2x32``, ``1x32 + 3x32`` and ``4x32``): only the first
-        of each is a grid point."""
+    @property
+    def ranges(self) -> frozenset[str]:
+        """Names of the training params sampled from a numeric range (not a finite choice)."""
+        return frozenset(p.name for p in self.train
+                         if p.choices is None and p.low is not None and p.high is not None)
+
+    def grid(self, *, limit: int | None = None, free: frozenset[str] = frozenset()
+             ) -> list[dict[str, Any]]:
+        """Every point of a finite space, as params (raises ``SpaceError`` on a float range,
+        and past ``limit`` points). Params named in ``free`` (e.g. ``ranges``) are left out of
+        the points. Head groups are sampled in any order, so one model can have several
+        parametrisations (``2x32 + 1x64`` and ``1x64 + 2x32``, ``1x32 + 3x32`` and
+        ``4x32``): only the first of each is a grid point."""
         points: list[dict[str, Any]] = []
         seen: set[str] = set()
         path: list[int] = []
         while True:
-            suggester = PathSuggester(path, self.source)
+            if limit is not None and len(points) > limit:
+                raise SpaceError(f"{self.source}: space {self.name!r} has more than {limit} "
+                                 "points")
+            suggester = PathSuggester(path, self.source, free)
             arch, train = self.sample(suggester, PROBE_IO)
             canonical = dataclasses.replace(arch, layers=tuple(
                 dataclasses.replace(layer, heads=merge_groups(layer.heads))

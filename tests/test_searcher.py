@@ -203,3 +203,30 @@ def test_a_seed_the_space_cannot_build_is_skipped_not_raised() -> None:
     space = parse_space({"budget": 64, "depth": 2, "model": {"tie_embeddings": True},
                          "layers": [{"heads": [1, 2, 4, 8]}]})
     assert seeds(space, PlanSettings(budget=64, layers=2, seq_len=8)) == []
+
+
+def test_no_point_is_trained_twice_and_an_exhausted_space_ends_the_search(
+        tmp_path: Path) -> None:
+    """Random search of a 3-point space: proposals of finished points are recorded as not
+    trained and re-asked (an untried point after three in a row), none counts against the
+    trials, and once every point has a trial ``ask`` says the search is over."""
+    from search_spaces import parse_space
+    from workers.search.searcher import DUPLICATE, DUPLICATE_OF
+
+    searcher = make(tmp_path)
+    searcher.space = parse_space({
+        "name": "three", "budget": 32, "depth": 1, "sampler": "random",
+        "layers": [{"layers": "all", "heads": [1, 2, 4]}],
+        "train": {"steps": STEPS, "eval_every": 10}}, "<three>")
+    asked = 0
+    while (spec := searcher.ask(str(asked))) is not None:
+        searcher.complete(str(asked), result(STEPS, 0.5))
+        assert spec[SPEC_KEY].arch.layers[0].n_heads in (1, 2, 4)
+        asked += 1
+    assert asked == 3 and finished_count(searcher.study) == 3
+    trained = [t for t in searcher.study.trials if t.state == TrialState.COMPLETE]
+    assert sorted(t.params["L0.g0.count"] for t in trained) == [1, 2, 4]
+    for t in searcher.study.trials:
+        if t.state == TrialState.FAIL:
+            twin = searcher.study.trials[t.user_attrs[DUPLICATE_OF]]
+            assert t.user_attrs["status"] == DUPLICATE and twin.params == t.params

@@ -32,13 +32,16 @@ from typing import Any
 import optuna
 from sqlalchemy.engine import URL, make_url
 
+from alloc.calibrate import with_constants
 from alloc.plan import PlanSettings
+from alloc.prior import DEFAULT_TEMPERATURE
+from alloc.sampler import PriorSampler
 from arch.config import MAX_WIDTH
 from arch.memory import gib, training_bytes
 from common.cli import Parser, add_format, dump, fail, int_in, number
 from common.errors import TransformerAllocError, UsageError, excerpt
 from search_spaces import SearchSpace, SpaceError, load_space
-from search_spaces.loader import space_data_source
+from search_spaces.loader import SAMPLERS, space_data_source
 from studies import query
 from studies import records as rec
 from studies.storage import (
@@ -49,15 +52,23 @@ from studies.storage import (
     resolve_url,
 )
 from workers.search.protocol import TrialJob
-from workers.search.searcher import StudySearcher, finished_count, retried_numbers
+from workers.search.searcher import (
+    WARM_START_FROM,
+    StudySearcher,
+    finished_count,
+    is_duplicate,
+    retried_numbers,
+)
 from workers.search.seeding import (
     Predictor,
     measured_inputs,
     plan_settings,
     planner,
     profile_for,
+    seeds,
     starting_points,
 )
+from workers.search.warmstart import WarmStart, copy_trials, open_source
 from workers.tasks import Task, TaskError, describe_task, make_task
 from workers.tasks.cli import add_task_args, task_from_args
 
@@ -87,6 +98,9 @@ class SearchOptions:
     reuse_actors: bool = True
     checkpoints: bool = True  # a checkpoint per evaluation: trials resume mid-way after faults
     profile: Path | None = None  # allocator inputs measured from the data (alloc.profile)
+    sampler: str | None = None  # tpe | random | grid | prior; None: the space's
+    prior_temperature: float = DEFAULT_TEMPERATURE  # the prior's spread (--sampler prior)
+    warm_start: str | None = None  # a study of the same database to start from
 
 
 @dataclass(frozen=True)
@@ -217,15 +231,26 @@ def run_search(space: SearchSpace | str | Path, task: Task | str, *, storage: st
                      f"the study name from space {excerpt(space.name)} (give --study)")
     check_writable_dir("--storage-path", opts.storage_path)
     check_trial_memory(space, task, opts)
+    if opts.warm_start == name:
+        raise SearchError(f"--warm-start {opts.warm_start!r}: is the study this search writes")
     settings = plan_settings(space.budget, space.depth, task, measured)
-    total = trials or (len(space.grid()) if space.sampler == "grid" else 20)
+    kind = opts.sampler or space.sampler
+    total = trials or (len(space.grid()) if kind == "grid" else 20)
     heartbeats = StorageSettings(heartbeat_interval=opts.heartbeat_interval,
                                  grace_period=opts.grace_period, retries=1)
     probe = open_storage(url, heartbeats)  # fail fast, before Ray starts
     try:
-        ot_study = open_study(name, probe, url, describe_search(space, task, settings,
-                                                                opts.seed),
-                              task.higher_is_better, resume)
+        warm = None if opts.warm_start is None else open_source(opts.warm_start, probe)
+        if warm is not None and warm.constants is not None:
+            settings = with_constants(settings, warm.constants)
+        description = describe_search(space, task, settings, opts.seed)
+        ot_study = open_study(name, probe, url, description, task.higher_is_better, resume)
+        if warm is not None:
+            note = copy_trials(warm, ot_study, space, task.io, rec.study_attrs(**description))
+            print(f"warm start from study {warm.study}: constants "
+                  f"{note['constants'] or 'none calibrated'}; {note['copied']} trial(s) copied"
+                  + (f" ({note['trials_not_copied']})" if "trials_not_copied" in note else ""),
+                  file=sys.stderr)
         if resume:
             alive = reap_trials(ot_study, probe,
                                 opts.grace_period + opts.heartbeat_interval).alive
@@ -234,8 +259,8 @@ def run_search(space: SearchSpace | str | Path, task: Task | str, *, storage: st
                                   "heartbeat; another driver is running this study")
         if finished_count(ot_study) >= total:  # nothing to run: answer before Ray starts
             print(f"study {name} already has its {total} trials", file=sys.stderr)
-            return summarise(_searcher(space, task, ot_study, probe, settings), name, url,
-                             "completed")
+            return summarise(_searcher(space, task, ot_study, probe, settings, kind), name,
+                             url, "completed")
     finally:
         probe.engine.dispose()  # its connections are not needed past the checks
     from workers.search import tune  # Ray starts here
@@ -243,18 +268,20 @@ def run_search(space: SearchSpace | str | Path, task: Task | str, *, storage: st
     tune.start(opts.address)
     url = secure_url(url)  # after Ray started its processes, so they never inherit it
     rdb = open_storage(url, heartbeats)
-    ot_study = optuna.load_study(study_name=name, storage=rdb, sampler=_sampler(space, opts))
-    searcher = _searcher(space, task, ot_study, rdb, settings)
+    sampler = _sampler(space, kind, settings, opts, warm)
+    ot_study = optuna.load_study(study_name=name, storage=rdb, sampler=sampler)
+    searcher = _searcher(space, task, ot_study, rdb, settings, kind)
     status = _run(searcher, space, task, total, name, url, opts)
     return summarise(searcher, name, url, status)
 
 
 def _searcher(space: SearchSpace, task: Task, study: optuna.Study,
-              storage: optuna.storages.RDBStorage, settings: PlanSettings) -> StudySearcher:
+              storage: optuna.storages.RDBStorage, settings: PlanSettings,
+              sampler: str) -> StudySearcher:
     return StudySearcher(space, io=task.io, study=study, storage=storage, metric=task.metric,
                          mode="max" if task.higher_is_better else "min",
                          steps=int(space.fixed_train("steps")), predict=Predictor(settings),
-                         starts=starting_points(space, settings))
+                         starts=starting_points(space, settings, sampler))
 
 
 # A study name is also a directory name (Ray's results): letters, digits, ".", "_", "-".
@@ -303,9 +330,17 @@ def check_writable_dir(flag: str, path: Path) -> None:
         raise SearchError(f"{flag} {excerpt(str(path))}: {str(existing)!r} is {why}")
 
 
-def _sampler(space: SearchSpace, opts: SearchOptions) -> optuna.samplers.BaseSampler:
-    if space.sampler == "random":
+def _sampler(space: SearchSpace, kind: str, settings: PlanSettings, opts: SearchOptions,
+             warm: WarmStart | None) -> optuna.samplers.BaseSampler:
+    """The Optuna sampler ``kind`` names (a grid's points are enqueued; TPE samples past them)."""
+    if kind == "random":
         return optuna.samplers.RandomSampler(seed=opts.seed)
+    if kind == "prior":
+        fitted = warm is not None and warm.constants is not None
+        return PriorSampler.for_space(
+            space, settings, temperature=opts.prior_temperature, seed=opts.seed,
+            source=f"calibrated by study {warm.study}" if fitted and warm else None,
+            include=[start.params for start in seeds(space, settings)])
     return optuna.samplers.TPESampler(seed=opts.seed, constant_liar=True)
 
 
@@ -341,7 +376,9 @@ def summarise(searcher: StudySearcher, name: str, url: str, status: str) -> Sear
     trials = searcher.study.get_trials(deepcopy=False)
     counts: dict[str, int] = {}
     for t in trials:
-        counts[t.state.name] = counts.get(t.state.name, 0) + 1
+        kind = ("DUPLICATE" if is_duplicate(t) else "WARM_START" if WARM_START_FROM in
+                t.user_attrs else t.state.name)
+        counts[kind] = counts.get(kind, 0) + 1
     try:
         _, winners = query.top(searcher.storage.engine, name, 1)
         best = winners[0]
@@ -380,6 +417,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fractions share a GPU; > 0 trains on CUDA")
     p.add_argument("--max-concurrent", type=int_in(1),
                    help="trials at once (default: as many as the resources allow)")
+    p.add_argument("--sampler", choices=SAMPLERS,
+                   help="tpe (after the allocator's seeds), random, grid (every point, then "
+                        "TPE), or prior (the allocator's bound as a prior that learns from the "
+                        "trials: docs/guide/search.md); default: the space's sampler")
+    p.add_argument("--prior-temperature", type=number(0, strict=True),
+                   default=d.prior_temperature,
+                   help="--sampler prior: the prior's spread (its best point is e^(1/T) times "
+                        "as likely as its worst)")
+    p.add_argument("--warm-start", metavar="STUDY",
+                   help="start from another study of --storage: its calibrated constants, and "
+                        "its finished trials when it measured the same task")
     p.add_argument("--scheduler", choices=("asha", "fifo"), default=d.scheduler,
                    help="asha stops bad trials early; fifo trains every trial fully")
     p.add_argument("--seed", type=int_in(0), default=d.seed, help="sampler, task and model seed")
@@ -424,6 +472,8 @@ def setup(args: argparse.Namespace) -> tuple[SearchSpace, Task, int | None, Sear
         scheduler=args.scheduler, seed=args.seed, cpus_per_trial=args.cpus_per_trial,
         gpus_per_trial=args.gpus_per_trial, max_concurrent=args.max_concurrent,
         address=args.address, storage_path=args.storage_path, profile=profile,
+        sampler=args.sampler, prior_temperature=args.prior_temperature,
+        warm_start=args.warm_start,
         heartbeat_interval=args.heartbeat_interval, grace_period=args.grace_period,
         reuse_actors=not args.no_reuse_actors, checkpoints=not args.no_checkpoints)
     return space, task, args.trials or (SMOKE_TRIALS if args.smoke_test else None), options
@@ -475,7 +525,8 @@ def outcome(summary: SearchSummary) -> tuple[int, str | None]:
     """The exit code of a search (130 interrupted, 1 when every trial that ran failed) and
     what to say of its failures."""
     failed = summary.counts.get("FAIL", 0) - len(summary.retried)  # a retried one ran again
-    ran = sum(summary.counts.values()) - summary.counts.get("WAITING", 0) - len(summary.retried)
+    ran = sum(summary.counts.values()) - len(summary.retried) - sum(
+        summary.counts.get(k, 0) for k in ("WAITING", "DUPLICATE", "WARM_START"))
     where = (f"their errors: python -m studies top --storage {shlex.quote(summary.storage)} "
              f"--study {shlex.quote(summary.study)}")
     if summary.status == "interrupted":

@@ -13,15 +13,20 @@ ways a stock ``OptunaSearch`` on an SQL study loses or corrupts trials:
   failed original recorded;
 * starting points (the allocator's seeds, or a grid) are enqueued one at a time, as trials are
   asked, so a search with fewer trials than points leaves none WAITING;
-* telling an already finished trial (a late or duplicated completion) is logged and skipped.
+* telling an already finished trial (a late or duplicated completion) is logged and skipped;
+* no point is trained twice: a proposal identical to a finished trial (same params: the same
+  architecture and training values) is recorded as a FAIL with status ``duplicate`` (not
+  trained, not counted against ``--trials``) and the sampler is asked again; after
+  ``MAX_REDRAWS`` such proposals in a row a point not tried yet is enqueued, and when every
+  point of the space has a trial the search ends (``ask`` returns None).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
+import random
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -32,8 +37,9 @@ import optuna
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, Trial, TrialState
 
+from alloc.prior import MAX_CANDIDATES, point_key
 from arch import ArchConfig, ModelIO
-from search_spaces import SearchSpace
+from search_spaces import SearchSpace, SpaceError
 from studies import records as rec
 from studies.storage import retry_failed
 from workers.search.protocol import ERROR, NODE, RESUMED, SPEC_KEY, Mode, TrialReport, TrialSpec
@@ -41,6 +47,9 @@ from workers.search.protocol import ERROR, NODE, RESUMED, SPEC_KEY, Mode, TrialR
 log = logging.getLogger(__name__)
 Predictor = Callable[[ArchConfig], float | None]
 CHECKPOINT = "checkpoint"  # trial user attr: the last checkpoint directory
+DUPLICATE, DUPLICATE_OF = "duplicate", "duplicate_of"  # a proposal not trained: a finished twin
+WARM_START_FROM = "warm_start_from"  # trial user attr: copied from this study (--warm-start)
+MAX_REDRAWS = 3  # proposals of finished points in a row before an untried point is enqueued
 ASHA_REDUCTION = 3  # successive halving keeps the best third at each rung
 
 
@@ -73,25 +82,61 @@ class StudySearcher:
         self.trials: dict[str, Trial] = {}
         self.done: set[str] = set()
         self.last: dict[str, TrialReport] = {}
+        self._rng = random.Random(study.study_name)
+        self._points: list[dict[str, Any]] | None = None  # the space's, listed on first need
         self._study_id = storage.get_study_id_from_name(study.study_name)
 
     # --- asking ---------------------------------------------------------------------------
 
-    def ask(self, key: str) -> dict[str, TrialSpec]:
+    def ask(self, key: str) -> dict[str, TrialSpec] | None:
         """A new trial for ``key``: its ``TrialSpec`` (the architecture wired to the task, the
         sampled training fields, the checkpoint of the failed trial it retries), as the config
-        dict Tune merges into the job's."""
-        self._enqueue_next_start()
-        with warnings.catch_warnings():  # heartbeats with ask/tell are this class's point
-            warnings.filterwarnings("ignore", "Heartbeat of storage is supposed to be used")
-            trial = self.study.ask()
-        arch, train = self.space.sample(trial, self.io)
+        dict Tune merges into the job's; None when every point of the space is trained."""
+        if self._exhausted():
+            log.warning("every point of space %s has a trial: the search ends", self.space.name)
+            return None
+        for _ in range(MAX_REDRAWS):
+            self._enqueue_next_start()
+            trial, (arch, train) = self._ask()
+            twin = finished_twin(self.study, trial.params)
+            if twin is None:
+                break
+            skip_duplicate(self.study, trial, twin)
+        else:
+            untried = self._untried()
+            if untried:  # else a space too large to list: the proposal stands
+                self.study.enqueue_trial(self._rng.choice(untried),
+                                         user_attrs={"seed": "untried"})
+                trial, (arch, train) = self._ask()
         for name, value in rec.trial_attrs(arch, predicted_error=self.predict(arch),
                                            status="running").items():
             trial.set_user_attr(name, value)
         self.trials[key] = trial
         self._beat(trial.number)
         return {SPEC_KEY: TrialSpec(arch, train, self._retried_checkpoint(trial))}
+
+    def _ask(self) -> tuple[Trial, tuple[ArchConfig, dict[str, Any]]]:
+        with warnings.catch_warnings():  # heartbeats with ask/tell are this class's point
+            warnings.filterwarnings("ignore", "Heartbeat of storage is supposed to be used")
+            trial = self.study.ask()
+        return trial, self.space.sample(trial, self.io)
+
+    def _untried(self) -> list[dict[str, Any]] | None:
+        """The points of the space no trial has; None for a space too large to list."""
+        if self._points is None:
+            try:
+                self._points = self.space.grid(limit=MAX_CANDIDATES)
+            except SpaceError:  # a numeric range, or too many points: repeats are unlikely
+                self._points = []
+        if not self._points:
+            return None
+        tried = {point_key(t.params) for t in self.study.get_trials(deepcopy=False)}
+        return [p for p in self._points if point_key(p) not in tried]
+
+    def _exhausted(self) -> bool:
+        """Every point of a listable space has a trial and none waits to be run again."""
+        return self._untried() == [] and not self.study.get_trials(
+            deepcopy=False, states=(TrialState.WAITING,))
 
     def _enqueue_next_start(self) -> None:
         """Enqueue the next starting point not yet in the study, unless a trial is waiting
@@ -119,10 +164,8 @@ class StudySearcher:
 
     def not_run(self) -> int:
         """Starting points never enqueued (a grid larger than ``--trials``)."""
-        existing = {json.dumps(dict(t.params), sort_keys=True, default=str)
-                    for t in self.study.get_trials(deepcopy=False)}
-        return sum(json.dumps(dict(s.params), sort_keys=True, default=str) not in existing
-                   for s in self.starts)
+        existing = {point_key(t.params) for t in self.study.get_trials(deepcopy=False)}
+        return sum(point_key(s.params) not in existing for s in self.starts)
 
     # --- results --------------------------------------------------------------------------
 
@@ -238,6 +281,25 @@ class StudySearcher:
         return failed
 
 
+def finished_twin(study: optuna.Study, params: Mapping[str, Any]) -> FrozenTrial | None:
+    """The first COMPLETE or PRUNED trial with exactly these params, if any."""
+    key = point_key(params)
+    return next((t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,
+                                                                     TrialState.PRUNED))
+                 if point_key(t.params) == key), None)
+
+
+def skip_duplicate(study: optuna.Study, trial: Trial, twin: FrozenTrial) -> None:
+    """Record ``trial`` (the same point as the finished ``twin``) as not trained."""
+    tell(study, trial, TrialState.FAIL, None, {
+        rec.STATUS: DUPLICATE, DUPLICATE_OF: twin.number,
+        ERROR: f"the same point as trial {twin.number}: not trained, the sampler asked again"})
+
+
+def is_duplicate(trial: FrozenTrial) -> bool:
+    return trial.user_attrs.get(rec.STATUS) == DUPLICATE
+
+
 def tell(study: optuna.Study, trial: Trial, state: TrialState, value: float | None,
          attrs: Mapping[str, Any]) -> bool:
     """Set ``attrs`` and finish ``trial``; False (logged) if it had already finished."""
@@ -262,8 +324,10 @@ def retried_numbers(trials: list[FrozenTrial]) -> set[int]:
 
 
 def finished_count(study: optuna.Study) -> int:
-    """Trials that count against ``--trials``: COMPLETE, PRUNED, and FAIL without a retry."""
+    """Trials that count against ``--trials``: COMPLETE, PRUNED, and FAIL without a retry, that
+    this study trained (not a duplicate proposal, not a trial copied by a warm start)."""
     trials = study.get_trials(deepcopy=False)
     retried = retried_numbers(trials)
     done = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
-    return sum(t.state in done and t.number not in retried for t in trials)
+    return sum(t.state in done and t.number not in retried and not is_duplicate(t)
+               and WARM_START_FROM not in t.user_attrs for t in trials)

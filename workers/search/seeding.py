@@ -100,12 +100,12 @@ def seeds(space: SearchSpace, settings: PlanSettings) -> list[Start]:
     return out
 
 
-def starting_points(space: SearchSpace, settings: PlanSettings) -> list[Start]:
-    """Every point of a grid space (the seeds it can express are among them), else the
-    allocator's seeds."""
-    if space.sampler == "grid":
+def starting_points(space: SearchSpace, settings: PlanSettings, sampler: str) -> list[Start]:
+    """Every point for the grid (the seeds it can express are among them); none for the prior
+    sampler (its first proposal is the allocator's own answer); else the allocator's seeds."""
+    if sampler == "grid":
         return [Start("grid", params) for params in space.grid()]
-    return seeds(space, settings)
+    return [] if sampler == "prior" else seeds(space, settings)
 
 
 @dataclass(frozen=True)

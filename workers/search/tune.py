@@ -134,7 +134,10 @@ class _Adapter(Searcher):
 
     def suggest(self, trial_id: str) -> dict[str, Any] | None:
         assert self.inner is not None
-        return self.inner.ask(trial_id)
+        config = self.inner.ask(trial_id)
+        if config is None:  # the space is exhausted: Tune's documented end-of-search value,
+            return Searcher.FINISHED  # type: ignore[return-value]  # a str its stub omits
+        return config
 
     def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
         if self.inner is not None:

@@ -1,0 +1,195 @@
+"""The allocator's prior and the prior-guided sampler: every proposal is a point of the space,
+under stock ``study.optimize``; no point is proposed twice; a prior centred on the worst point
+still finds the best no later than random search does; a prior centred on the best finds it
+first; the constants the sampler re-fits are the ones that generated the losses; the study
+records the prior and each set of constants."""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from collections.abc import Callable
+
+import numpy as np
+import optuna
+import pytest
+from scipy.stats import rankdata
+
+from alloc.calibrate import with_constants
+from alloc.constants import Constants
+from alloc.plan import PlanSettings, layer_bound, make_plan
+from alloc.prior import allocator_prior, candidates, centred_prior, point_key
+from alloc.sampler import CALIBRATION_ATTR, PRIOR_ATTR, PriorSampler
+from arch import ModelIO
+from search_spaces import SearchSpace, load_space, parse_space
+from search_spaces.space import PROBE_IO, FixedSuggester
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+IO = ModelIO(max_seq_len=16, vocab_size=12)
+NGRAM = PlanSettings(budget=256, layers=1, kernel="ngram:4", input_dim=64, seq_len=64)
+
+
+def table_space() -> SearchSpace:
+    """64 points: two layers, a head count and MLP or not each, two learning rates."""
+    return parse_space({
+        "name": "t", "budget": 64, "depth": 2, "sampler": "grid",
+        "layers": [{"layers": 0, "role": "extract", "heads": [1, 2, 4, 8], "mlp_ratio": [0, 2]},
+                   {"layers": 1, "heads": [1, 2, 4, 8], "mlp_ratio": [0, 2]}],
+        "train": {"steps": 10, "eval_every": 5, "lr": [1.0e-3, 3.0e-3]}}, "<t>")
+
+
+def smooth_table(space: SearchSpace) -> dict[str, float]:
+    """A loss per point with one basin (4 heads then 2, MLPs, the higher lr) and noise-free."""
+    out = {}
+    for params in space.grid():
+        arch, train = space.sample(FixedSuggester(params), PROBE_IO)
+        counts = [layer.n_heads for layer in arch.layers]
+        mlps = sum(layer.mlp_ratio == 0 for layer in arch.layers)
+        out[point_key(params)] = (abs(math.log2(counts[0]) - 2) + abs(math.log2(counts[1]) - 1)
+                                  + 0.7 * mlps + 0.3 * (train["lr"] < 2e-3) + 1.0)
+    return out
+
+
+def looked_up(space: SearchSpace, table: dict[str, float]
+              ) -> Callable[[optuna.Trial], float]:
+    """An objective that samples the space and returns the table's value of the point."""
+    def objective(trial: optuna.Trial) -> float:
+        space.sample(trial, IO)
+        return table[point_key(trial.params)]
+    return objective
+
+
+def replay(sampler: optuna.samplers.BaseSampler, space: SearchSpace,
+           table: dict[str, float]) -> list[float]:
+    """Values of the trials ``sampler`` proposes, one per point of the table at most."""
+    study = optuna.create_study(sampler=sampler)
+    study.optimize(looked_up(space, table), n_trials=len(table))
+    return [t.value for t in study.trials if t.value is not None]
+
+
+def trials_to_best(values: list[float], best: float) -> int:
+    return next(i for i, v in enumerate(values, start=1) if v <= best)
+
+
+@pytest.mark.parametrize("name", ["heads_vs_dim", "aot_vs_standard", "mixit_grid",
+                                  "later_layer_reduction", "allocator_neighbourhood"])
+def test_every_proposal_is_a_point_of_the_space(name: str) -> None:
+    """Property over many draws and several spaces (one too large to list: a random pool), under
+    stock ``study.optimize``: each trial decodes to an architecture the space contains."""
+    planner = lambda budget, depth: make_plan(  # noqa: E731
+        PlanSettings(budget=budget, layers=depth, seq_len=16)).arch
+    space = load_space(name, planner=planner)
+    settings = PlanSettings(budget=space.budget, layers=space.depth, seq_len=16)
+    sampler = PriorSampler.for_space(space, settings, seed=1)
+    rng = random.Random(0)
+    study = optuna.create_study(sampler=sampler)
+
+    def objective(trial: optuna.Trial) -> float:
+        arch, train = space.sample(trial, IO)
+        assert space.encode(arch, train)  # raises SpaceError outside the space
+        return rng.random()
+
+    study.optimize(objective, n_trials=40)
+    keys = [point_key(t.params, sampler.prior.candidates.free) for t in study.trials]
+    assert len(set(keys)) == min(40, len(sampler.prior.candidates))  # no point twice
+    assert study.user_attrs[PRIOR_ATTR]["candidates"] == len(sampler.prior.candidates)
+
+
+def test_the_allocator_prior_ranks_the_space_by_its_bound() -> None:
+    space = load_space("heads_vs_dim")
+    cands = candidates(space)
+    prior = allocator_prior(cands, NGRAM)
+    bound = [layer_bound(NGRAM, 0, arch.layers[0]) for arch in cands.archs]
+    assert (rankdata(bound) == rankdata(-prior.log_prob)).all()  # ties (two lrs) stay ties
+    assert math.isclose(float(np.exp(prior.log_prob).sum()), 1.0)
+    mode = cands.archs[prior.mode(np.arange(len(cands)), np.random.default_rng(0))]
+    assert layer_bound(NGRAM, 0, mode.layers[0]) == min(bound)  # the allocator's answer
+    # The spread is the documented odds: best over worst = e^(1 / T).
+    for temperature in (0.1, 0.5):
+        p = allocator_prior(cands, NGRAM, temperature)
+        assert math.isclose(float(p.log_prob.max() - p.log_prob.min()), 1 / temperature)
+
+
+def _median_trials(make_sampler: Callable[[int], optuna.samplers.BaseSampler],
+                   space: SearchSpace, table: dict[str, float], seeds: int) -> float:
+    best = min(table.values())
+    return statistics.median(trials_to_best(replay(make_sampler(seed), space, table), best)
+                             for seed in range(seeds))
+
+
+def test_a_prior_centred_on_the_worst_point_costs_no_more_than_random_search() -> None:
+    """A replay over 30 seeds on a 64-point table: with the prior centred on the worst point the
+    median trials to the best stay within random search's (without repeats: (N + 1) / 2), and
+    with it centred on the best the first trial is the best."""
+    space = table_space()
+    table = smooth_table(space)
+    cands = candidates(space)
+    values = np.array([table[point_key(p)] for p in cands.params])
+    worst, best = int(values.argmax()), int(values.argmin())
+
+    def prior_at(centre: int) -> Callable[[int], optuna.samplers.BaseSampler]:
+        return lambda seed: PriorSampler(centred_prior(cands, centre), seed=seed)
+
+    bad = _median_trials(prior_at(worst), space, table, 30)
+    random_search = (len(table) + 1) / 2
+    assert bad <= random_search, (bad, random_search)
+    assert _median_trials(prior_at(best), space, table, 10) == 1
+
+
+def test_the_sampler_refits_the_constants_that_made_the_losses() -> None:
+    """Losses generated by the bound with known constants: the recorded calibration finds
+    them (R² near 1) and the prior is rebuilt from them; the record says from which trial."""
+    space = load_space("heads_vs_dim")
+    truth = Constants(0.05, 8.0, 3.0)
+    true_settings = with_constants(NGRAM, truth)
+    table = {}
+    for params in space.grid():
+        arch, _ = space.sample(FixedSuggester(params), PROBE_IO)
+        table[point_key(params)] = 0.3 * math.exp(layer_bound(true_settings, 0, arch.layers[0]))
+    sampler = PriorSampler.for_space(space, NGRAM, seed=0)
+    study = optuna.create_study(sampler=sampler)
+    study.optimize(looked_up(space, table), n_trials=12)
+    records = study.user_attrs[CALIBRATION_ATTR]
+    assert records[0]["from_trial"] == 0 and records[0]["architectures"] == 0
+    fitted = records[-1]
+    assert fitted["architectures"] >= 4 and fitted["r2"] > 0.99
+    assert 0 < records[1]["from_trial"] <= 12
+    refit = with_constants(NGRAM, Constants(fitted["c_proj"], fitted["c_head"],
+                                            fitted["order"]))
+    cands = sampler.prior.candidates
+    expected = allocator_prior(cands, refit)
+    assert np.allclose(sampler.prior.log_prob, expected.log_prob)
+
+
+def test_a_maximised_metric_is_searched_without_calibration() -> None:
+    space = load_space("heads_vs_dim")
+    sampler = PriorSampler.for_space(space, NGRAM, seed=0)
+    study = optuna.create_study(sampler=sampler, direction="maximize")
+    study.optimize(lambda t: float(space.sample(t, IO)[0].layers[0].n_heads), n_trials=14)
+    assert len(study.user_attrs[CALIBRATION_ATTR]) == 1  # the starting constants only
+    assert len({point_key(t.params) for t in study.trials}) == 14
+    assert study.best_value == 64  # every point, once
+
+
+def test_the_sampler_refuses_several_objectives() -> None:
+    space = load_space("heads_vs_dim")
+    study = optuna.create_study(sampler=PriorSampler.for_space(space, NGRAM),
+                                directions=["minimize", "minimize"])
+    with pytest.raises(ValueError, match="one objective"):
+        study.ask()
+
+
+def test_a_numeric_learning_rate_range_is_sampled_apart() -> None:
+    """The architectures are the prior's points; a learning-rate range is drawn at random, so a
+    point may come back with another learning rate once every architecture was tried."""
+    data = load_space("heads_vs_dim").data
+    space = parse_space({**data, "sampler": "tpe", "train": {
+        **data["train"], "lr": {"low": 1e-4, "high": 1e-2, "log": True}}}, "<lr>")
+    sampler = PriorSampler.for_space(space, NGRAM, seed=0)
+    assert len(sampler.prior.candidates) == 7 and "train.lr" in sampler.prior.candidates.free
+    study = optuna.create_study(sampler=sampler)
+    study.optimize(lambda t: float(space.sample(t, IO)[1]["lr"]), n_trials=9)
+    heads = [t.params["L0.g0.count"] for t in study.trials]
+    assert sorted(heads[:7]) == [1, 2, 4, 8, 16, 32, 64]
+    assert len({t.params["train.lr"] for t in study.trials}) == 9

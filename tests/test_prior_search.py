@@ -1,0 +1,57 @@
+"""The prior sampler in the launcher (real Ray, one instance for the three searches): a smoke
+search records the prior and the calibration in the study; a search warm-started from it copies
+its finished trials and trains as many new ones; a space with fewer points than ``--trials``
+trains each point once and ends."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from alloc.prior import point_key
+from alloc.sampler import CALIBRATION_ATTR, PRIOR_ATTR
+from common.files import write_yaml
+from tests.test_search import check_consistent, ray_tmp
+from workers.search import tune
+from workers.search.driver import main as search_main
+from workers.search.searcher import DUPLICATE, WARM_START_FROM, finished_count
+from workers.search.warmstart import WARM_START_ATTR
+
+
+def test_prior_search_warm_start_and_a_space_smaller_than_the_trials(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAY_TMPDIR", str(ray_tmp(tmp_path)))
+    monkeypatch.chdir(tmp_path)
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    prior = ["--space", "allocator_neighbourhood.yaml", "--task", "ngram", "--sampler", "prior",
+             "--smoke-test", "--storage", url, "--storage-path", str(tmp_path / "results")]
+    three = tmp_path / "three.yaml"
+    write_yaml(three, {"name": "three", "budget": 32, "depth": 1, "sampler": "tpe",
+                       "layers": [{"layers": "all", "heads": [1, 2, 4]}]})
+    with tune.session():
+        assert search_main([*prior, "--study", "p1"]) == 0
+        assert search_main([*prior, "--study", "p2", "--warm-start", "p1"]) == 0
+        assert search_main(["--space", str(three), "--task", "modadd", "--smoke-test",
+                            "--trials", "6", "--scheduler", "fifo", "--storage", url,
+                            "--study", "t", "--storage-path", str(tmp_path / "results")]) == 0
+
+    first = optuna.load_study(study_name="p1", storage=url)
+    check_consistent(first, 6)
+    assert first.user_attrs[PRIOR_ATTR]["prior"] == "allocator"
+    assert first.user_attrs[CALIBRATION_ATTR][0]["from_trial"] == 0  # the constants it used
+
+    second = optuna.load_study(study_name="p2", storage=url)
+    copied = [t for t in second.trials if WARM_START_FROM in t.user_attrs]
+    finished = first.get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED))
+    assert second.user_attrs[WARM_START_ATTR]["copied"] == len(copied) == len(finished)
+    assert sorted((point_key(t.params), str(t.value)) for t in copied) == \
+        sorted((point_key(t.params), str(t.value)) for t in finished)
+    assert finished_count(second) == 6  # the copies do not count against --trials
+
+    small = optuna.load_study(study_name="t", storage=url)
+    trained = [t for t in small.trials if t.user_attrs.get("status") != DUPLICATE]
+    assert sorted(t.params["L0.g0.count"] for t in trained) == [1, 2, 4]
+    assert all(t.state == TrialState.COMPLETE for t in trained)
