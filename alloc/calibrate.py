@@ -28,7 +28,7 @@ from scipy.stats import spearmanr
 
 from alloc.constants import Constants, to_yaml
 from alloc.plan import Plan, PlanSettings, make_plan, predicted_error
-from arch import LayerSpec
+from arch import HeadGroup, LayerSpec
 from common.cli import Parser, add_format, check_writable, dump, fail, render_table
 from common.errors import TransformerAllocError
 from common.files import write_atomic
@@ -77,9 +77,14 @@ def with_constants(settings: PlanSettings, constants: Constants) -> PlanSettings
 
 def bounds(settings: PlanSettings, observations: Sequence[Observation],
            constants: Constants) -> np.ndarray:
-    """The allocator's error bound of each observed first layer under ``constants``."""
+    """The allocator's error bound of each observed first layer under ``constants`` (solved
+    once per distinct set of heads: the bound depends on nothing else of the layer)."""
     s = with_constants(settings, constants)
-    return np.array([predicted_error(s, o.layer) for o in observations])
+    solved: dict[tuple[HeadGroup, ...], float] = {}
+    for o in observations:
+        if o.layer.heads not in solved:
+            solved[o.layer.heads] = predicted_error(s, o.layer)
+    return np.array([solved[o.layer.heads] for o in observations])
 
 
 def _score(settings: PlanSettings, observations: Sequence[Observation],

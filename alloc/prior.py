@@ -125,6 +125,7 @@ class Prior:
     candidates: Candidates
     energy: np.ndarray  # lower is better; scaled to [0, 1]
     temperature: float
+    anchor: int | None = None  # the allocator's own plan among the candidates, if there
 
     @property
     def log_prob(self) -> np.ndarray:
@@ -132,11 +133,15 @@ class Prior:
         return logits - _logsumexp(logits)
 
     def mode(self, among: np.ndarray, rng: np.random.Generator) -> int:
-        """The most probable candidate of ``among`` (indices); of equals, the one with the
-        fewest parameters (the allocator's answer is the smallest within its bound), then at
-        random."""
+        """The most probable candidate of ``among`` (indices). Of equals (the bound is silent
+        on MLPs, attention kinds, training choices and on every ``qk_dim`` within the
+        tolerance), the closest to the ``anchor`` (the allocator's plan: what it chose for
+        those), then the one with the fewest parameters, then at random."""
         values = self.energy[among]
         best = among[np.flatnonzero(values <= values.min() + 1e-12)]
+        near = (self.candidates.distance[self.anchor, best] if self.anchor is not None
+                else np.zeros(len(best)))
+        best = best[near <= near.min() + 1e-12]
         sizes = np.array([param_count(self.candidates.archs[i]).total for i in best])
         return int(rng.choice(best[sizes == sizes.min()]))
 
@@ -158,13 +163,14 @@ def _logsumexp(x: np.ndarray) -> float:
     return top + math.log(float(np.exp(x - top).sum()))
 
 
-def from_energy(label: str, cands: Candidates, raw: np.ndarray, temperature: float) -> Prior:
+def from_energy(label: str, cands: Candidates, raw: np.ndarray, temperature: float,
+                anchor: int | None = None) -> Prior:
     """The prior ``p ~ exp(-scaled energy / temperature)``; equal energies give equal mass."""
     if not temperature > 0:
         raise ValueError(f"temperature {temperature}: must be > 0")
     spread = float(raw.max() - raw.min())
     scaled = (raw - raw.min()) / spread if spread > 0 else np.zeros_like(raw)
-    return Prior(label, cands, scaled, temperature)
+    return Prior(label, cands, scaled, temperature, anchor)
 
 
 def allocator_energy(cands: Candidates, settings: PlanSettings) -> np.ndarray:
@@ -183,9 +189,12 @@ def allocator_energy(cands: Candidates, settings: PlanSettings) -> np.ndarray:
 
 
 def allocator_prior(cands: Candidates, settings: PlanSettings,
-                    temperature: float = DEFAULT_TEMPERATURE, label: str = "allocator") -> Prior:
-    """The allocator's bound (with ``settings``' inputs and constants) as a prior."""
-    return from_energy(label, cands, allocator_energy(cands, settings), temperature)
+                    temperature: float = DEFAULT_TEMPERATURE, label: str = "allocator",
+                    plan: Mapping[str, Any] | None = None) -> Prior:
+    """The allocator's bound (with ``settings``' inputs and constants) as a prior; ``plan``:
+    the allocator's own answer as params of the space, which breaks the bound's ties."""
+    anchor = None if plan is None else cands.index().get(point_key(plan, cands.free))
+    return from_energy(label, cands, allocator_energy(cands, settings), temperature, anchor)
 
 
 def centred_prior(cands: Candidates, centre: int, temperature: float = DEFAULT_TEMPERATURE,

@@ -69,7 +69,7 @@ from search_spaces import SearchSpace
 DEFAULT_BETA = 10.0  # piBO's beta: the prior's weight is beta / n after n trials
 DEFAULT_EXPLORE = 0.1  # the least share of uniformly random points
 GOOD_FRACTION = 0.25  # TPE's gamma: the best quarter of the trials make l(x)
-KERNEL_SCALE = 2.0  # kernel exp(-scale * distance): one param fully changed weighs 0.14
+KERNEL_SCALE = 1.0  # kernel exp(-scale * distance): one param fully changed weighs 0.37
 MIN_CALIBRATION = 4  # 3 constants and the scale
 REFIT_GROWTH = 1.5  # refit when the trained architectures grew by half since the last fit
 PRIOR_ATTR, CALIBRATION_ATTR = "prior", "calibration"
@@ -83,6 +83,7 @@ class Calibration:
     settings: PlanSettings
     temperature: float
     source: str = "the search's allocator inputs"
+    plan: Mapping[str, Any] | None = None  # the allocator's answer in the space (ties)
 
 
 @dataclass(frozen=True)
@@ -122,18 +123,19 @@ class PriorSampler(optuna.samplers.BaseSampler):
                   temperature: float = DEFAULT_TEMPERATURE, beta: float = DEFAULT_BETA,
                   explore: float = DEFAULT_EXPLORE, seed: int | None = None,
                   calibrate: bool = True, constants: Constants | None = None,
-                  source: str | None = None, include: Sequence[Mapping[str, Any]] = ()
+                  source: str | None = None, plan: Mapping[str, Any] | None = None
                   ) -> PriorSampler:
         """The allocator's prior over ``space`` (``settings``: its inputs; ``constants``:
-        start from these, e.g. another study's calibrated ones, named by ``source``;
-        ``include``: points a space too large to list must keep, e.g. the allocator's plan)."""
+        start from these, e.g. another study's calibrated ones, named by ``source``; ``plan``:
+        the allocator's plan as params of the space, kept among the candidates of a space too
+        large to list, and the prior's mode where the bound cannot tell points apart)."""
         if constants is not None:
             settings = with_constants(settings, constants)
-        cands = candidates(space, seed=seed or 0, include=include)
+        cands = candidates(space, seed=seed or 0, include=[plan] if plan else [])
         calibration = Calibration(settings, temperature, source or "the search's allocator "
-                                  "inputs") if calibrate else None
-        return cls(allocator_prior(cands, settings, temperature), beta=beta, explore=explore,
-                   seed=seed, calibration=calibration)
+                                  "inputs", plan) if calibrate else None
+        return cls(allocator_prior(cands, settings, temperature, plan=plan), beta=beta,
+                   explore=explore, seed=seed, calibration=calibration)
 
     # --- Optuna's sampler API ---------------------------------------------------------------
 
@@ -216,11 +218,12 @@ class PriorSampler(optuna.samplers.BaseSampler):
             available = np.array([i for i in range(n_cands) if i not in observed.busy]
                                  or range(n_cands))
         n = len(observed.ranked)
-        if n == 0:
-            return (self.prior.sample(available, self._rng) if observed.proposed
-                    else self.prior.mode(available, self._rng))
-        if self._rng.random() < max(self.explore, 1.0 / (n + 1)):
+        if n == 0 and not observed.proposed:
+            return self.prior.mode(available, self._rng)
+        if self._rng.random() < max(self.explore, 1.0 / (n + 2)):
             return int(self._rng.choice(available))
+        if n < 2:  # one result tells good from bad nothing yet
+            return self.prior.sample(available, self._rng)
         return self._best(available, self.acquisition(observed.ranked, available))
 
     def acquisition(self, ranked: list[int], available: np.ndarray) -> np.ndarray:
@@ -272,7 +275,8 @@ class PriorSampler(optuna.samplers.BaseSampler):
             return
         self._fitted_on = len(best)
         settings = with_constants(calibration.settings, fitted.constants)
-        self.prior = allocator_prior(cands, settings, calibration.temperature, self.prior.label)
+        self.prior = allocator_prior(cands, settings, calibration.temperature,
+                                     self.prior.label, calibration.plan)
         _append(study, CALIBRATION_ATTR, {
             **fitted.constants.as_flags(), "from_trial": observed.first_new,
             "architectures": len(best), "r2": fitted.r2, "spearman": fitted.spearman,

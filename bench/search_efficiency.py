@@ -1,14 +1,18 @@
-"""python -m bench.search_efficiency --replay [--smoke-test] [--seeds N] [--target F] [--out DIR]
+"""python -m bench.search_efficiency --replay [--space FILE (--task T | --data PATH)] [--smoke-test]
 
-How many trials each search strategy needs to come within 2% (``--target``) of the best
-validation loss: the
-allocator-seeded TPE the launcher runs, plain TPE, random search, and the grid in random order,
-each with ASHA (Optuna's successive-halving pruner on the recorded learning curves) and without.
-A tabular benchmark, as NAS-Bench-201 and HPOBench do it: every point of a finite space is
-trained once, through ``workers.search``, into a study (the table; built if absent, resumed if
-interrupted), then each strategy is replayed against the table for many seeds in seconds.
-Writes ``search_efficiency.csv`` (one row per benchmark, strategy and seed) and
-``search_efficiency.png`` (best-so-far vs trials, median over seeds).
+How many trials each search strategy needs to come within 1% and 0.5% of the best value of a
+finite space: the prior sampler with the allocator's prior (``--sampler prior``), the same
+sampler with priors of graded quality (centred on the best, the median and the worst of 50
+random points of the table, as mf-prior-bench grades them), the allocator-seeded TPE, plain TPE,
+random search and the grid in random order, each with ASHA (Optuna's successive halving on the
+recorded learning curves) and without. No strategy trains a point twice (as in the launcher).
+A tabular benchmark, as NAS-Bench-201 and HPOBench do it: every point of the space is trained
+once through ``workers.search`` into a study (the table; built if absent, resumed if
+interrupted), then each strategy is replayed against it for many seeds. Without ``--space``,
+the shipped tables (``bench/tables/*.yaml``: ngram, lm, and 100 two-layer models on the
+standard library's sources). Writes ``search_efficiency.csv`` (one row per table, strategy,
+ASHA and seed), ``search_efficiency.png`` (normalised regret against trials) and prints the
+median and IQR per strategy with the goals' verdict.
 """
 
 from __future__ import annotations
@@ -18,66 +22,55 @@ import json
 import math
 import random
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass, field
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import optuna
 
+from alloc.plan import PlanSettings
+from alloc.prior import (
+    DEFAULT_TEMPERATURE,
+    Candidates,
+    allocator_prior,
+    candidates,
+    centred_prior,
+    point_key,
+)
+from alloc.sampler import Calibration, PriorSampler
 from arch import ModelIO
 from common.cli import Parser, add_format, dump, fail, int_in, number, render_table
 from common.errors import TransformerAllocError, UsageError
 from common.files import write_csv
 from common.plots import new_figure, write_figure
-from search_spaces import SearchSpace, parse_space
-from workers.search.searcher import ASHA_REDUCTION, asha_grace_period
+from search_spaces import SearchSpace, SpaceError, load_space
+from workers.search.searcher import (
+    ASHA_REDUCTION,
+    MAX_REDRAWS,
+    asha_grace_period,
+    finished_twin,
+    skip_duplicate,
+)
 
-TARGET = 0.02  # within 2% of the best value of the table
-STRATEGIES = ("seeded-tpe", "tpe", "random", "grid")
+TARGETS = (0.01, 0.005)  # within 1% and 0.5% of the table's best value
+GRADED = ("prior-best", "prior-median", "prior-worst")
+STRATEGIES = ("prior", *GRADED, "seeded-tpe", "tpe", "random", "grid")
+GRADED_FROM = 50  # graded priors are centred on points of this many random table points
+TABLES = Path(__file__).resolve().parent / "tables"
+CORPUS_MB = 2.0  # of the standard library's sources, for the shipped stdlib table
 
 
 @dataclass(frozen=True)
-class Bench:
-    """A finite space on a task: the table's rows."""
+class Case:
+    """A finite space on a task: one table."""
 
     name: str
-    task: str
-    space: dict[str, Any]
-    task_params: dict[str, Any] = field(default_factory=dict)
-
-
-def _space(name: str, budget: int, depth: int, rules: list[dict[str, Any]],
-           train: dict[str, Any], model: dict[str, Any]) -> dict[str, Any]:
-    return {"name": name, "budget": budget, "depth": depth, "sampler": "grid", "model": model,
-            "layers": rules, "train": train}
-
-
-FULL = (
-    Bench("ngram", "ngram", _space(
-        "eff-ngram", 256, 1, [{"layers": "all", "heads": [1, 2, 4, 8, 16, 32, 64],
-                               "mlp_ratio": [0, 2]}],
-        {"steps": 1000, "eval_every": 50, "batch_size": 32, "lr": [1.0e-3, 3.0e-3]},
-        {"positional": "sinusoidal"})),
-    Bench("lm", "lm", _space(
-        "eff-lm", 128, 2, [{"layers": 0, "heads": [1, 2, 4, 8], "role": "extract",
-                            "mlp_ratio": [2]},
-                           {"layers": 1, "heads": [1, 2, 4, 8], "mlp_ratio": [2],
-                            "qk_dim": {"min": 32, "step": 32}}],
-        {"steps": 600, "eval_every": 50, "batch_size": 32, "lr": 3.0e-3},
-        {"positional": "learned"}), {"length": 64}),
-)
-SMOKE = (
-    Bench("ngram", "ngram", _space(
-        "eff-ngram-smoke", 32, 1, [{"layers": "all", "heads": [1, 2, 4, 8]}],
-        {"steps": 40, "eval_every": 10, "batch_size": 16, "lr": [1.0e-3, 1.0e-2]},
-        {"positional": "sinusoidal"})),
-    Bench("lm", "lm", _space(
-        "eff-lm-smoke", 32, 1, [{"layers": "all", "heads": [1, 2, 4, 8]}],
-        {"steps": 40, "eval_every": 10, "batch_size": 16, "lr": [3.0e-3, 1.0e-2]},
-        {"positional": "learned"})),
-)
+    space: SearchSpace
+    task: Any  # workers.tasks.Task
+    settings: PlanSettings  # the allocator's inputs (measured from the data when it is data)
 
 
 @dataclass(frozen=True)
@@ -88,26 +81,22 @@ class Entry:
     curve: dict[int, float]
 
 
-def key(params: dict[str, Any]) -> str:
-    return json.dumps(params, sort_keys=True, default=str)
-
-
 # --- the table ----------------------------------------------------------------------------------
 
 
-def build_table(bench: Bench, space: SearchSpace, task: Any, points: int, url: str,
-                results: Path) -> None:
+def build_table(case: Case, url: str, results: Path) -> None:
     """Train every point of the space once into the study ``table-NAME`` (resumed if there)."""
     from workers.experiments import harness
 
-    harness.search(space, task, points, url, f"table-{bench.name}", results)
+    harness.search(case.space, case.task, len(case.space.grid()), url, f"table-{case.name}",
+                   results)
 
 
 def load_table(url: str, study: str) -> dict[str, Entry]:
-    """Final value and learning curve of every complete trial, by its params."""
+    """Final value and learning curve of every complete trial, by its point."""
     trials = optuna.load_study(study_name=study, storage=url).get_trials(
         states=(optuna.trial.TrialState.COMPLETE,))
-    return {key(t.params): Entry(float(t.value), dict(t.intermediate_values))
+    return {point_key(t.params): Entry(float(t.value), dict(t.intermediate_values))
             for t in trials if t.value is not None}
 
 
@@ -118,56 +107,56 @@ def load_table(url: str, study: str) -> dict[str, Entry]:
 class Outcome:
     """What one replayed trial cost and found."""
 
-    value: float | None  # None: pruned before the full budget
+    value: float | None  # None: pruned before the full budget, or failed to train
     steps: int
 
 
-def replay(space: SearchSpace, io: ModelIO, table: dict[str, Entry], strategy: str,
-           seed: int, asha: bool, trials: int, starts: list[dict[str, Any]],
-           maximize: bool) -> list[Outcome]:
-    """``trials`` trials of ``strategy`` against ``table``."""
+@dataclass(frozen=True)
+class Strategy:
+    """How a replay asks for trials: its sampler and the points enqueued first (in order)."""
+
+    sampler: optuna.samplers.BaseSampler
+    enqueue: Sequence[dict[str, Any]] = ()
+
+
+def replay(space: SearchSpace, io: ModelIO, table: dict[str, Entry], strategy: Strategy,
+           asha: bool, trials: int, maximize: bool, seed: int = 0) -> list[Outcome]:
+    """``trials`` trained trials of ``strategy`` against ``table``: a proposal of a finished
+    point is re-asked as the launcher does (after ``MAX_REDRAWS`` in a row, an untried point)."""
     steps, every = int(space.fixed_train("steps")), int(space.fixed_train("eval_every"))
     pruner = (optuna.pruners.SuccessiveHalvingPruner(
         min_resource=asha_grace_period(steps, every), reduction_factor=ASHA_REDUCTION)
               if asha else optuna.pruners.NopPruner())
-    if strategy == "grid":
-        order = list(table)
-        random.Random(seed).shuffle(order)
-        ask: Callable[[optuna.Study], optuna.trial.Trial] = _fixed(order, space, io)
-        sampler: optuna.samplers.BaseSampler = optuna.samplers.RandomSampler(seed=seed)
-    else:
-        ask = _sampled(space, io)
-        sampler = (optuna.samplers.RandomSampler(seed=seed) if strategy == "random"
-                   else optuna.samplers.TPESampler(seed=seed))
-    study = optuna.create_study(sampler=sampler, pruner=pruner,
+    study = optuna.create_study(sampler=strategy.sampler, pruner=pruner,
                                 direction="maximize" if maximize else "minimize")
-    for params in starts if strategy == "seeded-tpe" else []:
+    for params in strategy.enqueue:
         study.enqueue_trial(params, skip_if_exists=True)  # as the launcher: once per point
-    return [_run(study, ask, table, steps) for _ in range(trials)]
+    rng, outcomes = random.Random(seed), []
+    for _ in range(min(trials, len(table))):
+        trial = _ask_new(study, space, io, table, rng)
+        outcomes.append(_run(study, trial, table, steps))
+    return outcomes
 
 
-def _sampled(space: SearchSpace, io: ModelIO) -> Callable[[optuna.Study], optuna.trial.Trial]:
-    def ask(study: optuna.Study) -> optuna.trial.Trial:
+def _ask_new(study: optuna.Study, space: SearchSpace, io: ModelIO, table: dict[str, Entry],
+             rng: random.Random) -> optuna.trial.Trial:
+    for _ in range(MAX_REDRAWS):
         trial = study.ask()
         space.sample(trial, io)
-        return trial
-    return ask
+        twin = finished_twin(study, trial.params)
+        if twin is None:
+            return trial
+        skip_duplicate(study, trial, twin)
+    tried = {point_key(t.params) for t in study.get_trials(deepcopy=False)}
+    study.enqueue_trial(json.loads(rng.choice([k for k in table if k not in tried])))
+    trial = study.ask()
+    space.sample(trial, io)
+    return trial
 
 
-def _fixed(order: list[str], space: SearchSpace, io: ModelIO
-           ) -> Callable[[optuna.Study], optuna.trial.Trial]:
-    def ask(study: optuna.Study) -> optuna.trial.Trial:
-        study.enqueue_trial(json.loads(order[len(study.trials) % len(order)]))
-        trial = study.ask()
-        space.sample(trial, io)
-        return trial
-    return ask
-
-
-def _run(study: optuna.Study, ask: Callable[[optuna.Study], optuna.trial.Trial],
-         table: dict[str, Entry], steps: int) -> Outcome:
-    trial = ask(study)
-    entry = table.get(key(trial.params))
+def _run(study: optuna.Study, trial: optuna.trial.Trial, table: dict[str, Entry],
+         steps: int) -> Outcome:
+    entry = table.get(point_key(trial.params))
     if entry is None:  # a point whose training failed: it costs a trial and finds nothing
         study.tell(trial, state=optuna.trial.TrialState.FAIL)
         return Outcome(None, steps)
@@ -192,43 +181,101 @@ def to_target(outcomes: list[Outcome], target: float, maximize: bool, steps: int
     return math.inf, math.inf
 
 
+# --- strategies ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Priors:
+    """What the prior strategies of one table share: its candidates and the allocator prior."""
+
+    candidates: Candidates
+    settings: PlanSettings
+    values: np.ndarray  # the table's value of each candidate (nan: failed to train)
+    plan: dict[str, Any] | None  # the allocator's plan as params of the space
+    temperature: float = DEFAULT_TEMPERATURE
+
+    def graded_centre(self, grade: str, seed: int, maximize: bool) -> int:
+        """The best, median or worst of ``GRADED_FROM`` random points of the table."""
+        known = np.flatnonzero(np.isfinite(self.values))
+        pick = random.Random(seed).sample(list(known), min(GRADED_FROM, len(known)))
+        ranked = sorted(pick, key=lambda i: -self.values[i] if maximize else self.values[i])
+        return int({"prior-best": ranked[0], "prior-median": ranked[len(ranked) // 2],
+                    "prior-worst": ranked[-1]}[grade])
+
+
+def make_strategy(name: str, seed: int, priors: Priors, starts: list[dict[str, Any]],
+                  order: list[str], maximize: bool) -> Strategy:
+    if name == "prior":
+        prior = allocator_prior(priors.candidates, priors.settings, priors.temperature,
+                                plan=priors.plan)
+        return Strategy(PriorSampler(prior, seed=seed, calibration=Calibration(
+            priors.settings, prior.temperature, plan=priors.plan)))
+    if name in GRADED:
+        centre = priors.graded_centre(name, seed, maximize)
+        return Strategy(PriorSampler(centred_prior(priors.candidates, centre,
+                                                   priors.temperature, name), seed=seed))
+    if name == "grid":
+        shuffled = list(order)
+        random.Random(seed).shuffle(shuffled)
+        return Strategy(optuna.samplers.RandomSampler(seed=seed),
+                        [json.loads(k) for k in shuffled])
+    if name == "random":
+        return Strategy(optuna.samplers.RandomSampler(seed=seed))
+    return Strategy(optuna.samplers.TPESampler(seed=seed),
+                    starts if name == "seeded-tpe" else ())
+
+
 # --- the benchmark ------------------------------------------------------------------------------
 
 
-def run_bench(bench: Bench, args: argparse.Namespace) -> list[dict[str, Any]]:
-    from workers.search.driver import training_budget
-    from workers.search.seeding import plan_settings, seeds
-    from workers.tasks import make_task
+def run_case(case: Case, out: Path, seeds: int, strategies: Sequence[str] = STRATEGIES,
+             temperature: float = DEFAULT_TEMPERATURE, ashas: Sequence[bool] = (False, True)
+             ) -> list[dict[str, Any]]:
+    """Build (or reuse) the table of ``case`` and replay every strategy ``seeds`` times."""
+    from workers.search.seeding import seeds as allocator_seeds
 
-    task = make_task(bench.task, "smoke" if args.smoke_test else "paper", 0, **bench.task_params)
-    space = training_budget(parse_space(bench.space, f"<{bench.name}>"))
-    url = f"sqlite:///{(args.out / 'tables.db').resolve()}"
-    points = len(space.grid())
-    build_table(bench, space, task, points, url, args.out / "ray_results")
-    table = load_table(url, f"table-{bench.name}")
+    url = f"sqlite:///{(out / 'tables.db').resolve()}"
+    points = len(case.space.grid())
+    build_table(case, url, out / "ray_results")
+    table = load_table(url, f"table-{case.name}")
     if not table:
-        raise UsageError(f"table-{bench.name}: no trained point in {args.out / 'tables.db'}")
+        raise UsageError(f"table-{case.name}: no trained point in {out / 'tables.db'}")
     if len(table) < points:
-        print(f"table-{bench.name}: {points - len(table)} of {points} points failed to train; "
+        print(f"table-{case.name}: {points - len(table)} of {points} points failed to train; "
               "a strategy that samples one pays a trial for nothing", file=sys.stderr)
+    maximize = case.task.higher_is_better
     values = [e.value for e in table.values()]
-    best = max(values) if task.higher_is_better else min(values)
-    target = best * (1 - args.target if task.higher_is_better else 1 + args.target)
-    starts = [dict(s.params) for s in seeds(space, plan_settings(space.budget, space.depth,
-                                                                 task))]
-    steps = int(space.fixed_train("steps"))
+    best, worst = (max(values), min(values)) if maximize else (min(values), max(values))
+    cands = candidates(case.space)
+    seeded = allocator_seeds(case.space, case.settings)
+    starts = [dict(s.params) for s in seeded]
+    plan = next((dict(s.params) for s in seeded if s.label == "allocator"), None)
+    priors = Priors(cands, case.settings, np.array([
+        table[point_key(p)].value if point_key(p) in table else math.nan
+        for p in cands.params]), plan, temperature)
+    steps = int(case.space.fixed_train("steps"))
     rows = []
-    for strategy in STRATEGIES:
-        for asha in (False, True):
-            for seed in range(args.seeds):
-                outcomes = replay(space, task.io, table, strategy, seed, asha, len(table) * 3,
-                                  starts, task.higher_is_better)
-                trials, cost = to_target(outcomes, target, task.higher_is_better, steps)
-                rows.append({"bench": bench.name, "strategy": strategy, "asha": asha,
-                             "seed": seed, "trials_to_target": trials,
-                             "full_trainings_to_target": cost, "table_size": len(table),
-                             "best": best, "target": target,
-                             "curve": json.dumps(_best_so_far(outcomes, task.higher_is_better))})
+    for name in strategies:
+        for asha in ashas:
+            for seed in range(seeds):
+                strategy = make_strategy(name, seed, priors, starts, list(table), maximize)
+                clock = time.perf_counter()
+                outcomes = replay(case.space, case.task.io, table, strategy, asha, len(table),
+                                  maximize, seed)
+                wall = time.perf_counter() - clock
+                sampler_s = getattr(strategy.sampler, "seconds", None)
+                row: dict[str, Any] = {
+                    "table": case.name, "strategy": name, "asha": asha, "seed": seed,
+                    "table_size": len(table), "best": best, "worst": worst,
+                    "sampler_ms_per_trial": None if sampler_s is None
+                    else 1000 * sampler_s / len(outcomes),
+                    "replay_ms_per_trial": 1000 * wall / len(outcomes),
+                    "curve": json.dumps(_best_so_far(outcomes, maximize))}
+                for target in TARGETS:
+                    goal = best * (1 - target if maximize else 1 + target)
+                    row[f"trials_{target:g}"], row[f"cost_{target:g}"] = to_target(
+                        outcomes, goal, maximize, steps)
+                rows.append(row)
     return rows
 
 
@@ -244,21 +291,25 @@ def _best_so_far(outcomes: list[Outcome], maximize: bool) -> list[float | None]:
 
 
 def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Median and IQR of trials (and full trainings) to the target, per bench and strategy."""
+    """Median and IQR of trials (and full trainings) to each target, per table, strategy and
+    ASHA; the regime is the median trials over the table's size."""
     out = []
-    for bench in dict.fromkeys(r["bench"] for r in rows):
-        for strategy in STRATEGIES:
-            for asha in (False, True):
-                mine = [r for r in rows if (r["bench"], r["strategy"], r["asha"]) ==
-                        (bench, strategy, asha)]
-                trials = np.array([r["trials_to_target"] for r in mine])
-                cost = np.array([r["full_trainings_to_target"] for r in mine])
-                out.append({"bench": bench, "strategy": strategy, "asha": asha,
-                            "seeds": len(mine), "table_size": mine[0]["table_size"],
-                            "median_trials": float(np.median(trials)),
-                            "iqr_trials": _iqr(trials), "median_cost": float(np.median(cost)),
-                            "iqr_cost": _iqr(cost),
-                            "reached": int(np.isfinite(trials).sum())})
+    groups: dict[tuple[str, str, bool], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["table"], r["strategy"], r["asha"]), []).append(r)
+    for (table, strategy, asha), mine in groups.items():
+        entry: dict[str, Any] = {"table": table, "strategy": strategy, "asha": asha,
+                                 "seeds": len(mine), "table_size": mine[0]["table_size"]}
+        for target in TARGETS:
+            trials = np.array([r[f"trials_{target:g}"] for r in mine])
+            cost = np.array([r[f"cost_{target:g}"] for r in mine])
+            entry[f"median_trials_{target:g}"] = float(np.median(trials))
+            entry[f"iqr_trials_{target:g}"] = _iqr(trials)
+            entry[f"median_cost_{target:g}"] = float(np.median(cost))
+            entry[f"reached_{target:g}"] = int(np.isfinite(trials).sum())
+        ms = [r["sampler_ms_per_trial"] for r in mine if r["sampler_ms_per_trial"] is not None]
+        entry["sampler_ms_per_trial"] = float(np.median(ms)) if ms else None
+        out.append(entry)
     return out
 
 
@@ -267,59 +318,152 @@ def _iqr(values: np.ndarray) -> list[float]:
     return [float(np.percentile(values, q, method="inverted_cdf")) for q in (25, 75)]
 
 
+def verdict(summary: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The goals per table (ASHA off, within 1%): the allocator's prior at most a third of
+    random search's median trials, the worst-point prior at most 1.25x, the best-point prior at
+    most 3 trials."""
+    out = []
+    for table in dict.fromkeys(s["table"] for s in summary):
+        median = {s["strategy"]: s["median_trials_0.01"] for s in summary
+                  if s["table"] == table and not s["asha"]}
+        if not {"random", "prior", "prior-worst", "prior-best"} <= set(median):
+            continue
+        rnd = median["random"]
+        out.append({"table": table, "random": rnd,
+                    "prior": median["prior"], "prior_goal": median["prior"] <= rnd / 3,
+                    "worst": median["prior-worst"], "worst_goal": median["prior-worst"]
+                    <= 1.25 * rnd,
+                    "best": median["prior-best"], "best_goal": median["prior-best"] <= 3})
+    return out
+
+
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
-    benches = list(dict.fromkeys(r["bench"] for r in rows))
-    fig, axes = new_figure(len(benches), (6 * len(benches), 4.2))
+    """Normalised regret (best so far - table best) / (worst - best), median over seeds, against
+    trials; ASHA off."""
+    tables = list(dict.fromkeys(r["table"] for r in rows))
+    fig, axes = new_figure(len(tables), (5.5 * len(tables), 4.2))
     axes = np.atleast_1d(axes)
-    for ax, bench in zip(axes, benches):
-        target = next(r["target"] for r in rows if r["bench"] == bench)
-        for i, strategy in enumerate(STRATEGIES):
-            curves = [json.loads(r["curve"]) for r in rows
-                      if (r["bench"], r["strategy"], r["asha"]) == (bench, strategy, False)]
+    for ax, table in zip(axes, tables):
+        for i, strategy in enumerate(dict.fromkeys(r["strategy"] for r in rows)):
+            mine = [r for r in rows if (r["table"], r["strategy"], r["asha"]) ==
+                    (table, strategy, False)]
+            if not mine:
+                continue
+            best, worst = mine[0]["best"], mine[0]["worst"]
+            curves = [json.loads(r["curve"]) for r in mine]
             length = min(len(c) for c in curves)
-            data = np.array([[math.nan if v is None else v for v in c[:length]]
-                             for c in curves])
+            regret = np.array([[1.0 if v is None else abs(v - best) / (abs(worst - best) or 1)
+                                for v in c[:length]] for c in curves])
             x = np.arange(1, length + 1)
-            ax.plot(x, np.nanmedian(data, 0), color=f"C{i}", label=strategy)
-            ax.fill_between(x, np.nanpercentile(data, 25, 0), np.nanpercentile(data, 75, 0),
-                            color=f"C{i}", alpha=0.15)
-        ax.axhline(target, color="k", ls=":", label="the target (near the table's best)")
+            style = "--" if strategy in GRADED else "-"
+            ax.plot(x, np.maximum(np.median(regret, 0), 1e-4), style, color=f"C{i}",
+                    label=strategy)
         ax.set_xscale("log")
+        ax.set_yscale("log")
         ax.set_xlabel("trials (fully trained, ASHA off)")
-        ax.set_ylabel("best validation value so far (median, IQR over seeds)")
-        size = next(r["table_size"] for r in rows if r["bench"] == bench)
-        ax.set_title(f"{bench}: a table of {size} trained points")
-        ax.legend(fontsize=8)
+        ax.set_ylabel("normalised regret (median over seeds)")
+        size = next(r["table_size"] for r in rows if r["table"] == table)
+        ax.set_title(f"{table}: {size} points")
+        ax.legend(fontsize=7)
     write_figure(fig, path)
 
 
-def render(summary: list[dict[str, Any]]) -> str:
+def render(summary: list[dict[str, Any]], verdicts: list[dict[str, Any]]) -> str:
     def fmt(x: float) -> str:
         return "never" if math.isinf(x) else f"{x:g}"
 
-    return render_table(
-        ["bench", "strategy", "asha", "median trials", "IQR", "median full trainings", "IQR",
-         "reached"],
-        [[s["bench"], s["strategy"], "on" if s["asha"] else "off", fmt(s["median_trials"]),
-          "-".join(fmt(v) for v in s["iqr_trials"]), f"{s['median_cost']:.3g}",
-          "-".join(f"{v:.3g}" for v in s["iqr_cost"]), f"{s['reached']}/{s['seeds']}"]
-         for s in summary], right=[False, False, False, True, True, True, True, True])
+    def trials(s: dict[str, Any], target: float) -> str:
+        iqr = "-".join(fmt(v) for v in s[f"iqr_trials_{target:g}"])
+        return f"{fmt(s[f'median_trials_{target:g}'])} ({iqr})"
+
+    rows = [[s["table"], s["strategy"], "on" if s["asha"] else "off", s["table_size"],
+             *[trials(s, t) for t in TARGETS],
+             f"{s['median_cost_0.01']:.3g}",
+             "" if s["sampler_ms_per_trial"] is None else f"{s['sampler_ms_per_trial']:.1f}"]
+            for s in summary]
+    table = render_table(["table", "strategy", "asha", "points", "trials to 1% (IQR)",
+                          "trials to 0.5% (IQR)", "full trainings to 1%", "sampler ms/trial"],
+                         rows, right=[False, False, False, True, True, True, True, True])
+    goals = render_table(
+        ["table", "random", "allocator prior", "<= 1/3", "worst prior", "<= 1.25x",
+         "best prior", "<= 3"],
+        [[v["table"], fmt(v["random"]), fmt(v["prior"]), _yes(v["prior_goal"]),
+          fmt(v["worst"]), _yes(v["worst_goal"]), fmt(v["best"]), _yes(v["best_goal"])]
+         for v in verdicts], right=[False] + [True] * 7)
+    return f"{table}\n\ngoals (median trials to within 1%, ASHA off):\n{goals}"
 
 
-def main(argv: list[str] | None = None) -> int:
+def _yes(ok: bool) -> str:
+    return "yes" if ok else "NO"
+
+
+# --- command line ---------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from workers.tasks.cli import add_task_args
+
     p = Parser(prog="python -m bench.search_efficiency", description=__doc__.split("\n\n")[1])
     p.add_argument("--replay", action="store_true",
                    help="replay the strategies against the trained table (required: the only "
                         "mode; live searches per strategy and seed would cost seeds x "
                         "strategies full searches)")
-    p.add_argument("--smoke-test", action="store_true", help="tiny tables: under a minute")
-    p.add_argument("--target", type=number(0, strict=True), default=TARGET,
-                   help="reach within this fraction of the table's best value (a table whose "
-                        "points are mostly that close says nothing: tighten it)")
+    p.add_argument("--space", type=Path,
+                   help="a finite search space (YAML) to benchmark; default: the shipped tables")
+    add_task_args(p, required=False)
+    p.add_argument("--seed", type=int_in(0), default=0, help="task seed")
+    p.add_argument("--smoke-test", action="store_true",
+                   help="smoke-size task and 40 training steps per point")
     p.add_argument("--seeds", type=int_in(1), default=20, help="replays per strategy")
+    p.add_argument("--prior-temperature", type=number(0, strict=True),
+                   default=DEFAULT_TEMPERATURE, help="the priors' spread")
     p.add_argument("--out", type=Path, default=Path("results/search_efficiency"),
                    help="folder for the tables' study, the CSV and the PNG")
     add_format(p)
+    return p
+
+
+def cases(args: argparse.Namespace) -> list[Case]:
+    """The tables the flags name (``UsageError`` if bad)."""
+    from workers.experiments import harness
+    from workers.search.driver import training_budget
+    from workers.search.seeding import measured_inputs, plan_settings, profile_for
+    from workers.tasks import make_task
+    from workers.tasks.cli import task_from_args
+    from workers.tasks.data import make_data_task
+
+    size = "smoke" if args.smoke_test else "paper"
+    if args.space is not None:
+        if args.task is None and args.data is None:
+            raise UsageError("--space: give the task of its table (--task T or --data PATH)")
+        specs: list[tuple[str, Path, Callable[[], Any]]] = [
+            (args.space.stem, args.space, lambda: task_from_args(args, size))]
+    elif args.task is not None or args.data is not None:
+        raise UsageError("--task/--data: only with --space (the shipped tables have theirs)")
+    else:
+        from userdata import DataSpec
+
+        corpus = args.out / "corpus"
+        specs = [("ngram", TABLES / "ngram.yaml", lambda: make_task("ngram", size, 0)),
+                 ("lm", TABLES / "lm.yaml", lambda: make_task("lm", size, 0, length=64)),
+                 ("stdlib", TABLES / "stdlib.yaml", lambda: make_data_task(DataSpec(str(
+                     harness.write_corpus(corpus, CORPUS_MB))), size, 0, 64))]
+    out = []
+    for name, path, make in specs:
+        try:
+            space = training_budget(load_space(path), args.smoke_test)
+            space.grid()
+        except SpaceError as err:
+            raise UsageError(f"--space: {err} (the benchmark needs a finite space)") from None
+        task = make()
+        settings = plan_settings(space.budget, space.depth, task,
+                                 measured_inputs(profile_for(task, None, args.out)))
+        out.append(Case(name, space, task, settings))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     if not args.replay:
         return fail(p.prog, "--replay: required (the benchmark replays each strategy against "
@@ -331,15 +475,18 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         harness.prepare(args)
+        benchmarks = cases(args)
         with tune.session():
-            rows = [row for bench in (SMOKE if args.smoke_test else FULL)
-                    for row in run_bench(bench, args)]
+            rows = [row for case in benchmarks for row in run_case(
+                case, args.out, args.seeds, temperature=args.prior_temperature)]
     except TransformerAllocError as err:
         return fail(p.prog, str(err))
     write_csv(args.out / "search_efficiency.csv", rows)
     plot(rows, args.out / "search_efficiency.png")
     summary = summarise(rows)
-    print(render(summary) if args.format == "table" else dump(summary, args.format))
+    verdicts = verdict(summary)
+    print(render(summary, verdicts) if args.format == "table"
+          else dump({"summary": summary, "goals": verdicts}, args.format))
     return 0
 
 

@@ -1,6 +1,7 @@
-"""bench.search_efficiency: the tables are trained through the launcher, every strategy replays
-against them, and the replay's bookkeeping is exact (a grid visits each point once, the target
-is within 2% of the table's best, trials and training cost are counted as the replay ran)."""
+"""bench.search_efficiency: a space file the test writes is trained into a table through the
+launcher, every strategy replays against it, and the replay's bookkeeping is exact (no strategy
+trains a point twice, targets within 1% and 0.5% of the table's best, trials and training cost
+counted as the replay ran, graded priors centred where they say)."""
 
 from __future__ import annotations
 
@@ -12,57 +13,79 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import optuna
 
+from alloc.plan import PlanSettings
+from alloc.prior import candidates, point_key
 from arch import ModelIO
-from bench.search_efficiency import STRATEGIES, Entry, Outcome, key, replay, to_target
-from search_spaces import parse_space
+from bench.search_efficiency import (
+    STRATEGIES,
+    Entry,
+    Outcome,
+    Priors,
+    Strategy,
+    make_strategy,
+    replay,
+    to_target,
+)
+from common.files import write_yaml
+from search_spaces import SearchSpace, parse_space
 from tests.test_search import ray_tmp
 
 ROOT = Path(__file__).resolve().parents[1]
+IO = ModelIO(4, vocab_size=5)
 
 
-def test_smoke_run_replays_every_strategy(tmp_path: Path) -> None:
+def small_space() -> SearchSpace:
+    return parse_space({"name": "t", "budget": 16, "depth": 1, "sampler": "grid",
+                        "layers": [{"heads": [1, 2, 4, 8]}],
+                        "train": {"steps": 30, "eval_every": 10}})
+
+
+def test_smoke_run_on_a_space_file_replays_every_strategy(tmp_path: Path) -> None:
+    space = tmp_path / "six.yaml"
+    write_yaml(space, {"name": "six", "budget": 16, "depth": 1, "sampler": "grid",
+                       "layers": [{"layers": "all", "heads": [1, 2, 4], "mlp_ratio": [0, 2]}],
+                       "train": {"lr": 3.0e-3}})
     proc = subprocess.run([sys.executable, "-m", "bench.search_efficiency", "--replay",
-                           "--smoke-test", "--seeds", "5", "--out", str(tmp_path),
-                           "--format", "json"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300, env={**os.environ,
-                                            "RAY_TMPDIR": str(ray_tmp(tmp_path))})
+                           "--space", str(space), "--task", "ngram", "--smoke-test",
+                           "--seeds", "3", "--out", str(tmp_path / "out"), "--format", "json"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "RAY_TMPDIR": str(ray_tmp(tmp_path))})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads(proc.stdout)
-    assert {(s["bench"], s["strategy"], s["asha"]) for s in summary} == {
-        (b, s, a) for b in ("ngram", "lm") for s in STRATEGIES for a in (False, True)}
-    for s in summary:
-        assert s["seeds"] == 5 and s["reached"] == 5  # 3x the table's size always suffices
-        if s["strategy"] == "grid":  # without replacement: within the table
-            assert s["iqr_trials"][1] <= s["table_size"]
-    with (tmp_path / "search_efficiency.csv").open() as handle:
+    result = json.loads(proc.stdout)
+    assert {(s["table"], s["strategy"], s["asha"]) for s in result["summary"]} == {
+        ("six", s, a) for s in STRATEGIES for a in (False, True)}
+    for s in result["summary"]:  # no repeats: every strategy reaches both targets in 6 trials
+        assert s["seeds"] == 3 and s["reached_0.005"] == 3 and s["iqr_trials_0.005"][1] <= 6
+    assert [g["table"] for g in result["goals"]] == ["six"]
+    out = tmp_path / "out"
+    with (out / "search_efficiency.csv").open() as handle:
         rows = list(csv.DictReader(handle))
-    tables = optuna.load_study(study_name="table-ngram",
-                               storage=f"sqlite:///{tmp_path / 'tables.db'}")
-    values = [t.value for t in tables.get_trials(states=(optuna.trial.TrialState.COMPLETE,))]
-    ngram = [r for r in rows if r["bench"] == "ngram"]
-    assert float(ngram[0]["best"]) == min(values)  # ngram's MSE is minimised
-    assert float(ngram[0]["target"]) == min(values) * 1.02
-    assert (tmp_path / "search_efficiency.png").stat().st_size > 10_000
+    table = optuna.load_study(study_name="table-six", storage=f"sqlite:///{out / 'tables.db'}")
+    values = [t.value for t in table.get_trials(states=(optuna.trial.TrialState.COMPLETE,))]
+    assert len(values) == 6 and float(rows[0]["best"]) == min(values)  # MSE is minimised
+    assert (out / "search_efficiency.png").stat().st_size > 10_000
 
 
-def test_grid_replay_visits_every_point_once_and_the_target_is_found_exactly() -> None:
-    space = parse_space({"name": "t", "budget": 16, "depth": 1, "sampler": "grid",
-                         "layers": [{"heads": [1, 2, 4, 8]}],
-                         "train": {"steps": 30, "eval_every": 10}})
-    io = ModelIO(4, vocab_size=5)
-    table = {key(p): Entry(float(i), {10: 9.0, 20: 9.0, 30: float(i)})
+def test_every_strategy_tries_each_point_once_and_finds_the_best_exactly() -> None:
+    space = small_space()
+    table = {point_key(p): Entry(float(i), {10: 9.0, 20: 9.0, 30: float(i)})
              for i, p in enumerate(space.grid())}
-    outcomes = replay(space, io, table, "grid", seed=3, asha=False, trials=4, starts=[],
-                      maximize=False)
-    assert sorted(o.value for o in outcomes) == [0.0, 1.0, 2.0, 3.0]  # type: ignore[type-var]
-    assert to_target(outcomes, 0.0, False, 30) == (
-        1.0 + [o.value for o in outcomes].index(0.0), 1.0 + [o.value for o in outcomes].index(
-            0.0))
-    seeded = replay(space, io, table, "seeded-tpe", seed=0, asha=False, trials=2,
-                    starts=[space.grid()[2]], maximize=False)
-    assert seeded[0].value == 2.0  # the enqueued start is the first trial
+    cands = candidates(space)
+    values = np.array([table[point_key(p)].value for p in cands.params])
+    priors = Priors(cands, PlanSettings(budget=16, layers=1, seq_len=4), values, None)
+    for name in STRATEGIES:
+        strategy = make_strategy(name, 3, priors, [space.grid()[2]], list(table), False)
+        outcomes = replay(space, IO, table, strategy, False, 10, False, 3)
+        assert sorted(o.value for o in outcomes) == [0.0, 1.0, 2.0, 3.0], name
+        first = [o.value for o in outcomes].index(0.0) + 1.0
+        assert to_target(outcomes, 0.0, False, 30) == (first, first)
+    best = make_strategy("prior-best", 0, priors, [], list(table), False)
+    assert replay(space, IO, table, best, False, 1, False)[0].value == 0.0
+    worst = make_strategy("prior-worst", 0, priors, [], list(table), False)
+    assert replay(space, IO, table, worst, False, 1, False)[0].value == 3.0
 
 
 def test_to_target_counts_pruned_trials_as_partial_cost() -> None:
@@ -73,13 +96,11 @@ def test_to_target_counts_pruned_trials_as_partial_cost() -> None:
 
 
 def test_a_point_that_failed_to_train_costs_a_trial_and_finds_nothing() -> None:
-    space = parse_space({"name": "t", "budget": 16, "depth": 1, "sampler": "grid",
-                         "layers": [{"heads": [1, 2, 4, 8]}],
-                         "train": {"steps": 30, "eval_every": 10}})
+    space = small_space()
     grid = space.grid()
-    table = {key(p): Entry(1.0, {30: 1.0}) for p in grid[1:]}  # grid[0] failed to train
-    outcomes = replay(space, ModelIO(4, vocab_size=5), table, "random", seed=0, asha=False,
-                      trials=20, starts=[grid[0]], maximize=False)
+    table = {point_key(p): Entry(1.0, {30: 1.0}) for p in grid[1:]}  # grid[0] failed to train
+    strategy = Strategy(optuna.samplers.RandomSampler(seed=0), [grid[0]])
+    outcomes = replay(space, IO, table, strategy, False, 20, False)
     assert Outcome(None, 30) in outcomes and all(o.value in (None, 1.0) for o in outcomes)
 
 
@@ -93,12 +114,9 @@ def test_without_replay_it_is_one_line_and_writes_nothing(tmp_path: Path) -> Non
 def test_seeds_that_are_one_point_cost_one_trial_as_in_the_launcher() -> None:
     """The allocator's plan, its uniform variant and the baseline are often the same point;
     the launcher enqueues it once (skip_if_exists), and so does the replay."""
-    space = parse_space({"name": "t", "budget": 16, "depth": 1, "sampler": "grid",
-                         "layers": [{"heads": [1, 2, 4, 8]}],
-                         "train": {"steps": 30, "eval_every": 10}})
+    space = small_space()
     grid = space.grid()
-    table = {key(p): Entry(float(i), {30: float(i)}) for i, p in enumerate(grid)}
-    outcomes = replay(space, ModelIO(4, vocab_size=5), table, "seeded-tpe", seed=0, asha=False,
-                      trials=3, starts=[grid[2], grid[2], grid[2]], maximize=False)
-    values = [o.value for o in outcomes]
-    assert values[0] == 2.0 and values != [2.0, 2.0, 2.0]  # enqueued three times: 2, 2, 2
+    table = {point_key(p): Entry(float(i), {30: float(i)}) for i, p in enumerate(grid)}
+    strategy = Strategy(optuna.samplers.TPESampler(seed=0), [grid[2], grid[2], grid[2]])
+    values = [o.value for o in replay(space, IO, table, strategy, False, 3, False)]
+    assert values[0] == 2.0 and len(set(values)) == 3  # once, and no point twice

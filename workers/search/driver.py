@@ -340,7 +340,8 @@ def _sampler(space: SearchSpace, kind: str, settings: PlanSettings, opts: Search
         return PriorSampler.for_space(
             space, settings, temperature=opts.prior_temperature, seed=opts.seed,
             source=f"calibrated by study {warm.study}" if fitted and warm else None,
-            include=[start.params for start in seeds(space, settings)])
+            plan=next((s.params for s in seeds(space, settings) if s.label == "allocator"),
+                      None))
     return optuna.samplers.TPESampler(seed=opts.seed, constant_liar=True)
 
 
