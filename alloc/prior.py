@@ -1,4 +1,4 @@
-"""The allocator's bound as a prior over the points of a search space (docs/theory.md §7).
+"""The allocator's bound as a prior over the points of a search space (docs/theory.md §11).
 
 A search space is finite in everything the allocator speaks about (head counts, head dims,
 ``qk_dim``, MLP or not, finite training choices); ``candidates`` enumerates those points (or, past

@@ -13,7 +13,7 @@ On Optuna's public ``BaseSampler`` API, so it works with stock ``study.optimize`
     study = optuna.create_study(sampler=sampler)
     study.optimize(lambda trial: objective(*space.sample(trial, io)), n_trials=20)
 
-How it picks the next point (docs/theory.md §7 gives the reasons):
+How it picks the next point (docs/theory.md §11 gives the reasons):
 
 1. The first trial is the prior's mode (the allocator's own answer among the space's points).
 2. Afterwards, with probability ``max(explore, 1 / (n + 1))`` (``n``: trials observed) a point

@@ -55,3 +55,23 @@ def test_prior_search_warm_start_and_a_space_smaller_than_the_trials(
     trained = [t for t in small.trials if t.user_attrs.get("status") != DUPLICATE]
     assert sorted(t.params["L0.g0.count"] for t in trained) == [1, 2, 4]
     assert all(t.state == TrialState.COMPLETE for t in trained)
+
+
+def test_warm_start_errors_are_one_line_and_create_no_study(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    base = ["--space", "heads_vs_dim.yaml", "--task", "ngram", "--smoke-test", "--storage", url,
+            "--storage-path", str(tmp_path / "results")]
+    for argv, message in ((["--warm-start", "nosuch"], "--warm-start 'nosuch': no such study"),
+                          (["--warm-start", "x", "--study", "x"], "is the study this search"),
+                          (["--warm-start", "../x"], "--warm-start '../x': must be"),
+                          (["--sampler", "bayes"], "invalid choice: 'bayes'"),
+                          (["--prior-temperature", "0"], "--prior-temperature")):
+        try:
+            code = search_main([*base, *argv])
+        except SystemExit as exit_:  # argparse's own checks exit with 2
+            code = int(exit_.code or 0)
+        assert code == 2
+        err = capsys.readouterr().err.strip()
+        assert message in err and len(err.splitlines()) == 1, err
+    assert optuna.get_all_study_names(storage=url) == []

@@ -231,8 +231,11 @@ def run_search(space: SearchSpace | str | Path, task: Task | str, *, storage: st
                      f"the study name from space {excerpt(space.name)} (give --study)")
     check_writable_dir("--storage-path", opts.storage_path)
     check_trial_memory(space, task, opts)
-    if opts.warm_start == name:
-        raise SearchError(f"--warm-start {opts.warm_start!r}: is the study this search writes")
+    if opts.warm_start is not None:
+        check_study_name(opts.warm_start, "--warm-start")
+        if opts.warm_start == name:
+            raise SearchError(f"--warm-start {opts.warm_start!r}: is the study this search "
+                              "writes; give another study of the same --storage")
     settings = plan_settings(space.budget, space.depth, task, measured)
     kind = opts.sampler or space.sampler
     total = trials or (len(space.grid()) if kind == "grid" else 20)
