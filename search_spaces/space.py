@@ -380,6 +380,27 @@ class SearchSpace:
         return frozenset(p.name for p in self.train
                          if p.choices is None and p.low is not None and p.high is not None)
 
+    def size(self, limit: int) -> int:
+        """The number of points of a finite space, counted rule by rule (layers of different
+        rules and training params are sampled independently), up to just past ``limit``."""
+        total = 1
+        for rule in self.rules:
+            seen: set[LayerSpec] = set()
+            path: list[int] = []
+            while len(seen) <= limit:
+                suggester = PathSuggester(path, self.source, self.ranges)
+                layer = rule.sample(rule.names(rule.indices[0]), suggester)
+                seen.add(dataclasses.replace(layer, heads=merge_groups(layer.heads)))
+                path = _next_path(suggester.decisions)
+                if path is None:
+                    break
+            total *= len(seen) ** (1 if rule.shared else len(rule.indices))
+            if total > limit:
+                return limit + 1
+        for param in self.train:
+            total *= len(param.choices) if param.choices is not None else 1
+        return min(total, limit + 1)
+
     def grid(self, *, limit: int | None = None, free: frozenset[str] = frozenset()
              ) -> list[dict[str, Any]]:
         """Every point of a finite space, as params (raises ``SpaceError`` on a float range,
@@ -390,6 +411,8 @@ class SearchSpace:
         points: list[dict[str, Any]] = []
         seen: set[str] = set()
         path: list[int] = []
+        if limit is not None and self.size(limit) > limit:
+            raise SpaceError(f"{self.source}: space {self.name!r} has more than {limit} points")
         while True:
             if limit is not None and len(points) > limit:
                 raise SpaceError(f"{self.source}: space {self.name!r} has more than {limit} "
@@ -403,12 +426,10 @@ class SearchSpace:
             if key not in seen:
                 seen.add(key)
                 points.append(suggester.params)
-            decisions = suggester.decisions
-            while decisions and decisions[-1][0] + 1 >= decisions[-1][1]:
-                decisions.pop()
-            if not decisions:
+            next_path = _next_path(suggester.decisions)
+            if next_path is None:
                 return points
-            path = [d[0] for d in decisions[:-1]] + [decisions[-1][0] + 1]
+            path = next_path
 
     def encode(self, arch: ArchConfig, train: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Params that make ``sample`` return ``arch`` (its input/output fields aside).
@@ -439,6 +460,17 @@ class SearchSpace:
             raise SpaceError(f"{self.source}: architecture not in space {self.name!r}: "
                              + "; ".join(problems))
         return params
+
+
+def _next_path(decisions: list[tuple[int, int]]) -> list[int] | None:
+    """The odometer's next path after ``decisions`` ((choice, options) per decision), or None
+    when every path was taken."""
+    decisions = list(decisions)
+    while decisions and decisions[-1][0] + 1 >= decisions[-1][1]:
+        decisions.pop()
+    if not decisions:
+        return None
+    return [d[0] for d in decisions[:-1]] + [decisions[-1][0] + 1]
 
 
 # --- feasibility of several head groups ----------------------------------------------------

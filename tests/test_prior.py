@@ -31,7 +31,7 @@ NGRAM = PlanSettings(budget=256, layers=1, kernel="ngram:4", input_dim=64, seq_l
 
 
 def table_space() -> SearchSpace:
-    """64 points: two layers, a head count and MLP or not each, two learning rates."""
+    """128 points: two layers, a head count and MLP or not each, two learning rates."""
     return parse_space({
         "name": "t", "budget": 64, "depth": 2, "sampler": "grid",
         "layers": [{"layers": 0, "role": "extract", "heads": [1, 2, 4, 8], "mlp_ratio": [0, 2]},
@@ -119,7 +119,7 @@ def _median_trials(make_sampler: Callable[[int], optuna.samplers.BaseSampler],
 
 
 def test_a_prior_centred_on_the_worst_point_costs_no_more_than_random_search() -> None:
-    """A replay over 30 seeds on a 64-point table: with the prior centred on the worst point the
+    """A replay over 30 seeds on a 128-point table: with the prior centred on the worst point the
     median trials to the best stay within random search's (without repeats: (N + 1) / 2), and
     with it centred on the best the first trial is the best."""
     space = table_space()
@@ -193,3 +193,11 @@ def test_a_numeric_learning_rate_range_is_sampled_apart() -> None:
     heads = [t.params["L0.g0.count"] for t in study.trials]
     assert sorted(heads[:7]) == [1, 2, 4, 8, 16, 32, 64]
     assert len({t.params["train.lr"] for t in study.trials}) == 9
+
+
+@pytest.mark.parametrize("name", ["heads_vs_dim", "mixit_grid", "attention_kinds"])
+def test_the_size_counted_rule_by_rule_is_the_grids(name: str) -> None:
+    space = load_space(name)
+    assert space.size(10_000) == len(space.grid()) == len(candidates(space))
+    assert space.size(3) == 4  # past the limit: limit + 1
+    assert table_space().size(1_000) == len(table_space().grid()) == 128
