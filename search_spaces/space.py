@@ -386,14 +386,12 @@ class SearchSpace:
         total = 1
         for rule in self.rules:
             seen: set[LayerSpec] = set()
-            path: list[int] = []
-            while len(seen) <= limit:
+            path: list[int] | None = []
+            while path is not None and len(seen) <= limit:
                 suggester = PathSuggester(path, self.source, self.ranges)
                 layer = rule.sample(rule.names(rule.indices[0]), suggester)
                 seen.add(dataclasses.replace(layer, heads=merge_groups(layer.heads)))
                 path = _next_path(suggester.decisions)
-                if path is None:
-                    break
             total *= len(seen) ** (1 if rule.shared else len(rule.indices))
             if total > limit:
                 return limit + 1
