@@ -125,7 +125,7 @@ class Prior:
     candidates: Candidates
     energy: np.ndarray  # lower is better; scaled to [0, 1]
     temperature: float
-    anchor: int | None = None  # the allocator's own plan among the candidates, if there
+    anchor: tuple[int, ...] = ()  # the candidates closest to the allocator's own plan
 
     @property
     def log_prob(self) -> np.ndarray:
@@ -139,9 +139,9 @@ class Prior:
         those), then the one with the fewest parameters, then at random."""
         values = self.energy[among]
         best = among[np.flatnonzero(values <= values.min() + 1e-12)]
-        near = (self.candidates.distance[self.anchor, best] if self.anchor is not None
-                else np.zeros(len(best)))
-        best = best[near <= near.min() + 1e-12]
+        if self.anchor:  # the plan's fields where the bound is silent
+            near = self.candidates.distance[np.ix_(np.array(self.anchor), best)].min(axis=0)
+            best = best[near <= near.min() + 1e-12]
         sizes = np.array([param_count(self.candidates.archs[i]).total for i in best])
         return int(rng.choice(best[sizes == sizes.min()]))
 
@@ -164,7 +164,7 @@ def _logsumexp(x: np.ndarray) -> float:
 
 
 def from_energy(label: str, cands: Candidates, raw: np.ndarray, temperature: float,
-                anchor: int | None = None) -> Prior:
+                anchor: tuple[int, ...] = ()) -> Prior:
     """The prior ``p ~ exp(-scaled energy / temperature)``; equal energies give equal mass."""
     if not temperature > 0:
         raise ValueError(f"temperature {temperature}: must be > 0")
@@ -193,8 +193,16 @@ def allocator_prior(cands: Candidates, settings: PlanSettings,
                     plan: Mapping[str, Any] | None = None) -> Prior:
     """The allocator's bound (with ``settings``' inputs and constants) as a prior; ``plan``:
     the allocator's own answer as params of the space, which breaks the bound's ties."""
-    anchor = None if plan is None else cands.index().get(point_key(plan, cands.free))
-    return from_energy(label, cands, allocator_energy(cands, settings), temperature, anchor)
+    return from_energy(label, cands, allocator_energy(cands, settings), temperature,
+                       () if plan is None else nearest(cands, plan))
+
+
+def nearest(cands: Candidates, params: Mapping[str, Any]) -> tuple[int, ...]:
+    """The candidates that agree with most of ``params`` (a plan names no training choice:
+    every learning rate of the space agrees with it equally)."""
+    misses = np.array([sum(p.get(k) != v for k, v in params.items() if k not in cands.free)
+                       for p in cands.params])
+    return tuple(int(i) for i in np.flatnonzero(misses == misses.min()))
 
 
 def centred_prior(cands: Candidates, centre: int, temperature: float = DEFAULT_TEMPERATURE,
