@@ -11,8 +11,9 @@ once through ``workers.search`` into a study (the table; built if absent, resume
 interrupted), then each strategy is replayed against it for many seeds. Without ``--space``,
 the shipped tables (``bench/tables/*.yaml``: ngram, lm, and 100 two-layer models on the
 standard library's sources). Writes ``search_efficiency.csv`` (one row per table, strategy,
-ASHA and seed), ``search_efficiency.png`` (normalised regret against trials) and prints the
-median and IQR per strategy with the goals' verdict.
+ASHA and seed), ``search_efficiency_summary.csv`` (medians and IQR),
+``search_efficiency.png`` (normalised regret against trials) and prints the median and IQR per
+strategy with the goals' verdict.
 """
 
 from __future__ import annotations
@@ -484,6 +485,7 @@ def main(argv: list[str] | None = None) -> int:
     write_csv(args.out / "search_efficiency.csv", rows)
     plot(rows, args.out / "search_efficiency.png")
     summary = summarise(rows)
+    write_csv(args.out / "search_efficiency_summary.csv", summary)
     verdicts = verdict(summary)
     print(render(summary, verdicts) if args.format == "table"
           else dump({"summary": summary, "goals": verdicts}, args.format))

@@ -201,3 +201,22 @@ def test_the_size_counted_rule_by_rule_is_the_grids(name: str) -> None:
     assert space.size(10_000) == len(space.grid()) == len(candidates(space))
     assert space.size(3) == 4  # past the limit: limit + 1
     assert table_space().size(1_000) == len(table_space().grid()) == 128
+
+
+def test_the_mode_is_the_bound_s_best_with_the_plan_s_choices_where_the_bound_is_silent(
+        ) -> None:
+    """ngram at D = 256: the bound's best is 4 heads of 64 with or without an MLP; the plan as
+    seeded into the space has one (the space's largest), so the mode does; the plan names no
+    learning rate, so the mode's is a random one of the space's."""
+    from pathlib import Path
+
+    from workers.search.seeding import seeds
+
+    space = load_space(Path(__file__).resolve().parents[1] / "bench" / "tables" / "ngram.yaml")
+    plan = next(s.params for s in seeds(space, NGRAM) if s.label == "allocator")
+    cands = candidates(space)
+    prior = allocator_prior(cands, NGRAM, plan=plan)
+    modes = {cands.archs[i].describe() + f" lr {cands.params[i]['train.lr']}"
+             for i in (prior.mode(np.arange(len(cands)), np.random.default_rng(seed))
+                       for seed in range(20))}
+    assert modes == {"mhsa 4x64 mlp2 lr 0.001", "mhsa 4x64 mlp2 lr 0.003"}
