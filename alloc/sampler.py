@@ -107,7 +107,6 @@ class PriorSampler(optuna.samplers.BaseSampler):
         if not beta >= 0 or not 0 <= explore <= 1:
             raise ValueError(f"beta {beta} must be >= 0 and explore {explore} in [0, 1]")
         self.prior, self.beta, self.explore, self.calibration = prior, beta, explore, calibration
-        self._seed = seed
         self._rng = np.random.default_rng(seed)
         self._random = optuna.samplers.RandomSampler(seed=seed)
         self._index = prior.candidates.index()
