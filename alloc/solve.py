@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from alloc.constants import read_constants
 from alloc.plan import Plan, PlanSettings, make_plan, report
 from alloc.saturation import parse_spectrum
@@ -26,6 +28,7 @@ from common.files import write_atomic
 
 PROG = "alloc.solve"
 MAX_SEQ_LEN = 16384
+MAX_ERROR_TERM = 1e100  # the bound's largest term; products of a few stay finite in float64
 # (groups x (count, dim) pairs) above this would take seconds and gigabytes: refuse it up front.
 MAX_TABLE = 50_000_000
 
@@ -121,6 +124,14 @@ def settings_from_args(args: argparse.Namespace) -> PlanSettings:
     if s.logit_bounds is not None and len(s.logit_bounds) > later:
         raise UsageError(f"--logit-bounds: {len(s.logit_bounds)} values for {later} later "
                          f"layer(s) (--layers {s.layers} - --extract-layers {s.extract_layers})")
+    with np.errstate(over="ignore"):  # an overflow is what is being checked
+        largest = max(float(s.model.head_constant(s.seq_len)), float(s.model.compression(0)))
+    if not largest <= MAX_ERROR_TERM:  # also catches an overflow to inf
+        raise UsageError(
+            f"--c-proj {s.c_proj:g} / --c-head {s.c_head:g} / --order {s.order:g} / --alpha "
+            f"{s.alpha:g} at --seq-len {s.seq_len}: the bound's terms reach {largest:.3g} "
+            f"(c_head * B * exp(alpha (n + 1) N), c_proj * sqrt(d_in)); they must stay <= "
+            f"{MAX_ERROR_TERM:g} for the solvers to stay finite (docs/theory.md §2)")
     hidden = s.mlp_ratio * s.budget
     if abs(hidden - round(hidden)) > 1e-9:
         raise UsageError(f"--mlp-ratio {s.mlp_ratio:g}: mlp-ratio * budget = {hidden:g} must be "

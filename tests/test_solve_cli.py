@@ -110,3 +110,29 @@ def test_module_runs_without_torch_or_ray() -> None:
                                capture_output=True, text=True, timeout=60).stdout
     assert "--budget" in help_text and "default: 512" in help_text
 
+
+
+@pytest.mark.parametrize("argv", [["--order", "1e6"], ["--alpha", "1e6"],
+                                  ["--c-head", "1e300"], ["--order", "30", "--alpha", "0.5"]])
+def test_constants_that_overflow_the_bound_are_refused_not_solved_to_nan(
+        argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no numpy overflow on the way to the message
+        assert main(["--budget", "512", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "must stay <= 1e+100" in err and len(err.splitlines()) == 1, err
+
+
+def test_large_finite_constants_still_solve_without_warnings(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import math
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert main(["--budget", "512", "--c-proj", "1e99", "--c-head", "1e95",
+                     "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert all(math.isfinite(layer["predicted_error"]) for layer in report["layers"])
