@@ -16,7 +16,7 @@ from alloc.plan import PlanSettings
 from arch import ArchConfig, ModelIO
 from search_spaces import load_space
 from studies.storage import Reaped, StorageSettings, open_storage, reap_trials
-from workers.search.protocol import SPEC_KEY, Status, TrialReport, TrialSpec
+from workers.search.protocol import TRIAL_KEY, Status, TrialReport, TrialSpec
 from workers.search.searcher import (
     CHECKPOINT,
     Start,
@@ -78,8 +78,8 @@ def test_a_report_round_trips_through_tunes_result_dict() -> None:
 
 def test_trials_record_arch_curve_and_state(searcher: StudySearcher) -> None:
     config = searcher.ask("a")
-    assert set(config) == {SPEC_KEY} and isinstance(config[SPEC_KEY], TrialSpec)
-    assert config[SPEC_KEY].resume_from is None
+    assert set(config) == {TRIAL_KEY} and isinstance(config[TRIAL_KEY], TrialSpec)
+    assert config[TRIAL_KEY].resume_from is None
     for step in (10, 20, STEPS):
         searcher.report("a", result(step, step / 100, tokens_per_s=5.0))
     searcher.complete("a", result(STEPS, STEPS / 100, tokens_per_s=5.0))
@@ -147,17 +147,17 @@ def test_a_retried_trial_gets_the_checkpoint_of_the_one_it_retries(
     searcher.ask("a")
     searcher.record_checkpoint("a", str(tmp_path / "checkpoint_000002"))
     searcher.abandon("interrupted")  # fails trial 0 and enqueues its retry
-    spec = searcher.ask("b")[SPEC_KEY]
+    spec = searcher.ask("b")[TRIAL_KEY]
     assert spec.resume_from == tmp_path / "checkpoint_000002"
     assert searcher.study.trials[0].user_attrs[CHECKPOINT] == str(spec.resume_from)
     searcher.record_checkpoint("b", str(tmp_path / "checkpoint_000005"))
     searcher.abandon("interrupted")  # the retry fails too: its retry takes the later one
-    assert searcher.ask("c")[SPEC_KEY].resume_from == tmp_path / "checkpoint_000005"
+    assert searcher.ask("c")[TRIAL_KEY].resume_from == tmp_path / "checkpoint_000005"
     searcher.complete("c", result(STEPS, 0.5))
     # Both failed links of the chain 0 -> 1 -> 2 were retried: one trial finished, not two.
     assert retried_numbers(searcher.study.trials) == {0, 1}
     assert finished_count(searcher.study) == 1
-    assert searcher.ask("d")[SPEC_KEY].resume_from is None  # a new trial starts from scratch
+    assert searcher.ask("d")[TRIAL_KEY].resume_from is None  # a new trial starts from scratch
 
 
 def test_starting_points_are_enqueued_one_at_a_time(tmp_path: Path) -> None:
@@ -221,7 +221,7 @@ def test_no_point_is_trained_twice_and_an_exhausted_space_ends_the_search(
     asked = 0
     while (spec := searcher.ask(str(asked))) is not None:
         searcher.complete(str(asked), result(STEPS, 0.5))
-        assert spec[SPEC_KEY].arch.layers[0].n_heads in (1, 2, 4)
+        assert spec[TRIAL_KEY].arch.layers[0].n_heads in (1, 2, 4)
         asked += 1
     assert asked == 3 and finished_count(searcher.study) == 3
     trained = [t for t in searcher.study.trials if t.state == TrialState.COMPLETE]

@@ -23,7 +23,7 @@ Status = Literal["running", "failed"]
 STEP, STATUS, ERROR, NODE, RESUMED = "step", "status", "error", "node", "resumed_from"
 VAL_LOSS, TRAIN_LOSS, TOKENS_PER_S = "val_loss", "train_loss", "tokens_per_s"
 # Keys of Tune's config dict.
-JOB_KEY, SPEC_KEY = "job", "spec"
+JOB_KEY, TRIAL_KEY = "job", "spec"
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ from arch import ArchConfig, ModelIO
 from search_spaces import SearchSpace, SpaceError
 from studies import records as rec
 from studies.storage import retry_failed
-from workers.search.protocol import ERROR, NODE, RESUMED, SPEC_KEY, Mode, TrialReport, TrialSpec
+from workers.search.protocol import ERROR, NODE, RESUMED, TRIAL_KEY, Mode, TrialReport, TrialSpec
 
 log = logging.getLogger(__name__)
 Predictor = Callable[[ArchConfig], float | None]
@@ -113,7 +113,7 @@ class StudySearcher:
             trial.set_user_attr(name, value)
         self.trials[key] = trial
         self._beat(trial.number)
-        return {SPEC_KEY: TrialSpec(arch, train, self._retried_checkpoint(trial))}
+        return {TRIAL_KEY: TrialSpec(arch, train, self._retried_checkpoint(trial))}
 
     def _ask(self) -> tuple[Trial, tuple[ArchConfig, dict[str, Any]]]:
         with warnings.catch_warnings():  # heartbeats with ask/tell are this class's point

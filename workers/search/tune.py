@@ -25,7 +25,7 @@ from ray import tune
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 from ray.tune.search import Searcher
 
-from workers.search.protocol import JOB_KEY, SPEC_KEY, TrialJob, TrialReport, TrialSpec
+from workers.search.protocol import JOB_KEY, TRIAL_KEY, TrialJob, TrialReport, TrialSpec
 from workers.search.searcher import ASHA_REDUCTION, StudySearcher, asha_grace_period
 from workers.trial import train_trial
 
@@ -113,7 +113,7 @@ def _trainable(config: dict[str, Any]) -> None:
     restored = tune.get_checkpoint()  # set when Tune restarts this trial after a failure
     with tempfile.TemporaryDirectory(prefix="trial-") as workdir, \
             (restored.as_directory() if restored else contextlib.nullcontext()) as restore:
-        train_trial(job, config[SPEC_KEY], report, Path(workdir), node,
+        train_trial(job, config[TRIAL_KEY], report, Path(workdir), node,
                     Path(restore) if restore else None)
 
 
@@ -191,7 +191,7 @@ class _Monitor(tune.Callback):
         self.counts[state.name] += 1
         if value is not None and (self.best is None or self.searcher.better(value,
                                                                              self.best[0])):
-            spec: TrialSpec = trial.config[SPEC_KEY]
+            spec: TrialSpec = trial.config[TRIAL_KEY]
             self.best = (value, self.searcher.number(trial.trial_id), spec.arch.describe())
         running = sum(t.status == "RUNNING" and t is not trial for t in trials)
         best = (f"best {self.searcher.metric} {self.best[0]:.4g} (trial {self.best[1]}: "
