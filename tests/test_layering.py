@@ -1,8 +1,9 @@
 """The folder tree is the dependency graph (docs/architecture.md, the layering rule), with no
-exception: common/ imports no other package of ours; the vocabulary (arch/) and the data readers (userdata/) build only on
-common/; search_spaces/ on those; studies/ on the vocabulary (not alloc, which reads studies to
-calibrate); alloc/ never imports workers/ (it reaches the torch measurer through an entry point)
-and no torch or Ray; only workers/ may use both. No module shadows the standard library."""
+exception: common/ imports no other package of ours; the vocabulary (arch/) and the data readers
+(userdata/) build only on common/; search_spaces/ on those; studies/ on the vocabulary (not alloc,
+which reads studies to calibrate); alloc/ never imports workers/ (it reaches the torch measurer
+through an entry point) and no torch or Ray; only workers/ may use both. No module shadows the
+standard library."""
 
 from __future__ import annotations
 
