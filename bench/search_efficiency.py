@@ -48,13 +48,7 @@ from common.errors import TransformerAllocError, UsageError
 from common.files import write_csv
 from common.plots import new_figure, write_figure
 from search_spaces import SearchSpace, SpaceError, load_space
-from workers.search.searcher import (
-    ASHA_REDUCTION,
-    MAX_REDRAWS,
-    asha_grace_period,
-    finished_twin,
-    skip_duplicate,
-)
+from workers.search.searcher import ASHA_REDUCTION, asha_grace_period, ask_new
 
 TARGETS = (0.01, 0.005)  # within 1% and 0.5% of the table's best value
 GRADED = ("prior-best", "prior-median", "prior-worst")
@@ -132,27 +126,20 @@ def replay(space: SearchSpace, io: ModelIO, table: dict[str, Entry], strategy: S
                                 direction="maximize" if maximize else "minimize")
     for params in strategy.enqueue:
         study.enqueue_trial(params, skip_if_exists=True)  # as the launcher: once per point
+
+    def ask() -> tuple[optuna.trial.Trial, Any]:
+        trial = study.ask()
+        return trial, space.sample(trial, io)
+
+    def untried() -> list[dict[str, Any]]:
+        tried = {point_key(t.params) for t in study.get_trials(deepcopy=False)}
+        return [json.loads(k) for k in table if k not in tried]
+
     rng, outcomes = random.Random(seed), []
     for _ in range(min(trials, len(table))):
-        trial = _ask_new(study, space, io, table, rng)
+        trial, _ = ask_new(study, ask, untried, rng)
         outcomes.append(_run(study, trial, table, steps))
     return outcomes
-
-
-def _ask_new(study: optuna.Study, space: SearchSpace, io: ModelIO, table: dict[str, Entry],
-             rng: random.Random) -> optuna.trial.Trial:
-    for _ in range(MAX_REDRAWS):
-        trial = study.ask()
-        space.sample(trial, io)
-        twin = finished_twin(study, trial.params)
-        if twin is None:
-            return trial
-        skip_duplicate(study, trial, twin)
-    tried = {point_key(t.params) for t in study.get_trials(deepcopy=False)}
-    study.enqueue_trial(json.loads(rng.choice([k for k in table if k not in tried])))
-    trial = study.ask()
-    space.sample(trial, io)
-    return trial
 
 
 def _run(study: optuna.Study, trial: optuna.trial.Trial, table: dict[str, Entry],

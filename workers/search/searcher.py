@@ -31,7 +31,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import optuna
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
@@ -46,6 +46,7 @@ from workers.search.protocol import ERROR, NODE, RESUMED, TRIAL_KEY, Mode, Trial
 
 log = logging.getLogger(__name__)
 Predictor = Callable[[ArchConfig], float | None]
+Sampled = TypeVar("Sampled")
 CHECKPOINT = "checkpoint"  # trial user attr: the last checkpoint directory
 DUPLICATE, DUPLICATE_OF = "duplicate", "duplicate_of"  # a proposal not trained: a finished twin
 WARM_START_FROM = "warm_start_from"  # trial user attr: copied from this study (--warm-start)
@@ -95,19 +96,7 @@ class StudySearcher:
         if self._exhausted():
             log.warning("every point of space %s has a trial: the search ends", self.space.name)
             return None
-        for _ in range(MAX_REDRAWS):
-            self._enqueue_next_start()
-            trial, (arch, train) = self._ask()
-            twin = finished_twin(self.study, trial.params)
-            if twin is None:
-                break
-            skip_duplicate(self.study, trial, twin)
-        else:
-            untried = self._untried()
-            if untried:  # else a space too large to list: the proposal stands
-                self.study.enqueue_trial(self._rng.choice(untried),
-                                         user_attrs={"seed": "untried"})
-                trial, (arch, train) = self._ask()
+        trial, (arch, train) = ask_new(self.study, self._ask, self._untried, self._rng)
         for name, value in rec.trial_attrs(arch, predicted_error=self.predict(arch),
                                            status="running").items():
             trial.set_user_attr(name, value)
@@ -116,6 +105,7 @@ class StudySearcher:
         return {TRIAL_KEY: TrialSpec(arch, train, self._retried_checkpoint(trial))}
 
     def _ask(self) -> tuple[Trial, tuple[ArchConfig, dict[str, Any]]]:
+        self._enqueue_next_start()
         with warnings.catch_warnings():  # heartbeats with ask/tell are this class's point
             warnings.filterwarnings("ignore", "Heartbeat of storage is supposed to be used")
             trial = self.study.ask()
@@ -279,6 +269,26 @@ class StudySearcher:
                 retry_failed(self.study, trial.number)
                 failed.append(trial.number)
         return failed
+
+
+def ask_new(study: optuna.Study, ask: Callable[[], tuple[Trial, Sampled]],
+            untried: Callable[[], list[dict[str, Any]] | None], rng: random.Random
+            ) -> tuple[Trial, Sampled]:
+    """A trial (and what ``ask`` sampled for it) whose point no finished trial has: proposals of
+    finished points are recorded as duplicates and re-asked; after ``MAX_REDRAWS`` of them a
+    point of ``untried()`` is enqueued at random (None: a space too large to list, where the
+    last proposal stands)."""
+    for _ in range(MAX_REDRAWS):
+        trial, sampled = ask()
+        twin = finished_twin(study, trial.params)
+        if twin is None:
+            return trial, sampled
+        skip_duplicate(study, trial, twin)
+    points = untried()
+    if not points:
+        return ask()
+    study.enqueue_trial(rng.choice(points), user_attrs={"seed": "untried"})
+    return ask()
 
 
 def finished_twin(study: optuna.Study, params: Mapping[str, Any]) -> FrozenTrial | None:
