@@ -25,6 +25,7 @@ import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -127,7 +128,7 @@ class Prior:
     temperature: float
     anchor: tuple[int, ...] = ()  # the candidates closest to the allocator's own plan
 
-    @property
+    @cached_property  # read several times per proposal; the prior never changes
     def log_prob(self) -> np.ndarray:
         logits = -self.energy / self.temperature
         return logits - _logsumexp(logits)
