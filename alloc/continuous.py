@@ -3,8 +3,9 @@
 Relax ``H_m >= 1`` and ``align <= d_m <= d_max`` to reals and price width at ``lam`` per unit.
 Each group then answers independently (the Lagrangian separates):
 
-* for fixed ``H`` the error is concave in ``d`` (``sqrt(d_in - d)``), so ``d`` sits at a corner,
-  ``align`` or ``d_max``;
+* for fixed ``H`` the error is concave in ``d`` (the compression term
+  ``sqrt(d_in (1 - (d/d_in)^k))`` is, for every order k), so ``d`` sits at a corner, ``align``
+  or ``d_max`` (with a measured input spectrum it is searched over the aligned dims);
 * for fixed ``d`` it is convex in ``H``; stationarity ``n w K H^{-(n+1)} = lam d`` gives
   the trade-off law ``H* = (n w K / (lam d))^{1/(n+1)}``: heads grow like
   ``(|rho_m| e^{alpha (n+1) s_m})^{1/(n+1)}``: with the weight of an offset, and exponentially
@@ -76,8 +77,12 @@ def group_error(problem: ExtractProblem, count: np.ndarray, dim: np.ndarray) -> 
     return np.where(count > 0, inside, w * m.bound)
 
 
-def corner_dims(problem: ExtractProblem) -> tuple[float, float]:
-    """The two candidate head dimensions of the relaxation: ``align`` and ``d_max``."""
+def corner_dims(problem: ExtractProblem) -> tuple[float, ...]:
+    """The candidate head dimensions of the relaxation: ``align`` and ``d_max`` (the error is
+    concave in ``d`` for isotropic tokens); every aligned one for a measured input spectrum,
+    where it need not be (the relaxation then keeps ``d`` on the aligned grid)."""
+    if problem.model.input_variance is not None:
+        return tuple(float(d) for d in problem.dims)
     return float(problem.dims[0]), float(problem.dims[-1])
 
 

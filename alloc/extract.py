@@ -4,9 +4,13 @@ The layer extracts offsets ``s`` of the kernel ``rho``; group ``m`` gives ``H_m`
 ``d_m`` to offset ``s_m`` (``sum H_m d_m <= D``, ``d_m`` a multiple of ``align``, ``<= d_in``), or
 skips it. The error bound, per group, in units of token norm::
 
-    |rho_m| * (c_proj * sqrt(max(d_in - d_m, 0))            # compression
-               + c_head * B * exp(alpha*(n+1)*s_m) * H_m^-n)  # position extraction
-    B * |rho_m|                                             # if skipped (truncation)
+    |rho_m| * (c_proj * sqrt(d_in) * sqrt(1 - min(d_m/d_in, 1)^k)   # compression
+               + c_head * B * exp(alpha*(n+1)*s_m) * H_m^-n)          # position extraction
+    B * |rho_m|                                                     # if skipped (truncation)
+
+where ``k`` is the order of the products of extracted tokens the layer's output feeds: 1 for an
+attention-only layer (the compression term is then ``c_proj * sqrt(max(d_in - d_m, 0))``), 2
+when an MLP follows (§2.1).
 
 ``solve_exact`` is the integer optimum (min-plus DP over groups and budget), ``solve_uniform`` the
 best layer of equal heads, ``solve_brute_force`` the enumeration the tests compare them with.
@@ -23,7 +27,9 @@ import numpy as np
 
 @dataclass(frozen=True)
 class ErrorModel:
-    """Constants of the bound; ``norm_bound`` (B) defaults to ``sqrt(input_dim)``."""
+    """Constants of the bound; ``norm_bound`` (B) defaults to ``sqrt(input_dim)``;
+    ``product_order`` is k of the compression term (1: linear read-out of the extracted
+    tokens; 2: an MLP forms their products)."""
 
     input_dim: int
     c_proj: float = 1.0
@@ -31,14 +37,35 @@ class ErrorModel:
     order: float = 2.0
     alpha: float = 0.01
     norm_bound: float | None = None
+    product_order: int = 1
+    # The measured covariance eigenvalues of the tokens (decreasing; §9.2); None: isotropic.
+    input_variance: tuple[float, ...] | None = None
 
     @property
     def bound(self) -> float:
         return math.sqrt(self.input_dim) if self.norm_bound is None else self.norm_bound
 
-    def compression(self, dim: np.ndarray | int) -> np.ndarray:
-        """Residual of a random ``dim``-dimensional projection of a token, per unit weight."""
-        return self.c_proj * np.sqrt(np.maximum(self.input_dim - np.asarray(dim, float), 0.0))
+    @cached_property
+    def _kept(self) -> np.ndarray:
+        """Share of the input's variance in its first ``i`` principal directions, i = 0..d."""
+        assert self.input_variance is not None
+        variance = np.clip(np.asarray(self.input_variance, dtype=np.float64), 0, None)
+        return np.r_[0.0, np.cumsum(variance) / max(variance.sum(), 1e-300)]
+
+    def kept_share(self, dim: np.ndarray | float) -> np.ndarray:
+        """Share of a token's variance a ``dim``-dimensional head keeps: ``dim / d_in`` for
+        isotropic tokens, the top ``dim`` principal directions' share of a measured spectrum."""
+        d = np.asarray(dim, float)
+        if self.input_variance is None:
+            return np.minimum(d / self.input_dim, 1.0)
+        return np.interp(d, np.arange(len(self._kept)), self._kept)
+
+    def compression(self, dim: np.ndarray | float) -> np.ndarray:
+        """Residual of a ``dim``-dimensional projection of a token, per unit weight: of the token
+        itself (k = 1: ``sqrt(d_in - dim)`` for isotropic tokens), or of its k-fold product (its
+        share of the product's norm, times ``B``: ``sqrt(d_in^k - dim^k) / d_in^((k-1)/2)``)."""
+        kept = np.clip(self.kept_share(dim), 0.0, 1.0)  # a cumulative share may round past 1
+        return self.c_proj * np.sqrt(self.input_dim * (1.0 - kept ** self.product_order))
 
     def head_constant(self, offset: np.ndarray | int) -> np.ndarray:
         """``K(s) = c_head * B * exp(alpha (n+1) s)``: extraction error of one head at offset s."""

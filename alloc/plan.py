@@ -8,9 +8,12 @@ contract other tools parse (``budget``, ``layers``, ``extract``, ``arch``).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass
 from typing import Any
+
+import numpy as np
 
 from alloc.continuous import ContinuousAllocation, solve_continuous
 from alloc.extract import (
@@ -40,9 +43,10 @@ from arch import (
     merge_groups,
     param_count,
 )
-from arch.kernels import parse_kernel
+from arch.kernels import KernelError, parse_kernel
 
 BASELINE_HEAD_DIM = 64
+MLP_PRODUCT_ORDER = 2  # an MLP after the attention multiplies pairs of extracted tokens (§2.1)
 
 
 @dataclass(frozen=True)
@@ -72,11 +76,39 @@ class PlanSettings:
     uniform: bool = False
     vocab_size: int | None = None
     positional: Positional = "learned"
+    # k of the compression term (docs/theory.md §2.1): None = from the MLP, 2 when a layer has
+    # one (it forms products of the extracted tokens), 1 for an attention-only layer.
+    product_order: int | None = None
+    # "file:PATH": the tokens' covariance eigenvalues as the first layer sees them (a pilot
+    # profile's, docs/theory.md §9.2); None: isotropic tokens of input_dim dimensions.
+    input_spectrum: str | None = None
+
+    def order_for(self, mlp_ratio: float) -> int:
+        """The compression term's order for a layer with this MLP ratio."""
+        if self.product_order is not None:
+            return self.product_order
+        return MLP_PRODUCT_ORDER if mlp_ratio > 0 else 1
+
+    def model_for(self, mlp_ratio: float) -> ErrorModel:
+        variance = None if self.input_spectrum is None else input_variance(self.input_spectrum)
+        return ErrorModel(self.input_dim, self.c_proj, self.c_head, self.order, self.alpha,
+                          self.norm_bound, self.order_for(mlp_ratio), variance)
 
     @property
     def model(self) -> ErrorModel:
-        return ErrorModel(self.input_dim, self.c_proj, self.c_head, self.order, self.alpha,
-                          self.norm_bound)
+        """The bound of the plan's own layers (their MLP is ``mlp_ratio``)."""
+        return self.model_for(self.mlp_ratio)
+
+
+@functools.cache
+def input_variance(spec: str) -> tuple[float, ...]:
+    """The values of an ``--input-spectrum file:PATH`` (read once per process; ``KernelError``
+    if it is not a file of non-negative numbers)."""
+    kind, values = parse_spectrum(spec)
+    if kind != "file":
+        raise KernelError(f"input spectrum {spec!r}: must be file:PATH (one variance per line)")
+    assert isinstance(values, np.ndarray)
+    return tuple(float(v) for v in values)
 
 
 @dataclass(frozen=True)
@@ -117,10 +149,10 @@ def _later_heads(settings: PlanSettings, heads: tuple[HeadGroup, ...], logit_bou
 
 def _extract_heads(settings: PlanSettings, exact: Allocation,
                    uniform: UniformAllocation) -> tuple[HeadGroup, ...]:
-    if settings.uniform:
+    # Every offset truncated (no group beats skipping it): the layer must still exist, and
+    # the best layer of equal heads is the bound's answer for its width.
+    if settings.uniform or not exact.groups:
         return (HeadGroup(uniform.count, uniform.dim),)
-    if not exact.groups:  # every offset truncated: keep one head so the layer exists
-        return (HeadGroup(1, int(settings.align)),)
     return merge_groups([HeadGroup(g.count, g.dim) for g in exact.groups])
 
 
@@ -137,7 +169,7 @@ def make_plan(settings: PlanSettings) -> Plan:
     problem = ExtractProblem(rho, settings.budget, settings.align, settings.model)
     exact, uniform = solve_exact(problem), solve_uniform(problem)
     continuous = solve_continuous(problem)
-    chosen = uniform.allocation if settings.uniform else exact
+    chosen = uniform.allocation if settings.uniform or not exact.groups else exact
     heads = _extract_heads(settings, exact, uniform)
     layers, errors = [], []
     for i in range(settings.layers):
@@ -160,7 +192,7 @@ def predicted_error(settings: PlanSettings, layer: LayerSpec) -> float:
     dims = sorted({g.v_dim for g in layer.heads})
     align = math.gcd(*dims, layer.width)
     rho = parse_kernel(settings.kernel, settings.seq_len)
-    problem = ExtractProblem(rho, layer.width, align, settings.model)
+    problem = ExtractProblem(rho, layer.width, align, settings.model_for(layer.mlp_ratio))
     return solve_with_dims(problem, dims).objective
 
 
@@ -261,7 +293,7 @@ def _allocation_report(alloc: Allocation) -> dict[str, Any]:
 def _extract_report(plan: Plan) -> dict[str, Any]:
     exact, cont, uni = plan.exact, plan.continuous, plan.uniform
     return {
-        "chosen": "uniform" if plan.settings.uniform else "exact",
+        "chosen": "uniform" if plan.settings.uniform or not exact.groups else "exact",
         "exact": _allocation_report(exact),
         "continuous": {
             "objective": cont.objective, "multiplier": cont.multiplier, "width": cont.width,

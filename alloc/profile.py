@@ -40,6 +40,15 @@ from alloc.compression import (
     plot_plan,
     render_plan,
 )
+from alloc.pilot import (
+    MAX_PILOT_MLP_RATIO,
+    MAX_PILOT_STEPS,
+    MAX_PILOT_WIDTH,
+    PilotMeasurement,
+    PilotRequest,
+    load_pilot,
+)
+from arch.config import MAX_DEPTH
 from arch.kernels import kernel_shape
 from common.cli import (
     Parser,
@@ -62,6 +71,9 @@ ENERGY = 0.9  # the input dimension keeps this share of the squared singular val
 MAX_LAGS = 32  # lags of the vector regression (its cost grows with (lags x d_in)^2)
 VECTOR_SAMPLE = 16_384  # default vector positions: the regression is O(n (lags d_in)^2)
 RIDGE = 1e-3  # ridge penalty, relative to the mean feature variance
+
+
+OPTIONAL_INPUTS = {"input_spectrum", "logit_bounds", "sources"}  # beside the four every profile has
 
 
 class ProfileError(TransformerAllocError):
@@ -96,16 +108,76 @@ class Profile:
     fits: tuple[KernelFit, ...]
     input_dim: int
     spectrum: np.ndarray  # decreasing
+    input_source: str = ""  # how input_dim was measured
+    spectrum_source: str = ""
     wall_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+    pilot: PilotMeasurement | None = None
 
     @property
     def best(self) -> KernelFit:
         return max(self.fits, key=lambda f: f.r2)
 
+    def inputs(self) -> MeasuredInputs:
+        """What the allocator takes from this profile, and which measurement each came from."""
+        return choose_inputs(self)
+
     @property
     def rank_90(self) -> int:
         return energy_rank(self.spectrum, ENERGY)
+
+
+@dataclass(frozen=True)
+class MeasuredInputs:
+    """The allocator inputs a profile chose (the pilot's where it learned, else the data
+    statistics'), each with the measurement it came from in ``sources``."""
+
+    kernel: np.ndarray  # rho(s), s = 1..N, largest 1
+    fits: tuple[KernelFit, ...]
+    input_dim: int
+    spectrum: np.ndarray
+    logit_bounds: tuple[float, ...] | None
+    sources: dict[str, str]
+    input_variance: np.ndarray | None = None  # the pilot's: the compression term uses it
+
+    @property
+    def best(self) -> KernelFit:
+        return max(self.fits, key=lambda f: f.r2)
+
+
+def choose_inputs(profile: Profile) -> MeasuredInputs:
+    """The pilot's measurements where there is a pilot, except its attention kernel when the
+    pilot did not beat token frequencies (its attention had learned nothing to look at)."""
+    stats = {"kernel": profile.estimator, "input_dim": profile.input_source,
+             "spectrum": profile.spectrum_source}
+    pilot = profile.pilot
+    if pilot is None:
+        return MeasuredInputs(profile.kernel, profile.fits, profile.input_dim, profile.spectrum,
+                              None, stats)
+    trained = f"pilot ({pilot.steps} steps)"
+    sources = {"input_dim": f"{trained}: the width of layer 0's attention input",
+               "input_spectrum": f"{trained}: covariance eigenvalues of layer 0's attention input "
+                                 f"(participation ratio {pilot.participation_ratio:.1f}, "
+                                 f"{ENERGY:.0%} of the variance in {pilot.input_rank} "
+                                 f"directions, signal dimension {pilot.signal_dim})"}
+    kernel, fits = profile.kernel, profile.fits
+    if pilot.learned_context:
+        kernel = pilot.kernel()
+        fits = fit_kernel(kernel)
+        sources["kernel"] = f"{trained}: layer 0's attention mass per query-key distance"
+    else:
+        sources["kernel"] = (f"{profile.estimator} (not the pilot's attention: its loss "
+                             f"{pilot.val_loss:.3f} did not beat token frequencies' "
+                             f"{pilot.unigram_loss:.3f})")
+    spectrum, bounds = profile.spectrum, None
+    if pilot.spectra:
+        spectrum, bounds = pilot.spectrum(), pilot.logit_bounds
+        sources["spectrum"] = f"{trained}: later layers' mean query-key singular values"
+        sources["logit_bounds"] = f"{trained}: each later layer's largest |logit|"
+    else:
+        sources["spectrum"] = f"{profile.spectrum_source} (a one-layer pilot has no later layer)"
+    variance = np.asarray(pilot.input_variance)
+    return MeasuredInputs(kernel, fits, len(variance), spectrum, bounds, sources, variance)
 
 
 # --- estimators -------------------------------------------------------------------------------
@@ -214,11 +286,13 @@ def fit_kernel(rho: np.ndarray) -> tuple[KernelFit, ...]:
 
 
 def profile_data(spec: DataSpec, seq_len: int | None = None, sample: int | None = None,
-                 seed: int = 0) -> Profile:
-    """Measure the allocator's inputs on ``spec`` (see the module docstring).
+                 seed: int = 0, pilot: PilotRequest | None = None) -> Profile:
+    """Measure the allocator's inputs on ``spec`` (see the module docstring); with ``pilot``
+    (token data only) also train and measure the pilot (``alloc.pilot``), in windows of the
+    profile's ``seq_len``.
 
     Raises:
-        DataError: the data cannot be used.
+        DataError: the data cannot be used; PilotError: the pilot cannot run.
     """
     start = time.perf_counter()
     spec = spec.resolved()
@@ -226,6 +300,9 @@ def profile_data(spec: DataSpec, seq_len: int | None = None, sample: int | None 
         profile = _profile_vectors(spec, seq_len, sample or VECTOR_SAMPLE)
     else:
         profile = _profile_tokens(spec, seq_len or 256, sample or 1_000_000, seed)
+        if pilot is not None:
+            request = dataclasses.replace(pilot, data=spec, seq_len=profile.seq_len, seed=seed)
+            profile = dataclasses.replace(profile, pilot=load_pilot()(request))
     return dataclasses.replace(profile, wall_s=time.perf_counter() - start)
 
 
@@ -241,6 +318,8 @@ def _profile_tokens(spec: DataSpec, seq_len: int, count: int, seed: int) -> Prof
     return Profile(spec.path, str(spec.format), offsets, int(windows.size),
                    f"mutual information, bias-corrected, top {TOP_K} symbols", rho, mi,
                    fit_kernel(rho), energy_rank(spectrum, ENERGY), spectrum,
+                   input_source=f"rank at {ENERGY:.0%} energy of the offset-1 PMI matrix",
+                   spectrum_source="singular values of the offset-1 PMI matrix",
                    extra={"vocab_size": data.vocab_size})
 
 
@@ -261,22 +340,50 @@ def _profile_vectors(spec: DataSpec, seq_len: int | None, count: int) -> Profile
     return Profile(spec.path, "npy", lags, rows * data.length,
                    f"ridge regression on {lags} lags", rho, share, fit_kernel(rho),
                    max(1, round(d_in)), spectrum,
+                   input_source="participation ratio of the input covariance",
+                   spectrum_source="singular values of the lag-regression coefficients",
                    extra={"participation_ratio": d_in, "data_input_dim": data.input_dim})
 
 
 # --- output -------------------------------------------------------------------------------------
 
 
-def allocator_inputs(profile: Profile, kernel_file: str, spectrum_file: str) -> dict[str, Any]:
-    """What ``alloc.solve --profile`` takes: the best parametric kernel if it fits (R² >= 0.9),
-    else the measured one, the input dimension, the sequence length and the spectrum."""
-    best = profile.best
-    return {"kernel": best.spec if best.r2 >= 0.9 else f"file:{kernel_file}",
-            "input_dim": profile.input_dim, "seq_len": profile.seq_len,
-            "spectrum": f"file:{spectrum_file}"}
+def allocator_inputs(profile: Profile, kernel_file: str, spectrum_file: str,
+                     input_file: str = "") -> dict[str, Any]:
+    """What ``alloc.solve --profile`` takes: the chosen kernel (its best parametric fit if it
+    fits, R² >= 0.9, else the measured values), the input dimension, the sequence length, the
+    spectrum, the later layers' logit bounds when a pilot measured them, and ``sources``: which
+    measurement each input came from."""
+    chosen = profile.inputs()
+    best = chosen.best
+    inputs: dict[str, Any] = {
+        "kernel": best.spec if best.r2 >= 0.9 else f"file:{kernel_file}",
+        "input_dim": chosen.input_dim, "seq_len": profile.seq_len,
+        "spectrum": f"file:{spectrum_file}"}
+    if chosen.input_variance is not None:
+        inputs["input_spectrum"] = f"file:{input_file}"
+    if chosen.logit_bounds:
+        inputs["logit_bounds"] = [round(b, 4) for b in chosen.logit_bounds]
+    return {**inputs, "sources": chosen.sources}
 
 
-def to_dict(profile: Profile, kernel_file: str = "", spectrum_file: str = "") -> dict[str, Any]:
+def pilot_dict(pilot: PilotMeasurement) -> dict[str, Any]:
+    kernel = pilot.kernel()
+    return {"arch": pilot.arch, "steps": pilot.steps, "seconds": round(pilot.seconds, 2),
+            "val_loss": pilot.val_loss, "unigram_loss": pilot.unigram_loss,
+            "learned_context": pilot.learned_context, "sample_tokens": pilot.sample_tokens,
+            "input_rank_90": pilot.input_rank, "signal_dim": pilot.signal_dim,
+            "participation_ratio": round(pilot.participation_ratio, 3),
+            "input_variance": [float(v) for v in pilot.input_variance],
+            "attention_kernel": {
+                "fits": {f.form: {"param": f.param, "r2": f.r2} for f in fit_kernel(kernel)},
+                "values": [float(v) for v in kernel]},
+            "logit_bounds": list(pilot.logit_bounds),
+            "spectrum": [float(v) for v in pilot.spectrum()]}
+
+
+def to_dict(profile: Profile, kernel_file: str = "", spectrum_file: str = "",
+            input_file: str = "") -> dict[str, Any]:
     data: dict[str, Any] = {
         "source": profile.source, "format": profile.format, "seq_len": profile.seq_len,
         "sample": profile.sample, "wall_s": round(profile.wall_s, 3),
@@ -288,21 +395,31 @@ def to_dict(profile: Profile, kernel_file: str = "", spectrum_file: str = "") ->
         "spectrum": {"rank_90": profile.rank_90,
                      "values": [float(v) for v in profile.spectrum]},
         **profile.extra}
+    if profile.pilot is not None:
+        data["pilot"] = pilot_dict(profile.pilot)
     if kernel_file:
         data["kernel"]["file"] = kernel_file
         data["spectrum"]["file"] = spectrum_file
-        data["allocator"] = allocator_inputs(profile, kernel_file, spectrum_file)
+        data["allocator"] = allocator_inputs(profile, kernel_file, spectrum_file, input_file)
     return data
 
 
 def write_profile(profile: Profile, out: Path) -> dict[str, Any]:
-    """``out`` (YAML) and, beside it, ``<stem>.kernel.txt`` and ``<stem>.spectrum.txt``."""
+    """``out`` (YAML) and, beside it, ``<stem>.kernel.txt`` and ``<stem>.spectrum.txt`` (the
+    kernel and spectrum the allocator is given)."""
     kernel, spectrum = out.with_suffix(".kernel.txt"), out.with_suffix(".spectrum.txt")
-    write_atomic(kernel, "# rho(s), s = 1, 2, ... (alloc.profile)\n"
-                 + "".join(f"{v:.8g}\n" for v in profile.kernel))
-    write_atomic(spectrum, "# singular values, decreasing (alloc.profile)\n"
-                 + "".join(f"{v:.8g}\n" for v in profile.spectrum))
-    data = to_dict(profile, kernel.name, spectrum.name)
+    chosen = profile.inputs()
+    write_atomic(kernel, f"# rho(s), s = 1, 2, ... (alloc.profile: {chosen.sources['kernel']})\n"
+                 + "".join(f"{v:.8g}\n" for v in chosen.kernel))
+    write_atomic(spectrum, f"# singular values, decreasing (alloc.profile: "
+                           f"{chosen.sources['spectrum']})\n"
+                 + "".join(f"{v:.8g}\n" for v in chosen.spectrum))
+    inputs = out.with_suffix(".input.txt")
+    if chosen.input_variance is not None:
+        write_atomic(inputs, f"# variances, decreasing (alloc.profile: "
+                             f"{chosen.sources['input_spectrum']})\n"
+                     + "".join(f"{v:.8g}\n" for v in chosen.input_variance))
+    data = to_dict(profile, kernel.name, spectrum.name, inputs.name)
     write_atomic(out, dump_yaml(data))
     return data
 
@@ -316,13 +433,27 @@ def read_allocator_inputs(path: Path) -> dict[str, Any]:
             from None
     inputs = data.get("allocator") if isinstance(data, dict) else None
     keys = {"kernel", "input_dim", "seq_len", "spectrum"}
-    if not isinstance(inputs, dict) or set(inputs) != keys:
+    if not isinstance(inputs, dict) or not keys <= set(inputs) \
+            or not set(inputs) <= keys | OPTIONAL_INPUTS:
         raise ProfileError(f"--profile {str(path)!r}: needs an allocator section with "
-                         f"{', '.join(sorted(keys))} (python -m alloc.profile --out writes it)")
-    for key in ("kernel", "spectrum"):
-        if str(inputs[key]).startswith("file:"):
+                           f"{', '.join(sorted(keys))} (python -m alloc.profile --out writes it)")
+    inputs = {k: v for k, v in inputs.items() if k != "sources"}
+    for key in ("kernel", "spectrum", "input_spectrum"):
+        if str(inputs.get(key)).startswith("file:"):
             inputs[key] = f"file:{path.parent / str(inputs[key])[5:]}"
+    if "logit_bounds" in inputs:
+        inputs["logit_bounds"] = _logit_bounds(path, inputs["logit_bounds"])
     return dict(inputs)
+
+
+def _logit_bounds(path: Path, value: Any) -> tuple[float, ...]:
+    ok = isinstance(value, list) and 0 < len(value) <= MAX_DEPTH and all(
+        isinstance(v, int | float) and not isinstance(v, bool) and 0 < v < math.inf
+        for v in value)
+    if not ok:
+        raise ProfileError(f"--profile {str(path)!r}: allocator.logit_bounds = {value!r}: must "
+                           f"be a list of 1 to {MAX_DEPTH} positive numbers")
+    return tuple(float(v) for v in value)
 
 
 def render(data: dict[str, Any]) -> str:
@@ -338,10 +469,24 @@ def render(data: dict[str, Any]) -> str:
              f"best fit: {data['kernel']['best']}",
              f"input dimension d_in: {data['input_dim']} (spectrum rank at 90% energy "
              f"{data['spectrum']['rank_90']} of {len(data['spectrum']['values'])})"]
+    if "pilot" in data:
+        p = data["pilot"]
+        rho = ", ".join(f"{v:.3f}" for v in p["attention_kernel"]["values"][:8])
+        lines.append(f"pilot: {p['arch']}, {p['steps']} steps in {p['seconds']:.1f} s, "
+                     f"validation loss {p['val_loss']:.3f} (token frequencies "
+                     f"{p['unigram_loss']:.3f}); layer-0 input: 90% of the variance in "
+                     f"{p['input_rank_90']} directions, participation ratio "
+                     f"{p['participation_ratio']:.1f}, signal dimension {p['signal_dim']}; "
+                     f"attention "
+                     f"rho(1..) = {rho}, ...")
     if "allocator" in data:
         a = data["allocator"]
+        bounds = (f" --logit-bounds {','.join(f'{b:g}' for b in a['logit_bounds'])}"
+                  if "logit_bounds" in a else "")
+        given = f" --input-spectrum {a['input_spectrum']}" if "input_spectrum" in a else ""
         lines.append(f"allocator inputs: --kernel {a['kernel']} --input-dim {a['input_dim']} "
-                     f"--seq-len {a['seq_len']} --spectrum {a['spectrum']}")
+                     f"--seq-len {a['seq_len']} --spectrum {a['spectrum']}{given}{bounds}")
+        lines += [f"  {key}: {source}" for key, source in a["sources"].items()]
     return "\n".join(lines)
 
 
@@ -410,7 +555,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"tokens (or vector positions) sampled (default: 1,000,000 tokens, "
                         f"{VECTOR_SAMPLE:,} vector positions; with --checkpoint, 32,768 tokens "
                         "in windows of the model's length)")
-    p.add_argument("--seed", type=int_in(0), default=0, help="where the sample is drawn")
+    p.add_argument("--seed", type=int_in(0), default=0,
+                   help="where the sample is drawn (and the pilot's seed)")
+    pilot = p.add_argument_group("pilot (token data; docs/theory.md §9.2)")
+    pilot.add_argument("--pilot-steps", type=int_in(1, MAX_PILOT_STEPS),
+                       help=f"train the uniform baseline this many steps and measure the "
+                            f"allocator's inputs as it sees them (default: "
+                            f"{PilotRequest.steps} for token data)")
+    pilot.add_argument("--no-pilot", action="store_true",
+                       help="only the data statistics (mutual information, PMI rank)")
+    pilot.add_argument("--budget", type=int_in(1, MAX_PILOT_WIDTH), default=PilotRequest.budget,
+                       help="the pilot's width D (use your search's)")
+    pilot.add_argument("--layers", type=int_in(1, MAX_DEPTH), default=PilotRequest.layers,
+                       help="the pilot's depth (use your search's)")
+    pilot.add_argument("--mlp-ratio", type=number(0),
+                       default=PilotRequest.mlp_ratio, help="the pilot's MLP ratio")
     p.add_argument("--out", type=Path, help="write the profile YAML (and its kernel and "
                                             "spectrum files beside it)")
     p.add_argument("--plot", type=Path, help="write the kernel and spectrum plot (PNG)")
@@ -428,7 +587,8 @@ def main(argv: list[str] | None = None) -> int:
             return _main_checkpoint(args)
         _check_data_flags(args)
         spec = DataSpec(str(args.data), args.data_format, args.data_dtype, args.vocab_size)
-        profile = profile_data(spec, args.seq_len, args.sample_tokens, args.seed)
+        profile = profile_data(spec, args.seq_len, args.sample_tokens, args.seed,
+                               pilot_request(args, spec))
     except TransformerAllocError as err:
         return fail(PROG, str(err))
     data = write_profile(profile, args.out) if args.out else to_dict(profile)
@@ -436,6 +596,25 @@ def main(argv: list[str] | None = None) -> int:
         plot(profile, args.plot)
     print(render(data) if args.format == "table" else dump(data, args.format))
     return 0
+
+
+def pilot_request(args: argparse.Namespace, spec: DataSpec) -> PilotRequest | None:
+    """The pilot the flags ask for: on by default for token data, refused for vectors."""
+    if args.no_pilot:
+        if args.pilot_steps is not None:
+            raise UsageError("--pilot-steps and --no-pilot: give one")
+        return None
+    if spec.resolved().format == "npy":
+        if args.pilot_steps is not None:
+            raise UsageError(f"--pilot-steps {args.pilot_steps}: the pilot trains a language "
+                             "model on token data; vector sequences (.npy) are profiled by "
+                             "regression")
+        return None
+    if args.mlp_ratio > MAX_PILOT_MLP_RATIO:
+        raise UsageError(f"--mlp-ratio {args.mlp_ratio:g}: must be <= {MAX_PILOT_MLP_RATIO} for "
+                         "the pilot")
+    return PilotRequest(spec, budget=args.budget, layers=args.layers,
+                        mlp_ratio=args.mlp_ratio, steps=args.pilot_steps or PilotRequest.steps)
 
 
 def _check_data_flags(args: argparse.Namespace) -> None:

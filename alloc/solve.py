@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from alloc.constants import read_constants
-from alloc.plan import Plan, PlanSettings, make_plan, report
+from alloc.plan import Plan, PlanSettings, input_variance, make_plan, report
 from alloc.saturation import parse_spectrum
 from arch import ATTENTION_KINDS, POSITIONALS
 from arch.config import MAX_DEPTH, MAX_WIDTH
@@ -28,6 +28,7 @@ from common.files import write_atomic
 
 PROG = "alloc.solve"
 MAX_SEQ_LEN = 16384
+MAX_PRODUCT_ORDER = 8
 MAX_ERROR_TERM = 1e100  # the bound's largest term; products of a few stay finite in float64
 # (groups x (count, dim) pairs) above this would take seconds and gigabytes: refuse it up front.
 MAX_TABLE = 50_000_000
@@ -44,7 +45,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-len", type=int_in(1, MAX_SEQ_LEN), default=d.seq_len,
                    help="sequence length N: offsets 1..N and the softmax width")
     p.add_argument("--input-dim", type=int_in(1, MAX_WIDTH), default=d.input_dim,
-                   help="token dimension d_in")
+                   help="token dimension d_in (given explicitly, it replaces a --profile's input "
+                        "spectrum)")
+    p.add_argument("--input-spectrum", default=d.input_spectrum, metavar="file:PATH",
+                   help="the tokens' covariance eigenvalues as the first layer sees them (a "
+                        "pilot profile's; docs/theory.md §9.2): the compression term keeps the "
+                        "top directions' share instead of dim / input-dim")
     p.add_argument("--kernel", default=d.kernel,
                    help="memory kernel: ngram:K, exp:LAMBDA, poly:P or file:PATH "
                         "(docs/theory.md §2)")
@@ -79,7 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--attention", choices=ATTENTION_KINDS, default=d.attention,
                    help="attention kind of every layer")
     p.add_argument("--mlp-ratio", type=number(0), default=d.mlp_ratio,
-                   help="MLP hidden / d_model (0 = attention-only layers)")
+                   help="MLP hidden / d_model (0 = attention-only layers); with an MLP the "
+                        "bound's compression term is of order 2 (docs/theory.md §2.1)")
+    p.add_argument("--product-order", type=int_in(1, MAX_PRODUCT_ORDER),
+                   help="order k of the compression term: 1 = the attention-only rule, 2 = an "
+                        "MLP forms products of the extracted tokens (default: 2 with an MLP, "
+                        "else 1; docs/theory.md §2.1)")
     p.add_argument("--uniform", action="store_true",
                    help="extraction layers use the best uniform layer instead of groups")
     p.add_argument("--vocab-size", type=int_in(1), default=None,
@@ -109,9 +120,10 @@ def settings_from_args(args: argparse.Namespace) -> PlanSettings:
         seq_len=args.seq_len, input_dim=args.input_dim, kernel=args.kernel, align=args.align,
         c_proj=args.c_proj, c_head=args.c_head, order=args.order, alpha=args.alpha,
         norm_bound=args.norm_bound, tolerance=args.tolerance, logit_bound=args.logit_bound,
-        logit_bounds=args.logit_bounds,
+        logit_bounds=None if args.logit_bounds is None else tuple(args.logit_bounds),
         spectrum=args.spectrum, attention=args.attention, mlp_ratio=args.mlp_ratio,
-        uniform=args.uniform, vocab_size=args.vocab_size, positional=args.positional)
+        uniform=args.uniform, vocab_size=args.vocab_size, positional=args.positional,
+        product_order=args.product_order, input_spectrum=args.input_spectrum)
     if s.align > min(s.input_dim, s.budget):
         raise UsageError(f"--align {s.align}: must be <= --input-dim ({s.input_dim}) and "
                          f"<= --budget ({s.budget}) so that an aligned head dimension exists")
@@ -152,6 +164,14 @@ def settings_from_args(args: argparse.Namespace) -> PlanSettings:
         parse_spectrum(s.spectrum)
     except KernelError as err:
         raise UsageError(f"--spectrum: {err}") from None
+    if s.input_spectrum is not None:
+        try:
+            values = input_variance(s.input_spectrum)
+        except KernelError as err:
+            raise UsageError(f"--input-spectrum: {err}") from None
+        if len(values) > s.input_dim or not any(values):
+            raise UsageError(f"--input-spectrum {s.input_spectrum!r}: {len(values)} values; "
+                             f"needs 1 to --input-dim ({s.input_dim}) values, not all zero")
     return s
 
 
@@ -230,9 +250,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         defaults.update(read_allocator_inputs(args.profile))
     if args.constants is not None:
         defaults.update(read_constants(args.constants).as_flags())
+    given = argv if argv is not None else sys.argv[1:]
+    if any(a == "--input-dim" or a.startswith("--input-dim=") for a in given):
+        defaults.pop("input_spectrum", None)  # an explicit d_in replaces the measured spectrum
     if defaults:
         parser.set_defaults(**defaults)
         args = parser.parse_args(argv)
+    measured = defaults.get("logit_bounds")
+    if measured is not None and args.logit_bounds is measured:
+        # A deeper pilot measured more later layers than this plan has: theirs go unused.
+        args.logit_bounds = measured[:max(0, args.layers - args.extract_layers)] or None
     return args
 
 

@@ -415,7 +415,12 @@ def cases(args: argparse.Namespace) -> list[Case]:
     """The tables the flags name (``UsageError`` if bad)."""
     from workers.experiments import harness
     from workers.search.driver import training_budget
-    from workers.search.seeding import measured_inputs, plan_settings, profile_for
+    from workers.search.seeding import (
+        measured_inputs,
+        plan_settings,
+        profile_for,
+        space_mlp_ratio,
+    )
     from workers.tasks import make_task
     from workers.tasks.cli import task_from_args
     from workers.tasks.data import make_data_task
@@ -444,8 +449,10 @@ def cases(args: argparse.Namespace) -> list[Case]:
         except SpaceError as err:
             raise UsageError(f"--space: {err} (the benchmark needs a finite space)") from None
         task = make()
+        shape = (space.budget, space.depth, space_mlp_ratio(space))
         settings = plan_settings(space.budget, space.depth, task,
-                                 measured_inputs(profile_for(task, None, args.out)))
+                                 measured_inputs(profile_for(task, None, args.out, shape)),
+                                 shape[2])
         out.append(Case(name, space, task, settings))
     return out
 

@@ -116,6 +116,25 @@ def space_data_source(name: str | Path) -> DataSpec | None:
     return spec
 
 
+def space_shape(name: str | Path, budget: int | None = None) -> tuple[int, int, float] | None:
+    """``(budget, depth, largest MLP ratio)`` of a space file, read before the space is (the
+    data's pilot profile needs them first); None where the file or a field is not plain (the
+    space's own checks report it when it is loaded)."""
+    try:
+        data, _ = read_space_file(name)
+    except SpaceError:
+        return None
+    width: Any = budget or data.get("budget")
+    depth: Any = data.get("depth")
+    rules = data.get("layers")
+    ratios = [r.get("mlp_ratio", 0) for r in rules if isinstance(r, dict)] \
+        if isinstance(rules, list) else []
+    flat = [v for r in ratios for v in (r if isinstance(r, list) else [r])]
+    if not (is_int(width) and is_int(depth) and all(is_number(v) for v in flat)):
+        return None
+    return int(width), int(depth), float(max(flat, default=0))
+
+
 def uses_allocator(data: Mapping[str, Any]) -> bool:
     """Whether a space's rules take values from the allocator's plan."""
     rules = data.get("layers")

@@ -36,6 +36,9 @@ def random_problem(rng: np.random.Generator, tmp: Path, aligned_budget: bool = F
     model = ErrorModel(input_dim, c_proj=float(rng.uniform(0.1, 2)),
                        c_head=float(rng.uniform(0.1, 3)), order=float(rng.choice([1, 1.5, 2, 3])),
                        alpha=float(rng.uniform(0, 0.5)),
-                       norm_bound=None if rng.random() < 0.5 else float(rng.uniform(0.5, 4)))
+                       norm_bound=None if rng.random() < 0.5 else float(rng.uniform(0.5, 4)),
+                       product_order=int(rng.choice([1, 2, 3])),
+                       input_variance=None if rng.random() < 0.5 else tuple(
+                           np.sort(rng.exponential(size=input_dim))[::-1].tolist()))
     rho = parse_kernel(random_kernel(rng, tmp, seq_len), seq_len)
     return ExtractProblem(rho, budget, align, model)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from alloc.continuous import solve_continuous
+from alloc.continuous import corner_dims, solve_continuous
 from alloc.extract import ErrorModel, ExtractProblem, solve_exact
 from arch.kernels import parse_kernel
 from tests.alloc_instances import random_problem
@@ -17,14 +17,14 @@ from tests.alloc_instances import random_problem
 def lagrangian(problem: ExtractProblem, lam: float, w: float, k: float, count: float,
                dim: float) -> float:
     m = problem.model
-    comp = m.c_proj * math.sqrt(max(m.input_dim - dim, 0.0))
+    comp = float(m.compression(dim))  # c_proj sqrt(d_in - d) for isotropic linear tokens
     return w * (comp + k * count**-m.order) + lam * count * dim
 
 
 def check_kkt(problem: ExtractProblem) -> None:
     cont = solve_continuous(problem)
     m, lam = problem.model, cont.multiplier
-    lo, hi = float(problem.dims[0]), float(problem.dims[-1])
+    corners = corner_dims(problem)  # align and d_max; every aligned dim with a spectrum
     n = m.order
     weights = dict(zip(problem.offsets.tolist(), problem.weights.tolist()))
     shares: dict[int, float] = {}
@@ -36,11 +36,11 @@ def check_kkt(problem: ExtractProblem) -> None:
             assert abs(grad) <= 1e-6 * (lam * g.dim + 1e-12), g  # stationarity in H
         else:
             assert grad >= -1e-9 * (lam * g.dim + 1e-12), g  # H at its lower bound
-        assert g.dim in (lo, hi)  # concave in d: a corner
+        assert g.dim in corners  # concave in d: a corner
         # No other answer (skip, the other corner at its stationary H) is better.
         value = lagrangian(problem, lam, w, k, g.count, g.dim)
         assert value <= w * m.bound * (1 + 1e-6) + 1e-12
-        for d in (lo, hi):
+        for d in corners:
             h = max(1.0, (n * w * k / (lam * d)) ** (1 / (n + 1)))
             assert value <= lagrangian(problem, lam, w, k, h, d) * (1 + 1e-6) + 1e-12
         shares[g.offset] = shares.get(g.offset, 0.0) + g.share

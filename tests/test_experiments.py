@@ -14,6 +14,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+import yaml
 
 from alloc.constants import read_constants
 from arch import ArchConfig, HeadGroup, LayerSpec, param_count
@@ -192,14 +193,26 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.Capture
     assert (tmp_path / "FILE").read_text() == "keep"
 
 
-def test_corpus_profile_plan_and_seeded_search(tmp_path: Path) -> None:
-    result = run_experiment(tmp_path, "corpus")
-    rows = read_csv(tmp_path / "corpus" / "corpus.csv")
-    assert len(rows) == result["trials"] >= 3 and rows[0]["rank"] == "1"
-    assert [float(r["val_loss"]) for r in rows] == sorted(float(r["val_loss"]) for r in rows)
-    # The allocator's plan was enqueued first, trained fully, and is found among the rows.
-    assert sum(r["allocator"] == "True" for r in rows) == 1
-    assert result["allocator_rank"] == next(int(r["rank"]) for r in rows
-                                            if r["allocator"] == "True")
-    assert result["profile"]["input_dim"] >= 1 and (tmp_path / "corpus" / "profile.yaml"
-                                                    ).exists()
+def test_corpora_grid_plans_before_and_after(tmp_path: Path) -> None:
+    """Three corpora, every grid point with both seeds, the two plans ranked in the grid."""
+    result = run_experiment(tmp_path, "corpora")
+    out = tmp_path / "corpora"
+    rows = read_csv(out / "corpora.csv")
+    assert {r["corpus"] for r in rows} == {"code", "docs", "records"}
+    for corpus in result["corpora"]:
+        mine = [r for r in rows if r["corpus"] == corpus["corpus"]]
+        assert len(mine) == corpus["points"] == 2  # heads (1, 2) x (1,) at smoke size
+        assert sorted(int(r["rank"]) for r in mine) == [1, 2]
+        for r in mine:  # the mean of the seeds ranks the point
+            assert float(r["loss"]) == pytest.approx(
+                (float(r["loss_seed0"]) + float(r["loss_seed1"])) / 2)
+        after = yaml.safe_load((out / corpus["corpus"] / "profile-after.yaml").read_text())
+        assert "pilot" in after and set(after["allocator"]["sources"]) >= {
+            "kernel", "input_dim", "input_spectrum"}
+        assert "pilot" not in yaml.safe_load((out / corpus["corpus"] / "profile-before.yaml")
+                                             .read_text())
+        assert corpus["after"]["inputs"].endswith("compression order 2")
+        assert corpus["before"]["inputs"].endswith("compression order 1")
+    plans = read_csv(out / "corpora_plans.csv")
+    assert [(p["corpus"], p["when"]) for p in plans] == [
+        (c, w) for c in ("code", "docs", "records") for w in ("before", "after")]

@@ -79,7 +79,7 @@ def test_predicted_error_of_any_layer_is_the_brute_force_bound() -> None:
 
     settings = PlanSettings(budget=64, input_dim=16, seq_len=4, kernel="poly:1", layers=1)
     rho = parse_kernel(settings.kernel, settings.seq_len)
-    problem = ExtractProblem(rho, 64, 1, settings.model)
+    problem = ExtractProblem(rho, 64, 1, settings.model_for(0.0))  # the layers have no MLP
     offsets = problem.offsets.tolist()
     for count, dim in [(1, 64), (2, 32), (4, 16), (8, 8), (3, 8), (5, 4)]:
         best = np.inf

@@ -77,7 +77,8 @@ def test_text_corpus_profile_solve_and_train(tmp_path: Path,
     for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[:30]:
         (corpus / f"{path.stem}.txt").write_text(path.read_text())
     assert main(["--data", str(corpus), "--out", str(tmp_path / "p.yaml"), "--plot",
-                 str(tmp_path / "p.png"), "--format", "json"]) == 0
+                 str(tmp_path / "p.png"), "--format", "json", "--seq-len", "64",
+                 "--pilot-steps", "40", "--budget", "64"]) == 0
     report = json.loads(capsys.readouterr().out)
     saved = yaml.safe_load((tmp_path / "p.yaml").read_text())
     assert saved["allocator"] == report["allocator"] and saved["format"] == "text"
@@ -86,7 +87,7 @@ def test_text_corpus_profile_solve_and_train(tmp_path: Path,
     assert solve_main(["--budget", "64", "--profile", str(tmp_path / "p.yaml"), "--out",
                        str(tmp_path / "a.yaml"), "--layers", "2", "--format", "json"]) == 0
     plan = json.loads(capsys.readouterr().out)
-    assert plan["inputs"]["input_dim"] == report["input_dim"]
+    assert plan["inputs"]["input_dim"] == report["allocator"]["input_dim"] == 64  # pilot width
     assert solve_main(["--budget", "64", "--profile", str(tmp_path / "p.yaml"),
                        "--input-dim", "32", "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out)["inputs"]["input_dim"] == 32  # the flag wins

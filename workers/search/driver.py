@@ -41,7 +41,7 @@ from arch.memory import gib, training_bytes
 from common.cli import Parser, add_format, dump, fail, int_in, number
 from common.errors import TransformerAllocError, UsageError, excerpt
 from search_spaces import SearchSpace, SpaceError, load_space
-from search_spaces.loader import SAMPLERS, space_data_source
+from search_spaces.loader import SAMPLERS, space_data_source, space_shape
 from studies import query
 from studies import records as rec
 from studies.storage import (
@@ -66,6 +66,7 @@ from workers.search.seeding import (
     planner,
     profile_for,
     seeds,
+    space_mlp_ratio,
     starting_points,
 )
 from workers.search.warmstart import WarmStart, copy_trials, open_source
@@ -73,6 +74,7 @@ from workers.tasks import Task, TaskError, describe_task, make_task
 from workers.tasks.cli import add_task_args, task_from_args
 
 log = logging.getLogger(__name__)
+SMOKE_PILOT_STEPS = 20  # --smoke-test: the data's pilot profile only checks that it runs
 PROG = "workers.search"
 SMOKE_TRAIN = {"steps": 40, "eval_every": 10, "batch_size": 16, "eval_batches": 2}
 SMOKE_TRIALS = 6
@@ -218,11 +220,14 @@ def run_search(space: SearchSpace | str | Path, task: Task | str, *, storage: st
         task = make_task(task, "paper", opts.seed) if isinstance(task, str) else task
     except TaskError as err:
         raise SearchError(f"--task: {err}") from None
-    profile = profile_for(task, opts.profile, opts.storage_path)
+    shape = (space.budget, space.depth, space_mlp_ratio(space)) \
+        if isinstance(space, SearchSpace) else space_shape(space)
+    profile = profile_for(task, opts.profile, opts.storage_path, shape)
     measured = measured_inputs(profile)
     if not isinstance(space, SearchSpace):
         try:
-            space = load_space(space, planner=planner(task, measured))
+            space = load_space(space, planner=planner(
+                task, measured, shape[2] if shape else PlanSettings.mlp_ratio))
         except SpaceError as err:
             raise SearchError(f"--space: {err}") from None
     url = resolve_url(storage)
@@ -236,7 +241,7 @@ def run_search(space: SearchSpace | str | Path, task: Task | str, *, storage: st
         if opts.warm_start == name:
             raise SearchError(f"--warm-start {opts.warm_start!r}: is the study this search "
                               "writes; give another study of the same --storage")
-    settings = plan_settings(space.budget, space.depth, task, measured)
+    settings = plan_settings(space.budget, space.depth, task, measured, space_mlp_ratio(space))
     kind = opts.sampler or space.sampler
     total = trials or (len(space.grid()) if kind == "grid" else 20)
     heartbeats = StorageSettings(heartbeat_interval=opts.heartbeat_interval,
@@ -461,9 +466,11 @@ def setup(args: argparse.Namespace) -> tuple[SearchSpace, Task, int | None, Sear
         if args.study is not None:  # before profiling the data writes into --storage-path
             check_study_name(args.study)
         check_writable_dir("--storage-path", args.storage_path)
-        profile = profile_for(task, args.profile, args.storage_path)
-        space = load_space(args.space, args.budget, planner=planner(task,
-                                                                    measured_inputs(profile)))
+        shape = space_shape(args.space, args.budget)
+        profile = profile_for(task, args.profile, args.storage_path, shape,
+                              SMOKE_PILOT_STEPS if args.smoke_test else None)
+        space = load_space(args.space, args.budget, planner=planner(
+            task, measured_inputs(profile), shape[2] if shape else PlanSettings.mlp_ratio))
     except SpaceError as err:
         raise UsageError(f"--space: {err}") from None
     space = training_budget(space, args.smoke_test, args.steps)

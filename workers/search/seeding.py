@@ -23,39 +23,66 @@ log = logging.getLogger(__name__)
 
 
 def plan_settings(budget: int, depth: int, task: Task,
-                  measured: Mapping[str, Any] | None = None) -> PlanSettings:
-    """Allocator inputs for a space of this budget and depth on ``task``: ``measured`` ones
-    (a profile of the task's data: kernel, input dimension, spectrum), else what the task
-    declares (the ngram/kernel tasks give their kernel and input dimension)."""
+                  measured: Mapping[str, Any] | None = None,
+                  mlp_ratio: float = PlanSettings.mlp_ratio) -> PlanSettings:
+    """Allocator inputs for a space of this budget, depth and MLP on ``task``: ``measured``
+    ones (a profile of the task's data: kernel, input dimension, spectrum, later layers' logit
+    bounds), else what the task declares (the ngram/kernel tasks give their kernel and input
+    dimension)."""
     kernel = getattr(task, "kernel", PlanSettings.kernel)
     input_dim, spectrum = task.input_dim or budget, PlanSettings.spectrum
+    bounds, variance = None, None
     if measured is not None:
         kernel, input_dim, spectrum = (measured["kernel"], measured["input_dim"],
                                        measured["spectrum"])
+        variance = measured.get("input_spectrum")
+        bounds = measured.get("logit_bounds")
+        bounds = tuple(bounds[:max(0, depth - 1)]) or None if bounds else None
     return PlanSettings(budget=budget, layers=depth, seq_len=task.seq_len, input_dim=input_dim,
-                        kernel=kernel, spectrum=spectrum, align=min(8, budget, input_dim))
+                        kernel=kernel, spectrum=spectrum, align=min(8, budget, input_dim),
+                        logit_bounds=bounds, mlp_ratio=mlp_ratio, input_spectrum=variance)
 
 
-def planner(task: Task, measured: Mapping[str, Any] | None = None
-            ) -> Callable[[int, int], ArchConfig]:
+def space_mlp_ratio(space: SearchSpace) -> float:
+    """The MLP ratio the plan is made for: the largest layer 0's rule allows."""
+    return float(max(space.rule(0).mlp_ratio))
+
+
+def planner(task: Task, measured: Mapping[str, Any] | None = None,
+            mlp_ratio: float = PlanSettings.mlp_ratio) -> Callable[[int, int], ArchConfig]:
     """The allocator's plan for (budget, depth) on ``task``: resolves ``allocator`` in spaces."""
-    return lambda budget, depth: make_plan(plan_settings(budget, depth, task, measured)).arch
+    return lambda budget, depth: make_plan(plan_settings(budget, depth, task, measured,
+                                                         mlp_ratio)).arch
 
 
-def profile_for(task: Task, profile: Path | None, out_dir: Path) -> Path | None:
+def profile_for(task: Task, profile: Path | None, out_dir: Path,
+                shape: tuple[int, int, float] | None = None,
+                pilot_steps: int | None = None) -> Path | None:
     """The profile of allocator inputs to plan with: ``profile`` if given; for a task on the
-    user's data without one, the data profiled now (``alloc.profile``), written to
-    ``out_dir``; else None (the task's own inputs)."""
+    user's data without one, the data profiled now (``alloc.profile``; token data with a pilot
+    of the search's ``shape``, ``(budget, depth, MLP ratio)``, the profile's defaults without
+    one, for ``pilot_steps``), written to ``out_dir``; else None (the task's own inputs)."""
     if profile is not None or not isinstance(task, TextTask | ArrayTask):
         return profile
+    from alloc.pilot import MAX_PILOT_WIDTH, PilotRequest
     from alloc.profile import profile_data, write_profile
 
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"profile-{Path(task.path).name}.yaml"
-    measured = profile_data(task.data_spec(), seq_len=task.seq_len)  # DataError if unusable
+    spec = task.data_spec()
+    pilot = None
+    if isinstance(task, TextTask) and (shape is None or shape[0] <= MAX_PILOT_WIDTH):
+        budget, depth, mlp = shape or (PilotRequest.budget, PilotRequest.layers,
+                                       PilotRequest.mlp_ratio)
+        pilot = PilotRequest(spec, budget=budget, layers=depth, mlp_ratio=mlp,
+                             steps=pilot_steps or PilotRequest.steps)
+        print(f"profiling {task.path}: pilot training of the baseline at D = {budget}, "
+              f"{depth} layer(s), {pilot.steps} steps", file=sys.stderr)
+    # DataError if unusable
+    measured = profile_data(spec, seq_len=task.seq_len, pilot=pilot)
     inputs = write_profile(measured, path)["allocator"]
     print(f"profiled {task.path}: kernel {inputs['kernel']}, input dim {inputs['input_dim']} "
-          f"({path})", file=sys.stderr)
+          f"in {measured.wall_s:.1f} s ({path})", file=sys.stderr)
     return path
 
 

@@ -1,0 +1,150 @@
+"""The pilot: the allocator's inputs as a trained model sees them (docs/theory.md §9.2).
+
+Statistics of the raw tokens (mutual information, the rank of the offset-1 PMI matrix) say what
+the data holds, not what a model of width D hands its first attention. The pilot trains the
+uniform baseline (``D/64`` heads of 64 per layer) for a few hundred steps at the search's width,
+depth, MLP and window, then measures on a held-out sample: the covariance spectrum of the
+normalised vectors layer 0's attention reads (participation ratio and 90%-energy rank: the input
+dimension ``d_in``), the attention mass layer 0 puts at each query-key distance (a memory
+kernel), and each later layer's logit bound ``R`` and query-key singular values (the
+saturation rule's inputs, as ``--checkpoint`` profiles measure them). The torch side
+(``workers.pilot``) is found through an entry point: this module imports no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import Protocol
+
+import numpy as np
+
+from common.errors import TransformerAllocError
+from userdata import DataSpec
+
+MEASURERS = "transformer_alloc.measurers"
+ENERGY = 0.9  # the input dimension keeps this share of the input's variance
+MAX_PILOT_STEPS = 100_000
+MAX_PILOT_WIDTH = 4096
+MAX_PILOT_MLP_RATIO = 16
+
+
+class PilotError(TransformerAllocError):
+    """A pilot that cannot run: no torch workers, or a model the data cannot train."""
+
+
+@dataclass(frozen=True)
+class PilotRequest:
+    """What to train and measure: the baseline at ``budget`` x ``layers`` with ``mlp_ratio``,
+    ``steps`` of AdamW on windows of ``seq_len`` of ``data`` (or of the generated ``task``, at
+    its paper size)."""
+
+    data: DataSpec | None
+    task: str | None = None
+    budget: int = 128
+    layers: int = 2
+    mlp_ratio: float = 2.0
+    seq_len: int = 64
+    steps: int = 300
+    batch_size: int = 16
+    lr: float = 3e-3
+    seed: int = 0
+    sample_tokens: int = 16_384
+
+
+@dataclass(frozen=True)
+class PilotMeasurement:
+    """What the pilot measured (typed: the boundary between the torch side and the profile).
+
+    ``input_variance``: the covariance eigenvalues of layer 0's attention input, decreasing.
+    ``attention_mass``: the mean attention weight layer 0 puts at query-key distance
+    ``j = 0..N-1`` (over heads, windows and the queries that have a key that far back).
+    ``logit_bounds``, ``spectra``: per later layer, the largest |logit| of any head on the
+    sample, and the mean over its heads of the query-key singular values (each head's scaled to
+    a largest value of 1)."""
+
+    arch: str
+    steps: int
+    seconds: float
+    val_loss: float
+    # The loss without context: token frequencies' cross-entropy, or the targets' variance.
+    unigram_loss: float
+    sample_tokens: int
+    input_variance: tuple[float, ...]
+    attention_mass: tuple[float, ...]
+    logit_bounds: tuple[float, ...]
+    spectra: tuple[tuple[float, ...], ...]
+
+    @property
+    def participation_ratio(self) -> float:
+        return participation_ratio(self.input_variance)
+
+    @property
+    def input_rank(self) -> int:
+        """Fewest covariance directions holding ``ENERGY`` of the input's variance."""
+        return variance_rank(self.input_variance, ENERGY)
+
+    @property
+    def signal_dim(self) -> int:
+        """Directions before the spectrum's largest relative drop ``l_i / l_(i+1)`` among those
+        holding ``ENERGY`` of the variance: the dimension of a signal standing above a floor."""
+        return signal_dim(self.input_variance, ENERGY)
+
+    @property
+    def learned_context(self) -> bool:
+        """The pilot predicts better than without context (token frequencies, or the mean
+        target): its attention has learned where to look."""
+        return self.val_loss < self.unigram_loss
+
+    def kernel(self) -> np.ndarray:
+        """``rho(s)``, s = 1..N, largest 1: the attention mass at distance ``s - 1`` (the token
+        ``s`` places before the predicted one is ``s - 1`` before the query)."""
+        mass = np.asarray(self.attention_mass, dtype=np.float64)
+        return mass / mass.max() if mass.max() > 0 else mass
+
+    def spectrum(self) -> np.ndarray:
+        """The later layers' mean query-key spectrum (largest 1), or empty with one layer."""
+        if not self.spectra:
+            return np.zeros(0)
+        width = min(len(s) for s in self.spectra)
+        return np.mean([np.asarray(s[:width]) for s in self.spectra], axis=0)
+
+
+def participation_ratio(eigenvalues: Sequence[float]) -> float:
+    """``(sum l)^2 / sum l^2``: how many directions the variance effectively spreads over."""
+    eig = np.clip(np.asarray(eigenvalues, dtype=np.float64), 0, None)
+    return float(eig.sum() ** 2 / (eig ** 2).sum()) if eig.any() else 0.0
+
+
+def variance_rank(eigenvalues: Sequence[float], share: float) -> int:
+    """Fewest of the (decreasing) eigenvalues whose sum reaches ``share`` of the total."""
+    eig = np.clip(np.asarray(eigenvalues, dtype=np.float64), 0, None)
+    total = np.cumsum(eig)
+    if not total.size or total[-1] <= 0:
+        return 0
+    return int(np.searchsorted(total, share * total[-1] * (1 - 1e-12)) + 1)
+
+
+def signal_dim(eigenvalues: Sequence[float], share: float) -> int:
+    """See ``PilotMeasurement.signal_dim``."""
+    eig = np.clip(np.asarray(eigenvalues, dtype=np.float64), 0, None)
+    top = variance_rank(eig.tolist(), share)
+    if top < 1 or len(eig) < 2:
+        return top
+    ratios = eig[:top] / np.maximum(eig[1:top + 1], 1e-300 * eig[0])
+    return int(np.argmax(ratios) + 1)
+
+
+class Pilot(Protocol):
+    def __call__(self, request: PilotRequest) -> PilotMeasurement: ...
+
+
+def load_pilot() -> Pilot:
+    """The torch side's pilot, found through its entry point (alloc imports no torch)."""
+    found = entry_points(group=MEASURERS, name="pilot")
+    if not found:
+        raise PilotError("--pilot-steps: the pilot needs the torch workers (entry point "
+                         f"{MEASURERS}:pilot); run 'pip install -e .' or pass --no-pilot")
+    pilot: Pilot = next(iter(found)).load()
+    return pilot

@@ -1,0 +1,121 @@
+"""The pilot training behind ``alloc.profile`` on token data (docs/theory.md §9.2), with torch:
+train the uniform baseline briefly, then measure what its attention reads and where it looks.
+``run_pilot`` is the entry point ``transformer_alloc.measurers:pilot``; the typed request and
+result live in ``alloc.pilot``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from alloc.pilot import PilotError, PilotMeasurement, PilotRequest
+from arch import ArchConfig, HeadGroup, LayerSpec, TrainConfig
+from workers.measure import SAMPLE_BATCH, head_maps, head_statistics, measure
+from workers.model import Model
+from workers.tasks import Task, TaskError, make_data_task, make_task
+from workers.train import Trainer
+
+BASELINE_HEAD_DIM = 64
+
+
+def baseline(request: PilotRequest, task: Task) -> ArchConfig:
+    """``D/64`` heads of 64 in every layer (one head of D below 64): the usual uniform layer,
+    the architecture nobody has to choose; token or vector input and output as ``task``'s."""
+    d = request.budget
+    head = HeadGroup(d // BASELINE_HEAD_DIM, BASELINE_HEAD_DIM) if d >= BASELINE_HEAD_DIM \
+        else HeadGroup(1, d)
+    layers = tuple(LayerSpec("mhsa", (head,), request.mlp_ratio) for _ in range(request.layers))
+    io: dict[str, Any] = ({"vocab_size": task.vocab_size} if task.inputs == "tokens" else
+                          {"input_dim": task.input_dim, "output_dim": task.output_dim})
+    return ArchConfig(d_model=d, layers=layers, max_seq_len=task.seq_len,
+                      positional="learned", **io)
+
+
+def offset_mass(logits: Tensor) -> Tensor:
+    """Per query-key distance ``j``: the attention weight summed over heads, averaged over the
+    windows and the queries ``t >= j``. ``logits``: (B, H, T, T), future entries -inf; returns
+    (T,) summed over the H heads (the caller divides by the layer's head count)."""
+    p = torch.softmax(logits.double(), dim=-1)
+    t = p.shape[-1]
+    return torch.stack([torch.diagonal(p, offset=-j, dim1=-2, dim2=-1).mean(dim=(0, 2)).sum()
+                        for j in range(t)])
+
+
+def context_free_loss(task: Task, x: Tensor) -> float:
+    """The loss of a model that ignores context, on the sample ``x``: the cross-entropy (nats)
+    of each token's frequency in ``x``, or for vectors the targets' variance per coordinate."""
+    if task.inputs == "tokens":
+        counts = torch.bincount(x.reshape(-1)).double()
+        p = counts[counts > 0] / counts.sum()
+        return float(-(p * p.log()).sum())
+    y = task.batch("val", SAMPLE_BATCH, len(x)).y
+    return float(y.reshape(-1, y.shape[-1]).double().var(0).mean())
+
+
+def pilot_task(request: PilotRequest) -> Task:
+    """The data's task (``DataError`` if unusable), or the generated one at its paper size."""
+    if request.data is not None:
+        return make_data_task(request.data, length=request.seq_len)
+    if request.task is None:
+        raise PilotError("the pilot needs data or a task")
+    try:
+        return make_task(request.task, "paper", request.seed)
+    except TaskError as err:
+        raise PilotError(str(err)) from None
+
+
+def input_variance(inputs: Tensor) -> np.ndarray:
+    """Covariance eigenvalues, decreasing, of the (B, T, D) vectors an attention reads."""
+    flat = inputs.reshape(-1, inputs.shape[-1]).double()
+    flat = flat - flat.mean(0)
+    eig = torch.linalg.eigvalsh(flat.T @ flat / max(len(flat) - 1, 1))
+    return eig.flip(0).clamp_min(0).numpy()
+
+
+def later_spectra(model: Model) -> tuple[tuple[float, ...], ...]:
+    """Per later layer: its heads' query-key singular values, each head's scaled to a largest
+    value of 1, averaged over the heads."""
+    out = []
+    for i in range(1, model.arch.n_layers):
+        sigmas = [m.singular_values() for m in head_maps(model) if m.layer == i]
+        if sigmas:
+            width = min(len(s) for s in sigmas)
+            mean = np.mean([s[:width] / max(float(s[0]), 1e-30) for s in sigmas], axis=0)
+            out.append(tuple(float(v) for v in mean))
+    return tuple(out)
+
+
+def run_pilot(request: PilotRequest) -> PilotMeasurement:
+    """Train the baseline on ``request.data`` and measure it (see ``alloc.pilot``).
+
+    Raises:
+        DataError: the data cannot be used; PilotError: an unknown task, or training failed.
+    """
+    task = pilot_task(request)
+    start = time.perf_counter()
+    config = TrainConfig(steps=request.steps, batch_size=request.batch_size, lr=request.lr,
+                         eval_every=request.steps, eval_batches=8, seed=request.seed,
+                         device="cpu")
+    trainer = Trainer(baseline(request, task), task, config)
+    result = trainer.run()
+    if result.val_loss is None:
+        raise PilotError(f"pilot training ended {result.status}: {result.error}")
+    model = trainer.model.eval()
+    windows = max(1, request.sample_tokens // task.seq_len)
+    x = task.batch("val", SAMPLE_BATCH, windows).x
+    measured = measure(model, x, reduce=lambda z: (head_statistics(z)[0], offset_mass(z)))
+    first = model.arch.layers[0]
+    mass = sum(m for _, m in measured.groups[0]) / first.n_heads
+    bounds = tuple(float(max(b.max() for b, _ in groups)) for groups in measured.groups[1:])
+    return PilotMeasurement(
+        arch=model.arch.describe(), steps=result.steps, seconds=time.perf_counter() - start,
+        val_loss=float(result.val_loss), unigram_loss=context_free_loss(task, x),
+        sample_tokens=int(x.numel()),
+        input_variance=tuple(float(v) for v in input_variance(measured.inputs[0])),
+        attention_mass=tuple(float(v) for v in mass), logit_bounds=bounds,
+        spectra=later_spectra(model))
