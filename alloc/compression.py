@@ -14,7 +14,6 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Literal, Protocol, get_args
 
@@ -23,6 +22,7 @@ import yaml
 
 from alloc.saturation import jacobian_bound
 from arch import ArchConfig, ConfigError, HeadGroup
+from common import torchside
 from common.cli import render_table
 from common.errors import TransformerAllocError
 from common.files import dump_yaml, load_yaml
@@ -34,7 +34,6 @@ RULES: tuple[Rule, ...] = get_args(Rule)
 # Share of a head's spectrum (sum of singular values) that its effective rank may discard: a
 # description of the spectrum, separate from the attention-error tolerance that sets the plan.
 RANK_TAIL = 0.05
-MEASURERS = "transformer_alloc.measurers"  # entry-point group of the torch side
 
 
 class CompressionError(TransformerAllocError):
@@ -115,12 +114,9 @@ class Measurer(Protocol):
 
 
 def load_measurer() -> Measurer:
-    """The torch side's measurer, found through its entry point (alloc imports no torch)."""
-    found = entry_points(group=MEASURERS, name="checkpoint")
-    if not found:
-        raise CompressionError("--checkpoint: measuring a model needs the torch workers "
-                               f"(entry point {MEASURERS}:checkpoint); run 'pip install -e .'")
-    measurer: Measurer = next(iter(found)).load()
+    """The torch side's measurer (alloc imports no torch)."""
+    measurer: Measurer = torchside.load("checkpoint", CompressionError,
+                                        "--checkpoint: measuring a model")
     return measurer
 
 

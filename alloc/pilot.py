@@ -15,15 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from typing import Protocol
 
 import numpy as np
 
+from common import torchside
 from common.errors import TransformerAllocError
 from userdata import DataSpec
 
-MEASURERS = "transformer_alloc.measurers"
 ENERGY = 0.9  # the input dimension keeps this share of the input's variance
 MAX_PILOT_STEPS = 100_000
 MAX_PILOT_WIDTH = 4096
@@ -141,10 +140,7 @@ class Pilot(Protocol):
 
 
 def load_pilot() -> Pilot:
-    """The torch side's pilot, found through its entry point (alloc imports no torch)."""
-    found = entry_points(group=MEASURERS, name="pilot")
-    if not found:
-        raise PilotError("--pilot-steps: the pilot needs the torch workers (entry point "
-                         f"{MEASURERS}:pilot); run 'pip install -e .' or pass --no-pilot")
-    pilot: Pilot = next(iter(found)).load()
+    """The torch side's pilot (alloc imports no torch)."""
+    pilot: Pilot = torchside.load("pilot", PilotError, "--pilot-steps: the pilot",
+                                  " or pass --no-pilot")
     return pilot

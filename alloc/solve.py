@@ -124,6 +124,14 @@ def settings_from_args(args: argparse.Namespace) -> PlanSettings:
         spectrum=args.spectrum, attention=args.attention, mlp_ratio=args.mlp_ratio,
         uniform=args.uniform, vocab_size=args.vocab_size, positional=args.positional,
         product_order=args.product_order, input_spectrum=args.input_spectrum)
+    if s.input_spectrum is not None:
+        try:
+            values = input_variance(s.input_spectrum)
+        except TransformerAllocError as err:  # KernelError, or the file's own read error
+            raise UsageError(f"--input-spectrum: {err}") from None
+        if len(values) > s.input_dim or not any(values):
+            raise UsageError(f"--input-spectrum {s.input_spectrum!r}: {len(values)} values; "
+                             f"needs 1 to --input-dim ({s.input_dim}) values, not all zero")
     if s.align > min(s.input_dim, s.budget):
         raise UsageError(f"--align {s.align}: must be <= --input-dim ({s.input_dim}) and "
                          f"<= --budget ({s.budget}) so that an aligned head dimension exists")
@@ -164,14 +172,6 @@ def settings_from_args(args: argparse.Namespace) -> PlanSettings:
         parse_spectrum(s.spectrum)
     except KernelError as err:
         raise UsageError(f"--spectrum: {err}") from None
-    if s.input_spectrum is not None:
-        try:
-            values = input_variance(s.input_spectrum)
-        except KernelError as err:
-            raise UsageError(f"--input-spectrum: {err}") from None
-        if len(values) > s.input_dim or not any(values):
-            raise UsageError(f"--input-spectrum {s.input_spectrum!r}: {len(values)} values; "
-                             f"needs 1 to --input-dim ({s.input_dim}) values, not all zero")
     return s
 
 

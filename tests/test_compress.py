@@ -255,8 +255,9 @@ def test_the_trainer_profile_and_compress_chain_on_a_task(
     from workers.train import main as train_main
 
     arch, ckpt, plan, out = (str(tmp_path / n) for n in ("A", "c.pt", "plan.yaml", "s.pt"))
+    # The attention-only rule's plan: four heads of 16 per layer, qk_dim 8 in later layers.
     assert solve_main(["--budget", "64", "--layers", "3", "--vocab-size", "64", "--out",
-                       arch]) == 0
+                       arch, "--product-order", "1"]) == 0
     task = ["--task", "lm", "--smoke-test"]
     assert train_main(["--arch", arch, *task, "--checkpoint", ckpt, "--quiet"]) == 0
     assert profile_main(["--checkpoint", ckpt, *task, "--out", plan]) == 0

@@ -146,3 +146,35 @@ def test_the_mlp_rule_gives_fewer_wider_heads_where_the_input_is_concentrated(
     assert with_mlp < without
     assert make_plan(dataclasses.replace(settings, product_order=1)).arch.layers[0].n_heads \
         == without  # the rule is the order, nothing else
+
+
+def test_a_missing_torch_side_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    from alloc import pilot as pilot_module
+    from alloc.pilot import PilotError
+    from common import torchside
+
+    monkeypatch.setattr(torchside, "entry_points", lambda **_: [])
+    with pytest.raises(PilotError, match=r"^--pilot-steps: the pilot: needs the torch workers "
+                                         r"\(entry point transformer_alloc.measurers:pilot\)"):
+        pilot_module.load_pilot()
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--input-spectrum", "file:NOPE"], "--input-spectrum: spectrum file"),
+    (["--input-spectrum", "power:1"], "--input-spectrum: input spectrum 'power:1': must be "
+                                      "file:PATH"),
+    (["--input-spectrum", "file:TWO", "--input-dim", "1", "--align", "1"],
+     "needs 1 to --input-dim (1) values"),
+    (["--product-order", "9"], "argument --product-order: '9': must be an integer between 1"),
+])
+def test_bad_rule_flags_are_one_line(argv: list[str], message: str, tmp_path: Path,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "two.txt").write_text("1\n2\n")
+    argv = [a.replace("NOPE", str(tmp_path / "nope")).replace("TWO", str(tmp_path / "two.txt"))
+            for a in argv]
+    try:
+        code = solve_main(["--budget", "64", *argv])
+    except SystemExit as exit_:
+        code = int(exit_.code or 0)
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and message in err, err

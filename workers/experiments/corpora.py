@@ -234,6 +234,15 @@ def ranked(losses: dict[tuple[int, int], dict[int, float]], seeds: tuple[int, ..
     return sorted(rows, key=lambda r: r["rank"])
 
 
+def layer0_ranks(rows: list[dict[str, Any]]) -> dict[int, tuple[int, float]]:
+    """Per layer-0 head count: its rank (1 = best) and mean loss over the layer-1 choices (what
+    the extraction layer's choice is worth, the later layer averaged out)."""
+    means = {h: float(np.mean([r["loss"] for r in rows if r["heads_L0"] == h]))
+             for h in sorted({r["heads_L0"] for r in rows})}
+    order = sorted(means, key=means.__getitem__)
+    return {h: (order.index(h) + 1, means[h]) for h in means}
+
+
 def seed_agreement(rows: list[dict[str, Any]], seeds: tuple[int, ...]) -> float | None:
     """Spearman correlation of the points' losses between the first two seeds."""
     if len(seeds) < 2 or len(rows) < 3:
@@ -253,16 +262,19 @@ def corpus_result(args: argparse.Namespace, sizes: Sizes, corpus: str, folder: P
     out = args.out / corpus
     points = plans(sizes, folder, out)
     by_point = {(r["heads_L0"], r["heads_L1"]): r for r in rows}
+    marginal = layer0_ranks(rows)
     result: dict[str, Any] = {
         "corpus": corpus, "megabytes": sum(p.stat().st_size for p in folder.iterdir()) / 1e6,
         "points": len(rows), "top_quartile": max(1, len(rows) // 4),
         "seed_spearman": seed_agreement(rows, sizes.seeds),
-        "best": rows[0], "rows": rows}
+        "best": rows[0], "rows": rows,
+        "layer0": {str(h): {"rank": rank, "loss": loss} for h, (rank, loss) in marginal.items()}}
     for p in points:
         row = by_point.get(p.point)
         result[p.label] = {
             "plan": p.plan, "grid_point": list(p.point), "rank": row and row["rank"],
             "loss": row and row["loss"], "inputs": describe_inputs(p.settings),
+            "layer0_rank": marginal.get(p.point[0], (None, None))[0],
             "sources": p.profile.inputs().sources,
             "pilot_seconds": p.profile.pilot.seconds if p.profile.pilot else None}
         for r in rows:
@@ -285,7 +297,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     write_csv(args.out / "corpora_plans.csv", [
         {"corpus": r["corpus"], "when": label, "plan": r[label]["plan"],
          "heads_L0": r[label]["grid_point"][0], "heads_L1": r[label]["grid_point"][1],
-         "rank": r[label]["rank"], "of": r["points"], "inputs": r[label]["inputs"],
+         "rank": r[label]["rank"], "of": r["points"], "layer0_rank": r[label]["layer0_rank"],
+         "layer0_of": len(r["layer0"]), "inputs": r[label]["inputs"],
          "seed_spearman": r["seed_spearman"], "pilot_seconds": r[label]["pilot_seconds"]}
         for r in results for label in ("before", "after")])
     plot(results, sizes, args.out / "corpora.png")
@@ -332,11 +345,13 @@ def render(result: dict[str, Any]) -> str:
                      f"Spearman {spearman}): best {best['heads_L0']} | "
                      f"{best['heads_L1']} heads, loss {best['loss']:.4f}")
         lines.append(render_table(
-            ["plan", "inputs", "exact plan", "in the grid", "rank", "top quartile"],
+            ["plan", "inputs", "exact plan", "in the grid", "rank", "top quartile",
+             "layer-0 rank"],
             [[label, r[label]["inputs"], r[label]["plan"],
               f"{r[label]['grid_point'][0]} | {r[label]['grid_point'][1]}",
               f"{r[label]['rank'] or 'not in the grid'} of {r['points']}",
-              "yes" if r[label]["rank"] and r[label]["rank"] <= r["top_quartile"] else "no"]
+              "yes" if r[label]["rank"] and r[label]["rank"] <= r["top_quartile"] else "no",
+              f"{r[label]['layer0_rank']} of {len(r['layer0'])}"]
              for label in ("before", "after")]))
     lines.append(f"wrote {result['out']}/corpora.csv, corpora_plans.csv, corpora.png")
     return "\n".join(lines)
