@@ -178,3 +178,10 @@ def test_bad_rule_flags_are_one_line(argv: list[str], message: str, tmp_path: Pa
         code = int(exit_.code or 0)
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and message in err, err
+
+
+def test_search_plans_align_heads_so_a_uniform_layer_fills_the_budget() -> None:
+    from workers.search.seeding import plan_align
+
+    assert plan_align(128, 64) == 8 and plan_align(128, 6) == 4  # not 6: 128 % 6 != 0
+    assert plan_align(36, 64) == 4 and plan_align(7, 3) == 1

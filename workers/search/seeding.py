@@ -39,8 +39,14 @@ def plan_settings(budget: int, depth: int, task: Task,
         bounds = measured.get("logit_bounds")
         bounds = tuple(bounds[:max(0, depth - 1)]) or None if bounds else None
     return PlanSettings(budget=budget, layers=depth, seq_len=task.seq_len, input_dim=input_dim,
-                        kernel=kernel, spectrum=spectrum, align=min(8, budget, input_dim),
+                        kernel=kernel, spectrum=spectrum, align=plan_align(budget, input_dim),
                         logit_bounds=bounds, mlp_ratio=mlp_ratio, input_spectrum=variance)
+
+
+def plan_align(budget: int, input_dim: int) -> int:
+    """Head dims in multiples of 8, or of the largest power of two below it that divides the
+    budget and fits the input dimension (a uniform layer must fill the budget)."""
+    return max(a for a in (8, 4, 2, 1) if a <= input_dim and budget % a == 0)
 
 
 def space_mlp_ratio(space: SearchSpace) -> float:
