@@ -414,7 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
 def cases(args: argparse.Namespace) -> list[Case]:
     """The tables the flags name (``UsageError`` if bad)."""
     from workers.experiments import harness
-    from workers.search.driver import training_budget
+    from workers.search.driver import SMOKE_PILOT_STEPS, training_budget
     from workers.search.seeding import (
         measured_inputs,
         plan_settings,
@@ -451,7 +451,9 @@ def cases(args: argparse.Namespace) -> list[Case]:
         task = make()
         shape = (space.budget, space.depth, space_mlp_ratio(space))
         settings = plan_settings(space.budget, space.depth, task,
-                                 measured_inputs(profile_for(task, None, args.out, shape)),
+                                 measured_inputs(profile_for(
+                                     task, None, args.out, shape,
+                                     SMOKE_PILOT_STEPS if args.smoke_test else None)),
                                  shape[2])
         out.append(Case(name, space, task, settings))
     return out

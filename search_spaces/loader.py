@@ -461,5 +461,8 @@ def _resolve_allocator(check: _Checker, rules: Any, budget: int, depth: int,
             plan_dims = {g.v_dim for layer in layers for g in layer.heads}
             max_groups, dims = neighbourhood(plan_dims, item["budget"], most)
             item = {**item, "head_dim": dims, "groups": {"max": max_groups}}
+            if max_groups == 1:  # one group: the rule samples a head count, dim = width / count
+                item.update(heads=sorted({item["budget"] // d for d in dims}),
+                            head_dim="derived")
         resolved.append(item)
     return resolved

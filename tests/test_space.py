@@ -225,7 +225,9 @@ def test_the_neighbourhood_contains_the_allocators_plan(budget: int, kernel: str
     for seed in range(20):  # and its neighbours are valid and fill the plan's widths
         arch, _ = space.sample(RandomSuggester(seed), IO)
         assert [x.width for x in arch.layers] == [x.width for x in plan.layers]
-    assert {g.v_dim for x in plan.layers for g in x.heads} <= set(space.rule(0).head_dim or ())
+    rule = space.rule(0)  # its dims: listed, or derived from the head counts (one group)
+    dims = set(rule.head_dim or ()) | {d for count in rule.heads for d in rule.v_dims(count)}
+    assert {g.v_dim for x in plan.layers for g in x.heads} <= dims
 
 
 def test_the_neighbourhood_needs_a_planner() -> None:

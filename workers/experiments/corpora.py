@@ -137,12 +137,15 @@ def task_for(folder: Path, sizes: Sizes) -> Task:
     return make_data_task(DataSpec(str(folder)), length=sizes.length)
 
 
-def train_grid(args: argparse.Namespace, sizes: Sizes, corpus: str, folder: Path) -> str:
-    """The corpus's grid study, trained (or resumed); returns its name."""
+def train_grid(args: argparse.Namespace, sizes: Sizes, corpus: str, folder: Path,
+               profile: Path) -> str:
+    """The corpus's grid study, trained (or resumed); returns its name. ``profile``: the
+    corpus's profile (the grid sampler needs no plan; the search would otherwise make one)."""
     grid = space(sizes, corpus)
     study = f"{NAME}-{corpus}"
     harness.search(grid, task_for(folder, sizes), grid.size(10_000),
-                   harness.storage_url(args, NAME), study, args.out / "ray_results")
+                   harness.storage_url(args, NAME), study, args.out / "ray_results",
+                   profile=profile)
     return study
 
 
@@ -156,17 +159,6 @@ def corpora_of(args: argparse.Namespace) -> tuple[str, ...]:
     if unknown:
         raise UsageError(f"--corpus {unknown[0]!r}: must be one of {', '.join(CORPORA)}")
     return chosen
-
-
-def train_all(args: argparse.Namespace) -> dict[str, Path]:
-    """Every corpus written and its grid trained (or resumed); its folder by name."""
-    sizes = sizes_of(args)
-    harness.prepare(args)
-    folders = {c: write(c, args.out / c / "text", sizes.megabytes) for c in corpora_of(args)}
-    with tune.session():
-        for corpus, folder in folders.items():
-            train_grid(args, sizes, corpus, folder)
-    return folders
 
 
 def grid_losses(url: str, study: str) -> dict[tuple[int, int], dict[int, float]]:
@@ -257,13 +249,16 @@ def seed_agreement(rows: list[dict[str, Any]], seeds: tuple[int, ...]) -> float 
     return float(rho)
 
 
-def corpus_result(args: argparse.Namespace, sizes: Sizes, corpus: str, folder: Path
-                  ) -> dict[str, Any]:
+def corpus_result(args: argparse.Namespace, sizes: Sizes, corpus: str) -> dict[str, Any]:
+    """The corpus written, profiled and planned both ways, its grid trained (or resumed), and
+    the plans ranked in it."""
+    out = args.out / corpus
+    folder = write(corpus, out / "text", sizes.megabytes)
+    points = plans(sizes, folder, out)
+    train_grid(args, sizes, corpus, folder, out / "profile-before.yaml")
     rows = ranked(grid_losses(harness.storage_url(args, NAME), f"{NAME}-{corpus}"), sizes.seeds)
     if not rows:
         raise RuntimeError(f"study {NAME}-{corpus}: no point trained with every seed")
-    out = args.out / corpus
-    points = plans(sizes, folder, out)
     by_point = {(r["heads_L0"], r["heads_L1"]): r for r in rows}
     marginal = layer0_ranks(rows)
     result: dict[str, Any] = {
@@ -292,9 +287,10 @@ def describe_inputs(s: PlanSettings) -> str:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    sizes = sizes_of(args)
-    folders = train_all(args)
-    results = [corpus_result(args, sizes, c, f) for c, f in folders.items()]
+    sizes, chosen = sizes_of(args), corpora_of(args)  # bad --corpus: before any work
+    harness.prepare(args)
+    with tune.session():
+        results = [corpus_result(args, sizes, c) for c in chosen]
     write_csv(args.out / "corpora.csv",
               [{"corpus": r["corpus"], **row} for r in results for row in r["rows"]])
     write_csv(args.out / "corpora_plans.csv", [
