@@ -24,6 +24,7 @@ import dataclasses
 import math
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -286,10 +287,11 @@ def fit_kernel(rho: np.ndarray) -> tuple[KernelFit, ...]:
 
 
 def profile_data(spec: DataSpec, seq_len: int | None = None, sample: int | None = None,
-                 seed: int = 0, pilot: PilotRequest | None = None) -> Profile:
+                 seed: int = 0, pilot: PilotRequest | None = None,
+                 on_pilot: Callable[[PilotRequest], None] | None = None) -> Profile:
     """Measure the allocator's inputs on ``spec`` (see the module docstring); with ``pilot``
     (token data only) also train and measure the pilot (``alloc.pilot``), in windows of the
-    profile's ``seq_len``.
+    profile's ``seq_len``, calling ``on_pilot`` once the data's statistics are measured.
 
     Raises:
         DataError: the data cannot be used; PilotError: the pilot cannot run.
@@ -302,7 +304,10 @@ def profile_data(spec: DataSpec, seq_len: int | None = None, sample: int | None 
         profile = _profile_tokens(spec, seq_len or 256, sample or 1_000_000, seed)
         if pilot is not None:
             request = dataclasses.replace(pilot, data=spec, seq_len=profile.seq_len, seed=seed)
-            profile = dataclasses.replace(profile, pilot=load_pilot()(request))
+            run = load_pilot()
+            if on_pilot is not None:
+                on_pilot(request)
+            profile = dataclasses.replace(profile, pilot=run(request))
     return dataclasses.replace(profile, wall_s=time.perf_counter() - start)
 
 
@@ -588,7 +593,7 @@ def main(argv: list[str] | None = None) -> int:
         _check_data_flags(args)
         spec = DataSpec(str(args.data), args.data_format, args.data_dtype, args.vocab_size)
         profile = profile_data(spec, args.seq_len, args.sample_tokens, args.seed,
-                               pilot_request(args, spec))
+                               pilot_request(args, spec), announce)
     except TransformerAllocError as err:
         return fail(PROG, str(err))
     data = write_profile(profile, args.out) if args.out else to_dict(profile)
@@ -596,6 +601,12 @@ def main(argv: list[str] | None = None) -> int:
         plot(profile, args.plot)
     print(render(data) if args.format == "table" else dump(data, args.format))
     return 0
+
+
+def announce(pilot: PilotRequest) -> None:
+    """The pilot takes seconds to a minute: say what is running (stderr)."""
+    print(f"{PROG}: pilot: training the baseline at D = {pilot.budget}, {pilot.layers} "
+          f"layer(s), {pilot.steps} steps (--no-pilot skips it)", file=sys.stderr)
 
 
 def pilot_request(args: argparse.Namespace, spec: DataSpec) -> PilotRequest | None:

@@ -80,9 +80,9 @@ def input_variance(inputs: Tensor) -> np.ndarray:
 def later_spectra(model: Model) -> tuple[tuple[float, ...], ...]:
     """Per later layer: its heads' query-key singular values, each head's scaled to a largest
     value of 1, averaged over the heads."""
-    out = []
+    out, maps = [], head_maps(model)
     for i in range(1, model.arch.n_layers):
-        sigmas = [m.singular_values() for m in head_maps(model) if m.layer == i]
+        sigmas = [m.singular_values() for m in maps if m.layer == i]
         if sigmas:
             width = min(len(s) for s in sigmas)
             mean = np.mean([s[:width] / max(float(s[0]), 1e-30) for s in sigmas], axis=0)
@@ -115,7 +115,7 @@ def run_pilot(request: PilotRequest) -> PilotMeasurement:
     return PilotMeasurement(
         arch=model.arch.describe(), steps=result.steps, seconds=time.perf_counter() - start,
         val_loss=float(result.val_loss), unigram_loss=context_free_loss(task, x),
-        sample_tokens=int(x.numel()),
+        sample_tokens=int(x.shape[0] * x.shape[1]),  # windows x positions (ids or vectors)
         input_variance=tuple(float(v) for v in input_variance(measured.inputs[0])),
         attention_mass=tuple(float(v) for v in mass), logit_bounds=bounds,
         spectra=later_spectra(model))
