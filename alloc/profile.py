@@ -569,12 +569,14 @@ def build_parser() -> argparse.ArgumentParser:
                             f"{PilotRequest.steps} for token data)")
     pilot.add_argument("--no-pilot", action="store_true",
                        help="only the data statistics (mutual information, PMI rank)")
-    pilot.add_argument("--budget", type=int_in(1, MAX_PILOT_WIDTH), default=PilotRequest.budget,
-                       help="the pilot's width D (use your search's)")
-    pilot.add_argument("--layers", type=int_in(1, MAX_DEPTH), default=PilotRequest.layers,
-                       help="the pilot's depth (use your search's)")
+    pilot.add_argument("--budget", type=int_in(1, MAX_PILOT_WIDTH),
+                       help=f"the pilot's width D (use your search's; default "
+                            f"{PilotRequest.budget})")
+    pilot.add_argument("--layers", type=int_in(1, MAX_DEPTH),
+                       help=f"the pilot's depth (use your search's; default "
+                            f"{PilotRequest.layers})")
     pilot.add_argument("--mlp-ratio", type=number(0),
-                       default=PilotRequest.mlp_ratio, help="the pilot's MLP ratio")
+                       help=f"the pilot's MLP ratio (default {PilotRequest.mlp_ratio:g})")
     p.add_argument("--out", type=Path, help="write the profile YAML (and its kernel and "
                                             "spectrum files beside it)")
     p.add_argument("--plot", type=Path, help="write the kernel and spectrum plot (PNG)")
@@ -621,11 +623,21 @@ def pilot_request(args: argparse.Namespace, spec: DataSpec) -> PilotRequest | No
                              "model on token data; vector sequences (.npy) are profiled by "
                              "regression")
         return None
-    if args.mlp_ratio > MAX_PILOT_MLP_RATIO:
-        raise UsageError(f"--mlp-ratio {args.mlp_ratio:g}: must be <= {MAX_PILOT_MLP_RATIO} for "
+    d = PilotRequest
+    mlp_ratio = d.mlp_ratio if args.mlp_ratio is None else args.mlp_ratio
+    if mlp_ratio > MAX_PILOT_MLP_RATIO:
+        raise UsageError(f"--mlp-ratio {mlp_ratio:g}: must be <= {MAX_PILOT_MLP_RATIO} for "
                          "the pilot")
-    return PilotRequest(spec, budget=args.budget, layers=args.layers,
-                        mlp_ratio=args.mlp_ratio, steps=args.pilot_steps or PilotRequest.steps)
+    return PilotRequest(spec, budget=args.budget or d.budget, layers=args.layers or d.layers,
+                        mlp_ratio=mlp_ratio, steps=args.pilot_steps or d.steps)
+
+
+PILOT_FLAGS = ("--pilot-steps", "--no-pilot", "--budget", "--layers", "--mlp-ratio")
+
+
+def _pilot_flags_given(args: argparse.Namespace) -> list[str]:
+    values = (args.pilot_steps, args.no_pilot or None, args.budget, args.layers, args.mlp_ratio)
+    return [flag for flag, value in zip(PILOT_FLAGS, values) if value is not None]
 
 
 def _check_data_flags(args: argparse.Namespace) -> None:
@@ -643,6 +655,10 @@ def _main_checkpoint(args: argparse.Namespace) -> int:
     """``--checkpoint``: measure the model (torch side), plan, write and show the plan."""
     if args.data is not None and args.task is not None:
         raise UsageError("--data and --task: give one sample source")
+    given = _pilot_flags_given(args)
+    if given:
+        raise UsageError(f"{given[0]}: the pilot profiles data (--data without --checkpoint); "
+                         "a --checkpoint profile measures the trained model itself")
     data = None if args.data is None else DataSpec(str(args.data), args.data_format,
                                                    args.data_dtype, args.vocab_size)
     request = MeasureRequest(args.checkpoint, args.align, data=data, task=args.task,

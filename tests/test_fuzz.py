@@ -162,6 +162,8 @@ def test_studies_command_lines(tmp_path_factory: object, command: str, storage: 
 def test_alloc_profile_command_lines(tmp_path_factory: object, source: list[str],
                                      argv: list[str]) -> None:
     if not _big(argv, 512):  # a large --sample-tokens is a correct, slow profile
+        if "--pilot-steps" not in argv:  # the default pilot (300 steps) is correct and slow
+            argv = [*argv, "--pilot-steps", "2"]
         run(profile_main, [*source, *argv], _folder(tmp_path_factory))
 
 

@@ -88,15 +88,18 @@ def test_profile_says_where_each_input_came_from(tmp_path: Path,
     (["--mlp-ratio", "40"], "--mlp-ratio 40: must be <= 16"),
     (["--budget", "100000"], "argument --budget: '100000': must be an integer between 1 and"),
     (["NPY", "--pilot-steps", "5"], "--pilot-steps 5: the pilot trains a language model"),
+    (["CKPT", "--budget", "64"], "--budget: the pilot profiles data (--data without "
+                                 "--checkpoint)"),
 ])
 def test_bad_pilot_flags_are_one_line(argv: list[str], message: str, tmp_path: Path,
                                       capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "a.txt").write_text("some text " * 500)
     np.save(tmp_path / "x.npy", np.zeros((4, 8, 3), dtype=np.float32))
     data = str(tmp_path / ("x.npy" if argv[0] == "NPY" else "a.txt"))
-    argv = [a for a in argv if a != "NPY"]
+    source = ["--checkpoint", str(tmp_path / "c.pt")] if argv[0] == "CKPT" else ["--data", data]
+    argv = [a for a in argv if a not in ("NPY", "CKPT")]
     try:
-        code = main(["--data", data, *argv, "--out", str(tmp_path / "p.yaml")])
+        code = main([*source, *argv, "--out", str(tmp_path / "p.yaml")])
     except SystemExit as exit_:  # argparse's own checks exit
         code = int(exit_.code or 0)
     assert code == 2
