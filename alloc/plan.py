@@ -218,11 +218,16 @@ def layer_bound(settings: PlanSettings, index: int, layer: LayerSpec) -> float:
     return sum(math.log(e / settings.tolerance) for e in errors if e > settings.tolerance)
 
 
+def baseline_head(width: int) -> HeadGroup:
+    """The usual layer's heads: ``width/64`` heads of 64 (one head of ``width`` below 64)."""
+    if width < BASELINE_HEAD_DIM:
+        return HeadGroup(1, width)
+    return HeadGroup(width // BASELINE_HEAD_DIM, BASELINE_HEAD_DIM)
+
+
 def baseline_arch(plan: Plan) -> ArchConfig:
     """The usual layer everywhere: ``D/64`` heads of 64 (one head of ``D`` when ``D < 64``)."""
-    d = plan.settings.budget
-    head = HeadGroup(d // BASELINE_HEAD_DIM, BASELINE_HEAD_DIM) if d >= BASELINE_HEAD_DIM \
-        else HeadGroup(1, d)
+    head = baseline_head(plan.settings.budget)
     layers = tuple(LayerSpec(layer.attention, (head,), layer.mlp_ratio, layer.role)
                    for layer in plan.arch.layers)
     return ArchConfig(**{**_arch_kwargs(plan.arch), "layers": layers})

@@ -26,6 +26,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -119,8 +120,10 @@ class Profile:
     def best(self) -> KernelFit:
         return max(self.fits, key=lambda f: f.r2)
 
+    @cached_property
     def inputs(self) -> MeasuredInputs:
-        """What the allocator takes from this profile, and which measurement each came from."""
+        """What the allocator takes from this profile, and which measurement each came from
+        (chosen once: the choice refits the pilot's kernel)."""
         return choose_inputs(self)
 
     @property
@@ -359,7 +362,7 @@ def allocator_inputs(profile: Profile, kernel_file: str, spectrum_file: str,
     fits, R² >= 0.9, else the measured values), the input dimension, the sequence length, the
     spectrum, the later layers' logit bounds when a pilot measured them, and ``sources``: which
     measurement each input came from."""
-    chosen = profile.inputs()
+    chosen = profile.inputs
     best = chosen.best
     inputs: dict[str, Any] = {
         "kernel": best.spec if best.r2 >= 0.9 else f"file:{kernel_file}",
@@ -413,20 +416,22 @@ def write_profile(profile: Profile, out: Path) -> dict[str, Any]:
     """``out`` (YAML) and, beside it, ``<stem>.kernel.txt`` and ``<stem>.spectrum.txt`` (the
     kernel and spectrum the allocator is given)."""
     kernel, spectrum = out.with_suffix(".kernel.txt"), out.with_suffix(".spectrum.txt")
-    chosen = profile.inputs()
-    write_atomic(kernel, f"# rho(s), s = 1, 2, ... (alloc.profile: {chosen.sources['kernel']})\n"
-                 + "".join(f"{v:.8g}\n" for v in chosen.kernel))
-    write_atomic(spectrum, f"# singular values, decreasing (alloc.profile: "
-                           f"{chosen.sources['spectrum']})\n"
-                 + "".join(f"{v:.8g}\n" for v in chosen.spectrum))
-    inputs = out.with_suffix(".input.txt")
+    chosen, inputs = profile.inputs, out.with_suffix(".input.txt")
+    _write_values(kernel, "rho(s), s = 1, 2, ...", chosen.sources["kernel"], chosen.kernel)
+    _write_values(spectrum, "singular values, decreasing", chosen.sources["spectrum"],
+                  chosen.spectrum)
     if chosen.input_variance is not None:
-        write_atomic(inputs, f"# variances, decreasing (alloc.profile: "
-                             f"{chosen.sources['input_spectrum']})\n"
-                     + "".join(f"{v:.8g}\n" for v in chosen.input_variance))
+        _write_values(inputs, "variances, decreasing", chosen.sources["input_spectrum"],
+                      chosen.input_variance)
     data = to_dict(profile, kernel.name, spectrum.name, inputs.name)
     write_atomic(out, dump_yaml(data))
     return data
+
+
+def _write_values(path: Path, what: str, source: str, values: np.ndarray) -> None:
+    """One value per line, as ``file:`` inputs are read, under a comment saying what they are."""
+    write_atomic(path, f"# {what} (alloc.profile: {source})\n"
+                 + "".join(f"{v:.8g}\n" for v in values))
 
 
 def read_allocator_inputs(path: Path) -> dict[str, Any]:

@@ -14,25 +14,22 @@ import torch
 from torch import Tensor
 
 from alloc.pilot import PilotError, PilotMeasurement, PilotRequest
-from arch import ArchConfig, HeadGroup, LayerSpec, TrainConfig
+from alloc.plan import baseline_head
+from arch import ArchConfig, LayerSpec, TrainConfig
 from workers.measure import SAMPLE_BATCH, head_maps, head_statistics, measure
 from workers.model import Model
 from workers.tasks import Task, TaskError, make_data_task, make_task
 from workers.train import Trainer
 
-BASELINE_HEAD_DIM = 64
-
 
 def baseline(request: PilotRequest, task: Task) -> ArchConfig:
     """``D/64`` heads of 64 in every layer (one head of D below 64): the usual uniform layer,
     the architecture nobody has to choose; token or vector input and output as ``task``'s."""
-    d = request.budget
-    head = HeadGroup(d // BASELINE_HEAD_DIM, BASELINE_HEAD_DIM) if d >= BASELINE_HEAD_DIM \
-        else HeadGroup(1, d)
+    head = baseline_head(request.budget)
     layers = tuple(LayerSpec("mhsa", (head,), request.mlp_ratio) for _ in range(request.layers))
     io: dict[str, Any] = ({"vocab_size": task.vocab_size} if task.inputs == "tokens" else
                           {"input_dim": task.input_dim, "output_dim": task.output_dim})
-    return ArchConfig(d_model=d, layers=layers, max_seq_len=task.seq_len,
+    return ArchConfig(d_model=request.budget, layers=layers, max_seq_len=task.seq_len,
                       positional="learned", **io)
 
 

@@ -273,7 +273,7 @@ def corpus_result(args: argparse.Namespace, sizes: Sizes, corpus: str) -> dict[s
             "plan": p.plan, "grid_point": list(p.point), "rank": row and row["rank"],
             "loss": row and row["loss"], "inputs": describe_inputs(p.settings),
             "layer0_rank": marginal.get(p.point[0], (None, None))[0],
-            "sources": p.profile.inputs().sources,
+            "sources": p.profile.inputs.sources,
             "pilot_seconds": p.profile.pilot.seconds if p.profile.pilot else None}
         for r in rows:
             r[p.label] = (r["heads_L0"], r["heads_L1"]) == p.point

@@ -36,8 +36,8 @@ def plan_settings(budget: int, depth: int, task: Task,
         kernel, input_dim, spectrum = (measured["kernel"], measured["input_dim"],
                                        measured["spectrum"])
         variance = measured.get("input_spectrum")
-        bounds = measured.get("logit_bounds")
-        bounds = tuple(bounds[:max(0, depth - 1)]) or None if bounds else None
+        # A deeper pilot's extra later layers are never read (``layer_logit_bound``).
+        bounds = tuple(measured["logit_bounds"]) if measured.get("logit_bounds") else None
     return PlanSettings(budget=budget, layers=depth, seq_len=task.seq_len, input_dim=input_dim,
                         kernel=kernel, spectrum=spectrum, align=plan_align(budget, input_dim),
                         logit_bounds=bounds, mlp_ratio=mlp_ratio, input_spectrum=variance)
