@@ -3,6 +3,7 @@
 A trial's params are the per-layer fields, named with the vocabulary's field names::
 
     L{i}.attention  L{i}.mlp_ratio  L{i}.g{j}.count  L{i}.g{j}.qk_dim  L{i}.g{j}.v_dim
+    L{i}.g{j}.kv_heads                                          (only when grouped)
     L{i}.role  L{i}.freeze_mlp  L{i}.eta  L{i}.tied_output      (only when not the default)
 
 A space that samples several head groups per layer also records their number, ``L{i}.n_groups``
@@ -79,8 +80,8 @@ def encode_layer(layer: LayerSpec, layers: Sequence[int] = (0,),
         if name in ALWAYS or value != DEFAULTS[name]:
             params[layer_key(layers, name)] = value
     for j, group in enumerate(layer.heads):
-        for name in GROUP_FIELDS:
-            params[group_key(layers, j, name)] = getattr(group, name)
+        for name, value in group.to_dict().items():  # kv_heads only when grouped
+            params[group_key(layers, j, name)] = value
     return params
 
 

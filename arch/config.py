@@ -36,6 +36,7 @@ from arch.checks import (
     need_bool,
     need_choice,
     need_int,
+    need_number,
 )
 from common.files import dump_yaml, load_yaml
 
@@ -59,27 +60,37 @@ SINGLE_WIDTH_KINDS: frozenset[AttentionKind] = frozenset({"mssa", "mixit"})
 # bounded): d_model and depth.
 MAX_WIDTH, MAX_DEPTH = 65_536, 1_024
 
-_SHORTHAND = re.compile(r"^\s*(\d+)\s*x\s*(\d+)\s*(?:/\s*(\d+))?\s*$")
+_SHORTHAND = re.compile(r"^\s*(\d+)\s*x\s*(\d+)\s*(?:/\s*(\d+))?\s*(?:kv\s*(\d+))?\s*$")
 
 
 @dataclass(frozen=True)
 class HeadGroup:
-    """``count`` heads sharing a query/key dimension ``qk_dim`` and a value dimension ``v_dim``.
+    """``count`` query heads sharing a query/key dimension ``qk_dim`` and a value dimension
+    ``v_dim``, reading ``kv_heads`` key/value heads (grouped-query attention, Ainslie et al.,
+    2023: each key/value head serves ``count / kv_heads`` consecutive query heads).
 
-    ``v_dim = 0`` (the default) means "same as ``qk_dim``" and is resolved on construction.
+    ``v_dim = 0`` (the default) means "same as ``qk_dim``" and ``kv_heads = 0`` "one per query
+    head" (standard attention); both are resolved on construction.
     """
 
     count: int
     qk_dim: int
     v_dim: int = 0
+    kv_heads: int = 0
 
     def __post_init__(self) -> None:
         if self.v_dim == 0 and is_int(self.qk_dim):
             object.__setattr__(self, "v_dim", self.qk_dim)
+        if self.kv_heads == 0 and is_int(self.count):
+            object.__setattr__(self, "kv_heads", self.count)
         problems: list[str] = []
         need_int(problems, "count", self.count, 1)
         need_int(problems, "qk_dim", self.qk_dim, 1)
         need_int(problems, "v_dim", self.v_dim, 1)
+        need_int(problems, "kv_heads", self.kv_heads, 1)
+        if not problems and self.count % self.kv_heads:
+            problems.append(f"kv_heads = {self.kv_heads}: must divide count = {self.count} "
+                            "(each key/value head serves the same number of query heads)")
         if problems:
             raise ConfigError(problems)
 
@@ -88,38 +99,60 @@ class HeadGroup:
         """Attention width of the group: ``count * v_dim``."""
         return self.count * self.v_dim
 
+    @property
+    def grouped(self) -> bool:
+        """True when key/value heads are shared (fewer than query heads)."""
+        return self.kv_heads < self.count
+
+    @property
+    def kv_width(self) -> int:
+        """Key plus value units per token: what a decoder caches, ``kv_heads (qk_dim + v_dim)``."""
+        return self.kv_heads * (self.qk_dim + self.v_dim)
+
     def __str__(self) -> str:
         dims = f"{self.qk_dim}" if self.qk_dim == self.v_dim else f"{self.qk_dim}/{self.v_dim}"
-        return f"{self.count}x{dims}"
+        return f"{self.count}x{dims}" + (f"kv{self.kv_heads}" if self.grouped else "")
 
     def to_dict(self) -> dict[str, int]:
-        return fields_to_dict(self)
+        """Every field, but ``kv_heads`` only when grouped (ungrouped groups keep the canonical
+        form, and so the ``arch_id``, they had before grouped-query attention existed)."""
+        data = fields_to_dict(self)
+        if not self.grouped:
+            del data["kv_heads"]
+        return data
 
     @classmethod
     def from_dict(cls, data: Any, path: str = "") -> HeadGroup:
-        """Build from ``{count, qk_dim[, v_dim]}`` or the shorthand ``"8x64"`` / ``"4x16/64"``."""
+        """Build from ``{count, qk_dim[, v_dim][, kv_heads]}`` or the shorthand ``"8x64"`` /
+        ``"4x16/64"`` / ``"8x64kv2"``."""
         if isinstance(data, str):
             match = _SHORTHAND.match(data)
             if not match:
                 raise ConfigError([f"{path} = {data!r}: a head group string must look like "
-                                   "'8x64' (count x dim) or '4x16/64' (count x qk_dim/v_dim)"])
-            count, qk, v = match.groups()
-            data = {"count": int(count), "qk_dim": int(qk), "v_dim": int(v or qk)}
+                                   "'8x64' (count x dim), '4x16/64' (count x qk_dim/v_dim) or "
+                                   "'8x64kv2' (8 query heads reading 2 key/value heads)"])
+            count, qk, v, kv = match.groups()
+            data = {"count": int(count), "qk_dim": int(qk), "v_dim": int(v or qk),
+                    "kv_heads": int(kv or 0)}
         check_keys(data, field_names(cls), path)
         try:
-            return cls(data.get("count"), data.get("qk_dim"), data.get("v_dim", 0))
+            return cls(data.get("count"), data.get("qk_dim"), data.get("v_dim", 0),
+                       data.get("kv_heads", 0))
         except ConfigError as err:
             raise ConfigError([f"{path}.{p}" for p in err.problems]) from None
 
 
 def merge_groups(groups: Iterable[HeadGroup]) -> tuple[HeadGroup, ...]:
-    """The canonical form of a layer's head groups: groups of identical dims merged, ordered by
-    decreasing v_dim then qk_dim (the model computes the same function in any order)."""
-    counts: dict[tuple[int, int], int] = {}
+    """The canonical form of a layer's head groups: groups of identical dims and query heads
+    per key/value head merged, ordered by decreasing v_dim, qk_dim, then sharing (the model
+    computes the same function in any order)."""
+    counts: dict[tuple[int, int, int], tuple[int, int]] = {}
     for g in groups:
-        counts[(g.qk_dim, g.v_dim)] = counts.get((g.qk_dim, g.v_dim), 0) + g.count
-    ordered = sorted(counts.items(), key=lambda item: (-item[0][1], -item[0][0]))
-    return tuple(HeadGroup(c, qk, v) for (qk, v), c in ordered)
+        key = (g.qk_dim, g.v_dim, g.count // g.kv_heads)
+        count, kv = counts.get(key, (0, 0))
+        counts[key] = (count + g.count, kv + g.kv_heads)
+    ordered = sorted(counts.items(), key=lambda item: (-item[0][1], -item[0][0], item[0][2]))
+    return tuple(HeadGroup(c, qk, v, kv) for (qk, v, _), (c, kv) in ordered)
 
 
 @dataclass(frozen=True)
@@ -172,6 +205,10 @@ class LayerSpec:
                 if g.qk_dim != g.v_dim:
                     problems.append(f"heads[{j}] = {g}: {v['attention']} heads have one width, "
                                     "so qk_dim must equal v_dim")
+                if g.grouped:
+                    problems.append(f"heads[{j}] = {g}: grouped key/value heads are for mhsa "
+                                    f"and frozen_qk layers ({v['attention']} has no separate "
+                                    "keys and values)")
         ratio = v["mlp_ratio"]
         if not is_number(ratio) or ratio < 0:
             problems.append(f"mlp_ratio = {ratio!r}: must be a number >= 0 (0 = no MLP)")
@@ -198,6 +235,16 @@ class LayerSpec:
     @property
     def n_groups(self) -> int:
         return len(self.heads)
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads of the layer (its query heads without grouped-query attention)."""
+        return sum(g.kv_heads for g in self.heads)
+
+    @property
+    def kv_width(self) -> int:
+        """Key plus value units a decoder caches per token for this layer."""
+        return sum(g.kv_width for g in self.heads)
 
     @property
     def heads_str(self) -> str:
@@ -255,6 +302,9 @@ class ArchConfig:
     mlp: MlpKind = "gelu"
     tie_embeddings: bool = False
     bias: bool = False  # biases on the attention and MLP maps (the GPT-2 layout)
+    qkv_bias: bool = False  # biases on the query, key and value maps only (Qwen2)
+    rope_theta: float = 10000.0  # RoPE's base: pair i turns by theta ** (-2i / qk_dim) a step
+    norm_eps: float | None = None  # the norms' epsilon (None: torch's default for the kind)
     seed: int = 0
     schema_version: int = SCHEMA_VERSION
     # Derived, excluded from equality and serialisation.
@@ -263,6 +313,8 @@ class ArchConfig:
     def __post_init__(self) -> None:
         if isinstance(self.layers, list):
             object.__setattr__(self, "layers", tuple(self.layers))
+        if is_int(self.rope_theta):
+            object.__setattr__(self, "rope_theta", float(self.rope_theta))
         if self.output_dim is None and self.vocab_size is None and self.input_dim is not None:
             object.__setattr__(self, "output_dim", self.input_dim)
         problems = self._problems(field_values(self))
@@ -287,6 +339,13 @@ class ArchConfig:
         need_bool(problems, "causal", v["causal"])
         need_bool(problems, "tie_embeddings", v["tie_embeddings"])
         need_bool(problems, "bias", v["bias"])
+        need_bool(problems, "qkv_bias", v["qkv_bias"])
+        if v["qkv_bias"] is True and v["bias"] is True:
+            problems.append("qkv_bias = True: bias = true already puts biases on the query, key "
+                            "and value maps; set one of them")
+        need_number(problems, "rope_theta", v["rope_theta"], 0.0, strict=True)
+        if v["norm_eps"] is not None:
+            need_number(problems, "norm_eps", v["norm_eps"], 0.0, 1.0, strict=True)
         problems += _io_problems(v)
         layers = v["layers"]
         if layers is None:
@@ -297,10 +356,12 @@ class ArchConfig:
             problems.append("layers: every entry must be a LayerSpec")
         else:
             problems += _cross_layer_problems(v["d_model"], v["positional"], layers)
-            if v["bias"] is True:
-                problems += [f"layers[{i}].attention = {x.attention!r}: bias = true is for "
-                             "mhsa and frozen_qk layers (the GPT-2 layout)"
-                             for i, x in enumerate(layers) if x.attention in SINGLE_WIDTH_KINDS]
+            for flag in ("bias", "qkv_bias"):
+                if v[flag] is True:
+                    problems += [f"layers[{i}].attention = {x.attention!r}: {flag} = true is "
+                                 "for mhsa and frozen_qk layers"
+                                 for i, x in enumerate(layers)
+                                 if x.attention in SINGLE_WIDTH_KINDS]
         return problems
 
     @property
@@ -315,6 +376,12 @@ class ArchConfig:
         """One line per layer: ``mhsa 4x16 mlp4 | mssa 2x32``."""
         return " | ".join(f"{x.attention} {x.heads_str}" + (f" mlp{x.mlp_ratio:g}" if x.mlp_ratio
                                                              else "") for x in self.layers)
+
+    @property
+    def kv_width(self) -> int:
+        """Key plus value units a decoder caches per token, summed over layers (MixiT layers
+        cache values only; MSSA's one projection serves as key and value)."""
+        return sum(_layer_kv_width(layer) for layer in self.layers)
 
     def mlp_hidden(self, layer: LayerSpec) -> int:
         """MLP hidden units of ``layer`` (0 for an attention-only layer)."""
@@ -384,7 +451,8 @@ class ArchConfig:
 
 # Fields added to ArchConfig after its canonical form (and so every arch_id) was fixed: left
 # out of the canonical dict at their default.
-_LATER_FIELDS: dict[str, Any] = {"bias": False}
+_LATER_FIELDS: dict[str, Any] = {"bias": False, "qkv_bias": False, "rope_theta": 10000.0,
+                                 "norm_eps": None}
 
 
 @dataclass(frozen=True)
@@ -408,6 +476,10 @@ class ModelIO:
                 "input_dim": None if tokens else self.input_dim,
                 "output_dim": None if tokens else self.output_dim,
                 "tie_embeddings": tie_embeddings and tokens}
+
+
+def _layer_kv_width(layer: LayerSpec) -> int:
+    return layer.width if layer.attention in SINGLE_WIDTH_KINDS else layer.kv_width
 
 
 def _io_problems(v: dict[str, Any]) -> list[str]:

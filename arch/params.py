@@ -2,18 +2,20 @@
 
 The counts describe exactly what ``workers`` builds (tests compare them with the built
 ``nn.Module``): linear maps carry no bias unless ``arch.bias`` (then the attention's query, key,
-value and output maps and the MLP's maps have one; a frozen map's bias is frozen); LayerNorm has a
+value and output maps and the MLP's maps have one; with ``arch.qkv_bias`` only the query, key and
+value maps; a frozen map's bias is frozen); LayerNorm has a
 weight and a bias, RMSNorm a weight; every block has a pre-attention norm, a pre-MLP norm when it
 has an MLP, and the model a final norm.
 
-Per attention kind, for a head group of ``count`` heads with dims ``qk``/``v`` in a model of width
-``d``:
+Per attention kind, for a head group of ``count`` query heads reading ``kv`` key/value heads (``kv =
+count`` without grouped-query attention) with dims ``qk``/``v`` in a model of width ``d``:
 
 ========== ==================================== =============================================
 kind       trainable                            frozen (counted in total, not trainable)
 ========== ==================================== =============================================
-mhsa       Q, K: 2·d·count·qk; V, O: 2·d·count·v
-frozen_qk  V, O: 2·d·count·v                    Q, K: 2·d·count·qk
+mhsa       Q: d·count·qk, K: d·kv·qk,
+           V: d·kv·v, O: d·count·v
+frozen_qk  V: d·kv·v, O: d·count·v              Q: d·count·qk, K: d·kv·qk
 mssa       U: d·count·v (+ O: d·count·v untied)
 mixit      V, O: 2·d·count·v                    (random mixing matrix is a buffer, not counted)
 ========== ==================================== =============================================
@@ -52,22 +54,26 @@ def _frozen(n: int) -> ParamCount:
     return ParamCount(0, n)
 
 
-def attention_params(layer: LayerSpec, d_model: int, bias: bool = False) -> ParamCount:
+def attention_params(layer: LayerSpec, d_model: int, bias: bool = False,
+                     qkv_bias: bool = False) -> ParamCount:
     """Parameters of the attention map of ``layer`` (projections only, no norm); ``bias``: the
-    query/key/value and output maps have biases (mhsa and frozen_qk only)."""
+    query/key/value and output maps have biases, ``qkv_bias``: only the query/key/value maps
+    (both for mhsa and frozen_qk only). Keys and values have ``kv_heads`` heads per group."""
     count = _free(d_model) if bias else ZERO  # the output map's bias
+    in_bias = bias or qkv_bias
     for g in layer.heads:
-        qk = (d_model + bias) * g.count * g.qk_dim  # one of W_Q or W_K (and its bias)
-        v = d_model * g.count * g.v_dim  # one of W_V or W_O
-        v_bias = g.count * g.v_dim if bias else 0
+        q = (d_model + in_bias) * g.count * g.qk_dim  # W_Q (and its bias)
+        k = (d_model + in_bias) * g.kv_heads * g.qk_dim  # W_K
+        v = (d_model + in_bias) * g.kv_heads * g.v_dim  # W_V
+        o = d_model * g.count * g.v_dim  # W_O
         if layer.attention == "mhsa":
-            count += _free(2 * qk + 2 * v + v_bias)
+            count += _free(q + k + v + o)
         elif layer.attention == "frozen_qk":
-            count += _free(2 * v + v_bias) + _frozen(2 * qk)
+            count += _free(v + o) + _frozen(q + k)
         elif layer.attention == "mssa":
-            count += _free(v if layer.tied_output else 2 * v)
+            count += _free(o if layer.tied_output else 2 * o)
         elif layer.attention == "mixit":
-            count += _free(2 * v)
+            count += _free(2 * o)
         else:  # unreachable: LayerSpec validates the kind
             raise ValueError(f"unknown attention kind {layer.attention!r}")
     return count
@@ -92,7 +98,7 @@ def layer_params(arch: ArchConfig, index: int) -> ParamCount:
     """Parameters of block ``index``: norms, attention and MLP."""
     layer = arch.layers[index]
     norms = norm_params(arch) * (2 if layer.mlp_ratio > 0 else 1)
-    return (_free(norms) + attention_params(layer, arch.d_model, arch.bias)
+    return (_free(norms) + attention_params(layer, arch.d_model, arch.bias, arch.qkv_bias)
             + mlp_params(arch, layer))
 
 

@@ -19,7 +19,10 @@ DIMS = st.sampled_from([2, 4, 8, 16, 32])
 def head_groups(draw: st.DrawFn, single_width: bool) -> HeadGroup:
     qk = draw(DIMS)
     v = qk if single_width else draw(DIMS)
-    return HeadGroup(draw(st.integers(1, 8)), qk, v)
+    count = draw(st.integers(1, 8))
+    kv = 0 if single_width else draw(st.sampled_from([n for n in range(1, count + 1)
+                                                      if count % n == 0]))
+    return HeadGroup(count, qk, v, kv)
 
 
 @st.composite
@@ -50,7 +53,9 @@ def arch_configs(draw: st.DrawFn) -> ArchConfig:
                       max_seq_len=draw(st.integers(1, 64)), causal=draw(st.booleans()),
                       positional=positional, norm=draw(st.sampled_from(["layernorm", "rmsnorm"])),
                       mlp=draw(st.sampled_from(["gelu", "gelu_tanh", "swiglu"])),
-                      bias=with_qk and draw(st.booleans()),
+                      bias=(bias := with_qk and draw(st.booleans())),
+                      qkv_bias=with_qk and not bias and draw(st.booleans()),
+                      rope_theta=draw(st.sampled_from([10000.0, 500.0])),
                       seed=draw(st.integers(0, 2**31)), **io)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -11,12 +12,14 @@ from torch import Tensor
 from arch import ArchConfig, HeadGroup, LayerSpec
 from workers.attention import (
     ATTENTION,
+    LogitRecorder,
     MixiTAttention,
     MultiHeadAttention,
-    Rotary,
     SubspaceAttention,
     make_attention,
     mixing_matrix,
+    rope_frequencies,
+    rotate,
     thresholded_softmax,
 )
 from workers.model import Block
@@ -65,13 +68,13 @@ def test_mixit_matrix_is_reproducible_from_the_seed() -> None:
 
 
 def test_rope_depends_only_on_relative_position() -> None:
-    rope = Rotary(8, 64)
+    freqs = rope_frequencies(8, 10000.0)[None]
     q, k = torch.randn(8), torch.randn(8)
 
     def at(v: Tensor, pos: int) -> Tensor:
         x = torch.zeros(1, 1, 64, 8)
         x[0, 0, pos] = v
-        return rope(x)[0, 0, pos]
+        return rotate(x, freqs)[0, 0, pos]
 
     torch.testing.assert_close(at(q, 10) @ at(k, 3), at(q, 40) @ at(k, 33), rtol=1e-4, atol=1e-5)
 
@@ -187,3 +190,35 @@ def test_softmax_jacobian_norm_respects_bound_and_falls_with_n(bound: float) -> 
         assert max(norms) <= 2 * math.exp(2 * bound) / n
         means.append(sum(norms) / len(norms))
     assert means[0] > means[1] > means[2]
+
+
+@pytest.mark.parametrize("positional", ["learned", "rope"])
+def test_grouped_query_attention_is_mhsa_with_shared_key_value_heads(positional: str) -> None:
+    """8 query heads reading 2 key/value heads compute what 8 full heads compute when each
+    consecutive block of 4 query heads has copies of one key/value head; the fused kernel's
+    grouped path and a kernel that sees every head agree."""
+    grouped = HeadGroup(8, 4, 6, kv_heads=2)
+    layer = LayerSpec("mhsa", (grouped, HeadGroup(2, 8)))
+    arch = ArchConfig(d_model=16, layers=(layer,), max_seq_len=12, input_dim=16,
+                      positional=positional, qkv_bias=True)  # type: ignore[arg-type]
+    gqa = MultiHeadAttention(arch, layer, 0)
+    full_layer = LayerSpec("mhsa", (HeadGroup(8, 4, 6), HeadGroup(2, 8)))
+    full = MultiHeadAttention(replace(arch, layers=(full_layer,)), full_layer, 0)
+    w, b = gqa.qkv.weight.detach(), gqa.qkv.bias.detach()  # rows: q 48 | k 8 + 16 | v 12 + 16
+
+    def expand(rows: torch.Tensor) -> torch.Tensor:
+        q, k, v = rows.split([48, 24, 28])
+        k_g, k_rest = k.split([8, 16])
+        v_g, v_rest = v.split([12, 16])
+        return torch.cat([q, k_g.unflatten(0, (2, 4)).repeat_interleave(4, 0).flatten(0, 1),
+                          k_rest, v_g.unflatten(0, (2, 6)).repeat_interleave(4, 0).flatten(0, 1),
+                          v_rest])
+
+    with torch.no_grad():
+        full.qkv.weight.copy_(expand(w))
+        full.qkv.bias.copy_(expand(b))
+        full.out.load_state_dict(gqa.out.state_dict())
+    x = torch.randn(3, 12, 16)
+    torch.testing.assert_close(gqa(x), full(x), atol=1e-6, rtol=1e-5)
+    gqa.kernel = LogitRecorder()
+    torch.testing.assert_close(gqa(x), full(x), atol=1e-6, rtol=1e-5)

@@ -34,8 +34,10 @@ INIT_STD = 0.02
 
 
 def sdpa(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> Tensor:
-    """Softmax attention through PyTorch's fused kernel."""
-    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+    """Softmax attention through PyTorch's fused kernel (keys and values may have fewer heads
+    than queries: its grouped-query path)."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale,
+                                          enable_gqa=k.shape[1] != q.shape[1])
 
 
 def thresholded_softmax(tau: float) -> Kernel:
@@ -84,51 +86,78 @@ def _merge(x: Tensor) -> Tensor:
     return x.transpose(1, 2).reshape(b, t, h * d)
 
 
-class Rotary(nn.Module):
-    """RoPE tables for one head dimension (rotate-half form); buffers are not saved."""
+def rope_frequencies(dim: int, theta: float) -> Tensor:
+    """RoPE's ``dim / 2`` angular frequencies, pair ``i`` turning ``theta ** (-2i / dim)`` per
+    position (computed as ``transformers`` does, so angles agree to the last bit)."""
+    return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
 
-    cos: Tensor
-    sin: Tensor
 
-    def __init__(self, dim: int, max_seq_len: int, base: float = 10000.0) -> None:
-        super().__init__()
-        inv_freq = base ** -(torch.arange(0, dim, 2, dtype=torch.float32) / dim)
-        angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float32), inv_freq)
-        self.register_buffer("cos", angles.cos(), persistent=False)  # (T, dim/2)
-        self.register_buffer("sin", angles.sin(), persistent=False)
+def rotate(x: Tensor, inv_freq: Tensor) -> Tensor:
+    """RoPE in rotate-half form: pair ``i`` of a head is dims ``(i, i + dim/2)``, turned by
+    ``position * inv_freq[h, i]``. ``x``: (B, H, T, dim); ``inv_freq``: (H, dim/2)."""
+    t, half = x.shape[-2], x.shape[-1] // 2
+    positions = torch.arange(t, dtype=torch.float32, device=x.device)
+    angles = positions[None, :, None] * inv_freq[:, None, :].float()  # (H, T, dim/2)
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
-    def forward(self, x: Tensor) -> Tensor:
-        t, half = x.shape[-2], x.shape[-1] // 2
-        cos, sin = self.cos[:t].to(x.dtype), self.sin[:t].to(x.dtype)
-        x1, x2 = x[..., :half], x[..., half:]
-        return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+def expand_kv(x: Tensor, count: int) -> Tensor:
+    """(B, kv, T, dim) -> (B, count, T, dim): query head ``h`` reads key/value head
+    ``h // (count / kv)``, the layout of grouped-query attention."""
+    return x if x.shape[1] == count else x.repeat_interleave(count // x.shape[1], dim=1)
 
 
 class GroupedAttention(nn.Module):
-    """Shared plumbing: head groups, RoPE per distinct ``qk_dim``, the kernel, causality."""
+    """Shared plumbing: head groups, RoPE, the kernel, causality.
+
+    With RoPE, each head group ``j`` holds its frequencies as the buffer ``inv_freq{j}``,
+    ``(kv_heads, qk_dim / 2)``, saved with the weights: a model built from an ``ArchConfig``
+    has RoPE's standard frequencies in every row, and a compressed student keeps, per key/value
+    head, the frequency pairs of the teacher it retained (docs/theory.md §10.2). A checkpoint
+    written before the buffers existed loads with the standard ones.
+    """
 
     def __init__(self, arch: ArchConfig, layer: LayerSpec, index: int,
                  kernel: Kernel = sdpa) -> None:
         super().__init__()
-        self.groups = [(g.count, g.qk_dim, g.v_dim) for g in layer.heads]
+        self.groups = [(g.count, g.qk_dim, g.v_dim, g.kv_heads) for g in layer.heads]
         self.causal = arch.causal
         self.kernel = kernel
         self.index = index
-        self.rotary = nn.ModuleDict()
-        if arch.positional == "rope":
-            for qk in sorted({qk for _, qk, _ in self.groups}):
-                self.rotary[str(qk)] = Rotary(qk, arch.max_seq_len)
+        self.rope = arch.positional == "rope"
+        if self.rope:
+            for j, (_, qk, _, kv) in enumerate(self.groups):
+                freqs = rope_frequencies(qk, arch.rope_theta).expand(kv, -1).clone()
+                self.register_buffer(f"inv_freq{j}", freqs)
+            self.register_load_state_dict_pre_hook(self._standard_frequencies)
+
+    def _standard_frequencies(self, module: nn.Module, state: dict[str, Tensor], prefix: str,
+                              *_: Any) -> None:
+        for name, buffer in self.named_buffers(recurse=False):
+            if name.startswith("inv_freq"):
+                state.setdefault(prefix + name, buffer)
+
+    def frequencies(self, j: int) -> Tensor:
+        """(kv_heads, qk_dim / 2) RoPE frequencies of group ``j``."""
+        freqs: Tensor = getattr(self, f"inv_freq{j}")
+        return freqs
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """Per group: (B, T, count*qk) x2 and (B, T, count*v) -> (B, T, width)."""
+        """Per group: queries (B, T, count*qk), keys (B, T, kv*qk) and values (B, T, kv*v)
+        -> (B, T, width)."""
         outs = []
-        qs = q.split([c * qk for c, qk, _ in self.groups], dim=-1)
-        ks = k.split([c * qk for c, qk, _ in self.groups], dim=-1)
-        vs = v.split([c * dv for c, _, dv in self.groups], dim=-1)
-        for (count, qk, _), qg, kg, vg in zip(self.groups, qs, ks, vs):
-            qh, kh, vh = _heads(qg, count), _heads(kg, count), _heads(vg, count)
-            if str(qk) in self.rotary:
-                qh, kh = self.rotary[str(qk)](qh), self.rotary[str(qk)](kh)
+        qs = q.split([c * qk for c, qk, _, _ in self.groups], dim=-1)
+        ks = k.split([kv * qk for _, qk, _, kv in self.groups], dim=-1)
+        vs = v.split([kv * dv for _, _, dv, kv in self.groups], dim=-1)
+        for j, ((count, qk, _, kv), qg, kg, vg) in enumerate(zip(self.groups, qs, ks, vs)):
+            qh, kh, vh = _heads(qg, count), _heads(kg, kv), _heads(vg, kv)
+            if self.rope:
+                freqs = self.frequencies(j)
+                qh, kh = rotate(qh, expand_kv(freqs[None], count)[0]), rotate(kh, freqs)
+            if self.kernel is not sdpa:  # SDPA reads grouped keys itself; others see them whole
+                kh, vh = expand_kv(kh, count), expand_kv(vh, count)
             outs.append(_merge(self.kernel(qh, kh, vh, self.causal, 1.0 / math.sqrt(qk))))
         return torch.cat(outs, dim=-1) if len(outs) > 1 else outs[0]
 
@@ -150,18 +179,22 @@ def out_std(arch: ArchConfig) -> float:
 
 
 class MultiHeadAttention(GroupedAttention):
-    """Standard attention: fused ``W_qkv``, one SDPA call per head group, ``W_o``."""
+    """Standard attention: fused ``W_qkv`` (rows: every query head, then every key head, then
+    every value head), one SDPA call per head group, ``W_o``."""
 
     def __init__(self, arch: ArchConfig, layer: LayerSpec, index: int,
                  kernel: Kernel = sdpa) -> None:
         super().__init__(arch, layer, index, kernel)
-        self.qk_width = sum(c * qk for c, qk, _ in self.groups)
+        self.qk_width = sum(c * qk for c, qk, _, _ in self.groups)  # query units
+        self.k_width = sum(kv * qk for _, qk, _, kv in self.groups)
+        self.v_width = sum(kv * dv for _, _, dv, kv in self.groups)
         self.width = layer.width
-        self.qkv = init_linear(arch.d_model, 2 * self.qk_width + self.width, bias=arch.bias)
+        self.qkv = init_linear(arch.d_model, self.qk_width + self.k_width + self.v_width,
+                               bias=arch.bias or arch.qkv_bias)
         self.out = init_linear(self.width, arch.d_model, out_std(arch), bias=arch.bias)
 
     def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        q, k, v = self.qkv(x).split([self.qk_width, self.qk_width, self.width], dim=-1)
+        q, k, v = self.qkv(x).split([self.qk_width, self.k_width, self.v_width], dim=-1)
         return q, k, v
 
     def forward(self, x: Tensor) -> Tensor:
@@ -180,13 +213,14 @@ class FrozenQKAttention(MultiHeadAttention):
                  kernel: Kernel = sdpa) -> None:
         super().__init__(arch, layer, index, kernel)
         del self.qkv
-        self.qk = init_linear(arch.d_model, 2 * self.qk_width, 1.0 / math.sqrt(arch.d_model),
-                              bias=arch.bias)
+        bias = arch.bias or arch.qkv_bias
+        self.qk = init_linear(arch.d_model, self.qk_width + self.k_width,
+                              1.0 / math.sqrt(arch.d_model), bias=bias)
         self.qk.requires_grad_(False)
-        self.v = init_linear(arch.d_model, self.width, bias=arch.bias)
+        self.v = init_linear(arch.d_model, self.v_width, bias=bias)
 
     def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        q, k = self.qk(x).split([self.qk_width, self.qk_width], dim=-1)
+        q, k = self.qk(x).split([self.qk_width, self.k_width], dim=-1)
         return q, k, self.v(x)
 
 
@@ -242,7 +276,7 @@ class MixiTAttention(GroupedAttention):
         self.v = init_linear(arch.d_model, self.width)
         self.out = init_linear(self.width, arch.d_model, out_std(arch))
         generator = torch.Generator().manual_seed(arch.seed * 1_000_003 + index)
-        for j, (count, _, dv) in enumerate(self.groups):
+        for j, (count, _, dv, _) in enumerate(self.groups):
             mix = mixing_matrix(count, arch.max_seq_len, dv, arch.causal, generator)
             self.register_buffer(f"mix{j}", mix, persistent=False)
         self.max_seq_len = arch.max_seq_len
@@ -259,9 +293,9 @@ class MixiTAttention(GroupedAttention):
 
     def forward(self, x: Tensor) -> Tensor:
         t = x.shape[1]
-        vs = self.v(x).split([c * dv for c, _, dv in self.groups], dim=-1)
+        vs = self.v(x).split([c * dv for c, _, dv, _ in self.groups], dim=-1)
         outs = [_merge(self.mixing(j, t).to(x.dtype) @ _heads(vg, count))
-                for j, ((count, _, _), vg) in enumerate(zip(self.groups, vs))]
+                for j, ((count, _, _, _), vg) in enumerate(zip(self.groups, vs))]
         return self.out(torch.cat(outs, dim=-1) if len(outs) > 1 else outs[0])
 
 

@@ -22,7 +22,9 @@ from workers.attention import INIT_STD, Kernel, init_linear, make_attention, out
 
 
 def make_norm(arch: ArchConfig) -> nn.Module:
-    return nn.LayerNorm(arch.d_model) if arch.norm == "layernorm" else nn.RMSNorm(arch.d_model)
+    if arch.norm == "layernorm":
+        return nn.LayerNorm(arch.d_model, eps=arch.norm_eps or 1e-5)
+    return nn.RMSNorm(arch.d_model, eps=arch.norm_eps)
 
 
 class MLP(nn.Module):

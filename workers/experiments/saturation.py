@@ -150,7 +150,7 @@ def teacher_map(model: Model, layer: int, head: int) -> Tensor:
     """``M = W_Q^T W_K / sqrt(d_qk)`` of one head (d, d): its logits are ``X M X^T``."""
     attn = model.block(layer).attn
     assert isinstance(attn, MultiHeadAttention) and len(attn.groups) == 1
-    count, qk, _ = attn.groups[0]
+    count, qk, _, _ = attn.groups[0]
     w_q, w_k, _ = attn.qkv.weight.detach().split([count * qk, count * qk, attn.width], dim=0)
     rows = slice(head * qk, (head + 1) * qk)
     return w_q[rows].T @ w_k[rows] / math.sqrt(qk)
