@@ -56,12 +56,18 @@ class HeadStats:
 @dataclass(frozen=True)
 class HeadMeasurement:
     """One query-key head: the singular values of ``M_h = W_Q,h W_K,h^T / sqrt(qk_dim)`` and,
-    with a data sample, the largest attention-weight change measured at each candidate rank."""
+    with a data sample, the largest attention-weight change measured at each candidate rank.
+
+    A RoPE head has no such matrix (docs/theory.md §10.2): ``pairs`` is the order in which a
+    student keeps its key/value head's frequency pairs, ``sigma`` each pair's logit bound in that
+    order (split over its two dims, so that the tail beyond rank ``r`` is what dropping all but
+    the leading ``r / 2`` pairs can change), and the errors are of keeping those pairs."""
 
     group: int
     head: int
     sigma: tuple[float, ...]
     measured_errors: Mapping[int, float] | None = None
+    pairs: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -172,10 +178,13 @@ class GroupPlan:
 
 @dataclass(frozen=True)
 class HeadSpectrum:
+    """A head's spectrum (a RoPE head's pair bounds, in its ``pairs`` order) as planned."""
+
     group: int
     head: int
     sigma: tuple[float, ...]
     effective_rank: int
+    pairs: tuple[int, ...] = ()  # RoPE: the frequency pairs a student keeps, in order
 
 
 @dataclass(frozen=True)
@@ -282,7 +291,8 @@ def _layer_from_dict(data: Mapping[str, Any]) -> LayerPlan:
                              int(g["reduced_qk_dim"]), by_rank(g["error_bounds"]) or {},
                              by_rank(g.get("measured_errors"))) for g in data["groups"])
     spectra = tuple(HeadSpectrum(int(s["group"]), int(s["head"]),
-                                 tuple(float(v) for v in s["sigma"]), int(s["effective_rank"]))
+                                 tuple(float(v) for v in s["sigma"]), int(s["effective_rank"]),
+                                 tuple(int(p) for p in s.get("pairs", ())))
                     for s in data.get("spectra", ()))
     stats = tuple(HeadStats(float(s["logit_bound"]), float(s["entropy"]))
                   for s in data.get("head_stats", ()))
@@ -354,7 +364,7 @@ def _layer_plan(measured: CheckpointMeasurement, layer: LayerMeasurement, tolera
         r_bound = max(s.logit_bound for s in layer.head_stats)
     else:
         r_bound = logit_bound if logit_bound is not None else math.inf
-    spectra = tuple(HeadSpectrum(h.group, h.head, h.sigma, effective_rank(h.sigma))
+    spectra = tuple(HeadSpectrum(h.group, h.head, h.sigma, effective_rank(h.sigma), h.pairs)
                     for h in layer.heads)
     groups: tuple[GroupPlan, ...] = ()
     if layer.heads:
@@ -371,7 +381,8 @@ def student_arch(teacher: ArchConfig, layers: Sequence[LayerPlan]) -> ArchConfig
     specs = list(teacher.layers)
     for plan in layers:
         if plan.groups:
-            heads = tuple(HeadGroup(g.count, g.reduced_qk_dim, g.v_dim) for g in plan.groups)
+            heads = tuple(dataclasses.replace(old, qk_dim=g.reduced_qk_dim)
+                          for old, g in zip(specs[plan.index].heads, plan.groups))
             specs[plan.index] = dataclasses.replace(specs[plan.index], heads=heads)
     return ArchConfig.from_dict({**teacher.to_dict(), "layers": [x.to_dict() for x in specs]})
 

@@ -51,8 +51,9 @@ def test_broken_weights_name_the_tensor_and_both_shapes(tmp_path: Path) -> None:
     gpt2(tmp_path / "m")
     config = json.loads((tmp_path / "m" / "config.json").read_text())
     (tmp_path / "m" / "config.json").write_text(json.dumps({**config, "n_inner": 64}))
-    with pytest.raises(CheckpointError, match=r"tensor 'h\.0\.mlp\.c_fc\.weight' has shape "
-                                              r"\(32, 128\), config\.json makes it \(32, 64\)"):
+    with pytest.raises(CheckpointError, match=r"tensor 'transformer\.h\.0\.mlp\.c_fc\.weight' "
+                                              r"has shape \(32, 128\), config\.json makes it "
+                                              r"\(32, 64\)"):
         load(tmp_path / "m")
     (tmp_path / "m" / "config.json").write_text(json.dumps({**config, "n_head": 5}))
     with pytest.raises(CheckpointError, match="n_embd 32 is not a multiple of n_head 5"):

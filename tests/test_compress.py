@@ -22,8 +22,8 @@ from common.files import dump_yaml
 from userdata import DataSpec
 from workers.attention import future_mask
 from workers.checkpoints import CheckpointError, gpt2_arch, load
+from workers.compress import build_student
 from workers.compress import main as compress_main
-from workers.compress import svd_student
 from workers.measure import head_maps, measure, profile_checkpoint
 from workers.model import Model, build_model
 from workers.tasks import make_data_task
@@ -59,7 +59,7 @@ def uniform(arch: ArchConfig, rank: int) -> ArchConfig:
 
 def test_a_full_rank_student_is_the_teacher(teacher: tuple[Model, Path, torch.Tensor]) -> None:
     model, _, x = teacher
-    student = svd_student(model, model.arch)  # every head refactored by its SVD
+    student = build_student(model, model.arch)  # every head refactored by its SVD
     with torch.no_grad():
         assert torch.allclose(student(x), model(x), atol=1e-5)
     assert not torch.equal(student.block(0).attn.qkv.weight,  # type: ignore[union-attr]
@@ -70,7 +70,7 @@ def test_the_loss_grows_as_the_rank_shrinks(teacher: tuple[Model, Path, torch.Te
     model, folder, _ = teacher
     task = make_data_task(DataSpec(str(corpus(str(folder)))), length=32)
     config = TrainConfig(eval_batches=8, batch_size=32)
-    losses = [evaluate(svd_student(model, uniform(model.arch, r)), task, config, "cpu")[0]
+    losses = [evaluate(build_student(model, uniform(model.arch, r)), task, config, "cpu")[0]
               for r in (16, 12, 8, 4, 2, 1)]
     assert losses[0] == pytest.approx(evaluate(model, task, config, "cpu")[0], abs=1e-5)
     assert all(b >= a - 1e-4 for a, b in itertools.pairwise(losses)), losses
@@ -83,7 +83,7 @@ def test_each_heads_attention_error_is_under_its_predicted_bound(
     plan = profile_checkpoint(model, x, 32, tolerance=0.02, align=4, rule="measured")
     reduced = plan.student
     assert reduced != model.arch  # the measured rule reduces something at this tolerance
-    student = svd_student(model, reduced)
+    student = build_student(model, reduced)
     teacher_z = measure(model, x, reduce=lambda z: z).groups
     student_z = measure(student, x, reduce=lambda z: z).groups
     inputs = measure(model, x).inputs
@@ -143,7 +143,7 @@ def test_bad_inputs_are_one_line(teacher: tuple[Model, Path, torch.Tensor], tmp_
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "config.json").write_text("{")
     (tmp_path / "broken" / "model.safetensors").write_bytes(b"")
-    other = profile_checkpoint(svd_student(teacher[0], uniform(teacher[0].arch, 8)), None, 32,
+    other = profile_checkpoint(build_student(teacher[0], uniform(teacher[0].arch, 8)), None, 32,
                                0.05, 4)
     (tmp_path / "other.yaml").write_text(other.to_yaml())
     plan = profile_checkpoint(teacher[0], None, 32, 0.05, 4).to_dict()
@@ -199,7 +199,7 @@ def test_a_rope_model_is_refused_not_mismeasured() -> None:
     model = build_model(ArchConfig(d_model=32, layers=(layer,), max_seq_len=8, vocab_size=16,
                                    positional="rope"))
     with pytest.raises(CompressionError, match="rope"):
-        head_maps(model)
+        head_maps(model)[0].singular_values()
 
 
 def test_a_gpt2_checkpoint_written_by_transformers(tmp_path: Path,
@@ -230,7 +230,7 @@ def test_a_gpt2_checkpoint_written_by_transformers(tmp_path: Path,
     plan = yaml.safe_load((tmp_path / "plan.yaml").read_text())
     student_arch = ArchConfig.from_dict(plan["student"])
     assert student_arch != loaded.arch  # some head lost query-key rank
-    ours = svd_student(loaded.model, student_arch)
+    ours = build_student(loaded.model, student_arch)
     back = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "student").eval()
     with torch.no_grad():  # transformers runs the student we wrote
         assert torch.allclose(back(x).logits, ours(x), atol=1e-5)

@@ -31,8 +31,8 @@ from alloc.compression import (
     candidate_dims,
     plan_compression,
 )
-from arch import SINGLE_WIDTH_KINDS
-from workers.attention import FrozenQKAttention, LogitRecorder, MultiHeadAttention
+from arch import SINGLE_WIDTH_KINDS, LayerSpec
+from workers.attention import FrozenQKAttention, LogitRecorder, MultiHeadAttention, rotate
 from workers.checkpoints import load
 from workers.model import Model, build_model
 from workers.tasks.cli import check_fits, task_for_model
@@ -40,36 +40,52 @@ from workers.tasks.cli import check_fits, task_for_model
 
 @dataclass(frozen=True)
 class HeadMap:
-    """One head's query and key maps, biases folded in: logits are ``(x A)(x B)^T`` for
-    ``x = [input, 1]`` (the ``1`` only with biases); ``A, B`` are ``(d [+ 1], qk_dim)``."""
+    """One query head's query map and its key/value head's key map, biases folded in: logits
+    are ``(x A)(y B)^T`` (after RoPE's rotations, with ``freqs``) for ``x = [input, 1]`` (the
+    ``1`` only with biases); ``A, B`` are ``(d [+ 1], qk_dim)``. ``kv`` is the key/value head
+    (within the group) the query head reads."""
 
     layer: int
     group: int
     head: int
     a: np.ndarray
     b: np.ndarray
+    kv: int = 0
+    freqs: np.ndarray | None = None  # RoPE: (qk_dim / 2,) frequencies of the key/value head
 
     @property
     def matrix(self) -> np.ndarray:
-        """``M = A B^T / sqrt(qk_dim)``, the scaled bilinear map of the logits."""
+        """``M = A B^T / sqrt(qk_dim)``, the scaled bilinear map of the logits (without RoPE)."""
         return self.a @ self.b.T / math.sqrt(self.a.shape[1])
 
     def singular_values(self) -> np.ndarray:
+        """The spectrum of ``M``.
+
+        Raises:
+            CompressionError: a RoPE head, whose logits are not ``x M y^T``: RoPE turns queries
+                and keys by their positions between the two maps (see ``pair_norms``).
+        """
+        if self.freqs is not None:
+            raise CompressionError("positional 'rope': a RoPE head's query-key map depends on "
+                                   "the positions, so no single matrix's SVD describes it")
         return np.linalg.svd(self.matrix, compute_uv=False)[: self.a.shape[1]]
+
+    def pair_norms(self) -> np.ndarray:
+        """RoPE: per frequency pair ``i`` (dims ``i`` and ``i + qk/2``), ``||A_i|| ||B_i|| /
+        sqrt(qk_dim)`` (spectral norms of the ``(d, 2)`` blocks), which bounds the pair's
+        logit term by ``|x| |y|`` times it whatever the rotation (docs/theory.md §10.2)."""
+        half = self.a.shape[1] // 2
+
+        def block_norm(m: np.ndarray, i: int) -> float:
+            return float(np.linalg.norm(m[:, [i, i + half]], ord=2))
+
+        return np.array([block_norm(self.a, i) * block_norm(self.b, i) for i in range(half)]
+                        ) / math.sqrt(self.a.shape[1])
 
 
 def head_maps(model: Model) -> list[HeadMap]:
     """Every query-key head of the model (mhsa and frozen_qk layers; MSSA and MixiT heads have
-    no separate query and key maps).
-
-    Raises:
-        CompressionError: a RoPE model, whose logits are not ``x M y^T``: RoPE rotates queries
-            and keys by their positions between the two maps, so no single matrix describes a
-            head.
-    """
-    if model.arch.positional == "rope":
-        raise CompressionError("positional 'rope': a RoPE model's query-key map depends on the "
-                         "positions, so its heads cannot be profiled or compressed by SVD here")
+    no separate query and key maps), RoPE heads with their frequencies."""
     out = []
     for i, layer in enumerate(model.arch.layers):
         if layer.attention in SINGLE_WIDTH_KINDS:
@@ -79,16 +95,20 @@ def head_maps(model: Model) -> list[HeadMap]:
         linear = attn.qk if isinstance(attn, FrozenQKAttention) else attn.qkv
         weight = linear.weight.detach().double()
         bias = None if linear.bias is None else linear.bias.detach().double()
-        offset = 0
+        q_offset, k_offset = 0, attn.qk_width
         for j, g in enumerate(layer.heads):
+            freqs = attn.frequencies(j).detach().double().numpy() if attn.rope else None
             for h in range(g.count):
-                rows = slice(offset, offset + g.qk_dim)
-                krows = slice(attn.qk_width + offset, attn.qk_width + offset + g.qk_dim)
+                kv = h // (g.count // g.kv_heads)
+                rows = slice(q_offset + h * g.qk_dim, q_offset + (h + 1) * g.qk_dim)
+                krows = slice(k_offset + kv * g.qk_dim, k_offset + (kv + 1) * g.qk_dim)
                 a, b = weight[rows].T, weight[krows].T  # (d, qk_dim)
                 if bias is not None:
                     a, b = torch.cat([a, bias[rows][None]]), torch.cat([b, bias[krows][None]])
-                out.append(HeadMap(i, j, h, a.numpy(), b.numpy()))
-                offset += g.qk_dim
+                out.append(HeadMap(i, j, h, a.numpy(), b.numpy(), kv,
+                                   None if freqs is None else freqs[kv]))
+            q_offset += g.count * g.qk_dim
+            k_offset += g.kv_heads * g.qk_dim
     return out
 
 
@@ -128,7 +148,7 @@ def measure(model: Model, x: Tensor,
     for count in counts:
         groups.append(recorder.logits[cursor:cursor + count])
         cursor += count
-    if model.arch.bias:
+    if model.arch.bias or model.arch.qkv_bias:
         inputs = [torch.cat([x, x.new_ones(*x.shape[:-1], 1)], -1) for x in inputs]
     return Measured(groups, inputs, [float(x.double().norm(dim=-1).max()) for x in inputs],
                     model.arch.causal)
@@ -155,6 +175,62 @@ def measured_errors(head: HeadMap, x: Tensor, ranks: Sequence[int], causal: bool
     return {r: float((full - attention(u[:, :r] * s[:r] @ vh[:r])).abs().max()) for r in ranks}
 
 
+@dataclass(frozen=True)
+class PairRanking:
+    """One RoPE key/value head: its frequency pairs in the order a student keeps them (most
+    contributing first), and per query head reading it the pair bounds in that order and, with
+    a sample, the measured error of keeping each candidate number of dims."""
+
+    order: tuple[int, ...]
+    bounds: dict[int, np.ndarray]  # query head -> (qk/2,) pair_norms in ``order``
+    errors: dict[int, dict[int, float]] | None = None  # query head -> rank -> error
+
+
+def _pair_terms(head: HeadMap, x: Tensor) -> Tensor:
+    """(P, B, T, T) logit term of each frequency pair of ``head`` on inputs ``x`` (B, T, d)."""
+    assert head.freqs is not None
+    freqs = torch.from_numpy(head.freqs)[None]
+    q = rotate((x @ torch.from_numpy(head.a))[:, None], freqs)[:, 0]  # (B, T, qk)
+    k = rotate((x @ torch.from_numpy(head.b))[:, None], freqs)[:, 0]
+    half = q.shape[-1] // 2
+    qp, kp = q.unflatten(-1, (2, half)), k.unflatten(-1, (2, half))  # (B, T, 2, P)
+    return torch.einsum("bicp,bjcp->pbij", qp, kp) / math.sqrt(q.shape[-1])
+
+
+@torch.no_grad()
+def rank_pairs(heads: Sequence[HeadMap], x: Tensor | None, ranks: Sequence[int],
+               causal: bool) -> PairRanking:
+    """Rank the frequency pairs of one key/value head (``heads``: the query heads reading it).
+
+    With a sample ``x`` (B, T, d [+ 1]), pairs are ranked by their mean squared logit term
+    summed over the query heads (what the logits really receive from each pair, after RoPE),
+    and each candidate rank's error is the largest attention-weight change when only its
+    leading pairs are kept; without one, by the summed ``pair_norms``.
+    """
+    bounds = {h.head: h.pair_norms() for h in heads}
+    if x is None:
+        score = np.sum([bounds[h.head] for h in heads], axis=0)
+        order = tuple(int(i) for i in np.argsort(-score, kind="stable"))
+        return PairRanking(order, {h: b[list(order)] for h, b in bounds.items()})
+    from workers.attention import future_mask
+
+    xd = x.double()
+    t = xd.shape[1]
+    hidden = future_mask(t) if causal else torch.zeros(t, t, dtype=torch.bool)
+    score = torch.zeros(heads[0].a.shape[1] // 2, dtype=torch.float64)
+    for h in heads:
+        score += _pair_terms(h, xd).masked_fill(hidden, 0).pow(2).mean(dim=(1, 2, 3))
+    order = tuple(int(i) for i in torch.argsort(-score, stable=True))
+    errors = {}
+    for h in heads:
+        terms = _pair_terms(h, xd)[list(order)].cumsum(0)  # (P, B, T, T): leading pairs kept
+        full = torch.softmax(terms[-1].masked_fill(hidden, float("-inf")), dim=-1)
+        errors[h.head] = {r: float((full - torch.softmax(
+            terms[r // 2 - 1].masked_fill(hidden, float("-inf")), dim=-1)).abs().max())
+            for r in ranks}
+    return PairRanking(order, {h: b[list(order)] for h, b in bounds.items()}, errors)
+
+
 def head_statistics(logits: Tensor) -> tuple[np.ndarray, np.ndarray]:
     """Per head: the largest |logit| over allowed pairs, and the mean over rows (with at least
     two keys) of the attention entropy over ``ln N_row``. ``logits``: (B, H, T, T)."""
@@ -176,7 +252,7 @@ def norm_bound(model: Model, index: int) -> float:
     gamma = params["weight"].detach().abs().max().item()
     beta = params["bias"].detach().norm().item() if "bias" in params else 0.0
     bound = math.sqrt(model.arch.d_model) * gamma + beta
-    return math.sqrt(bound * bound + 1) if model.arch.bias else bound
+    return math.sqrt(bound * bound + 1) if model.arch.bias or model.arch.qkv_bias else bound
 
 
 
@@ -211,17 +287,45 @@ def measure_model(model: Model, x: Tensor | None, seq_len: int, align: int,
             entropy = np.concatenate([e for _, e in measured.groups[i]])
             stats = tuple(HeadStats(float(b), float(e)) for b, e in zip(bounds, entropy))
             norm = measured.norms[i]
-        heads = []
-        for m in (m for m in maps if m.layer == i):
-            errors = None
-            if measured is not None:
-                ranks = candidate_dims(layer.heads[m.group].qk_dim, align)
-                errors = measured_errors(m, measured.inputs[i], ranks, measured.causal)
-            heads.append(HeadMeasurement(m.group, m.head,
-                                         tuple(float(v) for v in m.singular_values()), errors))
-        layers.append(LayerMeasurement(i, tuple(heads), norm, stats))
+        inputs = None if measured is None else measured.inputs[i]
+        heads = _head_measurements([m for m in maps if m.layer == i], layer, inputs,
+                                   model.arch.causal, align)
+        layers.append(LayerMeasurement(i, heads, norm, stats))
     return CheckpointMeasurement(model.arch, seq_len, align, tuple(layers),
                                  sample if x is not None else None)
+
+
+def _head_measurements(maps: list[HeadMap], layer: LayerSpec, x: Tensor | None, causal: bool,
+                       align: int) -> tuple[HeadMeasurement, ...]:
+    """The layer's heads: SVD spectra and errors of truncated maps, or, for RoPE heads, pair
+    bounds (each pair's value split over its two dims) and errors in each key/value head's
+    pair ranking (``pairs`` records the ranking: the student keeps pairs in that order)."""
+    if not maps:
+        return ()
+    if maps[0].freqs is None:
+        grouped = [str(g) for g in layer.heads if g.grouped]
+        if grouped:
+            raise CompressionError(f"heads {', '.join(grouped)}: grouped key/value heads "
+                                   "without RoPE share a key map that each query head's SVD "
+                                   "would truncate differently; this is not implemented")
+        return tuple(HeadMeasurement(
+            m.group, m.head, tuple(float(v) for v in m.singular_values()),
+            None if x is None else measured_errors(
+                m, x, candidate_dims(layer.heads[m.group].qk_dim, align), causal))
+            for m in maps)
+    if align % 2:
+        raise CompressionError(f"--align {align}: RoPE heads keep whole frequency pairs, so "
+                               "reduced qk_dims must be even; use an even --align")
+    out: dict[tuple[int, int], HeadMeasurement] = {}
+    for (j, kv) in sorted({(m.group, m.kv) for m in maps}):
+        readers = [m for m in maps if (m.group, m.kv) == (j, kv)]
+        ranks = candidate_dims(layer.heads[j].qk_dim, align)
+        ranking = rank_pairs(readers, x, ranks, causal)
+        for m in readers:
+            sigma = tuple(float(v) / 2 for v in ranking.bounds[m.head] for _ in range(2))
+            errors = None if ranking.errors is None else ranking.errors[m.head]
+            out[(j, m.head)] = HeadMeasurement(j, m.head, sigma, errors, ranking.order)
+    return tuple(out[key] for key in sorted(out))
 
 
 def profile_checkpoint(model: Model, x: Tensor | None, seq_len: int, tolerance: float,

@@ -25,7 +25,7 @@ from common.cli import int_in, render_table
 from common.files import write_csv
 from common.plots import new_figure, write_figure
 from userdata import DataSpec
-from workers.compress import svd_student
+from workers.compress import build_student
 from workers.experiments import harness
 from workers.measure import SAMPLE_BATCH, measure_model
 from workers.model import Model
@@ -87,7 +87,7 @@ def uniform_like(arch: ArchConfig, planned: ArchConfig) -> ArchConfig:
 def student_row(name: str, tolerance: float, model: Model, arch: ArchConfig, task: Task,
                 sizes: Sizes) -> dict[str, Any]:
     """Compress to ``arch``, evaluate after the SVD, fine-tune, evaluate again."""
-    student = svd_student(model, arch)
+    student = build_student(model, arch)
     trainer = Trainer(arch, task, TrainConfig(steps=sizes.finetune, lr=3e-4, batch_size=32,
                                               eval_every=sizes.finetune, device="cpu"))
     trainer.model.load_state_dict(student.state_dict())

@@ -1,93 +1,28 @@
-"""Trained models on disk, in and out: our trainer's checkpoints (``.pt``) and the GPT-2 layout
-of the ecosystem's small models (a folder with ``config.json`` and ``model.safetensors``; fused
-``c_attn`` Conv1D weights, input dimension first), read with the ``safetensors`` package. No
-network, no model hub.
+"""The GPT-2 layout of the ecosystem's small models (``GPT2LMHeadModel`` folders: fused
+``c_attn`` Conv1D weights, input dimension first).
 
 A GPT-2 model becomes an ``ArchConfig`` with biases, tanh-GELU MLPs, learned positions and tied
 embeddings, and its weights our ``Model``'s state; a model whose heads have a reduced
-``qk_dim`` (a compressed student) is written back in the same layout with each head's query and
-key maps zero-padded to the full head width and rescaled so that the stock GPT-2 forward, which
-divides logits by ``sqrt(head width)``, computes the student's logits exactly.
+``qk_dim`` (a compressed student) can be written back in the same layout (``--layout stock``)
+with each head's query and key maps zero-padded to the full head width and rescaled so that the
+stock GPT-2 forward, which divides logits by ``sqrt(head width)``, computes the student's logits
+exactly: compatible, but not smaller.
 """
 
 from __future__ import annotations
 
 import json
-import pickle
-import warnings
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from arch import ArchConfig, ConfigError, HeadGroup, LayerSpec
-from common.errors import TransformerAllocError
 from common.files import write_atomic
+from workers.checkpoints.errors import CheckpointError
+from workers.checkpoints.folder import SAFETENSORS, TensorFolder
 from workers.model import Model, build_model
-
-Layout = Literal["ours", "gpt2"]
-SAFETENSORS = "model.safetensors"
-
-
-class CheckpointError(TransformerAllocError):
-    """A checkpoint that cannot be read or written; one line naming the file and the rule."""
-
-
-@dataclass
-class Loaded:
-    """A model read from disk, with what the file says about it."""
-
-    arch: ArchConfig
-    model: Model
-    layout: Layout
-    path: Path
-    task: dict[str, Any] | None = None  # ours: the fields of the task it was trained on
-    config: dict[str, Any] | None = None  # gpt2: config.json
-
-
-def load(path: Path) -> Loaded:
-    """Read ``path``: our ``.pt`` checkpoint or a GPT-2-layout folder.
-
-    Raises:
-        CheckpointError: missing file, unknown layout, or weights that do not fit.
-    """
-    if not path.exists():
-        raise CheckpointError(f"--checkpoint {str(path)!r}: no such file or folder")
-    if path.is_dir():
-        if not (path / "config.json").is_file() or not (path / SAFETENSORS).is_file():
-            raise CheckpointError(f"--checkpoint {str(path)!r}: unknown layout; a folder needs "
-                                  f"config.json and {SAFETENSORS} (GPT-2 layout)")
-        return _load_gpt2(path)
-    try:
-        # weights_only: our checkpoints are tensors, dicts and numbers; never unpickle code
-        with warnings.catch_warnings():  # torch's own warning would repeat our one line
-            warnings.simplefilter("ignore")
-            state = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as err:
-        if "Unsupported global" not in str(err):  # not a pickle of ours at all
-            raise CheckpointError(f"--checkpoint {str(path)!r}: unknown layout (not a "
-                                  "workers.train checkpoint: UnpicklingError)") from None
-        raise CheckpointError(f"--checkpoint {str(path)!r}: refused as unsafe: it holds "
-                              "pickled Python objects beyond tensors, dicts and numbers, which "
-                              "are never loaded (they could run code)") from None
-    except Exception as err:  # torch raises many kinds for a file that is not a checkpoint
-        raise CheckpointError(f"--checkpoint {str(path)!r}: unknown layout (not a "
-                              f"workers.train checkpoint: {type(err).__name__})") from None
-    if not isinstance(state, dict) or not {"arch", "model"} <= set(state):
-        raise CheckpointError(f"--checkpoint {str(path)!r}: unknown layout (a workers.train "
-                              "checkpoint holds arch and model)")
-    try:
-        arch = ArchConfig.from_dict(state["arch"])
-        model = build_model(arch)
-        model.load_state_dict(state["model"])
-    except (ConfigError, RuntimeError, TypeError) as err:
-        raise CheckpointError(f"--checkpoint {str(path)!r}: its weights do not fit its "
-                              f"architecture ({str(err).splitlines()[0]})") from None
-    return Loaded(arch, model.eval(), "ours", path, task=state.get("task"))
-
 
 # --- GPT-2 layout -----------------------------------------------------------------------------
 
@@ -127,37 +62,23 @@ def gpt2_arch(config: dict[str, Any]) -> ArchConfig:
         raise CheckpointError(f"config.json: not a GPT-2 config ({err})") from None
 
 
-def _load_gpt2(folder: Path) -> Loaded:
-    from safetensors.numpy import load_file
-
-    try:
-        config = json.loads((folder / "config.json").read_text())
-        weights = {k.removeprefix("transformer."): v
-                   for k, v in load_file(folder / SAFETENSORS).items()}
-    except Exception as err:  # JSON and safetensors errors: a broken or foreign file
-        raise CheckpointError(f"--checkpoint {str(folder)!r}: unreadable config.json or "
-                              f"{SAFETENSORS} ({type(err).__name__}: "
-                              f"{str(err).splitlines()[0] if str(err) else ''})") from None
-    if not isinstance(config, dict):
-        raise CheckpointError(f"--checkpoint {str(folder)!r}: config.json is not an object")
+def load_gpt2(folder: Path, config: dict[str, Any], source: str) -> Model:
+    """Our model of the GPT-2 folder ``folder`` (its ``config.json`` already read), every tensor
+    checked against the shape the config makes before it is read."""
     arch = gpt2_arch(config)
     model = build_model(arch)
-    check_gpt2_shapes(weights, model, f"--checkpoint {str(folder)!r}")
-    model.load_state_dict(gpt2_state(weights, arch))
-    return Loaded(arch, model.eval(), "gpt2", folder, config=config)
-
-
-def check_gpt2_shapes(weights: dict[str, np.ndarray], model: Model, source: str) -> None:
-    """Raise ``CheckpointError`` naming the first GPT-2 tensor that is missing or whose shape is
-    not the one its ``config.json`` makes (both in the file's orientation)."""
     expected = model.state_dict()
-    for ours, theirs, transpose in _pairs(model.arch):
-        if theirs not in weights:
-            raise CheckpointError(f"{source}: tensor {theirs!r} is missing from {SAFETENSORS}")
-        want = tuple(expected[ours].shape)[::-1] if transpose else tuple(expected[ours].shape)
-        if tuple(weights[theirs].shape) != want:
-            raise CheckpointError(f"{source}: tensor {theirs!r} has shape "
-                                  f"{tuple(weights[theirs].shape)}, config.json makes it {want}")
+    state: dict[str, Tensor] = {}
+    with TensorFolder(folder, source) as tensors:
+        prefix = "transformer." if any(n.startswith("transformer.") for n in tensors.names()) \
+            else ""
+        for ours, theirs, transpose in _pairs(arch):
+            shape = tuple(expected[ours].shape)
+            value = tensors.get(prefix + theirs, shape[::-1] if transpose else shape)
+            state[ours] = value.T.contiguous() if transpose else value
+    state["head.weight"] = state["embed.weight"]  # tied
+    model.load_state_dict(state)
+    return model.eval()
 
 
 # Our Model's state-dict keys and the GPT-2 ones (without "transformer."); Conv1D weights
@@ -181,16 +102,6 @@ def _pairs(arch: ArchConfig) -> list[tuple[str, str, bool]]:
     for i in range(arch.n_layers):
         pairs += [(f"blocks.{i}.{ours}", f"h.{i}.{theirs}", t) for ours, theirs, t in _BLOCK]
     return pairs
-
-
-def gpt2_state(weights: dict[str, np.ndarray], arch: ArchConfig) -> dict[str, Tensor]:
-    """Our ``Model``'s state dict from GPT-2 weights (keys without ``transformer.``)."""
-    state = {}
-    for ours, theirs, transpose in _pairs(arch):
-        value = torch.from_numpy(np.ascontiguousarray(weights[theirs]))
-        state[ours] = value.T.contiguous() if transpose else value
-    state["head.weight"] = state["embed.weight"]  # tied
-    return state
 
 
 def save_gpt2(model: Model, config: dict[str, Any], folder: Path) -> None:

@@ -1,0 +1,192 @@
+"""The Llama family read from folders saved by ``transformers`` itself (small random models built
+here, nothing downloaded): logits equal to ``transformers``' for Llama (with and without
+grouped-query attention), Qwen2 (query/key/value biases) and Mistral, sharded checkpoints read
+one tensor at a time, every configuration we do not compute refused by name, and the stock
+layout written back for a student with fewer RoPE pairs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from arch import param_count
+from workers.checkpoints import CheckpointError, load
+from workers.checkpoints.folder import INDEX, TensorFolder
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB, SEQ = 97, 24
+SMALL = {"vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 96,
+         "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 64}
+
+
+def build(kind: str, **overrides: Any) -> Any:
+    """A random ``transformers`` model of family ``kind``, its norms and biases perturbed so that
+    every tensor shows in the logits."""
+    config_cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
+                  "mistral": transformers.MistralConfig}[kind]
+    model_cls = {"llama": transformers.LlamaForCausalLM, "qwen2": transformers.Qwen2ForCausalLM,
+                 "mistral": transformers.MistralForCausalLM}[kind]
+    torch.manual_seed(0)
+    model = model_cls(config_cls(**{**SMALL, **overrides}))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.add_(torch.randn_like(p) * (0.3 if "norm" in name or "bias" in name else 0.02))
+    return model.eval()
+
+
+def ids() -> torch.Tensor:
+    return torch.randint(0, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(1))
+
+
+def saved(model: Any, folder: Path, **kwargs: Any) -> Path:
+    model.save_pretrained(folder, **kwargs)
+    return folder
+
+
+CASES: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama": ("llama", {"num_key_value_heads": 4}),
+    "llama-gqa": ("llama", {"num_key_value_heads": 2, "rope_theta": 500.0}),
+    "llama-tied-head-dim": ("llama", {"num_key_value_heads": 1, "head_dim": 8,
+                                      "tie_word_embeddings": True}),
+    "qwen2": ("qwen2", {"num_key_value_heads": 2}),
+    "mistral": ("mistral", {"num_key_value_heads": 2, "sliding_window": None}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_logits_equal_transformers(case: str, tmp_path: Path) -> None:
+    kind, overrides = CASES[case]
+    theirs = build(kind, **overrides)
+    loaded = load(saved(theirs, tmp_path / case))
+    x = ids()
+    with torch.no_grad():
+        expected = theirs(x).logits
+        ours = loaded.model(x)
+    torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5)
+    assert loaded.layout == "llama" and loaded.family == kind
+    built = sum(p.numel() for p in theirs.parameters())  # transformers counts tied ones once
+    assert param_count(loaded.arch).total == built
+    g = loaded.arch.layers[0].heads[0]
+    assert (g.count, g.kv_heads) == (4, overrides["num_key_value_heads"])
+
+
+def test_a_sharded_checkpoint_is_read_one_tensor_at_a_time(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    theirs = build("llama", num_key_value_heads=2)
+    folder = saved(theirs, tmp_path / "sharded", max_shard_size="40KB")
+    assert (folder / INDEX).is_file() and len(list(folder.glob("*.safetensors"))) > 2
+    reads: list[str] = []
+    original = TensorFolder.get
+
+    def counted(self: TensorFolder, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        reads.append(name)
+        return original(self, name, shape)
+
+    monkeypatch.setattr(TensorFolder, "get", counted)
+    for module in ("safetensors.torch", "safetensors.numpy"):  # never a whole file at once
+        monkeypatch.setattr(f"{module}.load_file", lambda *a, **k: pytest.fail("whole file"))
+    loaded = load(folder)
+    assert sorted(reads) == sorted(theirs.state_dict())  # each tensor read once, none twice
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.model(ids()), theirs(ids()).logits, atol=1e-5,
+                                   rtol=1e-5)
+
+
+def test_a_sliding_window_becomes_the_context(tmp_path: Path) -> None:
+    """Within one window, Mistral's sliding-window attention is causal attention: the model is
+    read with that context, and a longer input is refused, never computed differently."""
+    theirs = build("mistral", num_key_value_heads=2, sliding_window=16)
+    loaded = load(saved(theirs, tmp_path / "m"))
+    assert loaded.arch.max_seq_len == 16
+    x = ids()[:, :16]
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.model(x), theirs(x).logits, atol=1e-5, rtol=1e-5)
+        with pytest.raises(ValueError, match="exceeds max_seq_len 16"):
+            loaded.model(ids())
+
+
+REFUSED: dict[str, tuple[dict[str, Any], str]] = {
+    "rope_parameters": ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 1e4,
+                                             "factor": 8.0}}, "rope_type = 'llama3'"),
+    "rope_scaling": ({"rope_scaling": {"type": "linear", "factor": 2.0}}, "rope_scaling"),
+    "partial_rotary_factor": ({"partial_rotary_factor": 0.5}, "partial_rotary_factor = 0.5"),
+    "hidden_act": ({"hidden_act": "gelu"}, "hidden_act = 'gelu'"),
+    "mlp_bias": ({"mlp_bias": True}, "mlp_bias = True"),
+    "attention_bias": ({"attention_bias": True}, "attention_bias = True"),
+    "use_sliding_window": ({"model_type": "qwen2", "use_sliding_window": True},
+                           "use_sliding_window = True"),
+    "layer_types": ({"layer_types": ["full_attention", "sliding_attention"]},
+                    "layer_types = \\['full_attention', 'sliding_attention'\\]"),
+    "model_type": ({"model_type": "gemma"}, "model_type = 'gemma' is not supported"),
+    "num_key_value_heads": ({"num_key_value_heads": 3}, "num_key_value_heads = 3"),
+    "vocab_size": ({"vocab_size": 10**12}, "vocab_size = 1000000000000"),
+}
+
+
+@pytest.fixture(scope="module")
+def llama_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return saved(build("llama", num_key_value_heads=2), tmp_path_factory.mktemp("llama") / "m")
+
+
+@pytest.mark.parametrize("field", sorted(REFUSED))
+def test_each_field_we_do_not_compute_is_refused_by_name(
+        field: str, llama_folder: Path, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """One line naming the field and its value, exit 2, before any work (nothing written)."""
+    from alloc.profile import main
+
+    change, message = REFUSED[field]
+    folder = tmp_path / "m"
+    folder.mkdir()
+    for path in llama_folder.iterdir():
+        (folder / path.name).symlink_to(path)
+    (folder / "config.json").unlink()
+    config = json.loads((llama_folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **change}))
+    with pytest.raises(CheckpointError, match=message):
+        load(folder)
+    out = tmp_path / "plan.yaml"
+    assert main(["--checkpoint", str(folder), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and field.split("_")[0] in err and not out.exists()
+
+
+def test_a_rope_student_keeps_the_measured_pairs_and_stock_layout_reads_it(
+        tmp_path: Path) -> None:
+    """Profiling a GQA Llama ranks each key/value head's frequency pairs; the student that keeps
+    the leading ones changes layer 0's attention weights by exactly the error the plan measured
+    (nothing upstream differs), keeps every pair at full rank, and written back in the stock
+    layout (cut pairs as zeros) stock transformers computes the student's logits."""
+    from alloc.compression import plan_compression
+    from workers.checkpoints import save_llama
+    from workers.compress import build_student, pair_orders
+    from workers.measure import measure, measure_model
+
+    theirs = build("llama", num_key_value_heads=2)
+    loaded = load(saved(theirs, tmp_path / "teacher"))
+    x = ids()
+    measured = measure_model(loaded.model, x, SEQ, 4, "ids")
+    exact = plan_compression(measured, 0.0, "measured")
+    assert not exact.reduces
+    torch.testing.assert_close(build_student(loaded.model, exact.student, pair_orders(exact))(x),
+                               loaded.model(x), atol=1e-6, rtol=1e-6)
+    plan = plan_compression(measured, 0.02, "measured")
+    group = plan.layers[0].groups[0]
+    assert plan.reduces and group.reduced_qk_dim < group.qk_dim
+    assert all(s.pairs for s in plan.layers[0].spectra)  # the ranking is in the plan
+    student = build_student(loaded.model, plan.student, pair_orders(plan))
+    with torch.no_grad():
+        before = measure(loaded.model, x, lambda z: z).groups[0][0].softmax(-1)
+        after = measure(student, x, lambda z: z).groups[0][0].softmax(-1)
+    assert group.measured_error is not None
+    assert (before - after).abs().max().item() == pytest.approx(group.measured_error, rel=1e-5)
+    assert loaded.config is not None
+    save_llama(student, loaded.config, tmp_path / "stock")
+    stock = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "stock")
+    with torch.no_grad():
+        torch.testing.assert_close(stock(x).logits, student(x), atol=1e-5, rtol=1e-5)

@@ -1,0 +1,109 @@
+"""Trained models on disk, in and out: our trainer's checkpoints (``.pt``) and folders saved by
+``transformers`` in the layouts practitioners hold (GPT-2; Llama, Qwen2 and Mistral with RoPE
+and grouped-query attention), read lazily with ``safetensors``. No network, no model hub.
+
+``load(path)`` returns a ``Loaded``: our ``Model`` with the file's weights, its ``ArchConfig``
+and what the file says about it. The layouts live in their own modules (``gpt2``, ``llama``);
+``folder`` reads a ``transformers`` folder, one tensor at a time.
+"""
+
+from __future__ import annotations
+
+import pickle
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from arch import ArchConfig, ConfigError
+from workers.checkpoints.errors import CheckpointError
+from workers.checkpoints.folder import INDEX, SAFETENSORS, is_model_folder, read_config
+from workers.checkpoints.gpt2 import gpt2_arch, load_gpt2, save_gpt2
+from workers.checkpoints.llama import FAMILIES, llama_arch, load_llama, save_llama
+from workers.model import Model, build_model
+
+Layout = Literal["ours", "gpt2", "llama"]
+__all__ = ["CheckpointError", "Layout", "Loaded", "gpt2_arch", "llama_arch", "load",
+           "save_gpt2", "save_llama"]
+
+
+@dataclass
+class Loaded:
+    """A model read from disk, with what the file says about it."""
+
+    arch: ArchConfig
+    model: Model
+    layout: Layout
+    path: Path
+    task: dict[str, Any] | None = None  # ours: the fields of the task it was trained on
+    config: dict[str, Any] | None = None  # a transformers folder: its config.json
+
+    @property
+    def family(self) -> str:
+        """``ours``, or the folder's ``model_type`` (gpt2, llama, qwen2, mistral)."""
+        return "ours" if self.config is None else str(self.config.get("model_type", "gpt2"))
+
+
+def load(path: Path) -> Loaded:
+    """Read ``path``: our ``.pt`` checkpoint or a ``transformers`` folder.
+
+    Raises:
+        CheckpointError: missing file, unknown layout, a config field the model does not
+            implement, or weights that do not fit.
+    """
+    if not path.exists():
+        raise CheckpointError(f"--checkpoint {str(path)!r}: no such file or folder")
+    if path.is_dir():
+        return load_folder(path)
+    return _load_ours(path)
+
+
+def load_folder(folder: Path) -> Loaded:
+    """A folder saved by ``transformers``: GPT-2, or the Llama family (by ``model_type``)."""
+    source = f"--checkpoint {str(folder)!r}"
+    if not is_model_folder(folder):
+        raise CheckpointError(f"{source}: unknown layout; a folder needs config.json and "
+                              f"{SAFETENSORS} (or shards listed in {INDEX}), as "
+                              "transformers' save_pretrained writes them")
+    config = read_config(folder, source)
+    kind = config.get("model_type", "gpt2" if "n_embd" in config else None)
+    if kind == "gpt2":
+        return Loaded(gpt2_arch(config), load_gpt2(folder, config, source), "gpt2", folder,
+                      config=config)
+    if kind in FAMILIES:
+        model = load_llama(folder, config, source)
+        return Loaded(model.arch, model, "llama", folder, config=config)
+    raise CheckpointError(f"config.json: model_type = {kind!r} is not supported; this model "
+                          f"reads gpt2 and {', '.join(FAMILIES)} (RoPE and grouped-query "
+                          "attention included)")
+
+
+def _load_ours(path: Path) -> Loaded:
+    try:
+        # weights_only: our checkpoints are tensors, dicts and numbers; never unpickle code
+        with warnings.catch_warnings():  # torch's own warning would repeat our one line
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        if "Unsupported global" not in str(err):  # not a pickle of ours at all
+            raise CheckpointError(f"--checkpoint {str(path)!r}: unknown layout (not a "
+                                  "workers.train checkpoint: UnpicklingError)") from None
+        raise CheckpointError(f"--checkpoint {str(path)!r}: refused as unsafe: it holds "
+                              "pickled Python objects beyond tensors, dicts and numbers, which "
+                              "are never loaded (they could run code)") from None
+    except Exception as err:  # torch raises many kinds for a file that is not a checkpoint
+        raise CheckpointError(f"--checkpoint {str(path)!r}: unknown layout (not a "
+                              f"workers.train checkpoint: {type(err).__name__})") from None
+    if not isinstance(state, dict) or not {"arch", "model"} <= set(state):
+        raise CheckpointError(f"--checkpoint {str(path)!r}: unknown layout (a workers.train "
+                              "checkpoint holds arch and model)")
+    try:
+        arch = ArchConfig.from_dict(state["arch"])
+        model = build_model(arch)
+        model.load_state_dict(state["model"])
+    except (ConfigError, RuntimeError, TypeError) as err:
+        raise CheckpointError(f"--checkpoint {str(path)!r}: its weights do not fit its "
+                              f"architecture ({str(err).splitlines()[0]})") from None
+    return Loaded(arch, model.eval(), "ours", path, task=state.get("task"))

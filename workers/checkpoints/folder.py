@@ -1,0 +1,134 @@
+"""A `transformers`-saved folder read lazily: ``config.json`` and the weights, one
+``model.safetensors`` or shards listed by ``model.safetensors.index.json``.
+
+Tensors are read one at a time through ``safetensors``' memory-mapped ``safe_open``, so loading a
+checkpoint needs the model's memory plus one tensor, never a second copy of the whole file. Every
+name and size read from the folder is checked before it is used: shard names must be plain files
+of the folder, shapes are compared with what ``config.json`` makes before a tensor is read.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from workers.checkpoints.errors import CheckpointError
+
+SAFETENSORS = "model.safetensors"
+INDEX = "model.safetensors.index.json"
+MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few KB; a larger one is not a config
+MAX_INDEX_BYTES = 64 << 20
+MAX_SHARDS = 10_000
+
+
+def is_model_folder(path: Path) -> bool:
+    """True for a folder with ``config.json`` and weights (one file or an index of shards)."""
+    return (path / "config.json").is_file() and ((path / SAFETENSORS).is_file()
+                                                  or (path / INDEX).is_file())
+
+
+def _read_json(path: Path, limit: int, source: str) -> Any:
+    try:
+        size = path.stat().st_size
+        if size > limit:
+            raise CheckpointError(f"{source}: {path.name} is {size:,} bytes, more than the "
+                                  f"{limit:,} such a file can be")
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"{source}: unreadable {path.name} ({type(err).__name__}: "
+                              f"{str(err).splitlines()[0] if str(err) else ''})") from None
+
+
+def read_config(folder: Path, source: str) -> dict[str, Any]:
+    """``config.json`` of ``folder`` as a dict."""
+    config = _read_json(folder / "config.json", MAX_CONFIG_BYTES, source)
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{source}: config.json is not an object")
+    return config
+
+
+class TensorFolder:
+    """The tensors of a folder's safetensors files, opened lazily (use as a context manager).
+
+    ``shape(name)`` reads a header only; ``get(name)`` reads one tensor from its memory-mapped
+    shard.
+    """
+
+    def __init__(self, folder: Path, source: str) -> None:
+        self.folder, self.source = folder, source
+        self.files = self._weight_map()
+        self._stack = ExitStack()
+        self._open: dict[str, Any] = {}
+
+    def _weight_map(self) -> dict[str, str]:
+        """Tensor name -> shard file name."""
+        if not (self.folder / INDEX).is_file():
+            return {}  # one file: names come from its header when it is opened
+        index = _read_json(self.folder / INDEX, MAX_INDEX_BYTES, self.source)
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(weight_map, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
+            raise CheckpointError(f"{self.source}: {INDEX} has no weight_map of tensor names "
+                                  "to shard files")
+        shards = set(weight_map.values())
+        if len(shards) > MAX_SHARDS:
+            raise CheckpointError(f"{self.source}: {INDEX} lists {len(shards):,} shards, more "
+                                  f"than {MAX_SHARDS:,}")
+        for shard in sorted(shards):
+            if Path(shard).name != shard or not shard.endswith(".safetensors"):
+                raise CheckpointError(f"{self.source}: {INDEX} names shard {shard!r}; a shard "
+                                      "must be a .safetensors file of the folder itself")
+            if not (self.folder / shard).is_file():
+                raise CheckpointError(f"{self.source}: shard {shard!r} listed in {INDEX} is "
+                                      "missing")
+        return dict(weight_map)
+
+    def __enter__(self) -> TensorFolder:
+        if not self.files:
+            handle = self._handle(SAFETENSORS)
+            self.files = dict.fromkeys(handle.keys(), SAFETENSORS)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stack.close()
+        self._open.clear()
+
+    def _handle(self, shard: str) -> Any:
+        from safetensors import safe_open
+
+        if shard not in self._open:
+            try:
+                self._open[shard] = self._stack.enter_context(
+                    safe_open(str(self.folder / shard), framework="pt"))
+            except Exception as err:  # safetensors raises its own kinds for a broken header
+                raise CheckpointError(f"{self.source}: unreadable {shard} ({type(err).__name__}"
+                                      f": {str(err).splitlines()[0] if str(err) else ''})"
+                                      ) from None
+        return self._open[shard]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.files
+
+    def names(self) -> Iterator[str]:
+        return iter(self.files)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """The shape of tensor ``name`` from its shard's header (nothing read)."""
+        if name not in self.files:
+            raise CheckpointError(f"{self.source}: tensor {name!r} is missing")
+        return tuple(self._handle(self.files[name]).get_slice(name).get_shape())
+
+    def get(self, name: str, shape: tuple[int, ...]) -> Tensor:
+        """Tensor ``name``, checked to have ``shape`` before it is read, as float32."""
+        found = self.shape(name)
+        if found != shape:
+            raise CheckpointError(f"{self.source}: tensor {name!r} has shape {found}, "
+                                  f"config.json makes it {shape}")
+        tensor: Tensor = self._handle(self.files[name]).get_tensor(name)
+        return tensor.to(torch.float32)

@@ -1,0 +1,278 @@
+"""The Llama family's layout: ``LlamaForCausalLM``, ``Qwen2ForCausalLM`` and
+``MistralForCausalLM`` folders saved by ``transformers`` (RoPE, grouped-query attention,
+RMSNorm, SwiGLU; separate ``q_proj`` / ``k_proj`` / ``v_proj`` maps, ``(out, in)`` weights).
+
+``llama_arch`` reads ``config.json`` into an ``ArchConfig`` and refuses, by name, every field
+that would make ``transformers`` compute something our model does not (rope scaling kinds,
+sliding windows shorter than the context, per-layer attention types, biases we do not place);
+``load_llama`` reads the weights lazily, one tensor at a time. ``save_llama`` writes a student
+back in the teacher's stock layout: heads whose query-key pairs were cut get zeros in the cut
+pairs (RoPE turns a zero pair into zero), so stock ``transformers`` computes the student's
+logits exactly, at the teacher's size.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from arch import ArchConfig, ConfigError, HeadGroup, LayerSpec
+from arch.config import MAX_DEPTH, MAX_WIDTH
+from common.files import write_atomic
+from workers.attention import MultiHeadAttention, rope_frequencies
+from workers.checkpoints.errors import CheckpointError
+from workers.checkpoints.folder import SAFETENSORS, TensorFolder
+from workers.model import Model, build_model
+
+FAMILIES = ("llama", "mistral", "qwen2")
+MAX_CONTEXT = 1 << 22  # positions: a bound on what a config.json may claim
+MAX_VOCAB = 1 << 24
+
+# Fields that change what transformers computes, with the one value our model implements
+# (absent counts as that value). Anything else is refused by name.
+_SAME: dict[str, Any] = {
+    "hidden_act": "silu", "mlp_bias": False, "pretraining_tp": 1, "rope_scaling": None,
+    "partial_rotary_factor": 1.0, "use_sliding_window": False, "attention_logit_softcapping":
+    None, "final_logit_softcapping": None, "no_rope_layers": None, "is_decoder": True,
+    "add_cross_attention": False}
+
+
+def _need(config: dict[str, Any], key: str, supported: Any, why: str = "") -> None:
+    value = config.get(key, supported)
+    if value != supported and not (value is None and supported is None):
+        raise CheckpointError(f"config.json: {key} = {value!r} is not supported (this model "
+                              f"computes only {key} = {supported!r}{why})")
+
+
+def _int(config: dict[str, Any], key: str, low: int, high: int) -> int:
+    value = config.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise CheckpointError(f"config.json: {key} = {value!r}: must be an integer in "
+                              f"[{low}, {high:,}]")
+    return value
+
+
+def rope_theta(config: dict[str, Any]) -> float:
+    """RoPE's base from ``rope_parameters`` (transformers >= 5) or ``rope_theta``; any scaling
+    kind but the default is refused by name."""
+    params = config.get("rope_parameters")
+    if isinstance(params, dict):
+        kind = params.get("rope_type", "default")
+        if kind != "default":
+            raise CheckpointError(f"config.json: rope_parameters.rope_type = {kind!r} is not "
+                                  "supported (this model computes only the 'default' RoPE, "
+                                  "without scaling)")
+        for key in params:
+            if key not in ("rope_type", "rope_theta", "partial_rotary_factor"):
+                raise CheckpointError(f"config.json: rope_parameters.{key} is not supported "
+                                      "(this model computes only the default RoPE)")
+        _need(params, "partial_rotary_factor", 1.0, ": every query-key dim rotates")
+        theta = params.get("rope_theta", config.get("rope_theta", 10000.0))
+    else:
+        theta = config.get("rope_theta", 10000.0)
+    if not isinstance(theta, (int, float)) or isinstance(theta, bool) or not theta > 1:
+        raise CheckpointError(f"config.json: rope_theta = {theta!r}: must be a number > 1")
+    return float(theta)
+
+
+def context_length(config: dict[str, Any], family: str) -> int:
+    """The longest sequence read: ``max_position_embeddings``, or a sliding window shorter than
+    it (within one window, sliding-window attention is causal attention: the model is read as
+    one of that context, and longer inputs are refused rather than computed differently)."""
+    context = _int(config, "max_position_embeddings", 1, MAX_CONTEXT)
+    window = config.get("sliding_window")
+    if family == "qwen2":  # its window applies only with use_sliding_window (refused above)
+        window = None
+    if window is not None:
+        if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+            raise CheckpointError(f"config.json: sliding_window = {window!r}: must be null or "
+                                  "an integer >= 1")
+        context = min(context, window)
+    return context
+
+
+def llama_arch(config: dict[str, Any]) -> ArchConfig:
+    """The ``ArchConfig`` of a Llama / Qwen2 / Mistral ``config.json``."""
+    family = config.get("model_type")
+    if family not in FAMILIES:
+        raise CheckpointError(f"config.json: model_type = {family!r}; the Llama family's "
+                              f"are {', '.join(FAMILIES)}")
+    for key, value in _SAME.items():
+        _need(config, key, value)
+    layer_types = config.get("layer_types")
+    if layer_types is not None and (not isinstance(layer_types, list) or any(
+            t != "full_attention" for t in layer_types)):
+        kinds = sorted({str(t) for t in layer_types}) if isinstance(layer_types, list) else \
+            layer_types
+        raise CheckpointError(f"config.json: layer_types = {kinds!r} is not supported (this "
+                              "model computes only 'full_attention' layers)")
+    d = _int(config, "hidden_size", 1, MAX_WIDTH)
+    heads = _int(config, "num_attention_heads", 1, MAX_WIDTH)
+    kv = config.get("num_key_value_heads") or heads
+    kv = _int({"num_key_value_heads": kv}, "num_key_value_heads", 1, heads)
+    head_dim = config.get("head_dim") or d // heads
+    head_dim = _int({"head_dim": head_dim}, "head_dim", 2, MAX_WIDTH)
+    hidden = _int(config, "intermediate_size", 1, 64 * MAX_WIDTH)
+    if heads % kv:
+        raise CheckpointError(f"config.json: num_key_value_heads = {kv} must divide "
+                              f"num_attention_heads = {heads}")
+    bias = bool(config.get("attention_bias", False))
+    if family == "qwen2":
+        bias = True  # Qwen2's query, key and value maps always have biases (its output none)
+    elif bias:
+        raise CheckpointError("config.json: attention_bias = True is not supported for "
+                              f"{family} (biases on the output map as well; this model places "
+                              "them on the query, key and value maps only, as Qwen2 does)")
+    eps = config.get("rms_norm_eps", 1e-6)
+    try:
+        layer = LayerSpec("mhsa", (HeadGroup(heads, head_dim, head_dim, kv),),
+                          mlp_ratio=hidden / d)
+        return ArchConfig(d_model=d, layers=(layer,) * _int(config, "num_hidden_layers", 1,
+                                                             MAX_DEPTH),
+                          max_seq_len=context_length(config, family),
+                          vocab_size=_int(config, "vocab_size", 1, MAX_VOCAB),
+                          positional="rope", norm="rmsnorm", mlp="swiglu",
+                          tie_embeddings=bool(config.get("tie_word_embeddings", False)),
+                          qkv_bias=bias, rope_theta=rope_theta(config), norm_eps=eps)
+    except ConfigError as err:
+        raise CheckpointError(f"config.json: not a {family} config this model can read "
+                              f"({err})") from None
+
+
+def _blocks(arch: ArchConfig, i: int) -> list[tuple[str, list[str]]]:
+    """(our key, the stock tensors concatenated into it, in order) of block ``i``."""
+    a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+    pairs = [(f"blocks.{i}.attn_norm.weight", [f"model.layers.{i}.input_layernorm.weight"]),
+             (f"blocks.{i}.attn.qkv.weight", [a + "q_proj.weight", a + "k_proj.weight",
+                                              a + "v_proj.weight"]),
+             (f"blocks.{i}.attn.out.weight", [a + "o_proj.weight"]),
+             (f"blocks.{i}.mlp_norm.weight", [f"model.layers.{i}.post_attention_layernorm.weight"]),
+             (f"blocks.{i}.mlp.up.weight", [m + "gate_proj.weight", m + "up_proj.weight"]),
+             (f"blocks.{i}.mlp.down.weight", [m + "down_proj.weight"])]
+    if arch.qkv_bias:
+        pairs.append((f"blocks.{i}.attn.qkv.bias", [a + "q_proj.bias", a + "k_proj.bias",
+                                                    a + "v_proj.bias"]))
+    return pairs
+
+
+def stock_pairs(arch: ArchConfig) -> list[tuple[str, list[str]]]:
+    """Every tensor of ``arch`` in the stock layout: (our key, its stock tensors)."""
+    pairs = [("embed.weight", ["model.embed_tokens.weight"]),
+             ("norm.weight", ["model.norm.weight"])]
+    if not arch.tie_embeddings:
+        pairs.append(("head.weight", ["lm_head.weight"]))
+    for i in range(arch.n_layers):
+        pairs += _blocks(arch, i)
+    return pairs
+
+
+def _split_sizes(arch: ArchConfig, ours: str, n: int) -> list[int]:
+    """Row counts of the stock tensors concatenated into our ``ours`` (``n`` of them)."""
+    layer = arch.layers[0]
+    g = layer.heads[0]
+    if ".attn.qkv." in ours:
+        return [g.count * g.qk_dim, g.kv_heads * g.qk_dim, g.kv_heads * g.v_dim]
+    if ".mlp.up." in ours:
+        return [arch.mlp_hidden(layer)] * 2
+    assert n == 1
+    return []
+
+
+def load_llama(folder: Path, config: dict[str, Any], source: str) -> Model:
+    """Our model of a Llama-family folder, read one tensor at a time (each checked against the
+    shape its ``config.json`` makes before it is read)."""
+    arch = llama_arch(config)
+    with torch.device("meta"):  # no random init of a model that is about to be overwritten
+        model = build_model(arch)
+    model = model.to_empty(device="cpu")
+    with torch.no_grad(), TensorFolder(folder, source) as tensors:
+        params = dict(model.named_parameters(remove_duplicate=False))
+        for ours, theirs in stock_pairs(arch):
+            target = params[ours]
+            rows = _split_sizes(arch, ours, len(theirs)) or [target.shape[0]]
+            for part, name, n in zip(target.split(rows), theirs, rows):
+                part.copy_(tensors.get(name, (n, *target.shape[1:])))
+        if arch.tie_embeddings:
+            model.head.weight = model.embed.weight  # type: ignore[assignment]
+        for i in range(arch.n_layers):  # the buffers the meta build left empty
+            attn = model.block(i).attn
+            for j, g in enumerate(arch.layers[i].heads):
+                attn.frequencies(j).copy_(rope_frequencies(g.qk_dim, arch.rope_theta))
+    return model.eval()
+
+
+def save_llama(model: Model, config: dict[str, Any], folder: Path) -> None:
+    """Write ``model`` (the teacher's arch, or a student with fewer query-key pairs per head)
+    in the stock layout of ``config``: cut pairs are zero rows at their place in the teacher's
+    head, the query scaled by ``sqrt(head_dim / qk_dim)`` so that stock attention's
+    ``1 / sqrt(head_dim)`` gives the student's logits."""
+    from safetensors.torch import save_file
+
+    teacher = llama_arch(config)
+    state = {k: v.detach() for k, v in model.state_dict().items()}
+    for i, layer in enumerate(model.arch.layers):
+        attn = model.block(i).attn
+        assert isinstance(attn, MultiHeadAttention)
+        key = f"blocks.{i}.attn.qkv."
+        for suffix in ("weight", "bias") if model.arch.qkv_bias else ("weight",):
+            state[key + suffix] = padded_rope_qkv(state[key + suffix], attn, layer,
+                                                  teacher.layers[i].heads[0], teacher.rope_theta)
+    tensors: dict[str, Tensor] = {}
+    for ours, theirs in stock_pairs(teacher):
+        rows = _split_sizes(teacher, ours, len(theirs)) or [state[ours].shape[0]]
+        for part, name in zip(state[ours].split(rows), theirs):
+            tensors[name] = part.contiguous().clone()
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(folder / SAFETENSORS), metadata={"format": "pt"})
+    write_atomic(folder / "config.json", json.dumps(config, indent=2))
+
+
+def padded_rope_qkv(rows: Tensor, attn: MultiHeadAttention, layer: LayerSpec,
+                    full: HeadGroup, theta: float) -> Tensor:
+    """The teacher-shaped fused query/key/value rows (weights ``(n, d)`` or biases ``(n,)``) of
+    a student layer: each key/value head's kept pairs go back to the teacher's pair positions
+    (found by their frequencies), zeros elsewhere."""
+    standard = rope_frequencies(full.qk_dim, theta)
+    q, k, v = rows.split([attn.qk_width, attn.k_width, attn.v_width])
+    queries, keys, offset_q, offset_k = [], [], 0, 0
+    for j, g in enumerate(layer.heads):
+        if g.v_dim != full.v_dim or g.count // g.kv_heads != full.count // full.kv_heads:
+            raise CheckpointError(f"layer heads {layer.heads_str}: the stock layout keeps "
+                                  f"{full} heads; only qk_dim may be lower")
+        freqs = attn.frequencies(j)  # (kv, qk/2)
+        share = g.count // g.kv_heads
+        for h in range(g.kv_heads):
+            place = _pair_places(freqs[h], standard)
+            scale = math.sqrt(full.qk_dim / g.qk_dim)
+            for _ in range(share):
+                queries.append(_scatter(q[offset_q:offset_q + g.qk_dim] * scale, place,
+                                        full.qk_dim))
+                offset_q += g.qk_dim
+            keys.append(_scatter(k[offset_k:offset_k + g.qk_dim], place, full.qk_dim))
+            offset_k += g.qk_dim
+    return torch.cat([*queries, *keys, v])
+
+
+def _pair_places(kept: Tensor, standard: Tensor) -> Tensor:
+    """Indices of the teacher's pairs whose frequencies ``kept`` are."""
+    distance = (kept[:, None] - standard[None, :]).abs()
+    place = distance.argmin(dim=1)
+    if bool((distance.min(dim=1).values > 1e-6 * standard.max()).any()):
+        raise CheckpointError("a head's RoPE frequencies are not its teacher's: the stock "
+                              "layout can only hold pairs cut from the teacher")
+    return place
+
+
+def _scatter(rows: Tensor, place: Tensor, dim: int) -> Tensor:
+    """``rows`` (2r, ...) in rotate-half order (pair i = rows i and r + i) put at pairs
+    ``place`` of a ``dim``-row head, zeros elsewhere."""
+    half, full_half = rows.shape[0] // 2, dim // 2
+    out = rows.new_zeros(dim, *rows.shape[1:])
+    out[place] = rows[:half]
+    out[place + full_half] = rows[half:]
+    return out
