@@ -1,0 +1,322 @@
+"""Students as ``transformers`` folders: ``workers.hf.export.save_student`` writes a folder that
+``AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)`` loads with the
+student's reduced shapes and its own RoPE frequencies, computing our model's logits (fp32, atol
+1e-5), generating greedily the same with and without the key/value cache; models the modelling
+file does not implement are refused in one line, and a failed export leaves no folder."""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import random
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors import safe_open
+from transformers import AutoModelForCausalLM, dynamic_module_utils
+from transformers.cache_utils import DynamicCache
+
+import workers.hf.export as export
+from arch import ArchConfig, HeadGroup, LayerSpec, param_count
+from workers.hf.export import ExportError, save_student
+from workers.model import Model, build_model
+
+OURS = {"alloc", "arch", "common", "search_spaces", "studies", "userdata", "workers", "bench"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def modules_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Remote-code modules go to a temporary folder, not ``~/.cache/huggingface/modules``:
+    transformers reads ``HF_MODULES_CACHE`` once, at import, into ``dynamic_module_utils``."""
+    cache = tmp_path_factory.mktemp("hf_modules")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HF_MODULES_CACHE", str(cache))
+        patch.setattr(dynamic_module_utils, "HF_MODULES_CACHE", str(cache))
+        yield cache
+    if str(cache) in sys.path:  # transformers appends it to import the modules
+        sys.path.remove(str(cache))
+
+
+def rope_layers(*layers: LayerSpec, **fields: Any) -> ArchConfig:
+    return ArchConfig(d_model=16, layers=layers, max_seq_len=12, vocab_size=23, **fields)
+
+
+# Each is a student shape the export must reproduce exactly.
+ARCHS = {
+    # Grouped-query groups with different qk/v dims per layer, RoPE, a frozen layer, eta != 1.
+    "gqa_rope": rope_layers(
+        LayerSpec("mhsa", (HeadGroup(4, 8, 16, 2), HeadGroup(2, 4, 4, 1)), mlp_ratio=2.0,
+                  eta=0.5),
+        LayerSpec("frozen_qk", (HeadGroup(2, 6, 8, 1),)),
+        LayerSpec("mhsa", (HeadGroup(3, 2, 4),), mlp_ratio=1.0, eta=2.0),
+        positional="rope"),
+    # GPT-2's layout: learned positions, tanh GELU, biases, tied head; compressed qk dims.
+    "gpt2_like": rope_layers(
+        LayerSpec("mhsa", (HeadGroup(2, 2, 4), HeadGroup(2, 4)), mlp_ratio=4.0),
+        LayerSpec("mhsa", (HeadGroup(1, 2, 4), HeadGroup(3, 4)), mlp_ratio=4.0),
+        positional="learned", mlp="gelu_tanh", bias=True, tie_embeddings=True),
+    # Qwen2's: SwiGLU, RMSNorm, query/key/value biases, grouped keys, its own theta and eps.
+    "qwen_like": rope_layers(
+        LayerSpec("mhsa", (HeadGroup(4, 4, 4, 2),), mlp_ratio=2.0),
+        LayerSpec("mhsa", (HeadGroup(4, 2, 4, 1),), mlp_ratio=2.0, eta=0.7),
+        positional="rope", mlp="swiglu", norm="rmsnorm", qkv_bias=True, rope_theta=500.0,
+        norm_eps=1e-6),
+    # Sinusoidal positions, exact GELU, frozen query/key maps with biases, tied head.
+    "sinusoidal_frozen": rope_layers(
+        LayerSpec("frozen_qk", (HeadGroup(2, 8), HeadGroup(4, 2, 2, 2)), mlp_ratio=1.0,
+                  eta=1.5),
+        positional="sinusoidal", bias=True, tie_embeddings=True),
+}
+
+
+def random_arch(index: int) -> ArchConfig:
+    """A small random exportable architecture (reproducible from ``index``)."""
+    rng = random.Random(index)
+    layers = []
+    for _ in range(rng.randint(1, 3)):
+        groups = []
+        for _ in range(rng.randint(1, 3)):
+            kv = rng.choice([1, 2])
+            groups.append(HeadGroup(kv * rng.choice([1, 2]), rng.choice([2, 4, 6]),
+                                    rng.choice([2, 4, 8]), kv))
+        layers.append(LayerSpec(rng.choice(["mhsa", "frozen_qk"]), tuple(groups),
+                                mlp_ratio=rng.choice([0.0, 1.0, 2.0]),
+                                eta=rng.choice([0.5, 1.0, 1.25])))
+    bias = rng.random() < 0.4
+    return ArchConfig(d_model=rng.choice([8, 12, 16]), layers=tuple(layers),
+                      max_seq_len=rng.randint(8, 16), vocab_size=rng.randint(5, 40),
+                      positional=rng.choice(["learned", "sinusoidal", "rope"]),
+                      norm=rng.choice(["layernorm", "rmsnorm"]),
+                      mlp=rng.choice(["gelu", "gelu_tanh", "swiglu"]), bias=bias,
+                      qkv_bias=not bias and rng.random() < 0.5,
+                      tie_embeddings=rng.random() < 0.5,
+                      rope_theta=rng.choice([10000.0, 100.0]))
+
+
+ARCHS.update({f"random{i}": random_arch(i) for i in range(3)})
+
+
+def trained_like(arch: ArchConfig, index: int = 0) -> Model:
+    """A model of ``arch`` with non-zero biases and norm weights and, with RoPE, random positive
+    frequencies per key/value head (which only the weights file can give the loaded model)."""
+    torch.manual_seed(index)
+    model = build_model(arch).eval()
+    with torch.no_grad():
+        for name, value in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                value.add_(0.1 * torch.randn_like(value))
+        for name, buffer in model.named_buffers():
+            if "inv_freq" in name:
+                buffer.copy_(torch.rand_like(buffer) * 1.5 + 0.05)
+    return model
+
+
+def frequency_elements(arch: ArchConfig) -> int:
+    """Elements of the RoPE buffers: (kv_heads, qk_dim / 2) per group, when RoPE is used."""
+    if arch.positional != "rope":
+        return 0
+    return sum(g.kv_heads * g.qk_dim // 2 for layer in arch.layers for g in layer.heads)
+
+
+def load(folder: Path) -> Any:
+    model: Any = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+    return model.eval()
+
+
+@pytest.mark.parametrize("name", sorted(ARCHS))
+def test_loaded_student_computes_our_logits(name: str, tmp_path: Path) -> None:
+    arch = ARCHS[name]
+    model = trained_like(arch)
+    report = save_student(model, tmp_path / "student")
+    student = load(tmp_path / "student")
+    assert type(student).__name__ == "TransformerAllocForCausalLM"
+    ids = torch.randint(0, arch.vocab_size or 1, (2, arch.max_seq_len),
+                        generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(student(ids).logits, model(ids), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(student(ids[:, :3]).logits, model(ids[:, :3]),
+                                   atol=1e-5, rtol=1e-5)
+    # Reduced shapes and the file's frequencies, tensor for tensor.
+    ours, theirs = model.state_dict(), student.state_dict()
+    assert set(theirs) == set(ours)
+    for key, value in ours.items():
+        assert theirs[key].shape == value.shape, key
+        assert torch.equal(theirs[key], value), key
+    assert (student.head.weight is student.embed.weight) == arch.tie_embeddings
+    # The file holds the parameters (a tied head once) and the RoPE frequencies, nothing else.
+    with safe_open(str(tmp_path / "student" / "model.safetensors"), "pt") as handle:
+        elements = sum(math.prod(handle.get_slice(k).get_shape())
+                       for k in handle.keys())  # noqa: SIM118 (safe_open has no __iter__)
+    assert elements == param_count(arch).total + frequency_elements(arch)
+    assert (report.params, report.buffer_elements, report.elements) == (
+        param_count(arch).total, frequency_elements(arch), elements)
+    assert report.file_bytes == (tmp_path / "student" / "model.safetensors").stat().st_size
+
+
+@pytest.mark.parametrize("name", ["gqa_rope", "gpt2_like", "random1"])
+def test_cache_gives_the_logits_of_a_full_pass(name: str, tmp_path: Path) -> None:
+    """Prefill, then a chunk, then one token at a time through a DynamicCache: the logits of
+    the full sequence in one uncached pass."""
+    arch = ARCHS[name]
+    save_student(trained_like(arch), tmp_path / "student")
+    student = load(tmp_path / "student")
+    t = arch.max_seq_len
+    ids = torch.randint(0, arch.vocab_size or 1, (2, t),
+                        generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        full = student(ids, use_cache=False).logits
+        cache = DynamicCache(config=student.config)
+        parts = [student(ids[:, :3], past_key_values=cache, use_cache=True).logits,
+                 student(ids[:, 3:6], past_key_values=cache, use_cache=True).logits]
+        parts += [student(ids[:, i:i + 1], past_key_values=cache, use_cache=True).logits
+                  for i in range(6, t)]
+    assert cache.get_seq_length() == t
+    torch.testing.assert_close(torch.cat(parts, dim=1), full, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["gqa_rope", "qwen_like", "sinusoidal_frozen"])
+def test_greedy_generation_with_and_without_cache(name: str, tmp_path: Path) -> None:
+    arch = ARCHS[name]
+    model = trained_like(arch)
+    save_student(model, tmp_path / "student")
+    student = load(tmp_path / "student")
+    prompt = torch.randint(0, arch.vocab_size or 1, (2, 4),
+                           generator=torch.Generator().manual_seed(3))
+    new = arch.max_seq_len - 4
+    with torch.no_grad():
+        cached = student.generate(prompt, max_new_tokens=new, do_sample=False, use_cache=True,
+                                  pad_token_id=0)
+        uncached = student.generate(prompt, max_new_tokens=new, do_sample=False,
+                                    use_cache=False, pad_token_id=0)
+        assert cached.shape == (2, arch.max_seq_len)
+        assert torch.equal(cached, uncached)
+        # Our model's own greedy choices, one token at a time.
+        ids = prompt
+        for _ in range(new):
+            ids = torch.cat([ids, model(ids)[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(cached, ids)
+
+
+def test_two_folders_with_the_same_name_and_modelling_file(tmp_path: Path) -> None:
+    """Both share one remote-code module; each loads its own architecture and weights."""
+    first, second = ARCHS["gqa_rope"], ARCHS["qwen_like"]
+    save_student(trained_like(first, 1), tmp_path / "a" / "student")
+    save_student(trained_like(second, 2), tmp_path / "b" / "student")
+    a, b = load(tmp_path / "a" / "student"), load(tmp_path / "b" / "student")
+    assert type(a) is type(b)
+    ids = torch.randint(0, 20, (1, 8), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        torch.testing.assert_close(a(ids).logits, trained_like(first, 1)(ids), atol=1e-5,
+                                   rtol=1e-5)
+        torch.testing.assert_close(b(ids).logits, trained_like(second, 2)(ids), atol=1e-5,
+                                   rtol=1e-5)
+
+
+def test_config_json(tmp_path: Path) -> None:
+    arch = ARCHS["gpt2_like"]
+    model = trained_like(arch)
+    save_student(model, tmp_path / "student")
+    ids = torch.randint(0, 23, (2, 12), generator=torch.Generator().manual_seed(6))
+    assert export.max_logit_error(model, tmp_path / "student", ids) < 1e-5  # no remote code
+    config = json.loads((tmp_path / "student" / "config.json").read_text())
+    assert config["model_type"] == "transformer_alloc"
+    assert config["architectures"] == ["TransformerAllocForCausalLM"]
+    assert config["auto_map"] == {
+        "AutoConfig": "modeling_transformer_alloc.TransformerAllocConfig",
+        "AutoModelForCausalLM": "modeling_transformer_alloc.TransformerAllocForCausalLM"}
+    assert ArchConfig.from_dict(config["arch"]) == arch
+    assert (config["vocab_size"], config["hidden_size"], config["num_hidden_layers"],
+            config["max_position_embeddings"], config["tie_word_embeddings"],
+            config["dtype"]) == (23, 16, 2, 12, True, "float32")
+    assert sorted(p.name for p in (tmp_path / "student").iterdir()) == [
+        "config.json", "model.safetensors", "modeling_transformer_alloc.py"]
+
+
+def test_loss_is_the_shifted_next_token_loss(tmp_path: Path) -> None:
+    arch = ARCHS["qwen_like"]
+    model = trained_like(arch)
+    save_student(model, tmp_path / "student")
+    student = load(tmp_path / "student")
+    ids = torch.randint(0, 23, (2, 10), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        out = student(ids, labels=ids, attention_mask=torch.ones_like(ids))
+        want = torch.nn.functional.cross_entropy(model(ids)[:, :-1].reshape(-1, 23),
+                                                 ids[:, 1:].reshape(-1))
+    torch.testing.assert_close(out.loss, want, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="padding"):
+        student(ids, attention_mask=torch.tensor([[1] * 10, [0] + [1] * 9]))
+
+
+def test_bfloat16_export_keeps_float32_frequencies(tmp_path: Path) -> None:
+    arch = ARCHS["gqa_rope"]
+    model = trained_like(arch)
+    report = save_student(model, tmp_path / "student", dtype=torch.bfloat16)
+    assert report.dtype == "bfloat16"
+    config = json.loads((tmp_path / "student" / "config.json").read_text())
+    assert config["dtype"] == "bfloat16"
+    with safe_open(str(tmp_path / "student" / "model.safetensors"), "pt") as handle:
+        dtypes = {k: handle.get_tensor(k).dtype for k in handle.keys()}  # noqa: SIM118
+    assert {d for k, d in dtypes.items() if "inv_freq" not in k} == {torch.bfloat16}
+    assert {d for k, d in dtypes.items() if "inv_freq" in k} == {torch.float32}
+    student = load(tmp_path / "student")
+    assert torch.equal(student.blocks[0].attn.inv_freq0,
+                       model.state_dict()["blocks.0.attn.inv_freq0"])
+
+
+def test_modelling_file_imports_only_torch_transformers_and_the_standard_library() -> None:
+    tree = ast.parse(export.MODELING_FILE.read_text())
+    roots = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            roots |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, "relative import"  # the file is copied alone
+            assert node.module is not None
+            roots.add(node.module.split(".")[0])
+    assert not roots & OURS, roots
+    assert roots - {"torch", "transformers"} <= set(sys.stdlib_module_names), roots
+
+
+@pytest.mark.parametrize(("arch", "message"), [
+    (ArchConfig(d_model=8, layers=(LayerSpec("mhsa", (HeadGroup(2, 4),)),
+                                   LayerSpec("mssa", (HeadGroup(2, 4),))),
+                max_seq_len=8, vocab_size=10), "layers[1].attention = 'mssa'"),
+    (ArchConfig(d_model=8, layers=(LayerSpec("mhsa", (HeadGroup(2, 4),)),), max_seq_len=8,
+                input_dim=3), "token models only"),
+    (ArchConfig(d_model=8, layers=(LayerSpec("mhsa", (HeadGroup(2, 4),)),), max_seq_len=8,
+                vocab_size=10, causal=False), "causal"),
+])
+def test_refused_in_one_line(arch: ArchConfig, message: str, tmp_path: Path) -> None:
+    with pytest.raises(ExportError, match=r"^transformers export: .*") as err:
+        save_student(build_model(arch), tmp_path / "student")
+    assert message in str(err.value) and "\n" not in str(err.value)
+    assert not list(tmp_path.iterdir())
+
+
+def test_failed_export_leaves_no_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                        ) -> None:
+    def broken(*_: Any) -> None:  # after the weights file is written
+        raise OSError("disk full")
+
+    monkeypatch.setattr(export, "student_config", broken)
+    with pytest.raises(OSError, match="disk full"):
+        save_student(trained_like(ARCHS["gpt2_like"]), tmp_path / "student")
+    assert not list(tmp_path.iterdir())
+
+
+def test_replaces_a_student_and_refuses_other_folders(tmp_path: Path) -> None:
+    save_student(trained_like(ARCHS["gpt2_like"]), tmp_path / "student")
+    save_student(trained_like(ARCHS["qwen_like"]), tmp_path / "student")
+    config = json.loads((tmp_path / "student" / "config.json").read_text())
+    assert config["arch"]["mlp"] == "swiglu"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["student"]
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    with pytest.raises(ExportError, match="not a transformers student folder"):
+        save_student(trained_like(ARCHS["gpt2_like"]), tmp_path / "other")
+    assert (tmp_path / "other" / "notes.txt").read_text() == "mine"

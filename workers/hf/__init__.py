@@ -1,0 +1,3 @@
+"""Compressed students as ``transformers`` models: ``save_student`` writes a folder that
+``AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)`` loads, with the
+student's reduced shapes (``modeling_transformer_alloc.py`` is the standalone model it ships)."""
