@@ -11,6 +11,8 @@
         heads: [1, 2, 4, 8]       # one head group: a count from this list ...
         head_dim: derived         # ... of dim budget / count, or a list of dims
         qk_dim: same              # same | reduced | {min: 8, step: 8}
+        kv_heads: [1, 2]          # optional: key/value heads per head group (grouped-query
+                                  # attention); each must divide every head count sampled
         shared: false             # true: the rule's layers all take one sampled configuration
       - layers: 2
         groups: {max: 3}          # up to 3 head groups filling the layer budget exactly,
@@ -22,13 +24,15 @@
 space's budget and depth (a ``planner`` passed to ``load_space``): the rule's budget becomes the
 plan's width for its layers, and its head dims the plan's dims with their halves and doubles
 (those that divide the width and keep every sample feasible, with ``groups.max`` lowered where
-that many groups could not fit). The loader rejects unknown keys,
+that many groups could not fit; a plan whose layers share key/value heads passes its groups'
+``kv_heads`` on to a rule without the key). The loader rejects unknown keys,
 empty choices, rules that leave layers uncovered and choices that could break the budget,
 naming the file, the key and the rule.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -36,7 +40,15 @@ from typing import Any
 import yaml
 
 from arch.checks import ConfigError, is_int, is_number
-from arch.config import ATTENTION_KINDS, MAX_DEPTH, MAX_WIDTH, ArchConfig, HeadGroup, LayerSpec
+from arch.config import (
+    ATTENTION_KINDS,
+    MAX_DEPTH,
+    MAX_WIDTH,
+    SINGLE_WIDTH_KINDS,
+    ArchConfig,
+    HeadGroup,
+    LayerSpec,
+)
 from arch.training import TrainConfig
 from common.errors import excerpt
 from common.files import read_yaml
@@ -63,7 +75,7 @@ _TOP_KEYS = ("name", "description", "budget", "depth", "model", "layers", "train
              "data")
 _DATA_KEYS = ("path", "format", "dtype", "vocab_size")
 _RULE_KEYS = ("layers", "attention", "mlp_ratio", "heads", "head_dim", "qk_dim", "budget",
-              "role", "eta", "freeze_mlp", "shared", "groups")
+              "role", "eta", "freeze_mlp", "shared", "groups", "kv_heads")
 # The allocator's plan for (budget, depth): what resolves ``allocator`` placeholders.
 Planner = Callable[[int, int], ArchConfig]
 
@@ -313,6 +325,7 @@ def _parse_rule(check: _Checker, where: str, item: dict[str, Any], budget: int,
         "must be a list of integers >= 1" + ("" if max_groups > 1 else
                                               " or 'derived' (budget / heads)"))
     qk = _parse_qk(check, f"{where}.qk_dim", item.get("qk_dim", "same"))
+    kv_heads = _parse_kv_heads(check, f"{where}.kv_heads", item.get("kv_heads"), attention)
     role, eta = item.get("role", "process"), item.get("eta", 1.0)
     shared = item.get("shared", False)
     if not isinstance(shared, bool):
@@ -320,7 +333,23 @@ def _parse_rule(check: _Checker, where: str, item: dict[str, Any], budget: int,
     if len(check.problems) > n:
         return None
     return LayerRule(indices, attention, tuple(float(m) for m in mlp), heads, head_dim, qk,
-                     rule_budget, role, eta, item.get("freeze_mlp", False), shared, max_groups)
+                     rule_budget, role, eta, item.get("freeze_mlp", False), shared, max_groups,
+                     kv_heads)
+
+
+def _parse_kv_heads(check: _Checker, key: str, value: Any,
+                    attention: tuple[Any, ...]) -> tuple[int, ...] | None:
+    """The key/value head choices of a rule (None: one per query head, nothing sampled)."""
+    if value is None:
+        return None
+    choices = check.choices(key, value, lambda v: is_int(v) and v >= 1,
+                            "must be key/value head counts per head group (integers >= 1)")
+    single = [kind for kind in attention if kind in SINGLE_WIDTH_KINDS]
+    if choices and single:
+        check.add(key, value, f"grouped key/value heads are for mhsa and frozen_qk layers; "
+                  f"attention also allows {', '.join(single)} (no separate keys and values)")
+        return None
+    return tuple(sorted(set(choices))) or None
 
 
 def _parse_groups(check: _Checker, key: str, value: Any) -> int:
@@ -398,7 +427,12 @@ def _check_constructible(space: SearchSpace) -> None:
             assert rule.head_dim is not None
             problems += [f"{where}: {p}" for p in min_group_widths(rule.head_dim,
                                                                     rule.max_groups,
-                                                                    rule.budget)]
+                                                                    rule.budget, rule.kv_unit)]
+        for kv in rule.kv_heads or ():
+            counts = [c for c in rule.heads if c % kv]
+            if counts:  # Optuna keeps a categorical param's choices fixed: none may fail
+                problems.append(f"{where}.kv_heads = {kv}: must divide every head count the "
+                                f"rule samples (heads = {counts[0]})")
         for count in rule.heads:
             widest = max(rule.v_dims(count)) * count
             if rule.head_dim is None and rule.budget % count:
@@ -455,14 +489,29 @@ def _resolve_allocator(check: _Checker, rules: Any, budget: int, depth: int,
             continue
         (width,) = widths
         item = {**item, "budget": width if item.get("budget") == ALLOCATOR else item["budget"]}
+        kv = sorted({g.kv_heads for layer in layers for g in layer.heads})
+        if "kv_heads" not in item and any(g.grouped for layer in layers for g in layer.heads):
+            item["kv_heads"] = kv  # the plan shares key/value heads: so do its neighbours
         if item.get("head_dim") == ALLOCATOR:
             groups = item.get("groups", {"max": 1})
             most = groups.get("max", 1) if isinstance(groups, dict) else 1
             plan_dims = {g.v_dim for layer in layers for g in layer.heads}
-            max_groups, dims = neighbourhood(plan_dims, item["budget"], most)
+            unit = _kv_unit(item.get("kv_heads"))
+            max_groups, dims = neighbourhood(plan_dims, item["budget"], most, unit)
             item = {**item, "head_dim": dims, "groups": {"max": max_groups}}
             if max_groups == 1:  # one group: the rule samples a head count, dim = width / count
-                item.update(heads=sorted({item["budget"] // d for d in dims}),
+                item.update(heads=sorted({item["budget"] // d for d in dims
+                                          if item["budget"] // d % unit == 0} or
+                                         {item["budget"] // d for d in dims}),
                             head_dim="derived")
         resolved.append(item)
     return resolved
+
+
+def _kv_unit(value: Any) -> int:
+    """The least common multiple of a rule's ``kv_heads`` choices as written (1 when absent or
+    not yet valid: the rule's own checks report it)."""
+    items = value if isinstance(value, list) else [value]
+    if value is None or not items or not all(is_int(v) and v >= 1 for v in items):
+        return 1
+    return math.lcm(*items)

@@ -16,6 +16,13 @@ A layer rule samples one head group (a head count from ``heads``, its dimension 
 ``budget / count`` or from ``head_dim``) or, with ``groups: {max: G}``, up to G groups whose
 widths fill the layer's budget exactly: the group dims come from ``head_dim``, every count but
 the last is sampled (in steps that keep the rest divisible) and the last one fills the budget.
+
+With ``kv_heads`` (grouped-query attention) each group also samples its number of key/value
+heads, ``L{i}.g{j}.kv_heads``, from the rule's list. Optuna needs a categorical param's choices
+fixed, so every choice divides every count the rule can sample: the loader checks that a
+one-group rule's head counts are multiples of each choice, and a several-group rule samples its
+counts in multiples of their least common multiple. Without the key every query head has its
+own key/value head and nothing more is sampled or recorded.
 """
 
 from __future__ import annotations
@@ -166,6 +173,13 @@ class LayerRule:
     freeze_mlp: bool = False
     shared: bool = False  # every layer of the rule takes one sampled configuration
     max_groups: int = 1  # > 1: up to this many head groups filling ``budget`` exactly
+    kv_heads: tuple[int, ...] | None = None  # key/value heads per group; None: one per query head
+
+    @property
+    def kv_unit(self) -> int:
+        """What every sampled head count is a multiple of: the least common multiple of the
+        ``kv_heads`` choices (so that each divides it), 1 without them."""
+        return math.lcm(*self.kv_heads) if self.kv_heads else 1
 
     def names(self, i: int) -> tuple[int, ...]:
         """The layers a param of layer ``i`` is named for (all of a shared rule's layers)."""
@@ -185,7 +199,9 @@ class LayerRule:
         for j, (count, v_dim) in enumerate(widths):
             low, high, step = self.qk.range(kind, v_dim)
             qk_dim = trial.suggest_int(codec.group_key(layers, j, "qk_dim"), low, high, step=step)
-            heads.append(HeadGroup(count, qk_dim, v_dim))
+            kv = 0 if self.kv_heads is None else trial.suggest_categorical(
+                codec.group_key(layers, j, "kv_heads"), self.kv_heads)
+            heads.append(HeadGroup(count, qk_dim, v_dim, kv))
         fixed = self.fixed_fields(mlp_ratio)
         for name, value in fixed.items():  # recorded, so the params decode to this layer
             if value != codec.DEFAULTS[name]:
@@ -207,17 +223,18 @@ class LayerRule:
 
     def _sample_groups(self, layers: tuple[int, ...], trial: Suggester) -> list[tuple[int, int]]:
         """Up to ``max_groups`` (count, v_dim) filling ``budget``: the last count is derived,
-        and each earlier count steps by ``last / gcd(dim, last)`` so the rest stays divisible
-        by the last dim (the loader checks the minimal widths always fit)."""
+        and each earlier count steps by ``unit * last / gcd(dim, last)`` so the rest stays
+        divisible by the last dim times ``unit`` (``kv_unit``: every count is a multiple of it);
+        the loader checks the minimal widths always fit."""
         assert self.head_dim is not None
         n = trial.suggest_int(codec.layer_key(layers, codec.GROUP_COUNT), 1, self.max_groups)
         dims = [trial.suggest_categorical(codec.group_key(layers, j, "v_dim"), self.head_dim)
                 for j in range(n)]
-        last = dims[-1]
-        steps = [last // math.gcd(d, last) for d in dims[:-1]]
+        last, unit = dims[-1], self.kv_unit
+        steps = [unit * last // math.gcd(d, last) for d in dims[:-1]]
         used, out = 0, []
         for j, (dim, step) in enumerate(zip(dims, steps)):
-            reserve = sum(s * d for s, d in zip(steps[j + 1:], dims[j + 1:-1])) + last
+            reserve = sum(s * d for s, d in zip(steps[j + 1:], dims[j + 1:-1])) + unit * last
             high = (self.budget - used - reserve) // dim
             count = trial.suggest_int(codec.group_key(layers, j, "count"), step,
                                       high - high % step, step=step)
@@ -245,6 +262,12 @@ class LayerRule:
                 low, high, step = self.qk.range(layer.attention, g.v_dim)
                 problems.append(f"{where}.heads[{j}].qk_dim = {g.qk_dim}: allowed "
                                 f"{low}..{high} step {step}")
+            if self.kv_heads is None and g.grouped:
+                problems.append(f"{where}.heads[{j}].kv_heads = {g.kv_heads}: the space gives "
+                                "every query head its own key/value head (no kv_heads key)")
+            elif self.kv_heads is not None and g.kv_heads not in self.kv_heads:
+                problems.append(f"{where}.heads[{j}].kv_heads = {g.kv_heads}: allowed "
+                                f"{list(self.kv_heads)}")
         return problems
 
     def _one_group_problems(self, layer: LayerSpec, where: str) -> list[str]:
@@ -266,7 +289,7 @@ class LayerRule:
         if layer.width != self.budget:
             problems.append(f"{where}.heads = {layer.heads_str}: width {layer.width} must fill "
                             f"the layer budget {self.budget}")
-        last = heads[-1].v_dim
+        last, unit = heads[-1].v_dim, self.kv_unit
         for j, g in enumerate(heads):
             if g.v_dim not in self.head_dim:
                 problems.append(f"{where}.heads[{j}].v_dim = {g.v_dim}: allowed "
@@ -275,6 +298,10 @@ class LayerRule:
                 problems.append(f"{where}.heads[{j}] = {g}: its width must be a multiple of "
                                 f"the last group's head dim {last} (order the groups by "
                                 "decreasing head dim)")
+            elif g.count % unit:
+                problems.append(f"{where}.heads[{j}].count = {g.count}: must be a multiple of "
+                                f"{unit}, which every kv_heads choice {list(self.kv_heads or ())} "
+                                "divides")
         return problems
 
 
@@ -453,6 +480,9 @@ class SearchSpace:
                 continue
             problems += rule.problems(layer, f"layers[{i}]")
             params.update(codec.encode_layer(layer, names, group_count=rule.max_groups > 1))
+            if rule.kv_heads is not None:  # sampled, so recorded even when not grouped
+                params.update({codec.group_key(names, j, "kv_heads"): g.kv_heads
+                               for j, g in enumerate(layer.heads)})
         params.update({f"train.{key}": value for key, value in (train or {}).items()})
         if problems:
             raise SpaceError(f"{self.source}: architecture not in space {self.name!r}: "
@@ -474,30 +504,36 @@ def _next_path(decisions: list[tuple[int, int]]) -> list[int] | None:
 # --- feasibility of several head groups ----------------------------------------------------
 
 
-def min_group_widths(dims: tuple[int, ...], max_groups: int, budget: int) -> list[str]:
-    """Why groups of these dims could fail to fill ``budget`` (empty: they always can). Every
-    dim must divide the budget, and the widest minimal layer -- ``max_groups - 1`` groups of
-    ``lcm(dim, last)`` and one of ``last`` -- must fit."""
-    problems = [f"head_dim {d} does not divide the layer budget {budget}" for d in dims
-                if budget % d]
+def min_group_widths(dims: tuple[int, ...], max_groups: int, budget: int,
+                     unit: int = 1) -> list[str]:
+    """Why groups of these dims could fail to fill ``budget`` (empty: they always can), when
+    every head count is a multiple of ``unit`` (``LayerRule.kv_unit``). Every dim times
+    ``unit`` must divide the budget, and the widest minimal layer -- ``max_groups - 1`` groups
+    of ``unit * lcm(dim, last)`` and one of ``unit * last`` -- must fit."""
+    per = "" if unit == 1 else f" x {unit} (the kv_heads choices' least common multiple)"
+    problems = [f"head_dim {d}{per} does not divide the layer budget {budget}" for d in dims
+                if budget % (unit * d)]
     for last in dims:
-        widest = (max_groups - 1) * max(math.lcm(d, last) for d in dims) + last
+        widest = unit * ((max_groups - 1) * max(math.lcm(d, last) for d in dims) + last)
         if not problems and widest > budget:
             problems.append(f"{max_groups} groups ending with head_dim {last} need a width of "
                             f"{widest} > budget {budget}; lower groups.max or drop large dims")
     return problems
 
 
-def neighbourhood(plan_dims: set[int], width: int, most: int) -> tuple[int, list[int]]:
+def neighbourhood(plan_dims: set[int], width: int, most: int,
+                  unit: int = 1) -> tuple[int, list[int]]:
     """``(groups, dims)`` around a plan: the plan's head dims with their halves and doubles that
     divide ``width``, dropping the largest extra dims, then groups (from ``most`` down), until
-    any choice of that many groups of those dims can fill the width."""
+    any choice of that many groups of those dims (head counts in multiples of ``unit``) can
+    fill the width."""
     extra = {d * f for d in plan_dims for f in (0.5, 2)} - plan_dims
     for groups in range(max(1, most), 0, -1):
-        candidates = sorted(int(d) for d in extra if d == int(d) and width % int(d) == 0)
+        candidates = sorted(int(d) for d in extra
+                            if d == int(d) and width % (unit * int(d)) == 0)
         while True:
             dims = sorted(plan_dims | set(candidates))
-            if not min_group_widths(tuple(dims), groups, width):
+            if not min_group_widths(tuple(dims), groups, width, unit):
                 return groups, dims
             if not candidates:
                 break

@@ -14,7 +14,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from arch import ArchConfig, ConfigError, HeadGroup, ModelIO, merge_groups
+from arch import ArchConfig, ConfigError, HeadGroup, ModelIO, codec, merge_groups
 from search_spaces import (
     FixedSuggester,
     RandomSuggester,
@@ -280,3 +280,87 @@ def test_the_largest_architecture_bounds_what_the_space_samples() -> None:
             for big, small in zip(largest.layers, arch.layers):
                 assert sum(g.count for g in small.heads) <= sum(g.count for g in big.heads)
         assert sum(g.count for g in largest.layers[0].heads) <= 64 // 8  # not one head per unit
+
+
+# --- key/value heads (grouped-query attention) ----------------------------------------------
+
+KV = {"name": "kv", "budget": 128, "depth": 2,
+      "layers": [{"layers": 0, "heads": [4, 8, 16], "kv_heads": [1, 2, 4],
+                  "attention": ["mhsa", "frozen_qk"]},
+                 {"layers": 1, "groups": {"max": 2}, "head_dim": [16, 32],
+                  "kv_heads": [1, 2], "qk_dim": "reduced"}]}
+
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 2**31))
+def test_kv_heads_spaces_sample_valid_groups_that_round_trip(seed: int) -> None:
+    """Every group reads one of the rule's key/value head counts (which divides its query
+    heads), the sampled params are the codec's names and decode to the model, and ``encode``
+    gives them back."""
+    space = parse_space(KV)
+    suggester = RandomSuggester(seed)
+    arch, _ = space.sample(suggester, IO)
+    for i, layer in enumerate(arch.layers):
+        for j, g in enumerate(layer.heads):
+            assert g.kv_heads in space.rule(i).kv_heads and g.count % g.kv_heads == 0  # type: ignore[operator]
+            assert suggester.params[f"L{i}.g{j}.kv_heads"] == g.kv_heads
+    assert codec.decode(suggester.params, arch) == arch
+    assert codec.decode(codec.encode(arch), arch) == arch
+    params = space.encode(arch)
+    assert params == suggester.params
+    assert space.sample(FixedSuggester(params), IO)[0] == arch
+
+
+def test_a_grid_with_kv_heads_is_every_count_times_every_choice() -> None:
+    space = parse_space({"name": "g", "budget": 64, "depth": 1, "sampler": "grid",
+                         "layers": [{"layers": "all", "heads": [4, 8], "kv_heads": [1, 2, 4]}]})
+    heads = {space.sample(FixedSuggester(p), IO)[0].layers[0].heads[0] for p in space.grid()}
+    assert heads == {HeadGroup(c, 64 // c, kv_heads=k) for c in (4, 8) for k in (1, 2, 4)}
+
+
+def test_spaces_without_kv_heads_sample_and_record_what_they_did() -> None:
+    """No key: one key/value head per query head, and no kv_heads param (studies recorded
+    before the key existed keep their params); a grouped model is outside such a space."""
+    space = load_space("heads_vs_dim")
+    suggester = RandomSuggester(0)
+    arch, _ = space.sample(suggester, IO)
+    assert not any(g.grouped for x in arch.layers for g in x.heads)
+    assert not any(k.endswith("kv_heads") for k in suggester.params)
+    grouped = ArchConfig.from_dict({**arch.to_dict(), "layers": [
+        {**arch.layers[0].to_dict(), "heads": ["8x32kv2"]}]})
+    with pytest.raises(SpaceError, match=r"kv_heads = 2: the space gives every query head"):
+        space.encode(grouped)
+
+
+@pytest.mark.parametrize(("rule", "message"), [
+    ({"heads": [2, 4], "kv_heads": [4]},
+     "layers[0].kv_heads = 4: must divide every head count the rule samples (heads = 2)"),
+    ({"heads": [4], "kv_heads": [2], "attention": ["mhsa", "mixit"]},
+     "layers[0].kv_heads = [2]: grouped key/value heads are for mhsa and frozen_qk layers; "
+     "attention also allows mixit"),
+    ({"heads": [4], "kv_heads": [0]}, "layers[0].kv_heads = 0: must be key/value head counts"),
+    ({"groups": {"max": 2}, "head_dim": [32], "kv_heads": [2]},
+     "head_dim 32 x 2 (the kv_heads choices' least common multiple) does not divide"),
+])
+def test_bad_kv_heads_rules_are_one_line(rule: dict[str, object], message: str) -> None:
+    data = {"name": "t", "budget": 96, "depth": 1, "layers": [{"layers": "all", **rule}]}
+    with pytest.raises(SpaceError) as err:
+        parse_space(data)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_neighbourhood_of_a_grouped_plan_keeps_its_key_value_heads() -> None:
+    """A plan whose layers share key/value heads: its neighbourhood samples them too, and the
+    plan itself is one of its points."""
+    planner = planner_for(kernel="poly:1.0", seq_len=64, input_dim=64, kv_heads=2)
+    space = load_space("allocator_neighbourhood", 512, planner=planner)  # type: ignore[arg-type]
+    plan = planner(512, space.depth)  # type: ignore[operator]
+    assert all(g.kv_heads == 2 for x in plan.layers for g in x.heads)
+    assert all(rule.kv_heads == (2,) for rule in space.rules)
+    params = space.encode(plan)
+    again, _ = space.sample(FixedSuggester(params), ModelIO(plan.max_seq_len,
+                                                            input_dim=plan.input_dim))
+    assert again == plan
+    for seed in range(20):
+        arch, _ = space.sample(RandomSuggester(seed), IO)
+        assert all(g.kv_heads == 2 for x in arch.layers for g in x.heads)
