@@ -2,8 +2,10 @@
 
 Layers ``0..k-1`` get the early-layer solution (exact grouped optimum, or the uniform layer),
 layers ``k..L-1`` keep that layer's heads and value dims and take the smallest ``qk_dim`` the
-saturation rule allows. ``make_plan`` returns the ``ArchConfig`` and a report whose keys are a
-contract other tools parse (``budget``, ``layers``, ``extract``, ``arch``).
+saturation rule allows. With ``kv_heads`` every layer reads that many key/value heads
+(grouped-query attention), shared by its groups in proportion to their query heads; later
+layers keep them while their ``qk_dim`` shrinks. ``make_plan`` returns the ``ArchConfig`` and a
+report whose keys are a contract other tools parse (``budget``, ``layers``, ``extract``, ``arch``).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from arch import (
     param_count,
 )
 from arch.kernels import KernelError, parse_kernel
+from common.errors import TransformerAllocError
 
 BASELINE_HEAD_DIM = 64
 MLP_PRODUCT_ORDER = 2  # an MLP after the attention multiplies pairs of extracted tokens (§2.1)
@@ -82,6 +85,8 @@ class PlanSettings:
     # "file:PATH": the tokens' covariance eigenvalues as the first layer sees them (a pilot
     # profile's, docs/theory.md §9.2); None: isotropic tokens of input_dim dimensions.
     input_spectrum: str | None = None
+    # Key/value heads of every layer (grouped-query attention); None: one per query head.
+    kv_heads: int | None = None
 
     def order_for(self, mlp_ratio: float) -> int:
         """The compression term's order for a layer with this MLP ratio."""
@@ -98,6 +103,28 @@ class PlanSettings:
     def model(self) -> ErrorModel:
         """The bound of the plan's own layers (their MLP is ``mlp_ratio``)."""
         return self.model_for(self.mlp_ratio)
+
+
+class PlanError(TransformerAllocError):
+    """A request the plan cannot meet (key/value heads its head groups cannot share)."""
+
+
+def share_kv_heads(heads: tuple[HeadGroup, ...], kv_heads: int) -> tuple[HeadGroup, ...]:
+    """``heads`` reading ``kv_heads`` key/value heads in all, shared in proportion to the
+    groups' query heads: each key/value head serves ``H / kv_heads`` query heads (``H`` the
+    layer's), so group ``g`` gets ``g.count * kv_heads / H`` of them.
+
+    Raises:
+        PlanError: ``H / kv_heads`` is not a whole number dividing every group's count.
+    """
+    total = sum(g.count for g in heads)
+    per = total // kv_heads if total % kv_heads == 0 else 0
+    if not per or any(g.count % per for g in heads):
+        shown = "+".join(str(HeadGroup(g.count, g.qk_dim, g.v_dim)) for g in heads)
+        raise PlanError(f"kv_heads = {kv_heads}: the plan's layer has heads {shown} ({total} "
+                        f"query heads); {kv_heads} key/value heads must divide {total} and "
+                        f"the query heads per key/value head must divide every group's count")
+    return tuple(HeadGroup(g.count, g.qk_dim, g.v_dim, g.count // per) for g in heads)
 
 
 @functools.cache
@@ -143,7 +170,7 @@ def _later_heads(settings: PlanSettings, heads: tuple[HeadGroup, ...], logit_bou
         r = reduced_qk_dim(sigma, settings.seq_len, logit_bound, settings.tolerance,
                            settings.align)
         worst = max(worst, attention_error(sigma, r, settings.seq_len, logit_bound))
-        reduced.append(HeadGroup(g.count, r, g.v_dim))
+        reduced.append(HeadGroup(g.count, r, g.v_dim, g.kv_heads))  # keeps its key/value heads
     return merge_groups(reduced), worst
 
 
@@ -152,8 +179,15 @@ def _extract_heads(settings: PlanSettings, exact: Allocation,
     # Every offset truncated (no group beats skipping it): the layer must still exist, and
     # the best layer of equal heads is the bound's answer for its width.
     if settings.uniform or not exact.groups:
-        return (HeadGroup(uniform.count, uniform.dim),)
-    return merge_groups([HeadGroup(g.count, g.dim) for g in exact.groups])
+        heads: tuple[HeadGroup, ...] = (HeadGroup(uniform.count, uniform.dim),)
+    else:
+        heads = merge_groups([HeadGroup(g.count, g.dim) for g in exact.groups])
+    if settings.kv_heads is None:
+        return heads
+    if settings.attention in SINGLE_WIDTH_KINDS:
+        raise PlanError(f"kv_heads = {settings.kv_heads}: grouped key/value heads are for mhsa "
+                        f"and frozen_qk layers, not {settings.attention}")
+    return merge_groups(share_kv_heads(heads, settings.kv_heads))
 
 
 def _arch(settings: PlanSettings, layers: list[LayerSpec]) -> ArchConfig:
@@ -226,8 +260,14 @@ def baseline_head(width: int) -> HeadGroup:
 
 
 def baseline_arch(plan: Plan) -> ArchConfig:
-    """The usual layer everywhere: ``D/64`` heads of 64 (one head of ``D`` when ``D < 64``)."""
+    """The usual layer everywhere: ``D/64`` heads of 64 (one head of ``D`` when ``D < 64``),
+    reading the plan's ``kv_heads`` when they divide its heads (so that a saving compares the
+    allocations, not the sharing of keys and values)."""
     head = baseline_head(plan.settings.budget)
+    kv = plan.settings.kv_heads
+    if kv is not None and head.count % kv == 0 and plan.settings.attention not in \
+            SINGLE_WIDTH_KINDS:
+        head = HeadGroup(head.count, head.qk_dim, head.v_dim, kv)
     layers = tuple(LayerSpec(layer.attention, (head,), layer.mlp_ratio, layer.role)
                    for layer in plan.arch.layers)
     return ArchConfig(**{**_arch_kwargs(plan.arch), "layers": layers})
@@ -261,6 +301,7 @@ def report(plan: Plan) -> dict[str, Any]:
         rows.append({
             "index": i, "role": layer.role, "attention": layer.attention,
             "heads": [g.to_dict() for g in layer.heads], "width": layer.width,
+            "kv_heads": layer.kv_heads,
             "attention_params": params.total, "attention_params_trainable": params.trainable,
             "predicted_error": plan.layer_errors[i]["total"],
             "error_terms": plan.layer_errors[i],
@@ -279,6 +320,7 @@ def report(plan: Plan) -> dict[str, Any]:
             "saving": 1.0 - ours / base if base else 0.0,
             "model_params": param_count(arch).total,
             "baseline_model_params": param_count(base_arch).total,
+            "kv_width": arch.kv_width,  # key + value units a decoder caches per token
         },
         "extract": _extract_report(plan),
         "saturation": {"teacher_qk_dim": teacher,

@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 
 from alloc.constants import read_constants
-from alloc.plan import Plan, PlanSettings, input_variance, make_plan, report
+from alloc.plan import Plan, PlanError, PlanSettings, input_variance, make_plan, report
 from alloc.saturation import parse_spectrum
-from arch import ATTENTION_KINDS, POSITIONALS
+from arch import ATTENTION_KINDS, POSITIONALS, SINGLE_WIDTH_KINDS, HeadGroup
 from arch.config import MAX_DEPTH, MAX_WIDTH
 from arch.kernels import KernelError, parse_kernel
 from common.cli import Parser, add_format, check_writable, dump, fail, int_in, number, render_table
@@ -91,6 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="order k of the compression term: 1 = the attention-only rule, 2 = an "
                         "MLP forms products of the extracted tokens (default: 2 with an MLP, "
                         "else 1; docs/theory.md §2.1)")
+    p.add_argument("--kv-heads", type=int_in(1, MAX_WIDTH), default=d.kv_heads,
+                   help="key/value heads of every layer (grouped-query attention), shared by "
+                        "its head groups in proportion to their query heads (default: one per "
+                        "query head)")
     p.add_argument("--uniform", action="store_true",
                    help="extraction layers use the best uniform layer instead of groups")
     p.add_argument("--vocab-size", type=int_in(1), default=None,
@@ -123,7 +127,8 @@ def settings_from_args(args: argparse.Namespace) -> PlanSettings:
         logit_bounds=None if args.logit_bounds is None else tuple(args.logit_bounds),
         spectrum=args.spectrum, attention=args.attention, mlp_ratio=args.mlp_ratio,
         uniform=args.uniform, vocab_size=args.vocab_size, positional=args.positional,
-        product_order=args.product_order, input_spectrum=args.input_spectrum)
+        product_order=args.product_order, input_spectrum=args.input_spectrum,
+        kv_heads=args.kv_heads)
     if s.input_spectrum is not None:
         try:
             values = input_variance(s.input_spectrum)
@@ -156,6 +161,9 @@ def settings_from_args(args: argparse.Namespace) -> PlanSettings:
     if abs(hidden - round(hidden)) > 1e-9:
         raise UsageError(f"--mlp-ratio {s.mlp_ratio:g}: mlp-ratio * budget = {hidden:g} must be "
                          "a whole number of units")
+    if s.kv_heads is not None and s.attention in SINGLE_WIDTH_KINDS:
+        raise UsageError(f"--kv-heads {s.kv_heads}: grouped key/value heads are for mhsa and "
+                         f"frozen_qk layers, not --attention {s.attention}")
     if s.positional == "rope" and s.attention == "mixit":
         raise UsageError("--positional rope: not offered for --attention mixit (no queries or "
                          "keys); use learned or sinusoidal")
@@ -234,8 +242,8 @@ def render(rep: dict[str, Any]) -> str:
 
 
 def _head(g: dict[str, int]) -> str:
-    dims = str(g["qk_dim"]) if g["qk_dim"] == g["v_dim"] else f"{g['qk_dim']}/{g['v_dim']}"
-    return f"{g['count']}x{dims}"
+    """``8x64``, ``8x8/64`` or ``8x64kv2`` (key/value heads shown only when shared)."""
+    return str(HeadGroup.from_dict(g))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -275,7 +283,10 @@ def main(argv: list[str] | None = None) -> int:
                 check_writable(flag, path)
     except TransformerAllocError as err:
         return fail(PROG, str(err))
-    plan: Plan = make_plan(settings)
+    try:
+        plan: Plan = make_plan(settings)
+    except PlanError as err:  # key/value heads the plan's head groups cannot share
+        return fail(PROG, f"--kv-heads {settings.kv_heads}: {str(err).split(': ', 1)[-1]}")
     rep = report(plan)
     if args.out is not None:
         write_atomic(args.out, plan.arch.to_yaml())

@@ -136,3 +136,52 @@ def test_large_finite_constants_still_solve_without_warnings(
                      "--format", "json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert all(math.isfinite(layer["predicted_error"]) for layer in report["layers"])
+
+
+@pytest.mark.parametrize(("argv", "kv"), [(["--budget", "512"], 2),
+                                          (["--budget", "512", "--uniform"], 8),
+                                          (["--budget", "256", "--kernel", "ngram:4",
+                                            "--input-dim", "32", "--layers", "3"], 1)])
+def test_kv_heads_are_kept_in_every_layer(argv: list[str], kv: int, tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """``--kv-heads N``: every layer of the plan reads exactly N key/value heads, its groups'
+    shares proportional to their query heads, later layers too (their qk_dim shrinks, their
+    key/value heads stay); the written architecture is the reported one."""
+    out = tmp_path / "arch.yaml"
+    assert main([*argv, "--kv-heads", str(kv), "--format", "json", "--out", str(out)]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    arch = ArchConfig.from_yaml(out.read_text())
+    assert arch.to_dict() == rep["arch"]
+    for layer, row in zip(arch.layers, rep["layers"]):
+        assert layer.kv_heads == kv == row["kv_heads"]
+        per = {g.count // g.kv_heads for g in layer.heads}
+        assert per == {layer.n_heads // kv}  # each key/value head serves as many query heads
+    assert rep["totals"]["kv_width"] == arch.kv_width
+    assert main([*argv, "--kv-heads", str(kv)]) == 0
+    table = capsys.readouterr().out
+    assert all(f"  {x.heads_str}  " in table for x in arch.layers)  # 8x64kv2: shown
+
+
+def test_no_kv_heads_flag_leaves_the_plan_as_it_was(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--budget", "512", "--format", "json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert all("kv_heads" not in g for row in rep["layers"] for g in row["heads"])
+    assert all(row["kv_heads"] == sum(g["count"] for g in row["heads"]) for row in rep["layers"])
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--budget", "512", "--kv-heads", "3"],
+     "--kv-heads 3: the plan's layer has heads 8x64 (8 query heads); 3 key/value heads must "
+     "divide 8"),
+    (["--budget", "512", "--kv-heads", "16"], "--kv-heads 16: the plan's layer has heads 8x64"),
+    (["--budget", "512", "--kv-heads", "2", "--attention", "mssa"],
+     "--kv-heads 2: grouped key/value heads are for mhsa and frozen_qk layers, not "
+     "--attention mssa"),
+])
+def test_impossible_kv_heads_are_one_line(argv: list[str], message: str, tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "arch.yaml"
+    assert main([*argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+    assert not out.exists()
