@@ -7,14 +7,20 @@ moments, Lion one), plus the activations autograd keeps for the backward pass at
 length (per layer a few ``d_model``-wide tensors, the query/key/value projections, the MLP's
 hidden units and, per head, the ``T x T`` logits and attention weights), plus the output logits.
 It errs high rather than low; real peaks with fused kernels are lower.
+
+Also what a trained decoder caches at inference: ``kv_cache_bytes``, the keys and values of one
+token over all layers, at a given dtype.
 """
 
 from __future__ import annotations
 
+from arch.checks import ConfigError
 from arch.config import ArchConfig
 from arch.params import param_count
 
 FLOAT = 4  # bytes
+# Bytes per value of the dtypes a model is trained or served in.
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 OPTIMIZER_STATES = {"adamw": 2, "lion": 1}  # float tensors per trainable parameter
 
 
@@ -39,3 +45,27 @@ def training_bytes(arch: ArchConfig, batch_size: int, optimizer: str = "adamw") 
 def gib(size: int) -> str:
     """``size`` bytes for a message."""
     return f"{size / 2 ** 30:,.1f} GiB" if size >= 2 ** 27 else f"{size / 2 ** 20:,.1f} MiB"
+
+
+def dtype_bytes(dtype: str) -> int:
+    """Bytes per value of ``dtype`` (``float32``, ``bfloat16`` or ``float16``).
+
+    Raises:
+        ConfigError: another name.
+    """
+    if dtype not in DTYPE_BYTES:
+        raise ConfigError([f"dtype = {dtype!r}: must be one of {', '.join(DTYPE_BYTES)}"])
+    return DTYPE_BYTES[dtype]
+
+
+def training_dtype(device: str) -> str:
+    """The dtype activations (and so keys and values) have when the trainer runs on
+    ``device``: it autocasts to bfloat16 on ``cuda`` and stays in float32 elsewhere."""
+    return "bfloat16" if device == "cuda" else "float32"
+
+
+def kv_cache_bytes(arch: ArchConfig, dtype: str = "float32") -> int:
+    """Bytes a decoder caches per token of context: per layer, each head group's ``kv_heads``
+    key/value heads store ``qk_dim + v_dim`` values (``arch.kv_width`` summed over layers;
+    grouped-query attention shrinks it by the query heads each key/value head serves)."""
+    return arch.kv_width * dtype_bytes(dtype)

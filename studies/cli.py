@@ -1,10 +1,11 @@
 """python -m studies list|best|top|pareto|layers|theory|export [--storage URL] [--study NAME]
 
 Query the study database long after a search ended: the best per-layer allocations, the Pareto
-front of value vs trainable parameters, which attention kind / head count / qk_dim wins at each
-depth, the allocator's predicted error vs measured values, and any trial exported as an
-``ArchConfig`` YAML for ``python -m workers.train --arch``. ``--storage`` falls back to
-``$OPTUNA_STORAGE`` then ``sqlite:///studies.db``; the password of a URL is never printed.
+front of value vs trainable parameters (or vs KV cache per token, ``--x kv_cache``), which
+attention kind / head count / qk_dim wins at each depth, the allocator's predicted error vs
+measured values, and any trial exported as an ``ArchConfig`` YAML for ``python -m workers.train
+--arch``. ``--storage`` falls back to ``$OPTUNA_STORAGE`` then ``sqlite:///studies.db``; the
+password of a URL is never printed.
 """
 
 from __future__ import annotations
@@ -38,7 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("best", parents=[with_study], help="the best fully trained allocation")
     top = sub.add_parser("top", parents=[with_study], help="the k best allocations")
     top.add_argument("-k", type=int_in(1), default=5)
-    pareto = sub.add_parser("pareto", parents=[with_study], help="value vs trainable params front")
+    pareto = sub.add_parser("pareto", parents=[with_study],
+                            help="value vs trainable params (or KV cache) front")
+    pareto.add_argument("--x", choices=query.PARETO_AXES, default="params",
+                        help="what the value is traded against: trainable parameters, or the "
+                             "bytes of keys and values a decoder caches per token")
     pareto.add_argument("--plot", type=Path, help="write the front as a PNG")
     layers = sub.add_parser("layers", parents=[with_study], help="per-depth winners, top k")
     layers.add_argument("-k", type=int_in(1), default=10)
@@ -61,6 +66,7 @@ def _study_name(args: argparse.Namespace, summaries: list[query.StudySummary]) -
 
 def _trial_dict(t: query.TrialRecord) -> dict[str, Any]:
     return {"number": t.number, "value": t.value, "params_trainable": t.params_trainable,
+            "kv_cache": t.kv_cache, "kv_cache_dtype": t.kv_cache_dtype,
             "steps_reached": t.steps_reached, "arch_id": t.attrs.get("arch_id"),
             "arch": t.arch.to_dict() if t.arch else None}
 
@@ -115,13 +121,14 @@ def run(args: argparse.Namespace) -> str | Any:
         return (f"{text}\n\nexport: python -m studies export --storage {storage} --study "
                 f"{shlex.quote(study)} --trial {best}")
     if args.command == "pareto":
-        direction, front = query.pareto(eng, study)
+        direction, front = query.pareto(eng, study, args.x)
         if args.plot is not None:
-            _plot_front(front, direction, study, args.plot)
+            _plot_front(front, direction, study, args.plot, args.x)
         if args.format != "table":
             return [_trial_dict(t) for t in front]
-        return render_table(["trial", "value", "trainable params", "heads per layer"],
-                            [[t.number, f"{t.value:.6g}", f"{t.params_trainable or 0:,}",
+        axis = "trainable params" if args.x == "params" else _axis_name(front, args.x)
+        return render_table(["trial", "value", axis, "heads per layer"],
+                            [[t.number, f"{t.value:.6g}", f"{_axis_value(t, args.x):,}",
                               " ".join(x.heads_str for x in t.arch.layers) if t.arch else "-"]
                              for t in front], right=[True, True, True, False])
     if args.command == "layers":
@@ -152,12 +159,27 @@ def run(args: argparse.Namespace) -> str | Any:
     return trial.arch.to_yaml() if args.format == "table" else trial.arch.to_dict()
 
 
-def _plot_front(front: list[query.TrialRecord], direction: str, study: str, path: Path) -> None:
+def _axis_value(t: query.TrialRecord, x: str) -> int:
+    """The trial's x coordinate on a Pareto front along ``x``."""
+    return (t.params_trainable if x == "params" else t.kv_cache) or 0
+
+
+def _axis_name(front: list[query.TrialRecord], x: str) -> str:
+    """The x axis's name, with the dtype(s) the KV cache bytes are counted in."""
+    if x == "params":
+        return "trainable parameters"
+    dtypes = "/".join(sorted({t.kv_cache_dtype for t in front}))
+    return f"KV cache per token (bytes, {dtypes})"
+
+
+def _plot_front(front: list[query.TrialRecord], direction: str, study: str, path: Path,
+                x: str = "params") -> None:
     fig, ax = new_figure(1, (6, 4.2))
-    ax.plot([t.params_trainable or 0 for t in front], [t.value or 0.0 for t in front], "o-")
-    for t in front:
-        ax.annotate(f"#{t.number}", (t.params_trainable or 0, t.value or 0), fontsize=8)
-    ax.set_xlabel("trainable parameters")
+    xs = [_axis_value(t, x) for t in front]
+    ax.plot(xs, [t.value or 0.0 for t in front], "o-")
+    for t, at in zip(front, xs):
+        ax.annotate(f"#{t.number}", (at, t.value or 0), fontsize=8)
+    ax.set_xlabel(_axis_name(front, x))
     ax.set_ylabel(f"objective ({direction.lower()})")
     ax.set_title(f"Pareto front of {study}")
     write_figure(fig, path)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -21,6 +22,7 @@ import sqlalchemy as sa
 from scipy.stats import spearmanr
 
 from arch import ArchConfig
+from arch.memory import dtype_bytes, kv_cache_bytes
 from common.errors import TransformerAllocError
 from studies import records as rec
 
@@ -42,6 +44,11 @@ _SMALL_ATTRS = tuple(k for k in rec.TRIAL_ATTRS if k != rec.ARCH)
 _STATE = sa.cast(_trials.c.state, sa.String)
 _VALUE_TYPE = sa.cast(_values.c.value_type, sa.String)
 _DIRECTION = sa.cast(_directions.c.direction, sa.String)
+
+
+# The x axes of a Pareto front: trainable parameters, or KV cache bytes per token.
+PARETO_AXES = ("params", "kv_cache")
+OLD_KV_DTYPE = "float32"  # what a trial recorded without a KV cache is counted in
 
 
 class QueryError(TransformerAllocError):
@@ -77,6 +84,20 @@ class TrialRecord:
     @property
     def steps_reached(self) -> int | None:
         return self.attrs.get(rec.STEPS_REACHED)
+
+    @property
+    def kv_cache(self) -> int | None:
+        """KV cache bytes per token: as recorded, else (a trial recorded before it was) from
+        the architecture at ``kv_cache_dtype``; None when neither is known."""
+        recorded = self.attrs.get(rec.KV_CACHE)
+        if recorded is not None or self.arch is None:
+            return recorded
+        return kv_cache_bytes(self.arch, self.kv_cache_dtype)
+
+    @property
+    def kv_cache_dtype(self) -> str:
+        """The dtype ``kv_cache`` counts in (float32 for trials that did not record one)."""
+        return str(self.attrs.get(rec.KV_CACHE_DTYPE) or OLD_KV_DTYPE)
 
 
 def _value(value: float | None, kind: str | None) -> float | None:
@@ -240,14 +261,24 @@ def top(engine: sa.Engine, study: str, k: int) -> tuple[str, list[TrialRecord]]:
     return direction, _fill(engine, sid, winners)
 
 
-def pareto(engine: sa.Engine, study: str) -> tuple[str, list[TrialRecord]]:
-    """Trials no other eligible trial beats on both value and trainable params."""
+def pareto(engine: sa.Engine, study: str, x: str = "params") -> tuple[str, list[TrialRecord]]:
+    """Trials no other eligible trial beats on both value and ``x``: trainable parameters
+    (``params``) or the KV cache per token (``kv_cache``).
+
+    The KV cache is compared in key/value units (bytes over the dtype's size), so trials
+    recorded at different dtypes rank fairly; trials recorded before it existed get it from
+    their architecture.
+    """
+    if x not in PARETO_AXES:
+        raise QueryError(f"--x {x!r}: must be one of {', '.join(PARETO_AXES)}")
+    keys = (rec.PARAMS_TRAINABLE,) if x == "params" else (rec.KV_CACHE, rec.KV_CACHE_DTYPE)
     with engine.connect() as conn:
         sid, direction = _study(conn, study)
-        rows = conn.execute(_eligible_rows(conn, sid, rec.PARAMS_TRAINABLE)).all()
+        rows = conn.execute(_eligible_rows(conn, sid, *keys)).all()
+    sizes = ({tid: json.loads(p) if p else 0 for tid, _, _, p in rows} if x == "params"
+             else _kv_units(engine, rows))
     sign = -1.0 if direction == "MAXIMIZE" else 1.0
-    points = sorted((json.loads(p) if p else 0, sign * v, number, tid)
-                    for tid, number, v, p in rows)
+    points = sorted((sizes[tid], sign * v, number, tid) for tid, number, v, *_ in rows)
     front, best_so_far = [], float("inf")
     for _, score, number, tid in points:  # fewest params first: keep strict improvements
         if score < best_so_far:
@@ -256,6 +287,23 @@ def pareto(engine: sa.Engine, study: str) -> tuple[str, list[TrialRecord]]:
     if not front:
         raise QueryError(f"--study {study!r}: no complete trial yet")
     return direction, _fill(engine, sid, front)
+
+
+def _kv_units(engine: sa.Engine, rows: Sequence[Any]) -> dict[int, int]:
+    """Key/value units per token of ``(trial_id, number, value, kv_cache, dtype)`` rows: the
+    recorded bytes over the dtype's size, else (older trials) the architecture's ``kv_width``
+    (their architectures read in one query)."""
+    units: dict[int, int] = {}
+    old: list[TrialRecord] = []
+    for tid, number, value, size, dtype in rows:
+        size, dtype = (json.loads(size) if size else None), (json.loads(dtype) if dtype else None)
+        if size is None:
+            old.append(TrialRecord(tid, number, "COMPLETE", value))
+        else:
+            units[tid] = int(size) // dtype_bytes(str(dtype or OLD_KV_DTYPE))
+    for trial in attach_archs(engine, old):
+        units[trial.trial_id] = trial.arch.kv_width if trial.arch is not None else 0
+    return units
 
 
 def layer_summary(trials: list[TrialRecord]) -> list[dict[str, Any]]:

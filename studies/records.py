@@ -25,14 +25,19 @@ from optuna.distributions import (
 from optuna.trial import FrozenTrial, TrialState
 
 from arch import ATTENTION_KINDS, ROLES, ArchConfig, codec, param_count
+from arch.memory import kv_cache_bytes
 
 # Trial user attributes written for every trial.
 ARCH, ARCH_ID = "arch", "arch_id"
 PARAMS_TRAINABLE, PARAMS_TOTAL = "params_trainable", "params_total"
 PREDICTED_ERROR, TOKENS_PER_S = "predicted_error", "tokens_per_s"
 STEPS_REACHED, STATUS, ERROR = "steps_reached", "status", "error"
+# The keys and values a decoder of the trial's model caches per token, in bytes at the dtype the
+# trial trained in (``kv_cache_dtype``: bfloat16 on CUDA, float32 on CPU). Trials recorded
+# before it existed lack both; queries compute them from the architecture (at float32).
+KV_CACHE, KV_CACHE_DTYPE = "kv_cache", "kv_cache_dtype"
 TRIAL_ATTRS = (ARCH, ARCH_ID, PARAMS_TRAINABLE, PARAMS_TOTAL, PREDICTED_ERROR, TOKENS_PER_S,
-               STEPS_REACHED, STATUS)
+               STEPS_REACHED, STATUS, KV_CACHE, KV_CACHE_DTYPE)
 # Study user attributes.
 STUDY_ATTRS = ("task", "metric", "space_name", "space_hash", "alloc_inputs", "code_version",
                "record_schema")
@@ -66,12 +71,14 @@ def fixed_distributions(params: Mapping[str, Any]) -> dict[str, BaseDistribution
 
 def trial_attrs(arch: ArchConfig, *, predicted_error: float | None = None,
                 tokens_per_s: float | None = None, steps_reached: int | None = None,
-                status: str | None = None) -> dict[str, Any]:
-    """The user attrs of a trial evaluating ``arch``."""
+                status: str | None = None, kv_dtype: str = "float32") -> dict[str, Any]:
+    """The user attrs of a trial evaluating ``arch``, trained in ``kv_dtype`` (what its KV
+    cache is counted in: ``arch.memory.training_dtype`` of the trial's device)."""
     count = param_count(arch)
     return {ARCH: arch.to_json(), ARCH_ID: arch.arch_id, PARAMS_TRAINABLE: count.trainable,
             PARAMS_TOTAL: count.total, PREDICTED_ERROR: predicted_error,
-            TOKENS_PER_S: tokens_per_s, STEPS_REACHED: steps_reached, STATUS: status}
+            TOKENS_PER_S: tokens_per_s, STEPS_REACHED: steps_reached, STATUS: status,
+            KV_CACHE: kv_cache_bytes(arch, kv_dtype), KV_CACHE_DTYPE: kv_dtype}
 
 
 def read_arch(trial: FrozenTrial) -> ArchConfig:

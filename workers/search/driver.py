@@ -37,7 +37,7 @@ from alloc.plan import PlanSettings
 from alloc.prior import DEFAULT_TEMPERATURE
 from alloc.sampler import PriorSampler
 from arch.config import MAX_WIDTH
-from arch.memory import gib, training_bytes
+from arch.memory import gib, training_bytes, training_dtype
 from common.cli import Parser, add_format, dump, fail, int_in, number
 from common.errors import TransformerAllocError, UsageError, excerpt
 from search_spaces import SearchSpace, SpaceError, load_space
@@ -267,7 +267,7 @@ def run_search(space: SearchSpace | str | Path, task: Task | str, *, storage: st
                                   "heartbeat; another driver is running this study")
         if finished_count(ot_study) >= total:  # nothing to run: answer before Ray starts
             print(f"study {name} already has its {total} trials", file=sys.stderr)
-            return summarise(_searcher(space, task, ot_study, probe, settings, kind), name,
+            return summarise(_searcher(space, task, ot_study, probe, settings, kind, opts), name,
                              url, "completed")
     finally:
         probe.engine.dispose()  # its connections are not needed past the checks
@@ -278,18 +278,24 @@ def run_search(space: SearchSpace | str | Path, task: Task | str, *, storage: st
     rdb = open_storage(url, heartbeats)
     sampler = _sampler(space, kind, settings, opts, warm)
     ot_study = optuna.load_study(study_name=name, storage=rdb, sampler=sampler)
-    searcher = _searcher(space, task, ot_study, rdb, settings, kind)
+    searcher = _searcher(space, task, ot_study, rdb, settings, kind, opts)
     status = _run(searcher, space, task, total, name, url, opts)
     return summarise(searcher, name, url, status)
 
 
 def _searcher(space: SearchSpace, task: Task, study: optuna.Study,
               storage: optuna.storages.RDBStorage, settings: PlanSettings,
-              sampler: str) -> StudySearcher:
+              sampler: str, opts: SearchOptions) -> StudySearcher:
     return StudySearcher(space, io=task.io, study=study, storage=storage, metric=task.metric,
                          mode="max" if task.higher_is_better else "min",
                          steps=int(space.fixed_train("steps")), predict=Predictor(settings),
-                         starts=starting_points(space, settings, sampler))
+                         starts=starting_points(space, settings, sampler),
+                         kv_dtype=training_dtype(trial_device(opts)))
+
+
+def trial_device(opts: SearchOptions) -> str:
+    """The device every trial trains on: CUDA when trials get a GPU share, else the CPU."""
+    return "cuda" if opts.gpus_per_trial > 0 else "cpu"
 
 
 # A study name is also a directory name (Ray's results): letters, digits, ".", "_", "-".
@@ -360,7 +366,7 @@ def _run(searcher: StudySearcher, space: SearchSpace, task: Task, total: int, na
 
     remaining = total - finished_count(searcher.study)  # > 0: run_search checked
     job = TrialJob(task=describe_task(task), metric=task.metric, mode=searcher.mode,
-                   seed=opts.seed, device="cuda" if opts.gpus_per_trial > 0 else "cpu",
+                   seed=opts.seed, device=trial_device(opts),
                    threads=max(1, int(opts.cpus_per_trial)), checkpoints=opts.checkpoints)
     steps = int(space.fixed_train("steps"))
     run = tune.TuneRun(name=f"{name}-{time.strftime('%Y%m%d-%H%M%S')}",

@@ -71,13 +71,15 @@ class StudySearcher:
     """Samples ``space`` define-by-run into ``study`` and records every trial.
 
     Trials are keyed by the caller's id (Ray Tune's trial id); ``storage`` is the study's
-    ``RDBStorage``, used for the driver's heartbeats.
+    ``RDBStorage``, used for the driver's heartbeats; ``kv_dtype`` is the dtype the trials
+    train in (``arch.memory.training_dtype``), which their recorded KV cache is counted in.
     """
 
     def __init__(self, space: SearchSpace, *, io: ModelIO, study: optuna.Study,
                  storage: RDBStorage, metric: str, mode: Mode, steps: int, predict: Predictor,
-                 starts: Sequence[Start] = ()) -> None:
+                 starts: Sequence[Start] = (), kv_dtype: str = "float32") -> None:
         self.space, self.io, self.study, self.storage = space, io, study, storage
+        self.kv_dtype = kv_dtype
         self.metric, self.mode, self.steps, self.predict = metric, mode, steps, predict
         self.starts = list(starts)
         self.trials: dict[str, Trial] = {}
@@ -98,7 +100,7 @@ class StudySearcher:
             return None
         trial, (arch, train) = ask_new(self.study, self._ask, self._untried, self._rng)
         for name, value in rec.trial_attrs(arch, predicted_error=self.predict(arch),
-                                           status="running").items():
+                                           status="running", kv_dtype=self.kv_dtype).items():
             trial.set_user_attr(name, value)
         self.trials[key] = trial
         self._beat(trial.number)

@@ -108,8 +108,19 @@ def _fit_layer(space: SearchSpace, i: int, layer: LayerSpec) -> LayerSpec:
     mlp = layer.mlp_ratio if layer.mlp_ratio in rule.mlp_ratio else rule.mlp_ratio[-1]
     # A qk_dim the rule does not allow becomes the largest it does.
     heads = tuple(HeadGroup(g.count, g.qk_dim if rule.qk.allows(kind, g.v_dim, g.qk_dim)
-                            else rule.qk.range(kind, g.v_dim)[1], g.v_dim) for g in layer.heads)
+                            else rule.qk.range(kind, g.v_dim)[1], g.v_dim,
+                            _fit_kv_heads(rule.kv_heads, g)) for g in layer.heads)
     return LayerSpec(kind, heads, mlp, **rule.fixed_fields(mlp))
+
+
+def _fit_kv_heads(choices: tuple[int, ...] | None, group: HeadGroup) -> int:
+    """The group's key/value heads, kept unless the rule samples others: then its choice
+    nearest to them that divides the count. Kept without choices (a shared seed the space
+    cannot express is skipped with a warning, never silently made ungrouped)."""
+    fitting = [c for c in choices or () if group.count % c == 0]
+    if not fitting or group.kv_heads in fitting:
+        return group.kv_heads
+    return min(fitting, key=lambda c: (abs(c - group.kv_heads), c))
 
 
 def seeds(space: SearchSpace, settings: PlanSettings) -> list[Start]:
