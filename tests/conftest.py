@@ -94,3 +94,21 @@ def storage_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 def study_name() -> Iterator[str]:
     """A fresh study name (PostgreSQL tests share one database)."""
     yield f"test-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(scope="module")
+def remote_code_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """``trust_remote_code`` modules go to a temporary folder, not
+    ``~/.cache/huggingface/modules``: transformers reads ``HF_MODULES_CACHE`` once, at import,
+    into ``dynamic_module_utils``."""
+    import sys
+
+    from transformers import dynamic_module_utils
+
+    cache = tmp_path_factory.mktemp("hf_modules")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HF_MODULES_CACHE", str(cache))
+        patch.setattr(dynamic_module_utils, "HF_MODULES_CACHE", str(cache))
+        yield cache
+    if str(cache) in sys.path:  # transformers appends it to import the modules
+        sys.path.remove(str(cache))

@@ -17,7 +17,7 @@ import yaml
 
 from alloc.compression import CompressionError, CompressionPlan
 from alloc.profile import main as profile_main
-from arch import ArchConfig, HeadGroup, LayerSpec, TrainConfig
+from arch import ArchConfig, HeadGroup, LayerSpec, TrainConfig, param_count
 from common.files import dump_yaml
 from userdata import DataSpec
 from workers.attention import future_mask
@@ -202,8 +202,13 @@ def test_a_rope_model_is_refused_not_mismeasured() -> None:
         head_maps(model)[0].singular_values()
 
 
+@pytest.mark.usefixtures("remote_code_cache")
 def test_a_gpt2_checkpoint_written_by_transformers(tmp_path: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """A GPT-2 folder saved by transformers is read exactly, profiled and compressed; the
+    student folder (default, compact) loads through ``AutoModelForCausalLM`` with
+    ``trust_remote_code`` at its reduced shapes, its safetensors smaller by exactly the cut
+    parameters; ``--layout stock`` loads in stock GPT-2 and says it is not smaller."""
     transformers = pytest.importorskip(
         "transformers", reason="transformers is not installed (pip install -e '.[test]')")
     torch.manual_seed(0)
@@ -223,17 +228,35 @@ def test_a_gpt2_checkpoint_written_by_transformers(tmp_path: Path,
     assert profile_main(["--checkpoint", str(tmp_path / "gpt2"), "--data", data, "--align", "2",
                          "--tolerance", "0.5", "--seq-len", "32", "--out",
                          str(tmp_path / "plan.yaml")]) == 0
-    assert compress_main(["--checkpoint", str(tmp_path / "gpt2"), "--plan",
-                          str(tmp_path / "plan.yaml"), "--data", data, "--vocab-size", "64",
-                          "--out", str(tmp_path / "student"), "--format", "json"]) == 0
     capsys.readouterr()
+    common = ["--checkpoint", str(tmp_path / "gpt2"), "--plan", str(tmp_path / "plan.yaml"),
+              "--data", data, "--vocab-size", "64", "--format", "json"]
+    assert compress_main([*common, "--out", str(tmp_path / "student")]) == 0
+    report = json.loads(capsys.readouterr().out)
     plan = yaml.safe_load((tmp_path / "plan.yaml").read_text())
     student_arch = ArchConfig.from_dict(plan["student"])
     assert student_arch != loaded.arch  # some head lost query-key rank
     ours = build_student(loaded.model, student_arch)
-    back = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "student").eval()
-    with torch.no_grad():  # transformers runs the student we wrote
-        assert torch.allclose(back(x).logits, ours(x), atol=1e-5)
+    compact = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "student",
+                                                                trust_remote_code=True)
+    with torch.no_grad():  # transformers runs the student we wrote, at its real shapes
+        torch.testing.assert_close(compact(x).logits, ours(x), atol=1e-5, rtol=1e-5)
+    shapes = {k: v.shape for k, v in compact.state_dict().items()}
+    assert shapes == {k: v.shape for k, v in ours.state_dict().items()}
+    assert any(shapes[f"blocks.{i}.attn.qkv.weight"][0] < 3 * 32 for i in range(2))
+    cut = param_count(loaded.arch).total - param_count(student_arch).total
+    assert report["params"]["teacher_total"] - report["params"]["student_total"] == cut > 0
+    # float32 weights: the file shrinks by the cut parameters' bytes, give or take the headers
+    shrink = report["files"]["teacher"] - report["files"]["student"]
+    assert abs(shrink - 4 * cut) < 2_000
+    assert compress_main([*common, "--out", str(tmp_path / "stock"), "--layout", "stock",
+                          "--format", "table"]) == 0
+    assert "NOT smaller" in capsys.readouterr().out
+    back = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "stock").eval()
+    with torch.no_grad():  # stock transformers runs the padded student exactly
+        torch.testing.assert_close(back(x).logits, ours(x), atol=1e-5, rtol=1e-5)
+    assert (tmp_path / "stock" / "model.safetensors").stat().st_size == (
+        tmp_path / "gpt2" / "model.safetensors").stat().st_size
     # the student is the per-layer plan: each group's qk_dim is the one the profile chose
     assert [[g.qk_dim for g in layer.heads] for layer in student_arch.layers] == [
         [g["reduced_qk_dim"] for g in layer["groups"]] for layer in plan["layers"]]

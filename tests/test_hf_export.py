@@ -11,14 +11,13 @@ import json
 import math
 import random
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from safetensors import safe_open
-from transformers import AutoModelForCausalLM, dynamic_module_utils
+from transformers import AutoModelForCausalLM
 from transformers.cache_utils import DynamicCache
 
 import workers.hf.export as export
@@ -29,17 +28,7 @@ from workers.model import Model, build_model
 OURS = {"alloc", "arch", "common", "search_spaces", "studies", "userdata", "workers", "bench"}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def modules_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """Remote-code modules go to a temporary folder, not ``~/.cache/huggingface/modules``:
-    transformers reads ``HF_MODULES_CACHE`` once, at import, into ``dynamic_module_utils``."""
-    cache = tmp_path_factory.mktemp("hf_modules")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("HF_MODULES_CACHE", str(cache))
-        patch.setattr(dynamic_module_utils, "HF_MODULES_CACHE", str(cache))
-        yield cache
-    if str(cache) in sys.path:  # transformers appends it to import the modules
-        sys.path.remove(str(cache))
+pytestmark = pytest.mark.usefixtures("remote_code_cache")
 
 
 def rope_layers(*layers: LayerSpec, **fields: Any) -> ArchConfig:
@@ -320,3 +309,10 @@ def test_replaces_a_student_and_refuses_other_folders(tmp_path: Path) -> None:
     with pytest.raises(ExportError, match="not a transformers student folder"):
         save_student(trained_like(ARCHS["gpt2_like"]), tmp_path / "other")
     assert (tmp_path / "other" / "notes.txt").read_text() == "mine"
+
+
+def test_the_student_model_type_is_the_one_the_reader_knows() -> None:
+    """The modelling file is standalone, so its ``model_type`` is written twice: here they meet."""
+    from workers.checkpoints import STUDENT_TYPE
+
+    assert export.MODEL_TYPE == STUDENT_TYPE

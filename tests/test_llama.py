@@ -190,3 +190,100 @@ def test_a_rope_student_keeps_the_measured_pairs_and_stock_layout_reads_it(
     stock = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "stock")
     with torch.no_grad():
         torch.testing.assert_close(stock(x).logits, student(x), atol=1e-5, rtol=1e-5)
+
+
+def test_a_model_trained_here_is_written_as_a_llama_transformers_reads(tmp_path: Path) -> None:
+    """``llama_config`` inverts ``llama_arch``: our RoPE/GQA/SwiGLU model saved in the stock
+    layout is a ``LlamaForCausalLM`` with our logits, and reads back as the same arch."""
+    from arch import ArchConfig, HeadGroup, LayerSpec
+    from workers.checkpoints import llama_config, save_llama
+    from workers.model import build_model
+
+    layer = LayerSpec("mhsa", (HeadGroup(4, 8, kv_heads=2),), mlp_ratio=1.5)
+    arch = ArchConfig(d_model=32, layers=(layer, layer), max_seq_len=SEQ, vocab_size=VOCAB,
+                      positional="rope", norm="rmsnorm", mlp="swiglu", norm_eps=1e-6)
+    torch.manual_seed(0)
+    ours = build_model(arch).eval()
+    save_llama(ours, llama_config(arch), tmp_path / "ours")
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "ours")
+    assert type(theirs).__name__ == "LlamaForCausalLM"
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(ids()).logits, ours(ids()), atol=1e-5, rtol=1e-5)
+    assert load(tmp_path / "ours").arch == arch
+    with pytest.raises(CheckpointError, match="not a Llama model"):
+        llama_config(ArchConfig(d_model=32, layers=(layer,), max_seq_len=8, vocab_size=9))
+
+
+@pytest.mark.usefixtures("remote_code_cache")
+def test_profile_and_compress_a_llama_folder_into_a_smaller_student(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The practitioner's path: ``alloc.profile --checkpoint LLAMA --data TOKENS --plot`` and
+    ``workers.compress --out small/``; the student loads through ``AutoModelForCausalLM`` with
+    ``trust_remote_code`` at its reduced shapes, with our student's logits, its safetensors
+    smaller by the cut parameters, and a KV cache per token smaller by the cut key dims."""
+    import numpy as np
+
+    from alloc.compression import CompressionPlan
+    from alloc.profile import main as profile_main
+    from workers.compress import build_student, pair_orders
+    from workers.compress import main as compress_main
+
+    teacher = load(saved(build("llama", num_key_value_heads=2), tmp_path / "llama"))
+    tokens = np.random.default_rng(0).integers(0, VOCAB, 30_000, dtype=np.uint16)
+    (tmp_path / "tokens").mkdir()
+    tokens[:25_000].tofile(tmp_path / "tokens" / "train.bin")
+    tokens[25_000:].tofile(tmp_path / "tokens" / "val.bin")
+    paths = {k: str(tmp_path / k) for k in ("llama", "tokens", "plan.yaml", "heads.png", "small")}
+    assert profile_main(["--checkpoint", paths["llama"], "--data", paths["tokens"], "--out",
+                         paths["plan.yaml"], "--plot", paths["heads.png"], "--seq-len",
+                         str(SEQ), "--vocab-size", str(VOCAB), "--tolerance", "0.1",
+                         "--align", "4"]) == 0
+    capsys.readouterr()
+    plan = CompressionPlan.from_yaml(Path(paths["plan.yaml"]).read_text())
+    assert plan.reduces and Path(paths["heads.png"]).stat().st_size > 0
+    assert compress_main(["--checkpoint", paths["llama"], "--plan", paths["plan.yaml"], "--data",
+                          paths["tokens"], "--vocab-size", str(VOCAB), "--seq-len", str(SEQ),
+                          "--out", paths["small"], "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    ours = build_student(teacher.model, plan.student, pair_orders(plan))
+    small = transformers.AutoModelForCausalLM.from_pretrained(paths["small"],
+                                                              trust_remote_code=True)
+    with torch.no_grad():
+        torch.testing.assert_close(small(ids()).logits, ours(ids()), atol=1e-5, rtol=1e-5)
+    assert {k: v.shape for k, v in small.state_dict().items()} == {
+        k: v.shape for k, v in ours.state_dict().items()}
+    cut = param_count(teacher.arch).total - param_count(plan.student).total
+    assert cut > 0 and report["params"]["student_total"] == param_count(plan.student).total
+    shrink = report["files"]["teacher"] - report["files"]["student"]
+    frequencies = sum(g.kv_heads * g.qk_dim // 2 for x in plan.student.layers for g in x.heads)
+    assert abs(shrink - 4 * (cut - frequencies)) < 2_000  # float32; the student keeps its freqs
+    assert report["kv_cache"]["student"] == 4 * plan.student.kv_width < report["kv_cache"][
+        "teacher"] == 4 * teacher.arch.kv_width
+    back = load(Path(paths["small"]))  # a student folder reads back as our model
+    assert back.arch == plan.student
+    torch.testing.assert_close(back.model(ids()), ours(ids()), atol=1e-6, rtol=1e-6)
+
+
+def test_without_transformers_a_compact_folder_is_refused_before_work(
+        llama_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``transformers`` is optional: without it, ``--out DIR`` says so in one line (exit 2)
+    before measuring anything, and a ``.pt`` still works."""
+    import sys
+
+    from workers.compress import main as compress_main
+
+    plan = tmp_path / "plan.yaml"
+    from alloc.profile import main as profile_main
+
+    assert profile_main(["--checkpoint", str(llama_folder), "--out", str(plan)]) == 0
+    capsys.readouterr()
+    import workers.hf
+
+    monkeypatch.setitem(sys.modules, "workers.hf.export", None)  # import fails as if absent
+    monkeypatch.delattr(workers.hf, "export", raising=False)
+    assert compress_main(["--checkpoint", str(llama_folder), "--plan", str(plan), "--out",
+                          str(tmp_path / "small")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "needs the transformers package" in err
+    assert not (tmp_path / "small").exists()

@@ -3,11 +3,14 @@
 Build the student a checkpoint profile planned (``python -m alloc.profile --checkpoint --out
 plan.yaml``): the same model with the planned heads' ``qk_dim`` reduced, each head's query and
 key maps initialised from the truncated SVD of its ``W_Q,h W_K,h^T`` (the best rank-r map,
-Eckart-Young; docs/theory.md §10), everything else copied; then fine-tune it for
-``--finetune-steps`` on the data or task. Reports parameters before and after, and the loss and
-metric of the teacher, of the student right after the SVD, and after fine-tuning. ``--out``
-ending in ``.pt`` writes a ``workers.train`` checkpoint (with the student's architecture as YAML
-beside it, for ``--arch`` and ``--resume``); a folder writes the GPT-2 layout of a GPT-2 teacher.
+Eckart-Young; docs/theory.md §10) or, for RoPE heads, from the leading frequency pairs of its
+key/value head (§10.2), everything else copied; then fine-tune it for ``--finetune-steps`` on
+the data or task. Reports parameters, weights bytes and KV cache per token of teacher and
+student, and the loss and metric of the teacher, of the student right after the cut, and after
+fine-tuning. ``--out`` ending in ``.pt`` writes a ``workers.train`` checkpoint (with the
+student's architecture as YAML beside it, for ``--arch`` and ``--resume``); a folder writes a
+``transformers`` folder: ``--layout compact`` (default) at the student's real shapes with its
+own modelling file, ``--layout stock`` in the GPT-2 or Llama teacher's padded layout.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from torch import Tensor
 
 from alloc.compression import CompressionError, CompressionPlan
 from arch import SINGLE_WIDTH_KINDS, ArchConfig, LayerSpec, TrainConfig, param_count
+from arch.memory import DTYPE_BYTES, kv_cache_bytes
 from common.cli import (
     Parser,
     add_format,
@@ -39,7 +43,7 @@ from common.cli import (
 from common.errors import TransformerAllocError, UsageError
 from common.files import write_atomic
 from userdata import DataSpec
-from workers.checkpoints import Loaded, load, save_gpt2
+from workers.checkpoints import Loaded, load, save_gpt2, save_llama
 from workers.measure import HeadMap, head_maps
 from workers.model import Model, build_model
 from workers.tasks import Task, task_from_description
@@ -240,19 +244,49 @@ def measure(model: Model, task: Task, batches: int) -> dict[str, float]:
     return {"loss": loss, task.metric: metric}
 
 
+def check_output(args: argparse.Namespace, loaded: Loaded, student: ArchConfig) -> None:
+    """Refuse, before any work, an ``--out`` / ``--layout`` the teacher cannot be written as."""
+    if args.out.suffix == ".pt":
+        if args.layout is not None:
+            raise UsageError(f"--layout {args.layout}: only for a folder --out (a .pt is a "
+                             "workers.train checkpoint)")
+        check_writable("--out", args.out)
+        return
+    if not args.out.parent.is_dir():
+        raise UsageError(f"--out {str(args.out)!r}: directory {str(args.out.parent)!r} does "
+                         "not exist")
+    if args.layout == "stock":
+        if loaded.layout not in ("gpt2", "llama"):
+            raise UsageError(f"--layout stock: keeps the teacher's transformers layout; this "
+                             f"teacher is a {loaded.layout} checkpoint (use --layout compact)")
+        if args.out.exists():
+            raise UsageError(f"--out {str(args.out)!r}: exists; the stock layout is written "
+                             "to a new folder")
+    else:
+        compact_export().check_exportable(student)
+
+
+def compact_export() -> Any:
+    """``workers.hf.export`` (it needs ``transformers``, an optional dependency).
+
+    Raises:
+        UsageError: ``transformers`` is not installed.
+    """
+    try:
+        from workers.hf import export
+    except ImportError as err:
+        raise UsageError(f"--layout compact: writing a transformers folder needs the "
+                         f"transformers package ({err}); pip install 'transformer-alloc[hf]', "
+                         "or write a .pt") from None
+    return export
+
+
 def compress(args: argparse.Namespace) -> dict[str, Any]:
     loaded = load(args.checkpoint)
     plan = read_plan(args.plan, loaded.arch)
     student_arch = plan.student
     as_pt = args.out.suffix == ".pt"
-    if not as_pt and loaded.layout != "gpt2":
-        raise UsageError(f"--out {str(args.out)!r}: a folder is the GPT-2 layout, for a GPT-2 "
-                         "checkpoint; write a .pt")
-    if as_pt:
-        check_writable("--out", args.out)
-    elif not args.out.parent.is_dir():
-        raise UsageError(f"--out {str(args.out)!r}: directory {str(args.out.parent)!r} does "
-                         "not exist")
+    check_output(args, loaded, student_arch)
     task, source = resolve_task(args, loaded)
     if task is None and as_pt:
         raise UsageError("--out *.pt: a workers.train checkpoint needs the task it trains on; "
@@ -261,10 +295,14 @@ def compress(args: argparse.Namespace) -> dict[str, Any]:
         check_fits(task, loaded.arch, as_pt or args.finetune_steps > 0, source)
     student = build_student(loaded.model, student_arch, pair_orders(plan))
     before, after = param_count(loaded.arch), param_count(student_arch)
+    dtype = weights_dtype(loaded)
     report: dict[str, Any] = {
         "checkpoint": str(args.checkpoint), "layout": loaded.layout,
+        "out_layout": "pt" if as_pt else args.layout or "compact",
         "params": {"teacher": before.trainable, "student": after.trainable,
                    "teacher_total": before.total, "student_total": after.total},
+        "kv_cache": {"dtype": dtype, "teacher": kv_cache_bytes(loaded.arch, dtype),
+                     "student": kv_cache_bytes(student_arch, dtype)},
         "qk_dims": [{"layer": i, "teacher": old.heads_str, "student": new.heads_str}
                     for i, (old, new) in enumerate(zip(loaded.arch.layers,
                                                        student_arch.layers))],
@@ -284,17 +322,37 @@ def compress(args: argparse.Namespace) -> dict[str, Any]:
             trainer.run()
             report["finetuned"] = measure(trainer.model, task, args.eval_batches)
             student = trainer.model
-    write(args, loaded, student, trainer)
+    write(args, loaded, student, trainer, dtype)
+    report["files"] = {"teacher": weights_bytes(args.checkpoint),
+                       "student": weights_bytes(args.out)}
     report["out"] = str(args.out)
     return report
 
 
-def write(args: argparse.Namespace, loaded: Loaded, student: Model,
-          trainer: Trainer | None) -> None:
-    """The student as a ``workers.train`` checkpoint (and its arch YAML), or GPT-2 layout."""
+def weights_dtype(loaded: Loaded) -> str:
+    """The dtype the teacher's weights are stored in (a student is written in it too)."""
+    stored = (loaded.config or {}).get("dtype") or (loaded.config or {}).get("torch_dtype")
+    return stored if stored in DTYPE_BYTES else "float32"
+
+
+def weights_bytes(path: Path) -> int:
+    """Bytes of a checkpoint's weights: a ``.pt``, or a folder's safetensors files."""
+    if path.is_dir():
+        return sum(f.stat().st_size for f in path.glob("*.safetensors"))
+    return path.stat().st_size
+
+
+def write(args: argparse.Namespace, loaded: Loaded, student: Model, trainer: Trainer | None,
+          dtype: str) -> None:
+    """The student as a ``workers.train`` checkpoint (and its arch YAML), a ``transformers``
+    folder of its real shapes (``compact``), or the teacher's padded ``stock`` layout."""
     if args.out.suffix != ".pt":
-        assert loaded.config is not None
-        save_gpt2(student, loaded.config, args.out)
+        if args.layout == "stock":
+            assert loaded.config is not None  # check_output: a transformers teacher
+            save = save_gpt2 if loaded.layout == "gpt2" else save_llama
+            save(student, loaded.config, args.out)
+        else:
+            compact_export().save_student(student, args.out, getattr(torch, dtype))
         return
     assert trainer is not None  # compress() refused a .pt without a task
     if not args.finetune_steps:
@@ -303,19 +361,38 @@ def write(args: argparse.Namespace, loaded: Loaded, student: Model,
 
 
 def render(report: dict[str, Any]) -> str:
-    p = report["params"]
-    lines = [f"{report['checkpoint']} ({report['layout']}) -> {report['out']}",
-             f"trainable parameters {p['teacher']:,} -> {p['student']:,} "
-             f"({1 - p['student'] / p['teacher']:.1%} fewer)",
+    p, kv, files = report["params"], report["kv_cache"], report["files"]
+    stock = report["out_layout"] == "stock"
+    # what the written student holds: the stock layout stores the teacher's shapes
+    params, cache = ((p["teacher_total"], kv["teacher"]) if stock
+                     else (p["student_total"], kv["student"]))
+    lines = [f"{report['checkpoint']} ({report['layout']}) -> {report['out']} "
+             f"({report['out_layout']})",
+             render_table(["", "parameters", "weights bytes", f"KV cache/token ({kv['dtype']})"],
+                          [["teacher", f"{p['teacher_total']:,}", f"{files['teacher']:,}",
+                            f"{kv['teacher']:,}"],
+                           ["student", f"{params:,}", f"{files['student']:,}", f"{cache:,}"],
+                           ["saved", _fewer(p["teacher_total"], params),
+                            _fewer(files["teacher"], files["student"]),
+                            _fewer(kv["teacher"], cache)]]),
              render_table(["layer", "teacher heads", "student heads"],
                           [[q["layer"], q["teacher"], q["student"]] for q in report["qk_dims"]],
                           right=[True, False, False])]
+    if stock:
+        lines.append(f"stock layout: loads in stock transformers, but is NOT smaller: the cut "
+                     f"query-key dims are stored as zeros at the teacher's shapes; --layout "
+                     f"compact writes the student at its real size ({p['student_total']:,} "
+                     f"parameters, {kv['student']:,} bytes of KV cache per token)")
     stages = [s for s in ("teacher", "svd", "finetuned") if s in report]
     if stages:
         keys = list(report["teacher"])
         lines.append(render_table(["model", *keys], [[s] + [f"{report[s][k]:.5g}" for k in keys]
                                                      for s in stages]))
     return "\n".join(lines)
+
+
+def _fewer(before: int, after: int) -> str:
+    return f"{1 - after / before:.1%} fewer" if before else "-"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -325,7 +402,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plan", type=Path, required=True,
                    help="its profile (python -m alloc.profile --checkpoint ... --out)")
     p.add_argument("--out", type=Path, required=True,
-                   help="student.pt (a workers.train checkpoint) or a folder (GPT-2 layout)")
+                   help="student.pt (a workers.train checkpoint) or a folder that transformers "
+                        "loads (see --layout)")
+    p.add_argument("--layout", choices=("compact", "stock"),
+                   help="a folder --out: compact (default) writes the student at its real, "
+                        "smaller shapes with its own modelling file (AutoModelForCausalLM, "
+                        "trust_remote_code=True); stock keeps the teacher's GPT-2 or Llama "
+                        "layout, cut dims stored as zeros: compatible, not smaller")
     add_task_args(p, required=False,
                   default="the task the checkpoint was trained on, if it says")
     p.add_argument("--smoke-test", action="store_true", help="--task at its smoke size")

@@ -19,14 +19,27 @@ import torch
 
 from arch import ArchConfig, ConfigError
 from workers.checkpoints.errors import CheckpointError
-from workers.checkpoints.folder import INDEX, SAFETENSORS, is_model_folder, read_config
+from workers.checkpoints.folder import (
+    INDEX,
+    SAFETENSORS,
+    TensorFolder,
+    is_model_folder,
+    read_config,
+)
 from workers.checkpoints.gpt2 import gpt2_arch, load_gpt2, save_gpt2
-from workers.checkpoints.llama import FAMILIES, llama_arch, load_llama, save_llama
+from workers.checkpoints.llama import (
+    FAMILIES,
+    llama_arch,
+    llama_config,
+    load_llama,
+    save_llama,
+)
 from workers.model import Model, build_model
 
 Layout = Literal["ours", "gpt2", "llama"]
-__all__ = ["CheckpointError", "Layout", "Loaded", "gpt2_arch", "llama_arch", "load",
-           "save_gpt2", "save_llama"]
+STUDENT_TYPE = "transformer_alloc"  # the model_type of our students' folders (workers.hf)
+__all__ = ["STUDENT_TYPE", "CheckpointError", "Layout", "Loaded", "gpt2_arch", "llama_arch",
+           "llama_config", "load", "save_gpt2", "save_llama"]
 
 
 @dataclass
@@ -42,7 +55,8 @@ class Loaded:
 
     @property
     def family(self) -> str:
-        """``ours``, or the folder's ``model_type`` (gpt2, llama, qwen2, mistral)."""
+        """``ours``, or the folder's ``model_type`` (gpt2, llama, qwen2, mistral,
+        transformer_alloc)."""
         return "ours" if self.config is None else str(self.config.get("model_type", "gpt2"))
 
 
@@ -75,9 +89,28 @@ def load_folder(folder: Path) -> Loaded:
     if kind in FAMILIES:
         model = load_llama(folder, config, source)
         return Loaded(model.arch, model, "llama", folder, config=config)
+    if kind == STUDENT_TYPE:
+        model = _load_student(folder, config, source)
+        return Loaded(model.arch, model, "ours", folder, config=config)
     raise CheckpointError(f"config.json: model_type = {kind!r} is not supported; this model "
-                          f"reads gpt2 and {', '.join(FAMILIES)} (RoPE and grouped-query "
-                          "attention included)")
+                          f"reads gpt2, {', '.join(FAMILIES)} (RoPE and grouped-query "
+                          f"attention included) and {STUDENT_TYPE} (our students)")
+
+
+def _load_student(folder: Path, config: dict[str, Any], source: str) -> Model:
+    """A student folder of ``workers.hf.export``: our arch under ``arch``, our state dict."""
+    try:
+        arch = ArchConfig.from_dict(config.get("arch"))
+    except ConfigError as err:
+        raise CheckpointError(f"{source}: config.json's arch is not an architecture ({err})"
+                              ) from None
+    model = build_model(arch)
+    state = model.state_dict()
+    with torch.no_grad(), TensorFolder(folder, source) as tensors:
+        for name, target in state.items():
+            if not (name == "head.weight" and arch.tie_embeddings):  # saved once, as embed
+                target.copy_(tensors.get(name, tuple(target.shape)))
+    return model.eval()
 
 
 def _load_ours(path: Path) -> Loaded:

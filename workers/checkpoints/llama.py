@@ -144,6 +144,39 @@ def llama_arch(config: dict[str, Any]) -> ArchConfig:
                               f"({err})") from None
 
 
+def llama_config(arch: ArchConfig) -> dict[str, Any]:
+    """The ``LlamaForCausalLM`` ``config.json`` of ``arch`` (the inverse of ``llama_arch``), for
+    a model trained here in the Llama layout: one head group per layer, the same in every layer,
+    RoPE, RMSNorm, SwiGLU, no biases.
+
+    Raises:
+        CheckpointError: ``arch`` is not such a model.
+    """
+    layer = arch.layers[0]
+    problems = [name for name, bad in (
+        ("layers differ", any(x != layer for x in arch.layers)),
+        ("one head group per layer", len(layer.heads) != 1),
+        ("mhsa attention", layer.attention != "mhsa"),
+        ("qk_dim = v_dim", layer.heads[0].qk_dim != layer.heads[0].v_dim),
+        ("positional rope", arch.positional != "rope"), ("norm rmsnorm", arch.norm != "rmsnorm"),
+        ("mlp swiglu", arch.mlp != "swiglu" or layer.mlp_ratio == 0),
+        ("no biases", arch.bias or arch.qkv_bias), ("token inputs", arch.vocab_size is None),
+        ("eta 1", layer.eta != 1.0), ("causal", not arch.causal)) if bad]
+    if problems:
+        raise CheckpointError(f"arch {arch.describe()}: not a Llama model (needs: "
+                              f"{', '.join(problems)})")
+    g = layer.heads[0]
+    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+            "vocab_size": arch.vocab_size, "hidden_size": arch.d_model,
+            "intermediate_size": arch.mlp_hidden(layer), "num_hidden_layers": arch.n_layers,
+            "num_attention_heads": g.count, "num_key_value_heads": g.kv_heads,
+            "head_dim": g.qk_dim, "hidden_act": "silu",
+            "max_position_embeddings": arch.max_seq_len,
+            "rms_norm_eps": arch.norm_eps or 1e-6, "tie_word_embeddings": arch.tie_embeddings,
+            "rope_parameters": {"rope_type": "default", "rope_theta": arch.rope_theta},
+            "attention_bias": False, "mlp_bias": False, "dtype": "float32"}
+
+
 def _blocks(arch: ArchConfig, i: int) -> list[tuple[str, list[str]]]:
     """(our key, the stock tensors concatenated into it, in order) of block ``i``."""
     a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."

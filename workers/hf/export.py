@@ -25,6 +25,7 @@ from torch import Tensor
 
 from arch import ArchConfig, param_count
 from workers.checkpoints import CheckpointError
+from workers.checkpoints.folder import SAFETENSORS
 from workers.hf.modeling_transformer_alloc import (
     ATTENTION_KINDS,
     MODEL_TYPE,
@@ -36,7 +37,6 @@ from workers.model import Model
 MODELING_FILE = Path(__file__).with_name("modeling_transformer_alloc.py")
 CONFIG_CLASS = TransformerAllocConfig.__name__
 MODEL_CLASS = TransformerAllocForCausalLM.__name__
-SAFETENSORS = "model.safetensors"
 FREQUENCY_KEY = ".inv_freq"  # RoPE frequency buffers: saved, but no parameters
 
 
