@@ -287,3 +287,19 @@ def test_without_transformers_a_compact_folder_is_refused_before_work(
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "needs the transformers package" in err
     assert not (tmp_path / "small").exists()
+
+
+def test_pair_ranking_is_the_same_one_window_at_a_time(monkeypatch: pytest.MonkeyPatch,
+                                                         tmp_path: Path) -> None:
+    """The pair terms are formed in chunks of windows (a long sample must not hold every pair's
+    T x T map): the ranking and the errors do not depend on the chunk."""
+    import workers.measure as measure_module
+
+    loaded = load(saved(build("llama", num_key_value_heads=2), tmp_path / "m"))
+    whole = measure_module.measure_model(loaded.model, ids(), SEQ, 4, "ids")
+    monkeypatch.setattr(measure_module, "PAIR_CHUNK_BYTES", 1)  # one window per chunk
+    chunked = measure_module.measure_model(loaded.model, ids(), SEQ, 4, "ids")
+    for a, b in zip(whole.layers, chunked.layers):
+        for x, y in zip(a.heads, b.heads):
+            assert x.pairs == y.pairs and x.measured_errors is not None
+            assert y.measured_errors == pytest.approx(x.measured_errors, abs=1e-12)

@@ -186,15 +186,29 @@ class PairRanking:
     errors: dict[int, dict[int, float]] | None = None  # query head -> rank -> error
 
 
-def _pair_terms(head: HeadMap, x: Tensor) -> Tensor:
-    """(P, B, T, T) logit term of each frequency pair of ``head`` on inputs ``x`` (B, T, d)."""
+PAIR_CHUNK_BYTES = 128 << 20  # one (windows, T, T) float64 map of pair terms at a time
+
+
+def _rotated(head: HeadMap, x: Tensor) -> tuple[Tensor, Tensor]:
+    """The head's queries and keys after RoPE on inputs ``x`` (B, T, d): (B, T, 2, qk/2) each,
+    pair ``i`` at ``[..., :, i]``."""
     assert head.freqs is not None
     freqs = torch.from_numpy(head.freqs)[None]
     q = rotate((x @ torch.from_numpy(head.a))[:, None], freqs)[:, 0]  # (B, T, qk)
     k = rotate((x @ torch.from_numpy(head.b))[:, None], freqs)[:, 0]
     half = q.shape[-1] // 2
-    qp, kp = q.unflatten(-1, (2, half)), k.unflatten(-1, (2, half))  # (B, T, 2, P)
-    return torch.einsum("bicp,bjcp->pbij", qp, kp) / math.sqrt(q.shape[-1])
+    return q.unflatten(-1, (2, half)), k.unflatten(-1, (2, half))
+
+
+def _pair_term(q: Tensor, k: Tensor, pair: int) -> Tensor:
+    """(B, T, T) logit term of one frequency pair (unscaled)."""
+    return torch.einsum("bic,bjc->bij", q[..., pair], k[..., pair])
+
+
+def _window_chunks(x: Tensor) -> list[Tensor]:
+    """``x`` (B, T, d) in chunks of windows whose (T, T) maps fit ``PAIR_CHUNK_BYTES``."""
+    per_window = 8 * x.shape[1] ** 2
+    return list(x.split(max(1, PAIR_CHUNK_BYTES // per_window)))
 
 
 @torch.no_grad()
@@ -205,7 +219,8 @@ def rank_pairs(heads: Sequence[HeadMap], x: Tensor | None, ranks: Sequence[int],
     With a sample ``x`` (B, T, d [+ 1]), pairs are ranked by their mean squared logit term
     summed over the query heads (what the logits really receive from each pair, after RoPE),
     and each candidate rank's error is the largest attention-weight change when only its
-    leading pairs are kept; without one, by the summed ``pair_norms``.
+    leading pairs are kept; without one, by the summed ``pair_norms``. Pair terms are formed
+    one pair and one chunk of windows at a time (memory: a few (windows, T, T) maps).
     """
     bounds = {h.head: h.pair_norms() for h in heads}
     if x is None:
@@ -214,20 +229,32 @@ def rank_pairs(heads: Sequence[HeadMap], x: Tensor | None, ranks: Sequence[int],
         return PairRanking(order, {h: b[list(order)] for h, b in bounds.items()})
     from workers.attention import future_mask
 
-    xd = x.double()
-    t = xd.shape[1]
+    t = x.shape[1]
     hidden = future_mask(t) if causal else torch.zeros(t, t, dtype=torch.bool)
-    score = torch.zeros(heads[0].a.shape[1] // 2, dtype=torch.float64)
-    for h in heads:
-        score += _pair_terms(h, xd).masked_fill(hidden, 0).pow(2).mean(dim=(1, 2, 3))
-    order = tuple(int(i) for i in torch.argsort(-score, stable=True))
-    errors = {}
-    for h in heads:
-        terms = _pair_terms(h, xd)[list(order)].cumsum(0)  # (P, B, T, T): leading pairs kept
-        full = torch.softmax(terms[-1].masked_fill(hidden, float("-inf")), dim=-1)
-        errors[h.head] = {r: float((full - torch.softmax(
-            terms[r // 2 - 1].masked_fill(hidden, float("-inf")), dim=-1)).abs().max())
-            for r in ranks}
+    pairs = heads[0].a.shape[1] // 2
+    scale = 1.0 / math.sqrt(2 * pairs)
+    chunks = _window_chunks(x.double())
+    score = np.zeros(pairs)
+    for chunk in chunks:
+        for h in heads:
+            q, k = _rotated(h, chunk)
+            for i in range(pairs):
+                score[i] += float((_pair_term(q, k, i) * scale).masked_fill(hidden, 0)
+                                  .pow(2).sum())
+    order = tuple(int(i) for i in np.argsort(-score, kind="stable"))
+    errors = {h.head: dict.fromkeys(ranks, 0.0) for h in heads}
+    for chunk in chunks:
+        for h in heads:
+            q, k = _rotated(h, chunk)
+            logits = torch.einsum("bicp,bjcp->bij", q, k) * scale  # every pair: the teacher's
+            full = torch.softmax(logits.masked_fill(hidden, float("-inf")), dim=-1)
+            kept = torch.zeros_like(logits)  # the leading pairs' terms, one pair at a time
+            for n, i in enumerate(order, start=1):
+                kept += _pair_term(q, k, i) * scale
+                if 2 * n in errors[h.head]:
+                    cut = torch.softmax(kept.masked_fill(hidden, float("-inf")), dim=-1)
+                    errors[h.head][2 * n] = max(errors[h.head][2 * n],
+                                                float((full - cut).abs().max()))
     return PairRanking(order, {h: b[list(order)] for h, b in bounds.items()}, errors)
 
 
