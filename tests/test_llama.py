@@ -156,8 +156,9 @@ def test_each_field_we_do_not_compute_is_refused_by_name(
     assert len(err.splitlines()) == 1 and field.split("_")[0] in err and not out.exists()
 
 
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
 def test_a_rope_student_keeps_the_measured_pairs_and_stock_layout_reads_it(
-        tmp_path: Path) -> None:
+        kind: str, tmp_path: Path) -> None:
     """Profiling a GQA Llama ranks each key/value head's frequency pairs; the student that keeps
     the leading ones changes layer 0's attention weights by exactly the error the plan measured
     (nothing upstream differs), keeps every pair at full rank, and written back in the stock
@@ -167,7 +168,7 @@ def test_a_rope_student_keeps_the_measured_pairs_and_stock_layout_reads_it(
     from workers.compress import build_student, pair_orders
     from workers.measure import measure, measure_model
 
-    theirs = build("llama", num_key_value_heads=2)
+    theirs = build(kind, num_key_value_heads=2)  # Qwen2: biases on queries and keys too
     loaded = load(saved(theirs, tmp_path / "teacher"))
     x = ids()
     measured = measure_model(loaded.model, x, SEQ, 4, "ids")
@@ -175,7 +176,10 @@ def test_a_rope_student_keeps_the_measured_pairs_and_stock_layout_reads_it(
     assert not exact.reduces
     torch.testing.assert_close(build_student(loaded.model, exact.student, pair_orders(exact))(x),
                                loaded.model(x), atol=1e-6, rtol=1e-6)
-    plan = plan_compression(measured, 0.02, "measured")
+    # the tolerance that lets layer 0 keep half its pairs
+    tolerance = max(h.measured_errors[8] for h in measured.layers[0].heads
+                    if h.measured_errors is not None)
+    plan = plan_compression(measured, tolerance, "measured")
     group = plan.layers[0].groups[0]
     assert plan.reduces and group.reduced_qk_dim < group.qk_dim
     assert all(s.pairs for s in plan.layers[0].spectra)  # the ranking is in the plan
