@@ -241,7 +241,7 @@ def test_profile_and_compress_a_llama_folder_into_a_smaller_student(
     assert profile_main(["--checkpoint", paths["llama"], "--data", paths["tokens"], "--out",
                          paths["plan.yaml"], "--plot", paths["heads.png"], "--seq-len",
                          str(SEQ), "--vocab-size", str(VOCAB), "--tolerance", "0.1",
-                         "--align", "4"]) == 0
+                         "--align", "4", "--sample-tokens", "4096"]) == 0
     capsys.readouterr()
     plan = CompressionPlan.from_yaml(Path(paths["plan.yaml"]).read_text())
     assert plan.reduces and Path(paths["heads.png"]).stat().st_size > 0
