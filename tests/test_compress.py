@@ -22,10 +22,11 @@ from common.files import dump_yaml
 from userdata import DataSpec
 from workers.attention import future_mask
 from workers.checkpoints import CheckpointError, gpt2_arch, load
-from workers.compress import build_student
 from workers.compress import main as compress_main
-from workers.measure import head_maps, measure, profile_checkpoint
+from workers.heads import head_maps
+from workers.measure import measure, profile_checkpoint
 from workers.model import Model, build_model
+from workers.students import build_student
 from workers.tasks import make_data_task
 from workers.train import Trainer, evaluate
 

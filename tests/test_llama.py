@@ -165,8 +165,8 @@ def test_a_rope_student_keeps_the_measured_pairs_and_stock_layout_reads_it(
     layout (cut pairs as zeros) stock transformers computes the student's logits."""
     from alloc.compression import plan_compression
     from workers.checkpoints import save_llama
-    from workers.compress import build_student, pair_orders
     from workers.measure import measure, measure_model
+    from workers.students import build_student, pair_orders
 
     theirs = build(kind, num_key_value_heads=2)  # Qwen2: biases on queries and keys too
     loaded = load(saved(theirs, tmp_path / "teacher"))
@@ -229,8 +229,8 @@ def test_profile_and_compress_a_llama_folder_into_a_smaller_student(
 
     from alloc.compression import CompressionPlan
     from alloc.profile import main as profile_main
-    from workers.compress import build_student, pair_orders
     from workers.compress import main as compress_main
+    from workers.students import build_student, pair_orders
 
     teacher = load(saved(build("llama", num_key_value_heads=2), tmp_path / "llama"))
     tokens = np.random.default_rng(0).integers(0, VOCAB, 30_000, dtype=np.uint16)

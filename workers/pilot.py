@@ -16,7 +16,8 @@ from torch import Tensor
 from alloc.pilot import PilotError, PilotMeasurement, PilotRequest
 from alloc.plan import baseline_head
 from arch import ArchConfig, LayerSpec, TrainConfig
-from workers.measure import SAMPLE_BATCH, head_maps, head_statistics, measure
+from workers.heads import head_maps
+from workers.measure import SAMPLE_BATCH, head_statistics, measure
 from workers.model import Model
 from workers.tasks import Task, TaskError, make_data_task, make_task
 from workers.train import Trainer

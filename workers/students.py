@@ -1,0 +1,147 @@
+"""Students of a trained model: the same model with some head groups' ``qk_dim`` cut
+(docs/theory.md §10): each head's query and key maps from the truncated SVD of its
+``W_Q,h W_K,h^T`` (Eckart-Young), or for RoPE heads the leading frequency pairs of its
+key/value head in the plan's ranking (§10.2), with their frequencies; everything else copied.
+``build_student(teacher, student_arch, pair_orders(plan))``."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+from alloc.compression import CompressionError, CompressionPlan
+from arch import SINGLE_WIDTH_KINDS, ArchConfig, LayerSpec
+from workers.heads import HeadMap, head_maps
+from workers.model import Model, build_model
+
+
+def svd_factors(a: Tensor, b: Tensor, rank: int) -> tuple[Tensor, Tensor]:
+    """Rank-``rank`` maps ``(A', B')`` with ``A' B'^T / sqrt(rank)`` the best rank-``rank``
+    approximation of ``M = A B^T / sqrt(qk)`` (``A, B``: (d, qk)): ``A' = U_r S_r^(1/2) r^(1/4)``
+    and ``B' = V_r S_r^(1/2) r^(1/4)`` (the student divides its logits by ``sqrt(rank)``)."""
+    m = a @ b.T / math.sqrt(a.shape[1])
+    u, s, vh = torch.linalg.svd(m)
+    root = s[:rank].sqrt() * rank ** 0.25
+    return u[:, :rank] * root, vh[:rank].T * root
+
+
+# (layer, group, key/value head) -> the frequency pairs a RoPE student keeps, in rank order
+PairOrders = Mapping[tuple[int, int, int], Sequence[int]]
+
+
+def pair_orders(plan: CompressionPlan) -> dict[tuple[int, int, int], tuple[int, ...]]:
+    """The plan's ranking of each RoPE key/value head's frequency pairs (empty without RoPE)."""
+    out: dict[tuple[int, int, int], tuple[int, ...]] = {}
+    for layer in plan.layers:
+        for s in layer.spectra:
+            if s.pairs:
+                g = plan.student.layers[layer.index].heads[s.group]
+                out[(layer.index, s.group, s.head // (g.count // g.kv_heads))] = s.pairs
+    return out
+
+
+def build_student(teacher: Model, student_arch: ArchConfig,
+                  pairs: PairOrders | None = None) -> Model:
+    """The student: ``teacher``'s weights with every head's query/key maps cut to the student's
+    ``qk_dim`` (at the teacher's, an exact copy): the truncated SVD of each head's
+    ``W_Q,h W_K,h^T``, or for RoPE heads the leading frequency pairs of ``pairs`` (the plan's
+    ranking) with their frequencies."""
+    student = build_model(student_arch)
+    state = teacher.state_dict()
+    maps = head_maps(teacher)
+    for i, (old, new) in enumerate(zip(teacher.arch.layers, student_arch.layers)):
+        if old.attention in SINGLE_WIDTH_KINDS:
+            continue
+        name = "qk" if old.attention == "frozen_qk" else "qkv"
+        layer_maps = [m for m in maps if m.layer == i]
+        if teacher.arch.positional == "rope":
+            rows = _pair_rows(state, i, name, old, new, pairs or {})
+        else:
+            rows = _svd_rows(state, i, name, new, layer_maps,
+                             teacher.arch.bias or teacher.arch.qkv_bias)
+        state.update(rows)
+    student.load_state_dict(state)
+    return student.eval()
+
+
+def _svd_rows(state: dict[str, Tensor], i: int, name: str, layer: LayerSpec,
+              maps: list[HeadMap], bias: bool) -> dict[str, Tensor]:
+    """The student's query/key (and value) rows of layer ``i`` from the teacher's head maps."""
+    if any(g.grouped for g in layer.heads):
+        raise CompressionError(f"layer {i} heads {layer.heads_str}: grouped key/value heads "
+                               "without RoPE share a key map that each query head's SVD would "
+                               "cut differently; this is not implemented")
+    old_w = state[f"blocks.{i}.attn.{name}.weight"]
+    old_b = state.get(f"blocks.{i}.attn.{name}.bias")
+    qk_width = sum(m.a.shape[1] for m in maps)
+    queries, keys = [], []
+    for m, rank in zip(maps, [g.qk_dim for g in layer.heads for _ in range(g.count)]):
+        a, b = svd_factors(torch.from_numpy(m.a), torch.from_numpy(m.b), rank)
+        queries.append(a.T.to(old_w.dtype))  # (rank, d [+ 1])
+        keys.append(b.T.to(old_w.dtype))
+    rest = old_w[2 * qk_width:]  # the value rows (none for frozen_qk's qk map)
+    q, k = torch.cat(queries), torch.cat(keys)
+    key = f"blocks.{i}.attn.{name}."
+    if not bias:
+        return {key + "weight": torch.cat([q, k, rest])}
+    assert old_b is not None  # the last column of each factor is the bias
+    return {key + "weight": torch.cat([q[:, :-1], k[:, :-1], rest]),
+            key + "bias": torch.cat([q[:, -1], k[:, -1], old_b[2 * qk_width:]])}
+
+
+def _pair_rows(state: dict[str, Tensor], i: int, name: str, old: LayerSpec, new: LayerSpec,
+               pairs: PairOrders) -> dict[str, Tensor]:
+    """A RoPE layer's student rows and frequencies: per key/value head its leading pairs (dims
+    ``p`` and ``p + qk/2`` of the teacher's head, in the teacher's order) for the key and for
+    each query head reading it, the query scaled by ``sqrt(r / qk)`` so that the student's
+    ``1 / sqrt(r)`` gives the teacher's logit terms exactly."""
+    prefix = f"blocks.{i}.attn."
+    out: dict[str, Tensor] = {}
+    for suffix in ("weight", "bias"):
+        if prefix + name + "." + suffix not in state:
+            continue
+        rows = state[prefix + name + "." + suffix]
+        q_all, k_all, rest = _split_qk(rows, old)
+        queries, keys = [], []
+        for j, (g_old, g_new) in enumerate(zip(old.heads, new.heads)):
+            share = g_old.count // g_old.kv_heads
+            freqs = state[f"{prefix}inv_freq{j}"]
+            kept_freqs = []
+            for kv in range(g_old.kv_heads):
+                index = _pair_index(pairs, (i, j, kv), g_old.qk_dim, g_new.qk_dim)
+                scale = math.sqrt(g_new.qk_dim / g_old.qk_dim)
+                queries += [q_all[j][kv * share + h][index] * scale for h in range(share)]
+                keys.append(k_all[j][kv][index])
+                kept_freqs.append(freqs[kv][index[: g_new.qk_dim // 2]])
+            out[f"{prefix}inv_freq{j}"] = torch.stack(kept_freqs)
+        out[prefix + name + "." + suffix] = torch.cat([*queries, *keys, rest])
+    return out
+
+
+def _split_qk(rows: Tensor, layer: LayerSpec) -> tuple[list[list[Tensor]], list[list[Tensor]],
+                                                       Tensor]:
+    """Fused rows -> per group the rows of each query head, of each key head, and the rest."""
+    q_width = sum(g.count * g.qk_dim for g in layer.heads)
+    k_width = sum(g.kv_heads * g.qk_dim for g in layer.heads)
+    q, k, rest = rows.split([q_width, k_width, rows.shape[0] - q_width - k_width])
+    qs = q.split([g.count * g.qk_dim for g in layer.heads])
+    ks = k.split([g.kv_heads * g.qk_dim for g in layer.heads])
+    return ([list(x.split(g.qk_dim)) for x, g in zip(qs, layer.heads)],
+            [list(x.split(g.qk_dim)) for x, g in zip(ks, layer.heads)], rest)
+
+
+def _pair_index(pairs: PairOrders, key: tuple[int, int, int], qk: int, rank: int) -> Tensor:
+    """Teacher dims of the ``rank / 2`` leading pairs: pairs ascending, then their partners."""
+    if rank == qk:
+        kept = list(range(qk // 2))
+    elif key not in pairs:
+        raise CompressionError(f"layer {key[0]} group {key[1]} key/value head {key[2]}: the "
+                               "plan has no ranking of its RoPE pairs; profile the checkpoint "
+                               "again")
+    else:
+        kept = sorted(pairs[key][: rank // 2])
+    index = torch.tensor(kept)
+    return torch.cat([index, index + qk // 2])
