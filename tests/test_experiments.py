@@ -20,7 +20,7 @@ from alloc.constants import read_constants
 from arch import ArchConfig, HeadGroup, LayerSpec, param_count
 from studies import open_storage
 from tests.test_search import ray_tmp
-from workers.experiments import compress, denoise, mixit, saturation
+from workers.experiments import compress, denoise, llama_compress, mixit, saturation
 from workers.model import build_model, count_params
 from workers.tasks import fit_arch, make_task
 
@@ -161,6 +161,30 @@ def test_compress_allocator_and_uniform_students_at_equal_size(tmp_path: Path) -
             assert math.isfinite(float(r["svd_loss"])) and math.isfinite(
                 float(r["finetuned_loss"]))
     assert (tmp_path / "compress.png").stat().st_size > 10_000
+
+
+def test_llama_compress_plan_and_uniform_students_at_equal_kv_cache(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert llama_compress.main(["--smoke-test", "--out", str(tmp_path), "--format", "json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    rows = read_csv(tmp_path / "llama_compress.csv")
+    assert len(rows) == 2 * len(llama_compress.SMOKE.ranks)
+    for rank in llama_compress.SMOKE.ranks:
+        uniform, planned = (next(r for r in rows if r["rank"] == str(rank) and r["method"] == m)
+                            for m in ("uniform", "per-layer plan"))
+        assert uniform["qk_dims"] == " ".join([str(rank)] * llama_compress.SMOKE.layers)
+        for key in ("qk_total", "kv_cache_bytes", "params"):  # equal KV cache, by construction
+            assert uniform[key] == planned[key]
+        # the minimax tolerance is never above the uniform cut's largest error
+        assert float(planned["tolerance"]) <= float(uniform["max_measured_error"])
+        for r in (uniform, planned):
+            assert math.isfinite(float(r["reduced_loss"]))
+            assert math.isfinite(float(r["finetuned_loss"]))
+    assert int(rows[0]["kv_cache_bytes"]) < result["teacher_kv_cache_bytes"]
+    assert result["student_file_bytes"] < result["teacher_file_bytes"]
+    assert (tmp_path / "teacher" / "config.json").exists()
+    assert (tmp_path / "student" / "config.json").exists()
+    assert (tmp_path / "llama_compress.png").stat().st_size > 10_000
 
 
 def test_a_uniform_student_matches_any_plans_size() -> None:
