@@ -29,7 +29,7 @@ from common.files import dump_yaml, load_yaml
 from common.plots import new_figure, write_figure
 from userdata import DataSpec
 
-Rule = Literal["bound", "measured"]
+Rule = Literal["bound", "measured", "loss"]
 RULES: tuple[Rule, ...] = get_args(Rule)
 # Share of a head's spectrum (sum of singular values) that its effective rank may discard: a
 # description of the spectrum, separate from the attention-error tolerance that sets the plan.
@@ -80,6 +80,9 @@ class LayerMeasurement:
     heads: tuple[HeadMeasurement, ...]
     token_norm: float
     head_stats: tuple[HeadStats, ...] = ()
+    # per head group: candidate qk_dim -> the sample's next-token loss increase (nats per token)
+    # when only this group is cut to it (token models, when asked for: one forward each)
+    loss_increases: tuple[Mapping[int, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,7 @@ class MeasureRequest:
     seq_len: int | None = None  # sample window (default: the model's max_seq_len)
     sample_tokens: int | None = None
     seed: int = 0
+    loss_sensitivity: bool = False  # also each group's loss increase at each candidate
 
 
 class Measurer(Protocol):
@@ -166,6 +170,13 @@ class GroupPlan:
     reduced_qk_dim: int
     error_bounds: Mapping[int, float]
     measured_errors: Mapping[int, float] | None = None
+    loss_increases: Mapping[int, float] | None = None
+    kv_heads: int = 0  # 0 (a plan written before grouped-query attention): one per query head
+
+    @property
+    def key_heads(self) -> int:
+        """Key/value heads: what each unit of ``qk_dim`` costs in the KV cache."""
+        return self.kv_heads or self.count
 
     @property
     def error_bound(self) -> float:
@@ -174,6 +185,15 @@ class GroupPlan:
     @property
     def measured_error(self) -> float | None:
         return None if self.measured_errors is None else self.measured_errors[self.reduced_qk_dim]
+
+    @property
+    def loss_increase(self) -> float | None:
+        return None if self.loss_increases is None else self.loss_increases[self.reduced_qk_dim]
+
+    def errors(self, rule: Rule) -> Mapping[int, float]:
+        """Each candidate's error under ``rule`` (the bound's when nothing was measured)."""
+        chosen = {"measured": self.measured_errors, "loss": self.loss_increases}.get(rule)
+        return chosen if chosen is not None else self.error_bounds
 
 
 @dataclass(frozen=True)
@@ -224,6 +244,7 @@ class CompressionPlan:
     sample: str | None = None
     checkpoint: str = ""
     layout: str = ""
+    kv_cache: float | None = None  # planned under this KV cache budget (tolerance: the worst)
 
     @property
     def measured(self) -> bool:
@@ -242,6 +263,7 @@ class CompressionPlan:
             for group, decided in zip(layer["groups"], plan.groups):
                 group["error_bound"] = decided.error_bound
                 group["measured_error"] = decided.measured_error
+                group["loss_increase"] = decided.loss_increase
         return _plain(data)
 
     def to_yaml(self) -> str:
@@ -261,7 +283,8 @@ class CompressionPlan:
                        rule=_rule(data["rule"]), layers=layers,
                        student=ArchConfig.from_dict(data["student"]), sample=data.get("sample"),
                        checkpoint=str(data.get("checkpoint", "")),
-                       layout=str(data.get("layout", "")))
+                       layout=str(data.get("layout", "")),
+                       kv_cache=None if data.get("kv_cache") is None else float(data["kv_cache"]))
         except (KeyError, TypeError, ValueError, AttributeError, ConfigError) as err:
             what = f"missing key {err}" if isinstance(err, KeyError) else str(err)
             raise CompressionError(f"not a checkpoint profile ({what.splitlines()[0]})") \
@@ -289,7 +312,9 @@ def _layer_from_dict(data: Mapping[str, Any]) -> LayerPlan:
 
     groups = tuple(GroupPlan(int(g["count"]), int(g["qk_dim"]), int(g["v_dim"]),
                              int(g["reduced_qk_dim"]), by_rank(g["error_bounds"]) or {},
-                             by_rank(g.get("measured_errors"))) for g in data["groups"])
+                             by_rank(g.get("measured_errors")), by_rank(g.get("loss_increases")),
+                             int(g.get("kv_heads", g["count"])))
+                   for g in data["groups"])
     spectra = tuple(HeadSpectrum(int(s["group"]), int(s["head"]),
                                  tuple(float(v) for v in s["sigma"]), int(s["effective_rank"]),
                                  tuple(int(p) for p in s.get("pairs", ())))
@@ -313,10 +338,12 @@ def _plain(value: Any) -> Any:
 
 def group_plan(heads: Sequence[HeadMeasurement], group: HeadGroup, seq_len: int,
                logit_bound: float, norm: float, tolerance: float, align: int,
-               rule: Rule = "bound") -> GroupPlan:
+               rule: Rule = "bound", loss_increases: Mapping[int, float] | None = None
+               ) -> GroupPlan:
     """The smallest aligned ``qk_dim`` of the group whose error stays within ``tolerance`` for
-    every head: the bound's (``rule="bound"``, docs/theory.md §4) or the error measured on the
-    data sample (``"measured"``); each candidate's bound and measured error are kept."""
+    every head: the bound's (``rule="bound"``, docs/theory.md §4), the attention error measured
+    on the data sample (``"measured"``), or the sample's loss increase (``"loss"``, the group
+    alone cut); each candidate's bound and measured errors are kept."""
     candidates = candidate_dims(group.qk_dim, align)
     bounds = {r: max(truncation_error_bound(h.sigma, r, seq_len, logit_bound, norm)
                      for h in heads) for r in candidates}
@@ -324,9 +351,11 @@ def group_plan(heads: Sequence[HeadMeasurement], group: HeadGroup, seq_len: int,
     if all(h.measured_errors is not None for h in heads):
         measured = {r: max(h.measured_errors[r] for h in heads if h.measured_errors is not None)
                     for r in candidates}
-    decide = measured if rule == "measured" and measured is not None else bounds
+    plan = GroupPlan(group.count, group.qk_dim, group.v_dim, group.qk_dim, bounds, measured,
+                     loss_increases, group.kv_heads)
+    decide = plan.errors(rule)
     chosen = next(r for r in candidates if decide[r] <= tolerance or r == group.qk_dim)
-    return GroupPlan(group.count, group.qk_dim, group.v_dim, chosen, bounds, measured)
+    return dataclasses.replace(plan, reduced_qk_dim=chosen)
 
 
 def plan_compression(measured: CheckpointMeasurement, tolerance: float,
@@ -348,6 +377,9 @@ def plan_compression(measured: CheckpointMeasurement, tolerance: float,
     if rule == "measured" and not measured.measured:
         raise CompressionError("--rule measured: needs a sample to measure the errors on "
                                "(--data or --task)")
+    if rule == "loss" and not any(layer.loss_increases for layer in measured.layers):
+        raise CompressionError("--rule loss: needs the loss of a token model on a sample "
+                               "(--data or --task), measured with the loss sensitivity")
     layers = tuple(_layer_plan(measured, m, tolerance, rule, logit_bound)
                    for m in measured.layers)
     return CompressionPlan(
@@ -368,12 +400,74 @@ def _layer_plan(measured: CheckpointMeasurement, layer: LayerMeasurement, tolera
                     for h in layer.heads)
     groups: tuple[GroupPlan, ...] = ()
     if layer.heads:
+        losses = layer.loss_increases or (None,) * len(spec.heads)
         groups = tuple(group_plan([h for h in layer.heads if h.group == j], group,
                                   measured.seq_len, r_bound, layer.token_norm, tolerance,
-                                  measured.align, rule)
-                       for j, group in enumerate(spec.heads))
+                                  measured.align, rule, loss)
+                       for j, (group, loss) in enumerate(zip(spec.heads, losses)))
     return LayerPlan(layer.index, spec.attention, spec.heads_str, layer.token_norm, groups,
                      spectra, layer.head_stats)
+
+
+def plan_for_kv_cache(plan: CompressionPlan, fraction: float) -> CompressionPlan:
+    """The plan's per-group ``qk_dim`` chosen again under a KV cache budget instead of a
+    tolerance: the student caches at most ``fraction`` of the teacher's key and value units per
+    token, spent where the plan's rule says a cut costs most. With ``rule="loss"`` the sum of
+    the groups' loss increases is minimised (each group measured alone: additive to first
+    order), otherwise the largest error (minimax); exactly, by dynamic programming over the
+    groups (docs/theory.md §10.3).
+
+    Raises:
+        CompressionError: a fraction below what the values alone take with the smallest
+            candidate keys, or above 1.
+    """
+    groups = [g for layer in plan.layers for g in layer.groups]
+    teacher_kv = sum(g.key_heads * (g.qk_dim + g.v_dim) for g in groups)
+    values = sum(g.key_heads * g.v_dim for g in groups)
+    floor = values + sum(g.key_heads * min(g.error_bounds) for g in groups)
+    budget = math.floor(fraction * teacher_kv + 1e-9) - values
+    if not 0 < fraction <= 1 or budget + values < floor:
+        raise CompressionError(f"--kv-cache {fraction:g}: must be in [{floor / teacher_kv:.3g}, "
+                               "1]: the values and the smallest candidate keys take "
+                               f"{floor / teacher_kv:.3g} of the teacher's KV cache")
+    chosen = _budget_choice(groups, budget, plan.rule)
+    it = iter(chosen)
+    layers = tuple(dataclasses.replace(layer, groups=tuple(
+        dataclasses.replace(g, reduced_qk_dim=next(it)) for g in layer.groups))
+        for layer in plan.layers)
+    worst = max((g.errors(plan.rule)[g.reduced_qk_dim] for layer in layers
+                 for g in layer.groups), default=0.0)
+    student = student_arch(plan.student, layers)
+    return dataclasses.replace(plan, layers=layers, student=student, tolerance=worst,
+                               kv_cache=fraction)
+
+
+def _budget_choice(groups: Sequence[GroupPlan], budget: int, rule: Rule) -> list[int]:
+    """Per group a candidate ``qk_dim`` with ``sum key_heads * qk_dim <= budget`` minimising the
+    sum (rule ``loss``) or the maximum (otherwise; among those, the sum) of the groups'
+    errors."""
+    errors = [{r: max(e, 0.0) for r, e in g.errors(rule).items()} for g in groups]
+    if rule != "loss":  # the least achievable maximum first, then the least sum under it
+        worst = _least_sum(groups, errors, budget, combine=max)[0]
+        errors = [{r: e for r, e in es.items() if e <= worst} for es in errors]
+    return _least_sum(groups, errors, budget, combine=lambda a, b: a + b)[1]
+
+
+def _least_sum(groups: Sequence[GroupPlan], errors: Sequence[Mapping[int, float]], budget: int,
+               combine: Any) -> tuple[float, list[int]]:
+    """Dynamic programming over the groups: the least ``combine``-d error of choices that fit
+    ``budget`` key units, and the choices."""
+    best: dict[int, tuple[float, list[int]]] = {0: (0.0, [])}  # key units used -> best so far
+    for g, candidates in zip(groups, errors):
+        step: dict[int, tuple[float, list[int]]] = {}
+        for used, (value, choices) in best.items():
+            for r, error in candidates.items():
+                spent = used + g.key_heads * r
+                total = combine(value, error)
+                if spent <= budget and (spent not in step or total < step[spent][0]):
+                    step[spent] = (total, [*choices, r])
+        best = step
+    return min(best.values(), key=lambda item: item[0])
 
 
 def student_arch(teacher: ArchConfig, layers: Sequence[LayerPlan]) -> ArchConfig:
@@ -397,15 +491,18 @@ def render_plan(plan: CompressionPlan) -> str:
         decisions = "  ".join(
             f"{g.count}x{g.qk_dim}->{g.reduced_qk_dim} (bound {g.error_bound:.3g}"
             + (f", measured {g.measured_error:.3g}" if g.measured_error is not None else "")
+            + (f", loss +{g.loss_increase:.3g}" if g.loss_increase is not None else "")
             + ")" for g in layer.groups) or "-"
         ranks = ",".join(str(s.effective_rank) for s in layer.spectra) or "-"
         rows.append([layer.index, layer.attention, layer.heads, _fmt(layer.logit_bound),
                      _fmt(layer.token_norm), _fmt(layer.entropy), ranks, decisions])
-    head = (f"checkpoint profile: N = {plan.seq_len}, tolerance {plan.tolerance:g} on the "
+    budget = ("tolerance" if plan.kv_cache is None else
+              f"KV cache {plan.kv_cache:g} of the teacher's, worst")
+    head = (f"checkpoint profile: N = {plan.seq_len}, {budget} {plan.tolerance:.3g} on the "
             f"{plan.rule} error, sample: "
             + (plan.sample or "none (||J|| <= 1/2, norms bounded from the norm layers)"))
     table = render_table(["layer", "attention", "heads", "R", "max |x|", "entropy/ln N",
-                          "effective ranks", "qk_dim plan (attention error)"], rows,
+                          "effective ranks", "qk_dim plan (errors)"], rows,
                          right=[True, False, False, True, True, True, False, False])
     return f"{head}\n{table}"
 

@@ -39,6 +39,7 @@ from alloc.compression import (
     MeasureRequest,
     load_measurer,
     plan_compression,
+    plan_for_kv_cache,
     plot_plan,
     render_plan,
 )
@@ -548,8 +549,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--checkpoint: reduced qk_dim are multiples of this")
     p.add_argument("--rule", choices=RULES,
                    help="--checkpoint: what decides each reduced qk_dim: the saturation rule's "
-                        "bound (docs/theory.md §4) or the attention error measured on the --data "
-                        "sample (default: measured with --data, else bound)")
+                        "bound (docs/theory.md §4), the attention error measured on the sample, "
+                        "or the sample's loss increase with each head group alone cut (loss: "
+                        "one forward per group and candidate; token models) (default: measured "
+                        "with a sample, else bound)")
+    p.add_argument("--kv-cache", type=number(0, strict=True), metavar="FRACTION",
+                   help="--checkpoint: instead of --tolerance, the student's KV cache per token "
+                        "as a fraction of the teacher's (e.g. 0.75), spent where the rule's "
+                        "error is largest (docs/theory.md §10.3)")
     p.add_argument("--logit-bound", type=number(0, strict=True),
                    help="--checkpoint without --data: assume |logits| <= R (default: none, "
                         "||J|| <= 1/2)")
@@ -648,7 +655,9 @@ def _pilot_flags_given(args: argparse.Namespace) -> list[str]:
 def _check_data_flags(args: argparse.Namespace) -> None:
     checkpoint_only = [flag for flag, given in (("--task", args.task),
                                                 ("--task-param", args.task_param),
-                                                ("--smoke-test", args.smoke_test)) if given]
+                                                ("--smoke-test", args.smoke_test),
+                                                ("--rule", args.rule),
+                                                ("--kv-cache", args.kv_cache)) if given]
     if checkpoint_only:
         raise UsageError(f"{checkpoint_only[0]}: only with --checkpoint (a data profile "
                          "measures --data)")
@@ -669,9 +678,12 @@ def _main_checkpoint(args: argparse.Namespace) -> int:
     request = MeasureRequest(args.checkpoint, args.align, data=data, task=args.task,
                              task_params=parse_task_params(args.task_param),
                              smoke_test=args.smoke_test, seq_len=args.seq_len,
-                             sample_tokens=args.sample_tokens, seed=args.seed)
+                             sample_tokens=args.sample_tokens, seed=args.seed,
+                             loss_sensitivity=args.rule == "loss")
     plan = plan_compression(load_measurer()(request), args.tolerance, args.rule,
                             args.logit_bound)
+    if args.kv_cache is not None:
+        plan = plan_for_kv_cache(plan, args.kv_cache)
     if not plan.measured and not plan.reduces:
         print(f"{PROG}: no reduction can be planned without data: the bound alone allows none "
               "at these norms; give --task or --data to measure the logits (or --logit-bound "

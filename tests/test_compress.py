@@ -26,7 +26,7 @@ from workers.compress import main as compress_main
 from workers.heads import head_maps
 from workers.measure import measure, profile_checkpoint
 from workers.model import Model, build_model
-from workers.students import build_student
+from workers.students import build_student, svd_factors
 from workers.tasks import make_data_task
 from workers.train import Trainer, evaluate
 
@@ -59,12 +59,16 @@ def uniform(arch: ArchConfig, rank: int) -> ArchConfig:
 
 
 def test_a_full_rank_student_is_the_teacher(teacher: tuple[Model, Path, torch.Tensor]) -> None:
+    """At full rank the SVD factors refactor each head's query-key map exactly, and a student
+    that cuts nothing is the teacher."""
     model, _, x = teacher
-    student = build_student(model, model.arch)  # every head refactored by its SVD
+    for head in head_maps(model):
+        rank = head.a.shape[1]
+        a, b = svd_factors(torch.from_numpy(head.a), torch.from_numpy(head.b), rank)
+        torch.testing.assert_close(a @ b.T / rank ** 0.5, torch.from_numpy(head.matrix))
+    student = build_student(model, model.arch)
     with torch.no_grad():
         assert torch.allclose(student(x), model(x), atol=1e-5)
-    assert not torch.equal(student.block(0).attn.qkv.weight,  # type: ignore[union-attr]
-                           model.block(0).attn.qkv.weight)  # type: ignore[union-attr]
 
 
 def test_the_loss_grows_as_the_rank_shrinks(teacher: tuple[Model, Path, torch.Tensor]) -> None:
@@ -299,3 +303,43 @@ def test_the_trainer_profile_and_compress_chain_on_a_task(
     assert err.count("\n") == 1 and "no reduction can be planned without data" in err
     assert compress_main(["--checkpoint", ckpt, "--plan", plan, *task, "--out", out]) == 0
     assert "the student is as large as the teacher" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("rule", ["loss", "measured"])
+def test_a_kv_cache_budget_plan_is_the_brute_force_optimum(rule: str) -> None:
+    """``plan_for_kv_cache`` picks, per head group, the candidate qk_dims that fit the budget
+    and minimise the sum of loss increases (``loss``) or the largest error (otherwise, ties by
+    the sum): equal to trying every combination."""
+    from alloc.compression import GroupPlan, LayerPlan, plan_for_kv_cache
+
+    rng = np.random.default_rng(0)
+    teacher = ArchConfig(d_model=32, max_seq_len=8, vocab_size=16, layers=tuple(
+        LayerSpec("mhsa", (HeadGroup(4, 16, kv_heads=kv),)) for kv in (1, 2, 4)))
+    for _trial in range(20):
+        layers = []
+        for i, spec in enumerate(teacher.layers):
+            g = spec.heads[0]
+            errors = dict(zip((4, 8, 12, 16), [*sorted(rng.random(3), reverse=True), 0.0]))
+            layers.append(LayerPlan(i, "mhsa", spec.heads_str, 1.0, (GroupPlan(
+                4, 16, 16, 16, errors, errors if rule == "measured" else None,
+                errors if rule == "loss" else None, g.kv_heads),)))
+        plan = CompressionPlan("x", 8, 0.1, 4, rule, tuple(layers),  # type: ignore[arg-type]
+                               teacher)
+        fraction = float(rng.uniform(0.65, 1.0))
+        chosen = plan_for_kv_cache(plan, fraction)
+        units = [g.key_heads * (16 + 16) for layer in layers for g in layer.groups]
+        budget = int(fraction * sum(units))
+        best = None
+        for dims in itertools.product((4, 8, 12, 16), repeat=3):
+            kv = sum(k * (d + 16) for k, d in zip((1, 2, 4), dims))
+            if kv > budget:
+                continue
+            errs = [layers[i].groups[0].error_bounds[d] for i, d in enumerate(dims)]
+            key = (sum(errs),) if rule == "loss" else (max(errs), sum(errs))
+            best = key if best is None or key < best else best
+        got = [layer.groups[0].reduced_qk_dim for layer in chosen.layers]
+        errs = [layers[i].groups[0].error_bounds[d] for i, d in enumerate(got)]
+        assert sum(k * (d + 16) for k, d in zip((1, 2, 4), got)) <= budget
+        assert ((sum(errs),) if rule == "loss" else (max(errs), sum(errs))) == pytest.approx(best)
+        assert [g.qk_dim for x in chosen.student.layers for g in x.heads] == got
+        assert chosen.kv_cache == fraction

@@ -307,3 +307,58 @@ def test_pair_ranking_is_the_same_one_window_at_a_time(monkeypatch: pytest.Monke
         for x, y in zip(a.heads, b.heads):
             assert x.pairs == y.pairs and x.measured_errors is not None
             assert y.measured_errors == pytest.approx(x.measured_errors, abs=1e-12)
+
+
+def test_loss_rule_and_a_kv_cache_budget(llama_folder: Path, tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """``--rule loss`` records, per head group and candidate, the sample's loss increase of the
+    student cut there alone (recomputed here by hand); ``--kv-cache F`` plans a student whose
+    KV cache is at most F of the teacher's."""
+    import dataclasses
+
+    import numpy as np
+
+    from alloc.compression import CompressionPlan
+    from alloc.profile import main as profile_main
+    from workers.measure import measure_model
+    from workers.students import build_student, pair_orders
+
+    teacher = load(llama_folder)
+    x = ids()
+    targets = torch.roll(x, -1, dims=1)
+    measured = measure_model(teacher.model, x, SEQ, 4, "ids", targets)
+    layer = measured.layers[1]
+    assert layer.loss_increases and layer.loss_increases[0][16] == 0.0
+    plan = CompressionPlan.from_dict({**_plan_dict(measured)})
+    spec = teacher.arch.layers[1]
+    cut = dataclasses.replace(spec, heads=(dataclasses.replace(spec.heads[0], qk_dim=8),))
+    arch = dataclasses.replace(teacher.arch, layers=(teacher.arch.layers[0], cut))
+    student = build_student(teacher.model, arch, pair_orders(plan))
+    with torch.no_grad():
+        def loss(m: Any) -> float:
+            logits = m(x)
+            return float(torch.nn.functional.cross_entropy(logits.flatten(0, 1),
+                                                           targets.flatten()))
+        assert layer.loss_increases[0][8] == pytest.approx(loss(student) - loss(teacher.model),
+                                                           abs=1e-6)
+    tokens = np.random.default_rng(0).integers(0, VOCAB, 30_000, dtype=np.uint16)
+    (tmp_path / "tokens").mkdir()
+    tokens[:25_000].tofile(tmp_path / "tokens" / "train.bin")
+    tokens[25_000:].tofile(tmp_path / "tokens" / "val.bin")
+    out = tmp_path / "plan.yaml"
+    assert profile_main(["--checkpoint", str(llama_folder), "--data", str(tmp_path / "tokens"),
+                         "--vocab-size", str(VOCAB), "--seq-len", str(SEQ), "--align", "4",
+                         "--sample-tokens", "1024", "--rule", "loss", "--kv-cache", "0.8",
+                         "--out", str(out)]) == 0
+    budget = CompressionPlan.from_yaml(out.read_text())
+    assert budget.kv_cache == 0.8 and budget.rule == "loss"
+    assert budget.student.kv_width <= 0.8 * teacher.arch.kv_width
+    assert "KV cache 0.8 of the teacher's" in capsys.readouterr().out
+    assert profile_main(["--data", str(tmp_path / "tokens"), "--kv-cache", "0.8"]) == 2
+    assert "--kv-cache: only with --checkpoint" in capsys.readouterr().err
+
+
+def _plan_dict(measured: Any) -> dict[str, Any]:
+    from alloc.compression import plan_compression
+
+    return plan_compression(measured, 0.0, "loss").to_dict()

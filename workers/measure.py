@@ -221,10 +221,13 @@ SAMPLE_BATCH = 1 << 20
 
 
 def measure_model(model: Model, x: Tensor | None, seq_len: int, align: int,
-                  sample: str | None = None) -> CheckpointMeasurement:
+                  sample: str | None = None, targets: Tensor | None = None
+                  ) -> CheckpointMeasurement:
     """What planning needs of ``model``: every query-key head's spectrum and, on the sample
     ``x`` (ids or vectors, ``(B, T)`` / ``(B, T, d)``; None: no data), each head's logit
-    statistics and the attention error of each candidate ``qk_dim`` (multiples of ``align``).
+    statistics and the attention error of each candidate ``qk_dim`` (multiples of ``align``);
+    with ``targets`` (the sample's next tokens, (B, T)), each head group's loss increase at
+    each candidate, the group alone cut (one forward of the model per group and candidate).
 
     Args:
         seq_len: N of the saturation rule (the sample's length when there is one).
@@ -245,8 +248,58 @@ def measure_model(model: Model, x: Tensor | None, seq_len: int, align: int,
         heads = _head_measurements([m for m in maps if m.layer == i], layer, inputs,
                                    model.arch.causal, align)
         layers.append(LayerMeasurement(i, heads, norm, stats))
+    if x is not None and targets is not None:
+        layers = loss_sensitivity(model, x, targets, layers, align)
     return CheckpointMeasurement(model.arch, seq_len, align, tuple(layers),
                                  sample if x is not None else None)
+
+
+LOGITS_CHUNK_BYTES = 256 << 20  # the sample's logits are formed a few windows at a time
+IGNORE = -100  # a target that does not count
+
+
+@torch.no_grad()
+def sample_loss(model: Model, x: Tensor, targets: Tensor) -> float:
+    """Mean cross-entropy of ``model`` on ids ``x`` against ``targets`` (B, T; ``IGNORE`` where
+    a position does not count)."""
+    vocab = model.arch.vocab_size or 1
+    per_chunk = max(1, LOGITS_CHUNK_BYTES // (4 * x.shape[1] * vocab))
+    total = 0.0
+    for xs, ys in zip(x.split(per_chunk), targets.split(per_chunk)):
+        logits = model(xs)
+        total += float(torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), ys.reshape(-1), ignore_index=IGNORE,
+            reduction="sum"))
+    return total / max(1, int((targets != IGNORE).sum()))
+
+
+def loss_sensitivity(model: Model, x: Tensor, targets: Tensor, layers: list[LayerMeasurement],
+                     align: int) -> list[LayerMeasurement]:
+    """``layers`` with each head group's loss increase on the sample at each candidate
+    ``qk_dim``, every other group kept (docs/theory.md §10.3): the student of that cut alone,
+    built as ``workers.compress`` builds it (the SVD, or the measured pair ranking)."""
+    from workers.students import build_student
+
+    base = sample_loss(model, x, targets)
+    orders = {(m.index, h.group, h.head // (g.count // g.kv_heads)): h.pairs
+              for m in layers for h in m.heads if h.pairs
+              for g in (model.arch.layers[m.index].heads[h.group],)}
+    out = []
+    for m in layers:
+        spec = model.arch.layers[m.index]
+        increases: list[dict[int, float]] = []
+        for j, g in enumerate(spec.heads if m.heads else ()):
+            increases.append({})
+            for r in candidate_dims(g.qk_dim, align):
+                cut = dataclasses.replace(spec, heads=tuple(
+                    dataclasses.replace(h, qk_dim=r) if k == j else h
+                    for k, h in enumerate(spec.heads)))
+                arch = dataclasses.replace(model.arch, layers=tuple(
+                    cut if i == m.index else x for i, x in enumerate(model.arch.layers)))
+                student = build_student(model, arch, orders)
+                increases[j][r] = 0.0 if r == g.qk_dim else sample_loss(student, x, targets) - base
+        out.append(dataclasses.replace(m, loss_increases=tuple(increases)))
+    return out
 
 
 def _head_measurements(maps: list[HeadMap], layer: LayerSpec, x: Tensor | None, causal: bool,
@@ -304,10 +357,17 @@ def measure_checkpoint(request: MeasureRequest) -> CheckpointMeasurement:
         size="smoke" if request.smoke_test else "paper", seed=request.seed,
         seq_len=request.seq_len)
     x, seq_len = None, min(request.seq_len or loaded.arch.max_seq_len, loaded.arch.max_seq_len)
+    targets = None
     if task is not None:
         check_fits(task, loaded.arch, trains=False, source=source)
         windows = max(1, (request.sample_tokens or WINDOW_TOKENS) // task.seq_len)
-        x, seq_len = task.batch("val", SAMPLE_BATCH, windows).x, task.seq_len
-    measured = measure_model(loaded.model, x, seq_len, request.align, source)
+        batch = task.batch("val", SAMPLE_BATCH, windows)
+        x, seq_len = batch.x, task.seq_len
+        if request.loss_sensitivity:
+            if loaded.arch.vocab_size is None:
+                raise CompressionError("--rule loss: needs a token model (this one reads "
+                                       "vectors)")
+            targets = batch.y.masked_fill(~batch.mask, IGNORE)  # positions that count
+    measured = measure_model(loaded.model, x, seq_len, request.align, source, targets)
     return dataclasses.replace(measured, checkpoint=str(request.checkpoint),
                                layout=loaded.layout)

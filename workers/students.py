@@ -53,7 +53,7 @@ def build_student(teacher: Model, student_arch: ArchConfig,
     state = teacher.state_dict()
     maps = head_maps(teacher)
     for i, (old, new) in enumerate(zip(teacher.arch.layers, student_arch.layers)):
-        if old.attention in SINGLE_WIDTH_KINDS:
+        if old.attention in SINGLE_WIDTH_KINDS or new == old:  # nothing cut: the teacher's rows
             continue
         name = "qk" if old.attention == "frozen_qk" else "qkv"
         layer_maps = [m for m in maps if m.layer == i]
