@@ -4,14 +4,15 @@ Per-layer plan vs one ``qk_dim`` for every layer on a grouped-query Llama, at eq
 (docs/theory.md §10.2): a small Llama-style byte LM (RoPE, RMSNorm, SwiGLU, 8 query heads reading
 2 key/value heads) is trained here on Python's standard-library sources, written as a stock
 ``transformers`` Llama folder and read back (the practitioner's path: everything after that uses
-the folder), profiled once, and its RoPE heads cut to fewer frequency pairs two ways at several
-sizes: (a) uniform, every layer keeps ``r`` of its key dims; (b) the measured-error plan with the
-same total key dims, the minimax allocation (the smallest tolerance whose plan fits the budget,
-then the leftover dims to the layers with the largest measured error). Equal key dims mean an
-equal KV cache per token. Both students are fine-tuned for the same steps. Reports each
-student's key dims per layer, KV cache bytes per token (bf16), parameters, and the loss after
-the cut and after fine-tuning; exports the smallest planned student as a ``transformers``
-folder. Writes ``llama_compress.csv`` and ``llama_compress.png``.
+the folder), profiled once, and its RoPE heads cut to fewer frequency pairs three ways at several
+sizes: (a) uniform, every layer keeps ``r`` of its key dims (Palu's uniform rank); (b) the
+measured-error plan and (c) the loss plan under the same KV cache budget
+(``alloc.profile --checkpoint --kv-cache F``, ``--rule measured`` or ``--rule loss``: the least
+worst attention error, or the least summed loss increase of each layer cut alone; docs/theory.md
+§10.3). Every student is fine-tuned for the same steps. Reports each student's key dims per
+layer, KV cache bytes per token (bf16), parameters, and the loss after the cut and after
+fine-tuning; exports the smallest loss-planned student as a ``transformers`` folder. Writes
+``llama_compress.csv`` and ``llama_compress.png``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from alloc.compression import CheckpointMeasurement, CompressionPlan, plan_compression
+from alloc.compression import CompressionPlan, Rule, plan_compression, plan_for_kv_cache
 from arch import ArchConfig, HeadGroup, LayerSpec, TrainConfig, param_count
 from arch.memory import kv_cache_bytes
 from common.cli import int_in, render_table
@@ -32,7 +33,7 @@ from userdata import DataSpec
 from workers.checkpoints import llama_config, load, save_llama
 from workers.experiments import harness
 from workers.hf.export import save_student
-from workers.measure import SAMPLE_BATCH, measure_model
+from workers.measure import IGNORE, SAMPLE_BATCH, measure_model
 from workers.model import Model
 from workers.students import build_student, pair_orders
 from workers.tasks import Task, make_data_task
@@ -112,24 +113,8 @@ def dims_of(arch: ArchConfig) -> list[int]:
     return [x.heads[0].qk_dim for x in arch.layers]
 
 
-def minimax_dims(measured: CheckpointMeasurement, budget: int) -> tuple[list[int], float]:
-    """The measured-error plan with ``budget`` key dims in all (per head, summed over layers):
-    the smallest tolerance whose plan fits, then ``align`` dims at a time to the layer whose
-    measured error at its current dims is the largest, until the budget is spent. Returns the
-    dims and the tolerance."""
-    errors = layer_errors(plan_compression(measured, 1.0, rule="measured"))
-    full = dims_of(measured.arch)
-    dims, tau = [measured.align] * len(full), max(max(e.values()) for e in errors)
-    for tolerance in sorted({v for e in errors for v in e.values()}):
-        planned = dims_of(plan_compression(measured, tolerance, rule="measured").student)
-        if sum(planned) <= budget:
-            dims, tau = planned, tolerance
-            break
-    while sum(dims) < budget:
-        open_ = [i for i in range(len(dims)) if dims[i] < full[i]]
-        worst = max(open_, key=lambda i: errors[i][dims[i]])
-        dims[worst] += measured.align
-    return dims, tau
+# method -> the rule its KV-cache-budget plan minimises
+METHODS: dict[str, Rule] = {"plan (attention error)": "measured", "plan (loss)": "loss"}
 
 
 def max_error(errors: list[dict[int, float]], dims: list[int]) -> float:
@@ -140,7 +125,7 @@ def max_error(errors: list[dict[int, float]], dims: list[int]) -> float:
 def student_row(method: str, rank: int, dims: list[int], tolerance: float | None, model: Model,
                 plan: CompressionPlan, task: Task, sizes: Sizes) -> tuple[dict[str, Any], Model]:
     """Cut the teacher to ``dims``, evaluate, fine-tune, evaluate again (``tolerance``: the
-    plan's, None for the uniform cut)."""
+    plan's worst error under its rule, None for the uniform cut; ``plan`` measured both)."""
     arch = with_dims(model.arch, dims)
     student = build_student(model, arch, pair_orders(plan))
     reduced_loss = evaluate(student, task, EVAL, "cpu")[0]
@@ -155,6 +140,8 @@ def student_row(method: str, rank: int, dims: list[int], tolerance: float | None
            "qk_total": sum(dims), "kv_cache_bytes": kv_cache_bytes(arch, KV_DTYPE),
            "params": param_count(arch).total,
            "max_measured_error": max_error(layer_errors(plan), dims),
+           "summed_loss_increase": sum(g.errors("loss")[d] for layer, d in zip(plan.layers, dims)
+                                       for g in layer.groups),
            "reduced_loss": reduced_loss, "finetuned_loss": evaluate(tuned, task, EVAL, "cpu")[0]}
     return row, tuned
 
@@ -166,18 +153,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     task = make_data_task(DataSpec(str(corpus)), length=sizes.length)
     model = teacher(sizes, task, args.steps or sizes.steps, args.seed, args.out)
     teacher_loss = evaluate(model, task, EVAL, "cpu")[0]
-    sample = task.batch("val", SAMPLE_BATCH, 32).x  # not the evaluation batches
-    measured = measure_model(model, sample, sizes.length, align=sizes.align, sample="corpus")
-    plan = plan_compression(measured, 1.0, rule="measured")  # pair rankings and errors
+    sample = task.batch("val", SAMPLE_BATCH, 32)  # not the evaluation batches
+    measured = measure_model(model, sample.x, sizes.length, align=sizes.align, sample="corpus",
+                             targets=sample.y.masked_fill(~sample.mask, IGNORE))
+    plans = {rule: plan_compression(measured, 1.0, rule=rule)  # pair rankings and errors
+             for rule in METHODS.values()}
+    teacher_kv_units = model.arch.kv_width
     rows: list[dict[str, Any]] = []
     smallest: Model | None = None
     for rank in sizes.ranks:
         uniform = [rank] * model.arch.n_layers
-        rows.append(student_row("uniform", rank, uniform, None, model, plan, task, sizes)[0])
-        dims, tau = minimax_dims(measured, sum(uniform))
-        row, tuned = student_row("per-layer plan", rank, dims, tau, model, plan, task, sizes)
-        rows.append(row)
-        smallest = tuned if rank == min(sizes.ranks) else smallest
+        rows.append(student_row("uniform", rank, uniform, None, model, plans["loss"], task,
+                                sizes)[0])
+        fraction = with_dims(model.arch, uniform).kv_width / teacher_kv_units
+        for method, rule in METHODS.items():
+            budget = plan_for_kv_cache(plans[rule], fraction)
+            row, tuned = student_row(method, rank, dims_of(budget.student), budget.tolerance,
+                                     model, plans["loss"], task, sizes)
+            rows.append(row)
+            if rule == "loss" and rank == min(sizes.ranks):
+                smallest = tuned
     assert smallest is not None
     report = save_student(smallest, args.out / "student")
     write_csv(args.out / "llama_compress.csv", rows)
@@ -186,7 +181,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {"teacher": model.arch.layers[0].heads_str, "teacher_loss": teacher_loss,
             "teacher_params": param_count(model.arch).total, "teacher_kv_cache_bytes": teacher_kv,
             "teacher_file_bytes": (args.out / "teacher" / "model.safetensors").stat().st_size,
-            "student_qk_dims": rows[1]["qk_dims"], "student_params": report.params,
+            "student_qk_dims": rows[2]["qk_dims"], "student_params": report.params,
             "student_file_bytes": report.file_bytes, "rows": rows, "out": str(args.out)}
 
 
@@ -195,11 +190,11 @@ def plot(rows: list[dict[str, Any]], teacher_loss: float, teacher_kv: int, path:
     fig, axes = new_figure(2, (11, 4.2))
     for ax, key, title in ((axes[0], "reduced_loss", "right after the cut"),
                            (axes[1], "finetuned_loss", "after fine-tuning")):
-        for k, method in enumerate(("per-layer plan", "uniform")):
+        for k, method in enumerate(("uniform", *METHODS)):
             mine = sorted((r for r in rows if r["method"] == method),
                           key=lambda r: r["kv_cache_bytes"])
             ax.plot([r["kv_cache_bytes"] for r in mine], [r[key] for r in mine],
-                    "o-" if k == 0 else "x--", color=f"C{k}", label=method)
+                    ("x--", "o-", "s-")[k], color=f"C{k}", label=method)
         ax.axhline(teacher_loss, color="k", lw=0.8, ls=":",
                    label=f"teacher ({teacher_kv:,} B/token)")
         ax.set_xlabel(f"KV cache per token ({KV_DTYPE} bytes)")
@@ -211,17 +206,17 @@ def plot(rows: list[dict[str, Any]], teacher_loss: float, teacher_kv: int, path:
 
 def render(result: dict[str, Any]) -> str:
     table = render_table(
-        ["r", "method", "qk per layer", "KV B/token", "params", "max err", "loss (cut)",
-         "loss (fine-tuned)"],
+        ["r", "method", "qk per layer", "KV B/token", "params", "max err", "sum dloss",
+         "loss (cut)", "loss (fine-tuned)"],
         [[r["rank"], r["method"], r["qk_dims"], f"{r['kv_cache_bytes']:,}", f"{r['params']:,}",
-          f"{r['max_measured_error']:.3g}", f"{r['reduced_loss']:.4f}",
-          f"{r['finetuned_loss']:.4f}"] for r in result["rows"]],
-        right=[True, False, False, True, True, True, True, True])
+          f"{r['max_measured_error']:.3g}", f"{r['summed_loss_increase']:.3g}",
+          f"{r['reduced_loss']:.4f}", f"{r['finetuned_loss']:.4f}"] for r in result["rows"]],
+        right=[True, False, False, True, True, True, True, True, True])
     return "\n".join([
         f"teacher {result['teacher']} (Llama folder): {result['teacher_params']:,} parameters, "
         f"KV cache {result['teacher_kv_cache_bytes']:,} B/token, validation loss "
         f"{result['teacher_loss']:.4f}", table,
-        f"model.safetensors: teacher {result['teacher_file_bytes']:,} bytes; smallest planned "
+        f"model.safetensors: teacher {result['teacher_file_bytes']:,} bytes; smallest loss-planned "
         f"student ({result['student_qk_dims']}) {result['student_file_bytes']:,} bytes, "
         f"{result['student_params']:,} parameters",
         f"wrote {result['out']}/llama_compress.csv, llama_compress.png, student/"])
