@@ -180,6 +180,7 @@ def compress(args: argparse.Namespace) -> dict[str, Any]:
     if task is not None:
         report["teacher"] = measure(loaded.model, task, args.eval_batches)
         report["svd"] = measure(student, task, args.eval_batches)
+    if task is not None and (as_pt or args.finetune_steps):  # the trainer wires in the task
         config = TrainConfig(steps=max(1, args.finetune_steps), lr=args.lr,
                              batch_size=args.batch_size, eval_every=max(1, args.finetune_steps),
                              eval_batches=args.eval_batches, seed=args.seed, device="cpu")
