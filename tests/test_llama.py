@@ -362,3 +362,68 @@ def _plan_dict(measured: Any) -> dict[str, Any]:
     from alloc.compression import plan_compression
 
     return plan_compression(measured, 0.0, "loss").to_dict()
+
+
+CONFIG_KEYS = ("model_type", "hidden_size", "num_attention_heads", "num_key_value_heads",
+               "head_dim", "intermediate_size", "num_hidden_layers", "vocab_size",
+               "max_position_embeddings", "rms_norm_eps", "rope_theta", "rope_parameters",
+               "rope_scaling", "tie_word_embeddings", "attention_bias", "sliding_window",
+               "layer_types", "hidden_act", "partial_rotary_factor", "use_sliding_window")
+
+
+def test_any_config_json_loads_or_is_refused_in_one_line(llama_folder: Path,
+                                                         tmp_path: Path) -> None:
+    """Hostile config.json values (wrong types, zeros, negatives, huge sizes, NaN, nesting):
+    the only outcomes are a model whose logits are finite, or a ``CheckpointError``."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    base = json.loads((llama_folder / "config.json").read_text())
+    junk = st.one_of(st.none(), st.booleans(), st.integers(-3, 2 ** 70),
+                     st.sampled_from([0, 1, 2, 4, 8, 16, 64, 97, 1e-6, 500.0]),
+                     st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=8),
+                     st.sampled_from(["llama", "qwen2", "mistral", "gpt2", "silu", "default",
+                                      "full_attention"]),
+                     st.lists(st.sampled_from(["full_attention", "sliding_attention", 1]),
+                              max_size=3),
+                     st.dictionaries(st.sampled_from(["rope_type", "rope_theta", "factor"]),
+                                     st.sampled_from(["default", "llama3", 1e4, -1, None]),
+                                     max_size=2))
+    folder = tmp_path / "m"
+    folder.mkdir()
+    for path in llama_folder.iterdir():
+        if path.name != "config.json":
+            (folder / path.name).symlink_to(path)
+
+    @settings(max_examples=120, deadline=None, derandomize=True, database=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(st.dictionaries(st.sampled_from(CONFIG_KEYS), junk, min_size=1, max_size=3))
+    def check(change: dict[str, Any]) -> None:
+        (folder / "config.json").write_text(json.dumps({**base, **change}, default=str))
+        try:
+            loaded = load(folder)
+        except CheckpointError as err:
+            assert "\n" not in str(err)
+            return
+        with torch.no_grad():
+            assert torch.isfinite(loaded.model(ids()[:, :loaded.arch.max_seq_len])).all()
+
+    check()
+
+
+@pytest.mark.parametrize("weight_map", [
+    {"model.embed_tokens.weight": "../outside.safetensors"},
+    {"model.embed_tokens.weight": "/etc/passwd"},
+    {"model.embed_tokens.weight": "weights.bin"},
+    {"model.embed_tokens.weight": "missing.safetensors"},
+    ["not", "a", "map"],
+])
+def test_a_broken_shard_index_is_refused_by_name(llama_folder: Path, tmp_path: Path,
+                                                 weight_map: Any) -> None:
+    """An index may only name shards that are .safetensors files of the folder itself."""
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "config.json").symlink_to(llama_folder / "config.json")
+    (folder / INDEX).write_text(json.dumps({"weight_map": weight_map}))
+    with pytest.raises(CheckpointError, match=INDEX.replace(".", r"\.") + "|shard"):
+        load(folder)
