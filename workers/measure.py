@@ -35,7 +35,7 @@ from arch import LayerSpec
 from workers.attention import LogitRecorder, rotate
 from workers.checkpoints import load
 from workers.heads import HeadMap, head_maps
-from workers.model import Model, build_model
+from workers.model import Model
 from workers.tasks.cli import check_fits, task_for_model
 
 
@@ -59,15 +59,20 @@ def measure(model: Model, x: Tensor,
     ``(B, H, T, T)`` (future entries -inf) reduced by ``reduce`` as they are computed (default
     ``head_statistics``; pass ``lambda z: z`` to keep them whole) and each attention's input."""
     recorder = LogitRecorder(head_statistics if reduce is None else reduce)
-    twin = build_model(model.arch, kernel=recorder)
-    twin.load_state_dict(model.state_dict())
-    twin.eval()
     inputs: list[Tensor] = []
-    hooks = [twin.block(i).attn_norm.register_forward_hook(
-        lambda _m, _i, out: inputs.append(out)) for i in range(model.arch.n_layers)]
-    twin(x)
-    for hook in hooks:
-        hook.remove()
+    blocks = [model.block(i) for i in range(model.arch.n_layers)]
+    kernels = [block.attn.kernel for block in blocks]
+    hooks = [block.attn_norm.register_forward_hook(lambda _m, _i, out: inputs.append(out))
+             for block in blocks]
+    try:  # the model's own modules, with the recording kernel for this pass (no second copy)
+        for block in blocks:
+            block.attn.kernel = recorder
+        model.hidden(x)  # the output logits are not needed
+    finally:
+        for block, kernel in zip(blocks, kernels):
+            block.attn.kernel = kernel
+        for hook in hooks:
+            hook.remove()
     # MixiT layers compute no logits: every other layer calls the kernel once per head group.
     counts = [0 if layer.attention == "mixit" else len(layer.heads)
               for layer in model.arch.layers]

@@ -115,6 +115,10 @@ class Model(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """Ids ``(B, T)`` -> logits ``(B, T, vocab)``, or ``(B, T, in)`` -> ``(B, T, out)``."""
+        return self.head(self.norm(self.hidden(x)))
+
+    def hidden(self, x: Tensor) -> Tensor:
+        """The residual stream after the last block, ``(B, T, d_model)`` (no final norm)."""
         t = x.shape[1]
         if t > self.arch.max_seq_len:
             raise ValueError(f"sequence length {t} exceeds max_seq_len {self.arch.max_seq_len}")
@@ -125,7 +129,7 @@ class Model(nn.Module):
             h = h + self.pos_table[:t].to(h.dtype)
         for block in self.blocks:
             h = block(h)
-        return self.head(self.norm(h))
+        return h
 
 
 def build_model(arch: ArchConfig, kernel: Kernel = sdpa) -> Model:
