@@ -68,6 +68,7 @@ from common.errors import TransformerAllocError, UsageError
 from common.files import dump_yaml, read_yaml, write_atomic
 from userdata import FORMATS, DataError, DataSpec, open_arrays, open_tokens
 
+DEFAULT_TOLERANCE = 0.05  # --checkpoint: the allowed error per head group
 PROG = "alloc.profile"
 TOP_K = 64  # symbols kept apart; the rest are one "other" symbol
 ENERGY = 0.9  # the input dimension keeps this share of the squared singular values
@@ -543,8 +544,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--checkpoint: override a task parameter (repeatable)")
     p.add_argument("--smoke-test", action="store_true", help="--checkpoint: --task at its "
                                                              "smoke size")
-    p.add_argument("--tolerance", type=number(0, strict=True), default=0.05,
-                   help="--checkpoint: allowed attention error per head")
+    p.add_argument("--tolerance", type=number(0, strict=True),
+                   help=f"--checkpoint: allowed error per head group under --rule (default "
+                        f"{DEFAULT_TOLERANCE}; with --rule loss, nats per token)")
     p.add_argument("--align", type=int_in(1), default=8,
                    help="--checkpoint: reduced qk_dim are multiples of this")
     p.add_argument("--rule", choices=RULES,
@@ -657,6 +659,7 @@ def _check_data_flags(args: argparse.Namespace) -> None:
                                                 ("--task-param", args.task_param),
                                                 ("--smoke-test", args.smoke_test),
                                                 ("--rule", args.rule),
+                                                ("--tolerance", args.tolerance is not None),
                                                 ("--kv-cache", args.kv_cache)) if given]
     if checkpoint_only:
         raise UsageError(f"{checkpoint_only[0]}: only with --checkpoint (a data profile "
@@ -669,6 +672,11 @@ def _main_checkpoint(args: argparse.Namespace) -> int:
     """``--checkpoint``: measure the model (torch side), plan, write and show the plan."""
     if args.data is not None and args.task is not None:
         raise UsageError("--data and --task: give one sample source")
+    if args.rule in ("measured", "loss") and args.data is None and args.task is None:
+        raise UsageError(f"--rule {args.rule}: measures on a sample; give --data or --task")
+    if args.kv_cache is not None and args.tolerance is not None:
+        raise UsageError(f"--kv-cache {args.kv_cache:g} and --tolerance {args.tolerance:g}: the "
+                         "plan meets one of them; give one")
     given = _pilot_flags_given(args)
     if given:
         raise UsageError(f"{given[0]}: the pilot profiles data (--data without --checkpoint); "
@@ -680,8 +688,8 @@ def _main_checkpoint(args: argparse.Namespace) -> int:
                              smoke_test=args.smoke_test, seq_len=args.seq_len,
                              sample_tokens=args.sample_tokens, seed=args.seed,
                              loss_sensitivity=args.rule == "loss")
-    plan = plan_compression(load_measurer()(request), args.tolerance, args.rule,
-                            args.logit_bound)
+    tolerance = DEFAULT_TOLERANCE if args.tolerance is None else args.tolerance
+    plan = plan_compression(load_measurer()(request), tolerance, args.rule, args.logit_bound)
     if args.kv_cache is not None:
         plan = plan_for_kv_cache(plan, args.kv_cache)
     if not plan.measured and not plan.reduces:

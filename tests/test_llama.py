@@ -427,3 +427,18 @@ def test_a_broken_shard_index_is_refused_by_name(llama_folder: Path, tmp_path: P
     (folder / INDEX).write_text(json.dumps({"weight_map": weight_map}))
     with pytest.raises(CheckpointError, match=INDEX.replace(".", r"\.") + "|shard"):
         load(folder)
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--rule", "loss"], "--rule loss: measures on a sample"),
+    (["--rule", "measured"], "--rule measured: measures on a sample"),
+    (["--kv-cache", "0.9", "--tolerance", "0.1", "--task", "lm"], "give one"),
+])
+def test_profile_flags_that_cannot_work_are_refused_before_measuring(
+        llama_folder: Path, flags: list[str], message: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from alloc.profile import main as profile_main
+
+    assert profile_main(["--checkpoint", str(llama_folder), *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err
