@@ -55,6 +55,12 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
                                       "tie_word_embeddings": True}),
     "qwen2": ("qwen2", {"num_key_value_heads": 2}),
     "mistral": ("mistral", {"num_key_value_heads": 2, "sliding_window": None}),
+    # Llama 3.1's frequencies: a short original context puts pairs in all three bands
+    "llama3-rope": ("llama", {"num_key_value_heads": 2, "rope_parameters": {
+        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 32}}),
+    "linear-rope": ("llama", {"num_key_value_heads": 2, "rope_parameters": {
+        "rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0}}),
 }
 
 
@@ -111,9 +117,11 @@ def test_a_sliding_window_becomes_the_context(tmp_path: Path) -> None:
 
 
 REFUSED: dict[str, tuple[dict[str, Any], str]] = {
-    "rope_parameters": ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 1e4,
-                                             "factor": 8.0}}, "rope_type = 'llama3'"),
-    "rope_scaling": ({"rope_scaling": {"type": "linear", "factor": 2.0}}, "rope_scaling"),
+    "rope_parameters": ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4,
+                                             "factor": 8.0}}, "rope_type = 'yarn'"),
+    "rope_scaling": ({"rope_parameters": None, "rope_scaling": {"type": "dynamic",
+                                                                "factor": 2.0}},
+                     "rope_type = 'dynamic'"),
     "partial_rotary_factor": ({"partial_rotary_factor": 0.5}, "partial_rotary_factor = 0.5"),
     "hidden_act": ({"hidden_act": "gelu"}, "hidden_act = 'gelu'"),
     "mlp_bias": ({"mlp_bias": True}, "mlp_bias = True"),
@@ -156,9 +164,9 @@ def test_each_field_we_do_not_compute_is_refused_by_name(
     assert len(err.splitlines()) == 1 and field.split("_")[0] in err and not out.exists()
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+@pytest.mark.parametrize("case", ["llama-gqa", "qwen2", "llama3-rope"])
 def test_a_rope_student_keeps_the_measured_pairs_and_stock_layout_reads_it(
-        kind: str, tmp_path: Path) -> None:
+        case: str, tmp_path: Path) -> None:
     """Profiling a GQA Llama ranks each key/value head's frequency pairs; the student that keeps
     the leading ones changes layer 0's attention weights by exactly the error the plan measured
     (nothing upstream differs), keeps every pair at full rank, and written back in the stock
@@ -168,7 +176,8 @@ def test_a_rope_student_keeps_the_measured_pairs_and_stock_layout_reads_it(
     from workers.measure import measure, measure_model
     from workers.students import build_student, pair_orders
 
-    theirs = build(kind, num_key_value_heads=2)  # Qwen2: biases on queries and keys too
+    kind, overrides = CASES[case]  # Qwen2: biases on queries and keys; Llama 3.1 frequencies
+    theirs = build(kind, **overrides)
     loaded = load(saved(theirs, tmp_path / "teacher"))
     x = ids()
     measured = measure_model(loaded.model, x, SEQ, 4, "ids")

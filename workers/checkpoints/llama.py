@@ -3,8 +3,10 @@
 RMSNorm, SwiGLU; separate ``q_proj`` / ``k_proj`` / ``v_proj`` maps, ``(out, in)`` weights).
 
 ``llama_arch`` reads ``config.json`` into an ``ArchConfig`` and refuses, by name, every field
-that would make ``transformers`` compute something our model does not (rope scaling kinds,
-sliding windows shorter than the context, per-layer attention types, biases we do not place);
+that would make ``transformers`` compute something our model does not (RoPE kinds that change
+more than the frequencies, per-layer attention types, biases we do not place); RoPE kinds that
+only change the frequencies (``linear``, Llama 3.1's ``llama3``) are read into the frequency
+buffers, which our model holds as weights;
 ``load_llama`` reads the weights lazily, one tensor at a time. ``save_llama`` writes a student
 back in the teacher's stock layout: heads whose query-key pairs were cut get zeros in the cut
 pairs (RoPE turns a zero pair into zero), so stock ``transformers`` computes the student's
@@ -36,7 +38,7 @@ MAX_VOCAB = 1 << 24
 # Fields that change what transformers computes, with the one value our model implements
 # (absent counts as that value). Anything else is refused by name.
 _SAME: dict[str, Any] = {
-    "hidden_act": "silu", "mlp_bias": False, "pretraining_tp": 1, "rope_scaling": None,
+    "hidden_act": "silu", "mlp_bias": False, "pretraining_tp": 1,
     "partial_rotary_factor": 1.0, "use_sliding_window": False, "attention_logit_softcapping":
     None, "final_logit_softcapping": None, "no_rope_layers": None, "is_decoder": True,
     "add_cross_attention": False}
@@ -57,27 +59,67 @@ def _int(config: dict[str, Any], key: str, low: int, high: int) -> int:
     return value
 
 
-def rope_theta(config: dict[str, Any]) -> float:
-    """RoPE's base from ``rope_parameters`` (transformers >= 5) or ``rope_theta``; any scaling
-    kind but the default is refused by name."""
+# RoPE kinds whose only effect is on the frequencies (which our model holds as weights), with
+# the parameters each needs; others (dynamic, yarn, longrope, ...) change the computation
+ROPE_KINDS: dict[str, tuple[str, ...]] = {
+    "default": (), "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor",
+               "original_max_position_embeddings")}
+
+
+def rope_parameters(config: dict[str, Any]) -> dict[str, Any]:
+    """RoPE's parameters from ``rope_parameters`` (transformers >= 5) or ``rope_theta`` and
+    ``rope_scaling`` (earlier): ``rope_type``, ``rope_theta`` and the kind's own, checked; a
+    kind that is not in ``ROPE_KINDS`` is refused by name."""
     params = config.get("rope_parameters")
-    if isinstance(params, dict):
-        kind = params.get("rope_type", "default")
-        if kind != "default":
-            raise CheckpointError(f"config.json: rope_parameters.rope_type = {kind!r} is not "
-                                  "supported (this model computes only the 'default' RoPE, "
-                                  "without scaling)")
-        for key in params:
-            if key not in ("rope_type", "rope_theta", "partial_rotary_factor"):
-                raise CheckpointError(f"config.json: rope_parameters.{key} is not supported "
-                                      "(this model computes only the default RoPE)")
-        _need(params, "partial_rotary_factor", 1.0, ": every query-key dim rotates")
-        theta = params.get("rope_theta", config.get("rope_theta", 10000.0))
-    else:
-        theta = config.get("rope_theta", 10000.0)
-    if not isinstance(theta, (int, float)) or isinstance(theta, bool) or not theta > 1:
-        raise CheckpointError(f"config.json: rope_theta = {theta!r}: must be a number > 1")
-    return float(theta)
+    if not isinstance(params, dict):
+        scaling = config.get("rope_scaling")
+        if scaling is not None and not isinstance(scaling, dict):
+            raise CheckpointError(f"config.json: rope_scaling = {scaling!r}: must be null or "
+                                  "an object")
+        params = {"rope_theta": config.get("rope_theta", 10000.0), **(scaling or {})}
+        if "type" in params and "rope_type" not in params:  # the older spelling
+            params["rope_type"] = params.pop("type")
+    kind = params.get("rope_type", "default")
+    if kind not in ROPE_KINDS:
+        raise CheckpointError(f"config.json: rope_type = {kind!r} is not supported (this model "
+                              f"computes RoPE of kinds {', '.join(ROPE_KINDS)}: the ones that "
+                              "only change the frequencies)")
+    known = {"rope_type", "rope_theta", "partial_rotary_factor", *ROPE_KINDS[kind]}
+    for key in params:
+        if key not in known:
+            raise CheckpointError(f"config.json: rope_parameters.{key} is not supported with "
+                                  f"rope_type {kind!r}")
+    _need(params, "partial_rotary_factor", 1.0, ": every query-key dim rotates")
+    for key in ("rope_theta", *ROPE_KINDS[kind]):
+        value = params.get(key, 10000.0 if key == "rope_theta" else None)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not (
+                math.isfinite(value) and value > (1 if key == "rope_theta" else 0)):
+            raise CheckpointError(f"config.json: rope {key} = {value!r}: must be a number > "
+                                  f"{1 if key == 'rope_theta' else 0}")
+    if kind == "llama3" and not params["high_freq_factor"] > params["low_freq_factor"]:
+        raise CheckpointError("config.json: rope high_freq_factor must exceed low_freq_factor")
+    return {**params, "rope_type": kind, "rope_theta": float(params.get("rope_theta", 1e4))}
+
+
+def rope_inv_freq(params: dict[str, Any], dim: int) -> Tensor:
+    """The ``dim / 2`` frequencies of ``rope_parameters``' kind (float32, as transformers
+    computes them): ``default``; ``linear`` divides them by ``factor``; ``llama3`` (Llama 3.1)
+    divides the long wavelengths by ``factor``, keeps the short ones and blends between."""
+    inv_freq = rope_frequencies(dim, params["rope_theta"])
+    kind = params["rope_type"]
+    if kind == "linear":
+        return inv_freq / params["factor"]
+    if kind != "llama3":
+        return inv_freq
+    factor, old = params["factor"], params["original_max_position_embeddings"]
+    low, high = params["low_freq_factor"], params["high_freq_factor"]
+    wavelength = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelength > old / low, inv_freq / factor, inv_freq)
+    smooth = (old / wavelength - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    between = ~(wavelength < old / high) & ~(wavelength > old / low)
+    return torch.where(between, blended, scaled)
 
 
 def context_length(config: dict[str, Any], family: str) -> int:
@@ -138,7 +180,8 @@ def llama_arch(config: dict[str, Any]) -> ArchConfig:
                           vocab_size=_int(config, "vocab_size", 1, MAX_VOCAB),
                           positional="rope", norm="rmsnorm", mlp="swiglu",
                           tie_embeddings=bool(config.get("tie_word_embeddings", False)),
-                          qkv_bias=bias, rope_theta=rope_theta(config), norm_eps=eps)
+                          qkv_bias=bias, rope_theta=rope_parameters(config)["rope_theta"],
+                          norm_eps=eps)
     except ConfigError as err:
         raise CheckpointError(f"config.json: not a {family} config this model can read "
                               f"({err})") from None
@@ -232,10 +275,11 @@ def load_llama(folder: Path, config: dict[str, Any], source: str) -> Model:
                 part.copy_(tensors.get(name, (n, *target.shape[1:])))
         if arch.tie_embeddings:
             model.head.weight = model.embed.weight  # type: ignore[assignment]
+        params = rope_parameters(config)
         for i in range(arch.n_layers):  # the buffers the meta build left empty
             attn = model.block(i).attn
             for j, g in enumerate(arch.layers[i].heads):
-                attn.frequencies(j).copy_(rope_frequencies(g.qk_dim, arch.rope_theta))
+                attn.frequencies(j).copy_(rope_inv_freq(params, g.qk_dim))
     return model.eval()
 
 
@@ -247,14 +291,16 @@ def save_llama(model: Model, config: dict[str, Any], folder: Path) -> None:
     from safetensors.torch import save_file
 
     teacher = llama_arch(config)
+    full = teacher.layers[0].heads[0]
+    frequencies = rope_inv_freq(rope_parameters(config), full.qk_dim)  # the teacher's
     state = {k: v.detach() for k, v in model.state_dict().items()}
     for i, layer in enumerate(model.arch.layers):
         attn = model.block(i).attn
         assert isinstance(attn, MultiHeadAttention)
         key = f"blocks.{i}.attn.qkv."
         for suffix in ("weight", "bias") if model.arch.qkv_bias else ("weight",):
-            state[key + suffix] = padded_rope_qkv(state[key + suffix], attn, layer,
-                                                  teacher.layers[i].heads[0], teacher.rope_theta)
+            state[key + suffix] = padded_rope_qkv(state[key + suffix], attn, layer, full,
+                                                  frequencies)
     tensors: dict[str, Tensor] = {}
     for ours, theirs in stock_pairs(teacher):
         rows = _split_sizes(teacher, ours, len(theirs)) or [state[ours].shape[0]]
@@ -266,11 +312,10 @@ def save_llama(model: Model, config: dict[str, Any], folder: Path) -> None:
 
 
 def padded_rope_qkv(rows: Tensor, attn: MultiHeadAttention, layer: LayerSpec,
-                    full: HeadGroup, theta: float) -> Tensor:
+                    full: HeadGroup, standard: Tensor) -> Tensor:
     """The teacher-shaped fused query/key/value rows (weights ``(n, d)`` or biases ``(n,)``) of
     a student layer: each key/value head's kept pairs go back to the teacher's pair positions
-    (found by their frequencies), zeros elsewhere."""
-    standard = rope_frequencies(full.qk_dim, theta)
+    (found by their frequencies among the teacher's, ``standard``), zeros elsewhere."""
     q, k, v = rows.split([attn.qk_width, attn.k_width, attn.v_width])
     queries, keys, offset_q, offset_k = [], [], 0, 0
     for j, g in enumerate(layer.heads):
