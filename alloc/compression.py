@@ -422,11 +422,16 @@ def plan_for_kv_cache(plan: CompressionPlan, fraction: float) -> CompressionPlan
             candidate keys, or above 1.
     """
     groups = [g for layer in plan.layers for g in layer.groups]
-    teacher_kv = sum(g.key_heads * (g.qk_dim + g.v_dim) for g in groups)
-    values = sum(g.key_heads * g.v_dim for g in groups)
-    floor = values + sum(g.key_heads * min(g.error_bounds) for g in groups)
-    budget = math.floor(fraction * teacher_kv + 1e-9) - values
-    if not 0 < fraction <= 1 or budget + values < floor:
+    if not groups:
+        raise CompressionError(f"--kv-cache {fraction:g}: the model has no query-key heads to "
+                               "cut (mssa and mixit layers only)")
+    planned = sum(g.key_heads * (g.reduced_qk_dim + g.v_dim) for g in groups)
+    # what no plan changes: the values, and the layers without query-key heads
+    fixed = plan.student.kv_width - planned + sum(g.key_heads * g.v_dim for g in groups)
+    teacher_kv = fixed + sum(g.key_heads * g.qk_dim for g in groups)
+    floor = fixed + sum(g.key_heads * min(g.error_bounds) for g in groups)
+    budget = math.floor(fraction * teacher_kv + 1e-9) - fixed
+    if not 0 < fraction <= 1 or budget + fixed < floor:
         raise CompressionError(f"--kv-cache {fraction:g}: must be in [{floor / teacher_kv:.3g}, "
                                "1]: the values and the smallest candidate keys take "
                                f"{floor / teacher_kv:.3g} of the teacher's KV cache")
@@ -467,7 +472,9 @@ def _least_sum(groups: Sequence[GroupPlan], errors: Sequence[Mapping[int, float]
                 if spent <= budget and (spent not in step or total < step[spent][0]):
                     step[spent] = (total, [*choices, r])
         best = step
-    return min(best.values(), key=lambda item: item[0])
+    # ties go to the plan that keeps more dims (a cut that costs nothing measurable is no gain)
+    most = max(best, key=lambda spent: (-best[spent][0], spent))
+    return best[most]
 
 
 def student_arch(teacher: ArchConfig, layers: Sequence[LayerPlan]) -> ArchConfig:
@@ -491,7 +498,7 @@ def render_plan(plan: CompressionPlan) -> str:
         decisions = "  ".join(
             f"{g.count}x{g.qk_dim}->{g.reduced_qk_dim} (bound {g.error_bound:.3g}"
             + (f", measured {g.measured_error:.3g}" if g.measured_error is not None else "")
-            + (f", loss +{g.loss_increase:.3g}" if g.loss_increase is not None else "")
+            + (f", loss {g.loss_increase:+.3g}" if g.loss_increase is not None else "")
             + ")" for g in layer.groups) or "-"
         ranks = ",".join(str(s.effective_rank) for s in layer.spectra) or "-"
         rows.append([layer.index, layer.attention, layer.heads, _fmt(layer.logit_bound),

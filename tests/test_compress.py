@@ -344,3 +344,28 @@ def test_a_kv_cache_budget_plan_is_the_brute_force_optimum(rule: str) -> None:
         assert ((sum(errs),) if rule == "loss" else (max(errs), sum(errs))) == pytest.approx(best)
         assert [g.qk_dim for x in chosen.student.layers for g in x.heads] == got
         assert chosen.kv_cache == fraction
+
+
+def test_a_kv_cache_budget_counts_the_layers_it_cannot_cut() -> None:
+    """An mssa layer's cache is part of the teacher's and of every student's: the student of
+    ``--kv-cache F`` caches at most F of the teacher's whole KV cache; a model with nothing to
+    cut is refused in one line."""
+    from alloc.compression import GroupPlan, LayerPlan, plan_for_kv_cache
+
+    mhsa = LayerSpec("mhsa", (HeadGroup(4, 16, kv_heads=2),))
+    mssa = LayerSpec("mssa", (HeadGroup(2, 16),))
+    teacher = ArchConfig(d_model=32, max_seq_len=8, vocab_size=16, layers=(mhsa, mssa))
+    errors = {4: 0.5, 8: 0.2, 12: 0.1, 16: 0.0}
+    layers = (LayerPlan(0, "mhsa", "4x16kv2", 1.0, (GroupPlan(4, 16, 16, 16, errors, None,
+                                                              errors, 2),)),
+              LayerPlan(1, "mssa", "2x16", 1.0))
+    plan = CompressionPlan("x", 8, 0.1, 4, "loss", layers, teacher)
+    for fraction in (0.8, 0.9, 1.0):
+        student = plan_for_kv_cache(plan, fraction).student
+        assert student.kv_width <= fraction * teacher.kv_width
+    with pytest.raises(CompressionError, match="must be in"):
+        plan_for_kv_cache(plan, 0.5)
+    only = ArchConfig(d_model=32, max_seq_len=8, vocab_size=16, layers=(mssa,))
+    nothing = CompressionPlan("x", 8, 0.1, 4, "loss", (LayerPlan(0, "mssa", "2x16", 1.0),), only)
+    with pytest.raises(CompressionError, match="no query-key heads"):
+        plan_for_kv_cache(nothing, 0.9)

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -451,3 +452,22 @@ def test_profile_flags_that_cannot_work_are_refused_before_measuring(
     assert profile_main(["--checkpoint", str(llama_folder), *flags]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err
+
+
+def test_logit_statistics_are_the_same_one_window_at_a_time(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The statistics pass runs a long sample a few windows at a time (every head's T x T map
+    of a whole sample would not fit): bounds, entropies, inputs and norms do not change."""
+    import workers.measure as measure_module
+
+    loaded = load(saved(build("llama", num_key_value_heads=2), tmp_path / "m"))
+    whole = measure_module.measure(loaded.model, ids())
+    monkeypatch.setattr(measure_module, "STATS_CHUNK_BYTES", 1)  # one window per chunk
+    chunked = measure_module.measure(loaded.model, ids())
+    for layer_a, layer_b in zip(whole.groups, chunked.groups):
+        for (bound_a, entropy_a), (bound_b, entropy_b) in zip(layer_a, layer_b):
+            np.testing.assert_allclose(bound_b, bound_a, rtol=1e-6)
+            np.testing.assert_allclose(entropy_b, entropy_a, rtol=1e-9)
+    for a, b in zip(whole.inputs, chunked.inputs):
+        torch.testing.assert_close(a, b)
+    assert chunked.norms == pytest.approx(whole.norms)

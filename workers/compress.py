@@ -219,7 +219,7 @@ def write(args: argparse.Namespace, loaded: Loaded, student: Model, trainer: Tra
         if args.layout == "stock":
             assert loaded.config is not None  # check_output: a transformers teacher
             save = save_gpt2 if loaded.layout == "gpt2" else save_llama
-            save(student, loaded.config, args.out)
+            save(student, loaded.config, args.out, getattr(torch, dtype))
         else:
             compact_export().save_student(student, args.out, getattr(torch, dtype))
         return
@@ -267,7 +267,8 @@ def _fewer(before: int, after: int) -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog=f"python -m {PROG}", description=__doc__.split("\n\n")[1])
     p.add_argument("--checkpoint", type=Path, required=True,
-                   help="the teacher: a workers.train .pt or a GPT-2 layout folder")
+                   help="the teacher: a workers.train .pt, or a folder saved by transformers "
+                        "(GPT-2, Llama, Qwen2, Mistral) or by this command")
     p.add_argument("--plan", type=Path, required=True,
                    help="its profile (python -m alloc.profile --checkpoint ... --out)")
     p.add_argument("--out", type=Path, required=True,

@@ -52,13 +52,47 @@ class Measured:
     causal: bool = True
 
 
+STATS_CHUNK_BYTES = 256 << 20  # logit statistics: (windows, heads, T, T) maps at a time
+
+
 @torch.no_grad()
 def measure(model: Model, x: Tensor,
             reduce: Callable[[Tensor], Any] | None = None) -> Measured:
     """Run ``model`` on ids or vectors ``x`` recording each head group's logits
-    ``(B, H, T, T)`` (future entries -inf) reduced by ``reduce`` as they are computed (default
-    ``head_statistics``; pass ``lambda z: z`` to keep them whole) and each attention's input."""
-    recorder = LogitRecorder(head_statistics if reduce is None else reduce)
+    ``(B, H, T, T)`` (future entries -inf) reduced by ``reduce`` as they are computed, and each
+    attention's input ``(B, T, d [+ 1])``.
+
+    By default the reduction is ``head_statistics``, and the sample runs a few windows at a time
+    (at most ``STATS_CHUNK_BYTES`` of logits and their softmax), the chunks' statistics combined:
+    a long sample never holds every head's ``T x T`` map. A custom ``reduce`` (``lambda z: z``
+    keeps the logits whole) sees the whole sample in one pass."""
+    if reduce is not None:
+        return _measure_pass(model, x, reduce)
+    t = x.shape[1]
+    heads = max(g.count for layer in model.arch.layers for g in layer.heads)
+    per_window = 3 * 8 * heads * t * t  # the logits and two float64 copies of their softmax
+    chunks = list(x.split(max(1, STATS_CHUNK_BYTES // per_window)))
+    parts = [_measure_pass(model, chunk, head_statistics) for chunk in chunks]
+    weights = [len(chunk) for chunk in chunks]
+    groups = [[_combine_stats([part.groups[i][j] for part in parts], weights)
+               for j in range(len(parts[0].groups[i]))] for i in range(len(parts[0].groups))]
+    inputs = [torch.cat([part.inputs[i] for part in parts]) for i in range(len(parts[0].inputs))]
+    return Measured(groups, inputs, [max(part.norms[i] for part in parts)
+                                     for i in range(len(inputs))], model.arch.causal)
+
+
+def _combine_stats(stats: list[tuple[np.ndarray, np.ndarray]], windows: list[int]
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """Per head: the largest logit bound over chunks, and the mean entropy weighted by each
+    chunk's windows (every window of one length has the same rows)."""
+    bounds = np.max([b for b, _ in stats], axis=0)
+    entropy = np.average([e for _, e in stats], axis=0, weights=windows)
+    return bounds, entropy
+
+
+def _measure_pass(model: Model, x: Tensor, reduce: Callable[[Tensor], Any]) -> Measured:
+    """One forward of ``model`` on ``x`` with the recording kernel (see ``measure``)."""
+    recorder = LogitRecorder(reduce)
     inputs: list[Tensor] = []
     blocks = [model.block(i) for i in range(model.arch.n_layers)]
     kernels = [block.attn.kernel for block in blocks]

@@ -63,21 +63,22 @@ def gpt2_arch(config: dict[str, Any]) -> ArchConfig:
 
 
 def load_gpt2(folder: Path, config: dict[str, Any], source: str) -> Model:
-    """Our model of the GPT-2 folder ``folder`` (its ``config.json`` already read), every tensor
-    checked against the shape the config makes before it is read."""
+    """Our model of the GPT-2 folder ``folder`` (its ``config.json`` already read), built
+    without a random initialisation and filled one tensor at a time, each checked against the
+    shape the config makes before it is read."""
     arch = gpt2_arch(config)
-    model = build_model(arch)
-    expected = model.state_dict()
-    state: dict[str, Tensor] = {}
-    with TensorFolder(folder, source) as tensors:
+    with torch.device("meta"):
+        model = build_model(arch)
+    model = model.to_empty(device="cpu")
+    params = dict(model.named_parameters(remove_duplicate=False))
+    with torch.no_grad(), TensorFolder(folder, source) as tensors:
         prefix = "transformer." if any(n.startswith("transformer.") for n in tensors.names()) \
             else ""
         for ours, theirs, transpose in _pairs(arch):
-            shape = tuple(expected[ours].shape)
+            shape = tuple(params[ours].shape)
             value = tensors.get(prefix + theirs, shape[::-1] if transpose else shape)
-            state[ours] = value.T.contiguous() if transpose else value
-    state["head.weight"] = state["embed.weight"]  # tied
-    model.load_state_dict(state)
+            params[ours].copy_(value.T if transpose else value)
+    model.head.weight = model.embed.weight  # type: ignore[assignment]  # tied
     return model.eval()
 
 
@@ -104,10 +105,12 @@ def _pairs(arch: ArchConfig) -> list[tuple[str, str, bool]]:
     return pairs
 
 
-def save_gpt2(model: Model, config: dict[str, Any], folder: Path) -> None:
+def save_gpt2(model: Model, config: dict[str, Any], folder: Path,
+              dtype: torch.dtype | None = None) -> None:
     """Write ``model`` in the GPT-2 layout of ``config`` (``config.json`` copied). Heads with a
     reduced ``qk_dim`` are padded with zeros to the config's head width, and their query and key
-    maps scaled by ``(width / qk_dim) ** 0.25`` each, which keeps every logit."""
+    maps scaled by ``(width / qk_dim) ** 0.25`` each, which keeps every logit. ``dtype``: the
+    tensors' dtype in the file (default: as they are)."""
     from safetensors.torch import save_file
 
     arch, state = model.arch, model.state_dict()
@@ -119,6 +122,8 @@ def save_gpt2(model: Model, config: dict[str, Any], folder: Path) -> None:
     tensors = {f"transformer.{theirs}": (state[ours].T if transpose else state[ours])
                .detach().contiguous().clone() for ours, theirs, transpose in _pairs(arch)}
     folder.mkdir(parents=True, exist_ok=True)
+    if dtype is not None:  # the teacher's dtype: a stock student is the teacher's size
+        tensors = {k: v.to(dtype) for k, v in tensors.items()}
     save_file(tensors, str(folder / SAFETENSORS), metadata={"format": "pt"})
     write_atomic(folder / "config.json", json.dumps(config, indent=2))
 

@@ -283,11 +283,13 @@ def load_llama(folder: Path, config: dict[str, Any], source: str) -> Model:
     return model.eval()
 
 
-def save_llama(model: Model, config: dict[str, Any], folder: Path) -> None:
+def save_llama(model: Model, config: dict[str, Any], folder: Path,
+               dtype: torch.dtype | None = None) -> None:
     """Write ``model`` (the teacher's arch, or a student with fewer query-key pairs per head)
     in the stock layout of ``config``: cut pairs are zero rows at their place in the teacher's
     head, the query scaled by ``sqrt(head_dim / qk_dim)`` so that stock attention's
-    ``1 / sqrt(head_dim)`` gives the student's logits."""
+    ``1 / sqrt(head_dim)`` gives the student's logits. ``dtype``: the tensors' dtype in the file
+    (default: as they are)."""
     from safetensors.torch import save_file
 
     teacher = llama_arch(config)
@@ -305,7 +307,7 @@ def save_llama(model: Model, config: dict[str, Any], folder: Path) -> None:
     for ours, theirs in stock_pairs(teacher):
         rows = _split_sizes(teacher, ours, len(theirs)) or [state[ours].shape[0]]
         for part, name in zip(state[ours].split(rows), theirs):
-            tensors[name] = part.contiguous().clone()
+            tensors[name] = part.to(dtype or part.dtype).contiguous().clone()
     folder.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(folder / SAFETENSORS), metadata={"format": "pt"})
     write_atomic(folder / "config.json", json.dumps(config, indent=2))
