@@ -471,3 +471,30 @@ def test_logit_statistics_are_the_same_one_window_at_a_time(
     for a, b in zip(whole.inputs, chunked.inputs):
         torch.testing.assert_close(a, b)
     assert chunked.norms == pytest.approx(whole.norms)
+
+
+def test_a_stock_student_of_a_bfloat16_teacher_is_its_size(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]
+                                                             ) -> None:
+    """``--layout stock`` writes the teacher's dtype: the file is the teacher's size (and
+    ``--layout compact`` smaller), never a float32 copy of a bfloat16 model."""
+    from alloc.profile import main as profile_main
+    from workers.compress import main as compress_main
+
+    teacher = build("llama", num_key_value_heads=2).to(torch.bfloat16)
+    folder = saved(teacher, tmp_path / "bf16")
+    tokens = np.random.default_rng(0).integers(0, VOCAB, 30_000, dtype=np.uint16)
+    (tmp_path / "tokens").mkdir()
+    tokens[:25_000].tofile(tmp_path / "tokens" / "train.bin")
+    tokens[25_000:].tofile(tmp_path / "tokens" / "val.bin")
+    plan = tmp_path / "plan.yaml"
+    assert profile_main(["--checkpoint", str(folder), "--data", str(tmp_path / "tokens"),
+                         "--vocab-size", str(VOCAB), "--seq-len", str(SEQ), "--align", "4",
+                         "--sample-tokens", "1024", "--tolerance", "1", "--out", str(plan)]) == 0
+    for layout in ("stock", "compact"):
+        assert compress_main(["--checkpoint", str(folder), "--plan", str(plan), "--out",
+                              str(tmp_path / layout), "--layout", layout]) == 0
+    capsys.readouterr()
+    size = {name: (tmp_path / name / "model.safetensors").stat().st_size
+            for name in ("bf16", "stock", "compact")}
+    assert size["stock"] == size["bf16"] > size["compact"]

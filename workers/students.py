@@ -51,7 +51,7 @@ def build_student(teacher: Model, student_arch: ArchConfig,
     ranking) with their frequencies."""
     student = build_model(student_arch)
     state = teacher.state_dict()
-    maps = head_maps(teacher)
+    maps = [] if teacher.arch.positional == "rope" else head_maps(teacher)  # SVD's only
     for i, (old, new) in enumerate(zip(teacher.arch.layers, student_arch.layers)):
         if old.attention in SINGLE_WIDTH_KINDS or new == old:  # nothing cut: the teacher's rows
             continue
