@@ -44,6 +44,15 @@ def ids() -> torch.Tensor:
     return torch.randint(0, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(1))
 
 
+def token_folder(folder: Path) -> Path:
+    """nanoGPT-style ``train.bin`` / ``val.bin`` of random tokens below ``VOCAB``."""
+    tokens = np.random.default_rng(0).integers(0, VOCAB, 30_000, dtype=np.uint16)
+    folder.mkdir()
+    tokens[:25_000].tofile(folder / "train.bin")
+    tokens[25_000:].tofile(folder / "val.bin")
+    return folder
+
+
 def saved(model: Any, folder: Path, **kwargs: Any) -> Path:
     model.save_pretrained(folder, **kwargs)
     return folder
@@ -235,7 +244,6 @@ def test_profile_and_compress_a_llama_folder_into_a_smaller_student(
     ``workers.compress --out small/``; the student loads through ``AutoModelForCausalLM`` with
     ``trust_remote_code`` at its reduced shapes, with our student's logits, its safetensors
     smaller by the cut parameters, and a KV cache per token smaller by the cut key dims."""
-    import numpy as np
 
     from alloc.compression import CompressionPlan
     from alloc.profile import main as profile_main
@@ -243,10 +251,7 @@ def test_profile_and_compress_a_llama_folder_into_a_smaller_student(
     from workers.students import build_student, pair_orders
 
     teacher = load(saved(build("llama", num_key_value_heads=2), tmp_path / "llama"))
-    tokens = np.random.default_rng(0).integers(0, VOCAB, 30_000, dtype=np.uint16)
-    (tmp_path / "tokens").mkdir()
-    tokens[:25_000].tofile(tmp_path / "tokens" / "train.bin")
-    tokens[25_000:].tofile(tmp_path / "tokens" / "val.bin")
+    token_folder(tmp_path / "tokens")
     paths = {k: str(tmp_path / k) for k in ("llama", "tokens", "plan.yaml", "heads.png", "small")}
     assert profile_main(["--checkpoint", paths["llama"], "--data", paths["tokens"], "--out",
                          paths["plan.yaml"], "--plot", paths["heads.png"], "--seq-len",
@@ -326,8 +331,6 @@ def test_loss_rule_and_a_kv_cache_budget(llama_folder: Path, tmp_path: Path,
     KV cache is at most F of the teacher's."""
     import dataclasses
 
-    import numpy as np
-
     from alloc.compression import CompressionPlan
     from alloc.profile import main as profile_main
     from workers.measure import measure_model
@@ -351,10 +354,7 @@ def test_loss_rule_and_a_kv_cache_budget(llama_folder: Path, tmp_path: Path,
                                                            targets.flatten()))
         assert layer.loss_increases[0][8] == pytest.approx(loss(student) - loss(teacher.model),
                                                            abs=1e-6)
-    tokens = np.random.default_rng(0).integers(0, VOCAB, 30_000, dtype=np.uint16)
-    (tmp_path / "tokens").mkdir()
-    tokens[:25_000].tofile(tmp_path / "tokens" / "train.bin")
-    tokens[25_000:].tofile(tmp_path / "tokens" / "val.bin")
+    token_folder(tmp_path / "tokens")
     out = tmp_path / "plan.yaml"
     assert profile_main(["--checkpoint", str(llama_folder), "--data", str(tmp_path / "tokens"),
                          "--vocab-size", str(VOCAB), "--seq-len", str(SEQ), "--align", "4",
@@ -483,10 +483,7 @@ def test_a_stock_student_of_a_bfloat16_teacher_is_its_size(tmp_path: Path,
 
     teacher = build("llama", num_key_value_heads=2).to(torch.bfloat16)
     folder = saved(teacher, tmp_path / "bf16")
-    tokens = np.random.default_rng(0).integers(0, VOCAB, 30_000, dtype=np.uint16)
-    (tmp_path / "tokens").mkdir()
-    tokens[:25_000].tofile(tmp_path / "tokens" / "train.bin")
-    tokens[25_000:].tofile(tmp_path / "tokens" / "val.bin")
+    token_folder(tmp_path / "tokens")
     plan = tmp_path / "plan.yaml"
     assert profile_main(["--checkpoint", str(folder), "--data", str(tmp_path / "tokens"),
                          "--vocab-size", str(VOCAB), "--seq-len", str(SEQ), "--align", "4",
