@@ -92,15 +92,25 @@ def rope_frequencies(dim: int, theta: float) -> Tensor:
     return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
 
 
-def rotate(x: Tensor, inv_freq: Tensor) -> Tensor:
-    """RoPE in rotate-half form: pair ``i`` of a head is dims ``(i, i + dim/2)``, turned by
-    ``position * inv_freq[h, i]``. ``x``: (B, H, T, dim); ``inv_freq``: (H, dim/2)."""
-    t, half = x.shape[-2], x.shape[-1] // 2
-    positions = torch.arange(t, dtype=torch.float32, device=x.device)
-    angles = positions[None, :, None] * inv_freq[:, None, :].float()  # (H, T, dim/2)
-    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+def rope_tables(t: int, inv_freq: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """``cos`` and ``sin`` of ``position * inv_freq[h, i]`` for positions ``0..t-1``, each
+    (H, t, dim/2) (angles in float32, then ``dtype``); ``inv_freq``: (H, dim/2)."""
+    positions = torch.arange(t, dtype=torch.float32, device=inv_freq.device)
+    angles = positions[None, :, None] * inv_freq[:, None, :].float()
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def turn(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """RoPE in rotate-half form: pair ``i`` of a head is dims ``(i, i + dim/2)``, turned by the
+    angles of ``rope_tables``. ``x``: (B, H, T, dim)."""
+    half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+def rotate(x: Tensor, inv_freq: Tensor) -> Tensor:
+    """``x`` (B, H, T, dim) turned by RoPE with frequencies ``inv_freq`` (H, dim/2)."""
+    return turn(x, *rope_tables(x.shape[-2], inv_freq, x.dtype))
 
 
 def expand_kv(x: Tensor, count: int) -> Tensor:
@@ -153,9 +163,11 @@ class GroupedAttention(nn.Module):
         vs = v.split([kv * dv for _, _, dv, kv in self.groups], dim=-1)
         for j, ((count, qk, _, kv), qg, kg, vg) in enumerate(zip(self.groups, qs, ks, vs)):
             qh, kh, vh = _heads(qg, count), _heads(kg, kv), _heads(vg, kv)
-            if self.rope:
-                freqs = self.frequencies(j)
-                qh, kh = rotate(qh, expand_kv(freqs[None], count)[0]), rotate(kh, freqs)
+            if self.rope:  # one table per key/value head, shared by the query heads reading it
+                cos, sin = rope_tables(kh.shape[-2], self.frequencies(j), kh.dtype)
+                kh = turn(kh, cos, sin)
+                qh = turn(qh, cos.repeat_interleave(count // kv, 0),
+                          sin.repeat_interleave(count // kv, 0))
             if self.kernel is not sdpa:  # SDPA reads grouped keys itself; others see them whole
                 kh, vh = expand_kv(kh, count), expand_kv(vh, count)
             outs.append(_merge(self.kernel(qh, kh, vh, self.causal, 1.0 / math.sqrt(qk))))
