@@ -316,7 +316,7 @@ def test_pair_ranking_is_the_same_one_window_at_a_time(monkeypatch: pytest.Monke
 
     loaded = load(saved(build("llama", num_key_value_heads=2), tmp_path / "m"))
     whole = measure_module.measure_model(loaded.model, ids(), SEQ, 4, "ids")
-    monkeypatch.setattr(measure_module, "PAIR_CHUNK_BYTES", 1)  # one window per chunk
+    monkeypatch.setattr(measure_module, "CHUNK_BYTES", 1)  # one window per chunk
     chunked = measure_module.measure_model(loaded.model, ids(), SEQ, 4, "ids")
     for a, b in zip(whole.layers, chunked.layers):
         for x, y in zip(a.heads, b.heads):
@@ -462,7 +462,7 @@ def test_logit_statistics_are_the_same_one_window_at_a_time(
 
     loaded = load(saved(build("llama", num_key_value_heads=2), tmp_path / "m"))
     whole = measure_module.measure(loaded.model, ids())
-    monkeypatch.setattr(measure_module, "STATS_CHUNK_BYTES", 1)  # one window per chunk
+    monkeypatch.setattr(measure_module, "CHUNK_BYTES", 1)  # one window per chunk
     chunked = measure_module.measure(loaded.model, ids())
     for layer_a, layer_b in zip(whole.groups, chunked.groups):
         for (bound_a, entropy_a), (bound_b, entropy_b) in zip(layer_a, layer_b):

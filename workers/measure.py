@@ -31,7 +31,7 @@ from alloc.compression import (
     candidate_dims,
     plan_compression,
 )
-from arch import LayerSpec
+from arch import ArchConfig, LayerSpec
 from workers.attention import LogitRecorder, rotate
 from workers.checkpoints import load
 from workers.heads import HeadMap, head_maps
@@ -52,7 +52,14 @@ class Measured:
     causal: bool = True
 
 
-STATS_CHUNK_BYTES = 256 << 20  # logit statistics: (windows, heads, T, T) maps at a time
+# A long sample is measured a few windows at a time: at most this many bytes of per-window maps
+# (logits and their softmax, pair terms, output logits) at once.
+CHUNK_BYTES = 256 << 20
+
+
+def window_chunks(x: Tensor, bytes_per_window: int) -> list[Tensor]:
+    """``x`` (B, T, ...) split into chunks of windows whose maps fit ``CHUNK_BYTES``."""
+    return list(x.split(max(1, CHUNK_BYTES // bytes_per_window)))
 
 
 @torch.no_grad()
@@ -63,15 +70,14 @@ def measure(model: Model, x: Tensor,
     attention's input ``(B, T, d [+ 1])``.
 
     By default the reduction is ``head_statistics``, and the sample runs a few windows at a time
-    (at most ``STATS_CHUNK_BYTES`` of logits and their softmax), the chunks' statistics combined:
+    (at most ``CHUNK_BYTES`` of logits and their softmax), the chunks' statistics combined:
     a long sample never holds every head's ``T x T`` map. A custom ``reduce`` (``lambda z: z``
     keeps the logits whole) sees the whole sample in one pass."""
     if reduce is not None:
         return _measure_pass(model, x, reduce)
     t = x.shape[1]
     heads = max(g.count for layer in model.arch.layers for g in layer.heads)
-    per_window = 3 * 8 * heads * t * t  # the logits and two float64 copies of their softmax
-    chunks = list(x.split(max(1, STATS_CHUNK_BYTES // per_window)))
+    chunks = window_chunks(x, 3 * 8 * heads * t * t)  # logits, two float64 copies of softmax
     parts = [_measure_pass(model, chunk, head_statistics) for chunk in chunks]
     weights = [len(chunk) for chunk in chunks]
     groups = [[_combine_stats([part.groups[i][j] for part in parts], weights)
@@ -152,9 +158,6 @@ class PairRanking:
     errors: dict[int, dict[int, float]] | None = None  # query head -> rank -> error
 
 
-PAIR_CHUNK_BYTES = 128 << 20  # one (windows, T, T) float64 map of pair terms at a time
-
-
 def _rotated(head: HeadMap, x: Tensor) -> tuple[Tensor, Tensor]:
     """The head's queries and keys after RoPE on inputs ``x`` (B, T, d): (B, T, 2, qk/2) each,
     pair ``i`` at ``[..., :, i]``."""
@@ -169,12 +172,6 @@ def _rotated(head: HeadMap, x: Tensor) -> tuple[Tensor, Tensor]:
 def _pair_term(q: Tensor, k: Tensor, pair: int) -> Tensor:
     """(B, T, T) logit term of one frequency pair (unscaled)."""
     return torch.einsum("bic,bjc->bij", q[..., pair], k[..., pair])
-
-
-def _window_chunks(x: Tensor) -> list[Tensor]:
-    """``x`` (B, T, d) in chunks of windows whose (T, T) maps fit ``PAIR_CHUNK_BYTES``."""
-    per_window = 8 * x.shape[1] ** 2
-    return list(x.split(max(1, PAIR_CHUNK_BYTES // per_window)))
 
 
 @torch.no_grad()
@@ -199,7 +196,7 @@ def rank_pairs(heads: Sequence[HeadMap], x: Tensor | None, ranks: Sequence[int],
     hidden = future_mask(t) if causal else torch.zeros(t, t, dtype=torch.bool)
     pairs = heads[0].a.shape[1] // 2
     scale = 1.0 / math.sqrt(2 * pairs)
-    chunks = _window_chunks(x.double())
+    chunks = window_chunks(x.double(), 3 * 8 * t * t)  # full, cut and running (T, T) maps
     score = np.zeros(pairs)
     for chunk in chunks:
         for h in heads:
@@ -293,7 +290,6 @@ def measure_model(model: Model, x: Tensor | None, seq_len: int, align: int,
                                  sample if x is not None else None)
 
 
-LOGITS_CHUNK_BYTES = 256 << 20  # the sample's logits are formed a few windows at a time
 IGNORE = -100  # a target that does not count
 
 
@@ -301,10 +297,9 @@ IGNORE = -100  # a target that does not count
 def sample_loss(model: Model, x: Tensor, targets: Tensor) -> float:
     """Mean cross-entropy of ``model`` on ids ``x`` against ``targets`` (B, T; ``IGNORE`` where
     a position does not count)."""
-    vocab = model.arch.vocab_size or 1
-    per_chunk = max(1, LOGITS_CHUNK_BYTES // (4 * x.shape[1] * vocab))
+    per_window = 4 * x.shape[1] * (model.arch.vocab_size or 1)  # float32 output logits
     total = 0.0
-    for xs, ys in zip(x.split(per_chunk), targets.split(per_chunk)):
+    for xs, ys in zip(window_chunks(x, per_window), window_chunks(targets, per_window)):
         logits = model(xs)
         total += float(torch.nn.functional.cross_entropy(
             logits.reshape(-1, logits.shape[-1]), ys.reshape(-1), ignore_index=IGNORE,
@@ -317,28 +312,30 @@ def loss_sensitivity(model: Model, x: Tensor, targets: Tensor, layers: list[Laye
     """``layers`` with each head group's loss increase on the sample at each candidate
     ``qk_dim``, every other group kept (docs/theory.md §10.3): the student of that cut alone,
     built as ``workers.compress`` builds it (the SVD, or the measured pair ranking)."""
-    from workers.students import build_student
+    from workers.students import build_student, rankings
 
     base = sample_loss(model, x, targets)
-    orders = {(m.index, h.group, h.head // (g.count // g.kv_heads)): h.pairs
-              for m in layers for h in m.heads if h.pairs
-              for g in (model.arch.layers[m.index].heads[h.group],)}
+    orders = rankings(model.arch, ((m.index, h) for m in layers for h in m.heads))
     out = []
     for m in layers:
-        spec = model.arch.layers[m.index]
-        increases: list[dict[int, float]] = []
-        for j, g in enumerate(spec.heads if m.heads else ()):
-            increases.append({})
-            for r in candidate_dims(g.qk_dim, align):
-                cut = dataclasses.replace(spec, heads=tuple(
-                    dataclasses.replace(h, qk_dim=r) if k == j else h
-                    for k, h in enumerate(spec.heads)))
-                arch = dataclasses.replace(model.arch, layers=tuple(
-                    cut if i == m.index else x for i, x in enumerate(model.arch.layers)))
-                student = build_student(model, arch, orders)
-                increases[j][r] = 0.0 if r == g.qk_dim else sample_loss(student, x, targets) - base
+        increases = []
+        for j, g in enumerate(model.arch.layers[m.index].heads if m.heads else ()):
+            cuts = {r: sample_loss(build_student(model, _cut_alone(model.arch, m.index, j, r),
+                                                 orders), x, targets) - base
+                    for r in candidate_dims(g.qk_dim, align)[:-1]}
+            increases.append({**cuts, g.qk_dim: 0.0})  # the last candidate cuts nothing
         out.append(dataclasses.replace(m, loss_increases=tuple(increases)))
     return out
+
+
+def _cut_alone(arch: ArchConfig, layer: int, group: int, qk_dim: int) -> ArchConfig:
+    """``arch`` with group ``group`` of layer ``layer`` at ``qk_dim``, everything else kept."""
+    spec = arch.layers[layer]
+    heads = tuple(dataclasses.replace(g, qk_dim=qk_dim) if k == group else g
+                  for k, g in enumerate(spec.heads))
+    layers = list(arch.layers)
+    layers[layer] = dataclasses.replace(spec, heads=heads)
+    return dataclasses.replace(arch, layers=tuple(layers))
 
 
 def _head_measurements(maps: list[HeadMap], layer: LayerSpec, x: Tensor | None, causal: bool,

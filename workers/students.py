@@ -7,7 +7,8 @@ key/value head in the plan's ranking (§10.2), with their frequencies; everythin
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -32,15 +33,35 @@ def svd_factors(a: Tensor, b: Tensor, rank: int) -> tuple[Tensor, Tensor]:
 PairOrders = Mapping[tuple[int, int, int], Sequence[int]]
 
 
+class RankedHead(Protocol):
+    """A head as measured or planned: its group, index and RoPE pair ranking (may be empty)."""
+
+    @property
+    def group(self) -> int: ...
+
+    @property
+    def head(self) -> int: ...
+
+    @property
+    def pairs(self) -> tuple[int, ...]: ...
+
+
+def rankings(arch: ArchConfig, heads: Iterable[tuple[int, RankedHead]]
+             ) -> dict[tuple[int, int, int], tuple[int, ...]]:
+    """Each RoPE key/value head's pair ranking from ``(layer, head)`` entries (every query head
+    of a key/value head carries its ranking; empty without RoPE)."""
+    out: dict[tuple[int, int, int], tuple[int, ...]] = {}
+    for i, h in heads:
+        if h.pairs:
+            g = arch.layers[i].heads[h.group]
+            out[(i, h.group, h.head // (g.count // g.kv_heads))] = h.pairs
+    return out
+
+
 def pair_orders(plan: CompressionPlan) -> dict[tuple[int, int, int], tuple[int, ...]]:
     """The plan's ranking of each RoPE key/value head's frequency pairs (empty without RoPE)."""
-    out: dict[tuple[int, int, int], tuple[int, ...]] = {}
-    for layer in plan.layers:
-        for s in layer.spectra:
-            if s.pairs:
-                g = plan.student.layers[layer.index].heads[s.group]
-                out[(layer.index, s.group, s.head // (g.count // g.kv_heads))] = s.pairs
-    return out
+    return rankings(plan.student, ((layer.index, s) for layer in plan.layers
+                                   for s in layer.spectra))
 
 
 def build_student(teacher: Model, student_arch: ArchConfig,
