@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+import operator
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol, get_args
@@ -425,9 +426,8 @@ def plan_for_kv_cache(plan: CompressionPlan, fraction: float) -> CompressionPlan
     if not groups:
         raise CompressionError(f"--kv-cache {fraction:g}: the model has no query-key heads to "
                                "cut (mssa and mixit layers only)")
-    planned = sum(g.key_heads * (g.reduced_qk_dim + g.v_dim) for g in groups)
     # what no plan changes: the values, and the layers without query-key heads
-    fixed = plan.student.kv_width - planned + sum(g.key_heads * g.v_dim for g in groups)
+    fixed = plan.student.kv_width - sum(g.key_heads * g.reduced_qk_dim for g in groups)
     teacher_kv = fixed + sum(g.key_heads * g.qk_dim for g in groups)
     floor = fixed + sum(g.key_heads * min(g.error_bounds) for g in groups)
     budget = math.floor(fraction * teacher_kv + 1e-9) - fixed
@@ -453,13 +453,14 @@ def _budget_choice(groups: Sequence[GroupPlan], budget: int, rule: Rule) -> list
     errors."""
     errors = [{r: max(e, 0.0) for r, e in g.errors(rule).items()} for g in groups]
     if rule != "loss":  # the least achievable maximum first, then the least sum under it
-        worst = _least_sum(groups, errors, budget, combine=max)[0]
+        worst = _best_choices(groups, errors, budget, combine=max)[0]
         errors = [{r: e for r, e in es.items() if e <= worst} for es in errors]
-    return _least_sum(groups, errors, budget, combine=lambda a, b: a + b)[1]
+    return _best_choices(groups, errors, budget, combine=operator.add)[1]
 
 
-def _least_sum(groups: Sequence[GroupPlan], errors: Sequence[Mapping[int, float]], budget: int,
-               combine: Any) -> tuple[float, list[int]]:
+def _best_choices(groups: Sequence[GroupPlan], errors: Sequence[Mapping[int, float]],
+                  budget: int, combine: Callable[[float, float], float]
+                  ) -> tuple[float, list[int]]:
     """Dynamic programming over the groups: the least ``combine``-d error of choices that fit
     ``budget`` key units, and the choices."""
     best: dict[int, tuple[float, list[int]]] = {0: (0.0, [])}  # key units used -> best so far

@@ -184,8 +184,7 @@ def compress(args: argparse.Namespace) -> dict[str, Any]:
         config = TrainConfig(steps=max(1, args.finetune_steps), lr=args.lr,
                              batch_size=args.batch_size, eval_every=max(1, args.finetune_steps),
                              eval_batches=args.eval_batches, seed=args.seed, device="cpu")
-        trainer = Trainer(student_arch, task, config, checkpoint=args.out
-                          if args.out.suffix == ".pt" else None)
+        trainer = Trainer(student_arch, task, config, checkpoint=args.out if as_pt else None)
         trainer.model.load_state_dict(student.state_dict())
         if args.finetune_steps:
             trainer.run()

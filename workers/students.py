@@ -125,7 +125,7 @@ def _pair_rows(state: dict[str, Tensor], i: int, name: str, old: LayerSpec, new:
         if prefix + name + "." + suffix not in state:
             continue
         rows = state[prefix + name + "." + suffix]
-        q_all, k_all, rest = _split_qk(rows, old)
+        q_all, k_all, rest = split_qk(rows, old)
         queries, keys = [], []
         for j, (g_old, g_new) in enumerate(zip(old.heads, new.heads)):
             share = g_old.count // g_old.kv_heads
@@ -142,9 +142,10 @@ def _pair_rows(state: dict[str, Tensor], i: int, name: str, old: LayerSpec, new:
     return out
 
 
-def _split_qk(rows: Tensor, layer: LayerSpec) -> tuple[list[list[Tensor]], list[list[Tensor]],
+def split_qk(rows: Tensor, layer: LayerSpec) -> tuple[list[list[Tensor]], list[list[Tensor]],
                                                        Tensor]:
-    """Fused rows -> per group the rows of each query head, of each key head, and the rest."""
+    """Fused query/key[/value] rows (weights or biases) -> per group the rows of each query
+    head, of each key/value head's key, and the rest (the value rows)."""
     q_width = sum(g.count * g.qk_dim for g in layer.heads)
     k_width = sum(g.kv_heads * g.qk_dim for g in layer.heads)
     q, k, rest = rows.split([q_width, k_width, rows.shape[0] - q_width - k_width])

@@ -18,13 +18,23 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from arch import ArchConfig
 from workers.checkpoints.errors import CheckpointError
+from workers.model import Model, build_model
 
 SAFETENSORS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few KB; a larger one is not a config
 MAX_INDEX_BYTES = 64 << 20
 MAX_SHARDS = 10_000
+
+
+def empty_model(arch: ArchConfig) -> Model:
+    """The model of ``arch`` with uninitialised weights and buffers (built on the meta device:
+    no random initialisation of what the checkpoint is about to overwrite)."""
+    with torch.device("meta"):
+        model = build_model(arch)
+    return model.to_empty(device="cpu")
 
 
 def is_model_folder(path: Path) -> bool:

@@ -21,8 +21,8 @@ from torch import Tensor
 from arch import ArchConfig, ConfigError, HeadGroup, LayerSpec
 from common.files import write_atomic
 from workers.checkpoints.errors import CheckpointError
-from workers.checkpoints.folder import SAFETENSORS, TensorFolder
-from workers.model import Model, build_model
+from workers.checkpoints.folder import SAFETENSORS, TensorFolder, empty_model
+from workers.model import Model
 
 # --- GPT-2 layout -----------------------------------------------------------------------------
 
@@ -67,9 +67,7 @@ def load_gpt2(folder: Path, config: dict[str, Any], source: str) -> Model:
     without a random initialisation and filled one tensor at a time, each checked against the
     shape the config makes before it is read."""
     arch = gpt2_arch(config)
-    with torch.device("meta"):
-        model = build_model(arch)
-    model = model.to_empty(device="cpu")
+    model = empty_model(arch)
     params = dict(model.named_parameters(remove_duplicate=False))
     with torch.no_grad(), TensorFolder(folder, source) as tensors:
         prefix = "transformer." if any(n.startswith("transformer.") for n in tensors.names()) \

@@ -28,8 +28,9 @@ from arch.config import MAX_DEPTH, MAX_WIDTH
 from common.files import write_atomic
 from workers.attention import MultiHeadAttention, rope_frequencies
 from workers.checkpoints.errors import CheckpointError
-from workers.checkpoints.folder import SAFETENSORS, TensorFolder
-from workers.model import Model, build_model
+from workers.checkpoints.folder import SAFETENSORS, TensorFolder, empty_model
+from workers.model import Model
+from workers.students import split_qk
 
 FAMILIES = ("llama", "mistral", "qwen2")
 MAX_CONTEXT = 1 << 22  # positions: a bound on what a config.json may claim
@@ -263,9 +264,7 @@ def load_llama(folder: Path, config: dict[str, Any], source: str) -> Model:
     """Our model of a Llama-family folder, read one tensor at a time (each checked against the
     shape its ``config.json`` makes before it is read)."""
     arch = llama_arch(config)
-    with torch.device("meta"):  # no random init of a model that is about to be overwritten
-        model = build_model(arch)
-    model = model.to_empty(device="cpu")
+    model = empty_model(arch)
     with torch.no_grad(), TensorFolder(folder, source) as tensors:
         params = dict(model.named_parameters(remove_duplicate=False))
         for ours, theirs in stock_pairs(arch):
@@ -318,24 +317,19 @@ def padded_rope_qkv(rows: Tensor, attn: MultiHeadAttention, layer: LayerSpec,
     """The teacher-shaped fused query/key/value rows (weights ``(n, d)`` or biases ``(n,)``) of
     a student layer: each key/value head's kept pairs go back to the teacher's pair positions
     (found by their frequencies among the teacher's, ``standard``), zeros elsewhere."""
-    q, k, v = rows.split([attn.qk_width, attn.k_width, attn.v_width])
-    queries, keys, offset_q, offset_k = [], [], 0, 0
+    queries, keys, values = split_qk(rows, layer)
+    padded_q, padded_k = [], []
     for j, g in enumerate(layer.heads):
         if g.v_dim != full.v_dim or g.count // g.kv_heads != full.count // full.kv_heads:
             raise CheckpointError(f"layer heads {layer.heads_str}: the stock layout keeps "
                                   f"{full} heads; only qk_dim may be lower")
-        freqs = attn.frequencies(j)  # (kv, qk/2)
-        share = g.count // g.kv_heads
-        for h in range(g.kv_heads):
-            place = _pair_places(freqs[h], standard)
-            scale = math.sqrt(full.qk_dim / g.qk_dim)
-            for _ in range(share):
-                queries.append(_scatter(q[offset_q:offset_q + g.qk_dim] * scale, place,
-                                        full.qk_dim))
-                offset_q += g.qk_dim
-            keys.append(_scatter(k[offset_k:offset_k + g.qk_dim], place, full.qk_dim))
-            offset_k += g.qk_dim
-    return torch.cat([*queries, *keys, v])
+        share, scale = g.count // g.kv_heads, math.sqrt(full.qk_dim / g.qk_dim)
+        for kv, freqs in enumerate(attn.frequencies(j)):  # (qk/2,) per key/value head
+            place = _pair_places(freqs, standard)
+            padded_q += [_scatter(q * scale, place, full.qk_dim)
+                         for q in queries[j][kv * share:(kv + 1) * share]]
+            padded_k.append(_scatter(keys[j][kv], place, full.qk_dim))
+    return torch.cat([*padded_q, *padded_k, values])
 
 
 def _pair_places(kept: Tensor, standard: Tensor) -> Tensor:
