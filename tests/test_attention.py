@@ -222,3 +222,25 @@ def test_grouped_query_attention_is_mhsa_with_shared_key_value_heads(positional:
     torch.testing.assert_close(gqa(x), full(x), atol=1e-6, rtol=1e-5)
     gqa.kernel = LogitRecorder()
     torch.testing.assert_close(gqa(x), full(x), atol=1e-6, rtol=1e-5)
+
+
+def test_a_rope_checkpoint_written_before_saved_frequencies_loads_with_the_standard_ones(
+) -> None:
+    """RoPE frequencies are saved buffers now; a state dict without them (an older checkpoint)
+    still loads strictly and computes with RoPE's standard frequencies."""
+    from workers.model import build_model
+
+    layer = LayerSpec("mhsa", (HeadGroup(4, 8, kv_heads=2),))
+    arch = ArchConfig(d_model=16, layers=(layer,), max_seq_len=12, vocab_size=11,
+                      positional="rope", rope_theta=500.0)
+    model = build_model(arch).eval()
+    old = {k: v for k, v in model.state_dict().items() if "inv_freq" not in k}
+    assert len(old) < len(model.state_dict())
+    fresh = build_model(arch)
+    with torch.no_grad():
+        fresh.block(0).attn.frequencies(0).mul_(3.0)  # not the standard ones before loading
+    fresh.load_state_dict(old)  # strict: the missing buffers are filled, not reported
+    x = torch.randint(0, 11, (2, 12))
+    torch.testing.assert_close(fresh.eval()(x), model(x))
+    torch.testing.assert_close(fresh.block(0).attn.frequencies(0),
+                               rope_frequencies(8, 500.0).expand(2, -1))

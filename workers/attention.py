@@ -137,17 +137,23 @@ class GroupedAttention(nn.Module):
         self.kernel = kernel
         self.index = index
         self.rope = arch.positional == "rope"
+        self.rope_theta = arch.rope_theta
         if self.rope:
-            for j, (_, qk, _, kv) in enumerate(self.groups):
-                freqs = rope_frequencies(qk, arch.rope_theta).expand(kv, -1).clone()
+            for j, freqs in enumerate(self.standard_frequencies()):
                 self.register_buffer(f"inv_freq{j}", freqs)
-            self.register_load_state_dict_pre_hook(self._standard_frequencies)
+            self.register_load_state_dict_pre_hook(self._fill_frequencies)
 
-    def _standard_frequencies(self, module: nn.Module, state: dict[str, Tensor], prefix: str,
-                              *_: Any) -> None:
-        for name, buffer in self.named_buffers(recurse=False):
-            if name.startswith("inv_freq"):
-                state.setdefault(prefix + name, buffer)
+    def standard_frequencies(self) -> list[Tensor]:
+        """Per group, RoPE's standard frequencies in every key/value head's row."""
+        return [rope_frequencies(qk, self.rope_theta).expand(kv, -1).clone()
+                for _, qk, _, kv in self.groups]
+
+    def _fill_frequencies(self, module: nn.Module, state: dict[str, Tensor], prefix: str,
+                          *_: Any) -> None:
+        """A state dict without the frequencies (written before they were saved) loads with
+        the standard ones."""
+        for j, freqs in enumerate(self.standard_frequencies()):
+            state.setdefault(f"{prefix}inv_freq{j}", freqs)
 
     def frequencies(self, j: int) -> Tensor:
         """(kv_heads, qk_dim / 2) RoPE frequencies of group ``j``."""
