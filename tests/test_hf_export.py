@@ -168,8 +168,12 @@ def test_cache_gives_the_logits_of_a_full_pass(name: str, tmp_path: Path) -> Non
     torch.testing.assert_close(torch.cat(parts, dim=1), full, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["gqa_rope", "qwen_like", "sinusoidal_frozen"])
+@pytest.mark.parametrize("name", ["gpt2_like", "gqa_rope", "qwen_like", "sinusoidal_frozen"])
 def test_greedy_generation_with_and_without_cache(name: str, tmp_path: Path) -> None:
+    """Every positional kind (learned, RoPE, sinusoidal) generates the same tokens with and
+    without its cache, and the cache generate returns holds every position but the last: the
+    model really decoded from it (a model that ignored the cache it was handed would decode
+    each step at position 0 and return an empty one)."""
     arch = ARCHS[name]
     model = trained_like(arch)
     save_student(model, tmp_path / "student")
@@ -178,12 +182,17 @@ def test_greedy_generation_with_and_without_cache(name: str, tmp_path: Path) -> 
                            generator=torch.Generator().manual_seed(3))
     new = arch.max_seq_len - 4
     with torch.no_grad():
-        cached = student.generate(prompt, max_new_tokens=new, do_sample=False, use_cache=True,
-                                  pad_token_id=0)
+        out = student.generate(prompt, max_new_tokens=new, do_sample=False, use_cache=True,
+                               pad_token_id=0, return_dict_in_generate=True)
         uncached = student.generate(prompt, max_new_tokens=new, do_sample=False,
                                     use_cache=False, pad_token_id=0)
+        cached = out.sequences
         assert cached.shape == (2, arch.max_seq_len)
         assert torch.equal(cached, uncached)
+        # transformers names the returned cache ``cache`` from 5.24 on, before
+        # ``past_key_values``.
+        cache = out["cache"] if "cache" in out else out["past_key_values"]
+        assert cache.get_seq_length() == arch.max_seq_len - 1
         # Our model's own greedy choices, one token at a time.
         ids = prompt
         for _ in range(new):

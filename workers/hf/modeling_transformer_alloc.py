@@ -42,6 +42,10 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 MODEL_TYPE = "transformer_alloc"
 ATTENTION_KINDS = ("mhsa", "frozen_qk")
+# The output's cache field: ``cache`` from transformers 5.24 on, ``past_key_values`` before
+# (generation reads the field its own version names).
+CACHE_FIELD = next(name for name in ("cache", "past_key_values")
+                   if name in CausalLMOutputWithPast.__dataclass_fields__)
 
 
 class TransformerAllocConfig(PretrainedConfig):
@@ -49,7 +53,8 @@ class TransformerAllocConfig(PretrainedConfig):
     fields repeat what ``transformers`` reads (vocabulary, width, depth, length, tying)."""
 
     model_type = MODEL_TYPE
-    keys_to_ignore_at_inference = ["past_key_values"]  # noqa: RUF012 (transformers' class API)
+    keys_to_ignore_at_inference = ["cache", "past_key_values"]  # noqa: RUF012 (transformers'
+    # class API; both names of the cache, see CACHE_FIELD)
 
     arch: dict[str, Any] | None = None
     vocab_size: int = 1
@@ -322,19 +327,25 @@ class TransformerAllocForCausalLM(TransformerAllocPreTrainedModel, GenerationMix
         return self.head
 
     def forward(self, input_ids: Tensor | None = None, attention_mask: Tensor | None = None,
-                labels: Tensor | None = None, past_key_values: Cache | None = None,
-                use_cache: bool | None = None, **kwargs: Any) -> CausalLMOutputWithPast:
+                labels: Tensor | None = None, cache: Cache | None = None,
+                use_cache: bool | None = None, past_key_values: Cache | None = None,
+                **kwargs: Any) -> CausalLMOutputWithPast:
         """Ids (B, T) -> logits (B, T, vocab); with ``labels`` (B, T), the next-token loss
-        (shifted inside, -100 ignored). Tokens follow the ``past_key_values`` cached ones."""
+        (shifted inside, -100 ignored). Tokens follow the cached ones: ``transformers`` passes
+        the cache as ``cache`` from 5.24 on and as ``past_key_values`` before, so both are
+        read (and the output names it as the installed version's output class does)."""
         if input_ids is None:
             raise ValueError("input_ids is required (inputs_embeds is not supported)")
         if attention_mask is not None and not bool(attention_mask.bool().all()):
             raise ValueError("attention_mask with zeros (padding) is not supported: pass "
                              "unpadded sequences of equal length")
+        if cache is not None and past_key_values is not None and cache is not past_key_values:
+            raise ValueError("cache and past_key_values: pass one key/value cache")
+        cache = cache if cache is not None else past_key_values
         use_cache = self.config.use_cache if use_cache is None else use_cache
-        if past_key_values is None and use_cache:
-            past_key_values = DynamicCache(config=self.config)
-        start = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if cache is None and use_cache:
+            cache = DynamicCache(config=self.config)
+        start = cache.get_seq_length() if cache is not None else 0
         t = input_ids.shape[1]
         if start + t > self.max_seq_len:
             raise ValueError(f"sequence length {start + t} exceeds max_seq_len "
@@ -345,14 +356,15 @@ class TransformerAllocForCausalLM(TransformerAllocPreTrainedModel, GenerationMix
         elif self.positional == "sinusoidal":
             h = h + sinusoidal(start, t, h.shape[-1], h.device).to(h.dtype)
         for block in self.blocks:
-            h = block(h, start, past_key_values)
+            h = block(h, start, cache)
         logits = self.head(self.norm(h))
         loss = None
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels,
                                       vocab_size=self.config.vocab_size, **kwargs)
-        return CausalLMOutputWithPast(loss=loss, logits=logits,
-                                      past_key_values=past_key_values if use_cache else None)
+        fields: dict[str, Any] = {"loss": loss, "logits": logits,
+                                  CACHE_FIELD: cache if use_cache else None}
+        return CausalLMOutputWithPast(**fields)
 
 
 __all__ = ["TransformerAllocConfig", "TransformerAllocForCausalLM"]
