@@ -29,7 +29,7 @@ from scipy.stats import spearmanr
 from alloc.constants import Constants, to_yaml
 from alloc.plan import Plan, PlanSettings, make_plan, predicted_error
 from arch import HeadGroup, LayerSpec
-from common.cli import Parser, add_format, check_writable, dump, fail, render_table
+from common.cli import Parser, add_format, check_writable, dump, fail, render_table, wrote
 from common.errors import TransformerAllocError
 from common.files import write_atomic
 
@@ -271,9 +271,10 @@ def main(argv: list[str] | None = None) -> int:
         from alloc.plot import plot_calibration  # matplotlib only when asked for
 
         plot_calibration(rep, args.plot)
+        wrote(PROG, args.plot)
     print(render(rep) if args.format == "table" else dump(rep, args.format))
     if args.out is not None:
-        print(f"wrote {args.out}; re-solve with: python -m alloc.solve --budget "
+        print(f"{PROG}: wrote {args.out}; re-solve with: python -m alloc.solve --budget "
               f"{settings.budget} --kernel {settings.kernel} --input-dim {settings.input_dim} "
               f"--seq-len {settings.seq_len} --align {settings.align} --constants {args.out}",
               file=sys.stderr)

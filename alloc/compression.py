@@ -23,6 +23,7 @@ import yaml
 
 from alloc.saturation import jacobian_bound
 from arch import ArchConfig, ConfigError, HeadGroup
+from arch.memory import kv_cache_bytes
 from common import torchside
 from common.cli import render_table
 from common.errors import TransformerAllocError
@@ -519,6 +520,12 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.3g}"
 
 
+# What each rule's error is, on the plot's axis.
+RULE_AXES = {"bound": "attention weight change (bound)",
+             "measured": "attention weight change\n(solid: measured, dotted: bound)",
+             "loss": "sample loss increase (nats per token)"}
+
+
 def plot_plan(plan: CompressionPlan, path: Path) -> None:
     """``heads.png``: every head's query-key spectrum; per layer the chosen ``qk_dim`` against
     the teacher's; and the error of each candidate ``qk_dim`` against the tolerance, the chosen
@@ -557,28 +564,35 @@ def _plot_dims(ax: Any, plan: CompressionPlan) -> None:
     ax.set_xticks([layer.index for layer in plan.layers])
     ax.set_xlabel("layer")
     ax.set_ylabel("qk_dim per head (outline: teacher, filled: chosen)")
-    ax.set_title(f"the plan: {plan.student.arch_id} from {plan.arch_id}")
+    cut = sum(g.key_heads * (g.qk_dim - g.reduced_qk_dim) for layer in plan.layers
+              for g in layer.groups)
+    kept = kv_cache_bytes(plan.student, "float32")
+    ax.set_title(f"qk_dim per head group\n(the student caches {kept / (kept + 4 * cut):.0%} "
+                 "of the teacher's keys and values)")
 
 
 def _plot_errors(ax: Any, plan: CompressionPlan) -> None:
-    for layer in plan.layers:
-        color = f"C{layer.index % 10}"
-        for j, group in enumerate(layer.groups):
-            label = f"layer {layer.index}" + (f" g{j}" if len(layer.groups) > 1 else "")
-            dims = sorted(group.error_bounds)
-            ax.plot(dims, [max(group.error_bounds[r], 1e-12) for r in dims], ":", color=color)
-            chosen = group.error_bound
-            if group.measured_errors is not None:
-                errors = group.measured_errors
-                ax.plot(dims, [max(errors[r], 1e-12) for r in dims], "-", color=color,
-                        label=label)
-                chosen = errors[group.reduced_qk_dim] if plan.rule == "measured" else chosen
-            ax.plot([group.reduced_qk_dim], [max(chosen, 1e-12)], "o", color=color,
-                    markersize=9, label=None if group.measured_errors is not None else label)
-    ax.axhline(plan.tolerance, color="k", linestyle="--", label=f"tolerance {plan.tolerance:g}")
+    """Each candidate ``qk_dim``'s error under the plan's rule (dotted: the bound, where the rule
+    measured something else), the chosen one marked, and the tolerance on the rule's axis."""
+    shown = [(layer.index, j, group, group.errors(plan.rule)) for layer in plan.layers
+             for j, group in enumerate(layer.groups)]
+    positive = [e for *_, errors in shown for e in errors.values() if e > 0]
+    floor = min(positive) / 10 if positive else 1e-12  # an exact candidate (0) sits on it
+    for index, j, group, errors in shown:
+        color = f"C{index % 10}"
+        dims = sorted(group.error_bounds)
+        if plan.rule == "measured":
+            ax.plot(dims, [max(group.error_bounds[r], floor) for r in dims], ":", color=color)
+        label = f"layer {index}" + (f" g{j}" if j or len(shown) > len(plan.layers) else "")
+        ax.plot(dims, [max(errors[r], floor) for r in dims], "-", color=color, label=label)
+        ax.plot([group.reduced_qk_dim], [max(errors[group.reduced_qk_dim], floor)], "o",
+                color=color, markersize=9)
+    if plan.kv_cache is None:
+        ax.axhline(plan.tolerance, color="k", linestyle="--",
+                   label=f"tolerance {plan.tolerance:g}")
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_yscale("log")
     ax.set_xlabel("candidate qk_dim")
-    ax.set_ylabel(f"max weight change (solid: measured, dotted: bound; rule {plan.rule})")
-    ax.set_title("attention error per qk_dim (o: chosen)")
+    ax.set_ylabel(RULE_AXES[plan.rule])
+    ax.set_title("error of each candidate qk_dim (o: chosen)")
     ax.legend(fontsize=7)

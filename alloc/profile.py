@@ -63,6 +63,7 @@ from common.cli import (
     number,
     parse_task_params,
     render_table,
+    wrote,
 )
 from common.errors import TransformerAllocError, UsageError
 from common.files import dump_yaml, read_yaml, write_atomic
@@ -414,20 +415,23 @@ def to_dict(profile: Profile, kernel_file: str = "", spectrum_file: str = "",
     return data
 
 
-def write_profile(profile: Profile, out: Path) -> dict[str, Any]:
+def write_profile(profile: Profile, out: Path) -> tuple[dict[str, Any], list[Path]]:
     """``out`` (YAML) and, beside it, ``<stem>.kernel.txt`` and ``<stem>.spectrum.txt`` (the
-    kernel and spectrum the allocator is given)."""
+    kernel and spectrum the allocator is given) and, with a pilot, ``<stem>.input.txt`` (the
+    first layer's input variances); returns the profile's data and the files written."""
     kernel, spectrum = out.with_suffix(".kernel.txt"), out.with_suffix(".spectrum.txt")
     chosen, inputs = profile.inputs, out.with_suffix(".input.txt")
     _write_values(kernel, "rho(s), s = 1, 2, ...", chosen.sources["kernel"], chosen.kernel)
     _write_values(spectrum, "singular values, decreasing", chosen.sources["spectrum"],
                   chosen.spectrum)
+    written = [out, kernel, spectrum]
     if chosen.input_variance is not None:
         _write_values(inputs, "variances, decreasing", chosen.sources["input_spectrum"],
                       chosen.input_variance)
+        written.append(inputs)
     data = to_dict(profile, kernel.name, spectrum.name, inputs.name)
     write_atomic(out, dump_yaml(data))
-    return data
+    return data, written
 
 
 def _write_values(path: Path, what: str, source: str, values: np.ndarray) -> None:
@@ -612,9 +616,11 @@ def main(argv: list[str] | None = None) -> int:
                                pilot_request(args, spec), announce)
     except TransformerAllocError as err:
         return fail(PROG, str(err))
-    data = write_profile(profile, args.out) if args.out else to_dict(profile)
+    data, written = write_profile(profile, args.out) if args.out else (to_dict(profile), [])
     if args.plot is not None:
         plot(profile, args.plot)
+        written.append(args.plot)
+    wrote(PROG, *written)
     print(render(data) if args.format == "table" else dump(data, args.format))
     return 0
 
@@ -698,8 +704,10 @@ def _main_checkpoint(args: argparse.Namespace) -> int:
               "R to assume them)", file=sys.stderr)
     if args.out is not None:
         write_atomic(args.out, plan.to_yaml())
+        wrote(PROG, args.out)
     if args.plot is not None:
         plot_plan(plan, args.plot)
+        wrote(PROG, args.plot)
     print(render_plan(plan) if args.format == "table" else dump(plan.to_dict(), args.format))
     return 0
 

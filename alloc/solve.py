@@ -22,7 +22,18 @@ from alloc.saturation import parse_spectrum
 from arch import ATTENTION_KINDS, POSITIONALS, SINGLE_WIDTH_KINDS, HeadGroup
 from arch.config import MAX_DEPTH, MAX_WIDTH
 from arch.kernels import KernelError, parse_kernel
-from common.cli import Parser, add_format, check_writable, dump, fail, int_in, number, render_table
+from common.cli import (
+    Parser,
+    add_force,
+    add_format,
+    check_writable,
+    dump,
+    fail,
+    int_in,
+    number,
+    render_table,
+    wrote,
+)
 from common.errors import TransformerAllocError, UsageError
 from common.files import write_atomic
 
@@ -103,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="positional encoding of the written architecture")
     add_format(p)
     p.add_argument("--out", type=Path, help="write the ArchConfig as YAML to this file")
+    add_force(p)
     p.add_argument("--plot", type=Path, help="write the trade-off plot (PNG) to this file")
     return p
 
@@ -278,9 +290,10 @@ def main(argv: list[str] | None = None) -> int:
         return fail(PROG, str(err))
     try:
         settings = settings_from_args(args)
-        for flag, path in (("--out", args.out), ("--plot", args.plot)):
-            if path is not None:
-                check_writable(flag, path)
+        if args.out is not None:
+            check_writable("--out", args.out, force=args.force)
+        if args.plot is not None:
+            check_writable("--plot", args.plot)
     except TransformerAllocError as err:
         return fail(PROG, str(err))
     try:
@@ -290,10 +303,12 @@ def main(argv: list[str] | None = None) -> int:
     rep = report(plan)
     if args.out is not None:
         write_atomic(args.out, plan.arch.to_yaml())
+        wrote(PROG, args.out)
     if args.plot is not None:
         from alloc.plot import plot_plan  # matplotlib only when asked for
 
         plot_plan(plan, args.plot)
+        wrote(PROG, args.plot)
     print(render(rep) if args.format == "table" else dump(rep, args.format), end="\n")
     return 0
 

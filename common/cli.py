@@ -7,6 +7,7 @@ results go to stdout as ``--format table|json|yaml``; ``--help`` shows each defa
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import sys
@@ -22,15 +23,26 @@ FORMATS = ("table", "json", "yaml")
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """Appends ``(default: X)`` to a flag's help unless the help already states its default or
-    there is none worth showing (``None``, ``False``, suppressed)."""
+    there is none worth showing (``None``, ``False``, suppressed); a flag without help text
+    still shows its default."""
+
+    def _format_action(self, action: argparse.Action) -> str:
+        if not action.help and _shows_default(action):
+            action = copy.copy(action)
+            action.help = "(default: %(default)s)"
+        return super()._format_action(action)
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
-        default = action.default
-        if ("default" in text or default in (None, False, argparse.SUPPRESS)
-                or action.option_strings == [] or (isinstance(default, list) and not default)):
+        if "default" in text or not _shows_default(action):
             return text
-        return f"{text} (default: %(default)s)" if text else "(default: %(default)s)"
+        return f"{text} (default: %(default)s)"
+
+
+def _shows_default(action: argparse.Action) -> bool:
+    default = action.default
+    return not (default is None or default is False or default == argparse.SUPPRESS
+                or action.option_strings == [] or (isinstance(default, list) and not default))
 
 
 class Parser(argparse.ArgumentParser):
@@ -106,9 +118,10 @@ def add_format(parser: argparse.ArgumentParser) -> None:
                         help="output format")
 
 
-def check_writable(flag: str, path: Path) -> None:
+def check_writable(flag: str, path: Path, force: bool | None = None) -> None:
     """Raise ``UsageError`` unless ``path`` can be created (its directory exists and its name
-    is one the file system takes)."""
+    is one the file system takes); with ``force`` False, also if it exists (a checkpoint or an
+    architecture file is never overwritten silently: ``--force`` says to)."""
     parent = path.parent if str(path.parent) else Path(".")
     shown = excerpt(str(path))
     try:
@@ -116,10 +129,23 @@ def check_writable(flag: str, path: Path) -> None:
             raise UsageError(f"{flag} {shown}: directory {excerpt(str(parent))} does not exist")
         if path.is_dir():
             raise UsageError(f"{flag} {shown}: is a directory, expected a file path")
+        if force is False and path.exists():
+            raise UsageError(f"{flag} {shown}: exists; pass --force to overwrite it")
     except OSError as err:  # a name too long, or a component that is not a directory
         raise UsageError(f"{flag} {shown}: not a usable path ({err.strerror})") from None
     if len(path.name.encode()) > 255:
         raise UsageError(f"{flag} {shown}: a file name is at most 255 bytes")
+
+
+def add_force(parser: argparse.ArgumentParser, what: str = "--out") -> None:
+    parser.add_argument("--force", action="store_true",
+                        help=f"overwrite an existing {what} (refused without)")
+
+
+def wrote(prog: str, *paths: Path | str) -> None:
+    """Say on stderr which files a command wrote (one line each)."""
+    for path in paths:
+        print(f"{prog}: wrote {path}", file=sys.stderr)
 
 
 def dump(data: Any, fmt: str) -> str:

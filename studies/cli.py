@@ -16,7 +16,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from common.cli import Parser, add_format, check_writable, dump, fail, int_in, render_table
+from common.cli import (
+    Parser,
+    add_force,
+    add_format,
+    check_writable,
+    dump,
+    fail,
+    int_in,
+    render_table,
+    wrote,
+)
 from common.errors import TransformerAllocError, UsageError
 from common.files import write_atomic
 from common.plots import new_figure, write_figure
@@ -51,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     export = sub.add_parser("export", parents=[with_study], help="a trial as an ArchConfig YAML")
     export.add_argument("--trial", type=int_in(0), help="trial number (default: the best)")
     export.add_argument("--out", type=Path, help="write the YAML here instead of stdout")
+    add_force(export)
     return p
 
 
@@ -71,7 +82,8 @@ def _trial_dict(t: query.TrialRecord) -> dict[str, Any]:
             "arch": t.arch.to_dict() if t.arch else None}
 
 
-def allocation_table(t: query.TrialRecord) -> str:
+def allocation_table(t: query.TrialRecord, metric: str = "value") -> str:
+    """A trial's per-layer allocation, headed by its ``metric`` (the study's task metric)."""
     from arch import attention_params
 
     assert t.arch is not None
@@ -79,7 +91,7 @@ def allocation_table(t: query.TrialRecord) -> str:
              f"{layer.mlp_ratio:g}" if layer.mlp_ratio else "-",
              f"{attention_params(layer, t.arch.d_model, t.arch.bias).total:,}"]
             for i, layer in enumerate(t.arch.layers)]
-    head = (f"trial {t.number}: value {t.value:.6g}, trainable params "
+    head = (f"trial {t.number}: {metric} {t.value:.6g}, trainable params "
             f"{t.params_trainable or 0:,}, steps {t.steps_reached if t.steps_reached else '-'}")
     table = render_table(["layer", "attention", "heads", "width", "mlp", "attn params"], rows,
                          right=[True, False, False, True, True, True])
@@ -108,14 +120,16 @@ def run(args: argparse.Namespace) -> str | Any:
     if args.command == "list":
         return _list(args, summaries)
     study = _study_name(args, summaries)
-    warning = next((query.record_warning(s) for s in summaries if s.name == study), None)
+    summary = next((s for s in summaries if s.name == study), None)
+    warning = query.record_warning(summary) if summary is not None else None
     if warning:
         print(warning, file=sys.stderr)
+    metric = str((summary.attrs if summary is not None else {}).get("metric") or "value")
     if args.command in ("best", "top"):
         _, winners = query.top(eng, study, 1 if args.command == "best" else args.k)
         if args.format != "table":
             return [_trial_dict(t) for t in winners]
-        text = "\n\n".join(allocation_table(t) for t in winners)
+        text = "\n\n".join(allocation_table(t, metric) for t in winners)
         best = winners[0].number
         storage = shlex.quote(redact(resolve_url(args.storage)))
         return (f"{text}\n\nexport: python -m studies export --storage {storage} --study "
@@ -123,11 +137,12 @@ def run(args: argparse.Namespace) -> str | Any:
     if args.command == "pareto":
         direction, front = query.pareto(eng, study, args.x)
         if args.plot is not None:
-            _plot_front(front, direction, study, args.plot, args.x)
+            _plot_front(front, direction, study, args.plot, args.x, metric)
+            wrote(PROG, args.plot)
         if args.format != "table":
             return [_trial_dict(t) for t in front]
         axis = "trainable params" if args.x == "params" else _axis_name(front, args.x)
-        return render_table(["trial", "value", axis, "heads per layer"],
+        return render_table(["trial", metric, axis, "heads per layer"],
                             [[t.number, f"{t.value:.6g}", f"{_axis_value(t, args.x):,}",
                               " ".join(x.heads_str for x in t.arch.layers) if t.arch else "-"]
                              for t in front], right=[True, True, True, False])
@@ -145,7 +160,7 @@ def run(args: argparse.Namespace) -> str | Any:
         result = query.theory(eng, study)
         if args.format != "table":
             return result
-        table = render_table(["trial", "predicted error", "measured"],
+        table = render_table(["trial", "predicted error", f"measured {metric}"],
                              [[p["number"], f"{p['predicted_error']:.6g}", f"{p['value']:.6g}"]
                               for p in result["trials"]], right=[True, True, True])
         if result["undefined"]:
@@ -155,7 +170,8 @@ def run(args: argparse.Namespace) -> str | Any:
     assert trial.arch is not None
     if args.out is not None:
         write_atomic(args.out, trial.arch.to_yaml())
-        return f"wrote trial {trial.number} of {study} to {args.out}"
+        wrote(PROG, args.out)
+        return f"trial {trial.number} of {study}: {trial.arch.describe()}"
     return trial.arch.to_yaml() if args.format == "table" else trial.arch.to_dict()
 
 
@@ -173,14 +189,15 @@ def _axis_name(front: list[query.TrialRecord], x: str) -> str:
 
 
 def _plot_front(front: list[query.TrialRecord], direction: str, study: str, path: Path,
-                x: str = "params") -> None:
+                x: str = "params", metric: str = "value") -> None:
     fig, ax = new_figure(1, (6, 4.2))
     xs = [_axis_value(t, x) for t in front]
     ax.plot(xs, [t.value or 0.0 for t in front], "o-")
     for t, at in zip(front, xs):
         ax.annotate(f"#{t.number}", (at, t.value or 0), fontsize=8)
     ax.set_xlabel(_axis_name(front, x))
-    ax.set_ylabel(f"objective ({direction.lower()})")
+    better = "higher" if direction.upper() == "MAXIMIZE" else "lower"
+    ax.set_ylabel(f"{metric} ({better} is better)")
     ax.set_title(f"Pareto front of {study}")
     write_figure(fig, path)
 
@@ -188,10 +205,10 @@ def _plot_front(front: list[query.TrialRecord], direction: str, study: str, path
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        for flag in ("plot", "out"):
-            path = getattr(args, flag, None)
-            if path is not None:
-                check_writable(f"--{flag}", path)
+        if getattr(args, "plot", None) is not None:
+            check_writable("--plot", args.plot)
+        if getattr(args, "out", None) is not None:
+            check_writable("--out", args.out, force=args.force)
         result = run(args)
     except TransformerAllocError as err:
         return fail(f"python -m {PROG}", str(err))

@@ -136,6 +136,26 @@ def test_profile_and_compress_our_checkpoint(teacher: tuple[Model, Path, torch.T
     assert ArchConfig.from_yaml((folder / "student.arch.yaml").read_text()) == loaded.arch
 
 
+def test_token_files_take_the_checkpoints_vocabulary(
+        teacher: tuple[Model, Path, torch.Tensor], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """nanoGPT .bin tokens without a meta file whose largest token is below the model's
+    vocabulary feed the model as they are (its vocabulary is the obvious one), no
+    --vocab-size needed; the result is the text corpus's."""
+    _, folder, _ = teacher
+    text = b"".join(f.read_bytes() for f in sorted(corpus(str(folder)).glob("*.txt")))
+    raw = np.frombuffer(text, dtype=np.uint8).astype(np.uint16)
+    assert raw.max() < 255
+    bins = tmp_path / "tokens"
+    bins.mkdir()
+    cut = int(0.9 * len(raw))
+    raw[:cut].tofile(bins / "train.bin")
+    raw[cut:].tofile(bins / "val.bin")
+    assert profile_main(["--checkpoint", str(folder / "lm.pt"), "--data", str(bins),
+                         "--sample-tokens", "2048", "--align", "4", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["layers"]
+
+
 def test_bad_inputs_are_one_line(teacher: tuple[Model, Path, torch.Tensor], tmp_path: Path,
                                  capsys: pytest.CaptureFixture[str]) -> None:
     _, folder, _ = teacher
@@ -288,7 +308,7 @@ def test_the_trainer_profile_and_compress_chain_on_a_task(
     assert solve_main(["--budget", "64", "--layers", "3", "--vocab-size", "64", "--out",
                        arch, "--product-order", "1"]) == 0
     task = ["--task", "lm", "--smoke-test"]
-    assert train_main(["--arch", arch, *task, "--checkpoint", ckpt, "--quiet"]) == 0
+    assert train_main(["--arch", arch, *task, "--out", ckpt, "--quiet"]) == 0
     assert profile_main(["--checkpoint", ckpt, *task, "--out", plan]) == 0
     assert "sample: --task lm" in capsys.readouterr().out
     assert compress_main(["--checkpoint", ckpt, "--plan", plan, *task, "--out", out,
@@ -297,12 +317,21 @@ def test_the_trainer_profile_and_compress_chain_on_a_task(
     report = json.loads(printed.out)
     assert report["task"] == "lm" and "svd" in report
     assert report["plan"]["reduces"] and "as large as the teacher" not in printed.err
+    # Weights are compared with weights: the teacher's .pt also holds AdamW's state (twice its
+    # weights), which must not count, so bytes shrink as the parameters do.
+    files, params = report["files"], report["params"]
+    assert files["student"] / files["teacher"] == pytest.approx(
+        params["student_total"] / params["teacher_total"], rel=0.01)
+    assert f"workers.compress: wrote {out}" in printed.err
     # Without a sample, the profile says in one line that it can plan no reduction, and
     # compress says that the student is not smaller.
     assert profile_main(["--checkpoint", ckpt, "--out", plan, "--format", "json"]) == 0
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no reduction can be planned without data" in err
-    assert compress_main(["--checkpoint", ckpt, "--plan", plan, *task, "--out", out]) == 0
+    assert compress_main(["--checkpoint", ckpt, "--plan", plan, *task, "--out", out]) == 2
+    assert "exists; pass --force to overwrite it" in capsys.readouterr().err  # a checkpoint
+    assert compress_main(["--checkpoint", ckpt, "--plan", plan, *task, "--out", out,
+                          "--force"]) == 0
     assert "the student is as large as the teacher" in capsys.readouterr().err
 
 

@@ -77,6 +77,13 @@ def test_bin_is_memory_mapped_and_its_vocabulary_found(tmp_path: Path) -> None:
     assert js.vocab_size == 80
     given = open_tokens(DataSpec(str(tmp_path / "b"), vocab_size=90), 65)
     assert given.vocab_size == 90  # the flag wins over meta.pkl
+    # A model's vocabulary (profiling or compressing a checkpoint) comes after the flag and the
+    # meta file, before the largest token + 1.
+    model = open_tokens(DataSpec(str(tmp_path / "a"), default_vocab=256), 65)
+    assert model.vocab_size == 256
+    assert open_tokens(DataSpec(str(tmp_path / "b"), default_vocab=256), 65).vocab_size == 100
+    with pytest.raises(DataError, match=r"token 69 >= vocabulary size 50 \(from the model's "):
+        open_tokens(DataSpec(str(tmp_path / "a"), default_vocab=50), 65)
     wide = open_tokens(DataSpec(str(write_bin(tmp_path / "d", train.astype(np.uint32) + 70000,
                                               val.astype(np.uint32) + 70000)),
                                 dtype="uint32"), 65)

@@ -205,7 +205,7 @@ def _trained(folder: Path) -> Path:
         arch.write_text("d_model: 16\nmax_seq_len: 8\ninput_dim: 1\n"
                         "layers:\n  - {attention: mhsa, heads: ['2x8'], mlp_ratio: 1}\n")
         for main, argv in ((train_main, ["--arch", str(arch), "--task", "lm", "--smoke-test",
-                                         "--steps", "2", "--checkpoint", str(folder / "c.pt"),
+                                         "--steps", "2", "--out", str(folder / "c.pt"),
                                          "--quiet"]),
                            (profile_main, ["--checkpoint", str(folder / "c.pt"), "--task", "lm",
                                            "--smoke-test", "--out", str(folder / "plan.yaml")])):
@@ -229,7 +229,7 @@ def test_workers_compress_command_lines(tmp_path_factory: object, argv: list[str
     folder = _trained(_folder(tmp_path_factory))
     if not _big(argv):
         run(compress_main, ["--checkpoint", "c.pt", "--plan", "plan.yaml", "--out", "s.pt",
-                            *argv], folder)
+                            "--force", *argv], folder)
 
 
 REACHED_RAY: list[list[str]] = []  # command lines whose every check passed

@@ -42,6 +42,21 @@ def test_out_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert sorted(p.name for p in tmp_path.iterdir()) == ["arch.yaml", "tradeoff.png"]
 
 
+def test_out_is_never_overwritten_silently(tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "arch.yaml"
+    assert main(["--budget", "512", "--out", str(out)]) == 0
+    assert capsys.readouterr().err == f"alloc.solve: wrote {out}\n"
+    before = out.read_text()
+    assert main(["--budget", "256", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("alloc.solve: error: --out ") and err.count("\n") == 1
+    assert err.endswith(": exists; pass --force to overwrite it\n")
+    assert out.read_text() == before
+    assert main(["--budget", "256", "--out", str(out), "--force"]) == 0
+    assert ArchConfig.from_yaml(out.read_text()).d_model == 256
+
+
 BAD = [
     (["--budget", "0"], "--budget: '0': must be an integer between 1 and 65536"),
     (["--layers", "3", "--logit-bounds", "4,4,4"],

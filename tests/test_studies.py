@@ -193,7 +193,7 @@ def test_cli_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
                  ["pareto", "--plot", str(tmp_path / "front.png")]):
         assert main([*argv, "--storage", url]) == 0, argv
     out, err = capsys.readouterr()
-    assert "trial 2: value 0.2" in out
+    assert "trial 2: mse 0.2" in out  # the study's metric by its name, as in the search's lines
     assert f"export: python -m studies export --storage {url} --study demo --trial 2" in out
     assert "warning" not in err  # a study of this version
     assert "Spearman" in out and (tmp_path / "front.png").read_bytes()[:4] == b"\x89PNG"
@@ -202,6 +202,13 @@ def test_cli_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     out_file = tmp_path / "arch.yaml"
     assert main(["export", "--storage", url, "--trial", "3", "--out", str(out_file)]) == 0
     assert ArchConfig.from_yaml(out_file.read_text()) == arch_with(8, layers=2)
+    assert f"studies: wrote {out_file}" in capsys.readouterr().err
+    # An architecture file is not overwritten without --force.
+    assert main(["export", "--storage", url, "--trial", "2", "--out", str(out_file)]) == 2
+    assert "exists; pass --force to overwrite it" in capsys.readouterr().err
+    assert ArchConfig.from_yaml(out_file.read_text()) == arch_with(8, layers=2)
+    assert main(["export", "--storage", url, "--trial", "2", "--out", str(out_file),
+                 "--force"]) == 0
 
 
 def test_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -292,7 +299,7 @@ def test_reading_commands_never_create_a_database(tmp_path: Path,
     shutil.copy(FROZEN, db)
     before = db.read_bytes()
     assert main(["best", "--storage", f"sqlite:///file:{db}?immutable=1&uri=true"]) == 0
-    assert "trial 2: value 0.2" in capsys.readouterr().out
+    assert "trial 2: mse 0.2" in capsys.readouterr().out
     assert db.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == [db.name]
 
 

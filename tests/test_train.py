@@ -157,7 +157,10 @@ def test_cli_runs_every_task_with_its_progress_bar(name: str, tmp_path: Path,
     (["--arch", "/nonexistent.yaml", "--task", "ngram"], "--arch '/nonexistent.yaml': cannot read"),
     (["--task", "ngram", "--task-param", "m_max=3"], "unknown parameter 'm_max' for task ngram"),
     (["--task", "ngram", "--task-param", "oops"], "--task-param 'oops': expected KEY=VALUE"),
-    (["--task", "ngram", "--resume"], "--resume: needs --checkpoint PATH"),
+    (["--task", "ngram", "--resume"], "--resume: needs --out PATH"),
+    # An input checkpoint is --checkpoint everywhere; the trainer's output is --out.
+    (["--task", "ngram", "--checkpoint", "run.pt"], "workers.train writes its checkpoint with "
+                                                    "--out PATH"),
 ])
 def test_cli_bad_input(argv: list[str], message: str, tmp_path: Path,
                        capsys: pytest.CaptureFixture[str]) -> None:
@@ -168,6 +171,37 @@ def test_cli_bad_input(argv: list[str], message: str, tmp_path: Path,
     assert main([*argv, "--quiet"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err, err
+
+
+def test_cli_never_overwrites_a_checkpoint_silently(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """An existing --out is refused before any work unless --resume continues it or --force
+    starts over; the file is untouched by the refusal."""
+    arch_file, out = tmp_path / "arch.yaml", tmp_path / "run.pt"
+    arch_file.write_text(arch(layers=1).to_yaml())
+    base = ["--arch", str(arch_file), "--task", "ngram", "--smoke-test", "--quiet",
+            "--out", str(out)]
+    assert main(base) == 0
+    assert f"wrote {out}" in capsys.readouterr().err
+    before = out.read_bytes()
+    assert main(base) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "exists; pass --force to overwrite it" in err
+    assert out.read_bytes() == before
+    assert main([*base, "--resume", "--steps", "30", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["steps"] == 30  # continued from step 20
+    assert main([*base, "--force", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["steps"] == 20  # started over
+
+
+def test_cli_flags_given_win_over_smoke_test(tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    arch_file = tmp_path / "arch.yaml"
+    arch_file.write_text(arch(layers=1).to_yaml())
+    assert main(["--arch", str(arch_file), "--task", "ngram", "--smoke-test", "--steps", "6",
+                 "--eval-every", "3", "--quiet", "--format", "json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["steps"] == 6 and [r["step"] for r in summary["history"]] == [3, 6]
 
 
 def test_cli_rejects_an_invalid_arch_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]

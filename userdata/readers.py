@@ -21,6 +21,7 @@ window, NaN) raises ``DataError`` with one line naming the file and the rule.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pickle
 from dataclasses import dataclass
@@ -50,6 +51,9 @@ class DataSpec:
     format: DataFormat | None = None  # None: from the path (``infer_format``)
     dtype: str = "uint16"  # bin only
     vocab_size: int | None = None  # bin only: overrides meta.pkl / the largest token
+    # bin only: the vocabulary without --vocab-size or a meta file (a trained model's, which
+    # the data feeds), before the largest token + 1
+    default_vocab: int | None = None
 
     def resolved(self) -> DataSpec:
         """The spec with an absolute path (Ray workers run elsewhere; on a cluster every node
@@ -62,7 +66,7 @@ class DataSpec:
         fmt = self.format or infer_format(path)
         if fmt not in FORMATS:
             raise DataError(f"--data-format {fmt!r}: must be one of {', '.join(FORMATS)}")
-        return DataSpec(str(path), fmt, self.dtype, self.vocab_size)
+        return dataclasses.replace(self, path=str(path), format=fmt)
 
 
 def infer_format(path: Path) -> DataFormat:
@@ -174,10 +178,13 @@ def _bin_tokens(spec: DataSpec, scan: bool) -> TokenData:
     if not scan and spec.vocab_size is not None:  # checked where the task was made
         return TokenData(splits["train"], splits["val"], spec.vocab_size, spec.path)
     largest = max(_max(a) for a in splits.values())
-    vocab = spec.vocab_size or _meta_vocab(folder) or largest + 1
+    meta = None if spec.vocab_size else _meta_vocab(folder)
+    vocab = spec.vocab_size or meta or spec.default_vocab or largest + 1
     if largest >= vocab:
+        source = ("--vocab-size" if spec.vocab_size else "meta.pkl/meta.json" if meta else
+                  "the model's vocabulary; give --vocab-size")
         raise DataError(f"--data {str(folder)!r}: token {largest} >= vocabulary size {vocab} "
-                        "(from --vocab-size or meta.pkl/meta.json)")
+                        f"(from {source})")
     return TokenData(splits["train"], splits["val"], int(vocab), spec.path)
 
 

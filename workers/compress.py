@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from arch import ArchConfig, TrainConfig, param_count
 from arch.memory import DTYPE_BYTES, kv_cache_bytes
 from common.cli import (
     Parser,
+    add_force,
     add_format,
     check_writable,
     dump,
@@ -36,6 +38,7 @@ from common.cli import (
     number,
     parse_task_params,
     render_table,
+    wrote,
 )
 from common.errors import TransformerAllocError, UsageError
 from common.files import write_atomic
@@ -113,16 +116,21 @@ def measure(model: Model, task: Task, batches: int) -> dict[str, float]:
 
 
 def check_output(args: argparse.Namespace, loaded: Loaded, student: ArchConfig) -> None:
-    """Refuse, before any work, an ``--out`` / ``--layout`` the teacher cannot be written as."""
+    """Refuse, before any work, an ``--out`` / ``--layout`` the teacher cannot be written as,
+    and an existing ``--out`` without ``--force``."""
     if args.out.suffix == ".pt":
         if args.layout is not None:
             raise UsageError(f"--layout {args.layout}: only for a folder --out (a .pt is a "
                              "workers.train checkpoint)")
-        check_writable("--out", args.out)
+        check_writable("--out", args.out, force=args.force)
+        check_writable("--out", args.out.with_suffix(".arch.yaml"), force=args.force)
         return
     if not args.out.parent.is_dir():
         raise UsageError(f"--out {str(args.out)!r}: directory {str(args.out.parent)!r} does "
                          "not exist")
+    if args.out.exists() and not args.force and (
+            not args.out.is_dir() or any(args.out.iterdir())):
+        raise UsageError(f"--out {str(args.out)!r}: exists; pass --force to replace it")
     if args.layout == "stock":
         if loaded.layout not in ("gpt2", "llama"):
             raise UsageError(f"--layout stock: keeps the teacher's transformers layout; this "
@@ -165,7 +173,7 @@ def compress(args: argparse.Namespace) -> dict[str, Any]:
     before, after = param_count(loaded.arch), param_count(student_arch)
     dtype = weights_dtype(loaded)
     report: dict[str, Any] = {
-        "checkpoint": str(args.checkpoint), "layout": loaded.layout,
+        "checkpoint": str(args.checkpoint), "layout": loaded.layout, "family": loaded.family,
         "out_layout": "pt" if as_pt else args.layout or "compact",
         "params": {"teacher": before.trainable, "student": after.trainable,
                    "teacher_total": before.total, "student_total": after.total},
@@ -194,6 +202,8 @@ def compress(args: argparse.Namespace) -> dict[str, Any]:
     report["files"] = {"teacher": weights_bytes(args.checkpoint),
                        "student": weights_bytes(args.out)}
     report["out"] = str(args.out)
+    report["written"] = [str(args.out)] + (
+        [str(args.out.with_suffix(".arch.yaml"))] if as_pt else [])
     return report
 
 
@@ -203,11 +213,28 @@ def weights_dtype(loaded: Loaded) -> str:
     return stored if stored in DTYPE_BYTES else "float32"
 
 
+# Bytes per element of the dtypes safetensors files hold.
+SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2,
+                     "I8": 1, "U8": 1, "BOOL": 1}
+
+
 def weights_bytes(path: Path) -> int:
-    """Bytes of a checkpoint's weights: a ``.pt``, or a folder's safetensors files."""
+    """Bytes of a checkpoint's weights alone, in the dtype they are stored in: a folder's
+    safetensors tensors, or a ``.pt``'s model state (not the optimizer state a training
+    checkpoint carries beside it)."""
     if path.is_dir():
-        return sum(f.stat().st_size for f in path.glob("*.safetensors"))
-    return path.stat().st_size
+        from safetensors import safe_open
+
+        total = 0
+        for file in sorted(path.glob("*.safetensors")):
+            with safe_open(str(file), "pt") as handle:
+                for key in handle.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                    tensor = handle.get_slice(key)
+                    total += math.prod(tensor.get_shape()) * SAFETENSORS_BYTES[
+                        tensor.get_dtype()]
+        return total
+    state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    return sum(t.numel() * t.element_size() for t in state["model"].values())
 
 
 def write(args: argparse.Namespace, loaded: Loaded, student: Model, trainer: Trainer | None,
@@ -234,7 +261,7 @@ def render(report: dict[str, Any]) -> str:
     # what the written student holds: the stock layout stores the teacher's shapes
     params, cache = ((p["teacher_total"], kv["teacher"]) if stock
                      else (p["student_total"], kv["student"]))
-    lines = [f"{report['checkpoint']} ({report['layout']}) -> {report['out']} "
+    lines = [f"{report['checkpoint']} ({report['family']}) -> {report['out']} "
              f"({report['out_layout']})",
              render_table(["", "parameters", "weights bytes", f"KV cache/token ({kv['dtype']})"],
                           [["teacher", f"{p['teacher_total']:,}", f"{files['teacher']:,}",
@@ -288,6 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int_in(1), default=32)
     p.add_argument("--eval-batches", type=int_in(1), default=8)
     p.add_argument("--seed", type=int_in(0), default=0)
+    add_force(p, "--out (a .pt and its .arch.yaml, or a folder)")
     add_format(p)
     return p
 
@@ -304,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
                   "" if report["plan"]["measured"] else
               "; profile with --data or --task so that a reduction can be measured"),
               file=sys.stderr)
+    wrote(PROG, *report["written"])
     print(render(report) if args.format == "table" else dump(report, args.format))
     return 0
 

@@ -23,7 +23,17 @@ import torch
 from torch import nn
 
 from arch import OPTIMIZERS, ArchConfig, ConfigError, TrainConfig
-from common.cli import Parser, add_format, dump, fail, int_in, number
+from common.cli import (
+    Parser,
+    add_force,
+    add_format,
+    check_writable,
+    dump,
+    fail,
+    int_in,
+    number,
+    wrote,
+)
 from common.errors import TransformerAllocError, UsageError
 from workers.checkpoints import CheckpointError
 from workers.model import build_model, count_params, maybe_compile
@@ -164,8 +174,8 @@ class Trainer:
         # weights_only: a checkpoint is tensors, dicts and numbers; never unpickle code
         state = torch.load(path, map_location=self.device, weights_only=True)
         if state["arch"] != self.arch.to_dict() or state["task"] != describe_task(self.task):
-            raise CheckpointError(f"--checkpoint {str(path)!r}: written for another "
-                             "architecture or task; use a new path")
+            raise CheckpointError(f"checkpoint {str(path)!r}: written for another architecture "
+                                  "or task; write to a new --out, or --force to start over")
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.step, self.tokens, self.train_time = state["step"], state["tokens"], state["time"]
@@ -270,23 +280,30 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ArchConfig YAML/JSON (python -m alloc.solve --out writes one); its "
                         "input/output and length are wired to the task")
     add_task_args(p)
-    p.add_argument("--size", choices=("smoke", "paper"), default="paper", help="task size")
-    p.add_argument("--steps", type=int_in(1), default=d.steps)
-    p.add_argument("--batch-size", type=int_in(1), default=d.batch_size)
+    p.add_argument("--size", choices=("smoke", "paper"),
+                   help="task size (default: paper; smoke with --smoke-test)")
+    for flag, kind in (("--steps", int_in(1)), ("--batch-size", int_in(1)),
+                       ("--eval-every", int_in(1)), ("--eval-batches", int_in(1))):
+        key = flag[2:].replace("-", "_")
+        p.add_argument(flag, type=kind, help=f"(default: {getattr(d, key)}; {SMOKE[key]} with "
+                                             "--smoke-test)")
     p.add_argument("--lr", type=number(0, strict=True), default=d.lr)
     p.add_argument("--optimizer", choices=OPTIMIZERS, default=d.optimizer)
     p.add_argument("--weight-decay", type=number(0), default=d.weight_decay)
     p.add_argument("--warmup", type=number(0), default=d.warmup, help="fraction of steps")
     p.add_argument("--grad-clip", type=number(0, strict=True), default=d.grad_clip)
-    p.add_argument("--eval-every", type=int_in(1), default=d.eval_every)
-    p.add_argument("--eval-batches", type=int_in(1), default=d.eval_batches)
     p.add_argument("--seed", type=int_in(0), default=d.seed)
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default=d.device)
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
-    p.add_argument("--checkpoint", type=Path, help="save here at every evaluation")
-    p.add_argument("--resume", action="store_true", help="continue from --checkpoint")
+    p.add_argument("--out", type=Path,
+                   help="write the training checkpoint here at every evaluation (the input of "
+                        "alloc.profile/workers.compress --checkpoint)")
+    p.add_argument("--resume", action="store_true", help="continue from the --out checkpoint")
+    add_force(p, "--out checkpoint (start over)")
+    p.add_argument("--checkpoint", type=Path, help=argparse.SUPPRESS)  # refused: see setup()
     p.add_argument("--smoke-test", action="store_true",
-                   help="smoke-size task, 20 steps of batch 8: runs in seconds")
+                   help="the task at its smoke size, 20 steps of batch 8: runs in seconds "
+                        "(flags you give win over it)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_format(p)
     return p
@@ -303,8 +320,12 @@ def load_arch(path: Path) -> ArchConfig:
 
 
 def setup(args: argparse.Namespace) -> tuple[ArchConfig, Task, TrainConfig]:
+    if args.checkpoint is not None:
+        raise UsageError(f"--checkpoint {str(args.checkpoint)!r}: workers.train writes its "
+                         "checkpoint with --out PATH (--checkpoint names the checkpoint that "
+                         "alloc.profile and workers.compress read)")
     arch = load_arch(args.arch)
-    task = task_from_args(args, "smoke" if args.smoke_test else args.size)
+    task = task_from_args(args, args.size or ("smoke" if args.smoke_test else "paper"))
     try:
         fit_arch(arch, task)
     except ConfigError as err:
@@ -312,14 +333,20 @@ def setup(args: argparse.Namespace) -> tuple[ArchConfig, Task, TrainConfig]:
                          f"{err}") from None
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: no CUDA device is available")
-    if args.resume and args.checkpoint is None:
-        raise UsageError("--resume: needs --checkpoint PATH")
-    overrides = dict(SMOKE) if args.smoke_test else {}
-    config = TrainConfig(**{**dict(
-        steps=args.steps, batch_size=args.batch_size, lr=args.lr, optimizer=args.optimizer,
-        weight_decay=args.weight_decay, warmup=args.warmup, grad_clip=args.grad_clip,
-        eval_every=args.eval_every, eval_batches=args.eval_batches, seed=args.seed,
-        device=args.device, compile=args.compile), **overrides})
+    if args.resume and args.out is None:
+        raise UsageError("--resume: needs --out PATH (the checkpoint to continue)")
+    if args.resume and args.force:
+        raise UsageError("--resume and --force: continue the --out checkpoint, or overwrite "
+                         "it; give one")
+    if args.out is not None:
+        check_writable("--out", args.out, force=args.force or args.resume)
+    d, smoke = TrainConfig(), SMOKE if args.smoke_test else {}
+    sized = {key: getattr(args, key) if getattr(args, key) is not None
+             else smoke.get(key, getattr(d, key)) for key in SMOKE}
+    config = TrainConfig(**sized, lr=args.lr, optimizer=args.optimizer,
+                         weight_decay=args.weight_decay, warmup=args.warmup,
+                         grad_clip=args.grad_clip, seed=args.seed, device=args.device,
+                         compile=args.compile)
     return arch, task, config
 
 
@@ -352,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s", stream=sys.stderr)
     try:
         arch, task, config = setup(args)
-        trainer = Trainer(arch, task, config, args.checkpoint)
+        trainer = Trainer(arch, task, config, args.out)
         if args.resume:
             trainer.resume()
     except TransformerAllocError as err:
@@ -369,6 +396,8 @@ def main(argv: list[str] | None = None) -> int:
 
     result = trainer.run(progress)
     bar.close()
+    if args.out is not None and args.out.exists():
+        wrote(PROG, args.out)
     print(render(result) if args.format == "table" else dump(result.summary(), args.format))
     return {"completed": 0, "stopped": 0, "diverged": 1, "interrupted": 130}[result.status]
 

@@ -116,6 +116,7 @@ class SearchSummary:
     retried: list[int]  # failed trials that were re-run
     not_run: int  # starting points (e.g. grid points) never enqueued
     best: query.TrialRecord | None = field(default=None, compare=False)
+    metric: str = "value"  # the task's metric, the study's objective
 
     @property
     def export(self) -> str | None:
@@ -129,6 +130,7 @@ class SearchSummary:
         best = self.best
         return {"study": self.study, "storage": self.storage, "status": self.status,
                 "trials": self.counts, "retried": self.retried, "not_run": self.not_run,
+                "metric": self.metric,
                 "best": None if best is None else {
                     "number": best.number, "value": best.value,
                     "params_trainable": best.params_trainable,
@@ -400,7 +402,7 @@ def summarise(searcher: StudySearcher, name: str, url: str, status: str) -> Sear
     except query.QueryError:
         best = None
     return SearchSummary(name, redact(url), status, counts, sorted(retried_numbers(trials)),
-                         searcher.not_run(), best)
+                         searcher.not_run(), best, searcher.metric)
 
 
 # --- command line -------------------------------------------------------------------------------
@@ -516,7 +518,7 @@ def render(summary: SearchSummary) -> str:
         return "\n".join(lines)
     from studies.cli import allocation_table
 
-    lines += ["best per-layer allocation:", allocation_table(summary.best),
+    lines += ["best per-layer allocation:", allocation_table(summary.best, summary.metric),
               f"export: {summary.export}"]
     return "\n".join(lines)
 

@@ -86,7 +86,7 @@ def profile_for(task: Task, profile: Path | None, out_dir: Path,
               f"{depth} layer(s), {pilot.steps} steps", file=sys.stderr)
     # DataError if unusable
     measured = profile_data(spec, seq_len=task.seq_len, pilot=pilot)
-    inputs = write_profile(measured, path)["allocator"]
+    inputs = write_profile(measured, path)[0]["allocator"]
     print(f"profiled {task.path}: kernel {inputs['kernel']}, input dim {inputs['input_dim']} "
           f"in {measured.wall_s:.1f} s ({path})", file=sys.stderr)
     return path

@@ -82,9 +82,11 @@ def task_for_model(arch: ArchConfig, *, data: DataSpec | None = None, task: str 
         unknown = sorted(set(params) - {"length"})
         if unknown:
             raise TaskError(f"--task-param {unknown[0]}: a --data task takes only length=N")
-        # Token windows take the model's length; vector sequences keep their own (at most it:
-        # ``check_fits``) unless ``length`` says otherwise.
+        # Token windows take the model's length, and token files without --vocab-size or a
+        # meta file the model's vocabulary; vector sequences keep their own length (at most
+        # the model's: ``check_fits``) unless ``length`` says otherwise.
         default = None if data.resolved().format == "npy" else window
+        data = dataclasses.replace(data, default_vocab=arch.vocab_size)
         return (make_data_task(data, size, seed, params.get("length", default)),
                 f"--data {data.path!r}")
     if task is None:
