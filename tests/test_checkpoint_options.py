@@ -21,11 +21,14 @@ CHANGES = {"scale_attn_weights": False, "scale_attn_by_inverse_layer_idx": True,
 
 
 def gpt2(folder: Path, **changes: object) -> torch.Tensor:
-    """Save a random GPT-2 (same weights for every ``changes``) and return its logits."""
+    """Save a random GPT-2 (same weights for every ``changes``) and return its logits, computed
+    by transformers' reference (eager) attention: its SDPA path in transformers 5.0 ignores
+    the attention-scaling options, which the architecture defines."""
     transformers = pytest.importorskip(
         "transformers", reason="transformers is not installed (pip install -e '.[test]')")
     torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**BASE, **changes)).eval()
+    config = transformers.GPT2Config(**BASE, **changes, attn_implementation="eager")
+    model = transformers.GPT2LMHeadModel(config).eval()
     if not model.config.tie_word_embeddings:  # an untied head: give it its own weights
         model.lm_head.weight = torch.nn.Parameter(torch.randn_like(model.lm_head.weight))
     model.save_pretrained(folder)
