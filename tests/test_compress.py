@@ -297,9 +297,11 @@ def test_the_trainer_profile_and_compress_chain_on_a_task(
     report = json.loads(printed.out)
     assert report["task"] == "lm" and "svd" in report
     assert report["plan"]["reduces"] and "as large as the teacher" not in printed.err
-    # Without a sample, the profile says in one line that it can plan no reduction, and
-    # compress says that the student is not smaller.
-    assert profile_main(["--checkpoint", ckpt, "--out", plan, "--format", "json"]) == 0
+    # Without a sample, the profile says in one line that it can plan no reduction (also with
+    # --quiet, which silences only the progress), and compress says that the student is not
+    # smaller.
+    assert profile_main(["--checkpoint", ckpt, "--out", plan, "--format", "json",
+                         "--quiet"]) == 0
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no reduction can be planned without data" in err
     assert compress_main(["--checkpoint", ckpt, "--plan", plan, *task, "--out", out]) == 0
