@@ -121,6 +121,11 @@ class Progress:
                  f"{duration(self.elapsed)} elapsed" + self._left(eta)]
         self.write(f"{self.desc}: " + "; ".join(p for p in parts if p))
 
+    def refresh(self) -> None:
+        """Redraw the bar (its elapsed time) on a terminal; nothing otherwise."""
+        if self._bar is not None:
+            self._bar.refresh()
+
     def write(self, text: str) -> None:
         """A line of its own (above the bar on a terminal), unless quiet."""
         if self.quiet:
@@ -141,10 +146,9 @@ class Progress:
             bar.close()
         if self.quiet or (bar is not None and not text):
             return
-        count = f"{self.n:,} {self.unit}" if self.n or self.total else ""
-        took = f"in {duration(self.elapsed)}"
-        self.write(f"{self.desc}: {text or 'done'}" + (f", {count}" if count else "")
-                   + f" {took}")
+        count = (f"{self.n:,} {self.unit}" if self.total is None else
+                 f"{self.n:,}/{self.total:,} {self.unit}")
+        self.write(f"{self.desc}: {text or 'done'}, {count} in {duration(self.elapsed)}")
 
     def abandon(self) -> None:
         """Stop without an end line, clearing the bar (an error is about to be reported)."""
