@@ -16,7 +16,10 @@ stdout and errors are printed by each command's ``main()``: neither goes through
 
 from __future__ import annotations
 
+import io
 import math
+import os
+import shutil
 import sys
 import time
 from types import TracebackType
@@ -51,12 +54,29 @@ def is_terminal(stream: IO[str]) -> bool:
         return False
 
 
+def _bar_size(stream: IO[str]) -> dict[str, Any]:
+    """tqdm's size arguments: follow the terminal's width, or a fixed size where it reports
+    none (some pseudo-terminals say 0 x 0, and tqdm would hide the bar)."""
+    try:
+        size = os.get_terminal_size(stream.fileno())
+    except (AttributeError, ValueError, OSError, io.UnsupportedOperation):
+        size = os.terminal_size((0, 0))
+    if size.columns > 0 and size.lines > 0:
+        return {"dynamic_ncols": True}
+    columns, rows = shutil.get_terminal_size()
+    return {"ncols": columns, "nrows": rows}
+
+
 def say(text: str, *, quiet: bool = False, stream: IO[str] | None = None) -> None:
     """One line of progress on stderr (a phase starting, an estimate), unless ``quiet``."""
     if quiet:
         return
     out = stream if stream is not None else sys.stderr
-    print(text, file=out, flush=True)
+    bars = sys.modules.get("tqdm")
+    if bars is not None and is_terminal(out):  # above any bar being drawn, not through it
+        bars.tqdm.write(text, file=out)
+    else:
+        print(text, file=out, flush=True)
 
 
 class Progress:
@@ -86,14 +106,14 @@ class Progress:
         self.closed = False
         self.tty = not quiet and is_terminal(self.stream)
         self._bar: Any = None
+        if self.tty:
+            from tqdm import tqdm  # only where a bar is drawn (say() then writes above bars)
         if start:
             self.write(f"{desc}: {start}")
         if self.tty:
-            from tqdm import tqdm  # only where a bar is drawn
-
             self._bar = tqdm(total=total, initial=initial, desc=desc, unit=f" {unit}",
-                             file=self.stream, mininterval=0.5, dynamic_ncols=True,
-                             smoothing=0.1)
+                             file=self.stream, mininterval=0.5, smoothing=0.1,
+                             **_bar_size(self.stream))
 
     # --- what the caller reports -------------------------------------------------------------
 
@@ -130,10 +150,7 @@ class Progress:
         """A line of its own (above the bar on a terminal), unless quiet."""
         if self.quiet:
             return
-        if self._bar is not None:
-            self._bar.write(text, file=self.stream)
-        else:
-            say(text, stream=self.stream)
+        say(text, stream=self.stream)
 
     def close(self, text: str = "") -> None:
         """The end: one line (``done``, or ``text``) with the count and the time it took; on a
