@@ -31,8 +31,8 @@ def test_a_terminal_gets_a_bar() -> None:
     run_steps(stream)
     text = stream.getvalue()
     assert text.startswith("train: training a model\n")
-    assert "\r" in text and "20/20" in text and "loss=0.05" in text  # tqdm's redrawn bar
-    assert "evaluation at step 20" in text
+    assert "\r" in text and "20/20" in text and "loss=" in text  # tqdm's redrawn bar
+    assert "evaluation at step 20" in text  # the last event, on the bar
 
 
 def test_a_log_gets_one_line_per_event() -> None:
