@@ -133,11 +133,11 @@ class Progress:
         self.fields.update(fields)
         if self.quiet:
             return
-        if self._bar is not None:
-            shown = self._postfix(eta)
-            self._bar.set_postfix_str(", ".join(p for p in (text, shown) if p))
+        if self._bar is not None:  # the caller's estimate first: a long postfix is cut
+            left = "" if eta is None or eta <= 0 else f"~{duration(eta)} left"
+            self._bar.set_postfix_str(", ".join(p for p in (left, text, self._postfix()) if p))
             return
-        parts = [self._count(), text, self._postfix(eta),
+        parts = [self._count(), text, self._postfix(),
                  f"{duration(self.elapsed)} elapsed" + self._left(eta)]
         self.write(f"{self.desc}: " + "; ".join(p for p in parts if p))
 
@@ -200,11 +200,8 @@ class Progress:
         left = eta if eta is not None else self.remaining()
         return "" if left is None or left <= 0 else f", ~{duration(left)} left"
 
-    def _postfix(self, eta: float | None = None) -> str:
-        shown = " ".join(f"{k}={v}" for k, v in self.fields.items() if v is not None)
-        if eta is not None and self._bar is not None:  # tqdm's own ETA is rate-based
-            shown = ", ".join(p for p in (shown, f"~{duration(eta)} left") if p)
-        return shown
+    def _postfix(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in self.fields.items() if v is not None)
 
     def __enter__(self) -> Progress:
         return self

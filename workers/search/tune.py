@@ -260,12 +260,18 @@ class _Monitor(tune.Callback):
         left = estimate.remaining(
             self.durations, [now - self.started.get(t.trial_id, now) for t in running],
             max(0, self.total - done - len(running)), self.peak)
-        counts = (f"{self.counts['COMPLETE']} complete, {self.counts['PRUNED']} stopped early, "
-                  f"{self.counts['FAIL']} failed, {len(running)} running")
+        self.bar.update(1)
+        self.bar.event(self._describe(len(running)), eta=left)
+
+    def _describe(self, running: int) -> str:
+        """The counts and the best so far; on a terminal's one-line bar, the best first and
+        without its architecture."""
+        stopped, failed = self.counts["PRUNED"], self.counts["FAIL"]
         best = "no full-budget trial yet"
         if self.best is not None:
             best = f"best {self.searcher.metric} {self.best[0]:.4g} (trial {self.best[1]}"
-            # a terminal's bar has one line: the architecture only in the logged line
             best += ")" if self.bar.tty else f": {self.best[2]})"
-        self.bar.update(1)
-        self.bar.event(f"{counts}; {best}", eta=left)
+        if self.bar.tty:
+            return f"{best}, {running} running, {stopped} stopped early, {failed} failed"
+        return (f"{self.counts['COMPLETE']} complete, {stopped} stopped early, {failed} failed, "
+                f"{running} running; {best}")
