@@ -20,11 +20,11 @@ def test_time_left_counts_the_running_and_the_pending_trials_at_once() -> None:
 
 def test_the_estimate_says_its_basis_and_the_trials_at_once() -> None:
     timed = TrialEstimate(step_s=0.5, eval_s=0.1, steps=2000, evaluations=20, eval_batches=10,
-                          timed=8, basis="the allocator starting point")
+                          timed=8, basis="the allocator's plan")
     assert timed.trial_s == pytest.approx(1000 + 20)
     text = estimate.describe(timed, trials=20, concurrent=2, scheduler="asha")
     assert text.startswith("~17 min 00 s per trial (2,000 steps at 500 ms/step")
-    assert "timed over 8 steps of the allocator starting point here" in text
+    assert "timed over 8 steps of the allocator's plan here" in text
     assert "~2 h 50 min for 20 trial(s) at 2 at once" in text and "ASHA" in text
     assert "ASHA" not in estimate.describe(timed, 20, 2, "fifo")
 
@@ -50,7 +50,7 @@ def test_the_probe_times_a_few_steps_of_the_first_starting_point() -> None:
     point, _ = space.sample(RandomSuggester(3), task.io)
     timed = estimate.probe(space, task, trial_job(task, SearchOptions()),
                            [Start("allocator", space.encode(point))])
-    assert timed.basis == "the allocator starting point" and 1 <= timed.timed <= 8
+    assert timed.basis == "the allocator's plan" and 1 <= timed.timed <= 8
     assert timed.steps == 40 and timed.evaluations == 4 and timed.step_s > 0
     unseeded = estimate.probe(space, task, trial_job(task, SearchOptions()), [])
     assert unseeded.basis == "a random point of the space"

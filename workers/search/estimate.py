@@ -25,6 +25,7 @@ from workers.tasks import Task
 
 PROBE_SECONDS = 1.5  # the timed steps stop after this long (after one untimed warm-up step)
 PROBE_STEPS = 8  # ... or after this many
+BASES = {"allocator": "the allocator's plan", "grid": "the grid's first point"}
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ def probe(space: SearchSpace, task: Task, job: TrialJob, starts: Sequence[Start]
 
     if starts:
         arch, train = space.sample(FixedSuggester(starts[0].params, job.seed), task.io)
-        basis = f"the {starts[0].label} starting point"
+        basis = BASES.get(starts[0].label, f"the {starts[0].label} starting point")
     else:
         arch, train = space.sample(RandomSuggester(job.seed), task.io)
         basis = "a random point of the space"
@@ -74,8 +75,11 @@ def probe(space: SearchSpace, task: Task, job: TrialJob, starts: Sequence[Start]
         evaluate(trainer.model, task, dataclasses.replace(config, eval_batches=1),
                  trainer.device)
         eval_s = time.perf_counter() - start
+        del trainer
     finally:
         torch.set_num_threads(threads)
+        if torch.cuda.is_initialized():  # the trials need the GPU memory, not the driver
+            torch.cuda.empty_cache()
     return TrialEstimate(step_s, eval_s, config.steps, math.ceil(config.steps / config.eval_every),
                          config.eval_batches, timed, basis)
 
