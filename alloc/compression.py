@@ -119,6 +119,7 @@ class MeasureRequest:
     sample_tokens: int | None = None
     seed: int = 0
     loss_sensitivity: bool = False  # also each group's loss increase at each candidate
+    quiet: bool = False  # no progress on stderr
 
 
 class Measurer(Protocol):

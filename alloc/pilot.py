@@ -37,7 +37,7 @@ class PilotError(TransformerAllocError):
 class PilotRequest:
     """What to train and measure: the baseline at ``budget`` x ``layers`` with ``mlp_ratio``,
     ``steps`` of AdamW on windows of ``seq_len`` of ``data`` (or of the generated ``task``, at
-    its paper size)."""
+    its paper size); ``quiet``: no progress on stderr."""
 
     data: DataSpec | None
     task: str | None = None
@@ -50,6 +50,7 @@ class PilotRequest:
     lr: float = 3e-3
     seed: int = 0
     sample_tokens: int = 16_384
+    quiet: bool = False
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,7 @@ from common.cli import (
 )
 from common.errors import TransformerAllocError, UsageError
 from common.files import dump_yaml, read_yaml, write_atomic
+from common.progress import say
 from userdata import FORMATS, DataError, DataSpec, open_arrays, open_tokens
 
 DEFAULT_TOLERANCE = 0.05  # --checkpoint: the allowed error per head group
@@ -598,6 +599,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, help="write the profile YAML (and its kernel and "
                                             "spectrum files beside it)")
     p.add_argument("--plot", type=Path, help="write the kernel and spectrum plot (PNG)")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress on stderr (the pilot's or the checkpoint's measurement: a "
+                        "bar on a terminal, else a line per milestone); errors, warnings and "
+                        "the result still print")
     add_format(p)
     return p
 
@@ -626,9 +631,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def announce(pilot: PilotRequest) -> None:
-    """The pilot takes seconds to a minute: say what is running (stderr)."""
-    print(f"{PROG}: pilot: training the baseline at D = {pilot.budget}, {pilot.layers} "
-          f"layer(s), {pilot.steps} steps (--no-pilot skips it)", file=sys.stderr)
+    """The pilot takes seconds to minutes: say what is running (stderr; its own progress
+    follows), unless ``--quiet``."""
+    say(f"{PROG}: pilot: training the baseline at D = {pilot.budget}, {pilot.layers} "
+        f"layer(s), {pilot.steps} steps (--no-pilot skips it)", quiet=pilot.quiet)
 
 
 def pilot_request(args: argparse.Namespace, spec: DataSpec) -> PilotRequest | None:
@@ -649,7 +655,8 @@ def pilot_request(args: argparse.Namespace, spec: DataSpec) -> PilotRequest | No
         raise UsageError(f"--mlp-ratio {mlp_ratio:g}: must be <= {MAX_PILOT_MLP_RATIO} for "
                          "the pilot")
     return PilotRequest(spec, budget=args.budget or d.budget, layers=args.layers or d.layers,
-                        mlp_ratio=mlp_ratio, steps=args.pilot_steps or d.steps)
+                        mlp_ratio=mlp_ratio, steps=args.pilot_steps or d.steps,
+                        quiet=args.quiet)
 
 
 PILOT_FLAGS = ("--pilot-steps", "--no-pilot", "--budget", "--layers", "--mlp-ratio")
@@ -693,7 +700,7 @@ def _main_checkpoint(args: argparse.Namespace) -> int:
                              task_params=parse_task_params(args.task_param),
                              smoke_test=args.smoke_test, seq_len=args.seq_len,
                              sample_tokens=args.sample_tokens, seed=args.seed,
-                             loss_sensitivity=args.rule == "loss")
+                             loss_sensitivity=args.rule == "loss", quiet=args.quiet)
     tolerance = DEFAULT_TOLERANCE if args.tolerance is None else args.tolerance
     plan = plan_compression(load_measurer()(request), tolerance, args.rule, args.logit_bound)
     if args.kv_cache is not None:

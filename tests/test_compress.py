@@ -323,9 +323,11 @@ def test_the_trainer_profile_and_compress_chain_on_a_task(
     assert files["student"] / files["teacher"] == pytest.approx(
         params["student_total"] / params["teacher_total"], rel=0.01)
     assert f"workers.compress: wrote {out}" in printed.err
-    # Without a sample, the profile says in one line that it can plan no reduction, and
-    # compress says that the student is not smaller.
-    assert profile_main(["--checkpoint", ckpt, "--out", plan, "--format", "json"]) == 0
+    # Without a sample, the profile says in one line that it can plan no reduction (also with
+    # --quiet, which silences only the progress), and compress says that the student is not
+    # smaller.
+    assert profile_main(["--checkpoint", ckpt, "--out", plan, "--format", "json",
+                         "--quiet"]) == 0
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 2 and "no reduction can be planned without data" in err[0]
     assert err[1] == f"alloc.profile: wrote {plan}"

@@ -143,6 +143,14 @@ def test_smoke_search_then_studies_best(storage_url: str, study_name: str, tmp_p
     proc = run(tmp_path, *SMOKE, "--storage", storage_url, "--study", study_name)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "best per-layer allocation" in proc.stdout and "python -m studies export" in proc.stdout
+    # Progress on a stderr that is no terminal: the estimate before Ray starts, one line per
+    # finished trial, the end; no bar's redraws, and nothing of Ray's token notice.
+    assert " per trial (40 steps at " in proc.stderr and " for 6 trial(s) at " in proc.stderr
+    finished = [line for line in proc.stderr.splitlines() if line.startswith("search: ")
+                and " trials (" in line]
+    assert [line.split()[1] for line in finished] == [f"{k}/6" for k in range(1, 7)]
+    assert "search: done, 6/6 trials in " in proc.stderr
+    assert "\r" not in proc.stderr and "Token authentication" not in proc.stderr
     plain = storage_url.replace(f":{secret}@", "@")
     study = load(plain, study_name)
     check_consistent(study, 6)
@@ -208,6 +216,9 @@ def test_resume_after_interrupt_or_killed_driver(tmp_path: Path, how: str) -> No
     if how == "sigint":
         proc.send_signal(signal.SIGINT)
         assert proc.wait(60) == 130
+        _, err = proc.communicate()
+        # Our advice is the only one: Ray's own (Tuner.restore) would not resume the study.
+        assert "continue with --resume" in err and "Tuner.restore" not in err, err[-3000:]
     else:
         os.kill(proc.pid, signal.SIGKILL)  # the driver only: its Ray processes must go too
         proc.wait(10)
@@ -228,6 +239,47 @@ def test_resume_after_interrupt_or_killed_driver(tmp_path: Path, how: str) -> No
         if original is not None and CHECKPOINT in by_number[original].user_attrs \
                 and t.state == TrialState.COMPLETE:
             assert t.user_attrs.get(RESUMED, 0) > 0, (t.number, original)
+
+
+def test_ray_says_nothing_a_search_must_not_follow_or_need_not_read() -> None:
+    """Tune's resume advice (a search resumes from its study), Ray's token notice and the
+    metrics warning of an interrupted trial are dropped; Ray's other records are kept."""
+    import logging
+
+    from ray._private.authentication import authentication_token_setup
+
+    from workers.search import tune
+
+    tune.quiet_ray_advice()
+    tune.quiet_ray_advice()  # idempotent: one filter per logger
+    assert len(logging.getLogger("ray.tune.tune").filters) == 1
+    seen: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    def logged(name: str, emit: object) -> list[str]:
+        seen.clear()
+        logger, handler = logging.getLogger(name), Keep()
+        logger.addHandler(handler)
+        try:
+            emit()  # type: ignore[operator]
+        finally:
+            logger.removeHandler(handler)
+        return list(seen)
+
+    resume = ('Experiment has been interrupted, but the most recent state was saved.\n'
+              'Resume experiment with: Tuner.restore(path="x", trainable=...)')
+    tune_log = logging.getLogger("ray.tune.tune")
+    assert logged("ray.tune.tune", lambda: tune_log.warning(resume)) == []
+    assert logged("ray.tune.tune", lambda: tune_log.warning("Stop signal received")) == [
+        "Stop signal received"]
+    # Ray's own notice, emitted by Ray's own function: dropped as long as Ray words it so.
+    assert logged(authentication_token_setup.logger.name,
+                  authentication_token_setup._warn_token_auth_enabled) == []
+    analysis = logging.getLogger("ray.tune.analysis.experiment_analysis")
+    assert logged(analysis.name, lambda: analysis.warning("Failed to fetch metrics")) == []
 
 
 def test_cli_errors_are_one_line_and_touch_nothing(tmp_path: Path) -> None:

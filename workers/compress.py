@@ -19,6 +19,7 @@ import argparse
 import dataclasses
 import math
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -42,13 +43,14 @@ from common.cli import (
 )
 from common.errors import TransformerAllocError, UsageError
 from common.files import write_atomic
+from common.progress import Progress, duration
 from userdata import DataSpec
 from workers.checkpoints import Loaded, load, save_gpt2, save_llama
 from workers.model import Model
 from workers.students import build_student, pair_orders
 from workers.tasks import Task, task_from_description
 from workers.tasks.cli import add_task_args, check_fits, task_for_model
-from workers.train import Trainer, evaluate
+from workers.train import Trainer, evaluate, run_with_progress
 
 PROG = "workers.compress"
 
@@ -158,7 +160,9 @@ def compact_export() -> Any:
 
 
 def compress(args: argparse.Namespace) -> dict[str, Any]:
+    tick = time.perf_counter()
     loaded = load(args.checkpoint)
+    read_s = time.perf_counter() - tick
     plan = read_plan(args.plan, loaded.arch)
     student_arch = plan.student
     as_pt = args.out.suffix == ".pt"
@@ -169,12 +173,58 @@ def compress(args: argparse.Namespace) -> dict[str, Any]:
                          "give --data or --task")
     if task is not None:
         check_fits(task, loaded.arch, as_pt or args.finetune_steps > 0, source)
-    student = build_student(loaded.model, student_arch, pair_orders(plan))
+    finetune = task is not None and args.finetune_steps > 0
+    stages = 2 + (2 if task is not None else 0) + (2 if finetune else 0)
+    with Progress(PROG, total=stages, unit="stages", quiet=args.quiet,
+                  start=f"read {args.checkpoint} ({loaded.family}) in {duration(read_s)}; "
+                        "building the student") as bar:
+        student = build_student(loaded.model, student_arch, pair_orders(plan))
+        bar.update(1)
+        bar.event("student built")
+        report = describe(args, loaded, student_arch, plan, task)
+        trainer = None
+        if task is not None:
+            for name, model, what in (("teacher", loaded.model, "the teacher"),
+                                      ("svd", student, "the student as cut")):
+                report[name] = measure(model, task, args.eval_batches)
+                bar.update(1)
+                bar.event(f"evaluated {what}: loss {report[name]['loss']:.4g}")
+        if task is not None and (as_pt or finetune):  # the trainer wires in the task
+            config = TrainConfig(steps=max(1, args.finetune_steps), lr=args.lr,
+                                 batch_size=args.batch_size,
+                                 eval_every=max(1, args.finetune_steps),
+                                 eval_batches=args.eval_batches, seed=args.seed, device="cpu")
+            trainer = Trainer(student_arch, task, config,
+                              checkpoint=args.out if as_pt else None)
+            trainer.model.load_state_dict(student.state_dict())
+            if finetune:
+                run_with_progress(trainer, "fine-tune", args.quiet,
+                                  start=f"{config.steps:,} steps of the student")
+                bar.update(1)
+                report["finetuned"] = measure(trainer.model, task, args.eval_batches)
+                student = trainer.model
+                bar.update(1)
+                bar.event(f"evaluated the fine-tuned student: loss "
+                          f"{report['finetuned']['loss']:.4g}")
+        write(args, loaded, student, trainer, dtype=report["kv_cache"]["dtype"])
+        bar.update(1)
+        bar.event(f"wrote {args.out}")
+    report["files"] = {"teacher": weights_bytes(args.checkpoint),
+                       "student": weights_bytes(args.out)}
+    report["out"] = str(args.out)
+    report["written"] = [str(args.out)] + (
+        [str(args.out.with_suffix(".arch.yaml"))] if as_pt else [])
+    return report
+
+
+def describe(args: argparse.Namespace, loaded: Loaded, student_arch: ArchConfig,
+             plan: CompressionPlan, task: Task | None) -> dict[str, Any]:
+    """The report's description of teacher and student (sizes, KV cache, heads, task)."""
     before, after = param_count(loaded.arch), param_count(student_arch)
     dtype = weights_dtype(loaded)
-    report: dict[str, Any] = {
+    return {
         "checkpoint": str(args.checkpoint), "layout": loaded.layout, "family": loaded.family,
-        "out_layout": "pt" if as_pt else args.layout or "compact",
+        "out_layout": "pt" if args.out.suffix == ".pt" else args.layout or "compact",
         "params": {"teacher": before.trainable, "student": after.trainable,
                    "teacher_total": before.total, "student_total": after.total},
         "kv_cache": {"dtype": dtype, "teacher": kv_cache_bytes(loaded.arch, dtype),
@@ -184,27 +234,6 @@ def compress(args: argparse.Namespace) -> dict[str, Any]:
                                                        student_arch.layers))],
         "task": None if task is None else task.name,
         "plan": {"reduces": plan.reduces, "measured": plan.measured}}
-    trainer = None
-    if task is not None:
-        report["teacher"] = measure(loaded.model, task, args.eval_batches)
-        report["svd"] = measure(student, task, args.eval_batches)
-    if task is not None and (as_pt or args.finetune_steps):  # the trainer wires in the task
-        config = TrainConfig(steps=max(1, args.finetune_steps), lr=args.lr,
-                             batch_size=args.batch_size, eval_every=max(1, args.finetune_steps),
-                             eval_batches=args.eval_batches, seed=args.seed, device="cpu")
-        trainer = Trainer(student_arch, task, config, checkpoint=args.out if as_pt else None)
-        trainer.model.load_state_dict(student.state_dict())
-        if args.finetune_steps:
-            trainer.run()
-            report["finetuned"] = measure(trainer.model, task, args.eval_batches)
-            student = trainer.model
-    write(args, loaded, student, trainer, dtype)
-    report["files"] = {"teacher": weights_bytes(args.checkpoint),
-                       "student": weights_bytes(args.out)}
-    report["out"] = str(args.out)
-    report["written"] = [str(args.out)] + (
-        [str(args.out.with_suffix(".arch.yaml"))] if as_pt else [])
-    return report
 
 
 def weights_dtype(loaded: Loaded) -> str:
@@ -316,6 +345,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-batches", type=int_in(1), default=8)
     p.add_argument("--seed", type=int_in(0), default=0)
     add_force(p, "--out (a .pt and its .arch.yaml, or a folder)")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress on stderr (a bar on a terminal, else a line per stage "
+                        "and per fine-tuning evaluation); errors and the report still print")
     add_format(p)
     return p
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,7 @@ from alloc.compression import (
     plan_compression,
 )
 from arch import ArchConfig, LayerSpec
+from common.progress import Progress, duration, say
 from workers.attention import LogitRecorder, rotate
 from workers.checkpoints import load
 from workers.heads import HeadMap, head_maps
@@ -257,8 +259,8 @@ SAMPLE_BATCH = 1 << 20
 
 
 def measure_model(model: Model, x: Tensor | None, seq_len: int, align: int,
-                  sample: str | None = None, targets: Tensor | None = None
-                  ) -> CheckpointMeasurement:
+                  sample: str | None = None, targets: Tensor | None = None,
+                  quiet: bool = True) -> CheckpointMeasurement:
     """What planning needs of ``model``: every query-key head's spectrum and, on the sample
     ``x`` (ids or vectors, ``(B, T)`` / ``(B, T, d)``; None: no data), each head's logit
     statistics and the attention error of each candidate ``qk_dim`` (multiples of ``align``);
@@ -268,24 +270,37 @@ def measure_model(model: Model, x: Tensor | None, seq_len: int, align: int,
     Args:
         seq_len: N of the saturation rule (the sample's length when there is one).
         sample: what ``x`` is, for the plan's record ("--task lm").
+        quiet: False: progress on stderr (the sample pass, each layer, the loss forwards).
     """
     maps = head_maps(model)
-    measured = measure(model, x) if x is not None else None
+    measured = None
+    if x is not None:
+        tick = time.perf_counter()
+        say(f"measure: the sample pass, {len(x):,} windows of {x.shape[1]:,} positions",
+            quiet=quiet)
+        measured = measure(model, x)
+        say(f"measure: the sample pass took {duration(time.perf_counter() - tick)}",
+            quiet=quiet)
     layers = []
-    for i, layer in enumerate(model.arch.layers):
-        stats: tuple[HeadStats, ...] = ()
-        norm = norm_bound(model, i)
-        if measured is not None and measured.groups[i]:
-            bounds = np.concatenate([b for b, _ in measured.groups[i]])
-            entropy = np.concatenate([e for _, e in measured.groups[i]])
-            stats = tuple(HeadStats(float(b), float(e)) for b, e in zip(bounds, entropy))
-            norm = measured.norms[i]
-        inputs = None if measured is None else measured.inputs[i]
-        heads = _head_measurements([m for m in maps if m.layer == i], layer, inputs,
-                                   model.arch.causal, align)
-        layers.append(LayerMeasurement(i, heads, norm, stats))
+    with Progress("measure", total=model.arch.n_layers, unit="layers", quiet=quiet,
+                  start="spectra" + (" and the errors of each candidate qk_dim"
+                                     if x is not None else "") + ", layer by layer") as bar:
+        for i, layer in enumerate(model.arch.layers):
+            stats: tuple[HeadStats, ...] = ()
+            norm = norm_bound(model, i)
+            if measured is not None and measured.groups[i]:
+                bounds = np.concatenate([b for b, _ in measured.groups[i]])
+                entropy = np.concatenate([e for _, e in measured.groups[i]])
+                stats = tuple(HeadStats(float(b), float(e)) for b, e in zip(bounds, entropy))
+                norm = measured.norms[i]
+            inputs = None if measured is None else measured.inputs[i]
+            heads = _head_measurements([m for m in maps if m.layer == i], layer, inputs,
+                                       model.arch.causal, align)
+            layers.append(LayerMeasurement(i, heads, norm, stats))
+            bar.update(1)
+            bar.event(f"layer {i} ({len(heads)} heads)")
     if x is not None and targets is not None:
-        layers = loss_sensitivity(model, x, targets, layers, align)
+        layers = loss_sensitivity(model, x, targets, layers, align, quiet)
     return CheckpointMeasurement(model.arch, seq_len, align, tuple(layers),
                                  sample if x is not None else None)
 
@@ -308,24 +323,34 @@ def sample_loss(model: Model, x: Tensor, targets: Tensor) -> float:
 
 
 def loss_sensitivity(model: Model, x: Tensor, targets: Tensor, layers: list[LayerMeasurement],
-                     align: int) -> list[LayerMeasurement]:
+                     align: int, quiet: bool = True) -> list[LayerMeasurement]:
     """``layers`` with each head group's loss increase on the sample at each candidate
     ``qk_dim``, every other group kept (docs/theory.md §10.3): the student of that cut alone,
-    built as ``workers.compress`` builds it (the SVD, or the measured pair ranking)."""
+    built as ``workers.compress`` builds it (the SVD, or the measured pair ranking). One
+    forward of the model on the sample per group and candidate, the slow part of a profile:
+    counted on stderr unless ``quiet``."""
     from workers.students import build_student, rankings
 
-    base = sample_loss(model, x, targets)
-    orders = rankings(model.arch, ((m.index, h) for m in layers for h in m.heads))
-    out = []
-    for m in layers:
-        increases = []
-        for j, g in enumerate(model.arch.layers[m.index].heads if m.heads else ()):
-            cuts = {r: sample_loss(build_student(model, _cut_alone(model.arch, m.index, j, r),
-                                                 orders), x, targets) - base
-                    for r in candidate_dims(g.qk_dim, align)[:-1]}
-            increases.append({**cuts, g.qk_dim: 0.0})  # the last candidate cuts nothing
-        out.append(dataclasses.replace(m, loss_increases=tuple(increases)))
-    return out
+    groups = [(m, j, g) for m in layers if m.heads
+              for j, g in enumerate(model.arch.layers[m.index].heads)]
+    forwards = 1 + sum(len(candidate_dims(g.qk_dim, align)) - 1 for _, _, g in groups)
+    with Progress("loss rule", total=forwards, unit="forwards", quiet=quiet,
+                  start=f"one forward of the model on the sample per head group and candidate "
+                        f"qk_dim: {forwards:,} for {len(groups)} groups") as bar:
+        base = sample_loss(model, x, targets)
+        bar.update(1)
+        orders = rankings(model.arch, ((m.index, h) for m in layers for h in m.heads))
+        increases: dict[int, list[dict[int, float]]] = {m.index: [] for m in layers}
+        for m, j, g in groups:
+            cuts = {}
+            for r in candidate_dims(g.qk_dim, align)[:-1]:
+                student = build_student(model, _cut_alone(model.arch, m.index, j, r), orders)
+                cuts[r] = sample_loss(student, x, targets) - base
+                bar.update(1)
+            increases[m.index].append({**cuts, g.qk_dim: 0.0})  # the last cuts nothing
+            if cuts:
+                bar.event(f"layer {m.index} group {j} ({len(cuts)} cut(s))")
+    return [dataclasses.replace(m, loss_increases=tuple(increases[m.index])) for m in layers]
 
 
 def _cut_alone(arch: ArchConfig, layer: int, group: int, qk_dim: int) -> ArchConfig:
@@ -387,7 +412,9 @@ def measure_checkpoint(request: MeasureRequest) -> CheckpointMeasurement:
     Raises:
         CheckpointError, TaskError, DataError, CompressionError: one line each.
     """
+    tick = time.perf_counter()
     loaded = load(request.checkpoint)
+    read_s = time.perf_counter() - tick
     task, source = task_for_model(
         loaded.arch, data=request.data, task=request.task, params=request.task_params,
         size="smoke" if request.smoke_test else "paper", seed=request.seed,
@@ -404,6 +431,11 @@ def measure_checkpoint(request: MeasureRequest) -> CheckpointMeasurement:
                 raise CompressionError("--rule loss: needs a token model (this one reads "
                                        "vectors)")
             targets = batch.y.masked_fill(~batch.mask, IGNORE)  # positions that count
-    measured = measure_model(loaded.model, x, seq_len, request.align, source, targets)
+    arch = loaded.arch
+    say(f"measure: read {request.checkpoint} ({loaded.layout}, {arch.n_layers} layers, "
+        f"{sum(len(layer.heads) for layer in arch.layers)} head groups) in {duration(read_s)}",
+        quiet=request.quiet)
+    measured = measure_model(loaded.model, x, seq_len, request.align, source, targets,
+                             request.quiet)
     return dataclasses.replace(measured, checkpoint=str(request.checkpoint),
                                layout=loaded.layout)

@@ -16,11 +16,12 @@ from torch import Tensor
 from alloc.pilot import PilotError, PilotMeasurement, PilotRequest
 from alloc.plan import baseline_head
 from arch import ArchConfig, LayerSpec, TrainConfig
+from common.progress import duration, say
 from workers.heads import head_maps
 from workers.measure import SAMPLE_BATCH, head_statistics, measure
 from workers.model import Model
 from workers.tasks import Task, TaskError, make_data_task, make_task
-from workers.train import Trainer
+from workers.train import Trainer, run_with_progress
 
 
 def baseline(request: PilotRequest, task: Task) -> ArchConfig:
@@ -100,20 +101,26 @@ def run_pilot(request: PilotRequest) -> PilotMeasurement:
                          eval_every=request.steps, eval_batches=8, seed=request.seed,
                          device="cpu")
     trainer = Trainer(baseline(request, task), task, config)
-    result = trainer.run()
+    result = run_with_progress(trainer, "pilot", request.quiet)
     if result.val_loss is None:
         raise PilotError(f"pilot training ended {result.status}: {result.error}")
     model = trainer.model.eval()
     windows = max(1, request.sample_tokens // task.seq_len)
     x = task.batch("val", SAMPLE_BATCH, windows).x
+    measuring = time.perf_counter()
+    say(f"pilot: measuring the trained baseline's attention on {windows:,} windows of "
+        f"{task.seq_len} tokens", quiet=request.quiet)
     measured = measure(model, x, reduce=lambda z: (head_statistics(z)[0], offset_mass(z)))
     first = model.arch.layers[0]
     mass = sum(m for _, m in measured.groups[0]) / first.n_heads
     bounds = tuple(float(max(b.max() for b, _ in groups)) for groups in measured.groups[1:])
+    spectra = later_spectra(model)
+    say(f"pilot: measured in {duration(time.perf_counter() - measuring)}; the pilot took "
+        f"{duration(time.perf_counter() - start)}", quiet=request.quiet)
     return PilotMeasurement(
         arch=model.arch.describe(), steps=result.steps, seconds=time.perf_counter() - start,
         val_loss=float(result.val_loss), unigram_loss=context_free_loss(task, x),
         sample_tokens=int(x.shape[0] * x.shape[1]),  # windows x positions (ids or vectors)
         input_variance=tuple(float(v) for v in input_variance(measured.inputs[0])),
         attention_mass=tuple(float(v) for v in mass), logit_bounds=bounds,
-        spectra=later_spectra(model))
+        spectra=spectra)

@@ -35,6 +35,7 @@ from common.cli import (
     wrote,
 )
 from common.errors import TransformerAllocError, UsageError
+from common.progress import Progress
 from workers.checkpoints import CheckpointError
 from workers.model import build_model, count_params, maybe_compile
 from workers.tasks import Task, describe_task, fit_arch
@@ -304,7 +305,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--smoke-test", action="store_true",
                    help="the task at its smoke size, 20 steps of batch 8: runs in seconds "
                         "(flags you give win over it)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress on stderr (a bar on a terminal, else a line per "
+                        "evaluation); errors and the result still print")
     add_format(p)
     return p
 
@@ -366,12 +369,48 @@ def render(result: TrainResult) -> str:
 
 
 def progress_fields(record: EvalRecord, metric: str) -> dict[str, str]:
-    """The progress bar's postfix; the task's metric once, even when it is a loss itself."""
+    """The progress's fields at an evaluation; the task's metric once, even when it is a loss
+    itself."""
     fields = {"train_loss": f"{record.train_loss:.4g}", "val_loss": f"{record.val_loss:.4g}"}
     if metric not in ("loss", "val_loss"):
         fields[metric] = f"{record.metric:.4g}"
     fields["tok_s"] = f"{record.tokens_per_s:,.0f}"
     return fields
+
+
+def run_with_progress(trainer: Trainer, desc: str, quiet: bool = False, start: str = ""
+                      ) -> TrainResult:
+    """``trainer.run()`` with its progress on stderr (``common.progress``): a bar on a
+    terminal, else one line per evaluation, and one per tenth of the run where evaluations are
+    further apart, with the loss, tokens/s and the time left; nothing when ``quiet``."""
+    config = trainer.config
+    tenth = max(1, config.steps // 10)
+    with Progress(desc, total=config.steps, unit="steps", initial=trainer.step, quiet=quiet,
+                  start=start) as bar:
+
+        def progress(step: int, record: EvalRecord | None) -> None:
+            if record is not None:
+                bar.update(1, **progress_fields(record, trainer.task.metric))
+                bar.event()
+                return
+            bar.update(1)
+            if step % tenth == 0 and config.eval_every > tenth:
+                loss = trainer.last_loss
+                bar.event(train_loss=None if loss is None else f"{loss:.4g}",
+                          tok_s=f"{trainer.tokens / max(trainer.train_time, 1e-9):,.0f}")
+
+        result = trainer.run(progress)
+        bar.close("" if result.status == "completed" else
+                  f"{result.status}" + (f" ({result.error})" if result.error else ""))
+    return result
+
+
+def describe_run(trainer: Trainer) -> str:
+    """The progress's first line: what trains, how long, where."""
+    arch, config = trainer.arch, trainer.config
+    resumed = f" from step {trainer.step:,}" if trainer.step else ""
+    return (f"training {trainer.params[0]:,} parameters (d_model {arch.d_model}, "
+            f"{arch.n_layers} layers) for {config.steps:,} steps{resumed} on {trainer.device}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -384,18 +423,7 @@ def main(argv: list[str] | None = None) -> int:
             trainer.resume()
     except TransformerAllocError as err:
         return fail(PROG, str(err))
-    from tqdm import tqdm
-
-    bar = tqdm(total=config.steps, initial=trainer.step, disable=args.quiet, file=sys.stderr,
-               desc=task.name, mininterval=1.0)
-
-    def progress(step: int, record: EvalRecord | None) -> None:
-        bar.update(1)
-        if record is not None:
-            bar.set_postfix(progress_fields(record, task.metric))
-
-    result = trainer.run(progress)
-    bar.close()
+    result = run_with_progress(trainer, task.name, args.quiet, start=describe_run(trainer))
     if args.out is not None and args.out.exists():
         wrote(PROG, args.out)
     print(render(result) if args.format == "table" else dump(result.summary(), args.format))

@@ -52,7 +52,8 @@ SMOKE = Sizes(32, 2, 2, 32, 0.2, 40, 5, (0.05,))
 FULL = Sizes(128, 4, 4, 128, 8.0, 1500, 200, (0.01, 0.03, 0.1))
 
 
-def teacher(sizes: Sizes, task: Task, steps: int, checkpoint: Path) -> Model:
+def teacher(sizes: Sizes, task: Task, steps: int, checkpoint: Path,
+            args: argparse.Namespace) -> Model:
     """The byte LM teacher (continued / reused from its checkpoint)."""
     layer = LayerSpec("mhsa", (HeadGroup(sizes.heads, sizes.d_model // sizes.heads),),
                       mlp_ratio=4.0)
@@ -62,7 +63,7 @@ def teacher(sizes: Sizes, task: Task, steps: int, checkpoint: Path) -> Model:
                                               eval_every=max(1, steps // 5), device="cpu"),
                       checkpoint=checkpoint)
     trainer.resume()
-    trainer.run()
+    harness.train(trainer, "teacher", args)
     return trainer.model.eval()
 
 
@@ -104,16 +105,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     harness.prepare(args)
     corpus = harness.write_corpus(args.out / "corpus", sizes.megabytes)
     task = make_data_task(DataSpec(str(corpus)), length=sizes.length)
-    model = teacher(sizes, task, args.steps or sizes.steps, args.out / "teacher.pt")
+    model = teacher(sizes, task, args.steps or sizes.steps, args.out / "teacher.pt", args)
     teacher_loss = evaluate(model, task, EVAL, "cpu")[0]
     sample = task.batch("val", SAMPLE_BATCH, 32).x  # not the evaluation batches
-    measured = measure_model(model, sample, sizes.length, align=4, sample="corpus")
+    measured = measure_model(model, sample, sizes.length, align=4, sample="corpus",
+                             quiet=args.quiet)
     rows: list[dict[str, Any]] = []
-    for tolerance in sizes.tolerances:
-        planned = plan_compression(measured, tolerance, rule="measured").student
-        rows.append(student_row("allocator", tolerance, model, planned, task, sizes))
-        rows.append(student_row("uniform", tolerance, model, uniform_like(model.arch, planned),
-                                task, sizes))
+    with harness.runs(args, NAME, 2 * len(sizes.tolerances), "students",
+                      start=f"cut and fine-tune ({sizes.finetune} steps) two students per "
+                            "tolerance") as bar:
+        for tolerance in sizes.tolerances:
+            planned = plan_compression(measured, tolerance, rule="measured").student
+            for name, arch in (("allocator", planned),
+                               ("uniform", uniform_like(model.arch, planned))):
+                rows.append(student_row(name, tolerance, model, arch, task, sizes))
+                bar.update(1)
+                bar.event(f"{name} at tolerance {tolerance:g}: fine-tuned loss "
+                          f"{rows[-1]['finetuned_loss']:.4f}")
     layers = plan_compression(measured, sizes.tolerances[-1]).layers
     entropy = [{"layer": x.index, "entropy": x.entropy, "logit_bound_R": x.logit_bound}
                for x in layers]

@@ -145,7 +145,7 @@ def train_grid(args: argparse.Namespace, sizes: Sizes, corpus: str, folder: Path
     study = f"{NAME}-{corpus}"
     harness.search(grid, task_for(folder, sizes), grid.size(10_000),
                    harness.storage_url(args, NAME), study, args.out / "ray_results",
-                   profile=profile)
+                   profile=profile, quiet=args.quiet)
     return study
 
 
@@ -204,12 +204,13 @@ def plan_point(label: str, profile: Profile, path: Path, sizes: Sizes, task: Tas
                      (counts[0], counts[1]))
 
 
-def plans(sizes: Sizes, folder: Path, out: Path) -> tuple[PlanPoint, PlanPoint]:
+def plans(sizes: Sizes, folder: Path, out: Path, quiet: bool = False
+          ) -> tuple[PlanPoint, PlanPoint]:
     """Before (data statistics, the attention-only rule) and after (the pilot, the MLP rule)."""
     spec, task = DataSpec(str(folder)), task_for(folder, sizes)
     before = profile_data(spec, seq_len=sizes.length)
     pilot = PilotRequest(spec, budget=sizes.budget, layers=sizes.depth, mlp_ratio=MLP_RATIO,
-                         steps=sizes.pilot_steps)
+                         steps=sizes.pilot_steps, quiet=quiet)
     after = profile_data(spec, seq_len=sizes.length, pilot=pilot)
     return (plan_point("before", before, out / "profile-before.yaml", sizes, task, 1),
             plan_point("after", after, out / "profile-after.yaml", sizes, task, None))
@@ -254,7 +255,7 @@ def corpus_result(args: argparse.Namespace, sizes: Sizes, corpus: str) -> dict[s
     the plans ranked in it."""
     out = args.out / corpus
     folder = write(corpus, out / "text", sizes.megabytes)
-    points = plans(sizes, folder, out)
+    points = plans(sizes, folder, out, args.quiet)
     train_grid(args, sizes, corpus, folder, out / "profile-before.yaml")
     rows = ranked(grid_losses(harness.storage_url(args, NAME), f"{NAME}-{corpus}"), sizes.seeds)
     if not rows:
@@ -289,8 +290,14 @@ def describe_inputs(s: PlanSettings) -> str:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     sizes, chosen = sizes_of(args), corpora_of(args)  # bad --corpus: before any work
     harness.prepare(args)
-    with tune.session():
-        results = [corpus_result(args, sizes, c) for c in chosen]
+    results = []
+    with tune.session(), harness.runs(args, NAME, len(chosen), "corpora") as bar:
+        for k, corpus in enumerate(chosen, start=1):
+            bar.write(f"{NAME}: corpus {k}/{len(chosen)}: {corpus}: profile, plan and its "
+                      "grid's search")
+            results.append(corpus_result(args, sizes, corpus))
+            bar.update(1)
+            bar.event(f"{corpus} done")
     write_csv(args.out / "corpora.csv",
               [{"corpus": r["corpus"], **row} for r in results for row in r["rows"]])
     write_csv(args.out / "corpora_plans.csv", [

@@ -132,12 +132,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     harness.prepare(args)
     layers = args.layers or sizes.layers
     rows = []
-    for update in UPDATES:
-        for noise in NOISES:
-            task = make_task("denoise", "paper", seed=args.seed, clusters=sizes.clusters,
-                             rank=sizes.rank, length=sizes.length, delta=noise)
-            assert isinstance(task, DenoiseTask)
-            rows += trajectory(task, layers, args.eta, sizes.batch, update)
+    with harness.runs(args, NAME, len(UPDATES) * len(NOISES), "trajectories") as bar:
+        for update in UPDATES:
+            for noise in NOISES:
+                task = make_task("denoise", "paper", seed=args.seed, clusters=sizes.clusters,
+                                 rank=sizes.rank, length=sizes.length, delta=noise)
+                assert isinstance(task, DenoiseTask)
+                rows += trajectory(task, layers, args.eta, sizes.batch, update)
+                bar.update(1)
+                bar.event(f"{update} update, noise {noise:g}")
     write_csv(args.out / "denoise.csv", rows)
     plot(rows, args.eta, args.out / "denoise.png")
     return {"eta": args.eta, "sizes": {**asdict(sizes), "layers": layers}, "rows": rows,

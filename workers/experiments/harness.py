@@ -1,5 +1,6 @@
 """What every experiment shares: its command line, its output folder (CSV table, PNG plot,
-study database), and a search through ``workers.search.run_search``."""
+study database), its progress on stderr (``--quiet`` silences it), and a search through
+``workers.search.run_search``."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 from common.cli import Parser, add_format, dump, fail
 from common.errors import TransformerAllocError, UsageError
+from common.progress import Progress
 from search_spaces import SearchSpace
 
 if TYPE_CHECKING:
     from workers.search.driver import SearchSummary
     from workers.tasks import Task
+    from workers.train import Trainer, TrainResult
 
 RESULTS = Path("results")
 
@@ -56,8 +59,26 @@ def build_parser(name: str, doc: str, studies: bool = False) -> argparse.Argumen
     if studies:
         p.add_argument("--storage",
                        help="SQLAlchemy URL of the study database (default: SQLite in --out)")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress on stderr (each stage and run, the trainings' steps, the "
+                        "searches' trials: a bar on a terminal, else a line per event); "
+                        "errors and the result still print")
     add_format(p)
     return p
+
+
+def runs(args: argparse.Namespace, name: str, total: int, what: str = "runs",
+         start: str = "") -> Progress:
+    """The progress of an experiment's ``total`` runs (students, searches, corpora): mark each
+    done with ``update(1)`` then ``event("...")`` (``run 3/25 ...``, the time left)."""
+    return Progress(name, total=total, unit=what, quiet=args.quiet, start=start)
+
+
+def train(trainer: Trainer, desc: str, args: argparse.Namespace) -> TrainResult:
+    """``trainer.run()`` (resumed where its checkpoint was) with the trainer's progress."""
+    from workers.train import describe_run, run_with_progress
+
+    return run_with_progress(trainer, desc, args.quiet, start=describe_run(trainer))
 
 
 def prepare(args: argparse.Namespace) -> None:
@@ -81,15 +102,16 @@ def study_exists(url: str, study: str) -> bool:
 
 
 def search(space: SearchSpace, task: Task, trials: int, url: str, study: str, results: Path,
-           scheduler: str = "fifo", profile: Path | None = None) -> SearchSummary:
+           scheduler: str = "fifo", profile: Path | None = None,
+           quiet: bool = False) -> SearchSummary:
     """``workers.search.run_search`` into ``study``; an existing study is resumed, so a re-run
-    continues where an interrupted one stopped."""
+    continues where an interrupted one stopped. Its progress on stderr unless ``quiet``."""
     from workers.search.driver import SearchOptions, run_search
 
     summary = run_search(space, task, storage=url, study=study, trials=trials,
                          resume=study_exists(url, study),
                          options=SearchOptions(scheduler=scheduler, storage_path=results,
-                                               profile=profile))
+                                               profile=profile, quiet=quiet))
     if summary.status != "completed":
         raise RuntimeError(f"search {study} ended {summary.status}")
     return summary

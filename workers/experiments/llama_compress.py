@@ -73,7 +73,8 @@ def teacher_arch(sizes: Sizes) -> ArchConfig:
                       mlp="swiglu", norm_eps=1e-6, rope_theta=10000.0)
 
 
-def teacher(sizes: Sizes, task: Task, steps: int, seed: int, out: Path) -> Model:
+def teacher(sizes: Sizes, task: Task, steps: int, seed: int, out: Path,
+            args: argparse.Namespace) -> Model:
     """The teacher read from its Llama folder ``out/teacher``; trained first (from the
     initialisation of ``seed``, resuming from ``out/teacher.pt``) and written there when the
     folder is not finished yet."""
@@ -85,7 +86,7 @@ def teacher(sizes: Sizes, task: Task, steps: int, seed: int, out: Path) -> Model
                                       device="cpu"),
                           checkpoint=out / "teacher.pt")
         trainer.resume()
-        trainer.run()
+        harness.train(trainer, "teacher", args)
         model = trainer.model.eval()
         save_llama(model, llama_config(model.arch), folder)
     return load(folder).model.eval()
@@ -151,28 +152,37 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     harness.prepare(args)
     corpus = harness.write_corpus(args.out / "corpus", sizes.megabytes)
     task = make_data_task(DataSpec(str(corpus)), length=sizes.length)
-    model = teacher(sizes, task, args.steps or sizes.steps, args.seed, args.out)
+    model = teacher(sizes, task, args.steps or sizes.steps, args.seed, args.out, args)
     teacher_loss = evaluate(model, task, EVAL, "cpu")[0]
     sample = task.batch("val", SAMPLE_BATCH, 32)  # not the evaluation batches
     measured = measure_model(model, sample.x, sizes.length, align=sizes.align, sample="corpus",
-                             targets=sample.y.masked_fill(~sample.mask, IGNORE))
+                             targets=sample.y.masked_fill(~sample.mask, IGNORE),
+                             quiet=args.quiet)
     plans = {rule: plan_compression(measured, 1.0, rule=rule)  # pair rankings and errors
              for rule in METHODS.values()}
     teacher_kv_units = model.arch.kv_width
     rows: list[dict[str, Any]] = []
     smallest: Model | None = None
-    for rank in sizes.ranks:
-        uniform = [rank] * model.arch.n_layers
-        rows.append(student_row("uniform", rank, uniform, None, model, plans["loss"], task,
-                                sizes)[0])
-        fraction = with_dims(model.arch, uniform).kv_width / teacher_kv_units
-        for method, rule in METHODS.items():
-            budget = plan_for_kv_cache(plans[rule], fraction)
-            row, tuned = student_row(method, rank, dims_of(budget.student), budget.tolerance,
-                                     model, plans["loss"], task, sizes)
-            rows.append(row)
-            if rule == "loss" and rank == min(sizes.ranks):
-                smallest = tuned
+    with harness.runs(args, NAME, len(sizes.ranks) * (1 + len(METHODS)), "students",
+                      start=f"cut and fine-tune ({sizes.finetune} steps) the uniform and the "
+                            "planned students at each KV cache") as bar:
+        for rank in sizes.ranks:
+            uniform = [rank] * model.arch.n_layers
+            rows.append(student_row("uniform", rank, uniform, None, model, plans["loss"], task,
+                                    sizes)[0])
+            bar.update(1)
+            bar.event(f"uniform qk_dim {rank}: fine-tuned loss {rows[-1]['finetuned_loss']:.4f}")
+            fraction = with_dims(model.arch, uniform).kv_width / teacher_kv_units
+            for method, rule in METHODS.items():
+                budget = plan_for_kv_cache(plans[rule], fraction)
+                row, tuned = student_row(method, rank, dims_of(budget.student),
+                                         budget.tolerance, model, plans["loss"], task, sizes)
+                rows.append(row)
+                if rule == "loss" and rank == min(sizes.ranks):
+                    smallest = tuned
+                bar.update(1)
+                bar.event(f"{method} at the KV cache of qk_dim {rank}: fine-tuned loss "
+                          f"{row['finetuned_loss']:.4f}")
     assert smallest is not None
     report = save_student(smallest, args.out / "student")
     write_csv(args.out / "llama_compress.csv", rows)

@@ -51,13 +51,13 @@ class Search:
     steps: int | None = None
     space: str | dict[str, Any] = SPACE  # a shipped space, or one derived here
 
-    def run(self, smoke: bool, url: str, results: Path) -> None:
+    def run(self, smoke: bool, url: str, results: Path, quiet: bool = False) -> None:
         loaded = (load_space(self.space, self.budget) if isinstance(self.space, str)
                   else parse_space({**self.space, "budget": self.budget or self.space["budget"]},
                                    f"<{self.study}>"))
         space = training_budget(loaded, smoke, self.steps)
         task = make_task(self.task, "smoke" if smoke else "paper", **self.params)
-        harness.search(space, task, len(space.grid()), url, self.study, results)
+        harness.search(space, task, len(space.grid()), url, self.study, results, quiet=quiet)
 
 
 def memorize_space() -> dict[str, Any]:
@@ -160,11 +160,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     harness.prepare(args)
     url = harness.storage_url(args, NAME)
     rows: list[dict[str, Any]] = []
-    with tune.session():
-        for search in searches(args.smoke_test):
-            print(f"mixit: {search.study}", file=sys.stderr, flush=True)
-            search.run(args.smoke_test, url, args.out / "ray_results")
+    todo = searches(args.smoke_test)
+    with tune.session(), harness.runs(args, NAME, len(todo), "searches") as bar:
+        for k, search in enumerate(todo, start=1):
+            bar.write(f"{NAME}: search {k}/{len(todo)}: {search.study}")
+            search.run(args.smoke_test, url, args.out / "ray_results", args.quiet)
             rows += read_rows(url, search, args.smoke_test)
+            bar.update(1)
+            bar.event(f"{search.study} done")
     write_csv(args.out / "mixit.csv", rows)
     plot(rows, args.out / "mixit.png")
     return {"rows": rows, "out": str(args.out)}

@@ -62,8 +62,8 @@ FULL = Sizes(128, 4, 3, 256, 1500, (8, 16, 32, 64, 128, 256), (32, 256), (1, 2, 
              300, 10)
 
 
-def teacher(sizes: Sizes, seed: int, steps: int, checkpoint: Path, task: Task | None = None
-            ) -> tuple[Model, Task, float]:
+def teacher(sizes: Sizes, seed: int, steps: int, checkpoint: Path, task: Task | None = None,
+            args: argparse.Namespace | None = None) -> tuple[Model, Task, float]:
     """Train an LM teacher with the product's trainer (or continue / reuse its checkpoint) on
     ``task`` (default: the built-in ``lm`` task); returns it with its validation loss."""
     d, h = sizes.d_model, sizes.heads
@@ -75,7 +75,7 @@ def teacher(sizes: Sizes, seed: int, steps: int, checkpoint: Path, task: Task | 
                                               eval_every=max(1, steps // 5), seed=seed,
                                               device="cpu"), checkpoint=checkpoint)
     trainer.resume()
-    result = trainer.run()
+    result = trainer.run() if args is None else harness.train(trainer, "teacher", args)
     return trainer.model, task, float(result.val_loss or math.nan)
 
 
@@ -260,18 +260,32 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     sizes = SMOKE if args.smoke_test else FULL
     harness.prepare(args)
     steps = args.steps or sizes.steps
-    model, task, val_loss = teacher(sizes, args.seed, steps, args.out / "teacher.pt")
-    jac = jacobian_rows(model, task, list(sizes.lengths), sizes.sequences, args.seed)
-    students = student_rows(model, task, sizes, args.seed)
-    # The same measurement per layer on a second teacher, trained on real code (the stdlib's
-    # sources, a --data corpus) instead of documentation prose.
-    corpus = harness.write_corpus(args.out / "corpus", 0.2 if args.smoke_test else 8.0)
-    code_task = make_data_task(DataSpec(str(corpus)), length=sizes.length, seed=args.seed)
-    code, _, code_loss = teacher(sizes, args.seed, steps, args.out / "teacher_code.pt",
-                                 code_task)
-    layers = (layer_rows("docs", model, task, list(sizes.lengths), sizes.sequences, args.seed)
-              + layer_rows("code", code, code_task, list(sizes.lengths), sizes.sequences,
-                           args.seed))
+    with harness.runs(args, NAME, 5, "stages", start="two teachers, the Jacobian norms, "
+                      "the low-rank students and the per-layer logits") as bar:
+        model, task, val_loss = teacher(sizes, args.seed, steps, args.out / "teacher.pt",
+                                        args=args)
+        bar.update(1)
+        bar.event(f"the documentation teacher: val loss {val_loss:.4f}")
+        jac = jacobian_rows(model, task, list(sizes.lengths), sizes.sequences, args.seed)
+        bar.update(1)
+        bar.event(f"Jacobian norms at {len(sizes.lengths)} lengths")
+        students = student_rows(model, task, sizes, args.seed)
+        bar.update(1)
+        bar.event(f"{len(students)} low-rank students fitted")
+        # The same measurement per layer on a second teacher, trained on real code (the
+        # stdlib's sources, a --data corpus) instead of documentation prose.
+        corpus = harness.write_corpus(args.out / "corpus", 0.2 if args.smoke_test else 8.0)
+        code_task = make_data_task(DataSpec(str(corpus)), length=sizes.length, seed=args.seed)
+        code, _, code_loss = teacher(sizes, args.seed, steps, args.out / "teacher_code.pt",
+                                     code_task, args)
+        bar.update(1)
+        bar.event(f"the code teacher: val loss {code_loss:.4f}")
+        layers = (layer_rows("docs", model, task, list(sizes.lengths), sizes.sequences,
+                             args.seed)
+                  + layer_rows("code", code, code_task, list(sizes.lengths), sizes.sequences,
+                               args.seed))
+        bar.update(1)
+        bar.event("per-layer logits of both teachers")
     summary = saturation_summary(layers)
     write_csv(args.out / "jacobian.csv", jac)
     write_csv(args.out / "students.csv", students)

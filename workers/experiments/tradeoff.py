@@ -101,7 +101,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     grid = training_budget(load_space(path), args.smoke_test, steps)
     task = make_task("ngram", "smoke" if args.smoke_test else "paper")
     with tune.session():
-        harness.search(grid, task, trials, url, STUDY, args.out / "ray_results")
+        harness.search(grid, task, trials, url, STUDY, args.out / "ray_results",
+                       quiet=args.quiet)
     settings, observations = calibrate.observations_from_study(url, STUDY)
     raw, cal = calibrate.fit(settings, observations)
     rep = calibrate.calibration_report(STUDY, settings, observations, raw, cal)

@@ -40,6 +40,7 @@ from arch.config import MAX_WIDTH
 from arch.memory import gib, training_bytes, training_dtype
 from common.cli import Parser, add_format, dump, fail, int_in, number
 from common.errors import TransformerAllocError, UsageError, excerpt
+from common.progress import say
 from search_spaces import SearchSpace, SpaceError, load_space
 from search_spaces.loader import SAMPLERS, space_data_source, space_shape
 from studies import query
@@ -51,9 +52,11 @@ from studies.storage import (
     redact,
     resolve_url,
 )
+from workers.search import estimate
 from workers.search.protocol import TrialJob
 from workers.search.searcher import (
     WARM_START_FROM,
+    Start,
     StudySearcher,
     finished_count,
     is_duplicate,
@@ -103,6 +106,7 @@ class SearchOptions:
     sampler: str | None = None  # tpe | random | grid | prior; None: the space's
     prior_temperature: float = DEFAULT_TEMPERATURE  # the prior's spread (--sampler prior)
     warm_start: str | None = None  # a study of the same database to start from
+    quiet: bool = False  # no progress on stderr (the estimate, one line per finished trial)
 
 
 @dataclass(frozen=True)
@@ -224,7 +228,7 @@ def run_search(space: SearchSpace | str | Path, task: Task | str, *, storage: st
         raise SearchError(f"--task: {err}") from None
     shape = (space.budget, space.depth, space_mlp_ratio(space)) \
         if isinstance(space, SearchSpace) else space_shape(space)
-    profile = profile_for(task, opts.profile, opts.storage_path, shape)
+    profile = profile_for(task, opts.profile, opts.storage_path, shape, quiet=opts.quiet)
     measured = measured_inputs(profile)
     if not isinstance(space, SearchSpace):
         try:
@@ -267,12 +271,14 @@ def run_search(space: SearchSpace | str | Path, task: Task | str, *, storage: st
             if alive:
                 raise SearchError(f"--resume: trials {alive} of {name!r} still have a live "
                                   "heartbeat; another driver is running this study")
-        if finished_count(ot_study) >= total:  # nothing to run: answer before Ray starts
+        remaining = total - finished_count(ot_study)
+        if remaining <= 0:  # nothing to run: answer before Ray starts
             print(f"study {name} already has its {total} trials", file=sys.stderr)
             return summarise(_searcher(space, task, ot_study, probe, settings, kind, opts), name,
                              url, "completed")
     finally:
         probe.engine.dispose()  # its connections are not needed past the checks
+    announce_estimate(name, space, task, starting_points(space, settings, kind), remaining, opts)
     from workers.search import tune  # Ray starts here
 
     tune.start(opts.address)
@@ -367,19 +373,17 @@ def _run(searcher: StudySearcher, space: SearchSpace, task: Task, total: int, na
     from workers.search import tune
 
     remaining = total - finished_count(searcher.study)  # > 0: run_search checked
-    job = TrialJob(task=describe_task(task), metric=task.metric, mode=searcher.mode,
-                   seed=opts.seed, device=trial_device(opts),
-                   threads=max(1, int(opts.cpus_per_trial)), checkpoints=opts.checkpoints)
+    job = trial_job(task, opts)
     steps = int(space.fixed_train("steps"))
     run = tune.TuneRun(name=f"{name}-{time.strftime('%Y%m%d-%H%M%S')}",
                        storage_path=opts.storage_path, trials=remaining, steps=steps,
                        eval_every=int(space.fixed_train("eval_every")), scheduler=opts.scheduler,
                        cpus_per_trial=opts.cpus_per_trial, gpus_per_trial=opts.gpus_per_trial,
                        max_concurrent=opts.max_concurrent, reuse_actors=opts.reuse_actors,
-                       heartbeat_interval=opts.heartbeat_interval)
-    print(f"search {name}: {remaining} trial(s) of {space.name} on {task.name} ({steps} steps "
-          f"each), study in {redact(url)}, Ray results in {opts.storage_path / run.name}",
-          file=sys.stderr, flush=True)
+                       heartbeat_interval=opts.heartbeat_interval, quiet=opts.quiet)
+    say(f"search {name}: {remaining} trial(s) of {space.name} on {task.name} ({steps} steps "
+        f"each), study in {redact(url)}, Ray results in {opts.storage_path / run.name}",
+        quiet=opts.quiet)
     status = tune.run_tuner(searcher, job, run)
     failed = searcher.abandon("interrupted")
     if failed:
@@ -387,6 +391,32 @@ def _run(searcher: StudySearcher, space: SearchSpace, task: Task, total: int, na
         print(f"interrupted: trials {failed} failed and re-enqueued; continue with --resume",
               file=sys.stderr)
     return status
+
+
+def trial_job(task: Task, opts: SearchOptions) -> TrialJob:
+    """What every trial of the search shares."""
+    return TrialJob(task=describe_task(task), metric=task.metric,
+                    mode="max" if task.higher_is_better else "min", seed=opts.seed,
+                    device=trial_device(opts), threads=max(1, int(opts.cpus_per_trial)),
+                    checkpoints=opts.checkpoints)
+
+
+def announce_estimate(name: str, space: SearchSpace, task: Task, starts: list[Start],
+                      trials: int, opts: SearchOptions) -> None:
+    """Say, before Ray starts, how long a trial and the search will take here, from a few
+    timed training steps (``workers.search.estimate``; a second or two). Not on a cluster
+    (``--address``): its workers are not this machine; the estimate from the finished trials
+    follows there as here."""
+    if opts.quiet or opts.address is not None:
+        return
+    try:
+        timed = estimate.probe(space, task, trial_job(task, opts), starts)
+    except (RuntimeError, MemoryError) as err:  # e.g. a GPU that cannot hold it next to others
+        log.warning("no estimate of the trial time: timing a few steps failed (%s)", err)
+        return
+    concurrent = estimate.at_once(opts.cpus_per_trial, opts.gpus_per_trial,
+                                  opts.max_concurrent, trials)
+    say(f"search {name}: {estimate.describe(timed, trials, concurrent, opts.scheduler)}")
 
 
 def summarise(searcher: StudySearcher, name: str, url: str, status: str) -> SearchSummary:
@@ -462,6 +492,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-reuse-actors", action="store_true", help="a new worker per trial")
     p.add_argument("--no-checkpoints", action="store_true",
                    help="no checkpoint per evaluation (a trial hit by a fault restarts at step 0)")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress on stderr (the time estimate, then a bar on a terminal, "
+                        "else a line per finished trial); errors, the interrupt's advice and "
+                        "the result still print")
     add_format(p)
     return p
 
@@ -476,7 +510,7 @@ def setup(args: argparse.Namespace) -> tuple[SearchSpace, Task, int | None, Sear
         check_writable_dir("--storage-path", args.storage_path)
         shape = space_shape(args.space, args.budget)
         profile = profile_for(task, args.profile, args.storage_path, shape,
-                              SMOKE_PILOT_STEPS if args.smoke_test else None)
+                              SMOKE_PILOT_STEPS if args.smoke_test else None, args.quiet)
         space = load_space(args.space, args.budget, planner=planner(
             task, measured_inputs(profile), shape[2] if shape else PlanSettings.mlp_ratio))
     except SpaceError as err:
@@ -494,7 +528,8 @@ def setup(args: argparse.Namespace) -> tuple[SearchSpace, Task, int | None, Sear
         sampler=args.sampler, prior_temperature=args.prior_temperature,
         warm_start=args.warm_start,
         heartbeat_interval=args.heartbeat_interval, grace_period=args.grace_period,
-        reuse_actors=not args.no_reuse_actors, checkpoints=not args.no_checkpoints)
+        reuse_actors=not args.no_reuse_actors, checkpoints=not args.no_checkpoints,
+        quiet=args.quiet)
     return space, task, args.trials or (SMOKE_TRIALS if args.smoke_test else None), options
 
 

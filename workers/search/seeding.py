@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Any
 
 from alloc.plan import PlanSettings, baseline_arch, make_plan, predicted_error
 from arch import ArchConfig, ConfigError, HeadGroup, LayerSpec
+from common.progress import duration, say
 from search_spaces import SearchSpace, SpaceError
 from workers.search.searcher import Start
 from workers.tasks import ArrayTask, Task, TextTask
@@ -63,11 +63,12 @@ def planner(task: Task, measured: Mapping[str, Any] | None = None,
 
 def profile_for(task: Task, profile: Path | None, out_dir: Path,
                 shape: tuple[int, int, float] | None = None,
-                pilot_steps: int | None = None) -> Path | None:
+                pilot_steps: int | None = None, quiet: bool = False) -> Path | None:
     """The profile of allocator inputs to plan with: ``profile`` if given; for a task on the
     user's data without one, the data profiled now (``alloc.profile``; token data with a pilot
     of the search's ``shape``, ``(budget, depth, MLP ratio)``, the profile's defaults without
-    one, for ``pilot_steps``), written to ``out_dir``; else None (the task's own inputs)."""
+    one, for ``pilot_steps``), written to ``out_dir``; else None (the task's own inputs).
+    Its progress goes to stderr unless ``quiet``."""
     if profile is not None or not isinstance(task, TextTask | ArrayTask):
         return profile
     from alloc.pilot import MAX_PILOT_WIDTH, PilotRequest
@@ -81,14 +82,14 @@ def profile_for(task: Task, profile: Path | None, out_dir: Path,
         budget, depth, mlp = shape or (PilotRequest.budget, PilotRequest.layers,
                                        PilotRequest.mlp_ratio)
         pilot = PilotRequest(spec, budget=budget, layers=depth, mlp_ratio=mlp,
-                             steps=pilot_steps or PilotRequest.steps)
-        print(f"profiling {task.path}: pilot training of the baseline at D = {budget}, "
-              f"{depth} layer(s), {pilot.steps} steps", file=sys.stderr)
+                             steps=pilot_steps or PilotRequest.steps, quiet=quiet)
+        say(f"profiling {task.path}: pilot training of the baseline at D = {budget}, "
+            f"{depth} layer(s), {pilot.steps} steps", quiet=quiet)
     # DataError if unusable
     measured = profile_data(spec, seq_len=task.seq_len, pilot=pilot)
     inputs = write_profile(measured, path)[0]["allocator"]
-    print(f"profiled {task.path}: kernel {inputs['kernel']}, input dim {inputs['input_dim']} "
-          f"in {measured.wall_s:.1f} s ({path})", file=sys.stderr)
+    say(f"profiled {task.path}: kernel {inputs['kernel']}, input dim {inputs['input_dim']} "
+        f"in {duration(measured.wall_s)} ({path})", quiet=quiet)
     return path
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -25,11 +24,52 @@ from ray import tune
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 from ray.tune.search import Searcher
 
+from common.progress import Progress
+from workers.search import estimate
 from workers.search.protocol import JOB_KEY, TRIAL_KEY, TrialJob, TrialReport, TrialSpec
 from workers.search.searcher import ASHA_REDUCTION, StudySearcher, asha_grace_period
 from workers.trial import train_trial
 
 log = logging.getLogger(__name__)
+
+
+class _DropRecords(logging.Filter):
+    """Drops a logger's records whose message contains ``text``."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.text not in record.getMessage()
+
+
+def _drop(logger: str, text: str) -> None:
+    target = logging.getLogger(logger)
+    if not any(isinstance(f, _DropRecords) and f.text == text for f in target.filters):
+        target.addFilter(_DropRecords(text))
+
+
+def quiet_ray_advice() -> None:
+    """Silence what Ray says that a search must not follow or need not read (idempotent)."""
+    # After a Ctrl-C, Tune logs "Resume experiment with: Tuner.restore(...)" through its
+    # module's logger (ray.tune.tune), at WARNING, with no verbosity setting that gates it: a
+    # search resumes from its study (--resume, which the driver says), never from Ray's state.
+    # The filter drops that record and keeps the logger's others.
+    _drop("ray.tune.tune", ".restore(")
+    # Ray 2.60 turns token authentication on for a new local instance and says so at every
+    # start ("Token authentication is enabled ... Set RAY_AUTH_MODE=disabled to opt out").
+    # The documented way to choose the mode, RAY_AUTH_MODE=token, is read once, when ray is
+    # imported: set here it leaves this process "disabled" while the processes it starts
+    # are "token", and the GCS refuses the driver (measured); "disabled" would silence it
+    # too, by opening the instance to anyone on the network. So the mode stays Ray's secure
+    # default, and a filter on the logger of Ray's token setup drops only this notice.
+    _drop("ray._private.authentication.authentication_token_setup",
+          "Token authentication is enabled")
+    # After a Ctrl-C, Tune's result analysis warns that a trial which had not reported yet has
+    # no metrics: the study is the record (our line says which trials are retried), and the
+    # analysis is never read.
+    logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
 
 
 def start(address: str | None = None) -> None:
@@ -39,6 +79,7 @@ def start(address: str | None = None) -> None:
     # to a trial, so the warning goes.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # our progress lines replace Ray's boxes
+    quiet_ray_advice()
     if ray.is_initialized():  # called from Python (benchmarks, notebooks) after ray.init
         return
     ray.init(address=address, include_dashboard=False if address is None else None,
@@ -72,6 +113,7 @@ class TuneRun:
     max_concurrent: int | None = None
     reuse_actors: bool = True
     heartbeat_interval: float = 10.0
+    quiet: bool = False  # no progress on stderr
 
 
 def run_tuner(searcher: StudySearcher, job: TrialJob, run: TuneRun) -> str:
@@ -81,6 +123,8 @@ def run_tuner(searcher: StudySearcher, job: TrialJob, run: TuneRun) -> str:
                                grace_period=asha_grace_period(run.steps, run.eval_every),
                                reduction_factor=ASHA_REDUCTION)
                  if run.scheduler == "asha" else FIFOScheduler())
+    monitor = _Monitor(searcher, run, Progress("search", total=run.trials, unit="trials",
+                                               quiet=run.quiet))
     tuner = tune.Tuner(
         tune.with_resources(_trainable, {"cpu": run.cpus_per_trial, "gpu": run.gpus_per_trial}),
         param_space={JOB_KEY: job},
@@ -91,14 +135,17 @@ def run_tuner(searcher: StudySearcher, job: TrialJob, run: TuneRun) -> str:
                                     trial_dirname_creator=lambda trial: f"trial_{trial.trial_id}"),
         run_config=tune.RunConfig(
             name=run.name, storage_path=str(run.storage_path.resolve()), verbose=0,
-            callbacks=[_Monitor(searcher, run.trials, run.heartbeat_interval / 2)],
+            callbacks=[monitor],
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
             failure_config=tune.FailureConfig(max_failures=1)))
     try:
         tuner.fit()
     except KeyboardInterrupt:  # a second Ctrl-C; the first one Tune handles itself, stopping
-        return "interrupted"   # the run and returning, and the searcher's abandon() finds
-    return "completed"         # the trials it left open (workers.search reports that)
+        monitor.bar.abandon()  # the run and returning, and the searcher's abandon() finds
+        return "interrupted"   # the trials it left open (workers.search reports that)
+    finished = sum(monitor.counts.values())
+    monitor.bar.close("done" if finished >= run.trials else "stopped")
+    return "completed"
 
 
 def _trainable(config: dict[str, Any]) -> None:
@@ -161,18 +208,29 @@ class _Adapter(Searcher):
 
 class _Monitor(tune.Callback):
     """Heartbeats for the open trials, the checkpoint of each trial recorded in the study, and
-    one progress line per finished trial (done / running / failed, best so far)."""
+    the search's progress: trials finished / running / total, the best so far and, once a
+    trial has finished, the time left (a bar on a terminal, else one line per finished
+    trial)."""
 
-    def __init__(self, searcher: StudySearcher, total: int, interval: float) -> None:
-        self.searcher, self.total, self.interval = searcher, total, interval
+    def __init__(self, searcher: StudySearcher, run: TuneRun, bar: Progress) -> None:
+        self.searcher, self.total, self.bar = searcher, run.trials, bar
+        self.interval = run.heartbeat_interval / 2
         self.counts = {"COMPLETE": 0, "PRUNED": 0, "FAIL": 0}
         self.best: tuple[float, int | None, str] | None = searcher.best_so_far()
         self.last_beat = 0.0
+        self.started: dict[str, float] = {}  # trial id -> when it started
+        self.durations: list[float] = []
+        self.peak = 1  # the most trials seen running at once: the search's concurrency
 
     def on_step_end(self, iteration: int, trials: list[Any], **info: Any) -> None:
         if time.monotonic() - self.last_beat >= self.interval:
             self.searcher.beat()
             self.last_beat = time.monotonic()
+            self.bar.refresh()  # a terminal's bar shows the time passing between trials
+
+    def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        self.started.setdefault(trial.trial_id, time.monotonic())
+        self.peak = max(self.peak, sum(t.status == "RUNNING" for t in trials))
 
     def on_checkpoint(self, iteration: int, trials: list[Any], trial: Any, checkpoint: Any,
                       **info: Any) -> None:
@@ -189,13 +247,31 @@ class _Monitor(tune.Callback):
         report = TrialReport.from_result(trial.last_result or {}, self.searcher.metric)
         state, value, _ = self.searcher.classify(report, error)
         self.counts[state.name] += 1
+        now = time.monotonic()
+        if trial.trial_id in self.started:
+            self.durations.append(now - self.started.pop(trial.trial_id))
         if value is not None and (self.best is None or self.searcher.better(value,
                                                                              self.best[0])):
             spec: TrialSpec = trial.config[TRIAL_KEY]
             self.best = (value, self.searcher.number(trial.trial_id), spec.arch.describe())
-        running = sum(t.status == "RUNNING" and t is not trial for t in trials)
-        best = (f"best {self.searcher.metric} {self.best[0]:.4g} (trial {self.best[1]}: "
-                f"{self.best[2]})" if self.best else "no full-budget trial yet")
-        print(f"[{sum(self.counts.values())}/{self.total}] {self.counts['COMPLETE']} complete, "
-              f"{self.counts['PRUNED']} stopped early, {self.counts['FAIL']} failed, "
-              f"{running} running; {best}", file=sys.stderr, flush=True)
+        running = [t for t in trials if t.status == "RUNNING" and t is not trial]
+        done = sum(self.counts.values())
+        self.peak = max(self.peak, len(running) + 1)
+        left = estimate.remaining(
+            self.durations, [now - self.started.get(t.trial_id, now) for t in running],
+            max(0, self.total - done - len(running)), self.peak)
+        self.bar.update(1)
+        self.bar.event(self._describe(len(running)), eta=left)
+
+    def _describe(self, running: int) -> str:
+        """The counts and the best so far; on a terminal's one-line bar, the best first and
+        without its architecture."""
+        stopped, failed = self.counts["PRUNED"], self.counts["FAIL"]
+        best = "no full-budget trial yet"
+        if self.best is not None:
+            best = f"best {self.searcher.metric} {self.best[0]:.4g} (trial {self.best[1]}"
+            best += ")" if self.bar.tty else f": {self.best[2]})"
+        if self.bar.tty:
+            return f"{best}, {running} running, {stopped} stopped early, {failed} failed"
+        return (f"{self.counts['COMPLETE']} complete, {stopped} stopped early, {failed} failed, "
+                f"{running} running; {best}")
