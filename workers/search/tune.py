@@ -263,6 +263,11 @@ class _Monitor(tune.Callback):
         self.bar.update(1)
         self.bar.event(self._describe(len(running)), eta=left)
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Tune pickles its callbacks into the experiment state: like the adapter's, that pickle
+        # holds no study, storage or URL, and no stream or bar of this process.
+        return {**self.__dict__, "searcher": None, "bar": None}
+
     def _describe(self, running: int) -> str:
         """The counts and the best so far; on a terminal's one-line bar, the best first and
         without its architecture."""
