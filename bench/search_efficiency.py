@@ -389,7 +389,7 @@ def _yes(ok: bool) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from workers.tasks.cli import add_task_args
+    from workers.taskargs import add_task_args
 
     p = Parser(prog="python -m bench.search_efficiency", description=__doc__.split("\n\n")[1])
     p.add_argument("--replay", action="store_true",
@@ -421,8 +421,8 @@ def cases(args: argparse.Namespace) -> list[Case]:
         profile_for,
         space_mlp_ratio,
     )
+    from workers.taskargs import task_from_args
     from workers.tasks import make_task
-    from workers.tasks.cli import task_from_args
     from workers.tasks.data import make_data_task
 
     size = "smoke" if args.smoke_test else "paper"

@@ -43,8 +43,8 @@ from userdata import DataSpec
 from workers.checkpoints import Loaded, load, save_gpt2, save_llama
 from workers.model import Model
 from workers.students import build_student, pair_orders
+from workers.taskargs import add_task_args, check_fits, task_for_model
 from workers.tasks import Task, task_from_description
-from workers.tasks.cli import add_task_args, check_fits, task_for_model
 from workers.train import Trainer, evaluate
 
 PROG = "workers.compress"

@@ -27,8 +27,8 @@ from common.cli import Parser, add_format, dump, fail, int_in, number
 from common.errors import TransformerAllocError, UsageError
 from workers.checkpoints import CheckpointError
 from workers.model import build_model, count_params, maybe_compile
+from workers.taskargs import add_task_args, task_from_args
 from workers.tasks import Task, describe_task, fit_arch
-from workers.tasks.cli import add_task_args, task_from_args
 
 log = logging.getLogger(__name__)
 PROG = "workers.train"

@@ -70,8 +70,8 @@ from workers.search.seeding import (
     starting_points,
 )
 from workers.search.warmstart import WarmStart, copy_trials, open_source
+from workers.taskargs import add_task_args, task_from_args
 from workers.tasks import Task, TaskError, describe_task, make_task
-from workers.tasks.cli import add_task_args, task_from_args
 
 log = logging.getLogger(__name__)
 SMOKE_PILOT_STEPS = 20  # --smoke-test: the data's pilot profile only checks that it runs
