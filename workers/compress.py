@@ -45,7 +45,7 @@ from workers.model import Model
 from workers.students import build_student, pair_orders
 from workers.taskargs import add_task_args, check_fits, task_for_model
 from workers.tasks import Task, task_from_description
-from workers.train import Trainer, evaluate
+from workers.trainer import Trainer, evaluate
 
 PROG = "workers.compress"
 

@@ -37,7 +37,7 @@ from workers.measure import IGNORE, SAMPLE_BATCH, measure_model
 from workers.model import Model
 from workers.students import build_student, pair_orders
 from workers.tasks import Task, make_data_task
-from workers.train import Trainer, evaluate
+from workers.trainer import Trainer, evaluate
 
 NAME = "llama_compress"
 KV_DTYPE = "bfloat16"  # the KV cache is reported at the dtype a Llama is served in
