@@ -414,7 +414,8 @@ def build_parser() -> argparse.ArgumentParser:
 def cases(args: argparse.Namespace) -> list[Case]:
     """The tables the flags name (``UsageError`` if bad)."""
     from workers.experiments import harness
-    from workers.search.driver import SMOKE_PILOT_STEPS, training_budget
+    from workers.search.cli import SMOKE_PILOT_STEPS
+    from workers.search.driver import training_budget
     from workers.search.seeding import (
         measured_inputs,
         plan_settings,

@@ -84,7 +84,8 @@ def search(space: SearchSpace, task: Task, trials: int, url: str, study: str, re
            scheduler: str = "fifo", profile: Path | None = None) -> SearchSummary:
     """``workers.search.run_search`` into ``study``; an existing study is resumed, so a re-run
     continues where an interrupted one stopped."""
-    from workers.search.driver import SearchOptions, run_search
+    from workers.search.driver import run_search
+    from workers.search.options import SearchOptions
 
     summary = run_search(space, task, storage=url, study=study, trials=trials,
                          resume=study_exists(url, study),
