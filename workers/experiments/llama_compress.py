@@ -32,7 +32,6 @@ from common.plots import new_figure, write_figure
 from userdata import DataSpec
 from workers.checkpoints import llama_config, load, save_llama
 from workers.experiments import harness
-from workers.hf.export import save_student
 from workers.measure import IGNORE, SAMPLE_BATCH, measure_model
 from workers.model import Model
 from workers.students import build_student, pair_orders
@@ -174,6 +173,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if rule == "loss" and rank == min(sizes.ranks):
                 smallest = tuned
     assert smallest is not None
+    from workers.hf.export import save_student  # transformers: only when the student is saved
+
     report = save_student(smallest, args.out / "student")
     write_csv(args.out / "llama_compress.csv", rows)
     teacher_kv = kv_cache_bytes(model.arch, KV_DTYPE)
