@@ -4,8 +4,8 @@ Start-up time of the product commands, interpreter start included, as a user see
 time of ``python -m CMD --help`` for each of the seven commands and of ``studies list`` and
 ``studies best`` on a small SQLite study this script writes (median of ``--runs`` runs, one
 process each); for each, the milliseconds our code spends importing (``python -X importtime``:
-our packages and what they pull in, the interpreter's own start-up left out), all imports'
-milliseconds, and which heavy third-party modules got imported.
+our packages and what they pull in, the interpreter's own start-up left out; median of up to 3
+runs), all imports' milliseconds, and which heavy third-party modules got imported.
 """
 
 from __future__ import annotations
@@ -48,32 +48,35 @@ def wall(argv: list[str], runs: int) -> float:
     return statistics.median(times)
 
 
-def import_profile(argv: list[str]) -> dict[str, Any]:
+def import_profile(argv: list[str], runs: int) -> dict[str, Any]:
     """``python -X importtime *argv``: milliseconds of our imports and of all imports (the
-    interpreter's start-up included), and the heavy modules imported.
+    interpreter's start-up included; medians of ``runs`` runs), and the heavy modules imported.
 
     Ours are the top-level ``cumulative`` figures of our packages' modules, what they import
     included, and of whatever the command's module imports itself: ``-m`` runs it as
     ``__main__``, so its imports are top-level entries after ``runpy``'s.
     """
-    proc = subprocess.run([sys.executable, "-X", "importtime", *argv], cwd=ROOT,
-                          env=environment(), capture_output=True, text=True, timeout=300)
-    ours = total = 0.0
-    names, command_started = set(), False
-    for line in proc.stderr.splitlines():
-        if not line.startswith("import time:") or "cumulative" in line:
-            continue
-        _, cumulative, field = line.split("|")
-        name = field[1:]
-        names.add(name.strip())
-        if name.startswith(" "):  # nested: counted in its importer's cumulative figure
-            continue
-        total += int(cumulative) / 1e3
-        if command_started or name.split(".")[0] in OURS:
-            ours += int(cumulative) / 1e3
-        command_started = command_started or name == "runpy"
-    heavy = [h for h in HEAVY if h in names]
-    return {"ours_import_ms": ours, "all_import_ms": total, "heavy": heavy}
+    ours, total, names = [], [], set()
+    for _ in range(runs):
+        proc = subprocess.run([sys.executable, "-X", "importtime", *argv], cwd=ROOT,
+                              env=environment(), capture_output=True, text=True, timeout=300)
+        ours.append(0.0)
+        total.append(0.0)
+        command_started = False
+        for line in proc.stderr.splitlines():
+            if not line.startswith("import time:") or "cumulative" in line:
+                continue
+            _, cumulative, field = line.split("|")
+            name = field[1:]
+            names.add(name.strip())
+            if name.startswith(" "):  # nested: counted in its importer's cumulative figure
+                continue
+            total[-1] += int(cumulative) / 1e3
+            if command_started or name.split(".")[0] in OURS:
+                ours[-1] += int(cumulative) / 1e3
+            command_started = command_started or name == "runpy"
+    return {"ours_import_ms": statistics.median(ours), "all_import_ms": statistics.median(total),
+            "heavy": [h for h in HEAVY if h in names]}
 
 
 def small_study(folder: Path) -> str:
@@ -104,7 +107,8 @@ def measure(runs: int, commands: tuple[str, ...]) -> list[dict[str, Any]]:
         cases.append(("python (no command)", ["-c", "pass"]))
         rows = []
         for label, argv in cases:
-            row = {"command": label, "wall_s": wall(argv, runs), **import_profile(argv)}
+            row = {"command": label, "wall_s": wall(argv, runs),
+                   **import_profile(argv, min(runs, 3))}
             rows.append(row)
             print(f"{label}: {row['wall_s']:.2f} s", file=sys.stderr)
         return rows
