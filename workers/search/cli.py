@@ -9,8 +9,7 @@ checkpoint, nothing is left RUNNING. A password in ``--storage`` is moved to ``$
 before anything is pickled or logged (``~/.pgpass`` and service files work too).
 
 This module reads the flags and reports; the search is ``workers.search.driver.run_search``,
-imported once the flags are read (with Optuna, torch and the allocator), so that ``--help``
-needs none of them.
+imported with Optuna and torch once the flags are read, so that ``--help`` needs neither.
 """
 
 from __future__ import annotations
