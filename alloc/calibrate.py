@@ -23,8 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy.optimize import least_squares
-from scipy.stats import spearmanr
 
 from alloc.constants import Constants, to_yaml
 from alloc.plan import Plan, PlanSettings, make_plan, predicted_error
@@ -90,6 +88,8 @@ def bounds(settings: PlanSettings, observations: Sequence[Observation],
 def _score(settings: PlanSettings, observations: Sequence[Observation],
            constants: Constants) -> ConstantsFit:
     """Best scale for ``constants`` and the fit's quality."""
+    from scipy.stats import spearmanr  # SciPy's stats and optimize take 0.5 s to import
+
     e = bounds(settings, observations, constants)
     log_y = np.log([o.loss for o in observations])
     gap = log_y - np.log(e)
@@ -110,6 +110,8 @@ def fit(settings: PlanSettings, observations: Sequence[Observation]
         ) -> tuple[ConstantsFit, ConstantsFit]:
     """(raw, calibrated): the settings' own constants with only the scale fitted, and the least
     squares constants. The calibrated fit nests the raw one, so its R² is never lower."""
+    from scipy.optimize import least_squares
+
     if len(observations) < 4:
         raise CalibrationError("calibration needs at least 4 architectures with a full-budget "
                                f"loss (3 constants + the scale); the study has {len(observations)}")

@@ -32,7 +32,6 @@ from typing import Any
 
 import numpy as np
 import yaml
-from scipy.optimize import minimize_scalar
 
 from alloc.compression import (
     RULES,
@@ -273,6 +272,8 @@ def participation_ratio(x: np.ndarray) -> float:
 
 def fit_kernel(rho: np.ndarray) -> tuple[KernelFit, ...]:
     """Least-squares fits of ngram:K, exp:LAMBDA and poly:P (each with a free scale)."""
+    from scipy.optimize import minimize_scalar  # 0.3 s to import: not for --help
+
     n = len(rho)
     total = float(((rho - rho.mean()) ** 2).sum()) or 1.0
 

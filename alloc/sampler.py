@@ -52,7 +52,6 @@ from optuna.distributions import (
     IntDistribution,
 )
 from optuna.trial import FrozenTrial, TrialState
-from scipy.stats import spearmanr
 
 from alloc.calibrate import CalibrationError, Observation, fit, with_constants
 from alloc.constants import Constants
@@ -239,6 +238,8 @@ class PriorSampler(optuna.samplers.BaseSampler):
     def trust(self, ranked: list[int]) -> float:
         """How far the trials bear the prior out: the Spearman correlation of prior and result
         over the finished trials, clipped at 0 (1 until three trials say otherwise)."""
+        from scipy.stats import spearmanr  # 0.5 s to import: only once trials are told
+
         if len(ranked) < 3:
             return 1.0
         log_prob = self.prior.log_prob[np.array(ranked)]

@@ -389,7 +389,7 @@ def _yes(ok: bool) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from workers.tasks.cli import add_task_args
+    from workers.taskargs import add_task_args
 
     p = Parser(prog="python -m bench.search_efficiency", description=__doc__.split("\n\n")[1])
     p.add_argument("--replay", action="store_true",
@@ -414,15 +414,16 @@ def build_parser() -> argparse.ArgumentParser:
 def cases(args: argparse.Namespace) -> list[Case]:
     """The tables the flags name (``UsageError`` if bad)."""
     from workers.experiments import harness
-    from workers.search.driver import SMOKE_PILOT_STEPS, training_budget
+    from workers.search.cli import SMOKE_PILOT_STEPS
+    from workers.search.driver import training_budget
     from workers.search.seeding import (
         measured_inputs,
         plan_settings,
         profile_for,
         space_mlp_ratio,
     )
+    from workers.taskargs import task_from_args
     from workers.tasks import make_task
-    from workers.tasks.cli import task_from_args
     from workers.tasks.data import make_data_task
 
     size = "smoke" if args.smoke_test else "paper"

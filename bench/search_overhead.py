@@ -23,7 +23,8 @@ from search_spaces import FixedSuggester, load_space
 
 def launcher(url: str, results: Path, study: str, args: argparse.Namespace, reuse: bool,
              checkpoints: bool = True) -> float:
-    from workers.search.driver import SearchOptions, run_search, training_budget
+    from workers.search.driver import run_search, training_budget
+    from workers.search.options import SearchOptions
 
     space = training_budget(load_space(args.space), steps=args.steps)
     options = SearchOptions(scheduler="fifo", max_concurrent=1, storage_path=results,
@@ -43,7 +44,7 @@ def plain_loop(url: str, study: str, args: argparse.Namespace) -> float:
 
     from arch import TrainConfig
     from workers.tasks import make_task
-    from workers.train import Trainer
+    from workers.trainer import Trainer
 
     torch.set_num_threads(1)  # what a 1-CPU trial gets
     trials = optuna.load_study(study_name=study, storage=url).get_trials(

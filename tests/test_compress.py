@@ -28,7 +28,7 @@ from workers.measure import measure, profile_checkpoint
 from workers.model import Model, build_model
 from workers.students import build_student, svd_factors
 from workers.tasks import make_data_task
-from workers.train import Trainer, evaluate
+from workers.trainer import Trainer, evaluate
 
 
 @functools.cache

@@ -29,7 +29,7 @@ def help_text(module: str, argv: list[str], capsys: pytest.CaptureFixture[str]) 
 
 
 def test_the_entry_points_are_found() -> None:
-    assert {"alloc.solve", "workers.train", "workers.search.driver",
+    assert {"alloc.solve", "workers.train", "workers.search.cli",
             "studies.cli"} <= set(ENTRY_POINTS)
 
 

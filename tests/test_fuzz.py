@@ -28,8 +28,8 @@ from search_spaces.space import PROBE_IO
 from studies.cli import main as studies_main
 from workers.compress import build_parser as compress_parser
 from workers.compress import main as compress_main
-from workers.search.driver import build_parser as search_parser
-from workers.search.driver import main as search_main
+from workers.search.cli import build_parser as search_parser
+from workers.search.cli import main as search_main
 from workers.train import build_parser as train_parser
 from workers.train import main as train_main
 

@@ -21,7 +21,7 @@ from arch import ArchConfig, TrainConfig
 from tests.test_search import launch, load, wait_for
 from workers.search.protocol import RESUMED, TrialJob, TrialReport, TrialSpec
 from workers.tasks import make_task
-from workers.train import Trainer
+from workers.trainer import Trainer
 
 SPACE = """name: one
 budget: 32

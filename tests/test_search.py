@@ -307,7 +307,7 @@ def test_study_names_and_result_paths_are_checked_before_anything_is_created(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A study name is a directory name too; a bad one, or a --storage-path that cannot be
     written, is one line and exit 2 with no database, study or Ray directory created."""
-    from workers.search.driver import main as search_main
+    from workers.search.cli import main as search_main
 
     url = f"sqlite:///{tmp_path / 's.db'}"
     (tmp_path / "file").write_text("")
@@ -371,7 +371,7 @@ def test_resume_of_a_finished_study_answers_before_ray_starts(
     from unittest import mock
 
     import workers.search
-    from workers.search.driver import main as search_main
+    from workers.search.cli import main as search_main
 
     started = mock.Mock(side_effect=RuntimeError("Ray would start"))
     stub = types.ModuleType("workers.search.tune")

@@ -180,7 +180,8 @@ def test_starting_points_are_enqueued_one_at_a_time(tmp_path: Path) -> None:
 
 
 def test_a_search_whose_every_trial_failed_exits_non_zero() -> None:
-    from workers.search.driver import SearchSummary, outcome
+    from workers.search.cli import outcome
+    from workers.search.driver import SearchSummary
 
     def summary(status: str = "completed", retried: list[int] | None = None,
                 **counts: int) -> SearchSummary:

@@ -197,7 +197,7 @@ def test_a_trained_models_task_keeps_short_vector_sequences(tmp_path: Path) -> N
 
     from arch import ArchConfig, HeadGroup, LayerSpec
     from userdata import DataError, DataSpec
-    from workers.tasks.cli import check_fits, task_for_model
+    from workers.taskargs import check_fits, task_for_model
 
     np.save(tmp_path / "x.npy", np.random.default_rng(0).normal(size=(20, 8, 3)))
     arch = ArchConfig(d_model=16, layers=(LayerSpec("mhsa", (HeadGroup(2, 8),)),),
@@ -207,3 +207,11 @@ def test_a_trained_models_task_keeps_short_vector_sequences(tmp_path: Path) -> N
     check_fits(task, arch, trains=False, source=source)
     with pytest.raises(DataError, match="length=12: the sequences"):
         task_for_model(arch, data=DataSpec(str(tmp_path / "x.npy")), params={"length": 12})
+
+
+def test_the_task_flags_name_every_registered_task() -> None:
+    """``workers.taskargs`` lists the task names without torch; the registry must agree."""
+    from workers.taskargs import GENERATED_TASKS
+
+    assert list(GENERATED_TASKS) == sorted(set(TASKS) - set(DATA_TASKS))
+    assert set(DATA_TASKS) <= set(TASKS)

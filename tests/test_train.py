@@ -15,7 +15,8 @@ import torch
 from arch import ArchConfig, HeadGroup, LayerSpec, TrainConfig, param_count
 from workers.model import build_model, count_params
 from workers.tasks import DATA_TASKS, TASKS, Batch, NgramTask, fit_arch, make_task
-from workers.train import EvalRecord, Trainer, main, train
+from workers.train import main
+from workers.trainer import EvalRecord, Trainer, train
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -38,7 +38,7 @@ from workers.attention import LogitRecorder, rotate
 from workers.checkpoints import load
 from workers.heads import HeadMap, head_maps
 from workers.model import Model
-from workers.tasks.cli import check_fits, task_for_model
+from workers.taskargs import check_fits, task_for_model
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from workers.heads import head_maps
 from workers.measure import SAMPLE_BATCH, head_statistics, measure
 from workers.model import Model
 from workers.tasks import Task, TaskError, make_data_task, make_task
-from workers.train import Trainer, run_with_progress
+from workers.trainer import Trainer, run_with_progress
 
 
 def baseline(request: PilotRequest, task: Task) -> ArchConfig:

@@ -23,7 +23,7 @@ import torch
 from arch import ArchConfig, param_count
 from workers.search.protocol import TrialJob, TrialReport, TrialSpec
 from workers.tasks import task_from_description
-from workers.train import EvalRecord, Trainer
+from workers.trainer import EvalRecord, Trainer
 
 CHECKPOINT_FILE = "trainer.pt"
 # Fault injection for the tests, never set by the product: a JSON list of {"kind": "raise" |

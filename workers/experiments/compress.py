@@ -30,7 +30,7 @@ from workers.measure import SAMPLE_BATCH, measure_model
 from workers.model import Model
 from workers.students import build_student
 from workers.tasks import Task, make_data_task
-from workers.train import Trainer, evaluate
+from workers.trainer import Trainer, evaluate
 
 NAME = "compress"
 

@@ -40,7 +40,6 @@ from common.plots import new_figure, write_figure
 from search_spaces import SearchSpace, parse_space
 from userdata import DataSpec
 from workers.experiments import harness
-from workers.search import tune
 from workers.search.driver import training_budget
 from workers.search.seeding import plan_settings
 from workers.tasks import Task, make_data_task
@@ -288,6 +287,8 @@ def describe_inputs(s: PlanSettings) -> str:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    from workers.search import tune  # Ray: only when the experiment runs, not for --help
+
     sizes, chosen = sizes_of(args), corpora_of(args)  # bad --corpus: before any work
     harness.prepare(args)
     results = []

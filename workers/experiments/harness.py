@@ -18,7 +18,7 @@ from search_spaces import SearchSpace
 if TYPE_CHECKING:
     from workers.search.driver import SearchSummary
     from workers.tasks import Task
-    from workers.train import Trainer, TrainResult
+    from workers.trainer import Trainer, TrainResult
 
 RESULTS = Path("results")
 
@@ -76,7 +76,7 @@ def runs(args: argparse.Namespace, name: str, total: int, what: str = "runs",
 
 def train(trainer: Trainer, desc: str, args: argparse.Namespace) -> TrainResult:
     """``trainer.run()`` (resumed where its checkpoint was) with the trainer's progress."""
-    from workers.train import describe_run, run_with_progress
+    from workers.trainer import describe_run, run_with_progress
 
     return run_with_progress(trainer, desc, args.quiet, start=describe_run(trainer))
 
@@ -106,7 +106,8 @@ def search(space: SearchSpace, task: Task, trials: int, url: str, study: str, re
            quiet: bool = False) -> SearchSummary:
     """``workers.search.run_search`` into ``study``; an existing study is resumed, so a re-run
     continues where an interrupted one stopped. Its progress on stderr unless ``quiet``."""
-    from workers.search.driver import SearchOptions, run_search
+    from workers.search.driver import run_search
+    from workers.search.options import SearchOptions
 
     summary = run_search(space, task, storage=url, study=study, trials=trials,
                          resume=study_exists(url, study),

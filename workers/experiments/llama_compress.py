@@ -32,12 +32,11 @@ from common.plots import new_figure, write_figure
 from userdata import DataSpec
 from workers.checkpoints import llama_config, load, save_llama
 from workers.experiments import harness
-from workers.hf.export import save_student
 from workers.measure import IGNORE, SAMPLE_BATCH, measure_model
 from workers.model import Model
 from workers.students import build_student, pair_orders
 from workers.tasks import Task, make_data_task
-from workers.train import Trainer, evaluate
+from workers.trainer import Trainer, evaluate
 
 NAME = "llama_compress"
 KV_DTYPE = "bfloat16"  # the KV cache is reported at the dtype a Llama is served in
@@ -184,6 +183,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 bar.event(f"{method} at the KV cache of qk_dim {rank}: fine-tuned loss "
                           f"{row['finetuned_loss']:.4f}")
     assert smallest is not None
+    from workers.hf.export import save_student  # transformers: only when the student is saved
+
     report = save_student(smallest, args.out / "student")
     write_csv(args.out / "llama_compress.csv", rows)
     teacher_kv = kv_cache_bytes(model.arch, KV_DTYPE)

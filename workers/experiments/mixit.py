@@ -28,7 +28,6 @@ from search_spaces import load_space, parse_space
 from studies import query
 from studies.storage import engine, open_storage
 from workers.experiments import harness
-from workers.search import tune
 from workers.search.driver import training_budget
 from workers.tasks import make_task
 from workers.tasks.tokens import bits_per_param
@@ -157,6 +156,8 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    from workers.search import tune  # Ray: only when the experiment runs, not for --help
+
     harness.prepare(args)
     url = harness.storage_url(args, NAME)
     rows: list[dict[str, Any]] = []

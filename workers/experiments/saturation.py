@@ -37,7 +37,7 @@ from workers.experiments import harness
 from workers.measure import measure
 from workers.model import Model, build_model
 from workers.tasks import LMTask, Task, make_data_task, make_task
-from workers.train import Trainer
+from workers.trainer import Trainer
 
 NAME = "saturation"
 FLOOR = 1e-16  # full-rank students are exact up to rounding: plot them at this floor

@@ -23,7 +23,6 @@ from common.files import write_csv, write_yaml
 from common.plots import new_figure, write_figure
 from search_spaces import load_space
 from workers.experiments import harness
-from workers.search import tune
 from workers.search.driver import training_budget
 from workers.tasks import make_task
 
@@ -91,6 +90,8 @@ def plot(rows: list[dict[str, Any]], rep: dict[str, Any], budget: int, path: Pat
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    from workers.search import tune  # Ray: only when the experiment runs, not for --help
+
     sizes = SMOKE if args.smoke_test else FULL
     harness.prepare(args)
     url = harness.storage_url(args, NAME)

@@ -1,7 +1,7 @@
-"""python -m workers.search --space SPACE --task TASK [--storage URL] (see ``driver``)."""
+"""python -m workers.search --space SPACE --task TASK [--storage URL] (see ``cli``)."""
 
 import sys
 
-from workers.search.driver import main
+from workers.search.cli import main
 
 sys.exit(main())

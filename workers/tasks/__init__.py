@@ -13,6 +13,7 @@ import dataclasses
 from typing import Any
 
 from arch import ArchConfig
+from workers.taskargs import DATA_TASKS  # tasks on the user's data: made by make_data_task
 from workers.tasks.base import Batch, Task, TaskError, generator
 from workers.tasks.data import ArrayTask, BinTask, TextTask, make_data_task
 from workers.tasks.text import LMTask, corpus
@@ -29,8 +30,6 @@ from workers.tasks.vectors import DenoiseTask, ICLLinearTask, KernelTask, NgramT
 TASKS: dict[str, type[Task]] = {cls.name: cls for cls in (
     NgramTask, KernelTask, DenoiseTask, InductionTask, RetrievalTask, ModAddTask, AdditionTask,
     DyckTask, MemorizeTask, ICLLinearTask, LMTask, TextTask, BinTask, ArrayTask)}
-# Tasks on the user's data: made by make_data_task (--data), not by a size.
-DATA_TASKS = ("text", "bin", "npy")
 
 __all__ = ["DATA_TASKS", "TASKS", "AdditionTask", "ArrayTask", "Batch", "BinTask", "DenoiseTask",
            "DyckTask", "ICLLinearTask", "InductionTask", "KernelTask", "LMTask", "MemorizeTask",

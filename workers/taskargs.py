@@ -1,7 +1,12 @@
 """How a command names its task: ``--task NAME`` (a generated task) or ``--data PATH`` (the
 user's own data), with ``--task-param KEY=VALUE`` overrides; shared by ``workers.train`` and
 ``workers.search``, and (``task_for_model``) by the commands that run a trained model:
-``alloc.profile --checkpoint`` and ``workers.compress``."""
+``alloc.profile --checkpoint`` and ``workers.compress``.
+
+Outside ``workers.tasks`` and free of torch until a task is built, so that the commands' flags
+(and ``--help``) need no torch: the task names are listed here, and ``workers.tasks`` registers
+its classes under them.
+"""
 
 from __future__ import annotations
 
@@ -9,13 +14,21 @@ import argparse
 import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from arch import ArchConfig
 from common.cli import int_in, parse_task_params
 from common.errors import UsageError
 from userdata import DTYPES, FORMATS, DataError, DataSpec
-from workers.tasks import DATA_TASKS, TASKS, Task, TaskError, make_data_task, make_task
+
+if TYPE_CHECKING:
+    from workers.tasks import Task
+
+# The generated tasks (``make_task``) and the tasks on the user's data (``make_data_task``,
+# ``--data``): the names ``workers.tasks.TASKS`` registers its classes under.
+GENERATED_TASKS = ("addition", "denoise", "dyck", "icl_linear", "induction", "kernel", "lm",
+                   "memorize", "modadd", "ngram", "retrieval")
+DATA_TASKS = ("text", "bin", "npy")
 
 
 def add_task_args(p: argparse.ArgumentParser, required: bool = True,
@@ -23,7 +36,7 @@ def add_task_args(p: argparse.ArgumentParser, required: bool = True,
     """``--task`` or ``--data`` (one is required unless ``required`` is False; ``default``
     says what is used without either) and their parameters."""
     source = p.add_mutually_exclusive_group(required=required)
-    source.add_argument("--task", choices=sorted(set(TASKS) - set(DATA_TASKS)),
+    source.add_argument("--task", choices=GENERATED_TASKS,
                         help="a generated task" + (f" (default: {default})" if default else ""))
     source.add_argument("--data", type=Path,
                         help="your data: a UTF-8 text file or folder of *.txt, a folder with "
@@ -45,6 +58,8 @@ def task_from_args(args: argparse.Namespace, size: str, data: DataSpec | None = 
     Raises:
         UsageError: one line naming the flag, the value and the rule.
     """
+    from workers.tasks import TaskError, make_data_task, make_task
+
     params = parse_task_params(args.task_param)
     if args.data is not None:
         data = DataSpec(str(args.data), args.data_format, args.data_dtype, args.vocab_size)
@@ -76,6 +91,8 @@ def task_for_model(arch: ArchConfig, *, data: DataSpec | None = None, task: str 
     Raises:
         TaskError, DataError: an unknown task or parameter, or unusable data.
     """
+    from workers.tasks import TaskError, make_data_task, make_task
+
     params = dict(params or {})
     window = min(seq_len or arch.max_seq_len, arch.max_seq_len)
     if data is not None:
@@ -109,6 +126,8 @@ def check_fits(task: Task, arch: ArchConfig, trains: bool, source: str) -> None:
     Raises:
         TaskError: naming ``source`` (the flag that chose the task) and the mismatch.
     """
+    from workers.tasks import TaskError
+
     io = task.io
     for name, want in (("vocab_size", arch.vocab_size), ("input_dim", arch.input_dim),
                        ("output_dim", arch.output_dim)):

@@ -1,0 +1,192 @@
+"""python -m workers.search --space aot_vs_standard.yaml --task modadd [--smoke-test]
+
+Search per-layer configurations with Ray Tune while Optuna records every trial in the study
+database: a function trainable on ``workers.train``, Optuna's TPE sampler (random, or the space's
+grid) asking the study, ASHA stopping bad trials early, and the allocator's plan plus the uniform
+baselines evaluated first. ``--resume`` continues a study after Ctrl-C or a killed driver:
+finished trials are kept, trials that were running are failed and retried from their last
+checkpoint, nothing is left RUNNING. A password in ``--storage`` is moved to ``$PGPASSWORD``
+before anything is pickled or logged (``~/.pgpass`` and service files work too).
+
+This module reads the flags and reports; the search is ``workers.search.driver.run_search``,
+imported with Optuna and torch once the flags are read, so that ``--help`` needs neither.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shlex
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from alloc.plan import PlanSettings
+from arch.config import MAX_WIDTH
+from common.cli import Parser, add_format, dump, fail, int_in, number
+from common.errors import TransformerAllocError, UsageError
+from search_spaces import SpaceError, load_space
+from search_spaces.loader import SAMPLERS, space_data_source, space_shape
+from workers.search.options import SMOKE_TRAIN, SearchOptions
+from workers.taskargs import add_task_args, task_from_args
+
+if TYPE_CHECKING:
+    from search_spaces import SearchSpace
+    from workers.search.driver import SearchSummary
+    from workers.tasks import Task
+
+PROG = "workers.search"
+SMOKE_PILOT_STEPS = 20  # --smoke-test: the data's pilot profile only checks that it runs
+SMOKE_TRIALS = 6
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = SearchOptions()
+    p = Parser(prog=f"python -m {PROG}", description=__doc__.split("\n\n")[1])
+    p.add_argument("--space", required=True,
+                   help="search-space YAML: a path or a file shipped in search_spaces/")
+    add_task_args(p, required=False)  # a space's data: stands in for them
+    p.add_argument("--profile", type=Path,
+                   help="allocator inputs measured from the data (python -m alloc.profile "
+                        "--out); default with --data: the data profiled now")
+    p.add_argument("--study", help="study name (default: SPACE-TASK)")
+    p.add_argument("--storage", help="SQLAlchemy URL (default: $OPTUNA_STORAGE, then "
+                                     "sqlite:///studies.db)")
+    p.add_argument("--trials", type=int_in(1),
+                   help="trials in the study in all (default: 20; the grid size for grid "
+                        f"spaces; {SMOKE_TRIALS} with --smoke-test)")
+    p.add_argument("--budget", type=int_in(1, MAX_WIDTH),
+                   help="width budget D (default: the space's)")
+    p.add_argument("--steps", type=int_in(1), help="training steps per trial (default: the "
+                                                   "space's)")
+    p.add_argument("--address", help="Ray cluster: auto or ray://host:port (default: a local "
+                                     "Ray instance)")
+    p.add_argument("--cpus-per-trial", type=number(0, strict=True), default=d.cpus_per_trial)
+    p.add_argument("--gpus-per-trial", type=number(0), default=d.gpus_per_trial,
+                   help="fractions share a GPU; > 0 trains on CUDA")
+    p.add_argument("--max-concurrent", type=int_in(1),
+                   help="trials at once (default: as many as the resources allow)")
+    p.add_argument("--sampler", choices=SAMPLERS,
+                   help="tpe (after the allocator's seeds), random, grid (every point, then "
+                        "TPE), or prior (the allocator's bound as a prior that learns from the "
+                        "trials: docs/guide/search.md); default: the space's sampler")
+    p.add_argument("--prior-temperature", type=number(0, strict=True),
+                   default=d.prior_temperature,
+                   help="--sampler prior: the prior's spread (its best point is e^(1/T) times "
+                        "as likely as its worst)")
+    p.add_argument("--warm-start", metavar="STUDY",
+                   help="start from another study of --storage: its calibrated constants, and "
+                        "its finished trials when it measured the same task")
+    p.add_argument("--scheduler", choices=("asha", "fifo"), default=d.scheduler,
+                   help="asha stops bad trials early; fifo trains every trial fully")
+    p.add_argument("--seed", type=int_in(0), default=d.seed, help="sampler, task and model seed")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the study: retry trials that were running, run the rest")
+    p.add_argument("--smoke-test", action="store_true",
+                   help=f"smoke-size task, {SMOKE_TRAIN['steps']} steps per trial, "
+                        f"{SMOKE_TRIALS} trials: runs in about a minute")
+    p.add_argument("--storage-path", type=Path, default=d.storage_path,
+                   help="Ray's experiment directory")
+    p.add_argument("--heartbeat-interval", type=int_in(1), default=d.heartbeat_interval,
+                   help="seconds between the driver's trial heartbeats")
+    p.add_argument("--grace-period", type=int_in(2), default=d.grace_period,
+                   help="seconds without heartbeat before a running trial counts as dead")
+    p.add_argument("--no-reuse-actors", action="store_true", help="a new worker per trial")
+    p.add_argument("--no-checkpoints", action="store_true",
+                   help="no checkpoint per evaluation (a trial hit by a fault restarts at step 0)")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress on stderr (the time estimate, then a bar on a terminal, "
+                        "else a line per finished trial); errors, the interrupt's advice and "
+                        "the result still print")
+    add_format(p)
+    return p
+
+
+def setup(args: argparse.Namespace) -> tuple[SearchSpace, Task, int | None, SearchOptions]:
+    """The space, task, trial count and options the flags describe (``UsageError`` if bad)."""
+    from workers.search.driver import check_study_name, check_writable_dir, training_budget
+    from workers.search.seeding import measured_inputs, planner, profile_for
+
+    try:
+        task = task_from_args(args, "smoke" if args.smoke_test else "paper",
+                              data=space_data_source(args.space))
+        if args.study is not None:  # before profiling the data writes into --storage-path
+            check_study_name(args.study)
+        check_writable_dir("--storage-path", args.storage_path)
+        shape = space_shape(args.space, args.budget)
+        profile = profile_for(task, args.profile, args.storage_path, shape,
+                              SMOKE_PILOT_STEPS if args.smoke_test else None, args.quiet)
+        space = load_space(args.space, args.budget, planner=planner(
+            task, measured_inputs(profile), shape[2] if shape else PlanSettings.mlp_ratio))
+    except SpaceError as err:
+        raise UsageError(f"--space: {err}") from None
+    space = training_budget(space, args.smoke_test, args.steps)
+    if args.gpus_per_trial > 0:
+        import torch
+
+        if not torch.cuda.is_available() and not args.address:
+            raise UsageError(f"--gpus-per-trial {args.gpus_per_trial:g}: no CUDA device here")
+    options = SearchOptions(
+        scheduler=args.scheduler, seed=args.seed, cpus_per_trial=args.cpus_per_trial,
+        gpus_per_trial=args.gpus_per_trial, max_concurrent=args.max_concurrent,
+        address=args.address, storage_path=args.storage_path, profile=profile,
+        sampler=args.sampler, prior_temperature=args.prior_temperature,
+        warm_start=args.warm_start,
+        heartbeat_interval=args.heartbeat_interval, grace_period=args.grace_period,
+        reuse_actors=not args.no_reuse_actors, checkpoints=not args.no_checkpoints,
+        quiet=args.quiet)
+    return space, task, args.trials or (SMOKE_TRIALS if args.smoke_test else None), options
+
+
+def render(summary: SearchSummary) -> str:
+    counts = ", ".join(f"{k.lower()} {v}" for k, v in sorted(summary.counts.items()))
+    not_run = f"; {summary.not_run} grid point(s) not run" if summary.not_run else ""
+    lines = [f"study {summary.study} ({summary.storage}): {summary.status}; {counts}{not_run}"]
+    if summary.best is None:
+        lines.append("no trial reached the full training budget")
+        return "\n".join(lines)
+    from studies.cli import allocation_table
+
+    lines += ["best per-layer allocation:", allocation_table(summary.best, summary.metric),
+              f"export: {summary.export}"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s", stream=sys.stderr)
+    import optuna
+
+    from workers.search.driver import run_search
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        space, task, trials, options = setup(args)
+        summary = run_search(space, task, storage=args.storage, study=args.study,
+                             trials=trials, resume=args.resume, options=options)
+    except TransformerAllocError as err:
+        return fail(PROG, str(err))
+    print(render(summary) if args.format == "table" else dump(summary.to_dict(), args.format))
+    code, note = outcome(summary)
+    if note:
+        print(f"{PROG}: {note}", file=sys.stderr)
+    return code
+
+
+def outcome(summary: SearchSummary) -> tuple[int, str | None]:
+    """The exit code of a search (130 interrupted, 1 when every trial that ran failed) and
+    what to say of its failures."""
+    failed = summary.counts.get("FAIL", 0) - len(summary.retried)  # a retried one ran again
+    ran = sum(summary.counts.values()) - len(summary.retried) - sum(
+        summary.counts.get(k, 0) for k in ("WAITING", "DUPLICATE", "WARM_START"))
+    where = (f"their errors: python -m studies top --storage {shlex.quote(summary.storage)} "
+             f"--study {shlex.quote(summary.study)}")
+    if summary.status == "interrupted":
+        return 130, None  # the interrupt was reported when it happened
+    if failed and failed == ran:
+        return 1, f"all {failed} trials failed ({where})"
+    return 0, f"{failed} of {ran} trials failed ({where})" if failed else None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

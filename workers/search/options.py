@@ -1,0 +1,34 @@
+"""How a search runs, besides what it searches: ``SearchOptions``, and the training of a
+``--smoke-test`` search. Light to import (no Optuna, no torch), so that the command's flags take
+their defaults from here without loading the driver."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from alloc.prior import DEFAULT_TEMPERATURE
+
+SMOKE_TRAIN = {"steps": 40, "eval_every": 10, "batch_size": 16, "eval_batches": 2}
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """How a search runs, besides what it searches (all have working defaults)."""
+
+    scheduler: str = "asha"  # asha stops bad trials early; fifo trains every trial fully
+    seed: int = 0  # sampler and model seed
+    cpus_per_trial: float = 1.0
+    gpus_per_trial: float = 0.0  # fractions share a GPU; > 0 trains on CUDA
+    max_concurrent: int | None = None
+    address: str | None = None  # Ray cluster: auto or ray://host:port; None: local Ray
+    storage_path: Path = Path("ray_results")  # Ray's experiment directory
+    heartbeat_interval: int = 10
+    grace_period: int = 60
+    reuse_actors: bool = True
+    checkpoints: bool = True  # a checkpoint per evaluation: trials resume mid-way after faults
+    profile: Path | None = None  # allocator inputs measured from the data (alloc.profile)
+    sampler: str | None = None  # tpe | random | grid | prior; None: the space's
+    prior_temperature: float = DEFAULT_TEMPERATURE  # the prior's spread (--sampler prior)
+    warm_start: str | None = None  # a study of the same database to start from
+    quiet: bool = False  # no progress on stderr (the estimate, one line per finished trial)
