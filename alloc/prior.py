@@ -32,8 +32,7 @@ import numpy as np
 
 from alloc.plan import PlanSettings, layer_bound
 from arch import ArchConfig, LayerSpec, param_count
-from search_spaces import SearchSpace, SpaceError
-from search_spaces.space import PROBE_IO, FixedSuggester, RandomSuggester
+from search_spaces import PROBE_IO, FixedSuggester, RandomSuggester, SearchSpace, SpaceError
 
 MAX_CANDIDATES = 2_000  # the pairwise distances are a MAX^2 matrix (32 MB of float64)
 DEFAULT_TEMPERATURE = 0.2  # best:worst odds e^5 ~ 150

@@ -50,7 +50,7 @@ from alloc.pilot import (
     PilotRequest,
     load_pilot,
 )
-from arch.config import MAX_DEPTH
+from arch import MAX_DEPTH
 from arch.kernels import kernel_shape
 from common.cli import (
     Parser,

@@ -19,8 +19,7 @@ import numpy as np
 from alloc.constants import read_constants
 from alloc.plan import Plan, PlanError, PlanSettings, input_variance, make_plan, report
 from alloc.saturation import parse_spectrum
-from arch import ATTENTION_KINDS, POSITIONALS, SINGLE_WIDTH_KINDS, HeadGroup
-from arch.config import MAX_DEPTH, MAX_WIDTH
+from arch import ATTENTION_KINDS, MAX_DEPTH, MAX_WIDTH, POSITIONALS, SINGLE_WIDTH_KINDS, HeadGroup
 from arch.kernels import KernelError, parse_kernel
 from common.cli import (
     Parser,

@@ -5,27 +5,28 @@ dataclasses that own their serialisation; imports no torch or Ray."""
 
 from arch import codec
 from arch.checks import ConfigError
-from arch.config import (
+from arch.config import ArchConfig, ModelIO
+from arch.layers import HeadGroup, LayerSpec, merge_groups
+from arch.names import (
     ATTENTION_KINDS,
+    MAX_DEPTH,
+    MAX_WIDTH,
     MLP_KINDS,
     NORMS,
     POSITIONALS,
     ROLES,
     SCHEMA_VERSION,
     SINGLE_WIDTH_KINDS,
-    ArchConfig,
     AttentionKind,
-    HeadGroup,
-    LayerSpec,
-    ModelIO,
     Positional,
-    merge_groups,
 )
 from arch.params import ParamCount, attention_params, layer_params, param_count
 from arch.training import OPTIMIZERS, TrainConfig
 
 __all__ = [
     "ATTENTION_KINDS",
+    "MAX_DEPTH",
+    "MAX_WIDTH",
     "MLP_KINDS",
     "NORMS",
     "OPTIMIZERS",

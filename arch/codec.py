@@ -23,7 +23,8 @@ from dataclasses import MISSING, fields
 from typing import Any
 
 from arch.checks import ConfigError, field_names
-from arch.config import ArchConfig, HeadGroup, LayerSpec
+from arch.config import ArchConfig
+from arch.layers import HeadGroup, LayerSpec
 
 # Layer fields always written (the search samples them); the others only when not default.
 ALWAYS = ("attention", "mlp_ratio")

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from arch.config import ArchConfig, LayerSpec
+from arch.config import ArchConfig
+from arch.layers import LayerSpec
 
 
 @dataclass(frozen=True)

@@ -1,16 +1,13 @@
 """Search spaces over the vocabulary (``arch``): ``SearchSpace`` and its suggesters, the YAML
 loader and the shipped ``*.yaml`` spaces; imports no torch or Ray."""
 
+from search_spaces.errors import SpaceError
 from search_spaces.loader import load_space, parse_space, shipped_spaces
-from search_spaces.space import (
-    FixedSuggester,
-    RandomSuggester,
-    SearchSpace,
-    SpaceError,
-    Suggester,
-)
+from search_spaces.space import PROBE_IO, SearchSpace
+from search_spaces.suggest import FixedSuggester, RandomSuggester, Suggester
 
 __all__ = [
+    "PROBE_IO",
     "FixedSuggester",
     "RandomSuggester",
     "SearchSpace",

@@ -39,8 +39,7 @@ from typing import Any
 
 import yaml
 
-from arch.checks import ConfigError, is_int, is_number
-from arch.config import (
+from arch import (
     ATTENTION_KINDS,
     MAX_DEPTH,
     MAX_WIDTH,
@@ -49,19 +48,13 @@ from arch.config import (
     HeadGroup,
     LayerSpec,
 )
+from arch.checks import ConfigError, is_int, is_number
 from arch.training import TrainConfig
 from common.errors import excerpt
 from common.files import read_yaml
-from search_spaces.space import (
-    PROBE_IO,
-    LayerRule,
-    QkRule,
-    SearchSpace,
-    SpaceError,
-    TrainParam,
-    min_group_widths,
-    neighbourhood,
-)
+from search_spaces.errors import SpaceError
+from search_spaces.rules import LayerRule, QkRule, TrainParam, min_group_widths, neighbourhood
+from search_spaces.space import PROBE_IO, SearchSpace
 from userdata import DataError, DataSpec
 
 SPACES_DIR = Path(__file__).resolve().parent

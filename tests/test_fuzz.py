@@ -22,9 +22,8 @@ from alloc.profile import build_parser as profile_parser
 from alloc.profile import main as profile_main
 from alloc.solve import build_parser as solve_parser
 from alloc.solve import main as solve_main
-from search_spaces import RandomSuggester, SpaceError, load_space, parse_space
+from search_spaces import PROBE_IO, RandomSuggester, SpaceError, load_space, parse_space
 from search_spaces.loader import _DATA_KEYS, _RULE_KEYS, _TOP_KEYS, MODEL_KEYS, TRAIN_KEYS
-from search_spaces.space import PROBE_IO
 from studies.cli import main as studies_main
 from workers.compress import build_parser as compress_parser
 from workers.compress import main as compress_main

@@ -22,8 +22,7 @@ from alloc.plan import PlanSettings, layer_bound, make_plan
 from alloc.prior import allocator_prior, candidates, centred_prior, point_key
 from alloc.sampler import CALIBRATION_ATTR, PRIOR_ATTR, PriorSampler
 from arch import ModelIO
-from search_spaces import SearchSpace, load_space, parse_space
-from search_spaces.space import PROBE_IO, FixedSuggester
+from search_spaces import PROBE_IO, FixedSuggester, SearchSpace, load_space, parse_space
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 IO = ModelIO(max_seq_len=16, vocab_size=12)

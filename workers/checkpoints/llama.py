@@ -23,8 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from arch import ArchConfig, ConfigError, HeadGroup, LayerSpec
-from arch.config import MAX_DEPTH, MAX_WIDTH
+from arch import MAX_DEPTH, MAX_WIDTH, ArchConfig, ConfigError, HeadGroup, LayerSpec
 from common.files import write_atomic
 from workers.attention import MultiHeadAttention, rope_frequencies
 from workers.checkpoints.errors import CheckpointError

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from alloc.plan import PlanSettings
-from arch.config import MAX_WIDTH
+from arch import MAX_WIDTH
 from common.cli import Parser, add_format, dump, fail, int_in, number
 from common.errors import TransformerAllocError, UsageError
 from search_spaces import SpaceError, load_space

@@ -17,8 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from common.progress import duration
-from search_spaces import SearchSpace
-from search_spaces.space import FixedSuggester, RandomSuggester
+from search_spaces import FixedSuggester, RandomSuggester, SearchSpace
 from workers.search.protocol import TrialJob, TrialSpec
 from workers.search.searcher import Start
 from workers.tasks import Task

@@ -1,0 +1,245 @@
+"""Head groups and layers: ``HeadGroup`` (query heads sharing dims, reading key/value heads) and
+``LayerSpec`` (an attention kind with its head groups and an optional MLP), validated on
+construction and owning their serialisation (docs/architecture.md)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from arch.checks import (
+    ConfigError,
+    check_keys,
+    field_defaults,
+    field_names,
+    field_values,
+    fields_to_dict,
+    is_int,
+    is_number,
+    need_bool,
+    need_choice,
+    need_int,
+)
+from arch.names import ATTENTION_KINDS, ROLES, SINGLE_WIDTH_KINDS, AttentionKind, Role
+
+_SHORTHAND = re.compile(r"^\s*(\d+)\s*x\s*(\d+)\s*(?:/\s*(\d+))?\s*(?:kv\s*(\d+))?\s*$")
+
+
+@dataclass(frozen=True)
+class HeadGroup:
+    """``count`` query heads sharing a query/key dimension ``qk_dim`` and a value dimension
+    ``v_dim``, reading ``kv_heads`` key/value heads (grouped-query attention, Ainslie et al.,
+    2023: each key/value head serves ``count / kv_heads`` consecutive query heads).
+
+    ``v_dim = 0`` (the default) means "same as ``qk_dim``" and ``kv_heads = 0`` "one per query
+    head" (standard attention); both are resolved on construction.
+    """
+
+    count: int
+    qk_dim: int
+    v_dim: int = 0
+    kv_heads: int = 0
+
+    def __post_init__(self) -> None:
+        if self.v_dim == 0 and is_int(self.qk_dim):
+            object.__setattr__(self, "v_dim", self.qk_dim)
+        if self.kv_heads == 0 and is_int(self.count):
+            object.__setattr__(self, "kv_heads", self.count)
+        problems: list[str] = []
+        need_int(problems, "count", self.count, 1)
+        need_int(problems, "qk_dim", self.qk_dim, 1)
+        need_int(problems, "v_dim", self.v_dim, 1)
+        need_int(problems, "kv_heads", self.kv_heads, 1)
+        if not problems and self.count % self.kv_heads:
+            problems.append(f"kv_heads = {self.kv_heads}: must divide count = {self.count} "
+                            "(each key/value head serves the same number of query heads)")
+        if problems:
+            raise ConfigError(problems)
+
+    @property
+    def width(self) -> int:
+        """Attention width of the group: ``count * v_dim``."""
+        return self.count * self.v_dim
+
+    @property
+    def grouped(self) -> bool:
+        """True when key/value heads are shared (fewer than query heads)."""
+        return self.kv_heads < self.count
+
+    @property
+    def kv_width(self) -> int:
+        """Key plus value units per token: what a decoder caches, ``kv_heads (qk_dim + v_dim)``."""
+        return self.kv_heads * (self.qk_dim + self.v_dim)
+
+    def __str__(self) -> str:
+        dims = f"{self.qk_dim}" if self.qk_dim == self.v_dim else f"{self.qk_dim}/{self.v_dim}"
+        return f"{self.count}x{dims}" + (f"kv{self.kv_heads}" if self.grouped else "")
+
+    def to_dict(self) -> dict[str, int]:
+        """Every field, but ``kv_heads`` only when grouped (ungrouped groups keep the canonical
+        form, and so the ``arch_id``, they had before grouped-query attention existed)."""
+        data = fields_to_dict(self)
+        if not self.grouped:
+            del data["kv_heads"]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Any, path: str = "") -> HeadGroup:
+        """Build from ``{count, qk_dim[, v_dim][, kv_heads]}`` or the shorthand ``"8x64"`` /
+        ``"4x16/64"`` / ``"8x64kv2"``."""
+        if isinstance(data, str):
+            match = _SHORTHAND.match(data)
+            if not match:
+                raise ConfigError([f"{path} = {data!r}: a head group string must look like "
+                                   "'8x64' (count x dim), '4x16/64' (count x qk_dim/v_dim) or "
+                                   "'8x64kv2' (8 query heads reading 2 key/value heads)"])
+            count, qk, v, kv = match.groups()
+            data = {"count": int(count), "qk_dim": int(qk), "v_dim": int(v or qk),
+                    "kv_heads": int(kv or 0)}
+        check_keys(data, field_names(cls), path)
+        try:
+            return cls(data.get("count"), data.get("qk_dim"), data.get("v_dim", 0),
+                       data.get("kv_heads", 0))
+        except ConfigError as err:
+            raise ConfigError([f"{path}.{p}" for p in err.problems]) from None
+
+
+def merge_groups(groups: Iterable[HeadGroup]) -> tuple[HeadGroup, ...]:
+    """The canonical form of a layer's head groups: groups of identical dims and query heads
+    per key/value head merged, ordered by decreasing v_dim, qk_dim, then sharing (the model
+    computes the same function in any order)."""
+    counts: dict[tuple[int, int, int], tuple[int, int]] = {}
+    for g in groups:
+        key = (g.qk_dim, g.v_dim, g.count // g.kv_heads)
+        count, kv = counts.get(key, (0, 0))
+        counts[key] = (count + g.count, kv + g.kv_heads)
+    ordered = sorted(counts.items(), key=lambda item: (-item[0][1], -item[0][0], item[0][2]))
+    return tuple(HeadGroup(c, qk, v, kv) for (qk, v, _), (c, kv) in ordered)
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """One residual block: an attention kind with its head groups, and an optional MLP.
+
+    Attributes:
+        attention: registry name, one of ``ATTENTION_KINDS``.
+        heads: the head groups; the layer's attention width is ``sum(count * v_dim)``.
+        mlp_ratio: MLP hidden size over ``d_model``; 0 makes an attention-only (AoT) layer.
+        role: ``extract`` or ``process`` (informational, set by the allocator).
+        freeze_mlp: keep the MLP weights at initialisation (Frozen-MLP, docs/theory.md §8).
+        eta: residual step size, ``h = h + eta * Attn(Norm(h))`` (docs/theory.md §7).
+        tied_output: MSSA only; output map ``[U_1..U_K]`` instead of a separate projection.
+    """
+
+    attention: AttentionKind
+    heads: tuple[HeadGroup, ...]
+    mlp_ratio: float = 0.0
+    role: Role = "process"
+    freeze_mlp: bool = False
+    eta: float = 1.0
+    tied_output: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.heads, list):
+            object.__setattr__(self, "heads", tuple(self.heads))
+        if is_int(self.mlp_ratio):
+            object.__setattr__(self, "mlp_ratio", float(self.mlp_ratio))
+        if is_int(self.eta):
+            object.__setattr__(self, "eta", float(self.eta))
+        problems = self._problems(field_values(self))
+        if problems:
+            raise ConfigError(problems)
+
+    @staticmethod
+    def _problems(v: dict[str, Any]) -> list[str]:
+        """Problems of the field values ``v``; ``v["heads"] is None`` when already reported."""
+        problems: list[str] = []
+        need_choice(problems, "attention", v["attention"], ATTENTION_KINDS)
+        heads = v["heads"]
+        if heads is None:
+            pass
+        elif not isinstance(heads, tuple) or not heads:
+            problems.append(f"heads = {heads!r}: must be a non-empty list of head groups")
+        elif not all(isinstance(g, HeadGroup) for g in heads):
+            problems.append("heads: every entry must be a HeadGroup")
+        elif v["attention"] in SINGLE_WIDTH_KINDS:
+            for j, g in enumerate(heads):
+                if g.qk_dim != g.v_dim:
+                    problems.append(f"heads[{j}] = {g}: {v['attention']} heads have one width, "
+                                    "so qk_dim must equal v_dim")
+                if g.grouped:
+                    problems.append(f"heads[{j}] = {g}: grouped key/value heads are for mhsa "
+                                    f"and frozen_qk layers ({v['attention']} has no separate "
+                                    "keys and values)")
+        ratio = v["mlp_ratio"]
+        if not is_number(ratio) or ratio < 0:
+            problems.append(f"mlp_ratio = {ratio!r}: must be a number >= 0 (0 = no MLP)")
+        need_choice(problems, "role", v["role"], ROLES)
+        need_bool(problems, "freeze_mlp", v["freeze_mlp"])
+        need_bool(problems, "tied_output", v["tied_output"])
+        if v["freeze_mlp"] is True and ratio == 0:
+            problems.append("freeze_mlp = True: needs an MLP (mlp_ratio > 0)")
+        if v["tied_output"] is True and v["attention"] != "mssa":
+            problems.append(f"tied_output = True: only valid for mssa, not {v['attention']!r}")
+        if not is_number(v["eta"]) or v["eta"] <= 0:
+            problems.append(f"eta = {v['eta']!r}: must be a number > 0")
+        return problems
+
+    @property
+    def width(self) -> int:
+        """Attention width ``sum(count * v_dim)``; may differ from ``d_model``."""
+        return sum(g.width for g in self.heads)
+
+    @property
+    def n_heads(self) -> int:
+        return sum(g.count for g in self.heads)
+
+    @property
+    def n_groups(self) -> int:
+        return len(self.heads)
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads of the layer (its query heads without grouped-query attention)."""
+        return sum(g.kv_heads for g in self.heads)
+
+    @property
+    def kv_width(self) -> int:
+        """Key plus value units a decoder caches per token for this layer."""
+        return sum(g.kv_width for g in self.heads)
+
+    @property
+    def heads_str(self) -> str:
+        """Head groups as ``2x64+4x16/64``."""
+        return "+".join(str(g) for g in self.heads)
+
+    def to_dict(self) -> dict[str, Any]:
+        return fields_to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any, path: str = "") -> LayerSpec:
+        keys = field_names(cls)
+        check_keys(data, keys, path)
+        problems: list[str] = []
+        heads_data = data.get("heads")
+        heads: list[HeadGroup] = []
+        if not isinstance(heads_data, list) or not heads_data:
+            problems.append(f"{path}.heads = {heads_data!r}: must be a non-empty list of head "
+                            "groups such as [{count: 8, qk_dim: 64}] or ['8x64']")
+        else:
+            for j, item in enumerate(heads_data):
+                try:
+                    heads.append(HeadGroup.from_dict(item, f"{path}.heads[{j}]"))
+                except ConfigError as err:
+                    problems.extend(err.problems)
+        kwargs = {k: data[k] for k in keys if k in data and k != "heads"}
+        if problems:  # report this layer's own problems too, not only its head groups'
+            values = {**field_defaults(cls), "attention": None, **kwargs, "heads": None}
+            problems += [f"{path}.{p}" for p in cls._problems(values)]
+            raise ConfigError(problems)
+        try:
+            return cls(heads=tuple(heads), **kwargs)
+        except ConfigError as err:
+            raise ConfigError([f"{path}.{p}" for p in err.problems]) from None
