@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from alloc.constants import Constants, to_yaml
-from alloc.plan import Plan, PlanSettings, make_plan, predicted_error
+from alloc.plan import Plan, PlanError, PlanSettings, make_plan, predicted_error
 from arch import HeadGroup, LayerSpec
 from common.cli import Parser, add_format, check_writable, dump, fail, render_table, wrote
 from common.errors import TransformerAllocError
@@ -158,7 +158,11 @@ def observations_from_study(url: str | None, study: str) -> tuple[PlanSettings,
     if "alloc_inputs" not in summary.attrs:
         raise CalibrationError(f"--study {study!r}: has no allocator inputs (study attr "
                          "alloc_inputs); run it with python -m workers.search")
-    settings = PlanSettings(**json.loads(summary.attrs["alloc_inputs"]))
+    try:
+        settings = PlanSettings.from_dict(json.loads(summary.attrs["alloc_inputs"]))
+    except (ValueError, PlanError) as err:
+        raise CalibrationError(f"--study {study!r}: its recorded allocator inputs are unusable "
+                               f"({err})") from None
     _, trials = query.load_trials(eng, study)
     done = query.attach_archs(eng, query.eligible(trials))
     groups: dict[str, list[query.TrialRecord]] = {}

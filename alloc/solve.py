@@ -14,13 +14,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from alloc.constants import read_constants
-from alloc.plan import Plan, PlanError, PlanSettings, input_variance, make_plan, report
-from alloc.saturation import parse_spectrum
-from arch import ATTENTION_KINDS, MAX_DEPTH, MAX_WIDTH, POSITIONALS, SINGLE_WIDTH_KINDS, HeadGroup
-from arch.kernels import KernelError, parse_kernel
+from alloc.plan import Plan, PlanError, PlanSettings, make_plan, report
+from arch import ATTENTION_KINDS, MAX_DEPTH, MAX_WIDTH, POSITIONALS, HeadGroup
 from common.cli import (
     Parser,
     add_force,
@@ -33,15 +29,12 @@ from common.cli import (
     render_table,
     wrote,
 )
-from common.errors import TransformerAllocError, UsageError
+from common.errors import TransformerAllocError
 from common.files import write_atomic
 
 PROG = "alloc.solve"
 MAX_SEQ_LEN = 16384
 MAX_PRODUCT_ORDER = 8
-MAX_ERROR_TERM = 1e100  # the bound's largest term; products of a few stay finite in float64
-# (groups x (count, dim) pairs) above this would take seconds and gigabytes: refuse it up front.
-MAX_TABLE = 50_000_000
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -129,8 +122,12 @@ def bounds_list(text: str) -> tuple[float, ...]:
 
 
 def settings_from_args(args: argparse.Namespace) -> PlanSettings:
-    """Turn parsed flags into settings, checking the rules that tie flags together."""
-    s = PlanSettings(
+    """The settings the flags give (``PlanSettings`` checks the rules that tie them together).
+
+    Raises:
+        PlanError: a rule broken, naming the flags.
+    """
+    return PlanSettings(
         budget=args.budget, layers=args.layers, extract_layers=args.extract_layers,
         seq_len=args.seq_len, input_dim=args.input_dim, kernel=args.kernel, align=args.align,
         c_proj=args.c_proj, c_head=args.c_head, order=args.order, alpha=args.alpha,
@@ -140,58 +137,6 @@ def settings_from_args(args: argparse.Namespace) -> PlanSettings:
         uniform=args.uniform, vocab_size=args.vocab_size, positional=args.positional,
         product_order=args.product_order, input_spectrum=args.input_spectrum,
         kv_heads=args.kv_heads)
-    if s.input_spectrum is not None:
-        try:
-            values = input_variance(s.input_spectrum)
-        except TransformerAllocError as err:  # KernelError, or the file's own read error
-            raise UsageError(f"--input-spectrum: {err}") from None
-        if len(values) > s.input_dim or not any(values):
-            raise UsageError(f"--input-spectrum {s.input_spectrum!r}: {len(values)} values; "
-                             f"needs 1 to --input-dim ({s.input_dim}) values, not all zero")
-    if s.align > min(s.input_dim, s.budget):
-        raise UsageError(f"--align {s.align}: must be <= --input-dim ({s.input_dim}) and "
-                         f"<= --budget ({s.budget}) so that an aligned head dimension exists")
-    if s.budget % s.align:
-        raise UsageError(f"--align {s.align}: must divide --budget {s.budget} (head dims are "
-                         "multiples of --align and a uniform layer must fill the budget)")
-    if s.extract_layers > s.layers:
-        raise UsageError(f"--extract-layers {s.extract_layers}: must be <= --layers {s.layers}")
-    later = s.layers - s.extract_layers
-    if s.logit_bounds is not None and len(s.logit_bounds) > later:
-        raise UsageError(f"--logit-bounds: {len(s.logit_bounds)} values for {later} later "
-                         f"layer(s) (--layers {s.layers} - --extract-layers {s.extract_layers})")
-    with np.errstate(over="ignore"):  # an overflow is what is being checked
-        largest = max(float(s.model.head_constant(s.seq_len)), float(s.model.compression(0)))
-    if not largest <= MAX_ERROR_TERM:  # also catches an overflow to inf
-        raise UsageError(
-            f"--c-proj {s.c_proj:g} / --c-head {s.c_head:g} / --order {s.order:g} / --alpha "
-            f"{s.alpha:g} at --seq-len {s.seq_len}: the bound's terms reach {largest:.3g} "
-            f"(c_head * B * exp(alpha (n + 1) N), c_proj * sqrt(d_in)); they must stay <= "
-            f"{MAX_ERROR_TERM:g} for the solvers to stay finite (docs/theory.md §2)")
-    hidden = s.mlp_ratio * s.budget
-    if abs(hidden - round(hidden)) > 1e-9:
-        raise UsageError(f"--mlp-ratio {s.mlp_ratio:g}: mlp-ratio * budget = {hidden:g} must be "
-                         "a whole number of units")
-    if s.kv_heads is not None and s.attention in SINGLE_WIDTH_KINDS:
-        raise UsageError(f"--kv-heads {s.kv_heads}: grouped key/value heads are for mhsa and "
-                         f"frozen_qk layers, not --attention {s.attention}")
-    if s.positional == "rope" and s.attention == "mixit":
-        raise UsageError("--positional rope: not offered for --attention mixit (no queries or "
-                         "keys); use learned or sinusoidal")
-    pairs = sum(s.budget // d for d in range(s.align, min(s.input_dim, s.budget) + 1, s.align))
-    if s.seq_len * pairs > MAX_TABLE:
-        raise UsageError(f"--seq-len {s.seq_len}: with --budget {s.budget} and --align "
-                         f"{s.align} the instance has {s.seq_len * pairs:,} (offset, heads, dim) "
-                         f"choices, over {MAX_TABLE:,}; lower --seq-len or raise --align")
-    try:
-        parse_kernel(s.kernel, s.seq_len)
-    except KernelError as err:
-        raise UsageError(f"--kernel: {err}") from None
-    try:
-        parse_spectrum(s.spectrum)
-    except KernelError as err:
-        raise UsageError(f"--spectrum: {err}") from None
-    return s
 
 
 def _num(x: float) -> str:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
+
 import pytest
 
-from alloc.plan import PlanSettings, make_plan, report
+from alloc.plan import PlanError, PlanSettings, make_plan, report
 from arch import ArchConfig, HeadGroup, attention_params
 
 
@@ -108,3 +111,25 @@ def test_measured_logit_bounds_per_later_layer() -> None:
     assert make_plan(replace(base, logit_bounds=(1.0,) * 3)).arch == make_plan(base).arch
     short = make_plan(replace(base, logit_bounds=(30.0,)))
     assert short.arch.layers[2:] == make_plan(base).arch.layers[2:]
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"align": 24}, "--align 24: must divide --budget 512"),
+    ({"extract_layers": 7}, "--extract-layers 7: must be <= --layers 6"),
+    ({"attention": "mixit", "positional": "rope"}, "--positional rope: not offered"),
+    ({"kernel": "gauss:2"}, "--kernel: unknown kernel 'gauss:2'"),
+    ({"budget": 0}, "--budget = 0: must be an integer >= 1"),
+    ({"alpha": 10.0}, "the bound's terms reach"),
+])
+def test_settings_validate_themselves(fields: dict[str, object], message: str) -> None:
+    """Every caller (the command, the search's seeding, calibration from a study) gets the
+    same rules: built from Python, broken settings are refused with the rule."""
+    with pytest.raises(PlanError, match=re.escape(message)):
+        PlanSettings(**fields)  # type: ignore[arg-type]
+
+
+def test_settings_from_a_recorded_dict() -> None:
+    settings = PlanSettings(budget=256, layers=2, kernel="ngram:4")
+    assert PlanSettings.from_dict(dataclasses.asdict(settings)) == settings
+    with pytest.raises(PlanError, match="unknown key 'budgett'; valid keys: budget, layers"):
+        PlanSettings.from_dict({"budgett": 256})

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from alloc.plan import PlanSettings, baseline_arch, make_plan, predicted_error
+from alloc.plan import PlanSettings, baseline_arch, fitting_align, make_plan, predicted_error
 from arch import ArchConfig, ConfigError, HeadGroup, LayerSpec
 from common.progress import duration, say
 from search_spaces import SearchSpace, SpaceError
@@ -39,14 +39,8 @@ def plan_settings(budget: int, depth: int, task: Task,
         # A deeper pilot's extra later layers are never read (``layer_logit_bound``).
         bounds = tuple(measured["logit_bounds"]) if measured.get("logit_bounds") else None
     return PlanSettings(budget=budget, layers=depth, seq_len=task.seq_len, input_dim=input_dim,
-                        kernel=kernel, spectrum=spectrum, align=plan_align(budget, input_dim),
+                        kernel=kernel, spectrum=spectrum, align=fitting_align(budget, input_dim),
                         logit_bounds=bounds, mlp_ratio=mlp_ratio, input_spectrum=variance)
-
-
-def plan_align(budget: int, input_dim: int) -> int:
-    """Head dims in multiples of 8, or of the largest power of two below it that divides the
-    budget and fits the input dimension (a uniform layer must fill the budget)."""
-    return max(a for a in (8, 4, 2, 1) if a <= input_dim and budget % a == 0)
 
 
 def space_mlp_ratio(space: SearchSpace) -> float:
