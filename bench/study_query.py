@@ -6,7 +6,9 @@ Study database benchmark, every ratio measured in one run:
   SQLite (WAL) and PostgreSQL;
 * query time on studies of 1k and 10k trials: our ``best`` and ``pareto`` (SQL on Optuna's
   tables) against ``optuna.load_study(...).best_trial`` and the stock ``optuna best-trial``
-  command (the last includes its interpreter start, as a user would see it).
+  command (the last includes its interpreter start, as a user would see it);
+* SQLite: the integrity check every command runs once on a study file
+  (``studies.integrity``: ``PRAGMA quick_check``), next to our ``best``.
 
 PostgreSQL runs when ``--postgres`` or ``$TEST_POSTGRES_URL`` gives a URL.
 """
@@ -28,6 +30,7 @@ import optuna
 from common.cli import Parser, add_format, dump, render_table
 from studies import open_storage
 from studies import query as q
+from studies.integrity import check_sqlite_file
 
 ROOT = Path(__file__).resolve().parents[1]
 WRITER = """
@@ -76,7 +79,11 @@ def best_of(fn: Any, repeat: int) -> float:
 def time_queries(url: str, name: str, repeat: int) -> dict[str, float]:
     engine = open_storage(url).engine
     optuna_cli = shutil.which("optuna") or str(Path(sys.executable).parent / "optuna")
-    return {
+    database = engine.url.database
+    checks = {} if engine.url.get_backend_name() != "sqlite" or not database else {
+        "quick_check_s": best_of(lambda: check_sqlite_file(Path(database)), repeat),
+        "file_mb": Path(database).stat().st_size / 2**20}
+    return {**checks,
         "ours_best_s": best_of(lambda: q.top(engine, name, 1), repeat),
         "ours_pareto_s": best_of(lambda: q.pareto(engine, name), repeat),
         "optuna_best_trial_s": best_of(
@@ -127,11 +134,13 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(render_table(
         ["backend", "trials", "ours best", "ours pareto", "load_study best_trial",
-         "optuna best-trial CLI", "load_study / ours"],
+         "optuna best-trial CLI", "load_study / ours", "quick_check (file)"],
         [[r["backend"], r["trials"], f"{r['ours_best_s'] * 1e3:.0f} ms",
           f"{r['ours_pareto_s'] * 1e3:.0f} ms", f"{r['optuna_best_trial_s'] * 1e3:.0f} ms",
-          f"{r['optuna_cli_best_trial_s'] * 1e3:.0f} ms", f"{r['optuna_over_ours']:.1f}x"]
-         for r in queries], right=[False] + [True] * 6))
+          f"{r['optuna_cli_best_trial_s'] * 1e3:.0f} ms", f"{r['optuna_over_ours']:.1f}x",
+          f"{r['quick_check_s'] * 1e3:.0f} ms ({r['file_mb']:.1f} MB)" if "quick_check_s" in r
+          else "-"]
+         for r in queries], right=[False] + [True] * 7))
     return 0
 
 
