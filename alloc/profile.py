@@ -67,7 +67,8 @@ from common.cli import (
 from common.errors import TransformerAllocError, UsageError
 from common.files import dump_yaml, read_yaml, write_atomic
 from common.progress import say
-from userdata import FORMATS, DataError, DataSpec, open_arrays, open_tokens
+from userdata import DataError, DataSpec, add_data_args, data_spec, open_arrays, open_tokens
+from userdata.cli import DATA_HELP
 
 DEFAULT_TOLERANCE = 0.05  # --checkpoint: the allowed error per head group
 PROG = "alloc.profile"
@@ -538,9 +539,8 @@ def plot(profile: Profile, path: Path) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog=PROG, description=__doc__.split("\n\n")[1])
-    p.add_argument("--data", type=Path,
-                   help="a text file or folder of *.txt, a folder with train.bin/val.bin, or "
-                        "x.npy[/y.npy] (with --checkpoint: the sample the model is measured on)")
+    add_data_args(p, data_help=f"{DATA_HELP} (with --checkpoint: the sample the model is "
+                                "measured on)")
     p.add_argument("--checkpoint", type=Path,
                    help="profile a trained model instead (a workers.train .pt, or a GPT-2 "
                         "layout folder: config.json + model.safetensors; docs/theory.md §10)")
@@ -568,12 +568,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--logit-bound", type=number(0, strict=True),
                    help="--checkpoint without --data: assume |logits| <= R (default: none, "
                         "||J|| <= 1/2)")
-    p.add_argument("--data-format", choices=FORMATS, help="default: from the path")
-    p.add_argument("--data-dtype", choices=("uint16", "uint32"), default="uint16",
-                   help="token type of .bin files")
-    p.add_argument("--vocab-size", type=int_in(1), help="vocabulary of .bin tokens (default: "
-                                                        "meta.pkl/meta.json, else the largest "
-                                                        "token + 1)")
     p.add_argument("--seq-len", type=int_in(1), help="offsets measured (default: 256 for "
                                                      "tokens, the sequences' length for npy)")
     p.add_argument("--sample-tokens", type=int_in(1000),
@@ -617,7 +611,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.checkpoint is not None:
             return _main_checkpoint(args)
         _check_data_flags(args)
-        spec = DataSpec(str(args.data), args.data_format, args.data_dtype, args.vocab_size)
+        spec = data_spec(args)
+        assert spec is not None  # _check_data_flags
         profile = profile_data(spec, args.seq_len, args.sample_tokens, args.seed,
                                pilot_request(args, spec), announce)
     except TransformerAllocError as err:
@@ -695,9 +690,7 @@ def _main_checkpoint(args: argparse.Namespace) -> int:
     if given:
         raise UsageError(f"{given[0]}: the pilot profiles data (--data without --checkpoint); "
                          "a --checkpoint profile measures the trained model itself")
-    data = None if args.data is None else DataSpec(str(args.data), args.data_format,
-                                                   args.data_dtype, args.vocab_size)
-    request = MeasureRequest(args.checkpoint, args.align, data=data, task=args.task,
+    request = MeasureRequest(args.checkpoint, args.align, data=data_spec(args), task=args.task,
                              task_params=parse_task_params(args.task_param),
                              smoke_test=args.smoke_test, seq_len=args.seq_len,
                              sample_tokens=args.sample_tokens, seed=args.seed,
