@@ -13,17 +13,16 @@ saturation rule's inputs, as ``--checkpoint`` profiles measure them). The torch 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
+from alloc.spectra import ENERGY, participation_ratio, signal_dim, variance_rank
 from common import torchside
 from common.errors import TransformerAllocError
 from userdata import DataSpec
 
-ENERGY = 0.9  # the input dimension keeps this share of the input's variance
 MAX_PILOT_STEPS = 100_000
 MAX_PILOT_WIDTH = 4096
 MAX_PILOT_MLP_RATIO = 16
@@ -87,8 +86,7 @@ class PilotMeasurement:
 
     @property
     def signal_dim(self) -> int:
-        """Directions before the spectrum's largest relative drop ``l_i / l_(i+1)`` among those
-        holding ``ENERGY`` of the variance: the dimension of a signal standing above a floor."""
+        """The dimension of a signal standing above a floor (``alloc.spectra.signal_dim``)."""
         return signal_dim(self.input_variance, ENERGY)
 
     @property
@@ -109,31 +107,6 @@ class PilotMeasurement:
             return np.zeros(0)
         width = min(len(s) for s in self.spectra)
         return np.mean([np.asarray(s[:width]) for s in self.spectra], axis=0)
-
-
-def participation_ratio(eigenvalues: Sequence[float]) -> float:
-    """``(sum l)^2 / sum l^2``: how many directions the variance effectively spreads over."""
-    eig = np.clip(np.asarray(eigenvalues, dtype=np.float64), 0, None)
-    return float(eig.sum() ** 2 / (eig ** 2).sum()) if eig.any() else 0.0
-
-
-def variance_rank(eigenvalues: Sequence[float], share: float) -> int:
-    """Fewest of the (decreasing) eigenvalues whose sum reaches ``share`` of the total."""
-    eig = np.clip(np.asarray(eigenvalues, dtype=np.float64), 0, None)
-    total = np.cumsum(eig)
-    if not total.size or total[-1] <= 0:
-        return 0
-    return int(np.searchsorted(total, share * total[-1] * (1 - 1e-12)) + 1)
-
-
-def signal_dim(eigenvalues: Sequence[float], share: float) -> int:
-    """See ``PilotMeasurement.signal_dim``."""
-    eig = np.clip(np.asarray(eigenvalues, dtype=np.float64), 0, None)
-    top = variance_rank(eig.tolist(), share)
-    if top < 1 or len(eig) < 2:
-        return top
-    ratios = eig[:top] / np.maximum(eig[1:top + 1], 1e-300 * eig[0])
-    return int(np.argmax(ratios) + 1)
 
 
 class Pilot(Protocol):

@@ -50,6 +50,7 @@ from alloc.pilot import (
     PilotRequest,
     load_pilot,
 )
+from alloc.spectra import ENERGY, participation_ratio, variance_rank
 from arch.config import MAX_DEPTH
 from arch.kernels import kernel_shape
 from common.cli import (
@@ -73,7 +74,6 @@ from userdata.cli import DATA_HELP
 DEFAULT_TOLERANCE = 0.05  # --checkpoint: the allowed error per head group
 PROG = "alloc.profile"
 TOP_K = 64  # symbols kept apart; the rest are one "other" symbol
-ENERGY = 0.9  # the input dimension keeps this share of the squared singular values
 MAX_LAGS = 32  # lags of the vector regression (its cost grows with (lags x d_in)^2)
 VECTOR_SAMPLE = 16_384  # default vector positions: the regression is O(n (lags d_in)^2)
 RIDGE = 1e-3  # ridge penalty, relative to the mean feature variance
@@ -101,28 +101,38 @@ class KernelFit:
 
 
 @dataclass(frozen=True)
+class MeasuredInputs:
+    """The allocator's inputs as measured, each with the measurement it came from in
+    ``sources``: the data statistics' (``Profile.statistics``), or those a profile chose
+    (``Profile.inputs``: the pilot's where it learned)."""
+
+    kernel: np.ndarray  # rho(s), s = 1..N, largest 1
+    fits: tuple[KernelFit, ...]
+    input_dim: int
+    spectrum: np.ndarray  # decreasing
+    sources: dict[str, str]
+    logit_bounds: tuple[float, ...] | None = None
+    input_variance: np.ndarray | None = None  # the pilot's: the compression term uses it
+
+    @property
+    def best(self) -> KernelFit:
+        return max(self.fits, key=lambda f: f.r2)
+
+
+@dataclass(frozen=True)
 class Profile:
-    """What ``profile_data`` measured."""
+    """What was measured on the data: its statistics and, with a pilot, the pilot's."""
 
     source: str
     format: str
     seq_len: int
     sample: int  # tokens (or vector positions) measured
     estimator: str
-    kernel: np.ndarray  # rho(s), s = 1..seq_len, largest 1
     raw: np.ndarray  # per offset: bits of mutual information, or share of variance
-    fits: tuple[KernelFit, ...]
-    input_dim: int
-    spectrum: np.ndarray  # decreasing
-    input_source: str = ""  # how input_dim was measured
-    spectrum_source: str = ""
+    statistics: MeasuredInputs  # the allocator's inputs as the data's statistics give them
     wall_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
     pilot: PilotMeasurement | None = None
-
-    @property
-    def best(self) -> KernelFit:
-        return max(self.fits, key=lambda f: f.r2)
 
     @cached_property
     def inputs(self) -> MeasuredInputs:
@@ -132,71 +142,44 @@ class Profile:
 
     @property
     def rank_90(self) -> int:
-        return energy_rank(self.spectrum, ENERGY)
-
-
-@dataclass(frozen=True)
-class MeasuredInputs:
-    """The allocator inputs a profile chose (the pilot's where it learned, else the data
-    statistics'), each with the measurement it came from in ``sources``."""
-
-    kernel: np.ndarray  # rho(s), s = 1..N, largest 1
-    fits: tuple[KernelFit, ...]
-    input_dim: int
-    spectrum: np.ndarray
-    logit_bounds: tuple[float, ...] | None
-    sources: dict[str, str]
-    input_variance: np.ndarray | None = None  # the pilot's: the compression term uses it
-
-    @property
-    def best(self) -> KernelFit:
-        return max(self.fits, key=lambda f: f.r2)
+        """The statistics' spectrum's rank at ``ENERGY`` of its squared singular values."""
+        return variance_rank(self.statistics.spectrum ** 2, ENERGY)
 
 
 def choose_inputs(profile: Profile) -> MeasuredInputs:
     """The pilot's measurements where there is a pilot, except its attention kernel when the
     pilot did not beat token frequencies (its attention had learned nothing to look at)."""
-    stats = {"kernel": profile.estimator, "input_dim": profile.input_source,
-             "spectrum": profile.spectrum_source}
-    pilot = profile.pilot
+    stats, pilot = profile.statistics, profile.pilot
     if pilot is None:
-        return MeasuredInputs(profile.kernel, profile.fits, profile.input_dim, profile.spectrum,
-                              None, stats)
+        return stats
     trained = f"pilot ({pilot.steps} steps)"
     sources = {"input_dim": f"{trained}: the width of layer 0's attention input",
                "input_spectrum": f"{trained}: covariance eigenvalues of layer 0's attention input "
                                  f"(participation ratio {pilot.participation_ratio:.1f}, "
                                  f"{ENERGY:.0%} of the variance in {pilot.input_rank} "
                                  f"directions, signal dimension {pilot.signal_dim})"}
-    kernel, fits = profile.kernel, profile.fits
+    kernel, fits = stats.kernel, stats.fits
     if pilot.learned_context:
         kernel = pilot.kernel()
         fits = fit_kernel(kernel)
         sources["kernel"] = f"{trained}: layer 0's attention mass per query-key distance"
     else:
-        sources["kernel"] = (f"{profile.estimator} (not the pilot's attention: its loss "
+        sources["kernel"] = (f"{stats.sources['kernel']} (not the pilot's attention: its loss "
                              f"{pilot.val_loss:.3f} did not beat token frequencies' "
                              f"{pilot.unigram_loss:.3f})")
-    spectrum, bounds = profile.spectrum, None
+    spectrum, bounds = stats.spectrum, None
     if pilot.spectra:
         spectrum, bounds = pilot.spectrum(), pilot.logit_bounds
         sources["spectrum"] = f"{trained}: later layers' mean query-key singular values"
         sources["logit_bounds"] = f"{trained}: each later layer's largest |logit|"
     else:
-        sources["spectrum"] = f"{profile.spectrum_source} (a one-layer pilot has no later layer)"
+        sources["spectrum"] = (f"{stats.sources['spectrum']} (a one-layer pilot has no later "
+                               "layer)")
     variance = np.asarray(pilot.input_variance)
-    return MeasuredInputs(kernel, fits, len(variance), spectrum, bounds, sources, variance)
+    return MeasuredInputs(kernel, fits, len(variance), spectrum, sources, bounds, variance)
 
 
 # --- estimators -------------------------------------------------------------------------------
-
-
-def energy_rank(sigma: np.ndarray, share: float) -> int:
-    """Smallest r whose first r squared singular values hold ``share`` of the total."""
-    energy = np.cumsum(np.asarray(sigma, dtype=np.float64) ** 2)
-    if energy[-1] <= 0:
-        return 0
-    return int(np.searchsorted(energy, share * energy[-1] - 1e-12 * energy[-1]) + 1)
 
 
 def token_sample(tokens: np.ndarray, count: int, chunk: int, seed: int = 0) -> np.ndarray:
@@ -261,11 +244,10 @@ def lag_regression(x: np.ndarray, y: np.ndarray, lags: int, ridge: float = RIDGE
     return coef.T.reshape(y.shape[2], lags, d_in).transpose(1, 0, 2)
 
 
-def participation_ratio(x: np.ndarray) -> float:
-    """``(sum l)^2 / sum l^2`` over the covariance eigenvalues of the vectors in ``x``."""
+def covariance_eigenvalues(x: np.ndarray) -> np.ndarray:
+    """The covariance eigenvalues of the vectors in ``x`` (..., d)."""
     flat = np.asarray(x, dtype=np.float64).reshape(-1, x.shape[-1])
-    eig = np.clip(np.linalg.eigvalsh(np.cov(flat, rowvar=False)), 0, None)
-    return float(eig.sum() ** 2 / (eig ** 2).sum())
+    return np.linalg.eigvalsh(np.cov(flat, rowvar=False))
 
 
 # --- parametric fits ----------------------------------------------------------------------------
@@ -329,11 +311,13 @@ def _profile_tokens(spec: DataSpec, seq_len: int, count: int, seed: int) -> Prof
     rho = np.sqrt(mi)
     rho = rho / rho.max() if rho.max() > 0 else rho
     spectrum = np.linalg.svd(pmi, compute_uv=False)
-    return Profile(spec.path, str(spec.format), offsets, int(windows.size),
-                   f"mutual information, bias-corrected, top {TOP_K} symbols", rho, mi,
-                   fit_kernel(rho), energy_rank(spectrum, ENERGY), spectrum,
-                   input_source=f"rank at {ENERGY:.0%} energy of the offset-1 PMI matrix",
-                   spectrum_source="singular values of the offset-1 PMI matrix",
+    estimator = f"mutual information, bias-corrected, top {TOP_K} symbols"
+    stats = MeasuredInputs(
+        rho, fit_kernel(rho), variance_rank(spectrum ** 2, ENERGY), spectrum,
+        {"kernel": estimator,
+         "input_dim": f"rank at {ENERGY:.0%} energy of the offset-1 PMI matrix",
+         "spectrum": "singular values of the offset-1 PMI matrix"})
+    return Profile(spec.path, str(spec.format), offsets, int(windows.size), estimator, mi, stats,
                    extra={"vocab_size": data.vocab_size})
 
 
@@ -350,12 +334,13 @@ def _profile_vectors(spec: DataSpec, seq_len: int | None, count: int) -> Profile
     rho = rho / rho.max() if rho.max() > 0 else rho
     stacked = coef.transpose(1, 0, 2).reshape(coef.shape[1], -1)  # (d_out, lags * d_in)
     spectrum = np.linalg.svd(stacked, compute_uv=False)
-    d_in = participation_ratio(data.x_train[:rows])
-    return Profile(spec.path, "npy", lags, rows * data.length,
-                   f"ridge regression on {lags} lags", rho, share, fit_kernel(rho),
-                   max(1, round(d_in)), spectrum,
-                   input_source="participation ratio of the input covariance",
-                   spectrum_source="singular values of the lag-regression coefficients",
+    d_in = participation_ratio(covariance_eigenvalues(data.x_train[:rows]))
+    estimator = f"ridge regression on {lags} lags"
+    stats = MeasuredInputs(rho, fit_kernel(rho), max(1, round(d_in)), spectrum,
+                           {"kernel": estimator,
+                            "input_dim": "participation ratio of the input covariance",
+                            "spectrum": "singular values of the lag-regression coefficients"})
+    return Profile(spec.path, "npy", lags, rows * data.length, estimator, share, stats,
                    extra={"participation_ratio": d_in, "data_input_dim": data.input_dim})
 
 
@@ -398,16 +383,17 @@ def pilot_dict(pilot: PilotMeasurement) -> dict[str, Any]:
 
 def to_dict(profile: Profile, kernel_file: str = "", spectrum_file: str = "",
             input_file: str = "") -> dict[str, Any]:
+    stats = profile.statistics
     data: dict[str, Any] = {
         "source": profile.source, "format": profile.format, "seq_len": profile.seq_len,
         "sample": profile.sample, "wall_s": round(profile.wall_s, 3),
-        "kernel": {"estimator": profile.estimator, "best": profile.best.spec,
-                   "fits": {f.form: {"param": f.param, "r2": f.r2} for f in profile.fits},
-                   "values": [float(v) for v in profile.kernel], "raw": [
+        "kernel": {"estimator": profile.estimator, "best": stats.best.spec,
+                   "fits": {f.form: {"param": f.param, "r2": f.r2} for f in stats.fits},
+                   "values": [float(v) for v in stats.kernel], "raw": [
                        float(v) for v in profile.raw]},
-        "input_dim": profile.input_dim,
+        "input_dim": stats.input_dim,
         "spectrum": {"rank_90": profile.rank_90,
-                     "values": [float(v) for v in profile.spectrum]},
+                     "values": [float(v) for v in stats.spectrum]},
         **profile.extra}
     if profile.pilot is not None:
         data["pilot"] = pilot_dict(profile.pilot)
@@ -512,18 +498,19 @@ def render(data: dict[str, Any]) -> str:
 def plot(profile: Profile, path: Path) -> None:
     from common.plots import new_figure, write_figure
 
+    stats = profile.statistics
     fig, axes = new_figure(2, (11, 4.2))
-    s = np.arange(1, len(profile.kernel) + 1, dtype=np.float64)
-    axes[0].loglog(s, np.maximum(profile.kernel, 1e-4), "k.", label="measured rho(s)")
-    for fit in profile.fits:
+    s = np.arange(1, len(stats.kernel) + 1, dtype=np.float64)
+    axes[0].loglog(s, np.maximum(stats.kernel, 1e-4), "k.", label="measured rho(s)")
+    for fit in stats.fits:
         shape = kernel_shape(fit.form, fit.param, len(s))
-        scale = float(profile.kernel @ shape / (shape @ shape)) if shape.any() else 0.0
+        scale = float(stats.kernel @ shape / (shape @ shape)) if shape.any() else 0.0
         axes[0].loglog(s, np.maximum(scale * shape, 1e-4), label=f"{fit.spec} (R² {fit.r2:.2f})")
     axes[0].set_xlabel("offset s")
     axes[0].set_ylabel("rho(s), largest = 1 (floor 1e-4)")
     axes[0].set_title(f"memory kernel ({profile.estimator})")
     axes[0].legend(fontsize=8)
-    energy = np.cumsum(profile.spectrum ** 2) / max((profile.spectrum ** 2).sum(), 1e-300)
+    energy = np.cumsum(stats.spectrum ** 2) / max((stats.spectrum ** 2).sum(), 1e-300)
     axes[1].plot(np.arange(1, len(energy) + 1), energy, "o-", ms=3)
     axes[1].axhline(ENERGY, color="k", ls=":")
     axes[1].axvline(profile.rank_90, color="C3", ls="--", label=f"rank {profile.rank_90}")

@@ -14,10 +14,11 @@ import pytest
 import yaml
 
 from alloc.extract import ErrorModel
-from alloc.pilot import PilotRequest, load_pilot, participation_ratio, signal_dim, variance_rank
+from alloc.pilot import PilotRequest, load_pilot
 from alloc.plan import PlanSettings, make_plan
 from alloc.profile import main
 from alloc.solve import main as solve_main
+from alloc.spectra import participation_ratio, signal_dim, variance_rank
 from userdata import DataSpec
 
 

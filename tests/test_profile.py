@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 import yaml
 
-from alloc.profile import energy_rank, fit_kernel, main, mutual_information, profile_data
+from alloc.profile import fit_kernel, main, mutual_information, profile_data
 from alloc.solve import main as solve_main
+from alloc.spectra import variance_rank
 from userdata import DataSpec
 from workers.tasks import make_task
 from workers.train import main as train_main
@@ -29,14 +30,15 @@ def kernel_data(tmp: Path, kernel: str, sequences: int = 400) -> Path:
 @pytest.mark.parametrize("k", [2, 4, 8])
 def test_ngram_kernels_are_recovered_exactly(k: int, tmp_path: Path) -> None:
     profile = profile_data(DataSpec(str(kernel_data(tmp_path, f"ngram:{k}"))))
-    assert profile.best.spec == f"ngram:{k}" and profile.best.r2 > 0.99
+    best = profile.statistics.best
+    assert best.spec == f"ngram:{k}" and best.r2 > 0.99
 
 
 @pytest.mark.parametrize("lam", [0.1, 0.3])
 def test_exponential_kernels_within_20_percent(lam: float, tmp_path: Path) -> None:
     profile = profile_data(DataSpec(str(kernel_data(tmp_path, f"exp:{lam}"))))
-    fit = next(f for f in profile.fits if f.form == "exp")
-    assert profile.best.form == "exp" and fit.param == pytest.approx(lam, rel=0.2)
+    fit = next(f for f in profile.statistics.fits if f.form == "exp")
+    assert profile.statistics.best.form == "exp" and fit.param == pytest.approx(lam, rel=0.2)
 
 
 def test_a_known_input_dimension_within_20_percent(tmp_path: Path) -> None:
@@ -45,7 +47,7 @@ def test_a_known_input_dimension_within_20_percent(tmp_path: Path) -> None:
     x = (rng.normal(size=(300, 16, 12)) @ basis.T).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
     profile = profile_data(DataSpec(str(tmp_path / "x.npy")))
-    assert profile.input_dim == pytest.approx(12, rel=0.2)
+    assert profile.statistics.input_dim == pytest.approx(12, rel=0.2)
     assert profile.extra["data_input_dim"] == 48
 
 
@@ -63,8 +65,9 @@ def test_bias_correction_removes_the_information_of_independent_tokens() -> None
 def test_fits_and_energy_rank_on_exact_shapes() -> None:
     s = np.arange(1, 65, dtype=float)
     assert {f.form: round(f.param, 3) for f in fit_kernel(s ** -0.7)}["poly"] == 0.7
-    assert energy_rank(np.array([3.0, 1.0, 1.0, 0.0]), 0.9) == 2  # 9 + 1 >= 0.9 * 11
-    assert energy_rank(np.ones(10), 0.9) == 9
+    # the rank at 90% energy of singular values: 9 + 1 >= 0.9 * 11
+    assert variance_rank(np.array([3.0, 1.0, 1.0, 0.0]) ** 2, 0.9) == 2
+    assert variance_rank(np.ones(10), 0.9) == 9
 
 
 def test_text_corpus_profile_solve_and_train(tmp_path: Path,
