@@ -265,7 +265,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     defaults: dict[str, Any] = {}
     if args.profile is not None:
-        from alloc.profile import read_allocator_inputs  # SciPy only when asked for
+        from alloc.profilefile import read_allocator_inputs  # SciPy only when asked for
 
         defaults.update(read_allocator_inputs(args.profile))
     if args.constants is not None:

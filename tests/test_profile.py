@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import yaml
 
-from alloc.profile import fit_kernel, main, mutual_information, profile_data
+from alloc.datastats import fit_kernel, mutual_information
+from alloc.profile import main, profile_data
 from alloc.solve import main as solve_main
 from alloc.spectra import variance_rank
 from userdata import DataSpec

@@ -30,9 +30,11 @@ from typing import Any
 
 import numpy as np
 
+from alloc.datastats import Profile
 from alloc.pilot import PilotRequest
 from alloc.plan import PlanSettings, make_plan
-from alloc.profile import Profile, profile_data, read_allocator_inputs, write_profile
+from alloc.profile import profile_data
+from alloc.profilefile import read_allocator_inputs, write_profile
 from common.cli import render_table
 from common.errors import UsageError
 from common.files import write_csv

@@ -72,7 +72,8 @@ def profile_for(task: Task, profile: Path | None, out_dir: Path,
     if profile is not None or not isinstance(task, TextTask | ArrayTask):
         return profile
     from alloc.pilot import MAX_PILOT_WIDTH, PilotRequest
-    from alloc.profile import profile_data, write_profile
+    from alloc.profile import profile_data
+    from alloc.profilefile import write_profile
 
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"profile-{Path(task.path).name}.yaml"
@@ -97,7 +98,7 @@ def measured_inputs(profile: Path | None) -> dict[str, Any] | None:
     """The ``allocator`` section of a profile (``ProfileError`` if unreadable), or None."""
     if profile is None:
         return None
-    from alloc.profile import read_allocator_inputs
+    from alloc.profilefile import read_allocator_inputs
 
     return read_allocator_inputs(profile)
 
