@@ -7,19 +7,18 @@ depth, MLP and window, then measures on a held-out sample: the covariance spectr
 normalised vectors layer 0's attention reads (participation ratio and 90%-energy rank: the input
 dimension ``d_in``), the attention mass layer 0 puts at each query-key distance (a memory
 kernel), and each later layer's logit bound ``R`` and query-key singular values (the
-saturation rule's inputs, as ``--checkpoint`` profiles measure them). The torch side
-(``workers.pilot``) is found through an entry point: this module imports no torch.
+saturation rule's inputs, as ``--checkpoint`` profiles measure them). This module holds the
+typed request and result, with no torch; ``workers.pilot.run_pilot`` trains and measures, and
+``python -m workers.profile --data`` runs it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 
 from alloc.spectra import ENERGY, participation_ratio, signal_dim, variance_rank
-from common import torchside
 from common.errors import TransformerAllocError
 from userdata import DataSpec
 
@@ -29,7 +28,7 @@ MAX_PILOT_MLP_RATIO = 16
 
 
 class PilotError(TransformerAllocError):
-    """A pilot that cannot run: no torch workers, or a model the data cannot train."""
+    """A pilot that cannot run: an unknown task, or a model the data cannot train."""
 
 
 @dataclass(frozen=True)
@@ -107,14 +106,3 @@ class PilotMeasurement:
             return np.zeros(0)
         width = min(len(s) for s in self.spectra)
         return np.mean([np.asarray(s[:width]) for s in self.spectra], axis=0)
-
-
-class Pilot(Protocol):
-    def __call__(self, request: PilotRequest) -> PilotMeasurement: ...
-
-
-def load_pilot() -> Pilot:
-    """The torch side's pilot (alloc imports no torch)."""
-    pilot: Pilot = torchside.load("pilot", PilotError, "--pilot-steps: the pilot",
-                                  " or pass --no-pilot")
-    return pilot
