@@ -127,7 +127,7 @@ def read_allocator_inputs(path: Path) -> dict[str, Any]:
     if not isinstance(inputs, dict) or not keys <= set(inputs) \
             or not set(inputs) <= keys | OPTIONAL_INPUTS:
         raise ProfileError(f"--profile {str(path)!r}: needs an allocator section with "
-                           f"{', '.join(sorted(keys))} (python -m alloc.profile --out writes it)")
+                           f"{', '.join(sorted(keys))} (python -m workers.profile --out writes it)")
     inputs = {k: v for k, v in inputs.items() if k != "sources"}
     for key in ("kernel", "spectrum", "input_spectrum"):
         if str(inputs.get(key)).startswith("file:"):

@@ -1,7 +1,7 @@
 """How a command names its task: ``--task NAME`` (a generated task) or ``--data PATH`` (the
 user's own data), with ``--task-param KEY=VALUE`` overrides; shared by ``workers.train`` and
 ``workers.search``, and (``task_for_model``) by the commands that run a trained model:
-``alloc.profile --checkpoint`` and ``workers.compress``.
+``workers.profile --checkpoint`` and ``workers.compress``.
 
 Outside ``workers.tasks`` and free of torch until a task is built, so that the commands' flags
 (and ``--help``) need no torch: the task names are listed here, and ``workers.tasks`` registers
