@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from alloc.datastats import VECTOR_SAMPLE, Profile
+from alloc.datastats import TOKEN_SAMPLE, TOKEN_SEQ_LEN, VECTOR_SAMPLE, Profile
 from alloc.pilot import MAX_PILOT_STEPS, MAX_PILOT_WIDTH, PilotRequest
 from alloc.profilefile import plot, render, to_dict, write_profile
 from arch.config import MAX_DEPTH
@@ -28,11 +28,12 @@ def add_profile_args(p: argparse.ArgumentParser, torch_side: bool) -> None:
     ``--no-pilot``)."""
     with_checkpoint = " (with --checkpoint: the sample the model is measured on)"
     add_data_args(p, data_help=DATA_HELP + (with_checkpoint if torch_side else ""))
-    p.add_argument("--seq-len", type=int_in(1), help="offsets measured (default: 256 for "
-                                                     "tokens, the sequences' length for npy)")
+    p.add_argument("--seq-len", type=int_in(1),
+                   help=f"offsets measured (default: {TOKEN_SEQ_LEN} for tokens, the sequences' "
+                        "length for npy)")
     p.add_argument("--sample-tokens", type=int_in(1000),
-                   help=f"tokens (or vector positions) sampled (default: 1,000,000 tokens, "
-                        f"{VECTOR_SAMPLE:,} vector positions"
+                   help=f"tokens (or vector positions) sampled (default: {TOKEN_SAMPLE:,} "
+                        f"tokens, {VECTOR_SAMPLE:,} vector positions"
                         + ("; with --checkpoint, 32,768 tokens in windows of the model's "
                            "length)" if torch_side else ")"))
     p.add_argument("--seed", type=int_in(0), default=0,

@@ -114,7 +114,7 @@ def announce(pilot: PilotRequest) -> None:
 
 
 @dataclass(frozen=True)
-class CheckpointProfile:
+class PlanRequest:
     """What ``--checkpoint`` asks for: the model measured (``measure``), then planned within
     ``tolerance`` under ``rule`` (default: measured with a sample, else bound), or to a KV cache
     of ``kv_cache`` of the teacher's; ``logit_bound``: the logits assumed without a sample."""
@@ -126,7 +126,7 @@ class CheckpointProfile:
     kv_cache: float | None = None
 
 
-def plan_checkpoint(request: CheckpointProfile) -> CompressionPlan:
+def plan_checkpoint(request: PlanRequest) -> CompressionPlan:
     """Measure the checkpoint (``workers.measure``) and plan its compression.
 
     Raises:
@@ -141,7 +141,7 @@ def plan_checkpoint(request: CheckpointProfile) -> CompressionPlan:
     return plan
 
 
-def checkpoint_request(args: argparse.Namespace) -> CheckpointProfile:
+def checkpoint_request(args: argparse.Namespace) -> PlanRequest:
     """The checkpoint profile the flags ask for (``UsageError`` for flags that cannot work)."""
     if args.data is not None and args.task is not None:
         raise UsageError("--data and --task: give one sample source")
@@ -160,7 +160,7 @@ def checkpoint_request(args: argparse.Namespace) -> CheckpointProfile:
                              sample_tokens=args.sample_tokens, seed=args.seed,
                              loss_sensitivity=args.rule == "loss", quiet=args.quiet)
     tolerance = DEFAULT_TOLERANCE if args.tolerance is None else args.tolerance
-    return CheckpointProfile(measure, tolerance, args.rule, args.logit_bound, args.kv_cache)
+    return PlanRequest(measure, tolerance, args.rule, args.logit_bound, args.kv_cache)
 
 
 def show_plan(plan: CompressionPlan, args: argparse.Namespace) -> None:
