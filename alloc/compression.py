@@ -2,10 +2,10 @@
 measured to use, the smallest aligned ``qk_dim`` of every head group whose attention error stays
 within a tolerance, as a typed ``CompressionPlan`` that ``workers.compress`` builds.
 
-The measurement itself runs the model, so it lives with torch (``workers.measure``); it reaches
-this module as a ``CheckpointMeasurement`` through the ``Measurer`` protocol, which the torch side
-registers as the entry point ``transformer_alloc.measurers:checkpoint``. Planning is pure: numpy
-and the saturation bound of ``alloc.saturation``.
+The measurement itself runs the model, so it lives with torch (``workers.measure``, asked for
+with a ``MeasureRequest``); it reaches this module as a ``CheckpointMeasurement``, which
+``workers.profile`` hands to ``plan_compression``. Planning is pure: numpy and the saturation
+bound of ``alloc.saturation``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol, get_args
+from typing import Any, Literal, get_args
 
 import numpy as np
 import yaml
@@ -24,7 +24,6 @@ import yaml
 from alloc.saturation import jacobian_bound
 from arch import ArchConfig, ConfigError, HeadGroup
 from arch.memory import kv_cache_bytes
-from common import torchside
 from common.cli import render_table
 from common.errors import TransformerAllocError
 from common.files import dump_yaml, load_yaml
@@ -120,17 +119,6 @@ class MeasureRequest:
     seed: int = 0
     loss_sensitivity: bool = False  # also each group's loss increase at each candidate
     quiet: bool = False  # no progress on stderr
-
-
-class Measurer(Protocol):
-    def __call__(self, request: MeasureRequest) -> CheckpointMeasurement: ...
-
-
-def load_measurer() -> Measurer:
-    """The torch side's measurer (alloc imports no torch)."""
-    measurer: Measurer = torchside.load("checkpoint", CompressionError,
-                                        "--checkpoint: measuring a model")
-    return measurer
 
 
 # --- the rule ----------------------------------------------------------------------------------

@@ -7,30 +7,28 @@ depth, MLP and window, then measures on a held-out sample: the covariance spectr
 normalised vectors layer 0's attention reads (participation ratio and 90%-energy rank: the input
 dimension ``d_in``), the attention mass layer 0 puts at each query-key distance (a memory
 kernel), and each later layer's logit bound ``R`` and query-key singular values (the
-saturation rule's inputs, as ``--checkpoint`` profiles measure them). The torch side
-(``workers.pilot``) is found through an entry point: this module imports no torch.
+saturation rule's inputs, as ``--checkpoint`` profiles measure them). This module holds the
+typed request and result, with no torch; ``workers.pilot.run_pilot`` trains and measures, and
+``python -m workers.profile --data`` runs it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 
-from common import torchside
+from alloc.spectra import ENERGY, participation_ratio, signal_dim, variance_rank
 from common.errors import TransformerAllocError
 from userdata import DataSpec
 
-ENERGY = 0.9  # the input dimension keeps this share of the input's variance
 MAX_PILOT_STEPS = 100_000
 MAX_PILOT_WIDTH = 4096
 MAX_PILOT_MLP_RATIO = 16
 
 
 class PilotError(TransformerAllocError):
-    """A pilot that cannot run: no torch workers, or a model the data cannot train."""
+    """A pilot that cannot run: an unknown task, or a model the data cannot train."""
 
 
 @dataclass(frozen=True)
@@ -87,8 +85,7 @@ class PilotMeasurement:
 
     @property
     def signal_dim(self) -> int:
-        """Directions before the spectrum's largest relative drop ``l_i / l_(i+1)`` among those
-        holding ``ENERGY`` of the variance: the dimension of a signal standing above a floor."""
+        """The dimension of a signal standing above a floor (``alloc.spectra.signal_dim``)."""
         return signal_dim(self.input_variance, ENERGY)
 
     @property
@@ -109,39 +106,3 @@ class PilotMeasurement:
             return np.zeros(0)
         width = min(len(s) for s in self.spectra)
         return np.mean([np.asarray(s[:width]) for s in self.spectra], axis=0)
-
-
-def participation_ratio(eigenvalues: Sequence[float]) -> float:
-    """``(sum l)^2 / sum l^2``: how many directions the variance effectively spreads over."""
-    eig = np.clip(np.asarray(eigenvalues, dtype=np.float64), 0, None)
-    return float(eig.sum() ** 2 / (eig ** 2).sum()) if eig.any() else 0.0
-
-
-def variance_rank(eigenvalues: Sequence[float], share: float) -> int:
-    """Fewest of the (decreasing) eigenvalues whose sum reaches ``share`` of the total."""
-    eig = np.clip(np.asarray(eigenvalues, dtype=np.float64), 0, None)
-    total = np.cumsum(eig)
-    if not total.size or total[-1] <= 0:
-        return 0
-    return int(np.searchsorted(total, share * total[-1] * (1 - 1e-12)) + 1)
-
-
-def signal_dim(eigenvalues: Sequence[float], share: float) -> int:
-    """See ``PilotMeasurement.signal_dim``."""
-    eig = np.clip(np.asarray(eigenvalues, dtype=np.float64), 0, None)
-    top = variance_rank(eig.tolist(), share)
-    if top < 1 or len(eig) < 2:
-        return top
-    ratios = eig[:top] / np.maximum(eig[1:top + 1], 1e-300 * eig[0])
-    return int(np.argmax(ratios) + 1)
-
-
-class Pilot(Protocol):
-    def __call__(self, request: PilotRequest) -> PilotMeasurement: ...
-
-
-def load_pilot() -> Pilot:
-    """The torch side's pilot (alloc imports no torch)."""
-    pilot: Pilot = torchside.load("pilot", PilotError, "--pilot-steps: the pilot",
-                                  " or pass --no-pilot")
-    return pilot

@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="smoothness order n (docs/theory.md §2)")
     p.add_argument("--profile", type=Path,
                    help="kernel, input dimension, sequence length and spectrum measured from "
-                        "your data (python -m alloc.profile --out; docs/theory.md §9); flags "
+                        "your data (python -m workers.profile --out; docs/theory.md §9); flags "
                         "given explicitly win")
     p.add_argument("--constants", type=Path,
                    help="c_proj, c_head and order from a YAML file (python -m alloc.calibrate "
@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="allowed attention error per later-layer head (docs/theory.md §4)")
     p.add_argument("--logit-bounds", type=bounds_list,
                    help="measured R of each later layer, comma-separated (e.g. from python -m "
-                        "alloc.profile --checkpoint); missing layers use --logit-bound "
+                        "workers.profile --checkpoint); missing layers use --logit-bound "
                         "(docs/theory.md §4)")
     p.add_argument("--logit-bound", type=number(0, strict=True), default=d.logit_bound,
                    help="logit bound R of the saturation rule (docs/theory.md §4)")
@@ -209,7 +209,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     defaults: dict[str, Any] = {}
     if args.profile is not None:
-        from alloc.profile import read_allocator_inputs  # SciPy only when asked for
+        from alloc.profilefile import read_allocator_inputs  # SciPy only when asked for
 
         defaults.update(read_allocator_inputs(args.profile))
     if args.constants is not None:

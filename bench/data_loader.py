@@ -44,11 +44,13 @@ def generate_bin(folder: Path, tokens: int, seed: int = 0) -> Path:
 
 
 def profile_run(folder: Path) -> dict[str, Any]:
-    """``python -m alloc.profile`` on ``folder`` in a child process: wall and peak RSS."""
+    """``python -m alloc.profile --no-pilot`` (the data's statistics: the reader at scale) on
+    ``folder`` in a child process: wall and peak RSS."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "alloc.profile", "--data", str(folder),
-                           "--format", "json"], capture_output=True, text=True, timeout=600)
+                           "--no-pilot", "--format", "json"], capture_output=True, text=True,
+                          timeout=600)
     wall = time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(f"alloc.profile failed: {proc.stderr[-2000:]}")

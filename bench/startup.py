@@ -1,7 +1,7 @@
 """python -m bench.startup [--runs 5] [--smoke-test] [--format table|json|yaml]
 
 Start-up time of the product commands, interpreter start included, as a user sees it: the wall
-time of ``python -m CMD --help`` for each of the seven commands and of ``studies list`` and
+time of ``python -m CMD --help`` for each of the eight commands and of ``studies list`` and
 ``studies best`` on a small SQLite study this script writes (median of ``--runs`` runs, one
 process each); for each, the milliseconds our code spends importing (``python -X importtime``:
 our packages and what they pull in, the interpreter's own start-up left out; median of up to 3
@@ -24,7 +24,7 @@ from common.cli import Parser, add_format, dump, int_in, render_table
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMANDS = ("alloc.solve", "alloc.profile", "alloc.calibrate", "workers.train",
-            "workers.search", "workers.compress", "studies")
+            "workers.search", "workers.profile", "workers.compress", "studies")
 OURS = ("alloc", "arch", "bench", "common", "search_spaces", "studies", "userdata", "workers")
 HEAVY = ("torch", "ray", "scipy.stats", "scipy.optimize", "transformers", "matplotlib", "optuna")
 

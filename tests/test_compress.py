@@ -16,7 +16,6 @@ import torch
 import yaml
 
 from alloc.compression import CompressionError, CompressionPlan
-from alloc.profile import main as profile_main
 from arch import ArchConfig, HeadGroup, LayerSpec, TrainConfig, param_count
 from common.files import dump_yaml
 from userdata import DataSpec
@@ -26,6 +25,7 @@ from workers.compress import main as compress_main
 from workers.heads import head_maps
 from workers.measure import measure, profile_checkpoint
 from workers.model import Model, build_model
+from workers.profile import main as profile_main
 from workers.students import build_student, svd_factors
 from workers.tasks import make_data_task
 from workers.trainer import Trainer, evaluate
@@ -330,7 +330,7 @@ def test_the_trainer_profile_and_compress_chain_on_a_task(
                          "--quiet"]) == 0
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 2 and "no reduction can be planned without data" in err[0]
-    assert err[1] == f"alloc.profile: wrote {plan}"
+    assert err[1] == f"workers.profile: wrote {plan}"
     assert compress_main(["--checkpoint", ckpt, "--plan", plan, *task, "--out", out]) == 2
     assert "exists; pass --force to overwrite it" in capsys.readouterr().err  # a checkpoint
     assert compress_main(["--checkpoint", ckpt, "--plan", plan, *task, "--out", out,

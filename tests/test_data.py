@@ -217,6 +217,22 @@ def test_trainer_cli_bad_data_is_one_line(argv: list[str], message: str, tmp_pat
     assert err.count("\n") == 1 and message in err, err
 
 
+def test_the_data_flags_name_a_spec_with_the_readers_choices() -> None:
+    """One builder of the data flags (``userdata.add_data_args``): its choices are the readers'
+    formats and dtypes, and what they name is the ``DataSpec`` read."""
+    from common.cli import Parser
+    from userdata import DATA_FORMATS, DTYPES, add_data_args, data_spec
+
+    parser = Parser(prog="p")
+    add_data_args(parser)
+    choices = {a.dest: a.choices for a in parser._actions}
+    assert choices["data_format"] == DATA_FORMATS and choices["data_dtype"] == DTYPES
+    assert data_spec(parser.parse_args([])) is None
+    args = parser.parse_args(["--data", "d", "--data-format", "bin", "--data-dtype", "uint32",
+                              "--vocab-size", "9"])
+    assert data_spec(args) == DataSpec("d", "bin", "uint32", 9)
+
+
 def test_a_space_names_its_data_relative_to_its_file(tmp_path: Path) -> None:
     text_folder(tmp_path)
     (tmp_path / "s.yaml").write_text("name: s\nbudget: 16\ndepth: 1\ndata: corpus\n"

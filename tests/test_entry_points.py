@@ -29,8 +29,8 @@ def help_text(module: str, argv: list[str], capsys: pytest.CaptureFixture[str]) 
 
 
 def test_the_entry_points_are_found() -> None:
-    assert {"alloc.solve", "workers.train", "workers.search.cli",
-            "studies.cli"} <= set(ENTRY_POINTS)
+    assert {"alloc.solve", "alloc.profile", "workers.train", "workers.search.cli",
+            "workers.profile", "studies.cli"} <= set(ENTRY_POINTS)
 
 
 @pytest.mark.parametrize("package", ["workers.search", "studies"])

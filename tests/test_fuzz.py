@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from alloc.calibrate import build_parser as calibrate_parser
 from alloc.calibrate import main as calibrate_main
-from alloc.profile import build_parser as profile_parser
-from alloc.profile import main as profile_main
+from alloc.profile import build_parser as statistics_parser
+from alloc.profile import main as statistics_main
 from alloc.solve import build_parser as solve_parser
 from alloc.solve import main as solve_main
 from search_spaces import PROBE_IO, RandomSuggester, SpaceError, load_space, parse_space
@@ -27,6 +27,8 @@ from search_spaces.loader import _DATA_KEYS, _RULE_KEYS, _TOP_KEYS, MODEL_KEYS, 
 from studies.cli import main as studies_main
 from workers.compress import build_parser as compress_parser
 from workers.compress import main as compress_main
+from workers.profile import build_parser as profile_parser
+from workers.profile import main as profile_main
 from workers.search.cli import build_parser as search_parser
 from workers.search.cli import main as search_main
 from workers.train import build_parser as train_parser
@@ -154,16 +156,26 @@ def test_studies_command_lines(tmp_path_factory: object, command: str, storage: 
     assert not any(b"s3cretpw" in p.read_bytes() for p in folder.rglob("*") if p.is_file())
 
 
+SOURCES = st.sampled_from([["--data", "corpus.txt"], ["--data", "folder"],
+                           ["--checkpoint", "x.pt"], ["--checkpoint", "junk.yaml"], []])
+
+
 @FUZZ
-@given(st.sampled_from([["--data", "corpus.txt"], ["--data", "folder"], ["--checkpoint", "x.pt"],
-                        ["--checkpoint", "junk.yaml"], []]),
-       flags(options(profile_parser())))
-def test_alloc_profile_command_lines(tmp_path_factory: object, source: list[str],
-                                     argv: list[str]) -> None:
+@given(SOURCES, flags(options(profile_parser())))
+def test_workers_profile_command_lines(tmp_path_factory: object, source: list[str],
+                                       argv: list[str]) -> None:
     if not _big(argv, 512):  # a large --sample-tokens is a correct, slow profile
         if "--pilot-steps" not in argv:  # the default pilot (300 steps) is correct and slow
             argv = [*argv, "--pilot-steps", "2"]
         run(profile_main, [*source, *argv], _folder(tmp_path_factory))
+
+
+@FUZZ
+@given(SOURCES, st.sampled_from([[], ["--no-pilot"]]), flags(options(statistics_parser())))
+def test_alloc_profile_command_lines(tmp_path_factory: object, source: list[str],
+                                     pilot: list[str], argv: list[str]) -> None:
+    if not _big(argv, 512):
+        run(statistics_main, [*source, *pilot, *argv], _folder(tmp_path_factory))
 
 
 @FUZZ

@@ -1,15 +1,20 @@
 """The folder tree is the dependency graph (docs/architecture.md, the layering rule), with no
 exception: common/ imports no other package of ours; the vocabulary (arch/) and the data readers
 (userdata/) build only on common/; search_spaces/ on those; studies/ on the vocabulary (not alloc,
-which reads studies to calibrate); alloc/ never imports workers/ (it reaches the torch measurer
-through an entry point) and no torch or Ray; only workers/ may use both. No module shadows the
-standard library."""
+which reads studies to calibrate); alloc/ never imports workers/ and no torch or Ray; only
+workers/ may use both. What is checked is what is really imported: every import statement, no
+call path around them (entry points, imports by a computed name), every torch-free module
+imported in a fresh interpreter, and the profile commands run from a plain checkout with no
+package metadata installed. No module shadows the standard library."""
 
 from __future__ import annotations
 
 import ast
+import os
+import site
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -26,6 +31,10 @@ FORBIDDEN = {
     "alloc": {"torch", "ray", "workers"},
     "studies": {"torch", "ray", "workers", "alloc"},
 }
+# What reaches code around the import statements: entry points (installed package metadata) and
+# imports by a computed name.
+HIDDEN = {"entry_points", "pkg_resources", "import_module", "__import__", "runpy", "run_module",
+          "run_path"}
 
 
 def imports(path: Path) -> set[str]:
@@ -49,14 +58,103 @@ def test_package_imports_respect_the_layering(package: str) -> None:
         assert not bad, f"{name} imports {sorted(bad)}"
 
 
-def test_the_allocator_never_loads_torch() -> None:
-    code = ("import sys, alloc.solve, alloc.profile, alloc.calibrate, alloc.compression, arch, "
-            "userdata, search_spaces, studies; "
-            "assert 'torch' not in sys.modules and 'ray' not in sys.modules, "
-            "sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'ray'))")
+def hidden_paths(path: Path) -> set[str]:
+    """The names of ``HIDDEN`` that ``path`` imports, calls or reads."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Name | ast.Attribute):
+            found.add(node.id if isinstance(node, ast.Name) else node.attr)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+            if isinstance(node, ast.ImportFrom) and node.module:
+                found.add(node.module.split(".")[0])
+    return found & HIDDEN
+
+
+@pytest.mark.parametrize("package", sorted(OURS | {"bench"}))
+def test_no_call_path_goes_around_the_imports(package: str) -> None:
+    """Every module of ours reaches the code it runs by an import the check above sees: none
+    looks up entry points or imports a module by a computed name."""
+    for path in sorted((ROOT / package).rglob("*.py")):
+        found = hidden_paths(path)
+        assert not found, f"{path.relative_to(ROOT)} uses {sorted(found)}"
+
+
+def test_the_package_registers_no_entry_points() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert "entry-points" not in project, project["entry-points"]
+
+
+def test_importing_every_torch_free_module_loads_no_torch_and_no_workers() -> None:
+    """Each module of the packages that never import torch, imported in a fresh interpreter:
+    neither torch nor Ray nor any module of workers/ gets loaded."""
+    packages = sorted(FORBIDDEN)
+    code = f"""
+import importlib, pkgutil, sys
+for package in {packages!r}:
+    path = importlib.import_module(package).__path__
+    for info in pkgutil.walk_packages(path, package + "."):
+        if not info.name.endswith("__main__"):
+            importlib.import_module(info.name)
+loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "ray", "workers"))
+assert not loaded, loaded
+assert "alloc.profile" in sys.modules and "userdata.cli" in sys.modules
+"""
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def plain_checkout_env(tmp_path: Path, root: Path = ROOT) -> dict[str, str]:
+    """An environment for ``python -S`` that sees the packages of the checkout at ``root`` and
+    the installed libraries (``PYTHONPATH``), but none of this package's metadata: not the
+    installed one nor its editable finder (the site-packages entries are linked one by one into
+    a folder, ours left out), nor the ``*.egg-info`` an install leaves in the checkout (its
+    packages are linked into another folder)."""
+    checkout, libraries = tmp_path / "checkout", tmp_path / "libraries"
+    checkout.mkdir()
+    libraries.mkdir()
+    for package in OURS:
+        (checkout / package).symlink_to(root / package)
+    for folder in site.getsitepackages():
+        for entry in Path(folder).iterdir():
+            ours = entry.name.startswith(("transformer_alloc", "__editable__"))
+            if not ours and not entry.name.endswith(".pth") \
+                    and not (libraries / entry.name).exists():
+                (libraries / entry.name).symlink_to(entry)
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(checkout), str(libraries)])}
+
+
+def test_the_profile_commands_run_from_a_plain_checkout(tmp_path: Path) -> None:
+    """``workers.profile --checkpoint`` and ``--data``, and ``alloc.profile --data --no-pilot``,
+    from another folder with ``PYTHONPATH`` on this checkout's packages and no package metadata:
+    nothing runs through an installed entry point."""
+    from workers.train import main as train_main
+
+    env = plain_checkout_env(tmp_path)
+
+    def python(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-S", *argv], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=300)
+
+    probe = python("-c", "import importlib.metadata as m, workers, alloc; "
+                         "m.distribution('transformer-alloc')")
+    assert "PackageNotFoundError" in probe.stderr, probe.stderr[-2000:]  # really a plain one
+    arch = tmp_path / "arch.yaml"
+    arch.write_text("d_model: 16\nmax_seq_len: 8\ninput_dim: 1\n"
+                    "layers:\n  - {attention: mhsa, heads: ['2x8'], mlp_ratio: 1}\n")
+    assert train_main(["--arch", str(arch), "--task", "lm", "--smoke-test", "--steps", "2",
+                       "--out", str(tmp_path / "c.pt"), "--quiet", "--format", "json"]) == 0
+    (tmp_path / "corpus.txt").write_text("the quick brown fox jumps over the lazy dog. " * 200)
+    runs = {"plan.yaml": ["workers.profile", "--checkpoint", "c.pt", "--task", "lm",
+                          "--smoke-test"],
+            "pilot.yaml": ["workers.profile", "--data", "corpus.txt", "--seq-len", "16",
+                           "--pilot-steps", "2", "--budget", "16"],
+            "stats.yaml": ["alloc.profile", "--data", "corpus.txt", "--no-pilot"]}
+    for out, (command, *argv) in runs.items():
+        done = python("-m", command, *argv, "--out", out, "--quiet")
+        assert done.returncode == 0, (command, argv, done.stderr[-2000:])
+        assert (tmp_path / out).stat().st_size > 0 and f"{command}: wrote {out}" in done.stderr
 
 
 def test_no_module_shadows_the_standard_library() -> None:
@@ -64,8 +162,9 @@ def test_no_module_shadows_the_standard_library() -> None:
     names = {path.stem for package in packages for path in package.rglob("*.py")}
     names |= {path.name for package in packages for path in package.rglob("*") if path.is_dir()}
     names |= OURS
-    # ``python -m alloc.profile`` is a public command; the standard library's ``profile`` is the
-    # pure-Python profiler, which nothing here imports. The one name kept, and pinned.
+    # ``python -m alloc.profile`` and ``python -m workers.profile`` are public commands; the
+    # standard library's ``profile`` is the pure-Python profiler, which nothing here imports.
+    # The one name kept, and pinned.
     shadowing = sorted(names & set(sys.stdlib_module_names) - {"profile"})
     assert not shadowing, f"modules named like the standard library's: {shadowing}"
 

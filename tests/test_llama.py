@@ -156,7 +156,7 @@ def test_each_field_we_do_not_compute_is_refused_by_name(
         field: str, llama_folder: Path, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
     """One line naming the field and its value, exit 2, before any work (nothing written)."""
-    from alloc.profile import main
+    from workers.profile import main
 
     change, message = REFUSED[field]
     folder = tmp_path / "m"
@@ -240,14 +240,14 @@ def test_a_model_trained_here_is_written_as_a_llama_transformers_reads(tmp_path:
 @pytest.mark.usefixtures("remote_code_cache")
 def test_profile_and_compress_a_llama_folder_into_a_smaller_student(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """The practitioner's path: ``alloc.profile --checkpoint LLAMA --data TOKENS --plot`` and
+    """The practitioner's path: ``workers.profile --checkpoint LLAMA --data TOKENS --plot`` and
     ``workers.compress --out small/``; the student loads through ``AutoModelForCausalLM`` with
     ``trust_remote_code`` at its reduced shapes, with our student's logits, its safetensors
     smaller by the cut parameters, and a KV cache per token smaller by the cut key dims."""
 
     from alloc.compression import CompressionPlan
-    from alloc.profile import main as profile_main
     from workers.compress import main as compress_main
+    from workers.profile import main as profile_main
     from workers.students import build_student, pair_orders
 
     teacher = load(saved(build("llama", num_key_value_heads=2), tmp_path / "llama"))
@@ -293,7 +293,7 @@ def test_without_transformers_a_compact_folder_is_refused_before_work(
     from workers.compress import main as compress_main
 
     plan = tmp_path / "plan.yaml"
-    from alloc.profile import main as profile_main
+    from workers.profile import main as profile_main
 
     assert profile_main(["--checkpoint", str(llama_folder), "--out", str(plan)]) == 0
     capsys.readouterr()
@@ -332,8 +332,8 @@ def test_loss_rule_and_a_kv_cache_budget(llama_folder: Path, tmp_path: Path,
     import dataclasses
 
     from alloc.compression import CompressionPlan
-    from alloc.profile import main as profile_main
     from workers.measure import measure_model
+    from workers.profile import main as profile_main
     from workers.students import build_student, pair_orders
 
     teacher = load(llama_folder)
@@ -447,7 +447,7 @@ def test_a_broken_shard_index_is_refused_by_name(llama_folder: Path, tmp_path: P
 def test_profile_flags_that_cannot_work_are_refused_before_measuring(
         llama_folder: Path, flags: list[str], message: str,
         capsys: pytest.CaptureFixture[str]) -> None:
-    from alloc.profile import main as profile_main
+    from workers.profile import main as profile_main
 
     assert profile_main(["--checkpoint", str(llama_folder), *flags]) == 2
     err = capsys.readouterr().err.strip()
@@ -478,8 +478,8 @@ def test_a_stock_student_of_a_bfloat16_teacher_is_its_size(tmp_path: Path,
                                                              ) -> None:
     """``--layout stock`` writes the teacher's dtype: the file is the teacher's size (and
     ``--layout compact`` smaller), never a float32 copy of a bfloat16 model."""
-    from alloc.profile import main as profile_main
     from workers.compress import main as compress_main
+    from workers.profile import main as profile_main
 
     teacher = build("llama", num_key_value_heads=2).to(torch.bfloat16)
     folder = saved(teacher, tmp_path / "bf16")

@@ -14,11 +14,13 @@ import pytest
 import yaml
 
 from alloc.extract import ErrorModel
-from alloc.pilot import PilotRequest, load_pilot, participation_ratio, signal_dim, variance_rank
+from alloc.pilot import PilotRequest
 from alloc.plan import PlanSettings, make_plan
-from alloc.profile import main
 from alloc.solve import main as solve_main
+from alloc.spectra import participation_ratio, signal_dim, variance_rank
 from userdata import DataSpec
+from workers.pilot import run_pilot
+from workers.profile import main
 
 
 def bits_corpus(folder: Path, bits: int, tokens: int = 200_000, flip: float = 0.1) -> Path:
@@ -39,8 +41,8 @@ def bits_corpus(folder: Path, bits: int, tokens: int = 200_000, flip: float = 0.
 @pytest.mark.parametrize("bits", [4, 8])
 def test_pilot_measures_a_known_embedding_dimension(bits: int, tmp_path: Path) -> None:
     spec = DataSpec(str(bits_corpus(tmp_path, bits)), vocab_size=1 << bits)
-    measured = load_pilot()(PilotRequest(spec, budget=64, layers=2, mlp_ratio=2.0, seq_len=32,
-                                         steps=300))
+    measured = run_pilot(PilotRequest(spec, budget=64, layers=2, mlp_ratio=2.0, seq_len=32,
+                                      steps=300))
     assert measured.learned_context  # it beat token frequencies
     assert measured.signal_dim == pytest.approx(bits, rel=0.2)
     assert len(measured.input_variance) == 64 and measured.input_rank >= measured.signal_dim
@@ -149,17 +151,6 @@ def test_the_mlp_rule_gives_fewer_wider_heads_where_the_input_is_concentrated(
     assert with_mlp < without
     assert make_plan(dataclasses.replace(settings, product_order=1)).arch.layers[0].n_heads \
         == without  # the rule is the order, nothing else
-
-
-def test_a_missing_torch_side_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    from alloc import pilot as pilot_module
-    from alloc.pilot import PilotError
-    from common import torchside
-
-    monkeypatch.setattr(torchside, "entry_points", lambda **_: [])
-    with pytest.raises(PilotError, match=r"^--pilot-steps: the pilot: needs the torch workers "
-                                         r"\(entry point transformer_alloc.measurers:pilot\)"):
-        pilot_module.load_pilot()
 
 
 @pytest.mark.parametrize(("argv", "message"), [

@@ -1,6 +1,7 @@
-"""alloc.profile recovers the allocator's inputs where the truth is known (kernels of our own
+"""The data profile recovers the allocator's inputs where the truth is known (kernels of our own
 tasks, a known input dimension, independent tokens), writes files alloc.solve accepts, and the
-data -> profile -> plan -> training chain runs end to end."""
+data -> profile -> plan -> training chain runs end to end. ``alloc.profile`` (no torch) measures
+the statistics ``workers.profile`` measures, and refuses by name what needs a model."""
 
 from __future__ import annotations
 
@@ -11,9 +12,12 @@ import numpy as np
 import pytest
 import yaml
 
-from alloc.profile import energy_rank, fit_kernel, main, mutual_information, profile_data
+from alloc.datastats import data_statistics, fit_kernel, mutual_information
+from alloc.profile import main as statistics_main
 from alloc.solve import main as solve_main
+from alloc.spectra import variance_rank
 from userdata import DataSpec
+from workers.profile import main
 from workers.tasks import make_task
 from workers.train import main as train_main
 
@@ -28,15 +32,16 @@ def kernel_data(tmp: Path, kernel: str, sequences: int = 400) -> Path:
 
 @pytest.mark.parametrize("k", [2, 4, 8])
 def test_ngram_kernels_are_recovered_exactly(k: int, tmp_path: Path) -> None:
-    profile = profile_data(DataSpec(str(kernel_data(tmp_path, f"ngram:{k}"))))
-    assert profile.best.spec == f"ngram:{k}" and profile.best.r2 > 0.99
+    profile = data_statistics(DataSpec(str(kernel_data(tmp_path, f"ngram:{k}"))))
+    best = profile.statistics.best
+    assert best.spec == f"ngram:{k}" and best.r2 > 0.99
 
 
 @pytest.mark.parametrize("lam", [0.1, 0.3])
 def test_exponential_kernels_within_20_percent(lam: float, tmp_path: Path) -> None:
-    profile = profile_data(DataSpec(str(kernel_data(tmp_path, f"exp:{lam}"))))
-    fit = next(f for f in profile.fits if f.form == "exp")
-    assert profile.best.form == "exp" and fit.param == pytest.approx(lam, rel=0.2)
+    profile = data_statistics(DataSpec(str(kernel_data(tmp_path, f"exp:{lam}"))))
+    fit = next(f for f in profile.statistics.fits if f.form == "exp")
+    assert profile.statistics.best.form == "exp" and fit.param == pytest.approx(lam, rel=0.2)
 
 
 def test_a_known_input_dimension_within_20_percent(tmp_path: Path) -> None:
@@ -44,8 +49,8 @@ def test_a_known_input_dimension_within_20_percent(tmp_path: Path) -> None:
     basis, _ = np.linalg.qr(rng.normal(size=(48, 12)))  # 12 dims inside 48
     x = (rng.normal(size=(300, 16, 12)) @ basis.T).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
-    profile = profile_data(DataSpec(str(tmp_path / "x.npy")))
-    assert profile.input_dim == pytest.approx(12, rel=0.2)
+    profile = data_statistics(DataSpec(str(tmp_path / "x.npy")))
+    assert profile.statistics.input_dim == pytest.approx(12, rel=0.2)
     assert profile.extra["data_input_dim"] == 48
 
 
@@ -63,8 +68,9 @@ def test_bias_correction_removes_the_information_of_independent_tokens() -> None
 def test_fits_and_energy_rank_on_exact_shapes() -> None:
     s = np.arange(1, 65, dtype=float)
     assert {f.form: round(f.param, 3) for f in fit_kernel(s ** -0.7)}["poly"] == 0.7
-    assert energy_rank(np.array([3.0, 1.0, 1.0, 0.0]), 0.9) == 2  # 9 + 1 >= 0.9 * 11
-    assert energy_rank(np.ones(10), 0.9) == 9
+    # the rank at 90% energy of singular values: 9 + 1 >= 0.9 * 11
+    assert variance_rank(np.array([3.0, 1.0, 1.0, 0.0]) ** 2, 0.9) == 2
+    assert variance_rank(np.ones(10), 0.9) == 9
 
 
 def test_text_corpus_profile_solve_and_train(tmp_path: Path,
@@ -97,19 +103,67 @@ def test_text_corpus_profile_solve_and_train(tmp_path: Path,
     assert trained["task"] == "text" and trained["status"] == "completed"
 
 
+@pytest.mark.parametrize("command", ["workers.profile", "alloc.profile"])
 @pytest.mark.parametrize(("argv", "message"), [
     (["--data", "NOPE"], "no such file or folder"),
     (["--data", "EMPTY"], "the corpus is empty"),
     (["--data", "EMPTY", "--out", "/no/such/dir/p.yaml"], "does not exist"),
 ])
-def test_bad_input_is_one_line_and_writes_nothing(argv: list[str], message: str,
+def test_bad_input_is_one_line_and_writes_nothing(command: str, argv: list[str], message: str,
                                                   tmp_path: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "empty.txt").write_text("")
     argv = [str(tmp_path / "nope") if a == "NOPE" else str(tmp_path / "empty.txt")
             if a == "EMPTY" else a for a in argv]
-    assert main([*argv, "--out", str(tmp_path / "p.yaml")] if "--out" not in argv
-                else argv) == 2
+    if "--out" not in argv:
+        argv += ["--out", str(tmp_path / "p.yaml")]
+    run = main if command == "workers.profile" else statistics_main
+    assert run([*argv, "--no-pilot"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and message in err, err
+    assert err.count("\n") == 1 and message in err and err.startswith(f"{command}: "), err
+    assert not (tmp_path / "p.yaml").exists()
+
+
+def test_both_commands_measure_the_same_statistics(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """``alloc.profile --no-pilot`` is ``workers.profile --no-pilot`` without torch: the same
+    report and the same files; vector data (no pilot) needs no ``--no-pilot``."""
+    (tmp_path / "a.txt").write_text("the quick brown fox jumps over the lazy dog. " * 300)
+    kernel_data(tmp_path, "ngram:3", sequences=40)
+    reports = {}
+    for name, run in (("torch", main), ("statistics", statistics_main)):
+        out = tmp_path / name / "p.yaml"
+        out.parent.mkdir()
+        for data, extra in ((tmp_path / "a.txt", ["--no-pilot"]), (tmp_path / "x.npy", [])):
+            assert run(["--data", str(data), *extra, "--out", str(out), "--format", "json",
+                        "--seq-len", "16"]) == 0
+            report = json.loads(capsys.readouterr().out)
+            report.pop("wall_s")
+            reports[name, data.suffix] = report, {  # the YAML is the report, with wall_s
+                f.name: f.read_text() for f in sorted(out.parent.glob("p.*.txt"))}
+    assert reports["torch", ".txt"] == reports["statistics", ".txt"]
+    assert reports["torch", ".npy"] == reports["statistics", ".npy"]
+
+
+@pytest.mark.parametrize(("argv", "flag"), [
+    (["--data", "TEXT"], "--data"),  # token data gets a pilot by default
+    (["--data", "TEXT", "--no-pilot", "--pilot-steps", "5"], "--pilot-steps"),
+    (["--data", "TEXT", "--budget", "64"], "--budget"),
+    (["--data", "NPY", "--layers", "2"], "--layers"),
+    (["--checkpoint", "c.pt"], "--checkpoint"),
+    (["--checkpoint", "c.pt", "--data", "TEXT", "--no-pilot"], "--checkpoint"),
+])
+def test_alloc_profile_refuses_what_needs_a_model_by_name(argv: list[str], flag: str,
+                                                          tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]
+                                                          ) -> None:
+    """One line naming the flag and the command that does it, exit 2, before any work."""
+    (tmp_path / "a.txt").write_text("some text " * 500)
+    np.save(tmp_path / "x.npy", np.zeros((4, 8, 3), dtype=np.float32))
+    argv = [str(tmp_path / "a.txt") if a == "TEXT" else str(tmp_path / "x.npy") if a == "NPY"
+            else a for a in argv]
+    assert statistics_main([*argv, "--out", str(tmp_path / "p.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"alloc.profile: error: {flag}"), err
+    assert "python -m workers.profile" in err
     assert not (tmp_path / "p.yaml").exists()

@@ -117,7 +117,7 @@ def test_train_prints_a_line_per_event_and_nothing_when_quiet(
 
 def test_the_pilot_shows_its_steps_then_its_measurement(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from alloc.profile import main as profile_main
+    from workers.profile import main as profile_main
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("the quick brown fox jumps over the lazy dog. " * 400)
@@ -139,7 +139,7 @@ def test_the_pilot_shows_its_steps_then_its_measurement(
 
 def test_a_checkpoint_profile_counts_the_loss_rules_forwards(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from alloc.profile import main as profile_main
+    from workers.profile import main as profile_main
     from workers.train import main as train_main
 
     ckpt = str(tmp_path / "c.pt")

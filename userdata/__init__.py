@@ -1,10 +1,11 @@
 """Readers of the user's own data, with numpy only (no torch): a text file or folder, nanoGPT's
 ``train.bin``/``val.bin``, or ``x.npy``/``y.npy`` vector sequences, memory-mapped. What the
-trainer trains on and the profiler measures."""
+trainer trains on and the profiler measures, and the flags that name it."""
 
+from userdata.cli import add_data_args, data_spec
 from userdata.readers import (
+    DATA_FORMATS,
     DTYPES,
-    FORMATS,
     ArrayData,
     DataError,
     DataFormat,
@@ -16,13 +17,15 @@ from userdata.readers import (
 )
 
 __all__ = [
+    "DATA_FORMATS",
     "DTYPES",
-    "FORMATS",
     "ArrayData",
     "DataError",
     "DataFormat",
     "DataSpec",
     "TokenData",
+    "add_data_args",
+    "data_spec",
     "infer_format",
     "open_arrays",
     "open_tokens",

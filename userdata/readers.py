@@ -33,7 +33,7 @@ import numpy as np
 from common.errors import TransformerAllocError
 
 DataFormat = Literal["text", "bin", "npy"]
-FORMATS: tuple[DataFormat, ...] = get_args(DataFormat)
+DATA_FORMATS: tuple[DataFormat, ...] = get_args(DataFormat)
 DTYPES = ("uint16", "uint32")
 VAL_FRACTION = 0.1
 _CHUNK = 1 << 24  # elements scanned at a time (64 MB of uint32)
@@ -64,8 +64,8 @@ class DataSpec:
             raise DataError(f"--vocab-size {self.vocab_size}: must be an integer >= 1")
         path = Path(self.path).resolve()
         fmt = self.format or infer_format(path)
-        if fmt not in FORMATS:
-            raise DataError(f"--data-format {fmt!r}: must be one of {', '.join(FORMATS)}")
+        if fmt not in DATA_FORMATS:
+            raise DataError(f"--data-format {fmt!r}: must be one of {', '.join(DATA_FORMATS)}")
         return dataclasses.replace(self, path=str(path), format=fmt)
 
 

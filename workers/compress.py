@@ -1,6 +1,6 @@
 """python -m workers.compress --checkpoint PATH --plan plan.yaml --task lm --out student.pt
 
-Build the student a checkpoint profile planned (``python -m alloc.profile --checkpoint --out
+Build the student a checkpoint profile planned (``python -m workers.profile --checkpoint --out
 plan.yaml``): the same model with the planned heads' ``qk_dim`` reduced, each head's query and
 key maps initialised from the truncated SVD of its ``W_Q,h W_K,h^T`` (the best rank-r map,
 Eckart-Young; docs/theory.md §10) or, for RoPE heads, from the leading frequency pairs of its
@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the teacher: a workers.train .pt, or a folder saved by transformers "
                         "(GPT-2, Llama, Qwen2, Mistral) or by this command")
     p.add_argument("--plan", type=Path, required=True,
-                   help="its profile (python -m alloc.profile --checkpoint ... --out)")
+                   help="its profile (python -m workers.profile --checkpoint ... --out)")
     p.add_argument("--out", type=Path, required=True,
                    help="student.pt (a workers.train checkpoint) or a folder that transformers "
                         "loads (see --layout)")

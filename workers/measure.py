@@ -3,8 +3,8 @@ and head, the singular values of the query-key map ``M_h = W_Q,h W_K,h^T / sqrt(
 folded in by a constant input coordinate, as in GPT-2's fused ``c_attn``) and, on a data sample,
 the logit bound ``R`` the head reaches, the largest input norm, the attention entropy over
 ``ln N`` and the attention error of every candidate ``qk_dim``. The result is a typed
-``CheckpointMeasurement`` that ``alloc.compression`` plans from: ``measure_checkpoint`` is the
-measurer ``python -m alloc.profile --checkpoint`` finds through its entry point.
+``CheckpointMeasurement`` that ``alloc.compression`` plans from: ``measure_checkpoint`` is what
+``python -m workers.profile --checkpoint`` measures with.
 """
 
 from __future__ import annotations
@@ -405,9 +405,9 @@ def profile_checkpoint(model: Model, x: Tensor | None, seq_len: int, tolerance: 
 
 
 def measure_checkpoint(request: MeasureRequest) -> CheckpointMeasurement:
-    """The measurer of ``python -m alloc.profile --checkpoint`` (entry point
-    ``transformer_alloc.measurers:checkpoint``): the checkpoint, on a sample of the requested
-    data or task drawn apart from the evaluation batches (see ``SAMPLE_BATCH``).
+    """The measurement of ``python -m workers.profile --checkpoint``: the checkpoint, on a
+    sample of the requested data or task drawn apart from the evaluation batches (see
+    ``SAMPLE_BATCH``).
 
     Raises:
         CheckpointError, TaskError, DataError, CompressionError: one line each.

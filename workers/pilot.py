@@ -1,7 +1,6 @@
-"""The pilot training behind ``alloc.profile`` on token data (docs/theory.md §9.2), with torch:
-train the uniform baseline briefly, then measure what its attention reads and where it looks.
-``run_pilot`` is the entry point ``transformer_alloc.measurers:pilot``; the typed request and
-result live in ``alloc.pilot``.
+"""The pilot training behind ``python -m workers.profile --data`` on token data (docs/theory.md
+§9.2), with torch: train the uniform baseline briefly, then measure what its attention reads and
+where it looks. The typed request and result (``run_pilot``'s) live in ``alloc.pilot``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """How a command names its task: ``--task NAME`` (a generated task) or ``--data PATH`` (the
 user's own data), with ``--task-param KEY=VALUE`` overrides; shared by ``workers.train`` and
 ``workers.search``, and (``task_for_model``) by the commands that run a trained model:
-``alloc.profile --checkpoint`` and ``workers.compress``.
+``workers.profile --checkpoint`` and ``workers.compress``.
 
 Outside ``workers.tasks`` and free of torch until a task is built, so that the commands' flags
 (and ``--help``) need no torch: the task names are listed here, and ``workers.tasks`` registers
@@ -13,13 +13,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from collections.abc import Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from arch import ArchConfig
-from common.cli import int_in, parse_task_params
+from common.cli import parse_task_params
 from common.errors import UsageError
-from userdata import DTYPES, FORMATS, DataError, DataSpec
+from userdata import DataError, DataSpec, add_data_args, data_spec
 
 if TYPE_CHECKING:
     from workers.tasks import Task
@@ -38,15 +37,7 @@ def add_task_args(p: argparse.ArgumentParser, required: bool = True,
     source = p.add_mutually_exclusive_group(required=required)
     source.add_argument("--task", choices=GENERATED_TASKS,
                         help="a generated task" + (f" (default: {default})" if default else ""))
-    source.add_argument("--data", type=Path,
-                        help="your data: a UTF-8 text file or folder of *.txt, a folder with "
-                             "nanoGPT's train.bin/val.bin, or x.npy (with y.npy)")
-    p.add_argument("--data-format", choices=FORMATS, help="default: from the --data path")
-    p.add_argument("--data-dtype", choices=DTYPES, default="uint16",
-                   help="token type of .bin files")
-    p.add_argument("--vocab-size", type=int_in(1),
-                   help=".bin vocabulary (default: meta.pkl/meta.json, else the largest token "
-                        "+ 1)")
+    add_data_args(p, source)
     p.add_argument("--task-param", action="append", default=[], metavar="KEY=VALUE",
                    help="override a task parameter, e.g. m_max=10, or length=N of --data "
                         "(repeatable)")
@@ -62,7 +53,7 @@ def task_from_args(args: argparse.Namespace, size: str, data: DataSpec | None = 
 
     params = parse_task_params(args.task_param)
     if args.data is not None:
-        data = DataSpec(str(args.data), args.data_format, args.data_dtype, args.vocab_size)
+        data = data_spec(args)
     elif args.data_format or args.vocab_size:
         raise UsageError("--data-format/--vocab-size: only with --data")
     if args.task is not None:

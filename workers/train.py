@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--out", type=Path,
                    help="write the training checkpoint here at every evaluation (the input of "
-                        "alloc.profile/workers.compress --checkpoint)")
+                        "workers.profile/workers.compress --checkpoint)")
     p.add_argument("--resume", action="store_true", help="continue from the --out checkpoint")
     add_force(p, "--out checkpoint (start over)")
     p.add_argument("--checkpoint", type=Path, help=argparse.SUPPRESS)  # refused: see setup()
@@ -97,7 +97,7 @@ def setup(args: argparse.Namespace) -> tuple[ArchConfig, Task, TrainConfig]:
     if args.checkpoint is not None:
         raise UsageError(f"--checkpoint {str(args.checkpoint)!r}: workers.train writes its "
                          "checkpoint with --out PATH (--checkpoint names the checkpoint that "
-                         "alloc.profile and workers.compress read)")
+                         "workers.profile and workers.compress read)")
     arch = load_arch(args.arch)
     task = task_from_args(args, args.size or ("smoke" if args.smoke_test else "paper"))
     try:

@@ -1,7 +1,7 @@
 """python -m workers.experiments.compress [--smoke-test] [--out results/compress] [--steps 1500]
 
 Compressing a trained model's attention where the theory allows (docs/theory.md §10): a byte LM
-is trained here on Python's standard-library sources (``--data``), profiled (``alloc.profile
+is trained here on Python's standard-library sources (``--data``), profiled (``workers.profile
 --checkpoint``: per-head query-key spectra, logit bounds, attention entropy per layer), and
 compressed two ways at several sizes: (a) the profile's per-layer ``qk_dim`` plan (the measured
 attention error of each layer within a tolerance) and (b) one ``qk_dim`` for every layer at the

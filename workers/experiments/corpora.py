@@ -30,9 +30,10 @@ from typing import Any
 
 import numpy as np
 
+from alloc.datastats import Profile
 from alloc.pilot import PilotRequest
 from alloc.plan import PlanSettings, make_plan
-from alloc.profile import Profile, profile_data, read_allocator_inputs, write_profile
+from alloc.profilefile import read_allocator_inputs, write_profile
 from common.cli import render_table
 from common.errors import UsageError
 from common.files import write_csv
@@ -40,6 +41,7 @@ from common.plots import new_figure, write_figure
 from search_spaces import SearchSpace, parse_space
 from userdata import DataSpec
 from workers.experiments import harness
+from workers.profile import profile_data
 from workers.search.driver import training_budget
 from workers.search.seeding import plan_settings
 from workers.tasks import Task, make_data_task

@@ -7,7 +7,7 @@ Per-layer plan vs one ``qk_dim`` for every layer on a grouped-query Llama, at eq
 the folder), profiled once, and its RoPE heads cut to fewer frequency pairs three ways at several
 sizes: (a) uniform, every layer keeps ``r`` of its key dims (Palu's uniform rank); (b) the
 measured-error plan and (c) the loss plan under the same KV cache budget
-(``alloc.profile --checkpoint --kv-cache F``, ``--rule measured`` or ``--rule loss``: the least
+(``workers.profile --checkpoint --kv-cache F``, ``--rule measured`` or ``--rule loss``: the least
 worst attention error, or the least summed loss increase of each layer cut alone; docs/theory.md
 §10.3). Every student is fine-tuned for the same steps. Reports each student's key dims per
 layer, KV cache bytes per token (bf16), parameters, and the loss after the cut and after

@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="search-space YAML: a path or a file shipped in search_spaces/")
     add_task_args(p, required=False)  # a space's data: stands in for them
     p.add_argument("--profile", type=Path,
-                   help="allocator inputs measured from the data (python -m alloc.profile "
+                   help="allocator inputs measured from the data (python -m workers.profile "
                         "--out); default with --data: the data profiled now")
     p.add_argument("--study", help="study name (default: SPACE-TASK)")
     p.add_argument("--storage", help="SQLAlchemy URL (default: $OPTUNA_STORAGE, then "

@@ -27,7 +27,7 @@ class SearchOptions:
     grace_period: int = 60
     reuse_actors: bool = True
     checkpoints: bool = True  # a checkpoint per evaluation: trials resume mid-way after faults
-    profile: Path | None = None  # allocator inputs measured from the data (alloc.profile)
+    profile: Path | None = None  # allocator inputs measured from the data (workers.profile)
     sampler: str | None = None  # tpe | random | grid | prior; None: the space's
     prior_temperature: float = DEFAULT_TEMPERATURE  # the prior's spread (--sampler prior)
     warm_start: str | None = None  # a study of the same database to start from

@@ -59,14 +59,15 @@ def profile_for(task: Task, profile: Path | None, out_dir: Path,
                 shape: tuple[int, int, float] | None = None,
                 pilot_steps: int | None = None, quiet: bool = False) -> Path | None:
     """The profile of allocator inputs to plan with: ``profile`` if given; for a task on the
-    user's data without one, the data profiled now (``alloc.profile``; token data with a pilot
+    user's data without one, the data profiled now (``workers.profile``; token data with a pilot
     of the search's ``shape``, ``(budget, depth, MLP ratio)``, the profile's defaults without
     one, for ``pilot_steps``), written to ``out_dir``; else None (the task's own inputs).
     Its progress goes to stderr unless ``quiet``."""
     if profile is not None or not isinstance(task, TextTask | ArrayTask):
         return profile
     from alloc.pilot import MAX_PILOT_WIDTH, PilotRequest
-    from alloc.profile import profile_data, write_profile
+    from alloc.profilefile import write_profile
+    from workers.profile import profile_data
 
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"profile-{Path(task.path).name}.yaml"
@@ -91,7 +92,7 @@ def measured_inputs(profile: Path | None) -> dict[str, Any] | None:
     """The ``allocator`` section of a profile (``ProfileError`` if unreadable), or None."""
     if profile is None:
         return None
-    from alloc.profile import read_allocator_inputs
+    from alloc.profilefile import read_allocator_inputs
 
     return read_allocator_inputs(profile)
 
