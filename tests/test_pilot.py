@@ -175,7 +175,7 @@ def test_bad_rule_flags_are_one_line(argv: list[str], message: str, tmp_path: Pa
 
 
 def test_search_plans_align_heads_so_a_uniform_layer_fills_the_budget() -> None:
-    from workers.search.seeding import plan_align
+    from alloc.plan import fitting_align
 
-    assert plan_align(128, 64) == 8 and plan_align(128, 6) == 4  # not 6: 128 % 6 != 0
-    assert plan_align(36, 64) == 4 and plan_align(7, 3) == 1
+    assert fitting_align(128, 64) == 8 and fitting_align(128, 6) == 4  # not 6: 128 % 6 != 0
+    assert fitting_align(36, 64) == 4 and fitting_align(7, 3) == 1
