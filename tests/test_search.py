@@ -351,19 +351,6 @@ def test_study_names_and_result_paths_are_checked_before_anything_is_created(
         "corpus.txt", "file", "huge.yaml", "laughs.yaml", "named.yaml"]
 
 
-def test_secure_url_moves_the_password_to_the_environment(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    from workers.search.driver import secure_url
-
-    monkeypatch.delenv("PGPASSWORD", raising=False)
-    url = secure_url("postgresql://alice:s3cr%40t@db:5432/studies")
-    assert url == "postgresql://alice@db:5432/studies" and os.environ["PGPASSWORD"] == "s3cr@t"
-    assert secure_url("sqlite:///x.db") == "sqlite:///x.db"
-    monkeypatch.delenv("PGPASSWORD")
-    pure_python = "postgresql+pg8000://alice:pw@db/studies"  # no libpq: it needs the URL's
-    assert secure_url(pure_python) == pure_python and "PGPASSWORD" not in os.environ
-
-
 def test_resume_of_a_finished_study_answers_before_ray_starts(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
         ) -> None:

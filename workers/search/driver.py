@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from sqlalchemy.engine import URL, make_url
 
 from alloc.calibrate import with_constants
 from alloc.plan import PlanSettings
@@ -42,6 +41,7 @@ from studies.storage import (
     reap_trials,
     redact,
     resolve_url,
+    secure_url,
 )
 from workers.search import estimate
 from workers.search.options import SMOKE_TRAIN, SearchOptions
@@ -108,22 +108,6 @@ class SearchSummary:
 
 
 # --- the study ----------------------------------------------------------------------------------
-
-
-LIBPQ_DRIVERS = ("postgresql", "postgresql+psycopg2", "postgresql+psycopg")
-
-
-def secure_url(url: str) -> str:
-    """``url`` without its password, which moves to ``$PGPASSWORD``, for the drivers built on
-    libpq (which reads it itself); other drivers (pg8000, MySQL) keep it in the URL, which is
-    only ever printed redacted."""
-    parsed = make_url(url)
-    if parsed.password is None or parsed.drivername not in LIBPQ_DRIVERS:
-        return url
-    os.environ["PGPASSWORD"] = str(parsed.password)
-    return URL.create(parsed.drivername, username=parsed.username, host=parsed.host,
-                      port=parsed.port, database=parsed.database,
-                      query=parsed.query).render_as_string(hide_password=False)
 
 
 def describe_search(space: SearchSpace, task: Task, settings: PlanSettings,
