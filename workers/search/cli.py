@@ -104,7 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def setup(args: argparse.Namespace) -> tuple[SearchSpace, Task, int | None, SearchOptions]:
     """The space, task, trial count and options the flags describe (``UsageError`` if bad)."""
-    from workers.search.driver import check_study_name, check_writable_dir, training_budget
+    from workers.search.checks import check_study_name, check_writable_dir
+    from workers.search.driver import training_budget
     from workers.search.seeding import measured_inputs, planner, profile_for
 
     try:

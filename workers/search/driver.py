@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import re
 import shlex
 import sys
 import time
@@ -28,8 +26,8 @@ import optuna
 from alloc.calibrate import with_constants
 from alloc.plan import PlanSettings
 from alloc.sampler import PriorSampler
-from arch.memory import gib, training_bytes, training_dtype
-from common.errors import TransformerAllocError, excerpt
+from arch.memory import training_dtype
+from common.errors import excerpt
 from common.progress import say
 from search_spaces import SearchSpace, SpaceError, load_space
 from search_spaces.loader import space_shape
@@ -44,6 +42,13 @@ from studies.storage import (
     secure_url,
 )
 from workers.search import estimate
+from workers.search.checks import (
+    SearchError,
+    check_study_name,
+    check_trial_memory,
+    check_writable_dir,
+    trial_device,
+)
 from workers.search.options import SMOKE_TRAIN, SearchOptions
 from workers.search.protocol import TrialJob
 from workers.search.searcher import (
@@ -68,10 +73,6 @@ from workers.search.warmstart import WarmStart, copy_trials, open_source
 from workers.tasks import Task, TaskError, describe_task, make_task
 
 log = logging.getLogger(__name__)
-
-
-class SearchError(TransformerAllocError):
-    """A search that cannot start or resume as asked (the study, its task or its space)."""
 
 
 @dataclass(frozen=True)
@@ -248,57 +249,6 @@ def _searcher(space: SearchSpace, task: Task, study: optuna.Study,
                          steps=int(space.fixed_train("steps")), predict=Predictor(settings),
                          starts=starting_points(space, settings, sampler),
                          kv_dtype=training_dtype(trial_device(opts)))
-
-
-def trial_device(opts: SearchOptions) -> str:
-    """The device every trial trains on: CUDA when trials get a GPU share, else the CPU."""
-    return "cuda" if opts.gpus_per_trial > 0 else "cpu"
-
-
-# A study name is also a directory name (Ray's results): letters, digits, ".", "_", "-".
-STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
-
-
-def check_study_name(name: str, what: str = "--study") -> None:
-    """Raise ``SearchError`` unless ``name`` is 1-100 safe characters (no path separators)."""
-    if not STUDY_NAME.fullmatch(name):
-        raise SearchError(f"{what} {excerpt(name)}: must be 1 to 100 letters, digits, '.', '_' "
-                          "or '-', starting with a letter or digit")
-
-
-def check_trial_memory(space: SearchSpace, task: Task, opts: SearchOptions) -> None:
-    """Raise ``SearchError`` when the space's largest trial cannot fit in the memory a trial
-    has here (a GPU's share, or the machine's memory over the trials that run at once); on a
-    cluster (``--address``) the workers' memory is not known here and nothing is checked."""
-    if opts.address is not None:
-        return
-    largest = space.largest(task.io)
-    batch = int(space.largest_train("batch_size"))
-    need = training_bytes(largest, batch)  # AdamW: the optimizer with the most state
-    if opts.gpus_per_trial > 0:
-        import torch
-
-        have = int(torch.cuda.get_device_properties(0).total_memory * opts.gpus_per_trial)
-        where = f"{opts.gpus_per_trial:g} of a GPU"
-    else:
-        at_once = max(1, int((os.cpu_count() or 1) // opts.cpus_per_trial))
-        at_once = min(at_once, opts.max_concurrent or at_once)
-        have = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // at_once
-        where = f"a share of this machine's memory ({at_once} trial(s) at once)"
-    if need > have:
-        raise SearchError(
-            f"space {excerpt(space.name)}: its largest trial (d_model {largest.d_model}, "
-            f"{largest.n_layers} layers, length {largest.max_seq_len}, batch {batch}) needs "
-            f"about {gib(need)} to train, more than the {gib(have)} of {where}; lower the "
-            "budget, depth or batch_size")
-
-
-def check_writable_dir(flag: str, path: Path) -> None:
-    """Raise ``SearchError`` unless ``path`` is, or can be made, a writable directory."""
-    existing = next(p for p in (path.resolve(), *path.resolve().parents) if p.exists())
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        why = "not a directory" if not existing.is_dir() else "not writable"
-        raise SearchError(f"{flag} {excerpt(str(path))}: {str(existing)!r} is {why}")
 
 
 def _sampler(space: SearchSpace, kind: str, settings: PlanSettings, opts: SearchOptions,
