@@ -146,7 +146,7 @@ def render(summary: SearchSummary) -> str:
     if summary.best is None:
         lines.append("no trial reached the full training budget")
         return "\n".join(lines)
-    from studies.cli import allocation_table
+    from studies.tables import allocation_table
 
     lines += ["best per-layer allocation:", allocation_table(summary.best, summary.metric),
               f"export: {summary.export}"]
