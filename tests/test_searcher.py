@@ -24,7 +24,7 @@ from workers.search.searcher import (
     finished_count,
     retried_numbers,
 )
-from workers.search.seeding import Predictor
+from workers.search.seeding import BoundPredictor
 
 STEPS = 30
 
@@ -39,7 +39,7 @@ def make(tmp_path: Path, starts: list[Start] | None = None, space: str = "aot_vs
     loaded = load_space(space).with_train(steps=STEPS, eval_every=10)
     return StudySearcher(loaded, io=ModelIO(3, vocab_size=14), study=study, storage=storage,
                          metric="acc", mode="max", steps=STEPS,
-                         predict=Predictor(PlanSettings(budget=128, layers=2, seq_len=3)),
+                         predict=BoundPredictor(PlanSettings(budget=128, layers=2, seq_len=3)),
                          starts=starts or [])
 
 

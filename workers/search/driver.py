@@ -60,7 +60,7 @@ from workers.search.searcher import (
     retried_numbers,
 )
 from workers.search.seeding import (
-    Predictor,
+    BoundPredictor,
     measured_inputs,
     plan_settings,
     planner,
@@ -246,7 +246,7 @@ def _searcher(space: SearchSpace, task: Task, study: optuna.Study,
               sampler: str, opts: SearchOptions) -> StudySearcher:
     return StudySearcher(space, io=task.io, study=study, storage=storage, metric=task.metric,
                          mode="max" if task.higher_is_better else "min",
-                         steps=int(space.fixed_train("steps")), predict=Predictor(settings),
+                         steps=int(space.fixed_train("steps")), predict=BoundPredictor(settings),
                          starts=starting_points(space, settings, sampler),
                          kv_dtype=training_dtype(trial_device(opts)))
 

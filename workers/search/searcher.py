@@ -45,7 +45,8 @@ from studies.storage import retry_failed
 from workers.search.protocol import ERROR, NODE, RESUMED, TRIAL_KEY, Mode, TrialReport, TrialSpec
 
 log = logging.getLogger(__name__)
-Predictor = Callable[[ArchConfig], float | None]
+# The allocator's predicted error of a sampled architecture (recorded on its trial), or None.
+PredictError = Callable[[ArchConfig], float | None]
 Sampled = TypeVar("Sampled")
 CHECKPOINT = "checkpoint"  # trial user attr: the last checkpoint directory
 DUPLICATE, DUPLICATE_OF = "duplicate", "duplicate_of"  # a proposal not trained: a finished twin
@@ -76,7 +77,7 @@ class StudySearcher:
     """
 
     def __init__(self, space: SearchSpace, *, io: ModelIO, study: optuna.Study,
-                 storage: RDBStorage, metric: str, mode: Mode, steps: int, predict: Predictor,
+                 storage: RDBStorage, metric: str, mode: Mode, steps: int, predict: PredictError,
                  starts: Sequence[Start] = (), kv_dtype: str = "float32") -> None:
         self.space, self.io, self.study, self.storage = space, io, study, storage
         self.kv_dtype = kv_dtype
