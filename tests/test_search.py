@@ -24,7 +24,7 @@ from studies import add_record
 from studies.cli import main as studies_main
 from workers.search.protocol import RESUMED
 from workers.search.searcher import CHECKPOINT, finished_count, retried_numbers
-from workers.trial import FAULTS_ENV
+from workers.search.trial import FAULTS_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ["--space", "aot_vs_standard.yaml", "--task", "modadd", "--smoke-test"]

@@ -28,7 +28,7 @@ from common.progress import Progress
 from workers.search import estimate
 from workers.search.protocol import JOB_KEY, TRIAL_KEY, TrialJob, TrialReport, TrialSpec
 from workers.search.searcher import ASHA_REDUCTION, StudySearcher, asha_grace_period
-from workers.trial import train_trial
+from workers.search.trial import train_trial
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +149,8 @@ def run_tuner(searcher: StudySearcher, job: TrialJob, run: TuneRun) -> str:
 
 
 def _trainable(config: dict[str, Any]) -> None:
-    """The function trainable: ``workers.trial.train_trial`` with Tune's report and checkpoint."""
+    """The function trainable: ``workers.search.trial.train_trial`` with Tune's report and
+    checkpoint."""
     node = ray.get_runtime_context().get_node_id()
     job: TrialJob = config[JOB_KEY]
 
