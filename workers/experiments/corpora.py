@@ -40,7 +40,7 @@ from common.plots import new_figure, write_figure
 from search_spaces import SearchSpace, parse_space
 from userdata import DataSpec
 from workers.experiments import harness
-from workers.search.driver import training_budget
+from workers.search.options import training_budget
 from workers.search.seeding import plan_settings
 from workers.tasks import Task, make_data_task
 

@@ -1,6 +1,7 @@
 """What a search checks before anything starts: a study name that is also a safe directory name,
-a writable result directory, trials that fit in the memory a trial has, and the device trials
-train on. Each raises ``SearchError``, one line naming the flag, the value and the rule."""
+a writable result directory, a GPU where trials take a share of one, trials that fit in the
+memory a trial has; and the device trials train on. Each check raises ``SearchError``, one
+line naming the flag, the value and the rule."""
 
 from __future__ import annotations
 
@@ -65,9 +66,27 @@ def check_trial_memory(space: SearchSpace, task: Task, opts: SearchOptions) -> N
             "budget, depth or batch_size")
 
 
+def check_gpus(opts: SearchOptions) -> None:
+    """Raise ``SearchError`` when trials take a GPU share but this machine has no CUDA device
+    (on a cluster, ``--address``, the workers' devices are not known here)."""
+    if opts.gpus_per_trial > 0 and not opts.address:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SearchError(f"--gpus-per-trial {opts.gpus_per_trial:g}: no CUDA device here")
+
+
 def check_writable_dir(flag: str, path: Path) -> None:
     """Raise ``SearchError`` unless ``path`` is, or can be made, a writable directory."""
     existing = next(p for p in (path.resolve(), *path.resolve().parents) if p.exists())
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
         why = "not a directory" if not existing.is_dir() else "not writable"
         raise SearchError(f"{flag} {excerpt(str(path))}: {str(existing)!r} is {why}")
+
+
+def check_warm_start(source: str, study: str) -> None:
+    """Raise ``SearchError`` unless ``source`` is a safe name of another study than ``study``."""
+    check_study_name(source, "--warm-start")
+    if source == study:
+        raise SearchError(f"--warm-start {source!r}: is the study this search writes; give "
+                          "another study of the same --storage")
