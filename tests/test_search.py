@@ -154,6 +154,12 @@ def test_smoke_search_then_studies_best(storage_url: str, study_name: str, tmp_p
     plain = storage_url.replace(f":{secret}@", "@")
     study = load(plain, study_name)
     check_consistent(study, 6)
+    # Each trial is classified once, by the searcher as it tells the study: the last progress
+    # line counts the study's states.
+    complete, stopped, failed = (len(study.get_trials(states=(state,))) for state in (
+        TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL))
+    assert finished[-1].split("; ")[1].startswith(
+        f"{complete} complete, {stopped} stopped early, {failed} failed"), finished[-1]
     assert_records_are_the_trained_models(study, "modadd", tmp_path)
     seeds = {t.user_attrs.get("seed") for t in study.trials}
     assert "allocator" in seeds and study.trials[0].user_attrs["seed"] == "allocator"
