@@ -18,7 +18,7 @@ import yaml
 from optuna.trial import TrialState
 
 from arch import ArchConfig, TrainConfig
-from tests.test_search import launch, load, wait_for
+from tests.helpers.search import launch, load, wait_for
 from workers.search.protocol import RESUMED, TrialJob, TrialReport, TrialSpec
 from workers.tasks import make_task
 from workers.trainer import Trainer

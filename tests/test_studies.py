@@ -286,7 +286,7 @@ def test_heartbeat_settings_reach_optuna(tmp_path: Path) -> None:
 
 
 def test_postgres_pool_settings_reach_the_engine() -> None:
-    from tests.conftest import postgres_url
+    from tests.helpers.storage import postgres_url
 
     settings = StorageSettings(pool_size=3, max_overflow=1)
     kwargs = engine_kwargs(postgres_url(), settings)
@@ -321,7 +321,7 @@ def test_reading_a_missing_postgres_database_is_one_line(
     and the password stays out of it."""
     import sqlalchemy
 
-    from tests.conftest import postgres_url
+    from tests.helpers.storage import postgres_url
 
     url = sqlalchemy.make_url(postgres_url())
     missing = url.set(database=f"nope_{uuid.uuid4().hex[:8]}", password="s3cret")
