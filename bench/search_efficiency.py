@@ -415,7 +415,7 @@ def cases(args: argparse.Namespace) -> list[Case]:
     """The tables the flags name (``UsageError`` if bad)."""
     from workers.experiments import harness
     from workers.search.cli import SMOKE_PILOT_STEPS
-    from workers.search.driver import training_budget
+    from workers.search.options import training_budget
     from workers.search.seeding import (
         measured_inputs,
         plan_settings,

@@ -23,8 +23,8 @@ from search_spaces import FixedSuggester, load_space
 
 def launcher(url: str, results: Path, study: str, args: argparse.Namespace, reuse: bool,
              checkpoints: bool = True) -> float:
-    from workers.search.driver import run_search, training_budget
-    from workers.search.options import SearchOptions
+    from workers.search.driver import run_search
+    from workers.search.options import SearchOptions, training_budget
 
     space = training_budget(load_space(args.space), steps=args.steps)
     options = SearchOptions(scheduler="fifo", max_concurrent=1, storage_path=results,

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -90,54 +91,59 @@ def shipped_spaces() -> list[Path]:
     return sorted(SPACES_DIR.glob("*.yaml"))
 
 
-def read_space_file(name: str | Path) -> tuple[dict[str, Any], str]:
-    """The raw YAML mapping of a space file and where it was found."""
-    path = resolve_path(name)
-    try:
-        data = read_yaml(path)
-    except (OSError, yaml.YAMLError) as err:
-        raise SpaceError(f"{path}: cannot read YAML ({str(err).splitlines()[0]})") from None
-    if not isinstance(data, dict):
-        raise SpaceError(f"{path}: must be a mapping with keys {', '.join(_TOP_KEYS)}")
-    return data, str(path)
+@dataclass(frozen=True)
+class SpaceFile:
+    """A space file read once: its YAML mapping and where it was found. The space, the data it
+    names and its shape are derived from the mapping, never by reading the file again."""
+
+    data: Mapping[str, Any]
+    source: str  # the path it was read from
+
+    @classmethod
+    def read(cls, name: str | Path) -> SpaceFile:
+        """Read a space file (a path, or a space shipped in ``search_spaces/``)."""
+        path = resolve_path(name)
+        try:
+            data = read_yaml(path)
+        except (OSError, yaml.YAMLError) as err:
+            raise SpaceError(f"{path}: cannot read YAML ({str(err).splitlines()[0]})") from None
+        if not isinstance(data, dict):
+            raise SpaceError(f"{path}: must be a mapping with keys {', '.join(_TOP_KEYS)}")
+        return cls(data, str(path))
+
+    def load(self, budget: int | None = None, planner: Planner | None = None) -> SearchSpace:
+        """The validated space (``budget`` overrides the file's; ``planner`` resolves
+        ``allocator`` placeholders)."""
+        data = dict(self.data) if budget is None else {**self.data, "budget": budget}
+        return parse_space(data, self.source, planner)
+
+    def data_source(self) -> DataSpec | None:
+        """The file's ``data:`` (what it searches when no task is given)."""
+        check = _Checker(self.source)
+        spec = _parse_data(check, self.data.get("data"), self.source)
+        check.raise_if_any()
+        return spec
+
+    def shape(self, budget: int | None = None) -> tuple[int, int, float] | None:
+        """``(budget, depth, largest MLP ratio)``, known before the space is loaded (the data's
+        pilot profile needs them first); None where a field is not plain (the space's own
+        checks report it when it is loaded)."""
+        width: Any = budget or self.data.get("budget")
+        depth: Any = self.data.get("depth")
+        rules = self.data.get("layers")
+        ratios = [r.get("mlp_ratio", 0) for r in rules if isinstance(r, dict)] \
+            if isinstance(rules, list) else []
+        flat = [v for r in ratios for v in (r if isinstance(r, list) else [r])]
+        if not (is_int(width) and is_int(depth) and all(is_number(v) for v in flat)):
+            return None
+        return int(width), int(depth), float(max(flat, default=0))
 
 
 def load_space(name: str | Path, budget: int | None = None,
                planner: Planner | None = None) -> SearchSpace:
     """Read and validate a space file (``budget`` overrides the file's; ``planner`` resolves
     ``allocator`` placeholders)."""
-    data, source = read_space_file(name)
-    if budget is not None:
-        data["budget"] = budget
-    return parse_space(data, source, planner)
-
-
-def space_data_source(name: str | Path) -> DataSpec | None:
-    """The ``data:`` of a space file (what it searches when no task is given)."""
-    data, source = read_space_file(name)
-    check = _Checker(source)
-    spec = _parse_data(check, data.get("data"), source)
-    check.raise_if_any()
-    return spec
-
-
-def space_shape(name: str | Path, budget: int | None = None) -> tuple[int, int, float] | None:
-    """``(budget, depth, largest MLP ratio)`` of a space file, read before the space is (the
-    data's pilot profile needs them first); None where the file or a field is not plain (the
-    space's own checks report it when it is loaded)."""
-    try:
-        data, _ = read_space_file(name)
-    except SpaceError:
-        return None
-    width: Any = budget or data.get("budget")
-    depth: Any = data.get("depth")
-    rules = data.get("layers")
-    ratios = [r.get("mlp_ratio", 0) for r in rules if isinstance(r, dict)] \
-        if isinstance(rules, list) else []
-    flat = [v for r in ratios for v in (r if isinstance(r, list) else [r])]
-    if not (is_int(width) and is_int(depth) and all(is_number(v) for v in flat)):
-        return None
-    return int(width), int(depth), float(max(flat, default=0))
+    return SpaceFile.read(name).load(budget, planner)
 
 
 def uses_allocator(data: Mapping[str, Any]) -> bool:

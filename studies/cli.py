@@ -32,6 +32,7 @@ from common.files import write_atomic
 from common.plots import new_figure, write_figure
 from studies import query
 from studies.storage import engine, open_storage, redact, resolve_url
+from studies.tables import allocation_table
 
 PROG = "studies"
 
@@ -80,22 +81,6 @@ def _trial_dict(t: query.TrialRecord) -> dict[str, Any]:
             "kv_cache": t.kv_cache, "kv_cache_dtype": t.kv_cache_dtype,
             "steps_reached": t.steps_reached, "arch_id": t.attrs.get("arch_id"),
             "arch": t.arch.to_dict() if t.arch else None}
-
-
-def allocation_table(t: query.TrialRecord, metric: str = "value") -> str:
-    """A trial's per-layer allocation, headed by its ``metric`` (the study's task metric)."""
-    from arch import attention_params
-
-    assert t.arch is not None
-    rows = [[i, layer.attention, layer.heads_str, layer.width,
-             f"{layer.mlp_ratio:g}" if layer.mlp_ratio else "-",
-             f"{attention_params(layer, t.arch.d_model, t.arch.bias).total:,}"]
-            for i, layer in enumerate(t.arch.layers)]
-    head = (f"trial {t.number}: {metric} {t.value:.6g}, trainable params "
-            f"{t.params_trainable or 0:,}, steps {t.steps_reached if t.steps_reached else '-'}")
-    table = render_table(["layer", "attention", "heads", "width", "mlp", "attn params"], rows,
-                         right=[True, False, False, True, True, True])
-    return head + "\n" + table
 
 
 def _list(args: argparse.Namespace, summaries: list[query.StudySummary]) -> str | Any:

@@ -10,7 +10,8 @@
 * Heartbeats: with ``heartbeat_interval`` a dead worker's RUNNING trial is failed (and, with
   ``retries``, re-enqueued) by ``fail_stale_trials`` once it is ``grace_period`` seconds silent.
 * A URL's password is never printed, logged or put in an exception: ``redact`` is used for every
-  message, and driver errors are scrubbed of it.
+  message, and driver errors are scrubbed of it. ``secure_url`` moves it out of the URL into
+  ``$PGPASSWORD`` for the drivers built on libpq, before the URL is pickled (Ray's state).
 """
 
 from __future__ import annotations
@@ -76,6 +77,22 @@ def redact(url: str) -> str:
         return make_url(url).render_as_string(hide_password=True)
     except ArgumentError:
         return "<unparseable storage URL>"
+
+
+LIBPQ_DRIVERS = ("postgresql", "postgresql+psycopg2", "postgresql+psycopg")
+
+
+def secure_url(url: str) -> str:
+    """``url`` without its password, which moves to ``$PGPASSWORD``, for the drivers built on
+    libpq (which reads it itself); other drivers (pg8000, MySQL) keep it in the URL, which is
+    only ever printed redacted."""
+    parsed = make_url(url)
+    if parsed.password is None or parsed.drivername not in LIBPQ_DRIVERS:
+        return url
+    os.environ["PGPASSWORD"] = str(parsed.password)
+    return URL.create(parsed.drivername, username=parsed.username, host=parsed.host,
+                      port=parsed.port, database=parsed.database,
+                      query=parsed.query).render_as_string(hide_password=False)
 
 
 def scrub(text: str, url: str) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +10,7 @@ import pytest
 from hypothesis import strategies as st
 
 from arch import ArchConfig, HeadGroup, LayerSpec
+from tests.helpers.storage import postgres_url
 
 DIMS = st.sampled_from([2, 4, 8, 16, 32])
 
@@ -60,28 +60,6 @@ def arch_configs(draw: st.DrawFn) -> ArchConfig:
 
 
 # --- storage fixtures: every study test runs on SQLite and on PostgreSQL ----------------------
-
-PG_ENV = "TEST_POSTGRES_URL"
-
-
-def postgres_url() -> str:
-    """The PostgreSQL URL of the tests: fail in CI if unusable, skip with the reason elsewhere."""
-    import sqlalchemy
-
-    url = os.environ.get(PG_ENV)
-    in_ci = os.environ.get("CI") == "true"
-    if not url:
-        reason = (f"{PG_ENV} is not set (e.g. postgresql://postgres@127.0.0.1:5432/test); "
-                  ".ci/run sets it")
-        pytest.fail(reason) if in_ci else pytest.skip(reason)
-    try:
-        with sqlalchemy.create_engine(url).connect():
-            pass
-    except sqlalchemy.exc.SQLAlchemyError as err:
-        reason = f"PostgreSQL at {PG_ENV} is unreachable: {str(err).splitlines()[0]}"
-        pytest.fail(reason) if in_ci else pytest.skip(reason)
-    return url
-
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def storage_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:

@@ -31,7 +31,7 @@ from bench.search_efficiency import (
 )
 from common.files import write_yaml
 from search_spaces import SearchSpace, parse_space
-from tests.test_search import ray_tmp
+from tests.helpers.search import ray_tmp
 
 ROOT = Path(__file__).resolve().parents[1]
 IO = ModelIO(4, vocab_size=5)

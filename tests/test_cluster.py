@@ -19,8 +19,8 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from tests.conftest import postgres_url
-from tests.test_search import SMOKE, run
+from tests.helpers.search import SMOKE, run
+from tests.helpers.storage import postgres_url
 
 
 def free_port() -> int:

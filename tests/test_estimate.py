@@ -41,7 +41,8 @@ def test_trials_at_once_are_what_the_cpus_allow_and_the_flags_cap() -> None:
 
 def test_the_probe_times_a_few_steps_of_the_first_starting_point() -> None:
     from search_spaces import RandomSuggester, load_space
-    from workers.search.driver import SearchOptions, training_budget, trial_job
+    from workers.search.driver import trial_job
+    from workers.search.options import SearchOptions, training_budget
     from workers.search.searcher import Start
     from workers.tasks import make_task
 

@@ -19,7 +19,7 @@ import yaml
 from alloc.constants import read_constants
 from arch import ArchConfig, HeadGroup, LayerSpec, param_count
 from studies import open_storage
-from tests.test_search import ray_tmp
+from tests.helpers.search import ray_tmp
 from workers.experiments import compress, denoise, llama_compress, mixit, saturation
 from workers.model import build_model, count_params
 from workers.tasks import fit_arch, make_task

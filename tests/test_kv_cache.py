@@ -21,7 +21,7 @@ from studies import query as q
 from studies import records as rec
 from studies.cli import main
 from workers.search.searcher import StudySearcher
-from workers.search.seeding import Predictor, _fit_layer
+from workers.search.seeding import BoundPredictor, fit_layer
 
 FROZEN = Path(__file__).resolve().parent / "data" / "study_v1.db"
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -61,7 +61,7 @@ def test_the_searcher_records_the_kv_cache_of_each_trial(tmp_path: Path) -> None
     study = optuna.create_study(study_name="s", storage=storage, direction="maximize")
     searcher = StudySearcher(load_space("kv_heads"), io=ModelIO(3, vocab_size=14), study=study,
                              storage=storage, metric="acc", mode="max", steps=10,
-                             predict=Predictor(PlanSettings(budget=128, layers=2, seq_len=3)),
+                             predict=BoundPredictor(PlanSettings(budget=128, layers=2, seq_len=3)),
                              kv_dtype="bfloat16")
     for key in ("a", "b", "c"):
         spec = searcher.ask(key)
@@ -156,11 +156,11 @@ def test_seeds_keep_their_key_value_heads() -> None:
     its nearest choice when it samples others, and never silently dropped."""
     space = load_space("kv_heads")
     layer = LayerSpec("mhsa", (HeadGroup(8, 16, kv_heads=2),), mlp_ratio=4)
-    assert _fit_layer(space, 0, layer).heads == (HeadGroup(8, 16, kv_heads=2),)
+    assert fit_layer(space, 0, layer).heads == (HeadGroup(8, 16, kv_heads=2),)
     odd = LayerSpec("mhsa", (HeadGroup(8, 16, kv_heads=8),), mlp_ratio=4)
-    assert _fit_layer(space, 0, odd).heads == (HeadGroup(8, 16, kv_heads=4),)
+    assert fit_layer(space, 0, odd).heads == (HeadGroup(8, 16, kv_heads=4),)
     plain = load_space("heads_vs_dim")
-    kept = _fit_layer(plain, 0, LayerSpec("mhsa", (HeadGroup(8, 32, kv_heads=2),)))
+    kept = fit_layer(plain, 0, LayerSpec("mhsa", (HeadGroup(8, 32, kv_heads=2),)))
     assert kept.heads[0].kv_heads == 2  # not in that space: the seed is skipped, with a warning
 
 

@@ -14,7 +14,7 @@ from optuna.trial import TrialState
 from alloc.prior import point_key
 from alloc.sampler import CALIBRATION_ATTR, PRIOR_ATTR
 from common.files import write_yaml
-from tests.test_search import check_consistent, ray_tmp
+from tests.helpers.search import check_consistent, ray_tmp
 from workers.search import tune
 from workers.search.cli import main as search_main
 from workers.search.searcher import DUPLICATE, WARM_START_FROM, finished_count

@@ -18,7 +18,7 @@ import yaml
 from optuna.trial import TrialState
 
 from arch import ArchConfig, TrainConfig
-from tests.test_search import launch, load, wait_for
+from tests.helpers.search import launch, load, wait_for
 from workers.search.protocol import RESUMED, TrialJob, TrialReport, TrialSpec
 from workers.tasks import make_task
 from workers.trainer import Trainer
@@ -90,8 +90,8 @@ def test_a_trial_reports_every_evaluation_with_its_checkpoint(checkpoints: bool,
     """The trial function without Ray: a report per evaluation, each with the trainer's state
     (or none with --no-checkpoints), and a restart from one continues its curve."""
     from arch import HeadGroup, LayerSpec
+    from workers.search.trial import CHECKPOINT_FILE, train_trial
     from workers.tasks import describe_task
-    from workers.trial import CHECKPOINT_FILE, train_trial
 
     layer = LayerSpec("mhsa", (HeadGroup(2, 8),))
     arch = ArchConfig(d_model=16, layers=(layer,), max_seq_len=16, input_dim=8)

@@ -9,8 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 import optuna
@@ -22,100 +20,19 @@ from arch import ArchConfig, HeadGroup, LayerSpec
 from search_spaces import load_space
 from studies import add_record
 from studies.cli import main as studies_main
+from tests.helpers.search import (
+    SMOKE,
+    assert_records_are_the_trained_models,
+    check_consistent,
+    launch,
+    load,
+    ray_tmp,
+    run,
+    wait_for,
+)
 from workers.search.protocol import RESUMED
-from workers.search.searcher import CHECKPOINT, finished_count, retried_numbers
-from workers.trial import FAULTS_ENV
-
-ROOT = Path(__file__).resolve().parents[1]
-SMOKE = ["--space", "aot_vs_standard.yaml", "--task", "modadd", "--smoke-test"]
-STEPS = 40  # SMOKE_TRAIN["steps"]
-
-
-def ray_tmp(tmp: Path) -> Path:
-    """A short Ray temp dir per test (socket paths must stay under 108 bytes), linked from tmp."""
-    link = tmp / "ray-tmp"
-    if not link.exists():
-        link.symlink_to(tempfile.mkdtemp(prefix="rt", dir="/tmp"))
-    return link.resolve()
-
-
-def launch(tmp: Path, *args: str, env: dict[str, str] | None = None
-           ) -> subprocess.Popen[str]:
-    env = {**(env or os.environ), "RAY_TMPDIR": str(ray_tmp(tmp))}
-    return subprocess.Popen([sys.executable, "-m", "workers.search", *args,
-                             "--storage-path", str(tmp / "results")], cwd=tmp, env=env,
-                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
-
-
-def run(tmp: Path, *args: str, env: dict[str, str] | None = None
-        ) -> subprocess.CompletedProcess[str]:
-    proc = launch(tmp, *args, env=env)
-    out, err = proc.communicate(timeout=240)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-
-
-def load(url: str, name: str) -> optuna.Study:
-    return optuna.load_study(study_name=name, storage=url)
-
-
-def check_consistent(study: optuna.Study, total: int) -> None:
-    """Nothing RUNNING or WAITING, ``total`` trials counted, states match steps reached."""
-    trials = study.get_trials()
-    assert not [t.number for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
-    assert finished_count(study) == total
-    retried = retried_numbers(trials)
-    for t in trials:
-        if t.state == TrialState.COMPLETE:
-            assert t.user_attrs["steps_reached"] == STEPS and t.user_attrs["status"] == "completed"
-            assert max(t.intermediate_values) == STEPS and t.value == t.intermediate_values[STEPS]
-            assert t.user_attrs["predicted_error"] > 0 and t.user_attrs["arch_id"]
-        elif t.state == TrialState.PRUNED:  # stopped by ASHA: never COMPLETE with a partial value
-            assert t.user_attrs["steps_reached"] < STEPS and t.user_attrs["status"] == "stopped"
-        else:
-            assert t.state == TrialState.FAIL
-    assert retried <= {t.number for t in trials if t.state == TrialState.FAIL}
-    # No architecture evaluated twice unless it was a retry of a failed run.
-    done = [t.user_attrs["arch_id"] for t in trials
-            if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
-    assert len(done) == len(set(done))
-
-
-def assert_records_are_the_trained_models(study: optuna.Study, task: str, tmp: Path) -> None:
-    """Every COMPLETE trial's recorded architecture is the task's model and its recorded counts
-    are what ``python -m workers.train`` reports for it (the acceptance check of the records)."""
-    from arch import ArchConfig
-    from workers.tasks import make_task
-    from workers.train import main as train_main
-
-    io = make_task(task, "smoke").io
-    assert study.metric_names == [study.user_attrs["metric"]]
-    assert study.user_attrs["record_schema"] == 2
-    complete = study.get_trials(states=(TrialState.COMPLETE,))
-    assert complete
-    for t in complete:
-        arch = ArchConfig.from_json(t.user_attrs["arch"])
-        assert (arch.max_seq_len, arch.vocab_size, arch.input_dim) == (
-            io.max_seq_len, io.vocab_size, io.input_dim)
-        path = tmp / f"trial{t.number}.yaml"
-        path.write_text(arch.to_yaml())
-        argv = ["--arch", str(path), "--task", task, "--smoke-test", "--format", "json",
-                "--quiet"]
-        out = io_capture(lambda argv=argv: train_main(argv))
-        reported = json.loads(out)
-        assert t.user_attrs["params_trainable"] == reported["trainable_params"]
-        assert t.user_attrs["params_total"] == reported["total_params"]
-
-
-def io_capture(run: object) -> str:
-    """stdout of ``run()`` (which must return exit code 0)."""
-    import contextlib
-    import io
-
-    buffer = io.StringIO()
-    with contextlib.redirect_stdout(buffer):
-        assert run() == 0  # type: ignore[operator]
-    return buffer.getvalue()
+from workers.search.searcher import CHECKPOINT, finished_count
+from workers.search.trial import FAULTS_ENV
 
 
 @pytest.mark.parametrize(("task", "space"), [("ngram", "heads_vs_dim.yaml"),
@@ -154,6 +71,12 @@ def test_smoke_search_then_studies_best(storage_url: str, study_name: str, tmp_p
     plain = storage_url.replace(f":{secret}@", "@")
     study = load(plain, study_name)
     check_consistent(study, 6)
+    # Each trial is classified once, by the searcher as it tells the study: the last progress
+    # line counts the study's states.
+    complete, stopped, failed = (len(study.get_trials(states=(state,))) for state in (
+        TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL))
+    assert finished[-1].split("; ")[1].startswith(
+        f"{complete} complete, {stopped} stopped early, {failed} failed"), finished[-1]
     assert_records_are_the_trained_models(study, "modadd", tmp_path)
     seeds = {t.user_attrs.get("seed") for t in study.trials}
     assert "allocator" in seeds and study.trials[0].user_attrs["seed"] == "allocator"
@@ -188,15 +111,6 @@ def test_failed_trials_are_recorded_and_the_search_goes_on(tmp_path: Path) -> No
             assert t.state == TrialState.COMPLETE
             kinds["ok"] += 1
     assert all(kinds.values()), kinds
-
-
-def wait_for(predicate: object, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return
-        time.sleep(0.5)
-    raise AssertionError("timed out")
 
 
 @pytest.mark.parametrize("how", ["sigint", "sigkill"])
@@ -349,19 +263,6 @@ def test_study_names_and_result_paths_are_checked_before_anything_is_created(
         assert err.count("\n") == 1 and message in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "corpus.txt", "file", "huge.yaml", "laughs.yaml", "named.yaml"]
-
-
-def test_secure_url_moves_the_password_to_the_environment(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    from workers.search.driver import secure_url
-
-    monkeypatch.delenv("PGPASSWORD", raising=False)
-    url = secure_url("postgresql://alice:s3cr%40t@db:5432/studies")
-    assert url == "postgresql://alice@db:5432/studies" and os.environ["PGPASSWORD"] == "s3cr@t"
-    assert secure_url("sqlite:///x.db") == "sqlite:///x.db"
-    monkeypatch.delenv("PGPASSWORD")
-    pure_python = "postgresql+pg8000://alice:pw@db/studies"  # no libpq: it needs the URL's
-    assert secure_url(pure_python) == pure_python and "PGPASSWORD" not in os.environ
 
 
 def test_resume_of_a_finished_study_answers_before_ray_starts(

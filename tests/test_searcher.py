@@ -19,12 +19,13 @@ from studies.storage import Reaped, StorageSettings, open_storage, reap_trials
 from workers.search.protocol import TRIAL_KEY, Status, TrialReport, TrialSpec
 from workers.search.searcher import (
     CHECKPOINT,
+    Outcome,
     Start,
     StudySearcher,
     finished_count,
     retried_numbers,
 )
-from workers.search.seeding import Predictor
+from workers.search.seeding import BoundPredictor
 
 STEPS = 30
 
@@ -39,7 +40,7 @@ def make(tmp_path: Path, starts: list[Start] | None = None, space: str = "aot_vs
     loaded = load_space(space).with_train(steps=STEPS, eval_every=10)
     return StudySearcher(loaded, io=ModelIO(3, vocab_size=14), study=study, storage=storage,
                          metric="acc", mode="max", steps=STEPS,
-                         predict=Predictor(PlanSettings(budget=128, layers=2, seq_len=3)),
+                         predict=BoundPredictor(PlanSettings(budget=128, layers=2, seq_len=3)),
                          starts=starts or [])
 
 
@@ -76,33 +77,40 @@ def test_a_report_round_trips_through_tunes_result_dict() -> None:
     assert TrialReport.from_result({"training_iteration": 3}, "acc") is None
 
 
-def test_trials_record_arch_curve_and_state(searcher: StudySearcher) -> None:
+def test_trials_record_arch_curve_and_state(searcher: StudySearcher, tmp_path: Path) -> None:
     config = searcher.ask("a")
     assert set(config) == {TRIAL_KEY} and isinstance(config[TRIAL_KEY], TrialSpec)
     assert config[TRIAL_KEY].resume_from is None
     for step in (10, 20, STEPS):
         searcher.report("a", result(step, step / 100, tokens_per_s=5.0))
-    searcher.complete("a", result(STEPS, STEPS / 100, tokens_per_s=5.0))
+    told = searcher.complete("a", result(STEPS, STEPS / 100, tokens_per_s=5.0))
+    assert told == Outcome(0, TrialState.COMPLETE, 0.3)
     searcher.ask("b")
     searcher.report("b", result(10, 0.05))
-    searcher.complete("b", result(20, 0.06))  # stopped: Tune skipped on_trial_result
+    # stopped: Tune skipped on_trial_result
+    assert searcher.complete("b", result(20, 0.06)) == Outcome(1, TrialState.PRUNED, None)
     a, b = searcher.study.trials
     assert a.state == TrialState.COMPLETE and a.value == 0.3
     assert a.intermediate_values == {10: 0.1, 20: 0.2, STEPS: 0.3}
     assert a.user_attrs["steps_reached"] == STEPS and a.user_attrs["predicted_error"] > 0
     assert b.state == TrialState.PRUNED and b.user_attrs["steps_reached"] == 20
     assert b.intermediate_values == {10: 0.05, 20: 0.06}
-    searcher.complete("a", result(STEPS, 0.9))  # a second completion changes nothing
+    assert searcher.complete("a", result(STEPS, 0.9)) is None  # a second one changes nothing
     assert searcher.study.trials[0].value == 0.3
+    # Classified once, when told: the counts a progress line shows are the study's states.
+    assert searcher.counts == {"COMPLETE": 1, "PRUNED": 1, "FAIL": 0}
     # What a resumed search's progress line starts from: the study's best so far (acc is
     # maximised: the higher of the two complete trials).
     searcher.ask("c")
     searcher.complete("c", result(STEPS, 0.2))
     assert searcher.best_so_far() == (0.3, 0, ArchConfig.from_json(a.user_attrs["arch"]
                                                                    ).describe())
+    assert searcher.best == searcher.best_so_far()
     searcher.ask("d")
     searcher.complete("d", result(STEPS, 0.7))
     assert searcher.best_so_far()[:2] == (0.7, 3)  # type: ignore[index]
+    assert searcher.best == searcher.best_so_far()
+    assert make(tmp_path, name="s2").best is None  # a new study has no best yet
 
 
 def test_reaper_fails_and_retries_trials_of_a_dead_driver(tmp_path: Path, storage_url: str,
@@ -123,8 +131,9 @@ def test_reaper_fails_and_retries_trials_of_a_dead_driver(tmp_path: Path, storag
     assert finished_count(searcher.study) == 1
     retry = searcher.study.trials[2]
     assert retry.params == searcher.study.trials[1].params
-    searcher.complete("b", result(STEPS, 0.5))  # the late completion is ignored
+    assert searcher.complete("b", result(STEPS, 0.5)) is None  # the late completion: ignored
     assert searcher.study.trials[1].state == TrialState.FAIL
+    assert searcher.counts == {"COMPLETE": 1, "PRUNED": 0, "FAIL": 0}  # as the study says
 
 
 def test_abandon_fails_open_trials_and_requeues_them(searcher: StudySearcher) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sqlite3
 import subprocess
@@ -30,7 +31,7 @@ from studies import (
 )
 from studies import query as q
 from studies.cli import main
-from studies.storage import engine_kwargs
+from studies.storage import engine_kwargs, secure_url
 
 ROOT = Path(__file__).resolve().parents[1]
 FROZEN = ROOT / "tests" / "data" / "study_v1.db"
@@ -162,6 +163,17 @@ def test_storage_errors_are_one_line_without_password(url: str, message: str) ->
     assert message in text and "s3cretpw" not in text and "\n" not in text
 
 
+def test_secure_url_moves_the_password_to_the_environment(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PGPASSWORD", raising=False)
+    url = secure_url("postgresql://alice:s3cr%40t@db:5432/studies")
+    assert url == "postgresql://alice@db:5432/studies" and os.environ["PGPASSWORD"] == "s3cr@t"
+    assert secure_url("sqlite:///x.db") == "sqlite:///x.db"
+    monkeypatch.delenv("PGPASSWORD")
+    pure_python = "postgresql+pg8000://alice:pw@db/studies"  # no libpq: it needs the URL's
+    assert secure_url(pure_python) == pure_python and "PGPASSWORD" not in os.environ
+
+
 def test_sqlite_uses_wal(tmp_path: Path) -> None:
     open_storage(f"sqlite:///{tmp_path / 's.db'}")
     with sqlite3.connect(tmp_path / "s.db") as conn:
@@ -274,7 +286,7 @@ def test_heartbeat_settings_reach_optuna(tmp_path: Path) -> None:
 
 
 def test_postgres_pool_settings_reach_the_engine() -> None:
-    from tests.conftest import postgres_url
+    from tests.helpers.storage import postgres_url
 
     settings = StorageSettings(pool_size=3, max_overflow=1)
     kwargs = engine_kwargs(postgres_url(), settings)
@@ -309,7 +321,7 @@ def test_reading_a_missing_postgres_database_is_one_line(
     and the password stays out of it."""
     import sqlalchemy
 
-    from tests.conftest import postgres_url
+    from tests.helpers.storage import postgres_url
 
     url = sqlalchemy.make_url(postgres_url())
     missing = url.set(database=f"nope_{uuid.uuid4().hex[:8]}", password="s3cret")

@@ -42,7 +42,7 @@ from search_spaces import SearchSpace, parse_space
 from userdata import DataSpec
 from workers.experiments import harness
 from workers.profile import profile_data
-from workers.search.driver import training_budget
+from workers.search.options import training_budget
 from workers.search.seeding import plan_settings
 from workers.tasks import Task, make_data_task
 

@@ -28,7 +28,7 @@ from search_spaces import load_space, parse_space
 from studies import query
 from studies.storage import engine, open_storage
 from workers.experiments import harness
-from workers.search.driver import training_budget
+from workers.search.options import training_budget
 from workers.tasks import make_task
 from workers.tasks.tokens import bits_per_param
 

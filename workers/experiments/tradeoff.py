@@ -23,7 +23,7 @@ from common.files import write_csv, write_yaml
 from common.plots import new_figure, write_figure
 from search_spaces import load_space
 from workers.experiments import harness
-from workers.search.driver import training_budget
+from workers.search.options import training_budget
 from workers.tasks import make_task
 
 NAME = "tradeoff"

@@ -1,8 +1,11 @@
-"""The search driver: ``python -m workers.search`` (``cli`` reads the flags, ``driver`` runs the
-search) opens the Optuna study, seeds it from the allocator (``seeding``), and runs trials
-through Ray Tune (``tune``) with Optuna's sampler inside a Tune searcher (``searcher``);
-``options`` is how a search runs, ``protocol`` what the driver and a trial (``workers.trial``)
-tell each other. Ray is imported only by ``tune``, once the input is checked.
+"""The search driver: ``python -m workers.search``. ``cli`` reads the flags; ``request`` checks a
+search once into a ``SearchRequest`` (with ``checks``); ``driver`` executes it: ``study`` opens
+(or resumes) the Optuna study, ``seeding`` gives the allocator's starting points, and ``tune``
+runs the trials through Ray Tune with Optuna's sampler inside a Tune searcher (``searcher``,
+which classifies and records every finished trial once). ``options`` is how a search runs,
+``protocol`` what the driver and a trial (``trial``) tell each other, ``estimate`` how long it
+will take, ``warmstart`` what another study carries over. Ray is imported only by ``tune``, once
+the input is checked.
 
 The Python face: ``from workers.search import run_search, SearchOptions`` (``SearchSummary``
 is what it returns). They are loaded on first use, so that a trial importing ``protocol`` does

@@ -8,8 +8,9 @@ finished trials are kept, trials that were running are failed and retried from t
 checkpoint, nothing is left RUNNING. A password in ``--storage`` is moved to ``$PGPASSWORD``
 before anything is pickled or logged (``~/.pgpass`` and service files work too).
 
-This module reads the flags and reports; the search is ``workers.search.driver.run_search``,
-imported with Optuna and torch once the flags are read, so that ``--help`` needs neither.
+This module reads the flags and reports; the flags become one checked ``SearchRequest``
+(``workers.search.request``) that ``workers.search.driver.execute`` runs, both imported with
+Optuna and torch once the flags are read, so that ``--help`` needs neither.
 """
 
 from __future__ import annotations
@@ -21,19 +22,16 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from alloc.plan import PlanSettings
 from arch import MAX_WIDTH
 from common.cli import Parser, add_format, dump, fail, int_in, number
-from common.errors import TransformerAllocError, UsageError
-from search_spaces import SpaceError, load_space
-from search_spaces.loader import SAMPLERS, space_data_source, space_shape
+from common.errors import TransformerAllocError
+from search_spaces.loader import SAMPLERS
 from workers.search.options import SMOKE_TRAIN, SearchOptions
 from workers.taskargs import add_task_args, task_from_args
 
 if TYPE_CHECKING:
-    from search_spaces import SearchSpace
     from workers.search.driver import SearchSummary
-    from workers.tasks import Task
+    from workers.search.request import SearchRequest
 
 PROG = "workers.search"
 SMOKE_PILOT_STEPS = 20  # --smoke-test: the data's pilot profile only checks that it runs
@@ -102,40 +100,26 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def setup(args: argparse.Namespace) -> tuple[SearchSpace, Task, int | None, SearchOptions]:
-    """The space, task, trial count and options the flags describe (``UsageError`` if bad)."""
-    from workers.search.driver import check_study_name, check_writable_dir, training_budget
-    from workers.search.seeding import measured_inputs, planner, profile_for
+def setup(args: argparse.Namespace) -> SearchRequest:
+    """The search the flags describe, checked once (``SearchError`` or ``UsageError`` if bad)."""
+    from workers.search.request import prepare, read_space
 
-    try:
-        task = task_from_args(args, "smoke" if args.smoke_test else "paper",
-                              data=space_data_source(args.space))
-        if args.study is not None:  # before profiling the data writes into --storage-path
-            check_study_name(args.study)
-        check_writable_dir("--storage-path", args.storage_path)
-        shape = space_shape(args.space, args.budget)
-        profile = profile_for(task, args.profile, args.storage_path, shape,
-                              SMOKE_PILOT_STEPS if args.smoke_test else None, args.quiet)
-        space = load_space(args.space, args.budget, planner=planner(
-            task, measured_inputs(profile), shape[2] if shape else PlanSettings.mlp_ratio))
-    except SpaceError as err:
-        raise UsageError(f"--space: {err}") from None
-    space = training_budget(space, args.smoke_test, args.steps)
-    if args.gpus_per_trial > 0:
-        import torch
-
-        if not torch.cuda.is_available() and not args.address:
-            raise UsageError(f"--gpus-per-trial {args.gpus_per_trial:g}: no CUDA device here")
+    space, data = read_space(args.space)
+    task = task_from_args(args, "smoke" if args.smoke_test else "paper", data=data)
     options = SearchOptions(
         scheduler=args.scheduler, seed=args.seed, cpus_per_trial=args.cpus_per_trial,
         gpus_per_trial=args.gpus_per_trial, max_concurrent=args.max_concurrent,
-        address=args.address, storage_path=args.storage_path, profile=profile,
+        address=args.address, storage_path=args.storage_path, profile=args.profile,
         sampler=args.sampler, prior_temperature=args.prior_temperature,
         warm_start=args.warm_start,
         heartbeat_interval=args.heartbeat_interval, grace_period=args.grace_period,
         reuse_actors=not args.no_reuse_actors, checkpoints=not args.no_checkpoints,
         quiet=args.quiet)
-    return space, task, args.trials or (SMOKE_TRIALS if args.smoke_test else None), options
+    return prepare(space, task, storage=args.storage, study=args.study,
+                   trials=args.trials or (SMOKE_TRIALS if args.smoke_test else None),
+                   resume=args.resume, options=options, budget=args.budget,
+                   smoke_test=args.smoke_test, steps=args.steps,
+                   pilot_steps=SMOKE_PILOT_STEPS if args.smoke_test else None)
 
 
 def render(summary: SearchSummary) -> str:
@@ -145,7 +129,7 @@ def render(summary: SearchSummary) -> str:
     if summary.best is None:
         lines.append("no trial reached the full training budget")
         return "\n".join(lines)
-    from studies.cli import allocation_table
+    from studies.tables import allocation_table
 
     lines += ["best per-layer allocation:", allocation_table(summary.best, summary.metric),
               f"export: {summary.export}"]
@@ -157,13 +141,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s", stream=sys.stderr)
     import optuna
 
-    from workers.search.driver import run_search
+    from workers.search.driver import execute
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
-        space, task, trials, options = setup(args)
-        summary = run_search(space, task, storage=args.storage, study=args.study,
-                             trials=trials, resume=args.resume, options=options)
+        summary = execute(setup(args))
     except TransformerAllocError as err:
         return fail(PROG, str(err))
     print(render(summary) if args.format == "table" else dump(summary.to_dict(), args.format))

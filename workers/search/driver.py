@@ -1,51 +1,40 @@
 """The search driver: ``run_search`` searches per-layer configurations with Ray Tune while Optuna
-records every trial in the study database. It opens the study (or resumes it), seeds it with the
-allocator's plan and the uniform baselines, runs the trials through ``tune`` and summarises the
-study; ``python -m workers.search`` (``workers.search.cli``) reads its flags and calls it.
+records every trial in the study database. A search is checked once into a ``SearchRequest``
+(``workers.search.request``), then ``execute`` opens its study (or resumes it: ``study``), seeds
+it with the allocator's plan and the uniform baselines, runs the trials the study still lacks
+through ``tune`` and summarises the study; ``python -m workers.search`` (``workers.search.cli``)
+builds the request from its flags and executes it.
 
 From Python::
 
-    from workers.search.driver import run_search
+    from workers.search import run_search
     summary = run_search("aot_vs_standard.yaml", "modadd", storage="sqlite:///s.db", trials=20)
     print(summary.counts, summary.best)
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import re
 import shlex
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import optuna
-from sqlalchemy.engine import URL, make_url
 
-from alloc.calibrate import with_constants
 from alloc.plan import PlanSettings
-from alloc.sampler import PriorSampler
-from arch.memory import gib, training_bytes, training_dtype
-from common.errors import TransformerAllocError, excerpt
+from arch.memory import training_dtype
 from common.progress import say
-from search_spaces import SearchSpace, SpaceError, load_space
-from search_spaces.loader import space_shape
+from search_spaces import SearchSpace
 from studies import query
-from studies import records as rec
-from studies.storage import (
-    StorageSettings,
-    open_storage,
-    reap_trials,
-    redact,
-    resolve_url,
-)
+from studies.storage import StorageSettings, open_storage, redact, secure_url
 from workers.search import estimate
-from workers.search.options import SMOKE_TRAIN, SearchOptions
+from workers.search.checks import trial_device
+from workers.search.options import SearchOptions
 from workers.search.protocol import TrialJob
+from workers.search.request import SearchRequest, prepare
 from workers.search.searcher import (
     WARM_START_FROM,
     Start,
@@ -54,24 +43,11 @@ from workers.search.searcher import (
     is_duplicate,
     retried_numbers,
 )
-from workers.search.seeding import (
-    Predictor,
-    measured_inputs,
-    plan_settings,
-    planner,
-    profile_for,
-    seeds,
-    space_mlp_ratio,
-    starting_points,
-)
-from workers.search.warmstart import WarmStart, copy_trials, open_source
-from workers.tasks import Task, TaskError, describe_task, make_task
+from workers.search.seeding import BoundPredictor, starting_points
+from workers.search.study import make_sampler, open_search_study
+from workers.tasks import Task, describe_task
 
 log = logging.getLogger(__name__)
-
-
-class SearchError(TransformerAllocError):
-    """A search that cannot start or resume as asked (the study, its task or its space)."""
 
 
 @dataclass(frozen=True)
@@ -107,68 +83,6 @@ class SearchSummary:
                 "export": self.export}
 
 
-# --- the study ----------------------------------------------------------------------------------
-
-
-LIBPQ_DRIVERS = ("postgresql", "postgresql+psycopg2", "postgresql+psycopg")
-
-
-def secure_url(url: str) -> str:
-    """``url`` without its password, which moves to ``$PGPASSWORD``, for the drivers built on
-    libpq (which reads it itself); other drivers (pg8000, MySQL) keep it in the URL, which is
-    only ever printed redacted."""
-    parsed = make_url(url)
-    if parsed.password is None or parsed.drivername not in LIBPQ_DRIVERS:
-        return url
-    os.environ["PGPASSWORD"] = str(parsed.password)
-    return URL.create(parsed.drivername, username=parsed.username, host=parsed.host,
-                      port=parsed.port, database=parsed.database,
-                      query=parsed.query).render_as_string(hide_password=False)
-
-
-def describe_search(space: SearchSpace, task: Task, settings: PlanSettings,
-                    seed: int) -> dict[str, Any]:
-    """Keyword arguments of ``studies.records.study_attrs`` for this search."""
-    return {"task": task.name, "metric": task.metric, "space_name": space.name,
-            "space_hash": space.hash, "alloc_inputs": asdict(settings),
-            "task_fields": json.dumps(describe_task(task), sort_keys=True),
-            "steps": space.fixed_train("steps"), "seed": seed}
-
-
-def open_study(name: str, storage: optuna.storages.BaseStorage, url: str,
-               description: dict[str, Any], maximize: bool, resume: bool) -> optuna.Study:
-    """Create the study, or load it for ``resume`` after checking it is the same search."""
-    try:
-        study = optuna.load_study(study_name=name, storage=storage)
-    except KeyError:
-        if resume:
-            raise SearchError(f"--resume: no study {name!r} in {redact(url)}; run without "
-                             "--resume to start it") from None
-        study = optuna.create_study(study_name=name, storage=storage,
-                                    direction="maximize" if maximize else "minimize")
-        rec.set_study_attrs(study, **description)
-        return study
-    if not resume and study.trials:
-        raise SearchError(f"--study {name!r}: already has {len(study.trials)} trials in "
-                         f"{redact(url)}; pass --resume to continue it or choose a new name")
-    if study.trials and study.user_attrs.get("record_schema") != rec.RECORD_SCHEMA:
-        raise SearchError(f"--resume: study {name!r} was written by an older version whose "
-                         "trial records are not comparable (record_schema "
-                         f"{study.user_attrs.get('record_schema')!r}, this code writes "
-                         f"{rec.RECORD_SCHEMA}); start a new study")
-    mine = rec.study_attrs(**description)
-    for key in ("task", "space_hash", "task_fields", "steps"):
-        if key in study.user_attrs and study.user_attrs[key] != mine[key]:
-            raise SearchError(f"--resume: study {name!r} was run with {key} = "
-                             f"{study.user_attrs[key]!r}, this command gives {mine[key]!r}")
-    if not study.trials:  # an empty study made elsewhere: describe it as ours
-        rec.set_study_attrs(study, **description)
-    return study
-
-
-# --- running ------------------------------------------------------------------------------------
-
-
 def run_search(space: SearchSpace | str | Path, task: Task | str, *, storage: str | None = None,
                study: str | None = None, trials: int | None = None, resume: bool = False,
                options: SearchOptions | None = None) -> SearchSummary:
@@ -184,161 +98,64 @@ def run_search(space: SearchSpace | str | Path, task: Task | str, *, storage: st
         options: scheduler, resources, Ray address and the rest (``SearchOptions``).
 
     Raises:
-        UsageError: bad input (one line); StorageError: the storage cannot be opened.
+        SearchError: bad input (one line); StorageError: the storage cannot be opened.
     """
-    opts = options or SearchOptions()
-    try:
-        task = make_task(task, "paper", opts.seed) if isinstance(task, str) else task
-    except TaskError as err:
-        raise SearchError(f"--task: {err}") from None
-    shape = (space.budget, space.depth, space_mlp_ratio(space)) \
-        if isinstance(space, SearchSpace) else space_shape(space)
-    profile = profile_for(task, opts.profile, opts.storage_path, shape, quiet=opts.quiet)
-    measured = measured_inputs(profile)
-    if not isinstance(space, SearchSpace):
-        try:
-            space = load_space(space, planner=planner(
-                task, measured, shape[2] if shape else PlanSettings.mlp_ratio))
-        except SpaceError as err:
-            raise SearchError(f"--space: {err}") from None
-    url = resolve_url(storage)
-    name = study if study is not None else f"{space.name}-{task.name}"
-    check_study_name(name, "--study" if study is not None else
-                     f"the study name from space {excerpt(space.name)} (give --study)")
-    check_writable_dir("--storage-path", opts.storage_path)
-    check_trial_memory(space, task, opts)
-    if opts.warm_start is not None:
-        check_study_name(opts.warm_start, "--warm-start")
-        if opts.warm_start == name:
-            raise SearchError(f"--warm-start {opts.warm_start!r}: is the study this search "
-                              "writes; give another study of the same --storage")
-    settings = plan_settings(space.budget, space.depth, task, measured, space_mlp_ratio(space))
-    kind = opts.sampler or space.sampler
-    total = trials or (len(space.grid()) if kind == "grid" else 20)
+    return execute(prepare(space, task, storage=storage, study=study, trials=trials,
+                           resume=resume, options=options))
+
+
+def execute(request: SearchRequest) -> SearchSummary:
+    """Run a checked search: open (or resume) its study, answer at once if it already has its
+    trials, else run the trials it lacks through Ray Tune; the study summarised.
+
+    Raises:
+        SearchError: the study is not this search's; StorageError: the storage cannot be opened.
+    """
+    opts = request.options
     heartbeats = StorageSettings(heartbeat_interval=opts.heartbeat_interval,
                                  grace_period=opts.grace_period, retries=1)
+    url = request.storage
     probe = open_storage(url, heartbeats)  # fail fast, before Ray starts
     try:
-        warm = None if opts.warm_start is None else open_source(opts.warm_start, probe)
-        if warm is not None and warm.constants is not None:
-            settings = with_constants(settings, warm.constants)
-        description = describe_search(space, task, settings, opts.seed)
-        ot_study = open_study(name, probe, url, description, task.higher_is_better, resume)
-        if warm is not None:
-            note = copy_trials(warm, ot_study, space, task.io, rec.study_attrs(**description))
-            print(f"warm start from study {warm.study}: constants "
-                  f"{note['constants'] or 'none calibrated'}; {note['copied']} trial(s) copied"
-                  + (f" ({note['trials_not_copied']})" if "trials_not_copied" in note else ""),
-                  file=sys.stderr)
-        if resume:
-            alive = reap_trials(ot_study, probe,
-                                opts.grace_period + opts.heartbeat_interval).alive
-            if alive:
-                raise SearchError(f"--resume: trials {alive} of {name!r} still have a live "
-                                  "heartbeat; another driver is running this study")
-        remaining = total - finished_count(ot_study)
+        opened = open_search_study(request, probe)
+        remaining = request.trials - finished_count(opened.study)
         if remaining <= 0:  # nothing to run: answer before Ray starts
-            print(f"study {name} already has its {total} trials", file=sys.stderr)
-            return summarise(_searcher(space, task, ot_study, probe, settings, kind, opts), name,
-                             url, "completed")
+            print(f"study {request.study} already has its {request.trials} trials",
+                  file=sys.stderr)
+            return summarise(_searcher(request, opened.study, probe, opened.settings),
+                             request.study, url, "completed")
     finally:
         probe.engine.dispose()  # its connections are not needed past the checks
-    announce_estimate(name, space, task, starting_points(space, settings, kind), remaining, opts)
+    announce_estimate(request, starting_points(request.space, opened.settings,
+                                               request.sampler), remaining)
     from workers.search import tune  # Ray starts here
 
     tune.start(opts.address)
     url = secure_url(url)  # after Ray started its processes, so they never inherit it
     rdb = open_storage(url, heartbeats)
-    sampler = _sampler(space, kind, settings, opts, warm)
-    ot_study = optuna.load_study(study_name=name, storage=rdb, sampler=sampler)
-    searcher = _searcher(space, task, ot_study, rdb, settings, kind, opts)
-    status = _run(searcher, space, task, total, name, url, opts)
-    return summarise(searcher, name, url, status)
+    sampler = make_sampler(request, opened.settings, opened.warm)
+    study = optuna.load_study(study_name=request.study, storage=rdb, sampler=sampler)
+    searcher = _searcher(request, study, rdb, opened.settings)
+    status = _run(searcher, request, url)
+    return summarise(searcher, request.study, url, status)
 
 
-def _searcher(space: SearchSpace, task: Task, study: optuna.Study,
-              storage: optuna.storages.RDBStorage, settings: PlanSettings,
-              sampler: str, opts: SearchOptions) -> StudySearcher:
+def _searcher(request: SearchRequest, study: optuna.Study,
+              storage: optuna.storages.RDBStorage, settings: PlanSettings) -> StudySearcher:
+    space, task = request.space, request.task
     return StudySearcher(space, io=task.io, study=study, storage=storage, metric=task.metric,
                          mode="max" if task.higher_is_better else "min",
-                         steps=int(space.fixed_train("steps")), predict=Predictor(settings),
-                         starts=starting_points(space, settings, sampler),
-                         kv_dtype=training_dtype(trial_device(opts)))
+                         steps=int(space.fixed_train("steps")), predict=BoundPredictor(settings),
+                         starts=starting_points(space, settings, request.sampler),
+                         kv_dtype=training_dtype(trial_device(request.options)))
 
 
-def trial_device(opts: SearchOptions) -> str:
-    """The device every trial trains on: CUDA when trials get a GPU share, else the CPU."""
-    return "cuda" if opts.gpus_per_trial > 0 else "cpu"
-
-
-# A study name is also a directory name (Ray's results): letters, digits, ".", "_", "-".
-STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
-
-
-def check_study_name(name: str, what: str = "--study") -> None:
-    """Raise ``SearchError`` unless ``name`` is 1-100 safe characters (no path separators)."""
-    if not STUDY_NAME.fullmatch(name):
-        raise SearchError(f"{what} {excerpt(name)}: must be 1 to 100 letters, digits, '.', '_' "
-                          "or '-', starting with a letter or digit")
-
-
-def check_trial_memory(space: SearchSpace, task: Task, opts: SearchOptions) -> None:
-    """Raise ``SearchError`` when the space's largest trial cannot fit in the memory a trial
-    has here (a GPU's share, or the machine's memory over the trials that run at once); on a
-    cluster (``--address``) the workers' memory is not known here and nothing is checked."""
-    if opts.address is not None:
-        return
-    largest = space.largest(task.io)
-    batch = int(space.largest_train("batch_size"))
-    need = training_bytes(largest, batch)  # AdamW: the optimizer with the most state
-    if opts.gpus_per_trial > 0:
-        import torch
-
-        have = int(torch.cuda.get_device_properties(0).total_memory * opts.gpus_per_trial)
-        where = f"{opts.gpus_per_trial:g} of a GPU"
-    else:
-        at_once = max(1, int((os.cpu_count() or 1) // opts.cpus_per_trial))
-        at_once = min(at_once, opts.max_concurrent or at_once)
-        have = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // at_once
-        where = f"a share of this machine's memory ({at_once} trial(s) at once)"
-    if need > have:
-        raise SearchError(
-            f"space {excerpt(space.name)}: its largest trial (d_model {largest.d_model}, "
-            f"{largest.n_layers} layers, length {largest.max_seq_len}, batch {batch}) needs "
-            f"about {gib(need)} to train, more than the {gib(have)} of {where}; lower the "
-            "budget, depth or batch_size")
-
-
-def check_writable_dir(flag: str, path: Path) -> None:
-    """Raise ``SearchError`` unless ``path`` is, or can be made, a writable directory."""
-    existing = next(p for p in (path.resolve(), *path.resolve().parents) if p.exists())
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        why = "not a directory" if not existing.is_dir() else "not writable"
-        raise SearchError(f"{flag} {excerpt(str(path))}: {str(existing)!r} is {why}")
-
-
-def _sampler(space: SearchSpace, kind: str, settings: PlanSettings, opts: SearchOptions,
-             warm: WarmStart | None) -> optuna.samplers.BaseSampler:
-    """The Optuna sampler ``kind`` names (a grid's points are enqueued; TPE samples past them)."""
-    if kind == "random":
-        return optuna.samplers.RandomSampler(seed=opts.seed)
-    if kind == "prior":
-        fitted = warm is not None and warm.constants is not None
-        return PriorSampler.for_space(
-            space, settings, temperature=opts.prior_temperature, seed=opts.seed,
-            source=f"calibrated by study {warm.study}" if fitted and warm else None,
-            plan=next((s.params for s in seeds(space, settings) if s.label == "allocator"),
-                      None))
-    return optuna.samplers.TPESampler(seed=opts.seed, constant_liar=True)
-
-
-def _run(searcher: StudySearcher, space: SearchSpace, task: Task, total: int, name: str,
-         url: str, opts: SearchOptions) -> str:
+def _run(searcher: StudySearcher, request: SearchRequest, url: str) -> str:
     """Run the trials the study still lacks; returns how the run ended."""
     from workers.search import tune
 
-    remaining = total - finished_count(searcher.study)  # > 0: run_search checked
-    job = trial_job(task, opts)
+    space, task, opts, name = request.space, request.task, request.options, request.study
+    remaining = request.trials - finished_count(searcher.study)  # > 0: execute checked
     steps = int(space.fixed_train("steps"))
     run = tune.TuneRun(name=f"{name}-{time.strftime('%Y%m%d-%H%M%S')}",
                        storage_path=opts.storage_path, trials=remaining, steps=steps,
@@ -349,7 +166,7 @@ def _run(searcher: StudySearcher, space: SearchSpace, task: Task, total: int, na
     say(f"search {name}: {remaining} trial(s) of {space.name} on {task.name} ({steps} steps "
         f"each), study in {redact(url)}, Ray results in {opts.storage_path / run.name}",
         quiet=opts.quiet)
-    status = tune.run_tuner(searcher, job, run)
+    status = tune.run_tuner(searcher, trial_job(task, opts), run)
     failed = searcher.abandon("interrupted")
     if failed:
         status = "interrupted"
@@ -366,25 +183,26 @@ def trial_job(task: Task, opts: SearchOptions) -> TrialJob:
                     checkpoints=opts.checkpoints)
 
 
-def announce_estimate(name: str, space: SearchSpace, task: Task, starts: list[Start],
-                      trials: int, opts: SearchOptions) -> None:
+def announce_estimate(request: SearchRequest, starts: list[Start], trials: int) -> None:
     """Say, before Ray starts, how long a trial and the search will take here, from a few
     timed training steps (``workers.search.estimate``; a second or two). Not on a cluster
     (``--address``): its workers are not this machine; the estimate from the finished trials
     follows there as here."""
+    opts, task = request.options, request.task
     if opts.quiet or opts.address is not None:
         return
     try:
-        timed = estimate.probe(space, task, trial_job(task, opts), starts)
+        timed = estimate.probe(request.space, task, trial_job(task, opts), starts)
     except (RuntimeError, MemoryError) as err:  # e.g. a GPU that cannot hold it next to others
         log.warning("no estimate of the trial time: timing a few steps failed (%s)", err)
         return
     concurrent = estimate.at_once(opts.cpus_per_trial, opts.gpus_per_trial,
                                   opts.max_concurrent, trials)
-    say(f"search {name}: {estimate.describe(timed, trials, concurrent, opts.scheduler)}")
+    say(f"search {request.study}: {estimate.describe(timed, trials, concurrent, opts.scheduler)}")
 
 
 def summarise(searcher: StudySearcher, name: str, url: str, status: str) -> SearchSummary:
+    """What the study ``name`` holds after a search that ended as ``status``."""
     trials = searcher.study.get_trials(deepcopy=False)
     counts: dict[str, int] = {}
     for t in trials:
@@ -398,14 +216,3 @@ def summarise(searcher: StudySearcher, name: str, url: str, status: str) -> Sear
         best = None
     return SearchSummary(name, redact(url), status, counts, sorted(retried_numbers(trials)),
                          searcher.not_run(), best, searcher.metric)
-
-
-def training_budget(space: SearchSpace, smoke_test: bool = False,
-                    steps: int | None = None) -> SearchSpace:
-    """``space`` at smoke size (``SMOKE_TRAIN``) and/or with ``steps`` per trial."""
-    if smoke_test:
-        space = space.with_train(**SMOKE_TRAIN)
-    if steps:
-        space = space.with_train(steps=steps, eval_every=min(int(space.fixed_train(
-            "eval_every")), steps))
-    return space

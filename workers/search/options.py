@@ -1,13 +1,17 @@
 """How a search runs, besides what it searches: ``SearchOptions``, and the training of a
-``--smoke-test`` search. Light to import (no Optuna, no torch), so that the command's flags take
-their defaults from here without loading the driver."""
+``--smoke-test`` search (``training_budget``). Light to import (no Optuna, no torch), so that
+the command's flags take their defaults from here without loading the driver."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from alloc.prior import DEFAULT_TEMPERATURE
+
+if TYPE_CHECKING:
+    from search_spaces import SearchSpace
 
 SMOKE_TRAIN = {"steps": 40, "eval_every": 10, "batch_size": 16, "eval_batches": 2}
 
@@ -32,3 +36,14 @@ class SearchOptions:
     prior_temperature: float = DEFAULT_TEMPERATURE  # the prior's spread (--sampler prior)
     warm_start: str | None = None  # a study of the same database to start from
     quiet: bool = False  # no progress on stderr (the estimate, one line per finished trial)
+
+
+def training_budget(space: SearchSpace, smoke_test: bool = False,
+                    steps: int | None = None) -> SearchSpace:
+    """``space`` at smoke size (``SMOKE_TRAIN``) and/or with ``steps`` per trial."""
+    if smoke_test:
+        space = space.with_train(**SMOKE_TRAIN)
+    if steps:
+        space = space.with_train(steps=steps, eval_every=min(int(space.fixed_train(
+            "eval_every")), steps))
+    return space

@@ -45,7 +45,8 @@ from studies.storage import retry_failed
 from workers.search.protocol import ERROR, NODE, RESUMED, TRIAL_KEY, Mode, TrialReport, TrialSpec
 
 log = logging.getLogger(__name__)
-Predictor = Callable[[ArchConfig], float | None]
+# The allocator's predicted error of a sampled architecture (recorded on its trial), or None.
+PredictError = Callable[[ArchConfig], float | None]
 Sampled = TypeVar("Sampled")
 CHECKPOINT = "checkpoint"  # trial user attr: the last checkpoint directory
 DUPLICATE, DUPLICATE_OF = "duplicate", "duplicate_of"  # a proposal not trained: a finished twin
@@ -67,16 +68,28 @@ class Start:
     params: Mapping[str, Any]
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """A finished trial as the study recorded it (``StudySearcher.complete``)."""
+
+    number: int
+    state: TrialState  # COMPLETE, PRUNED or FAIL
+    value: float | None  # the metric of a COMPLETE trial
+
+
 class StudySearcher:
     """Samples ``space`` define-by-run into ``study`` and records every trial.
 
     Trials are keyed by the caller's id (Ray Tune's trial id); ``storage`` is the study's
     ``RDBStorage``, used for the driver's heartbeats; ``kv_dtype`` is the dtype the trials
     train in (``arch.memory.training_dtype``), which their recorded KV cache is counted in.
+    Each finished trial is classified once, when it is told: ``counts`` holds the trials this
+    searcher told by state, and ``best`` the best fully trained trial so far (an earlier run's
+    too), so what a progress line shows is what the study records.
     """
 
     def __init__(self, space: SearchSpace, *, io: ModelIO, study: optuna.Study,
-                 storage: RDBStorage, metric: str, mode: Mode, steps: int, predict: Predictor,
+                 storage: RDBStorage, metric: str, mode: Mode, steps: int, predict: PredictError,
                  starts: Sequence[Start] = (), kv_dtype: str = "float32") -> None:
         self.space, self.io, self.study, self.storage = space, io, study, storage
         self.kv_dtype = kv_dtype
@@ -85,9 +98,13 @@ class StudySearcher:
         self.trials: dict[str, Trial] = {}
         self.done: set[str] = set()
         self.last: dict[str, TrialReport] = {}
+        self.archs: dict[str, ArchConfig] = {}
+        self.counts = {TrialState.COMPLETE.name: 0, TrialState.PRUNED.name: 0,
+                       TrialState.FAIL.name: 0}
         self._rng = random.Random(study.study_name)
         self._points: list[dict[str, Any]] | None = None  # the space's, listed on first need
         self._study_id = storage.get_study_id_from_name(study.study_name)
+        self.best = self.best_so_far()
 
     # --- asking ---------------------------------------------------------------------------
 
@@ -102,7 +119,7 @@ class StudySearcher:
         for name, value in rec.trial_attrs(arch, predicted_error=self.predict(arch),
                                            status="running", kv_dtype=self.kv_dtype).items():
             trial.set_user_attr(name, value)
-        self.trials[key] = trial
+        self.trials[key], self.archs[key] = trial, arch
         self._beat(trial.number)
         return {TRIAL_KEY: TrialSpec(arch, train, self._retried_checkpoint(trial))}
 
@@ -161,10 +178,6 @@ class StudySearcher:
 
     # --- results --------------------------------------------------------------------------
 
-    def number(self, key: str) -> int | None:
-        trial = self.trials.get(key)
-        return None if trial is None else trial.number
-
     def report(self, key: str, result: Mapping[str, Any]) -> None:
         """An intermediate result (Tune's dict of a ``TrialReport``): the learning curve, at
         the trial's ``step``."""
@@ -186,11 +199,16 @@ class StudySearcher:
             with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
                 trial.set_user_attr(CHECKPOINT, path)
 
-    def complete(self, key: str, result: Mapping[str, Any] | None, error: bool = False) -> None:
-        """Tell the trial's final state (once; later completions are ignored)."""
+    def complete(self, key: str, result: Mapping[str, Any] | None, error: bool = False
+                 ) -> Outcome | None:
+        """Tell the trial's final state (once; later completions are ignored) and count it.
+
+        Returns:
+            What the study recorded; None when nothing was told (an unknown or finished trial).
+        """
         trial = self.trials.get(key)
         if trial is None or key in self.done:
-            return
+            return None
         final = None if result is None else TrialReport.from_result(result, self.metric)
         last = self.last.get(key)
         if final is not None and (last is None or final.step != last.step):
@@ -198,7 +216,12 @@ class StudySearcher:
         state, value, attrs = self.classify(final or last, error)
         self.done.add(key)
         self.last.pop(key, None)
-        tell(self.study, trial, state, value, attrs)
+        if not tell(self.study, trial, state, value, attrs):
+            return None
+        self.counts[state.name] += 1
+        if value is not None and (self.best is None or self.better(value, self.best[0])):
+            self.best = (value, trial.number, self.archs[key].describe())
+        return Outcome(trial.number, state, value)
 
     def classify(self, report: TrialReport | None, error: bool
                  ) -> tuple[TrialState, float | None, dict[str, Any]]:

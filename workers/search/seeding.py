@@ -97,7 +97,7 @@ def measured_inputs(profile: Path | None) -> dict[str, Any] | None:
     return read_allocator_inputs(profile)
 
 
-def _fit_layer(space: SearchSpace, i: int, layer: LayerSpec) -> LayerSpec:
+def fit_layer(space: SearchSpace, i: int, layer: LayerSpec) -> LayerSpec:
     """``layer`` moved into the space's rule for layer ``i`` where a field is not allowed."""
     rule = space.rule(i)
     kind = layer.attention if layer.attention in rule.attention else rule.attention[0]
@@ -130,7 +130,7 @@ def seeds(space: SearchSpace, settings: PlanSettings) -> list[Start]:
                   ("baseline-64", baseline_arch(plan))]
     out: list[Start] = []
     for label, arch in candidates:
-        layers = tuple(_fit_layer(space, i, layer) for i, layer in enumerate(arch.layers))
+        layers = tuple(fit_layer(space, i, layer) for i, layer in enumerate(arch.layers))
         try:
             fitted = ArchConfig.from_dict({**arch.to_dict(), **space.model,
                                            "layers": [x.to_dict() for x in layers]})
@@ -149,7 +149,7 @@ def starting_points(space: SearchSpace, settings: PlanSettings, sampler: str) ->
 
 
 @dataclass(frozen=True)
-class Predictor:
+class BoundPredictor:
     """The allocator's predicted error of a sampled architecture (its first layer's bound)."""
 
     settings: PlanSettings

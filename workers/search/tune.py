@@ -26,9 +26,9 @@ from ray.tune.search import Searcher
 
 from common.progress import Progress
 from workers.search import estimate
-from workers.search.protocol import JOB_KEY, TRIAL_KEY, TrialJob, TrialReport, TrialSpec
+from workers.search.protocol import JOB_KEY, TRIAL_KEY, TrialJob, TrialReport
 from workers.search.searcher import ASHA_REDUCTION, StudySearcher, asha_grace_period
-from workers.trial import train_trial
+from workers.search.trial import train_trial
 
 log = logging.getLogger(__name__)
 
@@ -143,13 +143,13 @@ def run_tuner(searcher: StudySearcher, job: TrialJob, run: TuneRun) -> str:
     except KeyboardInterrupt:  # a second Ctrl-C; the first one Tune handles itself, stopping
         monitor.bar.abandon()  # the run and returning, and the searcher's abandon() finds
         return "interrupted"   # the trials it left open (workers.search reports that)
-    finished = sum(monitor.counts.values())
-    monitor.bar.close("done" if finished >= run.trials else "stopped")
+    monitor.bar.close("done" if monitor.finished >= run.trials else "stopped")
     return "completed"
 
 
 def _trainable(config: dict[str, Any]) -> None:
-    """The function trainable: ``workers.trial.train_trial`` with Tune's report and checkpoint."""
+    """The function trainable: ``workers.search.trial.train_trial`` with Tune's report and
+    checkpoint."""
     node = ray.get_runtime_context().get_node_id()
     job: TrialJob = config[JOB_KEY]
 
@@ -210,13 +210,13 @@ class _Monitor(tune.Callback):
     """Heartbeats for the open trials, the checkpoint of each trial recorded in the study, and
     the search's progress: trials finished / running / total, the best so far and, once a
     trial has finished, the time left (a bar on a terminal, else one line per finished
-    trial)."""
+    trial). The counts by state and the best are the searcher's, which classified each trial
+    when it told the study (Tune tells the searcher before its callbacks)."""
 
     def __init__(self, searcher: StudySearcher, run: TuneRun, bar: Progress) -> None:
         self.searcher, self.total, self.bar = searcher, run.trials, bar
         self.interval = run.heartbeat_interval / 2
-        self.counts = {"COMPLETE": 0, "PRUNED": 0, "FAIL": 0}
-        self.best: tuple[float, int | None, str] | None = searcher.best_so_far()
+        self.finished = 0  # Tune trials finished in this run
         self.last_beat = 0.0
         self.started: dict[str, float] = {}  # trial id -> when it started
         self.durations: list[float] = []
@@ -238,28 +238,21 @@ class _Monitor(tune.Callback):
 
     def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any,
                           **info: Any) -> None:
-        self._finished(trials, trial, error=False)
+        self._finished(trials, trial)
 
     def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
-        self._finished(trials, trial, error=True)
+        self._finished(trials, trial)
 
-    def _finished(self, trials: list[Any], trial: Any, error: bool) -> None:
-        report = TrialReport.from_result(trial.last_result or {}, self.searcher.metric)
-        state, value, _ = self.searcher.classify(report, error)
-        self.counts[state.name] += 1
+    def _finished(self, trials: list[Any], trial: Any) -> None:
+        self.finished += 1
         now = time.monotonic()
         if trial.trial_id in self.started:
             self.durations.append(now - self.started.pop(trial.trial_id))
-        if value is not None and (self.best is None or self.searcher.better(value,
-                                                                             self.best[0])):
-            spec: TrialSpec = trial.config[TRIAL_KEY]
-            self.best = (value, self.searcher.number(trial.trial_id), spec.arch.describe())
         running = [t for t in trials if t.status == "RUNNING" and t is not trial]
-        done = sum(self.counts.values())
         self.peak = max(self.peak, len(running) + 1)
         left = estimate.remaining(
             self.durations, [now - self.started.get(t.trial_id, now) for t in running],
-            max(0, self.total - done - len(running)), self.peak)
+            max(0, self.total - self.finished - len(running)), self.peak)
         self.bar.update(1)
         self.bar.event(self._describe(len(running)), eta=left)
 
@@ -271,12 +264,13 @@ class _Monitor(tune.Callback):
     def _describe(self, running: int) -> str:
         """The counts and the best so far; on a terminal's one-line bar, the best first and
         without its architecture."""
-        stopped, failed = self.counts["PRUNED"], self.counts["FAIL"]
+        counts, top = self.searcher.counts, self.searcher.best
+        stopped, failed = counts["PRUNED"], counts["FAIL"]
         best = "no full-budget trial yet"
-        if self.best is not None:
-            best = f"best {self.searcher.metric} {self.best[0]:.4g} (trial {self.best[1]}"
-            best += ")" if self.bar.tty else f": {self.best[2]})"
+        if top is not None:
+            best = f"best {self.searcher.metric} {top[0]:.4g} (trial {top[1]}"
+            best += ")" if self.bar.tty else f": {top[2]})"
         if self.bar.tty:
             return f"{best}, {running} running, {stopped} stopped early, {failed} failed"
-        return (f"{self.counts['COMPLETE']} complete, {stopped} stopped early, {failed} failed, "
+        return (f"{counts['COMPLETE']} complete, {stopped} stopped early, {failed} failed, "
                 f"{running} running; {best}")

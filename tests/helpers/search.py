@@ -1,0 +1,117 @@
+"""What the search's end-to-end tests share: running ``python -m workers.search`` in a
+subprocess with its own short Ray temp dir, reading the study back, and the properties every
+finished search must have (a consistent study; records that are the trained models)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import optuna
+from optuna.trial import TrialState
+
+from workers.search.searcher import finished_count, retried_numbers
+
+SMOKE = ["--space", "aot_vs_standard.yaml", "--task", "modadd", "--smoke-test"]
+STEPS = 40  # SMOKE_TRAIN["steps"]
+
+
+def ray_tmp(tmp: Path) -> Path:
+    """A short Ray temp dir per test (socket paths must stay under 108 bytes), linked from tmp."""
+    link = tmp / "ray-tmp"
+    if not link.exists():
+        link.symlink_to(tempfile.mkdtemp(prefix="rt", dir="/tmp"))
+    return link.resolve()
+
+
+def launch(tmp: Path, *args: str, env: dict[str, str] | None = None
+           ) -> subprocess.Popen[str]:
+    env = {**(env or os.environ), "RAY_TMPDIR": str(ray_tmp(tmp))}
+    return subprocess.Popen([sys.executable, "-m", "workers.search", *args,
+                             "--storage-path", str(tmp / "results")], cwd=tmp, env=env,
+                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+
+
+def run(tmp: Path, *args: str, env: dict[str, str] | None = None
+        ) -> subprocess.CompletedProcess[str]:
+    proc = launch(tmp, *args, env=env)
+    out, err = proc.communicate(timeout=240)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def load(url: str, name: str) -> optuna.Study:
+    return optuna.load_study(study_name=name, storage=url)
+
+
+def check_consistent(study: optuna.Study, total: int) -> None:
+    """Nothing RUNNING or WAITING, ``total`` trials counted, states match steps reached."""
+    trials = study.get_trials()
+    assert not [t.number for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+    assert finished_count(study) == total
+    retried = retried_numbers(trials)
+    for t in trials:
+        if t.state == TrialState.COMPLETE:
+            assert t.user_attrs["steps_reached"] == STEPS and t.user_attrs["status"] == "completed"
+            assert max(t.intermediate_values) == STEPS and t.value == t.intermediate_values[STEPS]
+            assert t.user_attrs["predicted_error"] > 0 and t.user_attrs["arch_id"]
+        elif t.state == TrialState.PRUNED:  # stopped by ASHA: never COMPLETE with a partial value
+            assert t.user_attrs["steps_reached"] < STEPS and t.user_attrs["status"] == "stopped"
+        else:
+            assert t.state == TrialState.FAIL
+    assert retried <= {t.number for t in trials if t.state == TrialState.FAIL}
+    # No architecture evaluated twice unless it was a retry of a failed run.
+    done = [t.user_attrs["arch_id"] for t in trials
+            if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    assert len(done) == len(set(done))
+
+
+def assert_records_are_the_trained_models(study: optuna.Study, task: str, tmp: Path) -> None:
+    """Every COMPLETE trial's recorded architecture is the task's model and its recorded counts
+    are what ``python -m workers.train`` reports for it (the acceptance check of the records)."""
+    from arch import ArchConfig
+    from workers.tasks import make_task
+    from workers.train import main as train_main
+
+    io = make_task(task, "smoke").io
+    assert study.metric_names == [study.user_attrs["metric"]]
+    assert study.user_attrs["record_schema"] == 2
+    complete = study.get_trials(states=(TrialState.COMPLETE,))
+    assert complete
+    for t in complete:
+        arch = ArchConfig.from_json(t.user_attrs["arch"])
+        assert (arch.max_seq_len, arch.vocab_size, arch.input_dim) == (
+            io.max_seq_len, io.vocab_size, io.input_dim)
+        path = tmp / f"trial{t.number}.yaml"
+        path.write_text(arch.to_yaml())
+        argv = ["--arch", str(path), "--task", task, "--smoke-test", "--format", "json",
+                "--quiet"]
+        out = io_capture(lambda argv=argv: train_main(argv))
+        reported = json.loads(out)
+        assert t.user_attrs["params_trainable"] == reported["trainable_params"]
+        assert t.user_attrs["params_total"] == reported["total_params"]
+
+
+def io_capture(run: object) -> str:
+    """stdout of ``run()`` (which must return exit code 0)."""
+    import contextlib
+    import io
+
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        assert run() == 0  # type: ignore[operator]
+    return buffer.getvalue()
+
+
+def wait_for(predicate: object, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return
+        time.sleep(0.5)
+    raise AssertionError("timed out")

@@ -1,0 +1,122 @@
+"""The study a search writes: what it records of the search (``describe_search``), creating it or
+loading it to resume after checking it is the same search (``open_study``), a warm start's
+constants and trials, the trials a dead driver left running, and the Optuna sampler the search
+asks (``make_sampler``). No Ray here: all of it happens before Ray starts, except the sampler."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import optuna
+
+from alloc.calibrate import with_constants
+from alloc.plan import PlanSettings
+from alloc.sampler import PriorSampler
+from search_spaces import SearchSpace
+from studies import records as rec
+from studies.storage import reap_trials, redact
+from workers.search.checks import SearchError
+from workers.search.request import SearchRequest
+from workers.search.seeding import seeds
+from workers.search.warmstart import WarmStart, copy_trials, open_source
+from workers.tasks import Task, describe_task
+
+
+def describe_search(space: SearchSpace, task: Task, settings: PlanSettings,
+                    seed: int) -> dict[str, Any]:
+    """Keyword arguments of ``studies.records.study_attrs`` for this search."""
+    return {"task": task.name, "metric": task.metric, "space_name": space.name,
+            "space_hash": space.hash, "alloc_inputs": asdict(settings),
+            "task_fields": json.dumps(describe_task(task), sort_keys=True),
+            "steps": space.fixed_train("steps"), "seed": seed}
+
+
+def open_study(name: str, storage: optuna.storages.BaseStorage, url: str,
+               description: dict[str, Any], maximize: bool, resume: bool) -> optuna.Study:
+    """Create the study, or load it for ``resume`` after checking it is the same search."""
+    try:
+        study = optuna.load_study(study_name=name, storage=storage)
+    except KeyError:
+        if resume:
+            raise SearchError(f"--resume: no study {name!r} in {redact(url)}; run without "
+                             "--resume to start it") from None
+        study = optuna.create_study(study_name=name, storage=storage,
+                                    direction="maximize" if maximize else "minimize")
+        rec.set_study_attrs(study, **description)
+        return study
+    if not resume and study.trials:
+        raise SearchError(f"--study {name!r}: already has {len(study.trials)} trials in "
+                         f"{redact(url)}; pass --resume to continue it or choose a new name")
+    if study.trials and study.user_attrs.get("record_schema") != rec.RECORD_SCHEMA:
+        raise SearchError(f"--resume: study {name!r} was written by an older version whose "
+                         "trial records are not comparable (record_schema "
+                         f"{study.user_attrs.get('record_schema')!r}, this code writes "
+                         f"{rec.RECORD_SCHEMA}); start a new study")
+    mine = rec.study_attrs(**description)
+    for key in ("task", "space_hash", "task_fields", "steps"):
+        if key in study.user_attrs and study.user_attrs[key] != mine[key]:
+            raise SearchError(f"--resume: study {name!r} was run with {key} = "
+                             f"{study.user_attrs[key]!r}, this command gives {mine[key]!r}")
+    if not study.trials:  # an empty study made elsewhere: describe it as ours
+        rec.set_study_attrs(study, **description)
+    return study
+
+
+@dataclass(frozen=True)
+class OpenedStudy:
+    """The study of a search, ready for its trials."""
+
+    study: optuna.Study
+    settings: PlanSettings  # the allocator's inputs, with a warm start's constants
+    warm: WarmStart | None  # what ``--warm-start`` carried over
+
+
+def open_search_study(request: SearchRequest,
+                      storage: optuna.storages.RDBStorage) -> OpenedStudy:
+    """Open (or resume) the request's study in ``storage``: the warm start's constants and
+    trials carried over, and on ``resume`` the trials of a dead driver failed and retried.
+
+    Raises:
+        SearchError: the study is not this search's, or another driver is running it.
+    """
+    opts = request.options
+    settings = request.plan_settings()
+    warm = None if opts.warm_start is None else open_source(opts.warm_start, storage)
+    if warm is not None and warm.constants is not None:
+        settings = with_constants(settings, warm.constants)
+    description = describe_search(request.space, request.task, settings, opts.seed)
+    study = open_study(request.study, storage, request.storage, description,
+                       request.task.higher_is_better, request.resume)
+    if warm is not None:
+        note = copy_trials(warm, study, request.space, request.task.io,
+                           rec.study_attrs(**description))
+        print(f"warm start from study {warm.study}: constants "
+              f"{note['constants'] or 'none calibrated'}; {note['copied']} trial(s) copied"
+              + (f" ({note['trials_not_copied']})" if "trials_not_copied" in note else ""),
+              file=sys.stderr)
+    if request.resume:
+        alive = reap_trials(study, storage, opts.grace_period + opts.heartbeat_interval).alive
+        if alive:
+            raise SearchError(f"--resume: trials {alive} of {request.study!r} still have a "
+                              "live heartbeat; another driver is running this study")
+    return OpenedStudy(study, settings, warm)
+
+
+def make_sampler(request: SearchRequest, settings: PlanSettings, warm: WarmStart | None
+                 ) -> optuna.samplers.BaseSampler:
+    """The Optuna sampler the request names (a grid's points are enqueued; TPE samples past
+    them)."""
+    opts, kind = request.options, request.sampler
+    if kind == "random":
+        return optuna.samplers.RandomSampler(seed=opts.seed)
+    if kind == "prior":
+        fitted = warm is not None and warm.constants is not None
+        return PriorSampler.for_space(
+            request.space, settings, temperature=opts.prior_temperature, seed=opts.seed,
+            source=f"calibrated by study {warm.study}" if fitted and warm else None,
+            plan=next((s.params for s in seeds(request.space, settings)
+                       if s.label == "allocator"), None))
+    return optuna.samplers.TPESampler(seed=opts.seed, constant_liar=True)
