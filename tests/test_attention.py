@@ -136,7 +136,8 @@ def test_mssa_step_multiplies_snr_by_one_plus_eta_tau(seed: int, k: int, p: int,
     z, u, labels = mixture_of_low_rank_gaussians(k, p, n_per, delta, g)
     arch = single_layer("mssa", k * p, (HeadGroup(k, p),), n, causal=False, tied_output=True,
                         eta=eta)
-    attn = SubspaceAttention(arch, arch.layers[0], 0, kernel=thresholded_softmax(tau)).double()
+    attn = SubspaceAttention(arch, arch.layers[0], 0,
+                             attention_fn=thresholded_softmax(tau)).double()
     with torch.no_grad():
         attn.basis.weight.copy_(torch.cat(list(u), dim=1).T)  # [U_1 .. U_K]^T
     x = z[None]
@@ -195,8 +196,8 @@ def test_softmax_jacobian_norm_respects_bound_and_falls_with_n(bound: float) -> 
 @pytest.mark.parametrize("positional", ["learned", "rope"])
 def test_grouped_query_attention_is_mhsa_with_shared_key_value_heads(positional: str) -> None:
     """8 query heads reading 2 key/value heads compute what 8 full heads compute when each
-    consecutive block of 4 query heads has copies of one key/value head; the fused kernel's
-    grouped path and a kernel that sees every head agree."""
+    consecutive block of 4 query heads has copies of one key/value head; SDPA's
+    grouped path and an attention function that sees every head agree."""
     grouped = HeadGroup(8, 4, 6, kv_heads=2)
     layer = LayerSpec("mhsa", (grouped, HeadGroup(2, 8)))
     arch = ArchConfig(d_model=16, layers=(layer,), max_seq_len=12, input_dim=16,
@@ -220,7 +221,7 @@ def test_grouped_query_attention_is_mhsa_with_shared_key_value_heads(positional:
         full.out.load_state_dict(gqa.out.state_dict())
     x = torch.randn(3, 12, 16)
     torch.testing.assert_close(gqa(x), full(x), atol=1e-6, rtol=1e-5)
-    gqa.kernel = LogitRecorder()
+    gqa.attention_fn = LogitRecorder()
     torch.testing.assert_close(gqa(x), full(x), atol=1e-6, rtol=1e-5)
 
 

@@ -12,8 +12,10 @@ call per group over all of its heads (no Python loop over heads).
 - ``mixit``     random static attention ``A = I + W - rowmean(W)``, frozen, input independent
                 (Dong et al., 2025, eq. 2.3).
 
-The softmax kernel is separate from the projections (``kernel`` argument): ``sdpa`` by default, or
-e.g. ``thresholded_softmax(tau)``, the kernel of Thm 3.1 of Wang et al. (2025), docs/theory.md §7.
+The attention function is separate from the projections (``attention_fn`` argument, an
+``AttentionFn``): ``sdpa`` by default, or e.g. ``thresholded_softmax(tau)``, the one of Thm 3.1 of
+Wang et al. (2025), docs/theory.md §7. (Not the allocator's memory kernel rho(s): that one is
+``arch.kernels``.)
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ from torch import Tensor, nn
 
 from arch import ArchConfig, LayerSpec
 
-# kernel(q, k, v, causal, scale) -> out; q, k: (B, H, T, qk), v: (B, H, T, v) -> (B, H, T, v)
-Kernel = Callable[[Tensor, Tensor, Tensor, bool, float], Tensor]
+# attention_fn(q, k, v, causal, scale) -> out: q, k (B, H, T, qk) and v (B, H, T, v) -> (B, H, T, v)
+AttentionFn = Callable[[Tensor, Tensor, Tensor, bool, float], Tensor]
 INIT_STD = 0.02
 
 
@@ -40,15 +42,16 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> Tensor:
                                           enable_gqa=k.shape[1] != q.shape[1])
 
 
-def thresholded_softmax(tau: float) -> Kernel:
-    """Thm 3.1 of Wang et al. (2025): ``phi(x) = tau * 1{softmax(x) > tau}`` on unscaled logits (the
-    kernel under which one MSSA step multiplies every cluster's SNR by exactly ``1 + eta*tau``)."""
+def thresholded_softmax(tau: float) -> AttentionFn:
+    """Thm 3.1 of Wang et al. (2025): ``phi(x) = tau * 1{softmax(x) > tau}`` on unscaled logits
+    (the attention under which one MSSA step multiplies every cluster's SNR by exactly
+    ``1 + eta*tau``)."""
 
-    def kernel(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> Tensor:
+    def thresholded(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> Tensor:
         a = torch.softmax(q @ k.transpose(-1, -2), dim=-1)
         return (tau * (a > tau).to(v.dtype)) @ v
 
-    return kernel
+    return thresholded
 
 
 def future_mask(t: int, device: torch.device | str = "cpu") -> Tensor:
@@ -120,7 +123,7 @@ def expand_kv(x: Tensor, count: int) -> Tensor:
 
 
 class GroupedAttention(nn.Module):
-    """Shared plumbing: head groups, RoPE, the kernel, causality.
+    """Shared plumbing: head groups, RoPE, the attention function, causality.
 
     With RoPE, each head group ``j`` holds its frequencies as the buffer ``inv_freq{j}``,
     ``(kv_heads, qk_dim / 2)``, saved with the weights: a model built from an ``ArchConfig``
@@ -130,11 +133,11 @@ class GroupedAttention(nn.Module):
     """
 
     def __init__(self, arch: ArchConfig, layer: LayerSpec, index: int,
-                 kernel: Kernel = sdpa) -> None:
+                 attention_fn: AttentionFn = sdpa) -> None:
         super().__init__()
         self.groups = [(g.count, g.qk_dim, g.v_dim, g.kv_heads) for g in layer.heads]
         self.causal = arch.causal
-        self.kernel = kernel
+        self.attention_fn = attention_fn
         self.index = index
         self.rope = arch.positional == "rope"
         self.rope_theta = arch.rope_theta
@@ -174,9 +177,9 @@ class GroupedAttention(nn.Module):
                 kh = turn(kh, cos, sin)
                 qh = turn(qh, cos.repeat_interleave(count // kv, 0),
                           sin.repeat_interleave(count // kv, 0))
-            if self.kernel is not sdpa:  # SDPA reads grouped keys itself; others see them whole
+            if self.attention_fn is not sdpa:  # SDPA reads grouped keys itself; others see all
                 kh, vh = expand_kv(kh, count), expand_kv(vh, count)
-            outs.append(_merge(self.kernel(qh, kh, vh, self.causal, 1.0 / math.sqrt(qk))))
+            outs.append(_merge(self.attention_fn(qh, kh, vh, self.causal, 1.0 / math.sqrt(qk))))
         return torch.cat(outs, dim=-1) if len(outs) > 1 else outs[0]
 
 
@@ -201,8 +204,8 @@ class MultiHeadAttention(GroupedAttention):
     every value head), one SDPA call per head group, ``W_o``."""
 
     def __init__(self, arch: ArchConfig, layer: LayerSpec, index: int,
-                 kernel: Kernel = sdpa) -> None:
-        super().__init__(arch, layer, index, kernel)
+                 attention_fn: AttentionFn = sdpa) -> None:
+        super().__init__(arch, layer, index, attention_fn)
         self.qk_width = sum(c * qk for c, qk, _, _ in self.groups)  # query units
         self.k_width = sum(kv * qk for _, qk, _, kv in self.groups)
         self.v_width = sum(kv * dv for _, _, dv, kv in self.groups)
@@ -228,8 +231,8 @@ class FrozenQKAttention(MultiHeadAttention):
     """
 
     def __init__(self, arch: ArchConfig, layer: LayerSpec, index: int,
-                 kernel: Kernel = sdpa) -> None:
-        super().__init__(arch, layer, index, kernel)
+                 attention_fn: AttentionFn = sdpa) -> None:
+        super().__init__(arch, layer, index, attention_fn)
         del self.qkv
         bias = arch.bias or arch.qkv_bias
         self.qk = init_linear(arch.d_model, self.qk_width + self.k_width,
@@ -246,8 +249,8 @@ class SubspaceAttention(GroupedAttention):
     """MSSA: ``p = U^T z`` is query, key and value; output ``U p A`` (tied) or ``W_o p A``."""
 
     def __init__(self, arch: ArchConfig, layer: LayerSpec, index: int,
-                 kernel: Kernel = sdpa) -> None:
-        super().__init__(arch, layer, index, kernel)
+                 attention_fn: AttentionFn = sdpa) -> None:
+        super().__init__(arch, layer, index, attention_fn)
         self.width = layer.width
         self.basis = init_linear(arch.d_model, self.width)  # weight = [U_1 .. U_K]^T
         self.out = None if layer.tied_output else init_linear(self.width, arch.d_model,
@@ -288,8 +291,8 @@ class MixiTAttention(GroupedAttention):
     """
 
     def __init__(self, arch: ArchConfig, layer: LayerSpec, index: int,
-                 kernel: Kernel = sdpa) -> None:
-        super().__init__(arch, layer, index, kernel)
+                 attention_fn: AttentionFn = sdpa) -> None:
+        super().__init__(arch, layer, index, attention_fn)
         self.width = layer.width
         self.v = init_linear(arch.d_model, self.width)
         self.out = init_linear(self.width, arch.d_model, out_std(arch))
@@ -326,11 +329,11 @@ ATTENTION: dict[str, type[GroupedAttention]] = {
 
 
 def make_attention(arch: ArchConfig, layer: LayerSpec, index: int,
-                   kernel: Kernel = sdpa) -> GroupedAttention:
+                   attention_fn: AttentionFn = sdpa) -> GroupedAttention:
     """Build the attention of ``layer`` from the registry (unknown names list the choices)."""
     try:
         cls = ATTENTION[layer.attention]
     except KeyError:
         raise ValueError(f"unknown attention {layer.attention!r}; choices: "
                          f"{', '.join(ATTENTION)}") from None
-    return cls(arch, layer, index, kernel)
+    return cls(arch, layer, index, attention_fn)

@@ -99,23 +99,23 @@ def _combine_stats(stats: list[tuple[np.ndarray, np.ndarray]], windows: list[int
 
 
 def _measure_pass(model: Model, x: Tensor, reduce: Callable[[Tensor], Any]) -> Measured:
-    """One forward of ``model`` on ``x`` with the recording kernel (see ``measure``)."""
+    """One forward of ``model`` on ``x`` with the recording attention (see ``measure``)."""
     recorder = LogitRecorder(reduce)
     inputs: list[Tensor] = []
     blocks = [model.block(i) for i in range(model.arch.n_layers)]
-    kernels = [block.attn.kernel for block in blocks]
+    own = [block.attn.attention_fn for block in blocks]
     hooks = [block.attn_norm.register_forward_hook(lambda _m, _i, out: inputs.append(out))
              for block in blocks]
-    try:  # the model's own modules, with the recording kernel for this pass (no second copy)
+    try:  # the model's own modules, recording attention for this pass (no second copy)
         for block in blocks:
-            block.attn.kernel = recorder
+            block.attn.attention_fn = recorder
         model.hidden(x)  # the output logits are not needed
     finally:
-        for block, kernel in zip(blocks, kernels):
-            block.attn.kernel = kernel
+        for block, attention_fn in zip(blocks, own):
+            block.attn.attention_fn = attention_fn
         for hook in hooks:
             hook.remove()
-    # MixiT layers compute no logits: every other layer calls the kernel once per head group.
+    # MixiT layers compute no logits: every other layer calls attention_fn once per head group.
     counts = [0 if layer.attention == "mixit" else len(layer.heads)
               for layer in model.arch.layers]
     groups, cursor = [], 0
