@@ -24,7 +24,7 @@ from workers.attention import future_mask
 from workers.checkpoints import CheckpointError, gpt2_arch, load
 from workers.compress import main as compress_main
 from workers.heads import head_maps
-from workers.measure import measure, profile_checkpoint
+from workers.measure import profile_checkpoint, record_attention
 from workers.model import Model, build_model
 from workers.students import build_student, svd_factors
 from workers.tasks import make_data_task
@@ -89,9 +89,9 @@ def test_each_heads_attention_error_is_under_its_predicted_bound(
     reduced = plan.student
     assert reduced != model.arch  # the measured rule reduces something at this tolerance
     student = build_student(model, reduced)
-    teacher_z = measure(model, x, reduce=lambda z: z).groups
-    student_z = measure(student, x, reduce=lambda z: z).groups
-    inputs = measure(model, x).inputs
+    teacher_z = record_attention(model, x, reduce=lambda z: z).groups
+    student_z = record_attention(student, x, reduce=lambda z: z).groups
+    inputs = record_attention(model, x).inputs
     for i, layer in enumerate(plan.layers):
         (group,) = layer.groups
         r = group.reduced_qk_dim

@@ -92,7 +92,8 @@ def resolve_task(args: argparse.Namespace, loaded: Loaded) -> tuple[Task | None,
     return task, source
 
 
-def measure(model: Model, task: Task, batches: int) -> dict[str, float]:
+def evaluate_loss(model: Model, task: Task, batches: int) -> dict[str, float]:
+    """``model``'s loss and its task's metric on ``batches`` validation batches."""
     loss, metric = evaluate(model, task, TrainConfig(eval_batches=batches, batch_size=32),
                             "cpu")
     return {"loss": loss, task.metric: metric}
@@ -167,7 +168,7 @@ def compress(args: argparse.Namespace) -> dict[str, Any]:
         if task is not None:
             for name, model, what in (("teacher", loaded.model, "the teacher"),
                                       ("svd", student, "the student as cut")):
-                report[name] = measure(model, task, args.eval_batches)
+                report[name] = evaluate_loss(model, task, args.eval_batches)
                 bar.update(1)
                 bar.event(f"evaluated {what}: loss {report[name]['loss']:.4g}")
         if task is not None and (as_pt or finetune):  # the trainer wires in the task
@@ -182,7 +183,7 @@ def compress(args: argparse.Namespace) -> dict[str, Any]:
                 run_with_progress(trainer, "fine-tune", args.quiet,
                                   start=f"{config.steps:,} steps of the student")
                 bar.update(1)
-                report["finetuned"] = measure(trainer.model, task, args.eval_batches)
+                report["finetuned"] = evaluate_loss(trainer.model, task, args.eval_batches)
                 student = trainer.model
                 bar.update(1)
                 bar.event(f"evaluated the fine-tuned student: loss "
