@@ -245,3 +245,33 @@ def test_a_rope_checkpoint_written_before_saved_frequencies_loads_with_the_stand
     torch.testing.assert_close(fresh.eval()(x), model(x))
     torch.testing.assert_close(fresh.block(0).attn.frequencies(0),
                                rope_frequencies(8, 500.0).expand(2, -1))
+
+
+def test_the_fused_layout_is_what_the_projection_computes() -> None:
+    """``QKVLayout`` states the fused rows once: ``split`` then ``fuse`` is the identity, its row
+    slices are ``split``'s blocks, and the module's projection computes each query head from its
+    query rows and each key/value head from its key and value rows."""
+    layer = LayerSpec("mhsa", (HeadGroup(4, 8, 6, kv_heads=2), HeadGroup(2, 4, 4)))
+    arch = ArchConfig(d_model=16, layers=(layer,), max_seq_len=8, input_dim=16, qkv_bias=True)
+    attn = MultiHeadAttention(arch, layer, 0)
+    layout = attn.layout
+    w, b = attn.qkv.weight.detach(), attn.qkv.bias.detach()
+    assert layout.widths == (40, 24, 20) and sum(layout.widths) == w.shape[0]
+    queries, keys, values = layout.split(w)
+    flat = [[x for group in block for x in group] for block in (queries, keys)]
+    assert torch.equal(layout.fuse(*flat, values), w)
+    x = torch.randn(2, 8, 16)
+    q, k, v = attn.project(x)
+    # the projections' units as the leading axis, as rows are
+    q_heads, k_heads, _ = layout.split(torch.cat([q, k], -1).transpose(0, -1))
+    v_rows = sum(layout.widths[:2])
+    for j, g in enumerate(layer.heads):
+        for h in range(g.count):
+            kv = layout.kv_head(j, h)
+            assert h in layout.query_heads(j, kv)
+            rows, krows = layout.query_rows(j, h), layout.key_rows(j, kv)
+            assert torch.equal(w[rows], queries[j][h]) and torch.equal(w[krows], keys[j][kv])
+            torch.testing.assert_close(q_heads[j][h].transpose(0, -1), x @ w[rows].T + b[rows])
+            torch.testing.assert_close(k_heads[j][kv].transpose(0, -1),
+                                       x @ w[krows].T + b[krows])
+    torch.testing.assert_close(v, x @ w[v_rows:].T + b[v_rows:])

@@ -21,14 +21,15 @@ Wang et al. (2025), docs/theory.md §7. (Not the allocator's memory kernel rho(s
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from arch import ArchConfig, LayerSpec
+from arch import ArchConfig, HeadGroup, LayerSpec
 
 # attention_fn(q, k, v, causal, scale) -> out: q, k (B, H, T, qk) and v (B, H, T, v) -> (B, H, T, v)
 AttentionFn = Callable[[Tensor, Tensor, Tensor, bool, float], Tensor]
@@ -199,16 +200,81 @@ def out_std(arch: ArchConfig) -> float:
     return INIT_STD / math.sqrt(2 * arch.n_layers)
 
 
+@dataclass(frozen=True)
+class QKVLayout:
+    """Where each head's rows sit in a layer's fused input projection: every query head, then
+    every key head, then every value head, group after group (``qkv``; ``frozen_qk`` holds the
+    query and key blocks as ``qk`` and the value block as ``v``). Query head ``h`` of a group
+    reads key/value head ``h // (count / kv_heads)``.
+
+    The one statement of that layout: the attention modules (``MultiHeadAttention.layout``),
+    the measurement's head maps, the students and the GPT-2 and Llama readers and writers all
+    go through it."""
+
+    heads: tuple[HeadGroup, ...]
+
+    @classmethod
+    def of(cls, layer: LayerSpec) -> QKVLayout:
+        return cls(tuple(layer.heads))
+
+    @property
+    def widths(self) -> tuple[int, int, int]:
+        """Rows of the query, key and value blocks."""
+        return (sum(g.count * g.qk_dim for g in self.heads),
+                sum(g.kv_heads * g.qk_dim for g in self.heads),
+                sum(g.kv_heads * g.v_dim for g in self.heads))
+
+    def kv_head(self, group: int, head: int) -> int:
+        """The key/value head that query head ``head`` of group ``group`` reads."""
+        g = self.heads[group]
+        return head // (g.count // g.kv_heads)
+
+    def query_heads(self, group: int, kv: int) -> range:
+        """The query heads of group ``group`` that read its key/value head ``kv``."""
+        g = self.heads[group]
+        share = g.count // g.kv_heads
+        return range(kv * share, (kv + 1) * share)
+
+    def query_rows(self, group: int, head: int) -> slice:
+        """Rows of query head ``head`` of group ``group``."""
+        start = sum(g.count * g.qk_dim for g in self.heads[:group])
+        qk = self.heads[group].qk_dim
+        return slice(start + head * qk, start + (head + 1) * qk)
+
+    def key_rows(self, group: int, kv: int) -> slice:
+        """Key rows of key/value head ``kv`` of group ``group``."""
+        start = self.widths[0] + sum(g.kv_heads * g.qk_dim for g in self.heads[:group])
+        qk = self.heads[group].qk_dim
+        return slice(start + kv * qk, start + (kv + 1) * qk)
+
+    def split(self, rows: Tensor) -> tuple[list[list[Tensor]], list[list[Tensor]], Tensor]:
+        """Fused rows (weights ``(n, d)`` or biases ``(n,)``; the value block may be absent, as
+        in ``frozen_qk``'s ``qk``) -> per group the rows of each query head, per group the key
+        rows of each key/value head, and the rest (the value rows)."""
+        q_width, k_width, _ = self.widths
+        q, k, rest = rows.split([q_width, k_width, rows.shape[0] - q_width - k_width])
+        qs = q.split([g.count * g.qk_dim for g in self.heads])
+        ks = k.split([g.kv_heads * g.qk_dim for g in self.heads])
+        return ([list(x.split(g.qk_dim)) for x, g in zip(qs, self.heads)],
+                [list(x.split(g.qk_dim)) for x, g in zip(ks, self.heads)], rest)
+
+    @staticmethod
+    def fuse(queries: Sequence[Tensor], keys: Sequence[Tensor], rest: Tensor) -> Tensor:
+        """The inverse of ``split``: query heads' rows, key/value heads' key rows (each in
+        order, group after group) and the rest, as one fused block."""
+        return torch.cat([*queries, *keys, rest])
+
+
+
 class MultiHeadAttention(GroupedAttention):
-    """Standard attention: fused ``W_qkv`` (rows: every query head, then every key head, then
-    every value head), one SDPA call per head group, ``W_o``."""
+    """Standard attention: fused ``W_qkv`` (its rows laid out by ``self.layout``, a
+    ``QKVLayout``), one SDPA call per head group, ``W_o``."""
 
     def __init__(self, arch: ArchConfig, layer: LayerSpec, index: int,
                  attention_fn: AttentionFn = sdpa) -> None:
         super().__init__(arch, layer, index, attention_fn)
-        self.qk_width = sum(c * qk for c, qk, _, _ in self.groups)  # query units
-        self.k_width = sum(kv * qk for _, qk, _, kv in self.groups)
-        self.v_width = sum(kv * dv for _, _, dv, kv in self.groups)
+        self.layout = QKVLayout.of(layer)
+        self.qk_width, self.k_width, self.v_width = self.layout.widths  # query, key, value rows
         self.width = layer.width
         self.qkv = init_linear(arch.d_model, self.qk_width + self.k_width + self.v_width,
                                bias=arch.bias or arch.qkv_bias)
