@@ -78,13 +78,13 @@ class LogitRecorder:
         return torch.softmax(z, dim=-1) @ v
 
 
-def _heads(x: Tensor, count: int) -> Tensor:
+def split_heads(x: Tensor, count: int) -> Tensor:
     """(B, T, count * dim) -> (B, count, T, dim)"""
     b, t, _ = x.shape
     return x.view(b, t, count, -1).transpose(1, 2)
 
 
-def _merge(x: Tensor) -> Tensor:
+def merge_heads(x: Tensor) -> Tensor:
     """(B, H, T, dim) -> (B, T, H * dim)"""
     b, h, t, d = x.shape
     return x.transpose(1, 2).reshape(b, t, h * d)
@@ -96,10 +96,11 @@ def rope_frequencies(dim: int, theta: float) -> Tensor:
     return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
 
 
-def rope_tables(t: int, inv_freq: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """``cos`` and ``sin`` of ``position * inv_freq[h, i]`` for positions ``0..t-1``, each
-    (H, t, dim/2) (angles in float32, then ``dtype``); ``inv_freq``: (H, dim/2)."""
-    positions = torch.arange(t, dtype=torch.float32, device=inv_freq.device)
+def rope_tables(t: int, inv_freq: Tensor, dtype: torch.dtype, start: int = 0
+                ) -> tuple[Tensor, Tensor]:
+    """``cos`` and ``sin`` of ``position * inv_freq[h, i]`` for the ``t`` positions from
+    ``start``, each (H, t, dim/2) (angles in float32, then ``dtype``); ``inv_freq``: (H, dim/2)."""
+    positions = torch.arange(start, start + t, dtype=torch.float32, device=inv_freq.device)
     angles = positions[None, :, None] * inv_freq[:, None, :].float()
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
@@ -112,9 +113,10 @@ def turn(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
 
-def rotate(x: Tensor, inv_freq: Tensor) -> Tensor:
-    """``x`` (B, H, T, dim) turned by RoPE with frequencies ``inv_freq`` (H, dim/2)."""
-    return turn(x, *rope_tables(x.shape[-2], inv_freq, x.dtype))
+def rotate(x: Tensor, inv_freq: Tensor, start: int = 0) -> Tensor:
+    """``x`` (B, H, T, dim) at positions ``start ..`` turned by RoPE with frequencies
+    ``inv_freq`` (H, dim/2)."""
+    return turn(x, *rope_tables(x.shape[-2], inv_freq, x.dtype, start))
 
 
 def expand_kv(x: Tensor, count: int) -> Tensor:
@@ -172,7 +174,7 @@ class GroupedAttention(nn.Module):
         ks = k.split([kv * qk for _, qk, _, kv in self.groups], dim=-1)
         vs = v.split([kv * dv for _, _, dv, kv in self.groups], dim=-1)
         for j, ((count, qk, _, kv), qg, kg, vg) in enumerate(zip(self.groups, qs, ks, vs)):
-            qh, kh, vh = _heads(qg, count), _heads(kg, kv), _heads(vg, kv)
+            qh, kh, vh = split_heads(qg, count), split_heads(kg, kv), split_heads(vg, kv)
             if self.rope:  # one table per key/value head, shared by the query heads reading it
                 cos, sin = rope_tables(kh.shape[-2], self.frequencies(j), kh.dtype)
                 kh = turn(kh, cos, sin)
@@ -180,7 +182,8 @@ class GroupedAttention(nn.Module):
                           sin.repeat_interleave(count // kv, 0))
             if self.attention_fn is not sdpa:  # SDPA reads grouped keys itself; others see all
                 kh, vh = expand_kv(kh, count), expand_kv(vh, count)
-            outs.append(_merge(self.attention_fn(qh, kh, vh, self.causal, 1.0 / math.sqrt(qk))))
+            out = self.attention_fn(qh, kh, vh, self.causal, 1.0 / math.sqrt(qk))
+            outs.append(merge_heads(out))
         return torch.cat(outs, dim=-1) if len(outs) > 1 else outs[0]
 
 
@@ -381,7 +384,7 @@ class MixiTAttention(GroupedAttention):
     def forward(self, x: Tensor) -> Tensor:
         t = x.shape[1]
         vs = self.v(x).split([c * dv for c, _, dv, _ in self.groups], dim=-1)
-        outs = [_merge(self.mixing(j, t).to(x.dtype) @ _heads(vg, count))
+        outs = [merge_heads(self.mixing(j, t).to(x.dtype) @ split_heads(vg, count))
                 for j, ((count, _, _, _), vg) in enumerate(zip(self.groups, vs))]
         return self.out(torch.cat(outs, dim=-1) if len(outs) > 1 else outs[0])
 
