@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from alloc.compression import CompressionError, CompressionPlan
+from alloc.compression import CompressionError, CompressionPlan, MeasureRequest, plan_compression
 from alloc.profile import main as profile_main
 from arch import ArchConfig, HeadGroup, LayerSpec, TrainConfig, param_count
 from common.files import dump_yaml
@@ -24,7 +24,7 @@ from workers.attention import future_mask
 from workers.checkpoints import CheckpointError, gpt2_arch, load
 from workers.compress import main as compress_main
 from workers.heads import head_maps
-from workers.measure import profile_checkpoint, record_attention
+from workers.measure import measure_checkpoint, measure_model, record_attention
 from workers.model import Model, build_model
 from workers.students import build_student, svd_factors
 from workers.tasks import make_data_task
@@ -85,7 +85,8 @@ def test_the_loss_grows_as_the_rank_shrinks(teacher: tuple[Model, Path, torch.Te
 def test_each_heads_attention_error_is_under_its_predicted_bound(
         teacher: tuple[Model, Path, torch.Tensor]) -> None:
     model, _, x = teacher
-    plan = profile_checkpoint(model, x, 32, tolerance=0.02, align=4, rule="measured")
+    plan = plan_compression(measure_model(model, x, 32, align=4, sample="sample"),
+                            tolerance=0.02, rule="measured")
     reduced = plan.student
     assert reduced != model.arch  # the measured rule reduces something at this tolerance
     student = build_student(model, reduced)
@@ -168,10 +169,11 @@ def test_bad_inputs_are_one_line(teacher: tuple[Model, Path, torch.Tensor], tmp_
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "config.json").write_text("{")
     (tmp_path / "broken" / "model.safetensors").write_bytes(b"")
-    other = profile_checkpoint(build_student(teacher[0], uniform(teacher[0].arch, 8)), None, 32,
-                               0.05, 4)
+    other = plan_compression(measure_model(build_student(teacher[0], uniform(teacher[0].arch, 8)),
+                                           None, 32, align=4), tolerance=0.05)
     (tmp_path / "other.yaml").write_text(other.to_yaml())
-    plan = profile_checkpoint(teacher[0], None, 32, 0.05, 4).to_dict()
+    measured = measure_checkpoint(MeasureRequest(folder / "lm.pt", align=4, quiet=True))
+    plan = plan_compression(measured, tolerance=0.05).to_dict()
     (tmp_path / "plan.yaml").write_text(yaml.safe_dump(plan))
     wider = LayerSpec("mhsa", (HeadGroup(2, 16, 32),), mlp_ratio=2.0)  # values changed too
     edited = {**plan, "student": {**plan["student"], "layers": [wider.to_dict()] * 2}}
@@ -290,7 +292,8 @@ def test_a_gpt2_checkpoint_written_by_transformers(tmp_path: Path,
 
 def test_a_plan_round_trips_through_yaml(teacher: tuple[Model, Path, torch.Tensor]) -> None:
     model, _, x = teacher
-    plan = profile_checkpoint(model, x, 32, tolerance=0.02, align=4, rule="measured")
+    plan = plan_compression(measure_model(model, x, 32, align=4, sample="sample"),
+                            tolerance=0.02, rule="measured")
     back = CompressionPlan.from_yaml(plan.to_yaml())
     assert back == plan and back.student == plan.student and back.reduces
     assert back.layers[0].groups[0].measured_error == plan.layers[0].groups[0].measured_error

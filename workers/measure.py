@@ -23,14 +23,11 @@ from torch import Tensor
 from alloc.compression import (
     CheckpointMeasurement,
     CompressionError,
-    CompressionPlan,
     HeadMeasurement,
     HeadStats,
     LayerMeasurement,
     MeasureRequest,
-    Rule,
     candidate_dims,
-    plan_compression,
 )
 from arch import ArchConfig, LayerSpec
 from common.progress import Progress, duration, say
@@ -395,14 +392,6 @@ def _head_measurements(maps: list[HeadMap], layer: LayerSpec, x: Tensor | None, 
             errors = None if ranking.errors is None else ranking.errors[m.head]
             out[(j, m.head)] = HeadMeasurement(j, m.head, sigma, errors, ranking.order)
     return tuple(out[key] for key in sorted(out))
-
-
-def profile_checkpoint(model: Model, x: Tensor | None, seq_len: int, tolerance: float,
-                       align: int, logit_bound: float | None = None,
-                       rule: Rule = "bound") -> CompressionPlan:
-    """The plan of ``model`` measured on ``x`` (``measure_model`` then ``plan_compression``)."""
-    measured = measure_model(model, x, seq_len, align, "sample")
-    return plan_compression(measured, tolerance, rule, logit_bound)
 
 
 def measure_checkpoint(request: MeasureRequest) -> CheckpointMeasurement:
