@@ -18,11 +18,13 @@ import yaml
 from alloc.compression import CompressionError, CompressionPlan, MeasureRequest, plan_compression
 from alloc.profile import main as profile_main
 from arch import ArchConfig, HeadGroup, LayerSpec, TrainConfig, param_count
+from common.errors import UsageError
 from common.files import dump_yaml
 from userdata import DataSpec
 from workers.attention import future_mask
 from workers.checkpoints import CheckpointError, gpt2_arch, load
 from workers.compress import main as compress_main
+from workers.compressor import CompressRequest, compress
 from workers.heads import head_maps
 from workers.measure import measure_checkpoint, measure_model, record_attention
 from workers.model import Model, build_model
@@ -135,6 +137,35 @@ def test_profile_and_compress_our_checkpoint(teacher: tuple[Model, Path, torch.T
     loaded = load(folder / "student.pt")  # a workers.train checkpoint of the student
     assert loaded.arch.to_dict() == plan["student"]
     assert ArchConfig.from_yaml((folder / "student.arch.yaml").read_text()) == loaded.arch
+
+
+def test_compress_from_python_is_the_command(teacher: tuple[Model, Path, torch.Tensor],
+                                            tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """``compress`` takes a typed request and returns a typed result, whose ``to_dict`` is the
+    report ``python -m workers.compress --format json`` prints for the same flags; a request
+    out of the flags' ranges is refused in one line naming every field."""
+    _, folder, _ = teacher
+    data = DataSpec(str(corpus(str(folder))))
+    measured = measure_checkpoint(MeasureRequest(folder / "lm.pt", align=4, data=data,
+                                                 sample_tokens=2048, quiet=True))
+    (tmp_path / "plan.yaml").write_text(plan_compression(measured, tolerance=0.02).to_yaml())
+    out = tmp_path / "student.pt"
+    result = compress(CompressRequest(folder / "lm.pt", tmp_path / "plan.yaml", out, data=data,
+                                      finetune_steps=2, quiet=True))
+    assert result.reduces and result.params.student_total < result.params.teacher_total
+    assert result.written == (out, out.with_suffix(".arch.yaml"))
+    assert result.cut_eval is not None and result.finetuned_eval is not None
+    assert load(out).arch == ArchConfig.from_yaml(out.with_suffix(".arch.yaml").read_text())
+    assert compress_main(["--checkpoint", str(folder / "lm.pt"), "--plan",
+                          str(tmp_path / "plan.yaml"), "--data", data.path, "--out", str(out),
+                          "--finetune-steps", "2", "--force", "--quiet", "--format",
+                          "json"]) == 0
+    assert json.loads(capsys.readouterr().out) == result.to_dict()
+    with pytest.raises(UsageError, match=r"finetune_steps = -1: .*; lr = 0\.0: must be a") as err:
+        CompressRequest(folder / "lm.pt", tmp_path / "plan.yaml", out, finetune_steps=-1,
+                        lr=0.0)
+    assert "\n" not in str(err.value)
 
 
 def test_token_files_take_the_checkpoints_vocabulary(
