@@ -136,7 +136,8 @@ def test_mssa_step_multiplies_snr_by_one_plus_eta_tau(seed: int, k: int, p: int,
     z, u, labels = mixture_of_low_rank_gaussians(k, p, n_per, delta, g)
     arch = single_layer("mssa", k * p, (HeadGroup(k, p),), n, causal=False, tied_output=True,
                         eta=eta)
-    attn = SubspaceAttention(arch, arch.layers[0], 0, kernel=thresholded_softmax(tau)).double()
+    attn = SubspaceAttention(arch, arch.layers[0], 0,
+                             attention_fn=thresholded_softmax(tau)).double()
     with torch.no_grad():
         attn.basis.weight.copy_(torch.cat(list(u), dim=1).T)  # [U_1 .. U_K]^T
     x = z[None]
@@ -195,8 +196,8 @@ def test_softmax_jacobian_norm_respects_bound_and_falls_with_n(bound: float) -> 
 @pytest.mark.parametrize("positional", ["learned", "rope"])
 def test_grouped_query_attention_is_mhsa_with_shared_key_value_heads(positional: str) -> None:
     """8 query heads reading 2 key/value heads compute what 8 full heads compute when each
-    consecutive block of 4 query heads has copies of one key/value head; the fused kernel's
-    grouped path and a kernel that sees every head agree."""
+    consecutive block of 4 query heads has copies of one key/value head; SDPA's
+    grouped path and an attention function that sees every head agree."""
     grouped = HeadGroup(8, 4, 6, kv_heads=2)
     layer = LayerSpec("mhsa", (grouped, HeadGroup(2, 8)))
     arch = ArchConfig(d_model=16, layers=(layer,), max_seq_len=12, input_dim=16,
@@ -220,7 +221,7 @@ def test_grouped_query_attention_is_mhsa_with_shared_key_value_heads(positional:
         full.out.load_state_dict(gqa.out.state_dict())
     x = torch.randn(3, 12, 16)
     torch.testing.assert_close(gqa(x), full(x), atol=1e-6, rtol=1e-5)
-    gqa.kernel = LogitRecorder()
+    gqa.attention_fn = LogitRecorder()
     torch.testing.assert_close(gqa(x), full(x), atol=1e-6, rtol=1e-5)
 
 
@@ -244,3 +245,33 @@ def test_a_rope_checkpoint_written_before_saved_frequencies_loads_with_the_stand
     torch.testing.assert_close(fresh.eval()(x), model(x))
     torch.testing.assert_close(fresh.block(0).attn.frequencies(0),
                                rope_frequencies(8, 500.0).expand(2, -1))
+
+
+def test_the_fused_layout_is_what_the_projection_computes() -> None:
+    """``QKVLayout`` states the fused rows once: ``split`` then ``fuse`` is the identity, its row
+    slices are ``split``'s blocks, and the module's projection computes each query head from its
+    query rows and each key/value head from its key and value rows."""
+    layer = LayerSpec("mhsa", (HeadGroup(4, 8, 6, kv_heads=2), HeadGroup(2, 4, 4)))
+    arch = ArchConfig(d_model=16, layers=(layer,), max_seq_len=8, input_dim=16, qkv_bias=True)
+    attn = MultiHeadAttention(arch, layer, 0)
+    layout = attn.layout
+    w, b = attn.qkv.weight.detach(), attn.qkv.bias.detach()
+    assert layout.widths == (40, 24, 20) and sum(layout.widths) == w.shape[0]
+    queries, keys, values = layout.split(w)
+    flat = [[x for group in block for x in group] for block in (queries, keys)]
+    assert torch.equal(layout.fuse(*flat, values), w)
+    x = torch.randn(2, 8, 16)
+    q, k, v = attn.project(x)
+    # the projections' units as the leading axis, as rows are
+    q_heads, k_heads, _ = layout.split(torch.cat([q, k], -1).transpose(0, -1))
+    v_rows = sum(layout.widths[:2])
+    for j, g in enumerate(layer.heads):
+        for h in range(g.count):
+            kv = layout.kv_head(j, h)
+            assert h in layout.query_heads(j, kv)
+            rows, krows = layout.query_rows(j, h), layout.key_rows(j, kv)
+            assert torch.equal(w[rows], queries[j][h]) and torch.equal(w[krows], keys[j][kv])
+            torch.testing.assert_close(q_heads[j][h].transpose(0, -1), x @ w[rows].T + b[rows])
+            torch.testing.assert_close(k_heads[j][kv].transpose(0, -1),
+                                       x @ w[krows].T + b[krows])
+    torch.testing.assert_close(v, x @ w[v_rows:].T + b[v_rows:])

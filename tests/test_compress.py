@@ -15,15 +15,17 @@ import pytest
 import torch
 import yaml
 
-from alloc.compression import CompressionError, CompressionPlan
+from alloc.compression import CompressionError, CompressionPlan, MeasureRequest, plan_compression
 from arch import ArchConfig, HeadGroup, LayerSpec, TrainConfig, param_count
+from common.errors import UsageError
 from common.files import dump_yaml
 from userdata import DataSpec
 from workers.attention import future_mask
 from workers.checkpoints import CheckpointError, gpt2_arch, load
 from workers.compress import main as compress_main
+from workers.compressor import CompressRequest, compress
 from workers.heads import head_maps
-from workers.measure import measure, profile_checkpoint
+from workers.measure import measure_checkpoint, measure_model, record_attention
 from workers.model import Model, build_model
 from workers.profile import main as profile_main
 from workers.students import build_student, svd_factors
@@ -85,13 +87,14 @@ def test_the_loss_grows_as_the_rank_shrinks(teacher: tuple[Model, Path, torch.Te
 def test_each_heads_attention_error_is_under_its_predicted_bound(
         teacher: tuple[Model, Path, torch.Tensor]) -> None:
     model, _, x = teacher
-    plan = profile_checkpoint(model, x, 32, tolerance=0.02, align=4, rule="measured")
+    plan = plan_compression(measure_model(model, x, 32, align=4, sample="sample"),
+                            tolerance=0.02, rule="measured")
     reduced = plan.student
     assert reduced != model.arch  # the measured rule reduces something at this tolerance
     student = build_student(model, reduced)
-    teacher_z = measure(model, x, reduce=lambda z: z).groups
-    student_z = measure(student, x, reduce=lambda z: z).groups
-    inputs = measure(model, x).inputs
+    teacher_z = record_attention(model, x, reduce=lambda z: z).groups
+    student_z = record_attention(student, x, reduce=lambda z: z).groups
+    inputs = record_attention(model, x).inputs
     for i, layer in enumerate(plan.layers):
         (group,) = layer.groups
         r = group.reduced_qk_dim
@@ -136,6 +139,35 @@ def test_profile_and_compress_our_checkpoint(teacher: tuple[Model, Path, torch.T
     assert ArchConfig.from_yaml((folder / "student.arch.yaml").read_text()) == loaded.arch
 
 
+def test_compress_from_python_is_the_command(teacher: tuple[Model, Path, torch.Tensor],
+                                            tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """``compress`` takes a typed request and returns a typed result, whose ``to_dict`` is the
+    report ``python -m workers.compress --format json`` prints for the same flags; a request
+    out of the flags' ranges is refused in one line naming every field."""
+    _, folder, _ = teacher
+    data = DataSpec(str(corpus(str(folder))))
+    measured = measure_checkpoint(MeasureRequest(folder / "lm.pt", align=4, data=data,
+                                                 sample_tokens=2048, quiet=True))
+    (tmp_path / "plan.yaml").write_text(plan_compression(measured, tolerance=0.02).to_yaml())
+    out = tmp_path / "student.pt"
+    result = compress(CompressRequest(folder / "lm.pt", tmp_path / "plan.yaml", out, data=data,
+                                      finetune_steps=2, quiet=True))
+    assert result.reduces and result.params.student_total < result.params.teacher_total
+    assert result.written == (out, out.with_suffix(".arch.yaml"))
+    assert result.cut_eval is not None and result.finetuned_eval is not None
+    assert load(out).arch == ArchConfig.from_yaml(out.with_suffix(".arch.yaml").read_text())
+    assert compress_main(["--checkpoint", str(folder / "lm.pt"), "--plan",
+                          str(tmp_path / "plan.yaml"), "--data", data.path, "--out", str(out),
+                          "--finetune-steps", "2", "--force", "--quiet", "--format",
+                          "json"]) == 0
+    assert json.loads(capsys.readouterr().out) == result.to_dict()
+    with pytest.raises(UsageError, match=r"finetune_steps = -1: .*; lr = 0\.0: must be a") as err:
+        CompressRequest(folder / "lm.pt", tmp_path / "plan.yaml", out, finetune_steps=-1,
+                        lr=0.0)
+    assert "\n" not in str(err.value)
+
+
 def test_token_files_take_the_checkpoints_vocabulary(
         teacher: tuple[Model, Path, torch.Tensor], tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
@@ -168,10 +200,11 @@ def test_bad_inputs_are_one_line(teacher: tuple[Model, Path, torch.Tensor], tmp_
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "config.json").write_text("{")
     (tmp_path / "broken" / "model.safetensors").write_bytes(b"")
-    other = profile_checkpoint(build_student(teacher[0], uniform(teacher[0].arch, 8)), None, 32,
-                               0.05, 4)
+    other = plan_compression(measure_model(build_student(teacher[0], uniform(teacher[0].arch, 8)),
+                                           None, 32, align=4), tolerance=0.05)
     (tmp_path / "other.yaml").write_text(other.to_yaml())
-    plan = profile_checkpoint(teacher[0], None, 32, 0.05, 4).to_dict()
+    measured = measure_checkpoint(MeasureRequest(folder / "lm.pt", align=4, quiet=True))
+    plan = plan_compression(measured, tolerance=0.05).to_dict()
     (tmp_path / "plan.yaml").write_text(yaml.safe_dump(plan))
     wider = LayerSpec("mhsa", (HeadGroup(2, 16, 32),), mlp_ratio=2.0)  # values changed too
     edited = {**plan, "student": {**plan["student"], "layers": [wider.to_dict()] * 2}}
@@ -290,7 +323,8 @@ def test_a_gpt2_checkpoint_written_by_transformers(tmp_path: Path,
 
 def test_a_plan_round_trips_through_yaml(teacher: tuple[Model, Path, torch.Tensor]) -> None:
     model, _, x = teacher
-    plan = profile_checkpoint(model, x, 32, tolerance=0.02, align=4, rule="measured")
+    plan = plan_compression(measure_model(model, x, 32, align=4, sample="sample"),
+                            tolerance=0.02, rule="measured")
     back = CompressionPlan.from_yaml(plan.to_yaml())
     assert back == plan and back.student == plan.student and back.reduces
     assert back.layers[0].groups[0].measured_error == plan.layers[0].groups[0].measured_error

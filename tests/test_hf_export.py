@@ -22,6 +22,7 @@ from transformers.cache_utils import DynamicCache
 
 import workers.hf.export as export
 from arch import ArchConfig, HeadGroup, LayerSpec, param_count
+from tests.helpers.copies import copies, drifted
 from workers.hf.export import ExportError, save_student
 from workers.model import Model, build_model
 
@@ -220,7 +221,10 @@ def test_config_json(tmp_path: Path) -> None:
     model = trained_like(arch)
     save_student(model, tmp_path / "student")
     ids = torch.randint(0, 23, (2, 12), generator=torch.Generator().manual_seed(6))
-    assert export.max_logit_error(model, tmp_path / "student", ids) < 1e-5  # no remote code
+    student = export.load_student(tmp_path / "student")  # this package's copy: no remote code
+    with torch.no_grad():
+        torch.testing.assert_close(student(ids, use_cache=False).logits, model(ids), atol=1e-5,
+                                   rtol=1e-5)
     config = json.loads((tmp_path / "student" / "config.json").read_text())
     assert config["model_type"] == "transformer_alloc"
     assert config["architectures"] == ["TransformerAllocForCausalLM"]
@@ -325,3 +329,32 @@ def test_the_student_model_type_is_the_one_the_reader_knows() -> None:
     from workers.checkpoints import STUDENT_TYPE
 
     assert export.MODEL_TYPE == STUDENT_TYPE
+
+
+# What the modelling file repeats of workers.attention: the head split and merge, RoPE.
+COPIED = {"split_heads", "merge_heads", "rope_frequencies", "rope_tables", "turn", "rotate"}
+
+
+def test_the_modelling_files_copies_are_their_sources() -> None:
+    """Each ``# Copied from workers.attention.NAME`` function of the standalone modelling file is
+    its source, text for text (as ``transformers``' check_copies): a fix made on one side only
+    fails here."""
+    assert {name for name, *_ in copies(export.MODELING_FILE.read_text())} >= COPIED
+    assert drifted(export.MODELING_FILE) == []
+
+
+def test_a_copy_that_drifts_is_found(tmp_path: Path) -> None:
+    text = export.MODELING_FILE.read_text()
+    changed = tmp_path / "changed.py"
+    changed.write_text(text.replace("x1 * cos - x2 * sin", "x1 * cos + x2 * sin"))
+    assert drifted(changed) == ["turn: differs from workers.attention.turn"]
+    # ``with OLD->NEW`` renames in the source before comparing, as transformers' marks do
+    renamed = tmp_path / "renamed.py"
+    renamed.write_text("# Copied from workers.attention.merge_heads with merge_heads->merge\n"
+                       "def merge(x: Tensor) -> Tensor:\n"
+                       '    """(B, H, T, dim) -> (B, T, H * dim)"""\n'
+                       "    b, h, t, d = x.shape\n"
+                       "    return x.transpose(1, 2).reshape(b, t, h * d)\n")
+    assert drifted(renamed) == []
+    renamed.write_text(renamed.read_text().replace("h * d", "d * h"))
+    assert drifted(renamed) == ["merge: differs from workers.attention.merge_heads"]

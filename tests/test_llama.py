@@ -183,7 +183,7 @@ def test_a_rope_student_keeps_the_measured_pairs_and_stock_layout_reads_it(
     layout (cut pairs as zeros) stock transformers computes the student's logits."""
     from alloc.compression import plan_compression
     from workers.checkpoints import save_llama
-    from workers.measure import measure, measure_model
+    from workers.measure import measure_model, record_attention
     from workers.students import build_student, pair_orders
 
     kind, overrides = CASES[case]  # Qwen2: biases on queries and keys; Llama 3.1 frequencies
@@ -204,8 +204,8 @@ def test_a_rope_student_keeps_the_measured_pairs_and_stock_layout_reads_it(
     assert all(s.pairs for s in plan.layers[0].spectra)  # the ranking is in the plan
     student = build_student(loaded.model, plan.student, pair_orders(plan))
     with torch.no_grad():
-        before = measure(loaded.model, x, lambda z: z).groups[0][0].softmax(-1)
-        after = measure(student, x, lambda z: z).groups[0][0].softmax(-1)
+        before = record_attention(loaded.model, x, lambda z: z).groups[0][0].softmax(-1)
+        after = record_attention(student, x, lambda z: z).groups[0][0].softmax(-1)
     assert group.measured_error is not None
     assert (before - after).abs().max().item() == pytest.approx(group.measured_error, rel=1e-5)
     assert loaded.config is not None
@@ -461,9 +461,9 @@ def test_logit_statistics_are_the_same_one_window_at_a_time(
     import workers.measure as measure_module
 
     loaded = load(saved(build("llama", num_key_value_heads=2), tmp_path / "m"))
-    whole = measure_module.measure(loaded.model, ids())
+    whole = measure_module.record_attention(loaded.model, ids())
     monkeypatch.setattr(measure_module, "CHUNK_BYTES", 1)  # one window per chunk
-    chunked = measure_module.measure(loaded.model, ids())
+    chunked = measure_module.record_attention(loaded.model, ids())
     for layer_a, layer_b in zip(whole.groups, chunked.groups):
         for (bound_a, entropy_a), (bound_b, entropy_b) in zip(layer_a, layer_b):
             np.testing.assert_allclose(bound_b, bound_a, rtol=1e-6)

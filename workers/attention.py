@@ -12,24 +12,27 @@ call per group over all of its heads (no Python loop over heads).
 - ``mixit``     random static attention ``A = I + W - rowmean(W)``, frozen, input independent
                 (Dong et al., 2025, eq. 2.3).
 
-The softmax kernel is separate from the projections (``kernel`` argument): ``sdpa`` by default, or
-e.g. ``thresholded_softmax(tau)``, the kernel of Thm 3.1 of Wang et al. (2025), docs/theory.md §7.
+The attention function is separate from the projections (``attention_fn`` argument, an
+``AttentionFn``): ``sdpa`` by default, or e.g. ``thresholded_softmax(tau)``, the one of Thm 3.1 of
+Wang et al. (2025), docs/theory.md §7. (Not the allocator's memory kernel rho(s): that one is
+``arch.kernels``.)
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from arch import ArchConfig, LayerSpec
+from arch import ArchConfig, HeadGroup, LayerSpec
 
-# kernel(q, k, v, causal, scale) -> out; q, k: (B, H, T, qk), v: (B, H, T, v) -> (B, H, T, v)
-Kernel = Callable[[Tensor, Tensor, Tensor, bool, float], Tensor]
+# attention_fn(q, k, v, causal, scale) -> out: q, k (B, H, T, qk) and v (B, H, T, v) -> (B, H, T, v)
+AttentionFn = Callable[[Tensor, Tensor, Tensor, bool, float], Tensor]
 INIT_STD = 0.02
 
 
@@ -40,15 +43,16 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> Tensor:
                                           enable_gqa=k.shape[1] != q.shape[1])
 
 
-def thresholded_softmax(tau: float) -> Kernel:
-    """Thm 3.1 of Wang et al. (2025): ``phi(x) = tau * 1{softmax(x) > tau}`` on unscaled logits (the
-    kernel under which one MSSA step multiplies every cluster's SNR by exactly ``1 + eta*tau``)."""
+def thresholded_softmax(tau: float) -> AttentionFn:
+    """Thm 3.1 of Wang et al. (2025): ``phi(x) = tau * 1{softmax(x) > tau}`` on unscaled logits
+    (the attention under which one MSSA step multiplies every cluster's SNR by exactly
+    ``1 + eta*tau``)."""
 
-    def kernel(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> Tensor:
+    def thresholded(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> Tensor:
         a = torch.softmax(q @ k.transpose(-1, -2), dim=-1)
         return (tau * (a > tau).to(v.dtype)) @ v
 
-    return kernel
+    return thresholded
 
 
 def future_mask(t: int, device: torch.device | str = "cpu") -> Tensor:
@@ -74,13 +78,13 @@ class LogitRecorder:
         return torch.softmax(z, dim=-1) @ v
 
 
-def _heads(x: Tensor, count: int) -> Tensor:
+def split_heads(x: Tensor, count: int) -> Tensor:
     """(B, T, count * dim) -> (B, count, T, dim)"""
     b, t, _ = x.shape
     return x.view(b, t, count, -1).transpose(1, 2)
 
 
-def _merge(x: Tensor) -> Tensor:
+def merge_heads(x: Tensor) -> Tensor:
     """(B, H, T, dim) -> (B, T, H * dim)"""
     b, h, t, d = x.shape
     return x.transpose(1, 2).reshape(b, t, h * d)
@@ -92,10 +96,11 @@ def rope_frequencies(dim: int, theta: float) -> Tensor:
     return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
 
 
-def rope_tables(t: int, inv_freq: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """``cos`` and ``sin`` of ``position * inv_freq[h, i]`` for positions ``0..t-1``, each
-    (H, t, dim/2) (angles in float32, then ``dtype``); ``inv_freq``: (H, dim/2)."""
-    positions = torch.arange(t, dtype=torch.float32, device=inv_freq.device)
+def rope_tables(t: int, inv_freq: Tensor, dtype: torch.dtype, start: int = 0
+                ) -> tuple[Tensor, Tensor]:
+    """``cos`` and ``sin`` of ``position * inv_freq[h, i]`` for the ``t`` positions from
+    ``start``, each (H, t, dim/2) (angles in float32, then ``dtype``); ``inv_freq``: (H, dim/2)."""
+    positions = torch.arange(start, start + t, dtype=torch.float32, device=inv_freq.device)
     angles = positions[None, :, None] * inv_freq[:, None, :].float()
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
@@ -108,9 +113,10 @@ def turn(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
 
-def rotate(x: Tensor, inv_freq: Tensor) -> Tensor:
-    """``x`` (B, H, T, dim) turned by RoPE with frequencies ``inv_freq`` (H, dim/2)."""
-    return turn(x, *rope_tables(x.shape[-2], inv_freq, x.dtype))
+def rotate(x: Tensor, inv_freq: Tensor, start: int = 0) -> Tensor:
+    """``x`` (B, H, T, dim) at positions ``start ..`` turned by RoPE with frequencies
+    ``inv_freq`` (H, dim/2)."""
+    return turn(x, *rope_tables(x.shape[-2], inv_freq, x.dtype, start))
 
 
 def expand_kv(x: Tensor, count: int) -> Tensor:
@@ -120,7 +126,7 @@ def expand_kv(x: Tensor, count: int) -> Tensor:
 
 
 class GroupedAttention(nn.Module):
-    """Shared plumbing: head groups, RoPE, the kernel, causality.
+    """Shared plumbing: head groups, RoPE, the attention function, causality.
 
     With RoPE, each head group ``j`` holds its frequencies as the buffer ``inv_freq{j}``,
     ``(kv_heads, qk_dim / 2)``, saved with the weights: a model built from an ``ArchConfig``
@@ -130,11 +136,11 @@ class GroupedAttention(nn.Module):
     """
 
     def __init__(self, arch: ArchConfig, layer: LayerSpec, index: int,
-                 kernel: Kernel = sdpa) -> None:
+                 attention_fn: AttentionFn = sdpa) -> None:
         super().__init__()
         self.groups = [(g.count, g.qk_dim, g.v_dim, g.kv_heads) for g in layer.heads]
         self.causal = arch.causal
-        self.kernel = kernel
+        self.attention_fn = attention_fn
         self.index = index
         self.rope = arch.positional == "rope"
         self.rope_theta = arch.rope_theta
@@ -168,15 +174,16 @@ class GroupedAttention(nn.Module):
         ks = k.split([kv * qk for _, qk, _, kv in self.groups], dim=-1)
         vs = v.split([kv * dv for _, _, dv, kv in self.groups], dim=-1)
         for j, ((count, qk, _, kv), qg, kg, vg) in enumerate(zip(self.groups, qs, ks, vs)):
-            qh, kh, vh = _heads(qg, count), _heads(kg, kv), _heads(vg, kv)
+            qh, kh, vh = split_heads(qg, count), split_heads(kg, kv), split_heads(vg, kv)
             if self.rope:  # one table per key/value head, shared by the query heads reading it
                 cos, sin = rope_tables(kh.shape[-2], self.frequencies(j), kh.dtype)
                 kh = turn(kh, cos, sin)
                 qh = turn(qh, cos.repeat_interleave(count // kv, 0),
                           sin.repeat_interleave(count // kv, 0))
-            if self.kernel is not sdpa:  # SDPA reads grouped keys itself; others see them whole
+            if self.attention_fn is not sdpa:  # SDPA reads grouped keys itself; others see all
                 kh, vh = expand_kv(kh, count), expand_kv(vh, count)
-            outs.append(_merge(self.kernel(qh, kh, vh, self.causal, 1.0 / math.sqrt(qk))))
+            out = self.attention_fn(qh, kh, vh, self.causal, 1.0 / math.sqrt(qk))
+            outs.append(merge_heads(out))
         return torch.cat(outs, dim=-1) if len(outs) > 1 else outs[0]
 
 
@@ -196,16 +203,81 @@ def out_std(arch: ArchConfig) -> float:
     return INIT_STD / math.sqrt(2 * arch.n_layers)
 
 
+@dataclass(frozen=True)
+class QKVLayout:
+    """Where each head's rows sit in a layer's fused input projection: every query head, then
+    every key head, then every value head, group after group (``qkv``; ``frozen_qk`` holds the
+    query and key blocks as ``qk`` and the value block as ``v``). Query head ``h`` of a group
+    reads key/value head ``h // (count / kv_heads)``.
+
+    The one statement of that layout: the attention modules (``MultiHeadAttention.layout``),
+    the measurement's head maps, the students and the GPT-2 and Llama readers and writers all
+    go through it."""
+
+    heads: tuple[HeadGroup, ...]
+
+    @classmethod
+    def of(cls, layer: LayerSpec) -> QKVLayout:
+        return cls(tuple(layer.heads))
+
+    @property
+    def widths(self) -> tuple[int, int, int]:
+        """Rows of the query, key and value blocks."""
+        return (sum(g.count * g.qk_dim for g in self.heads),
+                sum(g.kv_heads * g.qk_dim for g in self.heads),
+                sum(g.kv_heads * g.v_dim for g in self.heads))
+
+    def kv_head(self, group: int, head: int) -> int:
+        """The key/value head that query head ``head`` of group ``group`` reads."""
+        g = self.heads[group]
+        return head // (g.count // g.kv_heads)
+
+    def query_heads(self, group: int, kv: int) -> range:
+        """The query heads of group ``group`` that read its key/value head ``kv``."""
+        g = self.heads[group]
+        share = g.count // g.kv_heads
+        return range(kv * share, (kv + 1) * share)
+
+    def query_rows(self, group: int, head: int) -> slice:
+        """Rows of query head ``head`` of group ``group``."""
+        start = sum(g.count * g.qk_dim for g in self.heads[:group])
+        qk = self.heads[group].qk_dim
+        return slice(start + head * qk, start + (head + 1) * qk)
+
+    def key_rows(self, group: int, kv: int) -> slice:
+        """Key rows of key/value head ``kv`` of group ``group``."""
+        start = self.widths[0] + sum(g.kv_heads * g.qk_dim for g in self.heads[:group])
+        qk = self.heads[group].qk_dim
+        return slice(start + kv * qk, start + (kv + 1) * qk)
+
+    def split(self, rows: Tensor) -> tuple[list[list[Tensor]], list[list[Tensor]], Tensor]:
+        """Fused rows (weights ``(n, d)`` or biases ``(n,)``; the value block may be absent, as
+        in ``frozen_qk``'s ``qk``) -> per group the rows of each query head, per group the key
+        rows of each key/value head, and the rest (the value rows)."""
+        q_width, k_width, _ = self.widths
+        q, k, rest = rows.split([q_width, k_width, rows.shape[0] - q_width - k_width])
+        qs = q.split([g.count * g.qk_dim for g in self.heads])
+        ks = k.split([g.kv_heads * g.qk_dim for g in self.heads])
+        return ([list(x.split(g.qk_dim)) for x, g in zip(qs, self.heads)],
+                [list(x.split(g.qk_dim)) for x, g in zip(ks, self.heads)], rest)
+
+    @staticmethod
+    def fuse(queries: Sequence[Tensor], keys: Sequence[Tensor], rest: Tensor) -> Tensor:
+        """The inverse of ``split``: query heads' rows, key/value heads' key rows (each in
+        order, group after group) and the rest, as one fused block."""
+        return torch.cat([*queries, *keys, rest])
+
+
+
 class MultiHeadAttention(GroupedAttention):
-    """Standard attention: fused ``W_qkv`` (rows: every query head, then every key head, then
-    every value head), one SDPA call per head group, ``W_o``."""
+    """Standard attention: fused ``W_qkv`` (its rows laid out by ``self.layout``, a
+    ``QKVLayout``), one SDPA call per head group, ``W_o``."""
 
     def __init__(self, arch: ArchConfig, layer: LayerSpec, index: int,
-                 kernel: Kernel = sdpa) -> None:
-        super().__init__(arch, layer, index, kernel)
-        self.qk_width = sum(c * qk for c, qk, _, _ in self.groups)  # query units
-        self.k_width = sum(kv * qk for _, qk, _, kv in self.groups)
-        self.v_width = sum(kv * dv for _, _, dv, kv in self.groups)
+                 attention_fn: AttentionFn = sdpa) -> None:
+        super().__init__(arch, layer, index, attention_fn)
+        self.layout = QKVLayout.of(layer)
+        self.qk_width, self.k_width, self.v_width = self.layout.widths  # query, key, value rows
         self.width = layer.width
         self.qkv = init_linear(arch.d_model, self.qk_width + self.k_width + self.v_width,
                                bias=arch.bias or arch.qkv_bias)
@@ -228,8 +300,8 @@ class FrozenQKAttention(MultiHeadAttention):
     """
 
     def __init__(self, arch: ArchConfig, layer: LayerSpec, index: int,
-                 kernel: Kernel = sdpa) -> None:
-        super().__init__(arch, layer, index, kernel)
+                 attention_fn: AttentionFn = sdpa) -> None:
+        super().__init__(arch, layer, index, attention_fn)
         del self.qkv
         bias = arch.bias or arch.qkv_bias
         self.qk = init_linear(arch.d_model, self.qk_width + self.k_width,
@@ -246,8 +318,8 @@ class SubspaceAttention(GroupedAttention):
     """MSSA: ``p = U^T z`` is query, key and value; output ``U p A`` (tied) or ``W_o p A``."""
 
     def __init__(self, arch: ArchConfig, layer: LayerSpec, index: int,
-                 kernel: Kernel = sdpa) -> None:
-        super().__init__(arch, layer, index, kernel)
+                 attention_fn: AttentionFn = sdpa) -> None:
+        super().__init__(arch, layer, index, attention_fn)
         self.width = layer.width
         self.basis = init_linear(arch.d_model, self.width)  # weight = [U_1 .. U_K]^T
         self.out = None if layer.tied_output else init_linear(self.width, arch.d_model,
@@ -288,8 +360,8 @@ class MixiTAttention(GroupedAttention):
     """
 
     def __init__(self, arch: ArchConfig, layer: LayerSpec, index: int,
-                 kernel: Kernel = sdpa) -> None:
-        super().__init__(arch, layer, index, kernel)
+                 attention_fn: AttentionFn = sdpa) -> None:
+        super().__init__(arch, layer, index, attention_fn)
         self.width = layer.width
         self.v = init_linear(arch.d_model, self.width)
         self.out = init_linear(self.width, arch.d_model, out_std(arch))
@@ -312,7 +384,7 @@ class MixiTAttention(GroupedAttention):
     def forward(self, x: Tensor) -> Tensor:
         t = x.shape[1]
         vs = self.v(x).split([c * dv for c, _, dv, _ in self.groups], dim=-1)
-        outs = [_merge(self.mixing(j, t).to(x.dtype) @ _heads(vg, count))
+        outs = [merge_heads(self.mixing(j, t).to(x.dtype) @ split_heads(vg, count))
                 for j, ((count, _, _, _), vg) in enumerate(zip(self.groups, vs))]
         return self.out(torch.cat(outs, dim=-1) if len(outs) > 1 else outs[0])
 
@@ -326,11 +398,11 @@ ATTENTION: dict[str, type[GroupedAttention]] = {
 
 
 def make_attention(arch: ArchConfig, layer: LayerSpec, index: int,
-                   kernel: Kernel = sdpa) -> GroupedAttention:
+                   attention_fn: AttentionFn = sdpa) -> GroupedAttention:
     """Build the attention of ``layer`` from the registry (unknown names list the choices)."""
     try:
         cls = ATTENTION[layer.attention]
     except KeyError:
         raise ValueError(f"unknown attention {layer.attention!r}; choices: "
                          f"{', '.join(ATTENTION)}") from None
-    return cls(arch, layer, index, kernel)
+    return cls(arch, layer, index, attention_fn)

@@ -12,8 +12,9 @@ student's architecture as YAML beside it, for ``--arch`` and ``--resume``); a fo
 ``transformers`` folder: ``--layout compact`` (default) at the student's real shapes with its
 own modelling file, ``--layout stock`` in the GPT-2 or Llama teacher's padded layout.
 
-This module reads the flags and reports; the work is ``workers.compressor``, imported once the
-flags are read, so that ``--help`` needs no torch.
+This module reads the flags into a ``CompressRequest`` and prints the ``CompressResult``; the
+work is ``workers.compressor.compress``, imported once the flags are read, so that ``--help``
+needs no torch.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
 
 from common.cli import (
     Parser,
@@ -31,43 +31,44 @@ from common.cli import (
     fail,
     int_in,
     number,
+    parse_task_params,
     render_table,
     wrote,
 )
 from common.errors import TransformerAllocError
+from userdata import DataSpec
+from workers.compress_types import CompressRequest, CompressResult
 from workers.taskargs import add_task_args
 
 PROG = "workers.compress"
 
 
-def render(report: dict[str, Any]) -> str:
-    p, kv, files = report["params"], report["kv_cache"], report["files"]
-    stock = report["out_layout"] == "stock"
+def render(result: CompressResult) -> str:
+    """The report as tables: sizes, heads per layer, and the evaluations made."""
+    p, kv, files = result.params, result.kv_cache, result.files
+    stock = result.out_layout == "stock"
     # what the written student holds: the stock layout stores the teacher's shapes
-    params, cache = ((p["teacher_total"], kv["teacher"]) if stock
-                     else (p["student_total"], kv["student"]))
-    lines = [f"{report['checkpoint']} ({report['family']}) -> {report['out']} "
-             f"({report['out_layout']})",
-             render_table(["", "parameters", "weights bytes", f"KV cache/token ({kv['dtype']})"],
-                          [["teacher", f"{p['teacher_total']:,}", f"{files['teacher']:,}",
-                            f"{kv['teacher']:,}"],
-                           ["student", f"{params:,}", f"{files['student']:,}", f"{cache:,}"],
-                           ["saved", _fewer(p["teacher_total"], params),
-                            _fewer(files["teacher"], files["student"]),
-                            _fewer(kv["teacher"], cache)]]),
+    params, cache = ((p.teacher_total, kv.teacher) if stock else (p.student_total, kv.student))
+    lines = [f"{result.checkpoint} ({result.family}) -> {result.out} ({result.out_layout})",
+             render_table(["", "parameters", "weights bytes", f"KV cache/token ({kv.dtype})"],
+                          [["teacher", f"{p.teacher_total:,}", f"{files.teacher:,}",
+                            f"{kv.teacher:,}"],
+                           ["student", f"{params:,}", f"{files.student:,}", f"{cache:,}"],
+                           ["saved", _fewer(p.teacher_total, params),
+                            _fewer(files.teacher, files.student), _fewer(kv.teacher, cache)]]),
              render_table(["layer", "teacher heads", "student heads"],
-                          [[q["layer"], q["teacher"], q["student"]] for q in report["qk_dims"]],
+                          [[x.layer, x.teacher, x.student] for x in result.heads],
                           right=[True, False, False])]
     if stock:
         lines.append(f"stock layout: loads in stock transformers, but is NOT smaller: the cut "
                      f"query-key dims are stored as zeros at the teacher's shapes; --layout "
-                     f"compact writes the student at its real size ({p['student_total']:,} "
-                     f"parameters, {kv['student']:,} bytes of KV cache per token)")
-    stages = [s for s in ("teacher", "svd", "finetuned") if s in report]
-    if stages:
-        keys = list(report["teacher"])
-        lines.append(render_table(["model", *keys], [[s] + [f"{report[s][k]:.5g}" for k in keys]
-                                                     for s in stages]))
+                     f"compact writes the student at its real size ({p.student_total:,} "
+                     f"parameters, {kv.student:,} bytes of KV cache per token)")
+    evaluations = {name: e.to_dict() for name, e in result.evaluations.items()}
+    if evaluations:
+        keys = list(evaluations["teacher"])
+        lines.append(render_table(["model", *keys], [[name] + [f"{values[k]:.5g}" for k in keys]
+                                                     for name, values in evaluations.items()]))
     return "\n".join(lines)
 
 
@@ -113,18 +114,34 @@ def main(argv: list[str] | None = None) -> int:
     from workers.compressor import compress
 
     try:
-        report = compress(args)
+        result = compress(request_from_args(args))
     except TransformerAllocError as err:
         return fail(PROG, str(err))
-    if not report["plan"]["reduces"]:
+    if not result.reduces:
         print(f"{PROG}: the plan lowers no qk_dim: the student is as large as the teacher "
-              f"({report['params']['teacher_total']:,} parameters)" + (
-                  "" if report["plan"]["measured"] else
+              f"({result.params.teacher_total:,} parameters)" + (
+                  "" if result.measured else
               "; profile with --data or --task so that a reduction can be measured"),
               file=sys.stderr)
-    wrote(PROG, *report["written"])
-    print(render(report) if args.format == "table" else dump(report, args.format))
+    wrote(PROG, *result.written)
+    print(render(result) if args.format == "table" else dump(result.to_dict(), args.format))
     return 0
+
+
+def request_from_args(args: argparse.Namespace) -> CompressRequest:
+    """The ``CompressRequest`` the flags describe.
+
+    Raises:
+        UsageError: a malformed ``--task-param``.
+    """
+    data = None if args.data is None else DataSpec(str(args.data), args.data_format,
+                                                   args.data_dtype, args.vocab_size)
+    return CompressRequest(
+        checkpoint=args.checkpoint, plan=args.plan, out=args.out, layout=args.layout, data=data,
+        task=args.task, task_params=parse_task_params(args.task_param),
+        smoke_test=args.smoke_test, seq_len=args.seq_len, finetune_steps=args.finetune_steps,
+        lr=args.lr, batch_size=args.batch_size, eval_batches=args.eval_batches, seed=args.seed,
+        force=args.force, quiet=args.quiet)
 
 
 if __name__ == "__main__":

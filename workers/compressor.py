@@ -1,12 +1,19 @@
-"""What ``python -m workers.compress`` runs (``workers.compress`` reads the flags): the teacher
-loaded, its plan read and checked, the student built from the truncated SVD of each planned
-head's query-key map (or its key/value head's leading RoPE pairs), measured, fine-tuned, and
-written as a ``.pt``, a compact ``transformers`` folder or the teacher's stock layout.
+"""Compressing a checkpoint by its plan: ``compress(CompressRequest) -> CompressResult``. The
+teacher is loaded, its plan read and checked, the student built from the truncated SVD of each
+planned head's query-key map (or its key/value head's leading RoPE pairs), evaluated,
+fine-tuned, and written as a ``.pt``, a compact ``transformers`` folder or the teacher's stock
+layout.
+
+``python -m workers.compress`` reads its flags into a ``CompressRequest`` (``workers.compress``)
+and prints the ``CompressResult``; Python calls ``compress`` the same way::
+
+    from workers.compressor import CompressRequest, compress
+    result = compress(CompressRequest(Path("run.pt"), Path("plan.yaml"), Path("student.pt"),
+                                      task="lm", smoke_test=True))
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 import time
@@ -18,15 +25,20 @@ import torch
 from alloc.compression import CompressionError, CompressionPlan
 from arch import ArchConfig, TrainConfig, param_count
 from arch.memory import DTYPE_BYTES, kv_cache_bytes
-from common.cli import (
-    check_writable,
-    parse_task_params,
-)
+from common.cli import check_writable
 from common.errors import UsageError
 from common.files import write_atomic
 from common.progress import Progress, duration
-from userdata import DataSpec
 from workers.checkpoints import Loaded, load, save_gpt2, save_llama
+from workers.compress_types import (
+    CompressRequest,
+    CompressResult,
+    Evaluation,
+    FileBytes,
+    KVCache,
+    LayerHeads,
+    ParamCounts,
+)
 from workers.model import Model
 from workers.students import build_student, pair_orders
 from workers.taskargs import check_fits, task_for_model
@@ -77,50 +89,48 @@ def reduced_qk_only(teacher: ArchConfig, student: ArchConfig) -> str | None:
     return None
 
 
-def resolve_task(args: argparse.Namespace, loaded: Loaded) -> tuple[Task | None, str]:
-    """The data or task to measure and fine-tune on: ``--data``, ``--task`` (in windows of the
+def resolve_task(request: CompressRequest, loaded: Loaded) -> tuple[Task | None, str]:
+    """The data or task to measure and fine-tune on: ``data``, ``task`` (in windows of the
     model's length), else the task our checkpoint was trained on (None for a GPT-2 checkpoint
     without either), and where it came from, for error messages."""
-    data = None if args.data is None else DataSpec(str(args.data), args.data_format,
-                                                   args.data_dtype, args.vocab_size)
-    task, source = task_for_model(loaded.arch, data=data, task=args.task,
-                                  params=parse_task_params(args.task_param),
-                                  size="smoke" if args.smoke_test else "paper", seed=args.seed,
-                                  seq_len=args.seq_len)
+    task, source = task_for_model(loaded.arch, data=request.data, task=request.task,
+                                  params=request.task_params,
+                                  size="smoke" if request.smoke_test else "paper",
+                                  seed=request.seed, seq_len=request.seq_len)
     if task is None and loaded.task is not None:
         return task_from_description(loaded.task), "the checkpoint's task"
     return task, source
 
 
-def measure(model: Model, task: Task, batches: int) -> dict[str, float]:
+def evaluate_loss(model: Model, task: Task, batches: int) -> Evaluation:
+    """``model``'s loss and its task's metric on ``batches`` validation batches."""
     loss, metric = evaluate(model, task, TrainConfig(eval_batches=batches, batch_size=32),
                             "cpu")
-    return {"loss": loss, task.metric: metric}
+    return Evaluation(loss, task.metric, metric)
 
 
-def check_output(args: argparse.Namespace, loaded: Loaded, student: ArchConfig) -> None:
-    """Refuse, before any work, an ``--out`` / ``--layout`` the teacher cannot be written as,
-    and an existing ``--out`` without ``--force``."""
-    if args.out.suffix == ".pt":
-        if args.layout is not None:
-            raise UsageError(f"--layout {args.layout}: only for a folder --out (a .pt is a "
+def check_output(request: CompressRequest, loaded: Loaded, student: ArchConfig) -> None:
+    """Refuse, before any work, an ``out`` / ``layout`` the teacher cannot be written as, and
+    an existing ``out`` without ``force``."""
+    out = request.out
+    if out.suffix == ".pt":
+        if request.layout is not None:
+            raise UsageError(f"--layout {request.layout}: only for a folder --out (a .pt is a "
                              "workers.train checkpoint)")
-        check_writable("--out", args.out, force=args.force)
-        check_writable("--out", args.out.with_suffix(".arch.yaml"), force=args.force)
+        check_writable("--out", out, force=request.force)
+        check_writable("--out", out.with_suffix(".arch.yaml"), force=request.force)
         return
-    if not args.out.parent.is_dir():
-        raise UsageError(f"--out {str(args.out)!r}: directory {str(args.out.parent)!r} does "
-                         "not exist")
-    if args.out.exists() and not args.force and (
-            not args.out.is_dir() or any(args.out.iterdir())):
-        raise UsageError(f"--out {str(args.out)!r}: exists; pass --force to replace it")
-    if args.layout == "stock":
+    if not out.parent.is_dir():
+        raise UsageError(f"--out {str(out)!r}: directory {str(out.parent)!r} does not exist")
+    if out.exists() and not request.force and (not out.is_dir() or any(out.iterdir())):
+        raise UsageError(f"--out {str(out)!r}: exists; pass --force to replace it")
+    if request.layout == "stock":
         if loaded.layout not in ("gpt2", "llama"):
             raise UsageError(f"--layout stock: keeps the teacher's transformers layout; this "
                              f"teacher is a {loaded.layout} checkpoint (use --layout compact)")
-        if args.out.exists():
-            raise UsageError(f"--out {str(args.out)!r}: exists; the stock layout is written "
-                             "to a new folder")
+        if out.exists():
+            raise UsageError(f"--out {str(out)!r}: exists; the stock layout is written to a "
+                             "new folder")
     else:
         compact_export().check_exportable(student)
 
@@ -140,81 +150,110 @@ def compact_export() -> Any:
     return export
 
 
-def compress(args: argparse.Namespace) -> dict[str, Any]:
-    tick = time.perf_counter()
-    loaded = load(args.checkpoint)
-    read_s = time.perf_counter() - tick
-    plan = read_plan(args.plan, loaded.arch)
-    student_arch = plan.student
-    as_pt = args.out.suffix == ".pt"
-    check_output(args, loaded, student_arch)
-    task, source = resolve_task(args, loaded)
+def sample_task(request: CompressRequest, loaded: Loaded) -> Task | None:
+    """The task to evaluate and fine-tune on, checked to feed the teacher (``resolve_task``).
+
+    Raises:
+        UsageError: a ``.pt`` out without a task; TaskError, DataError: a task that does not fit.
+    """
+    as_pt = request.out.suffix == ".pt"
+    task, source = resolve_task(request, loaded)
     if task is None and as_pt:
         raise UsageError("--out *.pt: a workers.train checkpoint needs the task it trains on; "
                          "give --data or --task")
     if task is not None:
-        check_fits(task, loaded.arch, as_pt or args.finetune_steps > 0, source)
-    finetune = task is not None and args.finetune_steps > 0
+        check_fits(task, loaded.arch, as_pt or request.finetune_steps > 0, source)
+    return task
+
+
+def compress(request: CompressRequest) -> CompressResult:
+    """Compress ``request.checkpoint`` by its plan and write the student to ``request.out``
+    (see ``CompressRequest``); with a task, evaluate teacher and student and fine-tune.
+
+    Raises:
+        TransformerAllocError: one line each, before any work where it can be known then (an
+            unreadable checkpoint or plan, a plan for another model, an ``out`` that cannot be
+            written, a task that does not fit).
+    """
+    tick = time.perf_counter()
+    loaded = load(request.checkpoint)
+    read_s = time.perf_counter() - tick
+    plan = read_plan(request.plan, loaded.arch)
+    check_output(request, loaded, plan.student)
+    task = sample_task(request, loaded)
+    finetune = task is not None and request.finetune_steps > 0
     stages = 2 + (2 if task is not None else 0) + (2 if finetune else 0)
-    with Progress(PROG, total=stages, unit="stages", quiet=args.quiet,
-                  start=f"read {args.checkpoint} ({loaded.family}) in {duration(read_s)}; "
+    evaluations: dict[str, Evaluation] = {}
+    with Progress(PROG, total=stages, unit="stages", quiet=request.quiet,
+                  start=f"read {request.checkpoint} ({loaded.family}) in {duration(read_s)}; "
                         "building the student") as bar:
-        student = build_student(loaded.model, student_arch, pair_orders(plan))
+        student = build_student(loaded.model, plan.student, pair_orders(plan))
         bar.update(1)
         bar.event("student built")
-        report = describe(args, loaded, student_arch, plan, task)
         trainer = None
         if task is not None:
             for name, model, what in (("teacher", loaded.model, "the teacher"),
                                       ("svd", student, "the student as cut")):
-                report[name] = measure(model, task, args.eval_batches)
+                evaluations[name] = evaluate_loss(model, task, request.eval_batches)
                 bar.update(1)
-                bar.event(f"evaluated {what}: loss {report[name]['loss']:.4g}")
-        if task is not None and (as_pt or finetune):  # the trainer wires in the task
-            config = TrainConfig(steps=max(1, args.finetune_steps), lr=args.lr,
-                                 batch_size=args.batch_size,
-                                 eval_every=max(1, args.finetune_steps),
-                                 eval_batches=args.eval_batches, seed=args.seed, device="cpu")
-            trainer = Trainer(student_arch, task, config,
-                              checkpoint=args.out if as_pt else None)
-            trainer.model.load_state_dict(student.state_dict())
+                bar.event(f"evaluated {what}: loss {evaluations[name].to_dict()['loss']:.4g}")
+            if request.out.suffix == ".pt" or finetune:  # the trainer wires in the task
+                trainer = student_trainer(request, plan.student, task, student)
             if finetune:
-                run_with_progress(trainer, "fine-tune", args.quiet,
-                                  start=f"{config.steps:,} steps of the student")
-                bar.update(1)
-                report["finetuned"] = measure(trainer.model, task, args.eval_batches)
-                student = trainer.model
-                bar.update(1)
-                bar.event(f"evaluated the fine-tuned student: loss "
-                          f"{report['finetuned']['loss']:.4g}")
-        write(args, loaded, student, trainer, dtype=report["kv_cache"]["dtype"])
+                assert trainer is not None
+                student, evaluations["finetuned"] = fine_tune(request, trainer, task, bar)
+        write(request, loaded, student, trainer, dtype=weights_dtype(loaded))
         bar.update(1)
-        bar.event(f"wrote {args.out}")
-    report["files"] = {"teacher": weights_bytes(args.checkpoint),
-                       "student": weights_bytes(args.out)}
-    report["out"] = str(args.out)
-    report["written"] = [str(args.out)] + (
-        [str(args.out.with_suffix(".arch.yaml"))] if as_pt else [])
-    return report
+        bar.event(f"wrote {request.out}")
+    return describe(request, loaded, plan, task, evaluations)
 
 
-def describe(args: argparse.Namespace, loaded: Loaded, student_arch: ArchConfig,
-             plan: CompressionPlan, task: Task | None) -> dict[str, Any]:
-    """The report's description of teacher and student (sizes, KV cache, heads, task)."""
+def student_trainer(request: CompressRequest, student_arch: ArchConfig, task: Task,
+                    student: Model) -> Trainer:
+    """A ``Trainer`` of the student on ``task``, starting from the cut ``student``'s weights
+    (checkpointing to a ``.pt`` ``out``)."""
+    config = TrainConfig(steps=max(1, request.finetune_steps), lr=request.lr,
+                         batch_size=request.batch_size,
+                         eval_every=max(1, request.finetune_steps),
+                         eval_batches=request.eval_batches, seed=request.seed, device="cpu")
+    as_pt = request.out.suffix == ".pt"
+    trainer = Trainer(student_arch, task, config, checkpoint=request.out if as_pt else None)
+    trainer.model.load_state_dict(student.state_dict())
+    return trainer
+
+
+def fine_tune(request: CompressRequest, trainer: Trainer, task: Task, bar: Progress
+              ) -> tuple[Model, Evaluation]:
+    """Fine-tune the student for ``request.finetune_steps``, then evaluate it."""
+    run_with_progress(trainer, "fine-tune", request.quiet,
+                      start=f"{trainer.config.steps:,} steps of the student")
+    bar.update(1)
+    evaluation = evaluate_loss(trainer.model, task, request.eval_batches)
+    bar.update(1)
+    bar.event(f"evaluated the fine-tuned student: loss {evaluation.to_dict()['loss']:.4g}")
+    return trainer.model, evaluation
+
+
+def describe(request: CompressRequest, loaded: Loaded, plan: CompressionPlan, task: Task | None,
+             evaluations: dict[str, Evaluation]) -> CompressResult:
+    """What was done: sizes, KV cache, heads and evaluations of teacher and student, files."""
+    student_arch = plan.student
     before, after = param_count(loaded.arch), param_count(student_arch)
     dtype = weights_dtype(loaded)
-    return {
-        "checkpoint": str(args.checkpoint), "layout": loaded.layout, "family": loaded.family,
-        "out_layout": "pt" if args.out.suffix == ".pt" else args.layout or "compact",
-        "params": {"teacher": before.trainable, "student": after.trainable,
-                   "teacher_total": before.total, "student_total": after.total},
-        "kv_cache": {"dtype": dtype, "teacher": kv_cache_bytes(loaded.arch, dtype),
-                     "student": kv_cache_bytes(student_arch, dtype)},
-        "qk_dims": [{"layer": i, "teacher": old.heads_str, "student": new.heads_str}
-                    for i, (old, new) in enumerate(zip(loaded.arch.layers,
-                                                       student_arch.layers))],
-        "task": None if task is None else task.name,
-        "plan": {"reduces": plan.reduces, "measured": plan.measured}}
+    out = request.out
+    return CompressResult(
+        checkpoint=request.checkpoint, layout=loaded.layout, family=loaded.family,
+        out_layout="pt" if out.suffix == ".pt" else request.layout or "compact",
+        params=ParamCounts(before.trainable, after.trainable, before.total, after.total),
+        kv_cache=KVCache(dtype, kv_cache_bytes(loaded.arch, dtype),
+                         kv_cache_bytes(student_arch, dtype)),
+        heads=tuple(LayerHeads(i, old.heads_str, new.heads_str)
+                    for i, (old, new) in enumerate(zip(loaded.arch.layers, student_arch.layers))),
+        task=None if task is None else task.name, reduces=plan.reduces, measured=plan.measured,
+        files=FileBytes(weights_bytes(request.checkpoint), weights_bytes(out)), out=out,
+        written=(out, out.with_suffix(".arch.yaml")) if out.suffix == ".pt" else (out,),
+        teacher_eval=evaluations.get("teacher"), cut_eval=evaluations.get("svd"),
+        finetuned_eval=evaluations.get("finetuned"))
 
 
 def weights_dtype(loaded: Loaded) -> str:
@@ -247,19 +286,20 @@ def weights_bytes(path: Path) -> int:
     return sum(t.numel() * t.element_size() for t in state["model"].values())
 
 
-def write(args: argparse.Namespace, loaded: Loaded, student: Model, trainer: Trainer | None,
+def write(request: CompressRequest, loaded: Loaded, student: Model, trainer: Trainer | None,
           dtype: str) -> None:
     """The student as a ``workers.train`` checkpoint (and its arch YAML), a ``transformers``
     folder of its real shapes (``compact``), or the teacher's padded ``stock`` layout."""
-    if args.out.suffix != ".pt":
-        if args.layout == "stock":
+    out = request.out
+    if out.suffix != ".pt":
+        if request.layout == "stock":
             assert loaded.config is not None  # check_output: a transformers teacher
             save = save_gpt2 if loaded.layout == "gpt2" else save_llama
-            save(student, loaded.config, args.out, getattr(torch, dtype))
+            save(student, loaded.config, out, getattr(torch, dtype))
         else:
-            compact_export().save_student(student, args.out, getattr(torch, dtype))
+            compact_export().save_student(student, out, getattr(torch, dtype))
         return
     assert trainer is not None  # compress() refused a .pt without a task
-    if not args.finetune_steps:
+    if not request.finetune_steps:
         trainer.save()  # step 0: the SVD initialisation, ready for workers.train --resume
-    write_atomic(args.out.with_suffix(".arch.yaml"), student.arch.to_yaml())
+    write_atomic(out.with_suffix(".arch.yaml"), student.arch.to_yaml())

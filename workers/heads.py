@@ -74,18 +74,14 @@ def head_maps(model: Model) -> list[HeadMap]:
         linear = attn.qk if isinstance(attn, FrozenQKAttention) else attn.qkv
         weight = linear.weight.detach().double()
         bias = None if linear.bias is None else linear.bias.detach().double()
-        q_offset, k_offset = 0, attn.qk_width
         for j, g in enumerate(layer.heads):
             freqs = attn.frequencies(j).detach().double().numpy() if attn.rope else None
             for h in range(g.count):
-                kv = h // (g.count // g.kv_heads)
-                rows = slice(q_offset + h * g.qk_dim, q_offset + (h + 1) * g.qk_dim)
-                krows = slice(k_offset + kv * g.qk_dim, k_offset + (kv + 1) * g.qk_dim)
+                kv = attn.layout.kv_head(j, h)
+                rows, krows = attn.layout.query_rows(j, h), attn.layout.key_rows(j, kv)
                 a, b = weight[rows].T, weight[krows].T  # (d, qk_dim)
                 if bias is not None:
                     a, b = torch.cat([a, bias[rows][None]]), torch.cat([b, bias[krows][None]])
                 out.append(HeadMap(i, j, h, a.numpy(), b.numpy(), kv,
                                    None if freqs is None else freqs[kv]))
-            q_offset += g.count * g.qk_dim
-            k_offset += g.kv_heads * g.qk_dim
     return out

@@ -23,14 +23,11 @@ from torch import Tensor
 from alloc.compression import (
     CheckpointMeasurement,
     CompressionError,
-    CompressionPlan,
     HeadMeasurement,
     HeadStats,
     LayerMeasurement,
     MeasureRequest,
-    Rule,
     candidate_dims,
-    plan_compression,
 )
 from arch import ArchConfig, LayerSpec
 from common.progress import Progress, duration, say
@@ -42,11 +39,11 @@ from workers.taskargs import check_fits, task_for_model
 
 
 @dataclass(frozen=True)
-class Measured:
-    """Per layer: per head group, what ``measure``'s ``reduce`` made of its logits (by default
-    ``head_statistics``: each head's logit bound and mean normalised entropy); the attention's
-    input ``(B, T, d [+ 1])`` (the constant 1 appended when the model has biases) and its
-    largest norm."""
+class AttentionRecord:
+    """Per layer: per head group, what ``record_attention``'s ``reduce`` made of its logits (by
+    default ``head_statistics``: each head's logit bound and mean normalised entropy); the
+    attention's input ``(B, T, d [+ 1])`` (the constant 1 appended when the model has biases)
+    and its largest norm."""
 
     groups: list[list[Any]]
     inputs: list[Tensor]
@@ -65,8 +62,8 @@ def window_chunks(x: Tensor, bytes_per_window: int) -> list[Tensor]:
 
 
 @torch.no_grad()
-def measure(model: Model, x: Tensor,
-            reduce: Callable[[Tensor], Any] | None = None) -> Measured:
+def record_attention(model: Model, x: Tensor,
+                     reduce: Callable[[Tensor], Any] | None = None) -> AttentionRecord:
     """Run ``model`` on ids or vectors ``x`` recording each head group's logits
     ``(B, H, T, T)`` (future entries -inf) reduced by ``reduce`` as they are computed, and each
     attention's input ``(B, T, d [+ 1])``.
@@ -76,16 +73,16 @@ def measure(model: Model, x: Tensor,
     a long sample never holds every head's ``T x T`` map. A custom ``reduce`` (``lambda z: z``
     keeps the logits whole) sees the whole sample in one pass."""
     if reduce is not None:
-        return _measure_pass(model, x, reduce)
+        return _record_pass(model, x, reduce)
     t = x.shape[1]
     heads = max(g.count for layer in model.arch.layers for g in layer.heads)
     chunks = window_chunks(x, 3 * 8 * heads * t * t)  # logits, two float64 copies of softmax
-    parts = [_measure_pass(model, chunk, head_statistics) for chunk in chunks]
+    parts = [_record_pass(model, chunk, head_statistics) for chunk in chunks]
     weights = [len(chunk) for chunk in chunks]
     groups = [[_combine_stats([part.groups[i][j] for part in parts], weights)
                for j in range(len(parts[0].groups[i]))] for i in range(len(parts[0].groups))]
     inputs = [torch.cat([part.inputs[i] for part in parts]) for i in range(len(parts[0].inputs))]
-    return Measured(groups, inputs, [max(part.norms[i] for part in parts)
+    return AttentionRecord(groups, inputs, [max(part.norms[i] for part in parts)
                                      for i in range(len(inputs))], model.arch.causal)
 
 
@@ -98,24 +95,25 @@ def _combine_stats(stats: list[tuple[np.ndarray, np.ndarray]], windows: list[int
     return bounds, entropy
 
 
-def _measure_pass(model: Model, x: Tensor, reduce: Callable[[Tensor], Any]) -> Measured:
-    """One forward of ``model`` on ``x`` with the recording kernel (see ``measure``)."""
+def _record_pass(model: Model, x: Tensor, reduce: Callable[[Tensor], Any]) -> AttentionRecord:
+    """One forward of ``model`` on ``x`` with the recording attention (see
+    ``record_attention``)."""
     recorder = LogitRecorder(reduce)
     inputs: list[Tensor] = []
     blocks = [model.block(i) for i in range(model.arch.n_layers)]
-    kernels = [block.attn.kernel for block in blocks]
+    own = [block.attn.attention_fn for block in blocks]
     hooks = [block.attn_norm.register_forward_hook(lambda _m, _i, out: inputs.append(out))
              for block in blocks]
-    try:  # the model's own modules, with the recording kernel for this pass (no second copy)
+    try:  # the model's own modules, recording attention for this pass (no second copy)
         for block in blocks:
-            block.attn.kernel = recorder
+            block.attn.attention_fn = recorder
         model.hidden(x)  # the output logits are not needed
     finally:
-        for block, kernel in zip(blocks, kernels):
-            block.attn.kernel = kernel
+        for block, attention_fn in zip(blocks, own):
+            block.attn.attention_fn = attention_fn
         for hook in hooks:
             hook.remove()
-    # MixiT layers compute no logits: every other layer calls the kernel once per head group.
+    # MixiT layers compute no logits: every other layer calls attention_fn once per head group.
     counts = [0 if layer.attention == "mixit" else len(layer.heads)
               for layer in model.arch.layers]
     groups, cursor = [], 0
@@ -124,7 +122,7 @@ def _measure_pass(model: Model, x: Tensor, reduce: Callable[[Tensor], Any]) -> M
         cursor += count
     if model.arch.bias or model.arch.qkv_bias:
         inputs = [torch.cat([x, x.new_ones(*x.shape[:-1], 1)], -1) for x in inputs]
-    return Measured(groups, inputs, [float(x.double().norm(dim=-1).max()) for x in inputs],
+    return AttentionRecord(groups, inputs, [float(x.double().norm(dim=-1).max()) for x in inputs],
                     model.arch.causal)
 
 
@@ -273,12 +271,12 @@ def measure_model(model: Model, x: Tensor | None, seq_len: int, align: int,
         quiet: False: progress on stderr (the sample pass, each layer, the loss forwards).
     """
     maps = head_maps(model)
-    measured = None
+    recorded = None
     if x is not None:
         tick = time.perf_counter()
         say(f"measure: the sample pass, {len(x):,} windows of {x.shape[1]:,} positions",
             quiet=quiet)
-        measured = measure(model, x)
+        recorded = record_attention(model, x)
         say(f"measure: the sample pass took {duration(time.perf_counter() - tick)}",
             quiet=quiet)
     layers = []
@@ -288,12 +286,12 @@ def measure_model(model: Model, x: Tensor | None, seq_len: int, align: int,
         for i, layer in enumerate(model.arch.layers):
             stats: tuple[HeadStats, ...] = ()
             norm = norm_bound(model, i)
-            if measured is not None and measured.groups[i]:
-                bounds = np.concatenate([b for b, _ in measured.groups[i]])
-                entropy = np.concatenate([e for _, e in measured.groups[i]])
+            if recorded is not None and recorded.groups[i]:
+                bounds = np.concatenate([b for b, _ in recorded.groups[i]])
+                entropy = np.concatenate([e for _, e in recorded.groups[i]])
                 stats = tuple(HeadStats(float(b), float(e)) for b, e in zip(bounds, entropy))
-                norm = measured.norms[i]
-            inputs = None if measured is None else measured.inputs[i]
+                norm = recorded.norms[i]
+            inputs = None if recorded is None else recorded.inputs[i]
             heads = _head_measurements([m for m in maps if m.layer == i], layer, inputs,
                                        model.arch.causal, align)
             layers.append(LayerMeasurement(i, heads, norm, stats))
@@ -394,14 +392,6 @@ def _head_measurements(maps: list[HeadMap], layer: LayerSpec, x: Tensor | None, 
             errors = None if ranking.errors is None else ranking.errors[m.head]
             out[(j, m.head)] = HeadMeasurement(j, m.head, sigma, errors, ranking.order)
     return tuple(out[key] for key in sorted(out))
-
-
-def profile_checkpoint(model: Model, x: Tensor | None, seq_len: int, tolerance: float,
-                       align: int, logit_bound: float | None = None,
-                       rule: Rule = "bound") -> CompressionPlan:
-    """The plan of ``model`` measured on ``x`` (``measure_model`` then ``plan_compression``)."""
-    measured = measure_model(model, x, seq_len, align, "sample")
-    return plan_compression(measured, tolerance, rule, logit_bound)
 
 
 def measure_checkpoint(request: MeasureRequest) -> CheckpointMeasurement:

@@ -18,7 +18,14 @@ import torch
 from torch import Tensor, nn
 
 from arch import ArchConfig, LayerSpec
-from workers.attention import INIT_STD, Kernel, init_linear, make_attention, out_std, sdpa
+from workers.attention import (
+    INIT_STD,
+    AttentionFn,
+    init_linear,
+    make_attention,
+    out_std,
+    sdpa,
+)
 
 
 def make_norm(arch: ArchConfig) -> nn.Module:
@@ -52,12 +59,12 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Pre-norm residual block ``index`` of ``arch``."""
 
-    def __init__(self, arch: ArchConfig, index: int, kernel: Kernel = sdpa) -> None:
+    def __init__(self, arch: ArchConfig, index: int, attention_fn: AttentionFn = sdpa) -> None:
         super().__init__()
         layer = arch.layers[index]
         self.eta = layer.eta
         self.attn_norm = make_norm(arch)
-        self.attn = make_attention(arch, layer, index, kernel)
+        self.attn = make_attention(arch, layer, index, attention_fn)
         self.mlp_norm = make_norm(arch) if layer.mlp_ratio > 0 else None
         self.mlp = MLP(arch, layer) if layer.mlp_ratio > 0 else None
 
@@ -83,7 +90,7 @@ class Model(nn.Module):
 
     pos_table: Tensor
 
-    def __init__(self, arch: ArchConfig, kernel: Kernel = sdpa) -> None:
+    def __init__(self, arch: ArchConfig, attention_fn: AttentionFn = sdpa) -> None:
         super().__init__()
         self.arch = arch
         d = arch.d_model
@@ -104,7 +111,7 @@ class Model(nn.Module):
         elif arch.positional == "sinusoidal":
             self.register_buffer("pos_table", sinusoidal_table(arch.max_seq_len, d),
                                  persistent=False)
-        self.blocks = nn.ModuleList(Block(arch, i, kernel) for i in range(arch.n_layers))
+        self.blocks = nn.ModuleList(Block(arch, i, attention_fn) for i in range(arch.n_layers))
         self.norm = make_norm(arch)
 
     def block(self, index: int) -> Block:
@@ -132,9 +139,9 @@ class Model(nn.Module):
         return h
 
 
-def build_model(arch: ArchConfig, kernel: Kernel = sdpa) -> Model:
+def build_model(arch: ArchConfig, attention_fn: AttentionFn = sdpa) -> Model:
     """The ``nn.Module`` described by ``arch`` (on CPU, float32)."""
-    return Model(arch, kernel)
+    return Model(arch, attention_fn)
 
 
 def count_params(model: nn.Module) -> tuple[int, int]:

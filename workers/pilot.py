@@ -17,7 +17,7 @@ from alloc.plan import baseline_head
 from arch import ArchConfig, LayerSpec, TrainConfig
 from common.progress import duration, say
 from workers.heads import head_maps
-from workers.measure import SAMPLE_BATCH, head_statistics, measure
+from workers.measure import SAMPLE_BATCH, head_statistics, record_attention
 from workers.model import Model
 from workers.tasks import Task, TaskError, make_data_task, make_task
 from workers.trainer import Trainer, run_with_progress
@@ -109,7 +109,7 @@ def run_pilot(request: PilotRequest) -> PilotMeasurement:
     measuring = time.perf_counter()
     say(f"pilot: measuring the trained baseline's attention on {windows:,} windows of "
         f"{task.seq_len} tokens", quiet=request.quiet)
-    measured = measure(model, x, reduce=lambda z: (head_statistics(z)[0], offset_mass(z)))
+    measured = record_attention(model, x, reduce=lambda z: (head_statistics(z)[0], offset_mass(z)))
     first = model.arch.layers[0]
     mass = sum(m for _, m in measured.groups[0]) / first.n_heads
     bounds = tuple(float(max(b.max() for b, _ in groups)) for groups in measured.groups[1:])

@@ -15,6 +15,7 @@ from torch import Tensor
 
 from alloc.compression import CompressionError, CompressionPlan
 from arch import SINGLE_WIDTH_KINDS, ArchConfig, LayerSpec
+from workers.attention import QKVLayout
 from workers.heads import HeadMap, head_maps
 from workers.model import Model, build_model
 
@@ -53,8 +54,8 @@ def rankings(arch: ArchConfig, heads: Iterable[tuple[int, RankedHead]]
     out: dict[tuple[int, int, int], tuple[int, ...]] = {}
     for i, h in heads:
         if h.pairs:
-            g = arch.layers[i].heads[h.group]
-            out[(i, h.group, h.head // (g.count // g.kv_heads))] = h.pairs
+            kv = QKVLayout.of(arch.layers[i]).kv_head(h.group, h.head)
+            out[(i, h.group, kv)] = h.pairs
     return out
 
 
@@ -81,36 +82,37 @@ def build_student(teacher: Model, student_arch: ArchConfig,
         if teacher.arch.positional == "rope":
             rows = _pair_rows(state, i, name, old, new, pairs or {})
         else:
-            rows = _svd_rows(state, i, name, new, layer_maps,
+            rows = _svd_rows(state, i, name, old, new, layer_maps,
                              teacher.arch.bias or teacher.arch.qkv_bias)
         state.update(rows)
     student.load_state_dict(state)
     return student.eval()
 
 
-def _svd_rows(state: dict[str, Tensor], i: int, name: str, layer: LayerSpec,
+def _svd_rows(state: dict[str, Tensor], i: int, name: str, old: LayerSpec, new: LayerSpec,
               maps: list[HeadMap], bias: bool) -> dict[str, Tensor]:
-    """The student's query/key (and value) rows of layer ``i`` from the teacher's head maps."""
-    if any(g.grouped for g in layer.heads):
-        raise CompressionError(f"layer {i} heads {layer.heads_str}: grouped key/value heads "
+    """The student's query/key (and value) rows of layer ``i`` (``old`` in the teacher,
+    ``new`` in the student) from the teacher's head maps."""
+    if any(g.grouped for g in new.heads):
+        raise CompressionError(f"layer {i} heads {new.heads_str}: grouped key/value heads "
                                "without RoPE share a key map that each query head's SVD would "
                                "cut differently; this is not implemented")
-    old_w = state[f"blocks.{i}.attn.{name}.weight"]
-    old_b = state.get(f"blocks.{i}.attn.{name}.bias")
-    qk_width = sum(m.a.shape[1] for m in maps)
+    layout = QKVLayout.of(old)
+    key = f"blocks.{i}.attn.{name}."
+    old_w = state[key + "weight"]
     queries, keys = [], []
-    for m, rank in zip(maps, [g.qk_dim for g in layer.heads for _ in range(g.count)]):
+    for m, rank in zip(maps, [g.qk_dim for g in new.heads for _ in range(g.count)]):
         a, b = svd_factors(torch.from_numpy(m.a), torch.from_numpy(m.b), rank)
         queries.append(a.T.to(old_w.dtype))  # (rank, d [+ 1])
         keys.append(b.T.to(old_w.dtype))
-    rest = old_w[2 * qk_width:]  # the value rows (none for frozen_qk's qk map)
-    q, k = torch.cat(queries), torch.cat(keys)
-    key = f"blocks.{i}.attn.{name}."
+    values = layout.split(old_w)[2]  # none for frozen_qk's qk map
     if not bias:
-        return {key + "weight": torch.cat([q, k, rest])}
-    assert old_b is not None  # the last column of each factor is the bias
-    return {key + "weight": torch.cat([q[:, :-1], k[:, :-1], rest]),
-            key + "bias": torch.cat([q[:, -1], k[:, -1], old_b[2 * qk_width:]])}
+        return {key + "weight": layout.fuse(queries, keys, values)}
+    # the last column of each factor is the bias
+    return {key + "weight": layout.fuse([q[:, :-1] for q in queries],
+                                        [k[:, :-1] for k in keys], values),
+            key + "bias": layout.fuse([q[:, -1] for q in queries], [k[:, -1] for k in keys],
+                                      layout.split(state[key + "bias"])[2])}
 
 
 def _pair_rows(state: dict[str, Tensor], i: int, name: str, old: LayerSpec, new: LayerSpec,
@@ -124,35 +126,21 @@ def _pair_rows(state: dict[str, Tensor], i: int, name: str, old: LayerSpec, new:
     for suffix in ("weight", "bias"):
         if prefix + name + "." + suffix not in state:
             continue
-        rows = state[prefix + name + "." + suffix]
-        q_all, k_all, rest = split_qk(rows, old)
+        layout = QKVLayout.of(old)
+        q_all, k_all, rest = layout.split(state[prefix + name + "." + suffix])
         queries, keys = [], []
         for j, (g_old, g_new) in enumerate(zip(old.heads, new.heads)):
-            share = g_old.count // g_old.kv_heads
             freqs = state[f"{prefix}inv_freq{j}"]
             kept_freqs = []
             for kv in range(g_old.kv_heads):
                 index = _pair_index(pairs, (i, j, kv), g_old.qk_dim, g_new.qk_dim)
                 scale = math.sqrt(g_new.qk_dim / g_old.qk_dim)
-                queries += [q_all[j][kv * share + h][index] * scale for h in range(share)]
+                queries += [q_all[j][h][index] * scale for h in layout.query_heads(j, kv)]
                 keys.append(k_all[j][kv][index])
                 kept_freqs.append(freqs[kv][index[: g_new.qk_dim // 2]])
             out[f"{prefix}inv_freq{j}"] = torch.stack(kept_freqs)
-        out[prefix + name + "." + suffix] = torch.cat([*queries, *keys, rest])
+        out[prefix + name + "." + suffix] = layout.fuse(queries, keys, rest)
     return out
-
-
-def split_qk(rows: Tensor, layer: LayerSpec) -> tuple[list[list[Tensor]], list[list[Tensor]],
-                                                       Tensor]:
-    """Fused query/key[/value] rows (weights or biases) -> per group the rows of each query
-    head, of each key/value head's key, and the rest (the value rows)."""
-    q_width = sum(g.count * g.qk_dim for g in layer.heads)
-    k_width = sum(g.kv_heads * g.qk_dim for g in layer.heads)
-    q, k, rest = rows.split([q_width, k_width, rows.shape[0] - q_width - k_width])
-    qs = q.split([g.count * g.qk_dim for g in layer.heads])
-    ks = k.split([g.kv_heads * g.qk_dim for g in layer.heads])
-    return ([list(x.split(g.qk_dim)) for x, g in zip(qs, layer.heads)],
-            [list(x.split(g.qk_dim)) for x, g in zip(ks, layer.heads)], rest)
 
 
 def _pair_index(pairs: PairOrders, key: tuple[int, int, int], qk: int, rank: int) -> Tensor:

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from arch import ArchConfig, ConfigError, HeadGroup, LayerSpec
 from common.files import write_atomic
+from workers.attention import QKVLayout
 from workers.checkpoints.errors import CheckpointError
 from workers.checkpoints.folder import SAFETENSORS, TensorFolder, empty_model
 from workers.model import Model
@@ -134,20 +135,23 @@ def padded_qkv(weight: Tensor, bias: Tensor, layer: LayerSpec, width: int
     if any(g.v_dim != width for g in layer.heads):
         raise CheckpointError(f"every head of a GPT-2 layer has width {width}; this layer has "
                               f"{layer.heads_str}")
-    qk_width = sum(g.count * g.qk_dim for g in layer.heads)
-    q, k, v = weight.split([qk_width, qk_width, layer.width])
-    qb, kb, vb = bias.split([qk_width, qk_width, layer.width])
-    out_w: list[list[Tensor]] = [[], []]
-    out_b: list[list[Tensor]] = [[], []]
-    offset = 0
-    for g in layer.heads:
-        scale = (width / g.qk_dim) ** 0.25
-        for _ in range(g.count):
-            rows = slice(offset, offset + g.qk_dim)
-            for n, (w, b) in enumerate(((q, qb), (k, kb))):
-                out_w[n].append(torch.cat([w[rows] * scale, w.new_zeros(width - g.qk_dim,
-                                                                          w.shape[1])]))
-                out_b[n].append(torch.cat([b[rows] * scale, b.new_zeros(width - g.qk_dim)]))
-            offset += g.qk_dim
-    return (torch.cat([*out_w[0], *out_w[1], v]), torch.cat([*out_b[0], *out_b[1], vb]))
+    if any(g.grouped for g in layer.heads):
+        raise CheckpointError(f"a GPT-2 layer has a key/value head per query head; this layer "
+                              f"has {layer.heads_str}")
+    layout = QKVLayout.of(layer)
+
+    def padded(rows: Tensor) -> Tensor:
+        queries, keys, values = layout.split(rows)
+        return layout.fuse([_pad_head(x, width) for xs in queries for x in xs],
+                           [_pad_head(x, width) for xs in keys for x in xs], values)
+
+    return padded(weight), padded(bias)
+
+
+def _pad_head(rows: Tensor, width: int) -> Tensor:
+    """A head's ``(qk_dim, ...)`` query or key rows scaled by ``(width / qk_dim) ** 0.25`` and
+    zero-padded to ``width`` rows."""
+    qk_dim = rows.shape[0]
+    zeros = rows.new_zeros(width - qk_dim, *rows.shape[1:])
+    return torch.cat([rows * (width / qk_dim) ** 0.25, zeros])
 

@@ -25,11 +25,10 @@ from torch import Tensor
 
 from arch import MAX_DEPTH, MAX_WIDTH, ArchConfig, ConfigError, HeadGroup, LayerSpec
 from common.files import write_atomic
-from workers.attention import MultiHeadAttention, rope_frequencies
+from workers.attention import MultiHeadAttention, QKVLayout, rope_frequencies
 from workers.checkpoints.errors import CheckpointError
 from workers.checkpoints.folder import SAFETENSORS, TensorFolder, empty_model
 from workers.model import Model
-from workers.students import split_qk
 
 FAMILIES = ("llama", "mistral", "qwen2")
 MAX_CONTEXT = 1 << 22  # positions: a bound on what a config.json may claim
@@ -250,9 +249,8 @@ def stock_pairs(arch: ArchConfig) -> list[tuple[str, list[str]]]:
 def _split_sizes(arch: ArchConfig, ours: str, n: int) -> list[int]:
     """Row counts of the stock tensors concatenated into our ``ours`` (``n`` of them)."""
     layer = arch.layers[0]
-    g = layer.heads[0]
-    if ".attn.qkv." in ours:
-        return [g.count * g.qk_dim, g.kv_heads * g.qk_dim, g.kv_heads * g.v_dim]
+    if ".attn.qkv." in ours:  # q_proj, k_proj, v_proj
+        return list(QKVLayout.of(layer).widths)
     if ".mlp.up." in ours:
         return [arch.mlp_hidden(layer)] * 2
     assert n == 1
@@ -316,19 +314,19 @@ def padded_rope_qkv(rows: Tensor, attn: MultiHeadAttention, layer: LayerSpec,
     """The teacher-shaped fused query/key/value rows (weights ``(n, d)`` or biases ``(n,)``) of
     a student layer: each key/value head's kept pairs go back to the teacher's pair positions
     (found by their frequencies among the teacher's, ``standard``), zeros elsewhere."""
-    queries, keys, values = split_qk(rows, layer)
+    queries, keys, values = attn.layout.split(rows)
     padded_q, padded_k = [], []
     for j, g in enumerate(layer.heads):
         if g.v_dim != full.v_dim or g.count // g.kv_heads != full.count // full.kv_heads:
             raise CheckpointError(f"layer heads {layer.heads_str}: the stock layout keeps "
                                   f"{full} heads; only qk_dim may be lower")
-        share, scale = g.count // g.kv_heads, math.sqrt(full.qk_dim / g.qk_dim)
+        scale = math.sqrt(full.qk_dim / g.qk_dim)
         for kv, freqs in enumerate(attn.frequencies(j)):  # (qk/2,) per key/value head
             place = _pair_places(freqs, standard)
-            padded_q += [_scatter(q * scale, place, full.qk_dim)
-                         for q in queries[j][kv * share:(kv + 1) * share]]
+            padded_q += [_scatter(queries[j][h] * scale, place, full.qk_dim)
+                         for h in attn.layout.query_heads(j, kv)]
             padded_k.append(_scatter(keys[j][kv], place, full.qk_dim))
-    return torch.cat([*padded_q, *padded_k, values])
+    return attn.layout.fuse(padded_q, padded_k, values)
 
 
 def _pair_places(kept: Tensor, standard: Tensor) -> Tensor:

@@ -52,13 +52,13 @@ SMOKE = Sizes(clusters=3, rank=16, length=48, layers=4, batch=8)
 FULL = Sizes(clusters=4, rank=32, length=128, layers=10, batch=32)
 
 
-def stack(task: DenoiseTask, layers: int, eta: float, kernel: LogitRecorder) -> Model:
+def stack(task: DenoiseTask, layers: int, eta: float, recorder: LogitRecorder) -> Model:
     """The product's AoT-MSSA model (tied output, no MLP) with every basis set to the task's."""
     k, p = task.clusters, task.rank
     layer = LayerSpec("mssa", (HeadGroup(k, p),), mlp_ratio=0.0, eta=eta, tied_output=True)
     arch = ArchConfig(d_model=k * p, layers=(layer,) * layers, max_seq_len=task.seq_len,
                       input_dim=task.input_dim, output_dim=task.input_dim, causal=False)
-    model = build_model(arch, kernel=kernel).double()
+    model = build_model(arch, attention_fn=recorder).double()
     basis = torch.cat(list(task.bases().double()), dim=1).T  # (K*p, d) = [U_1 .. U_K]^T
     with torch.no_grad():
         for i in range(layers):
@@ -72,8 +72,8 @@ def stack(task: DenoiseTask, layers: int, eta: float, kernel: LogitRecorder) -> 
 def trajectory(task: DenoiseTask, layers: int, eta: float, batch: int, update: str
                ) -> list[dict[str, Any]]:
     """Per layer: SNR, measured rate and ``1 + eta * tau`` of the layer that produced it."""
-    kernel = LogitRecorder()
-    model = stack(task, layers, eta, kernel)
+    recorder = LogitRecorder()
+    model = stack(task, layers, eta, recorder)
     b = task.batch("val", 0, batch)
     z, bases, labels = b.x.double(), task.bases().double(), b.aux
     assert labels is not None
@@ -87,7 +87,7 @@ def trajectory(task: DenoiseTask, layers: int, eta: float, batch: int, update: s
         block = model.block(i)
         z = block(z) if update == "prenorm" else z + eta * block.attn(z)
         # Self-attention weight A_ii of every head, (B, K, T), from this layer's logits.
-        diagonal = torch.softmax(kernel.logits.pop(), dim=-1).diagonal(dim1=-2, dim2=-1)
+        diagonal = torch.softmax(recorder.logits.pop(), dim=-1).diagonal(dim1=-2, dim2=-1)
         tau = diagonal[own].mean().item()
         # What the theorem's threshold zeroes: a token keeping itself in the heads of the
         # subspaces it is only noise in.

@@ -34,7 +34,7 @@ from common.plots import new_figure, write_figure
 from userdata import DataSpec
 from workers.attention import MultiHeadAttention, future_mask
 from workers.experiments import harness
-from workers.measure import measure
+from workers.measure import record_attention
 from workers.model import Model, build_model
 from workers.tasks import LMTask, Task, make_data_task, make_task
 from workers.trainer import Trainer
@@ -92,7 +92,7 @@ def windows(task: Task, length: int, count: int, seed: int) -> Tensor:
 def layer_logits(model: Model, x: Tensor) -> list[Tensor]:
     """Attention logits of every layer for ids ``x``: (B, H, T, T), causal entries -inf (one
     head group per layer, as in this experiment's teachers)."""
-    return [group for (group,) in measure(model, x, reduce=lambda z: z).groups]
+    return [group for (group,) in record_attention(model, x, reduce=lambda z: z).groups]
 
 
 def jacobian_norm(z: Tensor) -> Tensor:

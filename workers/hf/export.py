@@ -192,12 +192,3 @@ def load_student(folder: Path) -> TransformerAllocForCausalLM:
     assert isinstance(model, TransformerAllocForCausalLM)
     return model.eval()
 
-
-def max_logit_error(model: Model, folder: Path, ids: Tensor) -> float:
-    """Largest absolute difference between ``model``'s logits on ``ids`` (B, T) and those of the
-    student loaded from ``folder``: how exactly the export computes the model."""
-    student = load_student(folder).float()
-    with torch.no_grad():
-        ours = model.eval()(ids).float()
-        theirs = student(ids, use_cache=False).logits.float()
-    return float((ours - theirs).abs().max())

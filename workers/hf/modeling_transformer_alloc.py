@@ -25,6 +25,14 @@ The key/value cache is a ``transformers`` ``DynamicCache``: a layer stores its r
 one tensor (B, 1, T, sum of kv_heads * qk_dim) and its values as (B, 1, T, sum of kv_heads *
 v_dim), split per group on read. Padding masks are refused (every ``attention_mask`` entry must
 be 1).
+
+Copies. Being standalone, this file repeats some of ``workers.attention``: the head split and
+merge and the RoPE rotation. Each repeated function is marked ``# Copied from
+workers.attention.NAME`` and must stay identical to its source, text for text (docstring
+included), which ``tests/test_hf_export.py`` checks, as ``transformers`` checks its own ``#
+Copied from`` functions (``utils/check_copies.py``): a change made in one place and not the
+other fails the tests. The file is written by hand and kept, not generated from the source, so
+that it reads as one model file and is copied into a student folder as it is.
 """
 
 from __future__ import annotations
@@ -105,21 +113,37 @@ def arch_of(config: TransformerAllocConfig) -> dict[str, Any]:
     return arch
 
 
+# Copied from workers.attention.rope_frequencies
 def rope_frequencies(dim: int, theta: float) -> Tensor:
-    """RoPE's standard ``dim / 2`` frequencies ``theta ** (-2i / dim)`` (for a model built from
-    its config; a loaded model reads its own from the weights file)."""
+    """RoPE's ``dim / 2`` angular frequencies, pair ``i`` turning ``theta ** (-2i / dim)`` per
+    position (computed as ``transformers`` does, so angles agree to the last bit)."""
     return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
 
 
-def rotate(x: Tensor, inv_freq: Tensor, start: int) -> Tensor:
-    """RoPE in rotate-half form at positions ``start .. start + T - 1``: pair ``i`` of a head is
-    dims ``(i, i + dim/2)``. ``x``: (B, H, T, dim); ``inv_freq``: (H, dim/2)."""
-    t, half = x.shape[-2], x.shape[-1] // 2
-    positions = torch.arange(start, start + t, dtype=torch.float32, device=x.device)
-    angles = positions[None, :, None] * inv_freq[:, None, :].float()  # (H, T, dim/2)
-    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+# Copied from workers.attention.rope_tables
+def rope_tables(t: int, inv_freq: Tensor, dtype: torch.dtype, start: int = 0
+                ) -> tuple[Tensor, Tensor]:
+    """``cos`` and ``sin`` of ``position * inv_freq[h, i]`` for the ``t`` positions from
+    ``start``, each (H, t, dim/2) (angles in float32, then ``dtype``); ``inv_freq``: (H, dim/2)."""
+    positions = torch.arange(start, start + t, dtype=torch.float32, device=inv_freq.device)
+    angles = positions[None, :, None] * inv_freq[:, None, :].float()
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+# Copied from workers.attention.turn
+def turn(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """RoPE in rotate-half form: pair ``i`` of a head is dims ``(i, i + dim/2)``, turned by the
+    angles of ``rope_tables``. ``x``: (B, H, T, dim)."""
+    half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+# Copied from workers.attention.rotate
+def rotate(x: Tensor, inv_freq: Tensor, start: int = 0) -> Tensor:
+    """``x`` (B, H, T, dim) at positions ``start ..`` turned by RoPE with frequencies
+    ``inv_freq`` (H, dim/2)."""
+    return turn(x, *rope_tables(x.shape[-2], inv_freq, x.dtype, start))
 
 
 def sinusoidal(start: int, t: int, dim: int, device: torch.device) -> Tensor:
@@ -133,13 +157,15 @@ def sinusoidal(start: int, t: int, dim: int, device: torch.device) -> Tensor:
     return table
 
 
-def heads(x: Tensor, count: int) -> Tensor:
+# Copied from workers.attention.split_heads
+def split_heads(x: Tensor, count: int) -> Tensor:
     """(B, T, count * dim) -> (B, count, T, dim)"""
     b, t, _ = x.shape
     return x.view(b, t, count, -1).transpose(1, 2)
 
 
-def merge(x: Tensor) -> Tensor:
+# Copied from workers.attention.merge_heads
+def merge_heads(x: Tensor) -> Tensor:
     """(B, H, T, dim) -> (B, T, H * dim)"""
     b, h, t, d = x.shape
     return x.transpose(1, 2).reshape(b, t, h * d)
@@ -198,13 +224,13 @@ class AllocAttention(nn.Module):
         ks = k.split([g.kv * g.qk for g in self.groups], dim=-1)
         q_heads, k_flat = [], []
         for j, (g, qg, kg) in enumerate(zip(self.groups, qs, ks)):
-            qh, kh = heads(qg, g.count), heads(kg, g.kv)
+            qh, kh = split_heads(qg, g.count), split_heads(kg, g.kv)
             if self.rope:
                 freqs: Tensor = getattr(self, f"inv_freq{j}")  # (kv, qk / 2)
                 q_freqs = freqs.repeat_interleave(g.count // g.kv, dim=0)  # (count, qk / 2)
                 qh, kh = rotate(qh, q_freqs, start), rotate(kh, freqs, start)
             q_heads.append(qh)
-            k_flat.append(merge(kh))
+            k_flat.append(merge_heads(kh))
         return q_heads, torch.cat(k_flat, dim=-1) if len(k_flat) > 1 else k_flat[0]
 
     def forward(self, x: Tensor, start: int, cache: Cache | None) -> Tensor:
@@ -223,12 +249,12 @@ class AllocAttention(nn.Module):
         vs = v.split([g.kv * g.v for g in self.groups], dim=-1)
         outs = []
         for g, qh, kg, vg in zip(self.groups, q_heads, ks, vs):
-            kh, vh = heads(kg, g.kv), heads(vg, g.kv)
+            kh, vh = split_heads(kg, g.kv), split_heads(vg, g.kv)
             o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask,
                                                is_causal=t == total and t > 1,
                                                scale=1.0 / math.sqrt(g.qk),
                                                enable_gqa=g.kv != g.count)
-            outs.append(merge(o))
+            outs.append(merge_heads(o))
         out: Tensor = self.out(torch.cat(outs, dim=-1) if len(outs) > 1 else outs[0])
         return out
 

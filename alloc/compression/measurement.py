@@ -1,0 +1,89 @@
+"""What the torch side measures of a trained model, as typed records: ``workers.profile`` asks
+``workers.measure.measure_checkpoint`` with a ``MeasureRequest`` and gets a
+``CheckpointMeasurement``, which the planner (torch-free) reads."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from arch import ArchConfig
+from userdata import DataSpec
+
+
+@dataclass(frozen=True)
+class HeadStats:
+    """One head on the data sample: its largest |logit|, and its mean attention entropy over
+    ``ln N`` (1: uniform attention, 0: one key)."""
+
+    logit_bound: float
+    entropy: float
+
+
+@dataclass(frozen=True)
+class HeadMeasurement:
+    """One query-key head: the singular values of ``M_h = W_Q,h W_K,h^T / sqrt(qk_dim)`` and,
+    with a data sample, the largest attention-weight change measured at each candidate rank.
+
+    A RoPE head has no such matrix (docs/theory.md §10.2): ``pairs`` is the order in which a
+    student keeps its key/value head's frequency pairs, ``sigma`` each pair's logit bound in that
+    order (split over its two dims, so that the tail beyond rank ``r`` is what dropping all but
+    the leading ``r / 2`` pairs can change), and the errors are of keeping those pairs."""
+
+    group: int
+    head: int
+    sigma: tuple[float, ...]
+    measured_errors: Mapping[int, float] | None = None
+    pairs: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class LayerMeasurement:
+    """One layer: its query-key heads (none for MSSA and MixiT), the largest attention-input
+    norm (measured, or bounded from the norm's parameters without data), and per-head logit
+    statistics on the sample."""
+
+    index: int
+    heads: tuple[HeadMeasurement, ...]
+    token_norm: float
+    head_stats: tuple[HeadStats, ...] = ()
+    # per head group: candidate qk_dim -> the sample's next-token loss increase (nats per token)
+    # when only this group is cut to it (token models, when asked for: one forward each)
+    loss_increases: tuple[Mapping[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class CheckpointMeasurement:
+    """Everything planning needs of a trained model."""
+
+    arch: ArchConfig
+    seq_len: int  # N of the saturation rule: the sample's window, or the model's length
+    align: int  # the candidate qk_dims measured are multiples of it
+    layers: tuple[LayerMeasurement, ...]
+    sample: str | None = None  # what was sampled ("--task lm", "--data x.txt"); None: no data
+    checkpoint: str = ""
+    layout: str = ""
+
+    @property
+    def measured(self) -> bool:
+        return self.sample is not None
+
+
+@dataclass(frozen=True)
+class MeasureRequest:
+    """What to measure: a checkpoint, on a sample of ``data`` or of a generated ``task`` (or on
+    none: spectra and norm bounds only)."""
+
+    checkpoint: Path
+    align: int = 8
+    data: DataSpec | None = None
+    task: str | None = None
+    task_params: Mapping[str, Any] = field(default_factory=dict)
+    smoke_test: bool = False  # the task at its smoke size
+    seq_len: int | None = None  # sample window (default: the model's max_seq_len)
+    sample_tokens: int | None = None
+    seed: int = 0
+    loss_sensitivity: bool = False  # also each group's loss increase at each candidate
+    quiet: bool = False  # no progress on stderr

@@ -1,0 +1,171 @@
+"""What ``workers.compressor.compress`` is asked and what it reports: ``CompressRequest`` in,
+``CompressResult`` out (frozen and typed; ``CompressResult.to_dict`` is the JSON report of
+``python -m workers.compress --format json``). No torch: the command builds its request from
+its flags with these alone."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+from common.errors import UsageError
+from userdata import DataSpec
+
+Layout = Literal["compact", "stock"]
+LAYOUTS: tuple[Layout, ...] = get_args(Layout)
+
+
+@dataclass(frozen=True)
+class CompressRequest:
+    """What to compress, how, and where to write it.
+
+    Attributes:
+        checkpoint: the teacher: a ``workers.train`` ``.pt``, or a folder saved by
+            ``transformers`` (GPT-2, Llama, Qwen2, Mistral) or by this command.
+        plan: its profile (``python -m alloc.profile --checkpoint ... --out``).
+        out: ``*.pt`` (a ``workers.train`` checkpoint, with ``*.arch.yaml`` beside it) or a
+            folder that ``transformers`` loads.
+        layout: a folder ``out``'s layout: ``compact`` (None: the default; the student at its
+            real shapes) or ``stock`` (the GPT-2 or Llama teacher's, cut dims as zeros).
+        data, task, task_params, smoke_test: the sample to evaluate and fine-tune on: the
+            user's ``data`` or a generated ``task`` (at its smoke size), neither: the task the
+            checkpoint was trained on, if it says.
+        seq_len: the window of ``data`` or ``task`` (None: the model's ``max_seq_len``).
+        finetune_steps, lr, batch_size: fine-tuning of the student (0 steps: none).
+        eval_batches: validation batches of each evaluation.
+        force: replace an existing ``out``.
+        quiet: no progress on stderr.
+    """
+
+    checkpoint: Path
+    plan: Path
+    out: Path
+    layout: Layout | None = None
+    data: DataSpec | None = None
+    task: str | None = None
+    task_params: Mapping[str, Any] = field(default_factory=dict)
+    smoke_test: bool = False
+    seq_len: int | None = None
+    finetune_steps: int = 0
+    lr: float = 3e-4
+    batch_size: int = 32
+    eval_batches: int = 8
+    seed: int = 0
+    force: bool = False
+    quiet: bool = False
+
+    def __post_init__(self) -> None:
+        """Raises ``UsageError`` naming every field out of range (the flags' rules)."""
+        rules = [("layout", self.layout is None or self.layout in LAYOUTS,
+                  f"one of {', '.join(LAYOUTS)}"),
+                 ("data", self.data is None or self.task is None, "not with a task"),
+                 ("seq_len", self.seq_len is None or self.seq_len >= 1, "an integer >= 1"),
+                 ("finetune_steps", self.finetune_steps >= 0, "an integer >= 0"),
+                 ("lr", math.isfinite(self.lr) and self.lr > 0, "a number > 0"),
+                 ("batch_size", self.batch_size >= 1, "an integer >= 1"),
+                 ("eval_batches", self.eval_batches >= 1, "an integer >= 1"),
+                 ("seed", self.seed >= 0, "an integer >= 0")]
+        problems = [f"{name} = {getattr(self, name)!r}: must be {rule}"
+                    for name, ok, rule in rules if not ok]
+        if problems:
+            raise UsageError(f"CompressRequest: {'; '.join(problems)}")
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """A model's loss and its task's metric (``metric``, named as the task names it) on the
+    validation batches."""
+
+    loss: float
+    metric: str
+    value: float
+
+    def to_dict(self) -> dict[str, float]:
+        """``{"loss": ..., metric: ...}``; a metric named ``loss`` (the data tasks') is the one
+        value."""
+        return {"loss": self.loss, self.metric: self.value}
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    """Parameters of teacher and student: trainable, and all (a tied head counted once)."""
+
+    teacher: int
+    student: int
+    teacher_total: int
+    student_total: int
+
+
+@dataclass(frozen=True)
+class KVCache:
+    """KV cache bytes per token of teacher and student, in ``dtype`` (the teacher's)."""
+
+    dtype: str
+    teacher: int
+    student: int
+
+
+@dataclass(frozen=True)
+class LayerHeads:
+    """A layer's head groups in the teacher and the student (``ArchConfig``'s ``heads_str``)."""
+
+    layer: int
+    teacher: str
+    student: str
+
+
+@dataclass(frozen=True)
+class FileBytes:
+    """Bytes of the teacher's and the written student's weights, in the dtype stored."""
+
+    teacher: int
+    student: int
+
+
+@dataclass(frozen=True)
+class CompressResult:
+    """What ``compress`` did: sizes, KV cache and heads of teacher and student, the losses of
+    the teacher, of the student as cut and after fine-tuning (with a task), and the files
+    written. ``to_dict`` is the report ``--format json`` prints."""
+
+    checkpoint: Path
+    layout: str  # the teacher's reader: ours, gpt2, llama, transformer_alloc
+    family: str
+    out_layout: str  # pt, compact or stock
+    params: ParamCounts
+    kv_cache: KVCache
+    heads: tuple[LayerHeads, ...]
+    task: str | None
+    reduces: bool  # the plan lowers some qk_dim
+    measured: bool  # the plan was measured on a sample
+    files: FileBytes
+    out: Path
+    written: tuple[Path, ...]
+    teacher_eval: Evaluation | None = None
+    cut_eval: Evaluation | None = None  # the student right after the cut
+    finetuned_eval: Evaluation | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "checkpoint": str(self.checkpoint), "layout": self.layout, "family": self.family,
+            "out_layout": self.out_layout, "params": dataclasses.asdict(self.params),
+            "kv_cache": dataclasses.asdict(self.kv_cache),
+            "qk_dims": [dataclasses.asdict(x) for x in self.heads], "task": self.task,
+            "plan": {"reduces": self.reduces, "measured": self.measured}}
+        for key, evaluation in self.evaluations.items():
+            data[key] = evaluation.to_dict()
+        data.update(files=dataclasses.asdict(self.files), out=str(self.out),
+                    written=[str(path) for path in self.written])
+        return data
+
+    @property
+    def evaluations(self) -> dict[str, Evaluation]:
+        """The evaluations made, by the report's names: teacher, svd (the student as cut),
+        finetuned."""
+        made = {"teacher": self.teacher_eval, "svd": self.cut_eval,
+                "finetuned": self.finetuned_eval}
+        return {key: value for key, value in made.items() if value is not None}
