@@ -25,7 +25,9 @@ from typing import Any
 import numpy as np
 
 from alloc.constants import Constants, to_yaml
-from alloc.plan import Plan, PlanError, PlanSettings, make_plan, predicted_error
+from alloc.errors import CalibrationError, PlanError
+from alloc.plan import Plan, make_plan, predicted_error
+from alloc.settings import PlanSettings
 from arch import HeadGroup, LayerSpec
 from common.cli import Parser, add_format, check_writable, dump, fail, render_table, wrote
 from common.errors import TransformerAllocError
@@ -34,8 +36,6 @@ from common.files import write_atomic
 PROG = "alloc.calibrate"
 
 
-class CalibrationError(TransformerAllocError):
-    """A study that cannot calibrate the bound's constants."""
 ORDER_RANGE = (1.0, 6.0)
 LOG_C_RANGE = (-12.0, 12.0)  # c in [6e-6, 1.6e5]: wide, but keeps the optimiser finite
 # Coarse grid over (log c_proj, log c_head, n) whose best points start the local fits.

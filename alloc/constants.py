@@ -14,15 +14,11 @@ from typing import Any
 
 import yaml
 
-from common.errors import TransformerAllocError
+from alloc.errors import ConstantsError
 from common.files import dump_yaml, read_yaml
 
 FIELDS = ("c_proj", "c_head", "order")
 METADATA = ("scale", "fit")
-
-
-class ConstantsError(TransformerAllocError):
-    """A constants file that cannot be used; the message is one line naming the key and rule."""
 
 
 @dataclass(frozen=True)

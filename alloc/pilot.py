@@ -19,16 +19,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from alloc.spectra import ENERGY, participation_ratio, signal_dim, variance_rank
-from common.errors import TransformerAllocError
 from userdata import DataSpec
 
 MAX_PILOT_STEPS = 100_000
 MAX_PILOT_WIDTH = 4096
 MAX_PILOT_MLP_RATIO = 16
-
-
-class PilotError(TransformerAllocError):
-    """A pilot that cannot run: an unknown task, or a model the data cannot train."""
 
 
 @dataclass(frozen=True)

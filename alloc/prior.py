@@ -30,7 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from alloc.plan import PlanSettings, layer_bound
+from alloc.plan import layer_bound
+from alloc.settings import PlanSettings
 from arch import ArchConfig, LayerSpec, param_count
 from search_spaces import PROBE_IO, FixedSuggester, RandomSuggester, SearchSpace, SpaceError
 

@@ -18,19 +18,15 @@ import numpy as np
 import yaml
 
 from alloc.datastats import Profile, fit_kernel
+from alloc.errors import ProfileError
 from alloc.pilot import PilotMeasurement
 from alloc.spectra import ENERGY
 from arch import MAX_DEPTH
 from arch.kernels import kernel_shape
 from common.cli import render_table
-from common.errors import TransformerAllocError
 from common.files import dump_yaml, read_yaml, write_atomic
 
 OPTIONAL_INPUTS = {"input_spectrum", "logit_bounds", "sources"}  # beside the four every profile has
-
-
-class ProfileError(TransformerAllocError):
-    """A profile file that cannot be used."""
 
 
 def allocator_inputs(profile: Profile, kernel_file: str, spectrum_file: str,

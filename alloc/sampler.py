@@ -3,7 +3,7 @@
 On Optuna's public ``BaseSampler`` API, so it works with stock ``study.optimize`` as well as under
 ``python -m workers.search --sampler prior``::
 
-    from alloc.plan import PlanSettings
+    from alloc.settings import PlanSettings
     from alloc.sampler import PriorSampler
     from search_spaces import load_space
 
@@ -53,9 +53,9 @@ from optuna.distributions import (
 )
 from optuna.trial import FrozenTrial, TrialState
 
-from alloc.calibrate import CalibrationError, Observation, fit, with_constants
+from alloc.calibrate import Observation, fit, with_constants
 from alloc.constants import Constants
-from alloc.plan import PlanSettings
+from alloc.errors import CalibrationError
 from alloc.prior import (
     DEFAULT_TEMPERATURE,
     Prior,
@@ -63,6 +63,7 @@ from alloc.prior import (
     candidates,
     point_key,
 )
+from alloc.settings import PlanSettings
 from search_spaces import SearchSpace
 
 DEFAULT_BETA = 10.0  # piBO's beta: the prior's weight is beta / n after n trials

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from arch.kernels import KernelError, read_values
+from arch.errors import KernelError
+from arch.kernels import read_values
 
 SIGMA_FORMS = "power:BETA or file:PATH"
 

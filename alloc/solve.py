@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from alloc.constants import read_constants
-from alloc.plan import Plan, PlanError, PlanSettings, make_plan, report
+from alloc.errors import PlanError
+from alloc.plan import Plan, make_plan, report
+from alloc.settings import PlanSettings
 from arch import ATTENTION_KINDS, MAX_DEPTH, MAX_WIDTH, POSITIONALS, HeadGroup
 from common.cli import (
     Parser,
@@ -40,6 +42,18 @@ MAX_PRODUCT_ORDER = 8
 def build_parser() -> argparse.ArgumentParser:
     d = PlanSettings()
     p = Parser(prog=PROG, description=__doc__.split("\n\n")[1])
+    _add_shape_flags(p, d)
+    _add_bound_flags(p, d)
+    _add_model_flags(p, d)
+    add_format(p)
+    p.add_argument("--out", type=Path, help="write the ArchConfig as YAML to this file")
+    add_force(p)
+    p.add_argument("--plot", type=Path, help="write the trade-off plot (PNG) to this file")
+    return p
+
+
+def _add_shape_flags(p: argparse.ArgumentParser, d: PlanSettings) -> None:
+    """The model's shape and what its first layer must extract."""
     p.add_argument("--budget", type=int_in(1, MAX_WIDTH), default=d.budget,
                    help="attention width D per layer (sum of count * v_dim)")
     p.add_argument("--layers", type=int_in(1, MAX_DEPTH), default=d.layers, help="number of layers")
@@ -59,6 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "(docs/theory.md §2)")
     p.add_argument("--align", type=int_in(1), default=d.align,
                    help="head dimensions are multiples of this")
+
+
+def _add_bound_flags(p: argparse.ArgumentParser, d: PlanSettings) -> None:
+    """The bound's constants (docs/theory.md §2, §4) and where they are measured."""
     p.add_argument("--c-proj", type=number(0), default=d.c_proj,
                    help="compression constant c_proj (docs/theory.md §2)")
     p.add_argument("--c-head", type=number(0), default=d.c_head,
@@ -85,6 +103,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="logit bound R of the saturation rule (docs/theory.md §4)")
     p.add_argument("--spectrum", default=d.spectrum,
                    help="teacher singular values: power:BETA or file:PATH (docs/theory.md §4)")
+
+
+def _add_model_flags(p: argparse.ArgumentParser, d: PlanSettings) -> None:
+    """What the written architecture is, besides its head groups."""
     p.add_argument("--attention", choices=ATTENTION_KINDS, default=d.attention,
                    help="attention kind of every layer")
     p.add_argument("--mlp-ratio", type=number(0), default=d.mlp_ratio,
@@ -104,11 +126,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write a token model (embedding + LM head) instead of vector in/out")
     p.add_argument("--positional", choices=POSITIONALS, default=d.positional,
                    help="positional encoding of the written architecture")
-    add_format(p)
-    p.add_argument("--out", type=Path, help="write the ArchConfig as YAML to this file")
-    add_force(p)
-    p.add_argument("--plot", type=Path, help="write the trade-off plot (PNG) to this file")
-    return p
 
 
 def bounds_list(text: str) -> tuple[float, ...]:

@@ -4,8 +4,8 @@ study records (``codec``) and the memory kernels of the allocator. Frozen, typed
 dataclasses that own their serialisation; imports no torch or Ray."""
 
 from arch import codec
-from arch.checks import ConfigError
 from arch.config import ArchConfig, ModelIO
+from arch.errors import ConfigError
 from arch.layers import HeadGroup, LayerSpec, merge_groups
 from arch.names import (
     ATTENTION_KINDS,

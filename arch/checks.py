@@ -1,21 +1,20 @@
-"""Validation helpers of the vocabulary: problems collected as ``path = value: rule`` lines,
-and the serialised fields of a dataclass."""
+"""The project's one validation kit: problems collected as ``path = value: rule`` lines into a
+list, so that everything wrong with an input is reported at once (``ArchConfig``,
+``TrainConfig``, ``PlanSettings`` and the search-space loader all use it); and the serialised
+fields of a vocabulary dataclass.
+
+Each ``need_*`` appends a line when ``value`` breaks its rule and returns whether it holds, so
+a caller can skip the checks that depend on it."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import MISSING, fields
 from typing import Any
 
-from common.errors import TransformerAllocError, excerpt
-
-
-class ConfigError(TransformerAllocError):
-    """An invalid architecture description; ``problems`` lists every rule broken."""
-
-    def __init__(self, problems: list[str]) -> None:
-        self.problems = list(problems)
-        super().__init__("; ".join(self.problems))
+from arch.errors import ConfigError
+from common.errors import excerpt
 
 
 def is_int(value: Any) -> bool:
@@ -26,39 +25,79 @@ def is_number(value: Any) -> bool:
     return (is_int(value) or isinstance(value, float)) and math.isfinite(value)
 
 
-def need_int(problems: list[str], path: str, value: Any, minimum: int) -> None:
-    if not is_int(value) or value < minimum:
-        problems.append(f"{path} = {excerpt(value)}: must be an integer >= {minimum}")
+def add(problems: list[str], path: str, value: Any, rule: str) -> None:
+    """Record that ``value`` at ``path`` breaks ``rule``."""
+    problems.append(f"{path} = {excerpt(value)}: {rule}")
+
+
+def need_int(problems: list[str], path: str, value: Any, minimum: int,
+             maximum: int | None = None) -> bool:
+    """An integer ``>= minimum`` (and ``<= maximum``)."""
+    if is_int(value) and value >= minimum and (maximum is None or value <= maximum):
+        return True
+    add(problems, path, value, f"must be an integer >= {minimum}" if maximum is None else
+        f"must be an integer between {minimum} and {maximum:,}")
+    return False
 
 
 def need_number(problems: list[str], path: str, value: Any, low: float,
-                high: float = math.inf, strict: bool = False) -> None:
+                high: float = math.inf, strict: bool = False) -> bool:
     """A finite number in ``[low, high]`` (``(low, high]`` when ``strict``)."""
-    if not (is_number(value) and (value > low if strict else value >= low) and value <= high):
-        rule = f"{'>' if strict else '>='} {low:g}" + ("" if high == math.inf
-                                                       else f" and <= {high:g}")
-        problems.append(f"{path} = {excerpt(value)}: must be a number {rule}")
+    if is_number(value) and (value > low if strict else value >= low) and value <= high:
+        return True
+    rule = f"{'>' if strict else '>='} {low:g}" + ("" if high == math.inf else f" and <= {high:g}")
+    add(problems, path, value, f"must be a number {rule}")
+    return False
 
 
-def need_choice(problems: list[str], path: str, value: Any, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        problems.append(f"{path} = {excerpt(value)}: must be one of {', '.join(choices)}")
+def need_choice(problems: list[str], path: str, value: Any, choices: tuple[str, ...]) -> bool:
+    if value in choices:
+        return True
+    add(problems, path, value, f"must be one of {', '.join(choices)}")
+    return False
 
 
-def need_bool(problems: list[str], path: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        problems.append(f"{path} = {excerpt(value)}: must be true or false")
+def need_bool(problems: list[str], path: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return True
+    add(problems, path, value, "must be true or false")
+    return False
+
+
+def need_keys(problems: list[str], data: Any, valid: tuple[str, ...], path: str) -> bool:
+    """A mapping whose keys are all ``valid`` (each unknown key is one line listing them);
+    False only when ``data`` is no mapping at all."""
+    if not isinstance(data, dict):
+        add(problems, path or "(top level)", data,
+            f"must be a mapping with keys {', '.join(valid)}")
+        return False
+    for key in sorted(set(data) - set(valid), key=str):
+        add(problems, f"{path + '.' if path else ''}{key}", data[key],
+            f"unknown key; valid keys: {', '.join(valid)}")
+    return True
+
+
+def need_choices(problems: list[str], path: str, value: Any, check: Callable[[Any], bool],
+                 rule: str) -> tuple[Any, ...]:
+    """A value or a non-empty list of values each passing ``check``; returns them (empty when
+    one fails)."""
+    items = value if isinstance(value, list) else [value]
+    if not items:
+        add(problems, path, value, "must not be empty")
+        return ()
+    bad = [v for v in items if not check(v)]
+    if bad:
+        add(problems, path, bad[0] if len(bad) == 1 else bad, rule)
+        return ()
+    return tuple(items)
 
 
 def check_keys(data: Any, valid: tuple[str, ...], path: str) -> None:
-    if not isinstance(data, dict):
-        raise ConfigError([f"{path or 'arch'}: expected a mapping, got {type(data).__name__}"])
-    unknown = sorted(set(map(str, data)) - set(valid))
-    if unknown:
-        raise ConfigError(
-            [f"{path + '.' if path else ''}{k}: unknown key; valid keys: {', '.join(valid)}"
-             for k in unknown]
-        )
+    """Raise ``ConfigError`` unless ``data`` is a mapping of ``valid`` keys only."""
+    problems: list[str] = []
+    need_keys(problems, data, valid, path)
+    if problems:
+        raise ConfigError(problems)
 
 
 def field_names(cls: type) -> tuple[str, ...]:

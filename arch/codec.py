@@ -22,8 +22,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import MISSING, fields
 from typing import Any
 
-from arch.checks import ConfigError, field_names
+from arch.checks import field_names
 from arch.config import ArchConfig
+from arch.errors import ConfigError
 from arch.layers import HeadGroup, LayerSpec
 
 # Layer fields always written (the search samples them); the others only when not default.

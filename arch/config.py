@@ -23,7 +23,6 @@ from typing import Any
 import yaml
 
 from arch.checks import (
-    ConfigError,
     check_keys,
     field_defaults,
     field_names,
@@ -35,6 +34,7 @@ from arch.checks import (
     need_int,
     need_number,
 )
+from arch.errors import ConfigError
 from arch.layers import LayerSpec
 from arch.names import (
     MLP_KINDS,

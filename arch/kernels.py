@@ -15,14 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-from common.errors import TransformerAllocError
+from arch.errors import KernelError
 
 KERNEL_FORMS = "ngram:K, exp:LAMBDA, poly:P or file:PATH"
 PARAMETRIC = ("ngram", "exp", "poly")
-
-
-class KernelError(TransformerAllocError):
-    """A kernel spec or kernel file that cannot be used; the message names the rule."""
 
 
 def parse_kernel(spec: str, seq_len: int) -> np.ndarray:

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from arch.checks import (
-    ConfigError,
     check_keys,
     field_defaults,
     field_names,
@@ -22,6 +21,7 @@ from arch.checks import (
     need_choice,
     need_int,
 )
+from arch.errors import ConfigError
 from arch.names import ATTENTION_KINDS, ROLES, SINGLE_WIDTH_KINDS, AttentionKind, Role
 
 _SHORTHAND = re.compile(r"^\s*(\d+)\s*x\s*(\d+)\s*(?:/\s*(\d+))?\s*(?:kv\s*(\d+))?\s*$")

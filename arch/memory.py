@@ -14,8 +14,8 @@ token over all layers, at a given dtype.
 
 from __future__ import annotations
 
-from arch.checks import ConfigError
 from arch.config import ArchConfig
+from arch.errors import ConfigError
 from arch.params import param_count
 
 FLOAT = 4  # bytes

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 from arch.checks import (
-    ConfigError,
     check_keys,
     field_names,
     field_values,
@@ -20,6 +19,7 @@ from arch.checks import (
     need_int,
     need_number,
 )
+from arch.errors import ConfigError
 from common.errors import excerpt
 
 Optimizer = Literal["adamw", "lion"]
@@ -102,7 +102,7 @@ def _need_device(problems: list[str], path: str, value: Any) -> None:
 
 
 # field -> check(problems, path, value)
-_RULES: dict[str, Callable[[list[str], str, Any], None]] = {
+_RULES: dict[str, Callable[[list[str], str, Any], object]] = {
     "steps": lambda p, k, v: need_int(p, k, v, 1),
     "batch_size": lambda p, k, v: need_int(p, k, v, 1),
     "lr": lambda p, k, v: need_number(p, k, v, 0, strict=True),

@@ -72,9 +72,9 @@ def write_checkpoint(folder: Path, shape: dict[str, int], layers: int) -> int:
 
 
 def _rows(arch: Any, ours: str, n: int, rows: int) -> list[int]:
-    from workers.checkpoints.llama import _split_sizes
+    from workers.checkpoints.llama import stock_row_split
 
-    return _split_sizes(arch, ours, n) or [rows]
+    return stock_row_split(arch, ours, n) or [rows]
 
 
 PROBE = """

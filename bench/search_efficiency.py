@@ -32,7 +32,6 @@ from typing import Any
 import numpy as np
 import optuna
 
-from alloc.plan import PlanSettings
 from alloc.prior import (
     DEFAULT_TEMPERATURE,
     Candidates,
@@ -42,6 +41,7 @@ from alloc.prior import (
     point_key,
 )
 from alloc.sampler import Calibration, PriorSampler
+from alloc.settings import PlanSettings
 from arch import ModelIO
 from common.cli import Parser, add_format, dump, fail, int_in, number, render_table
 from common.errors import TransformerAllocError, UsageError

@@ -2,7 +2,8 @@
 loader and the shipped ``*.yaml`` spaces; imports no torch or Ray."""
 
 from search_spaces.errors import SpaceError
-from search_spaces.loader import SpaceFile, load_space, parse_space, shipped_spaces
+from search_spaces.files import SpaceFile, load_space, shipped_spaces
+from search_spaces.loader import parse_space
 from search_spaces.space import PROBE_IO, SearchSpace
 from search_spaces.suggest import FixedSuggester, RandomSuggester, Suggester
 

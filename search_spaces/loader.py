@@ -32,13 +32,9 @@ naming the file, the key and the rule.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from arch import (
     ATTENTION_KINDS,
@@ -48,183 +44,59 @@ from arch import (
     ArchConfig,
     HeadGroup,
     LayerSpec,
+    TrainConfig,
 )
-from arch.checks import ConfigError, is_int, is_number
-from arch.training import TrainConfig
-from common.errors import excerpt
-from common.files import read_yaml
+from arch.checks import add, is_int, is_number, need_choices, need_int, need_keys
+from arch.errors import ConfigError
 from search_spaces.errors import SpaceError
-from search_spaces.rules import LayerRule, QkRule, TrainParam, min_group_widths, neighbourhood
+from search_spaces.placeholders import resolve_allocator, uses_allocator
+from search_spaces.rules import LayerRule, QkRule, TrainParam, min_group_widths
+from search_spaces.schema import (
+    DATA_KEYS,
+    FIXED_TRAIN_KEYS,
+    MODEL_KEYS,
+    REDUCED,
+    RULE_KEYS,
+    SAMPLERS,
+    TOP_KEYS,
+    TRAIN_KEYS,
+    Planner,
+    layer_indices,
+)
 from search_spaces.space import PROBE_IO, SearchSpace
 from userdata import DataError, DataSpec
 
-SPACES_DIR = Path(__file__).resolve().parent
-TRAIN_KEYS = TrainConfig.experiment_fields()
-FIXED_TRAIN_KEYS = ("steps", "eval_every")  # the scheduler needs one budget per study
-MODEL_KEYS = ("positional", "norm", "mlp", "causal", "tie_embeddings", "seed")
-SAMPLERS = ("tpe", "grid", "random", "prior")
-REDUCED = {"min": 8, "step": 8}
-ALLOCATOR = "allocator"
-_TOP_KEYS = ("name", "description", "budget", "depth", "model", "layers", "train", "sampler",
-             "data")
-_DATA_KEYS = ("path", "format", "dtype", "vocab_size")
-_RULE_KEYS = ("layers", "attention", "mlp_ratio", "heads", "head_dim", "qk_dim", "budget",
-              "role", "eta", "freeze_mlp", "shared", "groups", "kv_heads")
-# The allocator's plan for (budget, depth): what resolves ``allocator`` placeholders.
-Planner = Callable[[int, int], ArchConfig]
 
-
-def resolve_path(name: str | Path) -> Path:
-    """A path as given, else a space shipped in ``search_spaces/`` (``.yaml`` optional)."""
-    path = Path(name)
-    if path.exists():
-        return path
-    for candidate in (SPACES_DIR / path.name, SPACES_DIR / f"{path.name}.yaml"):
-        if candidate.exists():
-            return candidate
-    shipped = ", ".join(p.name for p in shipped_spaces())
-    raise SpaceError(f"search space {str(name)!r}: no such file here or in search_spaces/ "
-                     f"(shipped: {shipped})")
-
-
-def shipped_spaces() -> list[Path]:
-    return sorted(SPACES_DIR.glob("*.yaml"))
-
-
-@dataclass(frozen=True)
-class SpaceFile:
-    """A space file read once: its YAML mapping and where it was found. The space, the data it
-    names and its shape are derived from the mapping, never by reading the file again."""
-
-    data: Mapping[str, Any]
-    source: str  # the path it was read from
-
-    @classmethod
-    def read(cls, name: str | Path) -> SpaceFile:
-        """Read a space file (a path, or a space shipped in ``search_spaces/``)."""
-        path = resolve_path(name)
-        try:
-            data = read_yaml(path)
-        except (OSError, yaml.YAMLError) as err:
-            raise SpaceError(f"{path}: cannot read YAML ({str(err).splitlines()[0]})") from None
-        if not isinstance(data, dict):
-            raise SpaceError(f"{path}: must be a mapping with keys {', '.join(_TOP_KEYS)}")
-        return cls(data, str(path))
-
-    def load(self, budget: int | None = None, planner: Planner | None = None) -> SearchSpace:
-        """The validated space (``budget`` overrides the file's; ``planner`` resolves
-        ``allocator`` placeholders)."""
-        data = dict(self.data) if budget is None else {**self.data, "budget": budget}
-        return parse_space(data, self.source, planner)
-
-    def data_source(self) -> DataSpec | None:
-        """The file's ``data:`` (what it searches when no task is given)."""
-        check = _Checker(self.source)
-        spec = _parse_data(check, self.data.get("data"), self.source)
-        check.raise_if_any()
-        return spec
-
-    def shape(self, budget: int | None = None) -> tuple[int, int, float] | None:
-        """``(budget, depth, largest MLP ratio)``, known before the space is loaded (the data's
-        pilot profile needs them first); None where a field is not plain (the space's own
-        checks report it when it is loaded)."""
-        width: Any = budget or self.data.get("budget")
-        depth: Any = self.data.get("depth")
-        rules = self.data.get("layers")
-        ratios = [r.get("mlp_ratio", 0) for r in rules if isinstance(r, dict)] \
-            if isinstance(rules, list) else []
-        flat = [v for r in ratios for v in (r if isinstance(r, list) else [r])]
-        if not (is_int(width) and is_int(depth) and all(is_number(v) for v in flat)):
-            return None
-        return int(width), int(depth), float(max(flat, default=0))
-
-
-def load_space(name: str | Path, budget: int | None = None,
-               planner: Planner | None = None) -> SearchSpace:
-    """Read and validate a space file (``budget`` overrides the file's; ``planner`` resolves
-    ``allocator`` placeholders)."""
-    return SpaceFile.read(name).load(budget, planner)
-
-
-def uses_allocator(data: Mapping[str, Any]) -> bool:
-    """Whether a space's rules take values from the allocator's plan."""
-    rules = data.get("layers")
-    return isinstance(rules, list) and any(
-        isinstance(r, dict) and ALLOCATOR in (r.get("head_dim"), r.get("budget")) for r in rules)
-
-
-class _Checker:
-    """Collects problems as ``source: key = value: rule`` and raises them together."""
-
-    def __init__(self, source: str) -> None:
-        self.source = source
-        self.problems: list[str] = []
-
-    def add(self, key: str, value: Any, rule: str) -> None:
-        self.problems.append(f"{key} = {excerpt(value)}: {rule}")
-
-    def keys(self, data: Any, valid: tuple[str, ...], where: str) -> bool:
-        if not isinstance(data, dict):
-            self.add(where, data, f"must be a mapping with keys {', '.join(valid)}")
-            return False
-        for key in sorted(set(data) - set(valid)):
-            self.add(f"{where}.{key}" if where else key, data[key],
-                     f"unknown key; valid: {', '.join(valid)}")
-        return True
-
-    def int_between(self, key: str, value: Any, low: int, high: int) -> bool:
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            self.add(key, value, f"must be an integer between {low} and {high:,}")
-            return False
-        return True
-
-    def int_at_least(self, key: str, value: Any, minimum: int) -> bool:
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            self.add(key, value, f"must be an integer >= {minimum}")
-            return False
-        return True
-
-    def choices(self, key: str, value: Any, check: Any, rule: str) -> tuple[Any, ...]:
-        items = value if isinstance(value, list) else [value]
-        if not items:
-            self.add(key, value, "must not be empty")
-            return ()
-        bad = [v for v in items if not check(v)]
-        if bad:
-            self.add(key, bad[0] if len(bad) == 1 else bad, rule)
-            return ()
-        return tuple(items)
-
-    def raise_if_any(self) -> None:
-        if self.problems:
-            raise SpaceError(f"{self.source}: " + "; ".join(self.problems))
+def raise_if_any(problems: list[str], source: str) -> None:
+    if problems:
+        raise SpaceError(f"{source}: " + "; ".join(problems))
 
 
 def parse_space(data: Mapping[str, Any], source: str = "<space>",
                 planner: Planner | None = None) -> SearchSpace:
     """Validate a space given as a dict (what ``load_space`` read from YAML)."""
-    check = _Checker(source)
-    if not check.keys(dict(data), _TOP_KEYS, ""):
-        check.raise_if_any()
+    problems: list[str] = []
+    if not need_keys(problems, dict(data), TOP_KEYS, ""):
+        raise_if_any(problems, source)
     budget: Any = data.get("budget")
     depth: Any = data.get("depth", 1)
     name = data.get("name") or Path(source).stem
-    budget_ok = check.int_between("budget", budget, 1, MAX_WIDTH)
-    depth_ok = check.int_between("depth", depth, 1, MAX_DEPTH)
+    budget_ok = need_int(problems, "budget", budget, 1, MAX_WIDTH)
+    depth_ok = need_int(problems, "depth", depth, 1, MAX_DEPTH)
     sampler = data.get("sampler", "tpe")
     if sampler not in SAMPLERS:
-        check.add("sampler", sampler, f"must be one of {', '.join(SAMPLERS)}")
+        add(problems, "sampler", sampler, f"must be one of {', '.join(SAMPLERS)}")
     model: Any = data.get("model") or {}
     model = ({k: v for k, v in model.items() if k in MODEL_KEYS}
-             if check.keys(model, MODEL_KEYS, "model") else {})
+             if need_keys(problems, model, MODEL_KEYS, "model") else {})
     rules_data = data.get("layers")
     if budget_ok and depth_ok and uses_allocator(data):
-        rules_data = _resolve_allocator(check, rules_data, budget, depth, planner)
-    rules = _parse_rules(check, rules_data, budget if budget_ok else 1,
+        rules_data = resolve_allocator(problems, rules_data, budget, depth, planner)
+    rules = _parse_rules(problems, rules_data, budget if budget_ok else 1,
                          depth if depth_ok else 0)
-    train = _parse_train(check, data.get("train") or {})
-    source_data = _parse_data(check, data.get("data"), source)
-    check.raise_if_any()
+    train = _parse_train(problems, data.get("train") or {})
+    source_data = parse_data(problems, data.get("data"), source)
+    raise_if_any(problems, source)
     space = SearchSpace(str(name), str(data.get("description", "")), budget, depth, model,
                         tuple(rules), tuple(train), sampler, source,
                         {**data, "layers": rules_data}, source_data)
@@ -234,16 +106,16 @@ def parse_space(data: Mapping[str, Any], source: str = "<space>",
     return space
 
 
-def _parse_data(check: _Checker, value: Any, source: str) -> DataSpec | None:
+def parse_data(problems: list[str], value: Any, source: str) -> DataSpec | None:
     """``data: PATH`` or ``data: {path, format, dtype, vocab_size}``; a relative path is
     relative to the space file."""
     if value is None:
         return None
     if isinstance(value, str):
         value = {"path": value}
-    if not check.keys(value, _DATA_KEYS, "data") or not isinstance(value.get("path"), str):
+    if not need_keys(problems, value, DATA_KEYS, "data") or not isinstance(value.get("path"), str):
         if isinstance(value, dict):
-            check.add("data.path", value.get("path"), "must be a file or folder path")
+            add(problems, "data.path", value.get("path"), "must be a file or folder path")
         return None
     path = Path(value["path"])
     if not path.is_absolute() and Path(source).exists():
@@ -252,130 +124,112 @@ def _parse_data(check: _Checker, value: Any, source: str) -> DataSpec | None:
         return DataSpec(str(path), value.get("format"), value.get("dtype", "uint16"),
                         value.get("vocab_size")).resolved()
     except DataError as err:
-        check.add("data", value, str(err).split(": ", 1)[-1])
+        add(problems, "data", value, str(err).split(": ", 1)[-1])
         return None
 
 
-def _layer_indices(check: _Checker, key: str, value: Any, depth: int) -> tuple[int, ...]:
-    if value in (None, "all"):
-        return tuple(range(depth))
-    if is_int(value):
-        value = [value]
-    elif isinstance(value, str) and "-" in value:
-        first, _, last = value.partition("-")
-        if first.strip().isdigit() and last.strip().isdigit():
-            value = list(range(int(first), int(last) + 1))
-    if not isinstance(value, list) or not value or not all(is_int(v) for v in value):
-        check.add(key, value, "must be 'all', a layer index, a range 'a-b' or a list of indices")
-        return ()
-    outside = [v for v in value if not 0 <= v < depth]
-    if outside:
-        check.add(key, value, f"layer indices must lie in 0..{depth - 1} (depth {depth})")
-        return ()
-    return tuple(value)
-
-
-def _parse_rules(check: _Checker, data: Any, budget: int, depth: int) -> list[LayerRule]:
+def _parse_rules(problems: list[str], data: Any, budget: int, depth: int) -> list[LayerRule]:
     if not isinstance(data, list) or not data:
-        check.add("layers", data, "must be a non-empty list of layer rules")
+        add(problems, "layers", data, "must be a non-empty list of layer rules")
         return []
     rules: list[LayerRule] = []
     owner: dict[int, int] = {}
     for r, item in enumerate(data):
         where = f"layers[{r}]"
-        if not check.keys(item, _RULE_KEYS, where):
+        if not need_keys(problems, item, RULE_KEYS, where):
             continue
-        rule = _parse_rule(check, where, item, budget, depth)
+        rule = _parse_rule(problems, where, item, budget, depth)
         if rule is None:
             continue
         for i in rule.indices:
             if i in owner:
-                check.add(f"{where}.layers", item.get("layers", "all"),
+                add(problems, f"{where}.layers", item.get("layers", "all"),
                           f"layer {i} is already covered by layers[{owner[i]}]")
             owner[i] = r
         rules.append(rule)
     missing = [i for i in range(depth) if i not in owner]
-    if missing and not check.problems:
-        check.add("layers", [r.indices for r in rules], f"no rule covers layers {missing}")
+    if missing and not problems:
+        add(problems, "layers", [r.indices for r in rules], f"no rule covers layers {missing}")
     return rules
 
 
-def _parse_rule(check: _Checker, where: str, item: dict[str, Any], budget: int,
+def _parse_rule(problems: list[str], where: str, item: dict[str, Any], budget: int,
                 depth: int) -> LayerRule | None:
-    n = len(check.problems)
-    indices = _layer_indices(check, f"{where}.layers", item.get("layers", "all"), depth)
+    n = len(problems)
+    indices = layer_indices(problems, f"{where}.layers", item.get("layers", "all"), depth)
     rule_budget = item.get("budget", budget)
-    check.int_at_least(f"{where}.budget", rule_budget, 1)
-    attention = check.choices(f"{where}.attention", item.get("attention", ["mhsa"]),
+    need_int(problems, f"{where}.budget", rule_budget, 1)
+    attention = need_choices(problems, f"{where}.attention", item.get("attention", ["mhsa"]),
                               lambda v: v in ATTENTION_KINDS, f"must be from {ATTENTION_KINDS}")
-    mlp = check.choices(f"{where}.mlp_ratio", item.get("mlp_ratio", [0]),
+    mlp = need_choices(problems, f"{where}.mlp_ratio", item.get("mlp_ratio", [0]),
                         lambda v: is_number(v) and v >= 0, "must be numbers >= 0 (0 = no MLP)")
-    max_groups = _parse_groups(check, f"{where}.groups", item.get("groups", {"max": 1}))
+    max_groups = _parse_groups(problems, f"{where}.groups", item.get("groups", {"max": 1}))
     heads: tuple[Any, ...] = ()
     if max_groups == 1:
-        heads = check.choices(f"{where}.heads", item.get("heads"), lambda v: is_int(v) and v >= 1,
-                              "must be head counts (integers >= 1)")
+        heads = need_choices(problems, f"{where}.heads", item.get("heads"),
+                             lambda v: is_int(v) and v >= 1,
+                             "must be head counts (integers >= 1)")
     elif "heads" in item:
-        check.add(f"{where}.heads", item["heads"], "not used with groups.max > 1: the counts "
+        add(problems, f"{where}.heads", item["heads"], "not used with groups.max > 1: the counts "
                   "are sampled to fill the layer budget")
     head_dim_data = item.get("head_dim", "derived")
-    head_dim = None if head_dim_data == "derived" and max_groups == 1 else check.choices(
+    head_dim = None if head_dim_data == "derived" and max_groups == 1 else need_choices(problems,
         f"{where}.head_dim", head_dim_data, lambda v: is_int(v) and v >= 1,
         "must be a list of integers >= 1" + ("" if max_groups > 1 else
                                               " or 'derived' (budget / heads)"))
-    qk = _parse_qk(check, f"{where}.qk_dim", item.get("qk_dim", "same"))
-    kv_heads = _parse_kv_heads(check, f"{where}.kv_heads", item.get("kv_heads"), attention)
+    qk = _parse_qk(problems, f"{where}.qk_dim", item.get("qk_dim", "same"))
+    kv_heads = _parse_kv_heads(problems, f"{where}.kv_heads", item.get("kv_heads"), attention)
     role, eta = item.get("role", "process"), item.get("eta", 1.0)
     shared = item.get("shared", False)
     if not isinstance(shared, bool):
-        check.add(f"{where}.shared", shared, "must be true or false")
-    if len(check.problems) > n:
+        add(problems, f"{where}.shared", shared, "must be true or false")
+    if len(problems) > n:
         return None
     return LayerRule(indices, attention, tuple(float(m) for m in mlp), heads, head_dim, qk,
                      rule_budget, role, eta, item.get("freeze_mlp", False), shared, max_groups,
                      kv_heads)
 
 
-def _parse_kv_heads(check: _Checker, key: str, value: Any,
+def _parse_kv_heads(problems: list[str], key: str, value: Any,
                     attention: tuple[Any, ...]) -> tuple[int, ...] | None:
     """The key/value head choices of a rule (None: one per query head, nothing sampled)."""
     if value is None:
         return None
-    choices = check.choices(key, value, lambda v: is_int(v) and v >= 1,
+    choices = need_choices(problems, key, value, lambda v: is_int(v) and v >= 1,
                             "must be key/value head counts per head group (integers >= 1)")
     single = [kind for kind in attention if kind in SINGLE_WIDTH_KINDS]
     if choices and single:
-        check.add(key, value, f"grouped key/value heads are for mhsa and frozen_qk layers; "
+        add(problems, key, value, f"grouped key/value heads are for mhsa and frozen_qk layers; "
                   f"attention also allows {', '.join(single)} (no separate keys and values)")
         return None
     return tuple(sorted(set(choices))) or None
 
 
-def _parse_groups(check: _Checker, key: str, value: Any) -> int:
-    if isinstance(value, dict) and set(value) == {"max"} and check.int_at_least(
+def _parse_groups(problems: list[str], key: str, value: Any) -> int:
+    if isinstance(value, dict) and set(value) == {"max"} and need_int(problems,
             f"{key}.max", value["max"], 1):
         return int(value["max"])
     if not (isinstance(value, dict) and set(value) == {"max"}):
-        check.add(key, value, "must be {max: G}, the most head groups a layer may have")
+        add(problems, key, value, "must be {max: G}, the most head groups a layer may have")
     return 1
 
 
-def _parse_qk(check: _Checker, key: str, value: Any) -> QkRule:
+def _parse_qk(problems: list[str], key: str, value: Any) -> QkRule:
     if value == "same":
         return QkRule()
     if value == "reduced":
         value = REDUCED
     if isinstance(value, dict) and set(value) <= {"min", "step"}:
         low, step = value.get("min", REDUCED["min"]), value.get("step", REDUCED["step"])
-        if check.int_at_least(f"{key}.min", low, 1) and check.int_at_least(f"{key}.step", step, 1):
+        if need_int(problems, f"{key}.min", low, 1) and need_int(problems, f"{key}.step", step, 1):
             return QkRule(True, low, step)
         return QkRule()
-    check.add(key, value, "must be 'same', 'reduced' or {min: 8, step: 8}")
+    add(problems, key, value, "must be 'same', 'reduced' or {min: 8, step: 8}")
     return QkRule()
 
 
-def _parse_train(check: _Checker, data: Any) -> list[TrainParam]:
-    if not check.keys(data, TRAIN_KEYS, "train"):
+def _parse_train(problems: list[str], data: Any) -> list[TrainParam]:
+    if not need_keys(problems, data, TRAIN_KEYS, "train"):
         return []
     data = {"steps": 200, "eval_every": 20, **data}
     params = []
@@ -385,7 +239,7 @@ def _parse_train(check: _Checker, data: Any) -> list[TrainParam]:
         value, where = data[key], f"train.{key}"
         if isinstance(value, list):
             if key in FIXED_TRAIN_KEYS or not value:
-                check.add(where, value, "must be one value" if value else "must not be empty")
+                add(problems, where, value, "must be one value" if value else "must not be empty")
                 continue
             params.append(TrainParam(key, choices=tuple(value)))
         elif isinstance(value, dict):
@@ -393,7 +247,7 @@ def _parse_train(check: _Checker, data: Any) -> list[TrainParam]:
             high: Any = value.get("high")
             if (key in FIXED_TRAIN_KEYS or set(value) - {"low", "high", "log"}
                     or not (is_number(low) and is_number(high) and 0 < low <= high)):
-                check.add(where, value, "must be a value, a list of choices or "
+                add(problems, where, value, "must be a value, a list of choices or "
                           "{low, high, log} with 0 < low <= high" +
                           (" (and fixed: the scheduler needs it)" if key in FIXED_TRAIN_KEYS
                            else ""))
@@ -401,11 +255,11 @@ def _parse_train(check: _Checker, data: Any) -> list[TrainParam]:
             params.append(TrainParam(key, low=low, high=high, log=bool(value.get("log")),
                                      integer=is_int(low) and is_int(high)))
         else:
-            if key in FIXED_TRAIN_KEYS and not check.int_at_least(where, value, 1):
+            if key in FIXED_TRAIN_KEYS and not need_int(problems, where, value, 1):
                 continue
             params.append(TrainParam(key, value=value))
     for param in params:
-        check.problems += _train_value_problems(param)
+        problems += _train_value_problems(param)
     return params
 
 
@@ -458,59 +312,3 @@ def _check_constructible(space: SearchSpace) -> None:
                     problems.append(f"{where} (attention {kind}, mlp_ratio {ratio:g}): {err}")
     if problems:
         raise SpaceError(f"{space.source}: " + "; ".join(problems))
-
-
-# --- the allocator's plan as a neighbourhood ------------------------------------------------
-
-
-def _resolve_allocator(check: _Checker, rules: Any, budget: int, depth: int,
-                       planner: Planner | None) -> Any:
-    """``rules`` with ``allocator`` placeholders replaced by the plan's widths and dims."""
-    if planner is None:
-        check.add("layers", ALLOCATOR, "this space takes head dims or budgets from the "
-                  "allocator's plan; load it through the search launcher (a planner)")
-        return rules
-    plan = planner(budget, depth)
-    resolved = []
-    for r, item in enumerate(rules):
-        if not isinstance(item, dict) or ALLOCATOR not in (item.get("head_dim"),
-                                                         item.get("budget")):
-            resolved.append(item)
-            continue
-        where = f"layers[{r}]"
-        indices = _layer_indices(check, f"{where}.layers", item.get("layers", "all"), depth)
-        layers = [plan.layers[i] for i in indices]
-        widths = {layer.width for layer in layers}
-        if len(widths) != 1:
-            check.add(f"{where}.budget", ALLOCATOR, f"the plan's widths differ over its layers "
-                      f"({sorted(widths)}); split the rule")
-            resolved.append(item)
-            continue
-        (width,) = widths
-        item = {**item, "budget": width if item.get("budget") == ALLOCATOR else item["budget"]}
-        kv = sorted({g.kv_heads for layer in layers for g in layer.heads})
-        if "kv_heads" not in item and any(g.grouped for layer in layers for g in layer.heads):
-            item["kv_heads"] = kv  # the plan shares key/value heads: so do its neighbours
-        if item.get("head_dim") == ALLOCATOR:
-            groups = item.get("groups", {"max": 1})
-            most = groups.get("max", 1) if isinstance(groups, dict) else 1
-            plan_dims = {g.v_dim for layer in layers for g in layer.heads}
-            unit = _kv_unit(item.get("kv_heads"))
-            max_groups, dims = neighbourhood(plan_dims, item["budget"], most, unit)
-            item = {**item, "head_dim": dims, "groups": {"max": max_groups}}
-            if max_groups == 1:  # one group: the rule samples a head count, dim = width / count
-                item.update(heads=sorted({item["budget"] // d for d in dims
-                                          if item["budget"] // d % unit == 0} or
-                                         {item["budget"] // d for d in dims}),
-                            head_dim="derived")
-        resolved.append(item)
-    return resolved
-
-
-def _kv_unit(value: Any) -> int:
-    """The least common multiple of a rule's ``kv_heads`` choices as written (1 when absent or
-    not yet valid: the rule's own checks report it)."""
-    items = value if isinstance(value, list) else [value]
-    if value is None or not items or not all(is_int(v) and v >= 1 for v in items):
-        return 1
-    return math.lcm(*items)

@@ -1,14 +1,8 @@
 """Optuna study storage, records and queries (no torch): the single record of every trial."""
 
+from studies.errors import StorageError
 from studies.records import add_record, read_arch, set_study_attrs, trial_attrs
-from studies.storage import (
-    StorageError,
-    StorageSettings,
-    fail_stale_trials,
-    open_storage,
-    redact,
-    resolve_url,
-)
+from studies.storage import StorageSettings, fail_stale_trials, open_storage, redact, resolve_url
 
 __all__ = [
     "StorageError",

@@ -13,11 +13,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from common.errors import TransformerAllocError
-
-
-class CorruptStudyError(TransformerAllocError):
-    """A SQLite study file that fails SQLite's integrity check."""
+from studies.errors import CorruptStudyError
 
 
 def check_sqlite_file(path: Path, timeout: float = 60.0) -> None:

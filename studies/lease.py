@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
-from common.errors import TransformerAllocError, excerpt
+from common.errors import excerpt
+from studies.errors import LeaseError
 
 TABLE = "transformer_alloc_leases"
 _METADATA = sa.MetaData()
@@ -34,10 +35,6 @@ LEASES = sa.Table(
     sa.Column("since", sa.Float, nullable=False),  # epoch seconds
     sa.Column("heartbeat", sa.Float, nullable=False),
 )
-
-
-class LeaseError(TransformerAllocError):
-    """The study is being run by another driver (or its lease was lost)."""
 
 
 @dataclass(frozen=True)

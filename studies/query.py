@@ -22,8 +22,8 @@ import sqlalchemy as sa
 
 from arch import ArchConfig
 from arch.memory import dtype_bytes, kv_cache_bytes
-from common.errors import TransformerAllocError
 from studies import records as rec
+from studies.errors import QueryError
 
 _studies = sa.table("studies", sa.column("study_id"), sa.column("study_name"))
 _directions = sa.table("study_directions", sa.column("study_id"), sa.column("direction"),
@@ -48,10 +48,6 @@ _DIRECTION = sa.cast(_directions.c.direction, sa.String)
 # The x axes of a Pareto front: trainable parameters, or KV cache bytes per token.
 PARETO_AXES = ("params", "kv_cache")
 OLD_KV_DTYPE = "float32"  # what a trial recorded without a KV cache is counted in
-
-
-class QueryError(TransformerAllocError):
-    """A query that cannot be answered (unknown study, no eligible trial); one line."""
 
 
 @dataclass(frozen=True)

@@ -32,17 +32,13 @@ from optuna.trial import TrialState
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
-from common.errors import TransformerAllocError
 from studies import records as rec
+from studies.errors import StorageError
 
 log = logging.getLogger(__name__)
 ENV_VAR = "OPTUNA_STORAGE"
 DEFAULT_URL = "sqlite:///studies.db"
 SCHEMES = ("sqlite", "postgresql")
-
-
-class StorageError(TransformerAllocError):
-    """The storage cannot be opened; the message is one line and never holds a password."""
 
 
 @dataclass(frozen=True)

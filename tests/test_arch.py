@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 
 from arch import ArchConfig, ConfigError, HeadGroup, LayerSpec
-from tests.conftest import arch_configs
+from tests.helpers.strategies import arch_configs
 
 
 def small(**overrides: object) -> ArchConfig:
@@ -55,13 +55,13 @@ def test_v_dim_defaults_to_qk_dim_and_shorthand_parses() -> None:
 def test_unknown_keys_list_the_valid_ones() -> None:
     data = small().to_dict()
     data["dmodel"] = 3
-    with pytest.raises(ConfigError, match=r"dmodel: unknown key; valid keys: d_model, layers, "
+    with pytest.raises(ConfigError, match=r"dmodel = 3: unknown key; valid keys: d_model, layers, "
                        r"max_seq_len, vocab_size"):
         ArchConfig.from_dict(data)
     data = small().to_dict()
     data["layers"][0]["heads"][0]["qk"] = 3
-    with pytest.raises(ConfigError, match=r"layers\[0\]\.heads\[0\]\.qk: unknown key; valid keys: "
-                       r"count, qk_dim, v_dim"):
+    with pytest.raises(ConfigError, match=r"layers\[0\]\.heads\[0\]\.qk = 3: unknown key; "
+                       r"valid keys: count, qk_dim, v_dim"):
         ArchConfig.from_dict(data)
 
 

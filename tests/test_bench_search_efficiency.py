@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import optuna
 
-from alloc.plan import PlanSettings
 from alloc.prior import candidates, point_key
+from alloc.settings import PlanSettings
 from arch import ModelIO
 from bench.search_efficiency import (
     STRATEGIES,

@@ -14,7 +14,8 @@ import yaml
 from alloc import calibrate
 from alloc.calibrate import Observation, fit, with_constants
 from alloc.constants import Constants, read_constants
-from alloc.plan import PlanSettings, make_plan, predicted_error
+from alloc.plan import make_plan, predicted_error
+from alloc.settings import PlanSettings
 from alloc.solve import main as solve_main
 from arch import ArchConfig, HeadGroup, LayerSpec
 from studies import add_record, open_storage, set_study_attrs

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from arch import ATTENTION_KINDS, ArchConfig, ConfigError, HeadGroup, LayerSpec, ModelIO, codec
 from search_spaces import RandomSuggester, load_space, parse_space, shipped_spaces
-from tests.conftest import arch_configs
+from tests.helpers.strategies import arch_configs
 
 
 @st.composite

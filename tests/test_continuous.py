@@ -11,7 +11,7 @@ import pytest
 from alloc.continuous import corner_dims, solve_continuous
 from alloc.extract import ErrorModel, ExtractProblem, solve_exact
 from arch.kernels import parse_kernel
-from tests.alloc_instances import random_problem
+from tests.helpers.instances import random_problem
 
 
 def lagrangian(problem: ExtractProblem, lam: float, w: float, k: float, count: float,

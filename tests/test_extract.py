@@ -19,7 +19,7 @@ from alloc.extract import (
     uniform_options,
 )
 from arch.kernels import parse_kernel
-from tests.alloc_instances import random_problem
+from tests.helpers.instances import random_problem
 
 
 def close(a: float, b: float) -> bool:

@@ -23,7 +23,7 @@ from alloc.profile import main as statistics_main
 from alloc.solve import build_parser as solve_parser
 from alloc.solve import main as solve_main
 from search_spaces import PROBE_IO, RandomSuggester, SpaceError, load_space, parse_space
-from search_spaces.loader import _DATA_KEYS, _RULE_KEYS, _TOP_KEYS, MODEL_KEYS, TRAIN_KEYS
+from search_spaces.schema import DATA_KEYS, MODEL_KEYS, RULE_KEYS, TOP_KEYS, TRAIN_KEYS
 from studies.cli import main as studies_main
 from workers.compress import build_parser as compress_parser
 from workers.compress import main as compress_main
@@ -47,14 +47,14 @@ scalars = st.one_of(
                      "grid", "allocator", "adamw", "sgd", "learned", "rope", "x" * 5000]))
 values = st.recursive(scalars, lambda inner: st.one_of(
     st.lists(inner, max_size=4),
-    st.dictionaries(st.sampled_from([*_RULE_KEYS, *TRAIN_KEYS, *MODEL_KEYS, *_DATA_KEYS,
+    st.dictionaries(st.sampled_from([*RULE_KEYS, *TRAIN_KEYS, *MODEL_KEYS, *DATA_KEYS,
                                      "low", "high", "log", "min", "step", "?"]), inner,
                     max_size=4)), max_leaves=12)
-rules = st.dictionaries(st.sampled_from([*_RULE_KEYS, "?"]), values, max_size=5)
+rules = st.dictionaries(st.sampled_from([*RULE_KEYS, "?"]), values, max_size=5)
 documents = st.fixed_dictionaries(
     {"budget": st.one_of(st.sampled_from([16, 32, 64]), scalars),
      "layers": st.one_of(st.lists(rules, min_size=1, max_size=3), values)},
-    optional={key: values for key in _TOP_KEYS if key not in ("budget", "layers")})
+    optional={key: values for key in TOP_KEYS if key not in ("budget", "layers")})
 
 
 @FUZZ

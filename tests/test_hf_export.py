@@ -23,7 +23,8 @@ from transformers.cache_utils import DynamicCache
 import workers.hf.export as export
 from arch import ArchConfig, HeadGroup, LayerSpec, param_count
 from tests.helpers.copies import copies, drifted
-from workers.hf.export import ExportError, save_student
+from workers.errors import ExportError
+from workers.hf.export import save_student
 from workers.model import Model, build_model
 
 OURS = {"alloc", "arch", "common", "search_spaces", "studies", "userdata", "workers", "bench"}

@@ -9,7 +9,8 @@ from pathlib import Path
 import optuna
 import pytest
 
-from studies.integrity import CorruptStudyError, check_sqlite_file
+from studies.errors import CorruptStudyError
+from studies.integrity import check_sqlite_file
 
 
 def study_file(path: Path, trials: int = 60) -> Path:

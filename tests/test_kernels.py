@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from arch.kernels import KernelError, parse_kernel
+from arch.errors import KernelError
+from arch.kernels import parse_kernel
 
 
 def test_forms() -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from alloc.plan import PlanSettings
+from alloc.settings import PlanSettings
 from arch import ArchConfig, ConfigError, HeadGroup, LayerSpec, ModelIO
 from arch.memory import dtype_bytes, kv_cache_bytes, training_dtype
 from search_spaces import load_space
@@ -165,7 +165,8 @@ def test_seeds_keep_their_key_value_heads() -> None:
 
 
 def test_a_layers_groups_share_key_value_heads_in_proportion() -> None:
-    from alloc.plan import PlanError, share_kv_heads
+    from alloc.errors import PlanError
+    from alloc.plan import share_kv_heads
 
     heads = (HeadGroup(4, 64), HeadGroup(2, 32))
     assert share_kv_heads(heads, 3) == (HeadGroup(4, 64, kv_heads=2), HeadGroup(2, 32, 0, 1))

@@ -10,7 +10,8 @@ import time
 import pytest
 import sqlalchemy as sa
 
-from studies.lease import Lease, LeaseError
+from studies.errors import LeaseError
+from studies.lease import Lease
 
 
 def engine(url: str) -> sa.Engine:

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from torch import Tensor
 
 from arch import ArchConfig, HeadGroup, LayerSpec, param_count
-from tests.conftest import arch_configs
+from tests.helpers.strategies import arch_configs
 from workers.attention import FrozenQKAttention, MultiHeadAttention, SubspaceAttention
 from workers.model import build_model, count_params
 from workers.tasks import DATA_TASKS, TASKS, fit_arch, make_task

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 
 from arch import ArchConfig, HeadGroup, LayerSpec, ParamCount, attention_params, param_count
 from arch.params import io_params, layer_params
-from tests.conftest import arch_configs
+from tests.helpers.strategies import arch_configs
 from workers.model import build_model, count_params
 
 D = 32

@@ -15,7 +15,8 @@ import yaml
 
 from alloc.extract import ErrorModel
 from alloc.pilot import PilotRequest
-from alloc.plan import PlanSettings, make_plan
+from alloc.plan import make_plan
+from alloc.settings import PlanSettings
 from alloc.solve import main as solve_main
 from alloc.spectra import participation_ratio, signal_dim, variance_rank
 from userdata import DataSpec
@@ -175,7 +176,7 @@ def test_bad_rule_flags_are_one_line(argv: list[str], message: str, tmp_path: Pa
 
 
 def test_search_plans_align_heads_so_a_uniform_layer_fills_the_budget() -> None:
-    from alloc.plan import fitting_align
+    from alloc.settings import fitting_align
 
     assert fitting_align(128, 64) == 8 and fitting_align(128, 6) == 4  # not 6: 128 % 6 != 0
     assert fitting_align(36, 64) == 4 and fitting_align(7, 3) == 1

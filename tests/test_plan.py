@@ -7,7 +7,9 @@ import re
 
 import pytest
 
-from alloc.plan import PlanError, PlanSettings, make_plan, report
+from alloc.errors import PlanError
+from alloc.plan import make_plan, report
+from alloc.settings import PlanSettings
 from arch import ArchConfig, HeadGroup, attention_params
 
 

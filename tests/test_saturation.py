@@ -16,7 +16,7 @@ from alloc.saturation import (
     power_spectrum,
     reduced_qk_dim,
 )
-from arch.kernels import KernelError
+from arch.errors import KernelError
 
 
 @pytest.mark.parametrize("seed", range(20))

@@ -12,7 +12,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from alloc.plan import PlanSettings
+from alloc.settings import PlanSettings
 from arch import ArchConfig, ModelIO
 from search_spaces import load_space
 from studies.storage import Reaped, StorageSettings, open_storage, reap_trials

@@ -123,7 +123,7 @@ def test_encode_names_what_is_outside_the_space() -> None:
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    ({"layerz": []}, "layerz = \\[\\]: unknown key; valid: name, description"),
+    ({"layerz": []}, "layerz = \\[\\]: unknown key; valid keys: name, description"),
     ({"layers": [{"attention": [], "heads": [1]}]}, r"layers\[0\]\.attention = \[\]: must not "
                                                      "be empty"),
     ({"layers": [{"attention": ["softmax"], "heads": [1]}]}, "'softmax'.*must be from"),
@@ -204,7 +204,8 @@ def test_a_grid_of_head_groups_holds_each_model_once() -> None:
 
 
 def planner_for(**settings: object) -> object:
-    from alloc.plan import PlanSettings, make_plan
+    from alloc.plan import make_plan
+    from alloc.settings import PlanSettings
 
     def plan(budget: int, depth: int) -> ArchConfig:
         return make_plan(PlanSettings(budget=budget, layers=depth, **settings)).arch  # type: ignore[arg-type]

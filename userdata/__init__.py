@@ -3,11 +3,11 @@
 trainer trains on and the profiler measures, and the flags that name it."""
 
 from userdata.cli import add_data_args, data_spec
+from userdata.errors import DataError
 from userdata.readers import (
     DATA_FORMATS,
     DTYPES,
     ArrayData,
-    DataError,
     DataFormat,
     DataSpec,
     TokenData,

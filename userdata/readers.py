@@ -30,17 +30,13 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 
-from common.errors import TransformerAllocError
+from userdata.errors import DataError
 
 DataFormat = Literal["text", "bin", "npy"]
 DATA_FORMATS: tuple[DataFormat, ...] = get_args(DataFormat)
 DTYPES = ("uint16", "uint32")
 VAL_FRACTION = 0.1
 _CHUNK = 1 << 24  # elements scanned at a time (64 MB of uint32)
-
-
-class DataError(TransformerAllocError):
-    """Data that cannot be used; the message is one line naming the file and the rule."""
 
 
 @dataclass(frozen=True)

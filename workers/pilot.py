@@ -12,7 +12,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from alloc.pilot import PilotError, PilotMeasurement, PilotRequest
+from alloc.errors import PilotError
+from alloc.pilot import PilotMeasurement, PilotRequest
 from alloc.plan import baseline_head
 from arch import ArchConfig, LayerSpec, TrainConfig
 from common.progress import duration, say

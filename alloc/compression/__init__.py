@@ -21,7 +21,6 @@ bound of ``alloc.saturation``.
 """
 
 from alloc.compression.budget import plan_for_kv_cache
-from alloc.compression.errors import CompressionError
 from alloc.compression.measurement import (
     CheckpointMeasurement,
     HeadMeasurement,
@@ -47,6 +46,7 @@ from alloc.compression.schema import (
     LayerPlan,
     Rule,
 )
+from alloc.errors import CompressionError
 
 __all__ = [
     "RANK_TAIL",

@@ -10,9 +10,9 @@ import math
 import operator
 from collections.abc import Callable, Mapping, Sequence
 
-from alloc.compression.errors import CompressionError
 from alloc.compression.planner import student_arch
 from alloc.compression.schema import CompressionPlan, GroupPlan, Rule
+from alloc.errors import CompressionError
 
 
 def plan_for_kv_cache(plan: CompressionPlan, fraction: float) -> CompressionPlan:

@@ -12,9 +12,9 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from alloc.compression.errors import CompressionError
 from alloc.compression.measurement import CheckpointMeasurement, HeadMeasurement, LayerMeasurement
 from alloc.compression.schema import CompressionPlan, GroupPlan, HeadSpectrum, LayerPlan, Rule
+from alloc.errors import CompressionError
 from alloc.saturation import jacobian_bound
 from arch import ArchConfig, HeadGroup
 

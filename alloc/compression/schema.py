@@ -13,8 +13,8 @@ from typing import Any, Literal, get_args
 import numpy as np
 import yaml
 
-from alloc.compression.errors import CompressionError
 from alloc.compression.measurement import HeadStats
+from alloc.errors import CompressionError
 from arch import ArchConfig, ConfigError
 from common.files import dump_yaml, load_yaml
 

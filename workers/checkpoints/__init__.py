@@ -18,7 +18,6 @@ from typing import Any, Literal
 import torch
 
 from arch import ArchConfig, ConfigError
-from workers.checkpoints.errors import CheckpointError
 from workers.checkpoints.folder import (
     INDEX,
     SAFETENSORS,
@@ -34,6 +33,7 @@ from workers.checkpoints.llama import (
     load_llama,
     save_llama,
 )
+from workers.errors import CheckpointError
 from workers.model import Model, build_model
 
 Layout = Literal["ours", "gpt2", "llama"]

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from arch import ArchConfig
-from workers.checkpoints.errors import CheckpointError
+from workers.errors import CheckpointError
 from workers.model import Model, build_model
 
 SAFETENSORS = "model.safetensors"

@@ -26,8 +26,8 @@ from torch import Tensor
 from arch import MAX_DEPTH, MAX_WIDTH, ArchConfig, ConfigError, HeadGroup, LayerSpec
 from common.files import write_atomic
 from workers.attention import MultiHeadAttention, QKVLayout, rope_frequencies
-from workers.checkpoints.errors import CheckpointError
 from workers.checkpoints.folder import SAFETENSORS, TensorFolder, empty_model
+from workers.errors import CheckpointError
 from workers.model import Model
 
 FAMILIES = ("llama", "mistral", "qwen2")
@@ -246,8 +246,10 @@ def stock_pairs(arch: ArchConfig) -> list[tuple[str, list[str]]]:
     return pairs
 
 
-def _split_sizes(arch: ArchConfig, ours: str, n: int) -> list[int]:
-    """Row counts of the stock tensors concatenated into our ``ours`` (``n`` of them)."""
+def stock_row_split(arch: ArchConfig, ours: str, n: int) -> list[int]:
+    """Row counts of the stock tensors concatenated into our ``ours`` (``n`` of them): the
+    query, key and value maps of a fused projection, the gate and up maps of a SwiGLU MLP;
+    empty for a tensor that is one stock tensor."""
     layer = arch.layers[0]
     if ".attn.qkv." in ours:  # q_proj, k_proj, v_proj
         return list(QKVLayout.of(layer).widths)
@@ -266,7 +268,7 @@ def load_llama(folder: Path, config: dict[str, Any], source: str) -> Model:
         params = dict(model.named_parameters(remove_duplicate=False))
         for ours, theirs in stock_pairs(arch):
             target = params[ours]
-            rows = _split_sizes(arch, ours, len(theirs)) or [target.shape[0]]
+            rows = stock_row_split(arch, ours, len(theirs)) or [target.shape[0]]
             for part, name, n in zip(target.split(rows), theirs, rows):
                 part.copy_(tensors.get(name, (n, *target.shape[1:])))
         if arch.tie_embeddings:
@@ -301,7 +303,7 @@ def save_llama(model: Model, config: dict[str, Any], folder: Path,
                                                   frequencies)
     tensors: dict[str, Tensor] = {}
     for ours, theirs in stock_pairs(teacher):
-        rows = _split_sizes(teacher, ours, len(theirs)) or [state[ours].shape[0]]
+        rows = stock_row_split(teacher, ours, len(theirs)) or [state[ours].shape[0]]
         for part, name in zip(state[ours].split(rows), theirs):
             tensors[name] = part.to(dtype or part.dtype).contiguous().clone()
     folder.mkdir(parents=True, exist_ok=True)

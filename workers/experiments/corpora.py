@@ -32,8 +32,9 @@ import numpy as np
 
 from alloc.datastats import Profile
 from alloc.pilot import PilotRequest
-from alloc.plan import PlanSettings, make_plan
+from alloc.plan import make_plan
 from alloc.profilefile import read_allocator_inputs, write_profile
+from alloc.settings import PlanSettings
 from common.cli import render_table
 from common.errors import UsageError
 from common.files import write_csv

@@ -25,8 +25,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from alloc.plan import PlanSettings
 from alloc.saturation import jacobian_bound
+from alloc.settings import PlanSettings
 from arch import ArchConfig, HeadGroup, LayerSpec, TrainConfig
 from common.cli import int_in, render_table
 from common.files import write_csv

@@ -24,8 +24,8 @@ import torch
 from torch import Tensor
 
 from arch import ArchConfig, param_count
-from workers.checkpoints import CheckpointError
 from workers.checkpoints.folder import SAFETENSORS
+from workers.errors import ExportError
 from workers.hf.modeling_transformer_alloc import (
     ATTENTION_KINDS,
     MODEL_TYPE,
@@ -38,10 +38,6 @@ MODELING_FILE = Path(__file__).with_name("modeling_transformer_alloc.py")
 CONFIG_CLASS = TransformerAllocConfig.__name__
 MODEL_CLASS = TransformerAllocForCausalLM.__name__
 FREQUENCY_KEY = ".inv_freq"  # RoPE frequency buffers: saved, but no parameters
-
-
-class ExportError(CheckpointError):
-    """A model the ``transformers`` export does not take, or a folder it will not replace."""
 
 
 @dataclass(frozen=True)

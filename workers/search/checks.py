@@ -11,16 +11,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from arch.memory import gib, training_bytes
-from common.errors import TransformerAllocError, excerpt
+from common.errors import excerpt
+from workers.errors import SearchError
 from workers.search.options import SearchOptions
 
 if TYPE_CHECKING:
     from search_spaces import SearchSpace
     from workers.tasks import Task
-
-
-class SearchError(TransformerAllocError):
-    """A search that cannot start or resume as asked (the study, its task or its space)."""
 
 
 def trial_device(opts: SearchOptions) -> str:

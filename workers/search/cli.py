@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from arch import MAX_WIDTH
 from common.cli import Parser, add_format, dump, fail, int_in, number
 from common.errors import TransformerAllocError
-from search_spaces.loader import SAMPLERS
+from search_spaces.schema import SAMPLERS
 from workers.search.options import SMOKE_TRAIN, SearchOptions
 from workers.taskargs import add_task_args, task_from_args
 

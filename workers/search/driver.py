@@ -24,11 +24,12 @@ from typing import Any
 
 import optuna
 
-from alloc.plan import PlanSettings
+from alloc.settings import PlanSettings
 from arch.memory import training_dtype
 from common.progress import say
 from search_spaces import SearchSpace
 from studies import query
+from studies.errors import QueryError
 from studies.storage import StorageSettings, open_storage, redact, secure_url
 from workers.search import estimate
 from workers.search.checks import trial_device
@@ -212,7 +213,7 @@ def summarise(searcher: StudySearcher, name: str, url: str, status: str) -> Sear
     try:
         _, winners = query.top(searcher.storage.engine, name, 1)
         best = winners[0]
-    except query.QueryError:
+    except QueryError:
         best = None
     return SearchSummary(name, redact(url), status, counts, sorted(retried_numbers(trials)),
                          searcher.not_run(), best, searcher.metric)

@@ -20,13 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from alloc.plan import PlanSettings
+from alloc.settings import PlanSettings
 from common.errors import excerpt
 from search_spaces import SearchSpace, SpaceError, SpaceFile
 from studies.storage import resolve_url
 from userdata import DataSpec
+from workers.errors import SearchError
 from workers.search.checks import (
-    SearchError,
     check_gpus,
     check_study_name,
     check_trial_memory,

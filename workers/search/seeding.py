@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from alloc.plan import PlanSettings, baseline_arch, fitting_align, make_plan, predicted_error
+from alloc.plan import baseline_arch, make_plan, predicted_error
+from alloc.settings import PlanSettings, fitting_align
 from arch import ArchConfig, ConfigError, HeadGroup, LayerSpec
 from common.progress import duration, say
 from search_spaces import SearchSpace, SpaceError

@@ -13,12 +13,12 @@ from typing import Any
 import optuna
 
 from alloc.calibrate import with_constants
-from alloc.plan import PlanSettings
 from alloc.sampler import PriorSampler
+from alloc.settings import PlanSettings
 from search_spaces import SearchSpace
 from studies import records as rec
 from studies.storage import reap_trials, redact
-from workers.search.checks import SearchError
+from workers.errors import SearchError
 from workers.search.request import SearchRequest
 from workers.search.seeding import seeds
 from workers.search.warmstart import WarmStart, copy_trials, open_source

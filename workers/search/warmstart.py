@@ -23,16 +23,12 @@ from optuna.trial import FrozenTrial, TrialState
 from alloc.constants import Constants
 from alloc.sampler import CALIBRATION_ATTR
 from arch import ModelIO
-from common.errors import TransformerAllocError
 from search_spaces import SearchSpace
+from workers.errors import WarmStartError
 from workers.search.searcher import WARM_START_FROM, is_duplicate
 
 WARM_START_ATTR = "warm_start"  # study user attr: what was carried over, from where
 MEASURE_KEYS = ("task", "task_fields", "steps")  # study attrs: same measurement
-
-
-class WarmStartError(TransformerAllocError):
-    """A ``--warm-start`` study that cannot be used."""
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,9 @@ import dataclasses
 from typing import Any
 
 from arch import ArchConfig
+from workers.errors import TaskError
 from workers.taskargs import DATA_TASKS  # tasks on the user's data: made by make_data_task
-from workers.tasks.base import Batch, Task, TaskError, generator
+from workers.tasks.base import Batch, Task, generator
 from workers.tasks.data import ArrayTask, BinTask, TextTask, make_data_task
 from workers.tasks.text import LMTask, corpus
 from workers.tasks.tokens import (

@@ -17,14 +17,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from arch import ModelIO
-from common.errors import TransformerAllocError
 
 SPLITS = {"train": 0, "val": 1}
 VAL_BUCKETS = 10  # a hashed discrete example is in val iff hash % VAL_BUCKETS == 0
-
-
-class TaskError(TransformerAllocError):
-    """Unknown task, size or parameter; the message lists the valid ones."""
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from workers.tasks.base import Batch, Task, TaskError, generator, last_position, take_split
+from workers.errors import TaskError
+from workers.tasks.base import Batch, Task, generator, last_position, take_split
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,228 @@
+"""Every input of the allocator (``PlanSettings``), validated on construction like
+``ArchConfig``: every rule that ties the inputs together is checked here, and only here; a
+broken one raises ``PlanError`` naming the input as the ``alloc.solve`` flag that sets it
+(``--align 24: must divide --budget 512``)."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+
+from alloc.errors import PlanError
+from alloc.extract import ErrorModel
+from alloc.saturation import parse_spectrum
+from arch import ATTENTION_KINDS, POSITIONALS, SINGLE_WIDTH_KINDS, AttentionKind, Positional
+from arch.checks import is_number, need_bool, need_choice, need_int, need_number
+from arch.errors import KernelError
+from arch.kernels import parse_kernel
+from common.errors import TransformerAllocError
+
+MLP_PRODUCT_ORDER = 2  # an MLP after the attention multiplies pairs of extracted tokens (§2.1)
+
+
+@dataclass(frozen=True)
+class PlanSettings:
+    """Every allocator input; the defaults make the bare ``--budget 512`` meaningful.
+
+    Validated on construction, like ``ArchConfig``: every rule that ties the inputs together
+    is checked here (and only here), and a broken one raises ``PlanError`` naming the input as
+    the ``alloc.solve`` flag that sets it (``--align 24: must divide --budget 512``).
+    """
+
+    budget: int = 512
+    layers: int = 6
+    extract_layers: int = 1
+    seq_len: int = 256
+    input_dim: int = 64
+    kernel: str = "poly:1.0"
+    align: int = 8
+    c_proj: float = 1.0
+    c_head: float = 1.0
+    order: float = 2.0
+    alpha: float = 0.01
+    norm_bound: float | None = None
+    tolerance: float = 0.05
+    logit_bound: float = 1.0
+    # Measured logit bound R of each later layer (e.g. from a checkpoint profile); None: the
+    # one logit_bound for all of them.
+    logit_bounds: tuple[float, ...] | None = None
+    spectrum: str = "power:1"
+    attention: AttentionKind = "mhsa"
+    mlp_ratio: float = 4.0
+    uniform: bool = False
+    vocab_size: int | None = None
+    positional: Positional = "learned"
+    # k of the compression term (docs/theory.md §2.1): None = from the MLP, 2 when a layer has
+    # one (it forms products of the extracted tokens), 1 for an attention-only layer.
+    product_order: int | None = None
+    # "file:PATH": the tokens' covariance eigenvalues as the first layer sees them (a pilot
+    # profile's, docs/theory.md §9.2); None: isotropic tokens of input_dim dimensions.
+    input_spectrum: str | None = None
+    # Key/value heads of every layer (grouped-query attention); None: one per query head.
+    kv_heads: int | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.logit_bounds, list):
+            object.__setattr__(self, "logit_bounds", tuple(self.logit_bounds))
+        problems = settings_problems(self)
+        if problems:
+            raise PlanError("; ".join(problems))
+
+    @classmethod
+    def from_dict(cls, data: Any) -> PlanSettings:
+        """Settings from a dict (a study's recorded ``alloc_inputs``); unknown keys are refused
+        with the list of valid ones."""
+        valid = tuple(f.name for f in fields(cls))
+        if not isinstance(data, dict):
+            raise PlanError(f"allocator inputs: expected a mapping, got {type(data).__name__}")
+        unknown = sorted(set(map(str, data)) - set(valid))
+        if unknown:
+            raise PlanError(f"allocator inputs: unknown key {unknown[0]!r}; valid keys: "
+                            f"{', '.join(valid)}")
+        return cls(**data)
+
+    def order_for(self, mlp_ratio: float) -> int:
+        """The compression term's order for a layer with this MLP ratio."""
+        if self.product_order is not None:
+            return self.product_order
+        return MLP_PRODUCT_ORDER if mlp_ratio > 0 else 1
+
+    def model_for(self, mlp_ratio: float) -> ErrorModel:
+        variance = None if self.input_spectrum is None else input_variance(self.input_spectrum)
+        return ErrorModel(self.input_dim, self.c_proj, self.c_head, self.order, self.alpha,
+                          self.norm_bound, self.order_for(mlp_ratio), variance)
+
+    @property
+    def model(self) -> ErrorModel:
+        """The bound of the plan's own layers (their MLP is ``mlp_ratio``)."""
+        return self.model_for(self.mlp_ratio)
+
+
+# (offset, heads, dim) choices of the exact solver above which it would take seconds and
+# gigabytes: refused up front.
+MAX_TABLE = 50_000_000
+MAX_ERROR_TERM = 1e100  # the bound's largest term; products of a few stay finite in float64
+
+
+def align_problem(align: int, budget: int, input_dim: int) -> str | None:
+    """Why head dims in multiples of ``align`` cannot fill ``budget`` for tokens of
+    ``input_dim`` dimensions (None: they can)."""
+    if align > min(input_dim, budget):
+        return (f"--align {align}: must be <= --input-dim ({input_dim}) and <= --budget "
+                f"({budget}) so that an aligned head dimension exists")
+    if budget % align:
+        return (f"--align {align}: must divide --budget {budget} (head dims are multiples of "
+                "--align and a uniform layer must fill the budget)")
+    return None
+
+
+def fitting_align(budget: int, input_dim: int, choices: tuple[int, ...] = (8, 4, 2, 1)) -> int:
+    """The largest of ``choices`` that ``align_problem`` accepts (1 always is)."""
+    return next(a for a in choices if align_problem(a, budget, input_dim) is None)
+
+
+def settings_problems(s: PlanSettings) -> list[str]:
+    """Every broken rule of ``s``: its values' types and ranges first, then the rules that tie
+    them together (the bound's size and the exact solver's table only once those hold)."""
+    problems = _value_problems(s)
+    if problems:
+        return problems
+    problems += [p for p in (align_problem(s.align, s.budget, s.input_dim),) if p]
+    if s.extract_layers > s.layers:
+        problems.append(f"--extract-layers {s.extract_layers}: must be <= --layers {s.layers}")
+    later = s.layers - s.extract_layers
+    if s.logit_bounds is not None and len(s.logit_bounds) > later:
+        problems.append(f"--logit-bounds: {len(s.logit_bounds)} values for {later} later "
+                        f"layer(s) (--layers {s.layers} - --extract-layers {s.extract_layers})")
+    hidden = s.mlp_ratio * s.budget
+    if abs(hidden - round(hidden)) > 1e-9:
+        problems.append(f"--mlp-ratio {s.mlp_ratio:g}: mlp-ratio * budget = {hidden:g} must be "
+                        "a whole number of units")
+    if s.kv_heads is not None and s.attention in SINGLE_WIDTH_KINDS:
+        problems.append(f"--kv-heads {s.kv_heads}: grouped key/value heads are for mhsa and "
+                        f"frozen_qk layers, not --attention {s.attention}")
+    if s.positional == "rope" and s.attention == "mixit":
+        problems.append("--positional rope: not offered for --attention mixit (no queries or "
+                        "keys); use learned or sinusoidal")
+    problems += _named_input_problems(s)
+    return problems or _size_problems(s)
+
+
+def _value_problems(s: PlanSettings) -> list[str]:
+    problems: list[str] = []
+    for name in ("budget", "layers", "seq_len", "input_dim", "align"):
+        need_int(problems, _flag(name), getattr(s, name), 1)
+    need_int(problems, "--extract-layers", s.extract_layers, 0)
+    for name in ("c_proj", "c_head", "alpha", "mlp_ratio"):
+        need_number(problems, _flag(name), getattr(s, name), 0.0)
+    need_number(problems, "--order", s.order, 1.0)
+    for name in ("tolerance", "logit_bound"):
+        need_number(problems, _flag(name), getattr(s, name), 0.0, strict=True)
+    if s.norm_bound is not None:
+        need_number(problems, "--norm-bound", s.norm_bound, 0.0, strict=True)
+    for name in ("product_order", "kv_heads", "vocab_size"):
+        if getattr(s, name) is not None:
+            need_int(problems, _flag(name), getattr(s, name), 1)
+    if s.logit_bounds is not None and not all(is_number(b) and b > 0 for b in s.logit_bounds):
+        problems.append(f"--logit-bounds {s.logit_bounds!r}: every value must be a number > 0")
+    need_choice(problems, "--attention", s.attention, ATTENTION_KINDS)
+    need_choice(problems, "--positional", s.positional, POSITIONALS)
+    need_bool(problems, "--uniform", s.uniform)
+    return problems
+
+
+def _named_input_problems(s: PlanSettings) -> list[str]:
+    """The kernel, the spectrum and the measured input spectrum (a file) as given."""
+    problems: list[str] = []
+    for flag, check in (("--kernel", lambda: parse_kernel(s.kernel, s.seq_len)),
+                        ("--spectrum", lambda: parse_spectrum(s.spectrum))):
+        try:
+            check()
+        except KernelError as err:
+            problems.append(f"{flag}: {err}")
+    if s.input_spectrum is not None:
+        try:
+            values = input_variance(s.input_spectrum)
+        except TransformerAllocError as err:  # KernelError, or the file's own read error
+            return [*problems, f"--input-spectrum: {err}"]
+        if len(values) > s.input_dim or not any(values):
+            problems.append(f"--input-spectrum {s.input_spectrum!r}: {len(values)} values; "
+                            f"needs 1 to --input-dim ({s.input_dim}) values, not all zero")
+    return problems
+
+
+def _size_problems(s: PlanSettings) -> list[str]:
+    """The bound's terms stay finite, and the exact solver's table stays small."""
+    model = s.model
+    with np.errstate(over="ignore"):  # an overflow is what is being checked
+        largest = max(float(model.head_constant(s.seq_len)), float(model.compression(0)))
+    if not largest <= MAX_ERROR_TERM:  # also catches an overflow to inf
+        return [f"--c-proj {s.c_proj:g} / --c-head {s.c_head:g} / --order {s.order:g} / "
+                f"--alpha {s.alpha:g} at --seq-len {s.seq_len}: the bound's terms reach "
+                f"{largest:.3g} (c_head * B * exp(alpha (n + 1) N), c_proj * sqrt(d_in)); they "
+                f"must stay <= {MAX_ERROR_TERM:g} for the solvers to stay finite "
+                "(docs/theory.md §2)"]
+    pairs = sum(s.budget // d for d in range(s.align, min(s.input_dim, s.budget) + 1, s.align))
+    if s.seq_len * pairs > MAX_TABLE:
+        return [f"--seq-len {s.seq_len}: with --budget {s.budget} and --align {s.align} the "
+                f"instance has {s.seq_len * pairs:,} (offset, heads, dim) choices, over "
+                f"{MAX_TABLE:,}; lower --seq-len or raise --align"]
+    return []
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+@functools.cache
+def input_variance(spec: str) -> tuple[float, ...]:
+    """The values of an ``--input-spectrum file:PATH`` (read once per process; ``KernelError``
+    if it is not a file of non-negative numbers)."""
+    kind, values = parse_spectrum(spec)
+    if kind != "file":
+        raise KernelError(f"input spectrum {spec!r}: must be file:PATH (one variance per line)")
+    assert isinstance(values, np.ndarray)
+    return tuple(float(v) for v in values)

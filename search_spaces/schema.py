@@ -1,0 +1,46 @@
+"""The keys of a search space's YAML (docs/guide/search.md), how a rule's ``layers`` key reads,
+and what the allocator's plan is to a space: a ``Planner`` of (budget, depth)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from arch import ArchConfig, TrainConfig
+from arch.checks import add, is_int
+
+SPACES_DIR = Path(__file__).resolve().parent
+TRAIN_KEYS = TrainConfig.experiment_fields()
+FIXED_TRAIN_KEYS = ("steps", "eval_every")  # the scheduler needs one budget per study
+MODEL_KEYS = ("positional", "norm", "mlp", "causal", "tie_embeddings", "seed")
+SAMPLERS = ("tpe", "grid", "random", "prior")
+REDUCED = {"min": 8, "step": 8}
+ALLOCATOR = "allocator"
+TOP_KEYS = ("name", "description", "budget", "depth", "model", "layers", "train", "sampler",
+             "data")
+DATA_KEYS = ("path", "format", "dtype", "vocab_size")
+RULE_KEYS = ("layers", "attention", "mlp_ratio", "heads", "head_dim", "qk_dim", "budget",
+              "role", "eta", "freeze_mlp", "shared", "groups", "kv_heads")
+# The allocator's plan for (budget, depth): what resolves ``allocator`` placeholders.
+Planner = Callable[[int, int], ArchConfig]
+
+
+def layer_indices(problems: list[str], key: str, value: Any, depth: int) -> tuple[int, ...]:
+    if value in (None, "all"):
+        return tuple(range(depth))
+    if is_int(value):
+        value = [value]
+    elif isinstance(value, str) and "-" in value:
+        first, _, last = value.partition("-")
+        if first.strip().isdigit() and last.strip().isdigit():
+            value = list(range(int(first), int(last) + 1))
+    if not isinstance(value, list) or not value or not all(is_int(v) for v in value):
+        add(problems, key, value,
+            "must be 'all', a layer index, a range 'a-b' or a list of indices")
+        return ()
+    outside = [v for v in value if not 0 <= v < depth]
+    if outside:
+        add(problems, key, value, f"layer indices must lie in 0..{depth - 1} (depth {depth})")
+        return ()
+    return tuple(value)

@@ -1,0 +1,23 @@
+"""The errors of ``studies`` (study storage and queries), all under the project's one root
+(``common.errors.TransformerAllocError``): each message is one line naming the field, the value
+and the rule."""
+
+from __future__ import annotations
+
+from common.errors import TransformerAllocError
+
+
+class StorageError(TransformerAllocError):
+    """The storage cannot be opened; the message is one line and never holds a password."""
+
+
+class QueryError(TransformerAllocError):
+    """A query that cannot be answered (unknown study, no eligible trial); one line."""
+
+
+class LeaseError(TransformerAllocError):
+    """The study is being run by another driver (or its lease was lost)."""
+
+
+class CorruptStudyError(TransformerAllocError):
+    """A SQLite study file that fails SQLite's integrity check."""

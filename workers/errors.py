@@ -1,0 +1,27 @@
+"""The errors of ``workers`` (the torch side: tasks, checkpoints, students, the search), all under
+the project's one root (``common.errors.TransformerAllocError``): each message is one line
+naming the field, the value and the rule."""
+
+from __future__ import annotations
+
+from common.errors import TransformerAllocError
+
+
+class CheckpointError(TransformerAllocError):
+    """A checkpoint that cannot be read or written; one line naming the file and the rule."""
+
+
+class ExportError(CheckpointError):
+    """A model the ``transformers`` export does not take, or a folder it will not replace."""
+
+
+class SearchError(TransformerAllocError):
+    """A search that cannot start or resume as asked (the study, its task or its space)."""
+
+
+class WarmStartError(TransformerAllocError):
+    """A ``--warm-start`` study that cannot be used."""
+
+
+class TaskError(TransformerAllocError):
+    """Unknown task, size or parameter; the message lists the valid ones."""
