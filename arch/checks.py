@@ -11,10 +11,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import MISSING, fields
-from typing import Any
+from typing import Any, TypeVar
 
 from arch.errors import ConfigError
 from common.errors import excerpt
+
+T = TypeVar("T")
 
 
 def is_int(value: Any) -> bool:
@@ -90,6 +92,22 @@ def need_choices(problems: list[str], path: str, value: Any, check: Callable[[An
         add(problems, path, bad[0] if len(bad) == 1 else bad, rule)
         return ()
     return tuple(items)
+
+
+def parse_items(problems: list[str], items: Any, path: str,
+                parse: Callable[[Any, str], T], rule: str) -> list[T]:
+    """Each entry of the non-empty list ``items`` parsed by ``parse(entry, "path[i]")``; every
+    entry's problems (a ``ConfigError``) collected, not only the first's."""
+    if not isinstance(items, list) or not items:
+        add(problems, path, items, rule)
+        return []
+    parsed = []
+    for i, item in enumerate(items):
+        try:
+            parsed.append(parse(item, f"{path}[{i}]"))
+        except ConfigError as err:
+            problems.extend(err.problems)
+    return parsed
 
 
 def check_keys(data: Any, valid: tuple[str, ...], path: str) -> None:

@@ -33,6 +33,7 @@ from arch.checks import (
     need_choice,
     need_int,
     need_number,
+    parse_items,
 )
 from arch.errors import ConfigError
 from arch.layers import LayerSpec
@@ -171,16 +172,8 @@ class ArchConfig:
         keys = field_names(cls)
         check_keys(data, keys, "")
         problems: list[str] = []
-        layers: list[LayerSpec] = []
-        layers_data = data.get("layers")
-        if not isinstance(layers_data, list) or not layers_data:
-            problems.append(f"layers = {layers_data!r}: must be a non-empty list of layer specs")
-        else:
-            for i, item in enumerate(layers_data):
-                try:
-                    layers.append(LayerSpec.from_dict(item, f"layers[{i}]"))
-                except ConfigError as err:
-                    problems.extend(err.problems)
+        layers = parse_items(problems, data.get("layers"), "layers", LayerSpec.from_dict,
+                             "must be a non-empty list of layer specs")
         kwargs = {k: data[k] for k in keys if k in data and k != "layers"}
         if problems:  # report the global fields' problems too, not only the layers'
             values = {**field_defaults(cls), "d_model": None, "max_seq_len": None, **kwargs}

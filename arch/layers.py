@@ -20,6 +20,7 @@ from arch.checks import (
     need_bool,
     need_choice,
     need_int,
+    parse_items,
 )
 from arch.errors import ConfigError
 from arch.names import ATTENTION_KINDS, ROLES, SINGLE_WIDTH_KINDS, AttentionKind, Role
@@ -223,17 +224,9 @@ class LayerSpec:
         keys = field_names(cls)
         check_keys(data, keys, path)
         problems: list[str] = []
-        heads_data = data.get("heads")
-        heads: list[HeadGroup] = []
-        if not isinstance(heads_data, list) or not heads_data:
-            problems.append(f"{path}.heads = {heads_data!r}: must be a non-empty list of head "
-                            "groups such as [{count: 8, qk_dim: 64}] or ['8x64']")
-        else:
-            for j, item in enumerate(heads_data):
-                try:
-                    heads.append(HeadGroup.from_dict(item, f"{path}.heads[{j}]"))
-                except ConfigError as err:
-                    problems.extend(err.problems)
+        heads = parse_items(problems, data.get("heads"), f"{path}.heads", HeadGroup.from_dict,
+                            "must be a non-empty list of head groups such as "
+                            "[{count: 8, qk_dim: 64}] or ['8x64']")
         kwargs = {k: data[k] for k in keys if k in data and k != "heads"}
         if problems:  # report this layer's own problems too, not only its head groups'
             values = {**field_defaults(cls), "attention": None, **kwargs, "heads": None}
