@@ -21,3 +21,13 @@ class LeaseError(TransformerAllocError):
 
 class CorruptStudyError(TransformerAllocError):
     """A SQLite study file that fails SQLite's integrity check."""
+
+
+class StorageFaultError(TransformerAllocError):
+    """The storage failed while a command ran (disk full, read-only, connection lost past the
+    retries, missing privileges): one line naming the storage, the fault and what to do; the
+    study is left as ``--resume`` continues it. Exit code 1: not the user's input."""
+
+
+class LeaseLostError(StorageFaultError):
+    """The study's lease was taken by another driver while this one ran (it looked dead)."""

@@ -4,8 +4,9 @@ A search's driver holds its study's lease while it runs: a row of the table
 ``transformer_alloc_leases`` (beside Optuna's tables, which it leaves untouched) naming the
 driver (host, pid, when it started) and refreshed with each heartbeat. A second driver of the
 same study sees the row before it runs anything and is refused in one line naming the running
-driver; a lease whose heartbeat is older than its ``ttl`` belongs to a dead driver and is taken
-over by ``--resume``. Taking it is one atomic statement on SQLite and PostgreSQL alike: an
+driver; a lease whose heartbeat is older than its ``ttl``, or whose holder is a process of
+this host that no longer exists, belongs to a dead driver and is taken over by ``--resume``.
+Taking it is one atomic statement on SQLite and PostgreSQL alike: an
 ``INSERT`` that the primary key lets only one driver make, or an ``UPDATE`` conditional on the
 stale row being unchanged (compare-and-set), so two drivers racing for it cannot both win.
 """
@@ -86,7 +87,7 @@ class Lease:
         holder = self.holder()
         if holder is None:  # released between the two statements: try once more
             return self.acquire(take_stale)
-        if now - holder.heartbeat <= self.ttl:
+        if now - holder.heartbeat <= self.ttl and not self._dead(holder):
             raise LeaseError(f"study {excerpt(self.study)}: another driver is running it "
                              f"({holder.describe(now)}); wait for it to finish, or stop it "
                              "first")
@@ -105,6 +106,20 @@ class Lease:
                              "lease at the same moment; it is running the study now")
         self.held = True
         return holder
+
+    def _dead(self, holder: Holder) -> bool:
+        """The holder is a process of this host that no longer exists: its lease is stale at
+        once, without waiting ``ttl`` (a killed driver resumed right away). Another host's
+        driver is judged by its heartbeat alone."""
+        if holder.host != self.host[:256] or holder.pid == self.pid:
+            return False
+        try:
+            os.kill(holder.pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:  # alive, another user's
+            return False
+        return False
 
     def holder(self) -> Holder | None:
         """The lease's current holder, as its row says (None: nobody)."""

@@ -362,26 +362,3 @@ def beating_numbers(engine: sa.Engine, study: str) -> set[int]:
              .where(_studies.c.study_name == study))
     with engine.connect() as conn:
         return set(conn.scalars(query))
-
-
-def stale_numbers(engine: sa.Engine, study: str, grace_period: float) -> set[int]:
-    """Numbers of the study's RUNNING trials whose last heartbeat is older than
-    ``grace_period`` seconds by the database's clock (the rule Optuna's ``fail_stale_trials``
-    applies, read before it fails them)."""
-    query = (sa.select(_trials.c.number, _heartbeats.c.heartbeat)
-             .join(_heartbeats, _heartbeats.c.trial_id == _trials.c.trial_id)
-             .join(_studies, _studies.c.study_id == _trials.c.study_id)
-             .where(_studies.c.study_name == study, _STATE == "RUNNING"))
-    with engine.connect() as conn:
-        now = conn.execute(sa.select(sa.func.now())).scalar_one()
-        rows = conn.execute(query).all()
-    now = _naive(now)
-    return {number for number, beat in rows
-            if (now - _naive(beat)).total_seconds() > grace_period}
-
-
-def _naive(value: Any) -> datetime:
-    """A database timestamp as a naive ``datetime`` (SQLite returns text, PostgreSQL an aware
-    ``datetime``; both clocks are the database's)."""
-    moment = datetime.fromisoformat(value) if isinstance(value, str) else value
-    return moment.replace(tzinfo=None)

@@ -34,6 +34,7 @@ from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from studies import records as rec
 from studies.errors import StorageError
+from studies.integrity import check_sqlite_file
 
 log = logging.getLogger(__name__)
 ENV_VAR = "OPTUNA_STORAGE"
@@ -124,6 +125,7 @@ def _prepare_sqlite(parsed: URL, settings: StorageSettings, read_only: bool) -> 
     if not path.parent.exists():
         raise StorageError(f"sqlite file {database!r}: directory {str(path.parent)!r} does not "
                            "exist")
+    check_sqlite_file(path, settings.busy_timeout)  # a damaged file is refused, untouched
     if uri or read_only:
         return  # reading needs no WAL switch, and a read-only file cannot take one
     with sqlite3.connect(path, timeout=settings.busy_timeout) as connection:
@@ -147,18 +149,40 @@ def open_storage(url: str | None = None, settings: StorageSettings | None = None
     try:
         if parsed.get_backend_name() == "sqlite":
             _prepare_sqlite(parsed, settings, read_only)
-        with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna; we rely on them
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            callback = (RetryHeartbeatStaleTrialCallback(max_retry=settings.retries)
-                        if settings.retries else None)
-            return RDBStorage(url, engine_kwargs=engine_kwargs(url, settings),
-                              heartbeat_interval=settings.heartbeat_interval,
-                              grace_period=settings.grace_period,
-                              heartbeat_stale_trial_callback=callback)
+        return _rdb_storage(url, settings)
     except (SQLAlchemyError, sqlite3.Error, RuntimeError, ImportError) as err:
-        reason = scrub(str(err).strip().splitlines()[0] if str(err).strip() else
-                       type(err).__name__, url)
-        raise StorageError(f"cannot open storage {redact(url)}: {reason}") from None
+        from studies.faults import FAULTS, UNKNOWN, classify, driver_message
+
+        fault, reason = classify(err), scrub(driver_message(err), url)
+        said = "" if fault is UNKNOWN or fault is FAULTS[-1] else f"{fault.cause}: "
+        raise StorageError(f"cannot open storage {redact(url)}: {said}{reason}") from None
+
+
+CREATION_RACE = ("already exists", "unique constraint failed: alembic_version",
+                 "duplicate key value violates unique constraint")
+
+
+def _rdb_storage(url: str, settings: StorageSettings, attempts: int = 5) -> RDBStorage:
+    """Optuna's ``RDBStorage``; on a new database another process may be creating the same
+    tables at this moment (two drivers started together), which fails one of them with "table
+    ... already exists": it waits for the other to finish and opens what it created."""
+    with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna; we rely on them
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        callback = (RetryHeartbeatStaleTrialCallback(max_retry=settings.retries)
+                    if settings.retries else None)
+        attempt = 0
+        while True:
+            try:
+                return RDBStorage(url, engine_kwargs=engine_kwargs(url, settings),
+                                  heartbeat_interval=settings.heartbeat_interval,
+                                  grace_period=settings.grace_period,
+                                  heartbeat_stale_trial_callback=callback)
+            except SQLAlchemyError as err:
+                attempt += 1
+                if attempt == attempts or not any(sign in str(err).lower()
+                                                  for sign in CREATION_RACE):
+                    raise
+                time.sleep(0.2 * attempt)
 
 
 def engine(storage: RDBStorage) -> sqlalchemy.Engine:
@@ -197,39 +221,29 @@ def _running(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     return study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
 
 
-@dataclass(frozen=True)
-class Reaped:
-    """What ``reap_trials`` did to a study's RUNNING trials."""
+def reap_trials(study: optuna.Study, storage: RDBStorage) -> list[int]:
+    """Fail and retry every RUNNING trial of ``study``, for a driver that holds the study's
+    lease (``studies.lease``): no other driver runs them, so they are a dead driver's, with no
+    need to wait for their heartbeats to lapse. Each is marked interrupted with its error
+    before it is failed, so no trial is ever failed unmarked; one that finished meanwhile keeps
+    its state.
 
-    failed: list[int]  # failed (and re-enqueued): their process is dead
-    alive: list[int]  # still RUNNING with a live heartbeat: their process is alive
-
-
-def reap_trials(study: optuna.Study, storage: RDBStorage, wait: float,
-                poll: float = 0.5) -> Reaped:
-    """Fail and retry the RUNNING trials of a dead process: those whose heartbeat lapses within
-    ``wait`` seconds (``fail_stale_trials``), and those that never recorded one."""
-    from studies.query import beating_numbers
-
-    deadline = time.monotonic() + wait
-    failed: list[int] = []
-    while _running(study) and time.monotonic() < deadline:
-        failed += _fail_stale(study, storage)
-        time.sleep(poll)
-    failed += _fail_stale(study, storage)
-    running = [t.number for t in _running(study)]
-    beating = beating_numbers(storage.engine, study.study_name)
-    for number in running:
-        if number not in beating:
-            trial_id = _mark(storage, study, number, "interrupted", INTERRUPTED)
+    Returns:
+        Numbers of the trials it failed (each re-enqueued).
+    """
+    failed = []
+    for trial in _running(study):
+        trial_id = _mark(storage, study, trial.number, "interrupted", INTERRUPTED)
+        try:
             storage.set_trial_state_values(trial_id, TrialState.FAIL)
-            retry_failed(study, number)
-            failed.append(number)
-    return Reaped(sorted(failed), [n for n in running if n in beating])
+        except optuna.exceptions.UpdateFinishedTrialError:
+            continue
+        retry_failed(study, trial.number)
+        failed.append(trial.number)
+    return failed
 
 
-INTERRUPTED = "its driver or worker stopped (no heartbeat); failed, and retried when the " \
-    "search resumed"
+INTERRUPTED = "its driver stopped while it ran; failed, and retried when the search resumed"
 
 
 def _mark(storage: RDBStorage, study: optuna.Study, number: int, status: str,
@@ -241,18 +255,3 @@ def _mark(storage: RDBStorage, study: optuna.Study, number: int, status: str,
         storage.set_trial_user_attr(trial_id, rec.STATUS, status)
         storage.set_trial_user_attr(trial_id, rec.ERROR, error)
     return trial_id
-
-
-def _fail_stale(study: optuna.Study, storage: RDBStorage) -> list[int]:
-    """``fail_stale_trials``, each stale trial marked interrupted first (a finished trial
-    takes no attrs); one whose heartbeat came back meanwhile is marked running again."""
-    from studies.query import stale_numbers
-
-    grace = storage.grace_period or 2 * (storage.get_heartbeat_interval() or 0)
-    marked = stale_numbers(storage.engine, study.study_name, grace)
-    for number in sorted(marked):
-        _mark(storage, study, number, "interrupted", INTERRUPTED)
-    failed = fail_stale_trials(study)
-    for number in sorted(marked - set(failed)):
-        _mark(storage, study, number, "running", None)
-    return failed

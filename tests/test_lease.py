@@ -74,3 +74,24 @@ def test_drivers_racing_for_a_new_lease_one_wins(storage_url: str, study_name: s
         p.join(30)
     assert all(p.exitcode == 0 for p in racers)
     assert sorted(results.get(timeout=5) for _ in racers) == ["refused"] * 3 + ["won"]
+
+
+def _hold_and_die(url: str, study: str) -> None:
+    Lease(sa.create_engine(url), study, ttl=60).acquire(take_stale=False)
+    # the process ends without releasing: a driver killed with kill -9
+
+
+def test_a_killed_driver_of_this_host_is_stale_at_once(storage_url: str,
+                                                       study_name: str) -> None:
+    """No waiting for the ttl when the holder is a process of this host that is gone."""
+    context = multiprocessing.get_context("spawn")
+    killed = context.Process(target=_hold_and_die, args=(storage_url, study_name))
+    killed.start()
+    killed.join(30)
+    new = Lease(engine(storage_url), study_name, ttl=60)
+    holder = new.holder()
+    assert holder is not None and holder.pid == killed.pid
+    with pytest.raises(LeaseError, match=r"stopped without releasing it .* pass --resume"):
+        new.acquire(take_stale=False)
+    assert new.acquire(take_stale=True) is not None
+    new.release()

@@ -26,6 +26,7 @@ from arch import MAX_WIDTH
 from common.cli import Parser, add_format, dump, fail, int_in, number
 from common.errors import TransformerAllocError
 from search_spaces.schema import SAMPLERS
+from studies.errors import StorageFaultError
 from workers.search.options import SMOKE_TRAIN, SearchOptions
 from workers.taskargs import add_task_args, task_from_args
 
@@ -146,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         summary = execute(setup(args))
+    except StorageFaultError as err:  # the storage failed while the search ran: not bad input
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return 1
     except TransformerAllocError as err:
         return fail(PROG, str(err))
     print(render(summary) if args.format == "table" else dump(summary.to_dict(), args.format))
@@ -153,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     if note:
         print(f"{PROG}: {note}", file=sys.stderr)
     return code
+
+
+INTERRUPTED = {"interrupted": 130, "terminated": 143}  # Ctrl-C, SIGTERM: 128 + the signal
 
 
 def outcome(summary: SearchSummary) -> tuple[int, str | None]:
@@ -163,8 +170,8 @@ def outcome(summary: SearchSummary) -> tuple[int, str | None]:
         summary.counts.get(k, 0) for k in ("WAITING", "DUPLICATE", "WARM_START"))
     where = (f"their errors: python -m studies top --storage {shlex.quote(summary.storage)} "
              f"--study {shlex.quote(summary.study)}")
-    if summary.status == "interrupted":
-        return 130, None  # the interrupt was reported when it happened
+    if summary.status in INTERRUPTED:
+        return INTERRUPTED[summary.status], None  # reported when it happened
     if failed and failed == ran:
         return 1, f"all {failed} trials failed ({where})"
     return 0, f"{failed} of {ran} trials failed ({where})" if failed else None

@@ -14,13 +14,17 @@ From Python::
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shlex
+import signal
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import optuna
 
@@ -29,10 +33,13 @@ from arch.memory import training_dtype
 from common.progress import say
 from search_spaces import SearchSpace
 from studies import query
-from studies.errors import QueryError
+from studies.errors import QueryError, StorageFaultError
+from studies.faults import STORAGE_ERRORS, guarded
+from studies.lease import Lease
 from studies.storage import StorageSettings, open_storage, redact, secure_url
 from workers.search import estimate
 from workers.search.checks import trial_device
+from workers.search.guard import GuardedSearcher
 from workers.search.options import SearchOptions
 from workers.search.protocol import TrialJob
 from workers.search.request import SearchRequest, prepare
@@ -57,7 +64,7 @@ class SearchSummary:
 
     study: str
     storage: str  # password redacted
-    status: str  # completed | interrupted
+    status: str  # completed | interrupted (Ctrl-C) | terminated (SIGTERM)
     counts: dict[str, int]  # trials by Optuna state
     retried: list[int]  # failed trials that were re-run
     not_run: int  # starting points (e.g. grid points) never enqueued
@@ -106,27 +113,43 @@ def run_search(space: SearchSpace | str | Path, task: Task | str, *, storage: st
 
 
 def execute(request: SearchRequest) -> SearchSummary:
-    """Run a checked search: open (or resume) its study, answer at once if it already has its
-    trials, else run the trials it lacks through Ray Tune; the study summarised.
+    """Run a checked search: take its study's lease, open (or resume) the study, answer at once
+    if it already has its trials, else run the trials it lacks through Ray Tune; the study
+    summarised.
 
     Raises:
-        SearchError: the study is not this search's; StorageError: the storage cannot be opened.
+        SearchError: the study is not this search's; StorageError: the storage cannot be opened;
+        LeaseError: another driver runs the study; StorageFaultError: the storage failed while
+        the search ran (the study is left as ``--resume`` continues it).
     """
     opts = request.options
     heartbeats = StorageSettings(heartbeat_interval=opts.heartbeat_interval,
                                  grace_period=opts.grace_period, retries=1)
-    url = request.storage
-    probe = open_storage(url, heartbeats)  # fail fast, before Ray starts
+    probe = open_storage(request.storage, heartbeats)  # fail fast, before Ray starts
+    lease = Lease(probe.engine, request.study, ttl=opts.grace_period)
     try:
-        opened = open_search_study(request, probe)
-        remaining = request.trials - finished_count(opened.study)
-        if remaining <= 0:  # nothing to run: answer before Ray starts
-            print(f"study {request.study} already has its {request.trials} trials",
-                  file=sys.stderr)
-            return summarise(_searcher(request, opened.study, probe, opened.settings),
-                             request.study, url, "completed")
+        dead = guarded(lambda: lease.acquire(take_stale=request.resume), request.storage)
+        if dead is not None:
+            say(f"study {request.study}: took over from its last driver "
+                f"({dead.describe(time.time())})", quiet=opts.quiet)
+        return _execute(request, probe, lease, heartbeats)
     finally:
-        probe.engine.dispose()  # its connections are not needed past the checks
+        with contextlib.suppress(*STORAGE_ERRORS):  # a lease left behind is stale once we exit
+            lease.release()
+        probe.engine.dispose()
+
+
+def _execute(request: SearchRequest, probe: optuna.storages.RDBStorage, lease: Lease,
+             heartbeats: StorageSettings) -> SearchSummary:
+    """``execute`` once the lease is held."""
+    opts, url = request.options, request.storage
+    opened = guarded(lambda: open_search_study(request, probe), url)
+    remaining = request.trials - finished_count(opened.study)
+    if remaining <= 0:  # nothing to run: answer before Ray starts
+        print(f"study {request.study} already has its {request.trials} trials",
+              file=sys.stderr)
+        return summarise(_searcher(request, opened.study, probe, opened.settings),
+                         request.study, url, "completed")
     announce_estimate(request, starting_points(request.space, opened.settings,
                                                request.sampler), remaining)
     from workers.search import tune  # Ray starts here
@@ -136,9 +159,9 @@ def execute(request: SearchRequest) -> SearchSummary:
     rdb = open_storage(url, heartbeats)
     sampler = make_sampler(request, opened.settings, opened.warm)
     study = optuna.load_study(study_name=request.study, storage=rdb, sampler=sampler)
-    searcher = _searcher(request, study, rdb, opened.settings)
+    searcher = GuardedSearcher(_searcher(request, study, rdb, opened.settings), url, lease)
     status = _run(searcher, request, url)
-    return summarise(searcher, request.study, url, status)
+    return summarise(searcher.inner, request.study, url, status)
 
 
 def _searcher(request: SearchRequest, study: optuna.Study,
@@ -151,7 +174,7 @@ def _searcher(request: SearchRequest, study: optuna.Study,
                          kv_dtype=training_dtype(trial_device(request.options)))
 
 
-def _run(searcher: StudySearcher, request: SearchRequest, url: str) -> str:
+def _run(searcher: GuardedSearcher, request: SearchRequest, url: str) -> str:
     """Run the trials the study still lacks; returns how the run ended."""
     from workers.search import tune
 
@@ -167,13 +190,60 @@ def _run(searcher: StudySearcher, request: SearchRequest, url: str) -> str:
     say(f"search {name}: {remaining} trial(s) of {space.name} on {task.name} ({steps} steps "
         f"each), study in {redact(url)}, Ray results in {opts.storage_path / run.name}",
         quiet=opts.quiet)
-    status = tune.run_tuner(searcher, trial_job(task, opts), run)
-    failed = searcher.abandon("interrupted")
-    if failed:
-        status = "interrupted"
-        print(f"interrupted: trials {failed} failed and re-enqueued; continue with --resume",
+    with terminated_as_interrupted() as signals:
+        status = tune.run_tuner(cast(StudySearcher, searcher), trial_job(task, opts), run,
+                                stop=searcher.should_stop)
+    how = "terminated" if signals.terminated else "interrupted"
+    failed = None if searcher.fault else searcher.abandon(how)
+    if searcher.fault is not None:
+        _stop_on_fault(searcher)
+    if failed or signals.terminated:
+        status = how
+        print(f"{how}: trials {failed} failed and re-enqueued; continue with --resume",
               file=sys.stderr)
     return status
+
+
+def _stop_on_fault(searcher: GuardedSearcher) -> None:
+    """After the storage failed: one try at marking the open trials interrupted (the database
+    may be back), then the fault, as one line."""
+    fault = searcher.fault
+    assert fault is not None
+    try:
+        failed = guarded(lambda: searcher.inner.abandon("interrupted"), searcher.url,
+                         patience=0)
+        if failed:
+            print(f"trials {failed} marked interrupted and re-enqueued", file=sys.stderr)
+    except StorageFaultError:
+        print("the running trials could not be marked: --resume fails and retries them",
+              file=sys.stderr)
+    raise fault
+
+
+@contextlib.contextmanager
+def terminated_as_interrupted() -> Iterator[_Signals]:
+    """SIGTERM (a scheduler's or an operator's stop) handled as Ctrl-C is: Tune stops the
+    trials and returns, the driver marks the open ones and exits (143). Ray's own SIGTERM
+    handler in this process would print a native stack trace and leave the trials RUNNING."""
+    signals = _Signals()
+    if threading.current_thread() is not threading.main_thread():
+        yield signals  # only the main thread may handle signals (e.g. a notebook's thread)
+        return
+
+    def on_term(signum: int, frame: object) -> None:
+        signals.terminated = True
+        signal.raise_signal(signal.SIGINT)  # Tune's graceful stop, as for a first Ctrl-C
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield signals
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@dataclass
+class _Signals:
+    terminated: bool = False
 
 
 def trial_job(task: Task, opts: SearchOptions) -> TrialJob:

@@ -76,11 +76,12 @@ class OpenedStudy:
 
 def open_search_study(request: SearchRequest,
                       storage: optuna.storages.RDBStorage) -> OpenedStudy:
-    """Open (or resume) the request's study in ``storage``: the warm start's constants and
-    trials carried over, and on ``resume`` the trials of a dead driver failed and retried.
+    """Open (or resume) the request's study in ``storage``, whose lease the caller holds: the
+    warm start's constants and trials carried over, and on ``resume`` the trials of a dead
+    driver failed and retried.
 
     Raises:
-        SearchError: the study is not this search's, or another driver is running it.
+        SearchError: the study is not this search's.
     """
     opts = request.options
     settings = request.plan_settings()
@@ -97,11 +98,11 @@ def open_search_study(request: SearchRequest,
               f"{note['constants'] or 'none calibrated'}; {note['copied']} trial(s) copied"
               + (f" ({note['trials_not_copied']})" if "trials_not_copied" in note else ""),
               file=sys.stderr)
-    if request.resume:
-        alive = reap_trials(study, storage, opts.grace_period + opts.heartbeat_interval).alive
-        if alive:
-            raise SearchError(f"--resume: trials {alive} of {request.study!r} still have a "
-                              "live heartbeat; another driver is running this study")
+    if request.resume:  # the driver holds the study's lease: what still runs is a dead one's
+        reaped = reap_trials(study, storage)
+        if reaped:
+            print(f"--resume: trials {reaped} of the last driver were still running: marked "
+                  "interrupted and retried", file=sys.stderr)
     return OpenedStudy(study, settings, warm)
 
 

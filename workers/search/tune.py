@@ -14,7 +14,7 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -116,8 +116,10 @@ class TuneRun:
     quiet: bool = False  # no progress on stderr
 
 
-def run_tuner(searcher: StudySearcher, job: TrialJob, run: TuneRun) -> str:
-    """Run ``run.trials`` trials; returns ``completed`` or ``interrupted`` (Ctrl-C)."""
+def run_tuner(searcher: StudySearcher, job: TrialJob, run: TuneRun,
+              stop: Callable[[], bool] | None = None) -> str:
+    """Run ``run.trials`` trials; returns ``completed`` or ``interrupted`` (Ctrl-C). ``stop``:
+    checked at every step, True stops every trial (e.g. the storage failed)."""
     scheduler = (ASHAScheduler(time_attr="step", metric=searcher.metric, mode=searcher.mode,
                                max_t=run.steps,
                                grace_period=asha_grace_period(run.steps, run.eval_every),
@@ -135,7 +137,7 @@ def run_tuner(searcher: StudySearcher, job: TrialJob, run: TuneRun) -> str:
                                     trial_dirname_creator=lambda trial: f"trial_{trial.trial_id}"),
         run_config=tune.RunConfig(
             name=run.name, storage_path=str(run.storage_path.resolve()), verbose=0,
-            callbacks=[monitor],
+            callbacks=[monitor], stop=None if stop is None else _StopWhen(stop),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
             failure_config=tune.FailureConfig(max_failures=1)))
     try:
@@ -145,6 +147,22 @@ def run_tuner(searcher: StudySearcher, job: TrialJob, run: TuneRun) -> str:
         return "interrupted"   # the trials it left open (workers.search reports that)
     monitor.bar.close("done" if monitor.finished >= run.trials else "stopped")
     return "completed"
+
+
+class _StopWhen(tune.Stopper):
+    """Stops the whole run once ``predicate()`` is True (Tune's public ``Stopper`` API)."""
+
+    def __init__(self, predicate: Callable[[], bool]) -> None:
+        self.predicate: Callable[[], bool] | None = predicate
+
+    def __call__(self, trial_id: str, result: dict[str, Any]) -> bool:
+        return self.stop_all()
+
+    def stop_all(self) -> bool:
+        return self.predicate is not None and self.predicate()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"predicate": None}  # Tune pickles its stopper: no study or URL in it
 
 
 def _trainable(config: dict[str, Any]) -> None:

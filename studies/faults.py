@@ -1,0 +1,120 @@
+"""A storage that fails while a search runs: the fault in words, retried while it may pass.
+
+A database write can fail for reasons that are nobody's bug: the disk is full, the file or its
+filesystem turned read-only, the server went away for a restart, the role lost its privileges.
+Optuna wraps the driver's error in ``StorageInternalError`` ("... e.g. exceeding max length"),
+which names none of them. ``describe`` walks the exception chain to the driver's own message
+and names the fault, the storage (password hidden) and what to do; ``guarded`` retries a call
+while the fault is one that passes by itself (a lost connection, a locked file), with backoff,
+for at most ``PATIENCE_S`` seconds, and raises ``StorageFaultError`` (one line) otherwise.
+
+A retried write may have reached the database before its connection dropped; Optuna's ask/tell
+are not idempotent, so such a retry can at worst leave an extra WAITING or FAIL trial, which
+``--resume`` and the study's counts already treat as not run.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import optuna
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+
+from studies.errors import StorageFaultError
+from studies.storage import redact, scrub
+
+PATIENCE_S = 60.0  # how long a passing fault (a server restart) is waited out
+BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0)  # then every 8 s until PATIENCE_S
+STORAGE_ERRORS = (SQLAlchemyError, sqlite3.Error, optuna.exceptions.StorageInternalError)
+Result = TypeVar("Result")
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A kind of storage fault: how the driver says it, what it means, what to do."""
+
+    signs: tuple[str, ...]  # lower-case fragments of the driver's message
+    cause: str
+    remedy: str
+    passes: bool = False  # may go away by itself: retried for PATIENCE_S
+
+
+FAULTS = (
+    Fault(("database or disk is full", "no space left on device", "could not extend file",
+           "could not write to file"),
+          "the disk holding it is full", "free space on that disk, then continue with --resume"),
+    Fault(("readonly database", "read-only file system", "read-only transaction",
+           "unable to open database file"),
+          "it cannot be written (a read-only file, directory or filesystem)",
+          "make it writable, then continue with --resume"),
+    Fault(("permission denied", "insufficient privilege", "must be owner"),
+          "the database role lacks privileges on its tables",
+          "grant the role SELECT, INSERT, UPDATE and DELETE on the study tables (or use the "
+          "role that created them), then continue with --resume"),
+    Fault(("server closed the connection", "terminating connection", "connection refused",
+           "could not connect", "connection to server", "the database system is",
+           "connection reset", "connection timed out", "connection is closed", "ssl syscall",
+           "no connection to the server", "database is locked"),
+          "the connection to it was lost", "check that the database server is up and "
+          "reachable, then continue with --resume", passes=True),
+)
+UNKNOWN = Fault((), "the database refused a write", "fix the database, then continue with "
+                "--resume")
+
+
+def driver_message(err: BaseException) -> str:
+    """The first line of the deepest message in ``err``'s chain: the database driver's own
+    words, under Optuna's and SQLAlchemy's wrappers."""
+    message, seen = "", set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        inner = current.orig if isinstance(current, DBAPIError) else None
+        text = str(inner if inner is not None else current).strip()
+        if text and not isinstance(current, optuna.exceptions.StorageInternalError):
+            message = text.splitlines()[0]
+        current = current.__cause__ or current.__context__
+    return message or type(err).__name__
+
+
+def classify(err: BaseException) -> Fault:
+    """The fault ``err`` is (``UNKNOWN`` if its message is none of ``FAULTS``)."""
+    lowered = driver_message(err).lower()
+    if isinstance(err, DBAPIError) and err.connection_invalidated:
+        return FAULTS[-1]
+    return next((f for f in FAULTS if any(sign in lowered for sign in f.signs)), UNKNOWN)
+
+
+def describe(err: BaseException, url: str, waited: float = 0.0) -> StorageFaultError:
+    """One line: the storage (password hidden), the fault in words, the database's own words,
+    what to do."""
+    fault, said = classify(err), driver_message(err)
+    said = scrub(said, url)
+    tried = f" for {waited:.0f} s" if waited >= 1 else ""
+    return StorageFaultError(f"storage {redact(url)}: {fault.cause}{tried} ({said[:160]}); "
+                             f"{fault.remedy}")
+
+
+def guarded(call: Callable[[], Result], url: str, patience: float = PATIENCE_S,
+            sleep: Callable[[float], None] = time.sleep) -> Result:
+    """``call()``, retried with backoff while its storage fault may pass (at most ``patience``
+    seconds).
+
+    Raises:
+        StorageFaultError: the fault persists or cannot pass (one line, ``describe``).
+    """
+    started, attempt = time.monotonic(), 0
+    while True:
+        try:
+            return call()
+        except STORAGE_ERRORS as err:
+            waited = time.monotonic() - started
+            if not classify(err).passes or waited >= patience:
+                raise describe(err, url, waited) from None
+            pause = BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)]
+            sleep(min(pause, max(0.0, patience - waited)))
+            attempt += 1
