@@ -7,6 +7,8 @@ ways a stock ``OptunaSearch`` on an SQL study loses or corrupts trials:
 * a trial is COMPLETE only if its last result reached the full ``steps``; a trial the scheduler
   stopped early is PRUNED with ``steps_reached``;
 * a trial that raised or produced NaN is FAIL with its error in the user attr ``error``;
+* a trial whose worker died once Ray's in-place restarts (user attr ``restarts``) were spent is
+  FAIL, and retried ``WORKER_RETRIES`` more times as a new trial from its last checkpoint;
 * the driver records a heartbeat for every trial it asked (Optuna's own heartbeats cover
   ``study.optimize`` only), so a dead driver's trials are failed and retried on ``--resume``
   (``studies.storage.reap_trials``), and a retried trial continues from the checkpoint its
@@ -31,7 +33,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import optuna
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
@@ -52,6 +54,12 @@ CHECKPOINT = "checkpoint"  # trial user attr: the last checkpoint directory
 DUPLICATE, DUPLICATE_OF = "duplicate", "duplicate_of"  # a proposal not trained: a finished twin
 WARM_START_FROM = "warm_start_from"  # trial user attr: copied from this study (--warm-start)
 MAX_REDRAWS = 3  # proposals of finished points in a row before an untried point is enqueued
+# A trial whose worker died after Ray's own in-place restart (``FailureConfig``) is retried this
+# many more times by the study, each time as a new trial from the chain's last checkpoint.
+WORKER_RETRIES = 1
+RESTARTS = "restarts"  # trial user attr: in-place restarts Ray made after the worker died
+ENDED_ATTRS = (ERROR, NODE, RESUMED, RESTARTS)  # how a retry's original ended (copied to it)
+WORKER_DIED = "the worker died or the trial raised in Ray (see its error.txt in Ray's results)"
 ASHA_REDUCTION = 3  # successive halving keeps the best third at each rung
 
 
@@ -66,6 +74,21 @@ class Start:
 
     label: str  # "allocator", "grid", ...
     params: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Death:
+    """A trial whose worker died (Tune failed it), and what the searcher did about it."""
+
+    number: int
+    attempt: int  # 1: the trial itself, 2: its first retry, ...
+    retry: int | None  # the number of the retry; None: not retried (WORKER_RETRIES spent)
+    step: int | None  # the step the retry continues from; None: from scratch
+
+    def describe(self) -> str:
+        then = ("failed: its retries are spent" if self.retry is None else f"retried as trial "
+                f"{self.retry} from {'scratch' if self.step is None else f'step {self.step}'}")
+        return f"trial {self.number}: its worker died (attempt {self.attempt}); {then}"
 
 
 @dataclass(frozen=True)
@@ -99,6 +122,11 @@ class StudySearcher:
         self.done: set[str] = set()
         self.last: dict[str, TrialReport] = {}
         self.archs: dict[str, ArchConfig] = {}
+        self.saved: dict[str, int | None] = {}  # the step of the trial's last checkpoint
+        self.restarts: dict[str, int] = {}  # Ray's in-place restarts of the trial
+        self.deaths: dict[str, Death] = {}  # trials whose worker died, as handled
+        self.waiting = 0  # retries of dead workers' trials enqueued and not asked yet
+        self.exhausted = False  # every point of the space has a trial
         self.counts = {TrialState.COMPLETE.name: 0, TrialState.PRUNED.name: 0,
                        TrialState.FAIL.name: 0}
         self._rng = random.Random(study.study_name)
@@ -107,6 +135,19 @@ class StudySearcher:
         self.best = self.best_so_far()
 
     # --- asking ---------------------------------------------------------------------------
+
+    def suggest(self, key: str, total: int) -> dict[str, TrialSpec] | Literal["wait", "end"]:
+        """What Tune runs next to finish ``total`` trials: a new trial or a waiting retry;
+        ``wait`` while the trials running make the total (one may die and need a retry); ``end``
+        once none runs. Never more than ``total`` trials run or count as finished."""
+        running = len(self.trials) - len(self.done)
+        retried = sum(d.retry is not None for d in self.deaths.values())
+        if self.waiting or (len(self.done) - retried + running < total and not self.exhausted):
+            config = self.ask(key)
+            if config is not None:
+                return config
+            self.exhausted = True  # ask() said so once; a retry enqueued later still runs
+        return "wait" if running else "end"
 
     def ask(self, key: str) -> dict[str, TrialSpec] | None:
         """A new trial for ``key``: its ``TrialSpec`` (the architecture wired to the task, the
@@ -119,9 +160,16 @@ class StudySearcher:
         for name, value in rec.trial_attrs(arch, predicted_error=self.predict(arch),
                                            status="running", kv_dtype=self.kv_dtype).items():
             trial.set_user_attr(name, value)
+        chain = self._chain(trial.number)
+        if chain:  # a retry: it starts with no error, and no outcome, of the trial it copies
+            self.waiting = max(0, self.waiting - 1)
+            for name in [n for n in ENDED_ATTRS if trial.user_attrs.get(n) is not None]:
+                trial.set_user_attr(name, None)
         self.trials[key], self.archs[key] = trial, arch
         self._beat(trial.number)
-        return {TRIAL_KEY: TrialSpec(arch, train, self._retried_checkpoint(trial))}
+        source = self._last_checkpointed(chain)
+        resume = None if source is None else Path(source.user_attrs[CHECKPOINT])
+        return {TRIAL_KEY: TrialSpec(arch, train, resume)}
 
     def _ask(self) -> tuple[Trial, tuple[ArchConfig, dict[str, Any]]]:
         self._enqueue_next_start()
@@ -156,16 +204,16 @@ class StudySearcher:
             self.study.enqueue_trial(dict(start.params), user_attrs={"seed": start.label},
                                      skip_if_exists=True)
 
-    def _retried_checkpoint(self, trial: Trial) -> Path | None:
-        """The last checkpoint of the failed trials ``trial`` retries (Optuna's retry history:
-        every trial of the chain before it); the latest of the chain that checkpointed wins."""
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            chain = set(RetryHeartbeatStaleTrialCallback.retry_history(
-                self._frozen(trial.number)))
+    def _chain(self, number: int) -> set[int]:
+        """The failed trials trial ``number`` retries (Optuna's retry history: every trial of
+        the chain before it); empty for a trial that is no retry."""
+        return set(retry_history(self._frozen(number)))
+
+    def _last_checkpointed(self, numbers: set[int]) -> FrozenTrial | None:
+        """The latest of these trials that recorded a checkpoint (a retry continues from it)."""
         done = [t for t in self.study.get_trials(deepcopy=False)
-                if t.number in chain and CHECKPOINT in t.user_attrs]
-        return Path(max(done, key=lambda t: t.number).user_attrs[CHECKPOINT]) if done else None
+                if t.number in numbers and CHECKPOINT in t.user_attrs]
+        return max(done, key=lambda t: t.number) if done else None
 
     def _frozen(self, number: int) -> FrozenTrial:
         trial_id = self.storage.get_trial_id_from_study_id_trial_number(self._study_id, number)
@@ -198,6 +246,19 @@ class StudySearcher:
         if trial is not None and key not in self.done:
             with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
                 trial.set_user_attr(CHECKPOINT, path)
+            if key in self.last:
+                self.saved[key] = self.last[key].step
+
+    def recovered(self, key: str) -> str | None:
+        """Ray restarts the trial in place after its worker died (Tune's ``on_trial_recover``):
+        counted (the user attr ``restarts`` when it is told); the line that says so."""
+        trial = self.trials.get(key)
+        if trial is None or key in self.done:
+            return None
+        self.restarts[key] = self.restarts.get(key, 0) + 1
+        start = "scratch" if self.saved.get(key) is None else f"step {self.saved[key]}"
+        return (f"trial {trial.number}: its worker died (attempt "
+                f"{len(self._chain(trial.number)) + 1}); Ray restarts it in place from {start}")
 
     def complete(self, key: str, result: Mapping[str, Any] | None, error: bool = False
                  ) -> Outcome | None:
@@ -214,14 +275,34 @@ class StudySearcher:
         if final is not None and (last is None or final.step != last.step):
             self.report(key, result or {})  # Tune skips on_trial_result when a trial is stopped
         state, value, attrs = self.classify(final or last, error)
+        attrs[RESTARTS] = self.restarts.get(key)
+        chain = self._chain(trial.number) if error else set()
+        if error and len(chain) < WORKER_RETRIES:
+            attrs[ERROR] = f"{WORKER_DIED}; retried as a new trial from its last checkpoint"
         self.done.add(key)
         self.last.pop(key, None)
         if not tell(self.study, trial, state, value, attrs):
             return None
+        if error:
+            self.deaths[key] = self._retry(trial.number, chain)
+            if self.deaths[key].retry is not None:  # the retry is the trial that counts
+                return Outcome(trial.number, state, value)
         self.counts[state.name] += 1
         if value is not None and (self.best is None or self.better(value, self.best[0])):
             self.best = (value, trial.number, self.archs[key].describe())
         return Outcome(trial.number, state, value)
+
+    def _retry(self, number: int, chain: set[int]) -> Death:
+        """Retry trial ``number`` (its worker died) unless its ``chain`` had WORKER_RETRIES."""
+        if len(chain) >= WORKER_RETRIES:
+            return Death(number, len(chain) + 1, None, None)
+        retry_failed(self.study, number)
+        self.waiting += 1
+        retry = next(t.number for t in self.study.get_trials(
+            deepcopy=False, states=(TrialState.WAITING,)) if number in retry_history(t))
+        source = self._last_checkpointed(chain | {number})  # where the retry continues
+        step = None if source is None else source.user_attrs.get(rec.STEPS_REACHED)
+        return Death(number, len(chain) + 1, retry, step)
 
     def classify(self, report: TrialReport | None, error: bool
                  ) -> tuple[TrialState, float | None, dict[str, Any]]:
@@ -232,9 +313,7 @@ class StudySearcher:
             attrs = {rec.STEPS_REACHED: report.step, rec.TOKENS_PER_S: report.tokens_per_s,
                      NODE: report.node or None, RESUMED: report.resumed_from or None}
         if error:
-            return TrialState.FAIL, None, {**attrs, rec.STATUS: "failed", ERROR:
-                                           "the worker died or the trial raised in Ray; see the "
-                                           "trial's error.txt in the Ray experiment directory"}
+            return TrialState.FAIL, None, {**attrs, rec.STATUS: "failed", ERROR: WORKER_DIED}
         if report is None:
             return TrialState.FAIL, None, {rec.STATUS: "failed",
                                            ERROR: f"no {self.metric} reported"}
@@ -254,10 +333,8 @@ class StudySearcher:
                 if t.value is not None and rec.ARCH in t.user_attrs]
         if not done:
             return None
-        best = done[0]
-        for t in done[1:]:
-            if self.better(float(t.value), float(best.value)):  # type: ignore[arg-type]
-                best = t
+        best = (max if self.mode == "max" else min)(  # the first of equals, as better() ranks
+            done, key=lambda t: float(t.value))  # type: ignore[arg-type]
         arch = ArchConfig.from_json(best.user_attrs[rec.ARCH])
         return float(best.value), best.number, arch.describe()  # type: ignore[arg-type]
 
@@ -350,12 +427,17 @@ def tell(study: optuna.Study, trial: Trial, state: TrialState, value: float | No
     return True
 
 
+def retry_history(trial: FrozenTrial) -> list[int]:
+    """The failed trials ``trial`` retries, oldest first (Optuna's retry markers)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return RetryHeartbeatStaleTrialCallback.retry_history(trial)
+
+
 def retried_numbers(trials: list[FrozenTrial]) -> set[int]:
     """Numbers of failed trials that have a retry copy (they do not count as finished): every
     trial in some trial's retry history, so each link of a chain of retries is counted."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return {n for t in trials for n in RetryHeartbeatStaleTrialCallback.retry_history(t)}
+    return {n for t in trials for n in retry_history(t)}
 
 
 def finished_count(study: optuna.Study) -> int:

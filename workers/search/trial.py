@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -30,8 +31,25 @@ CHECKPOINT_FILE = "trainer.pt"
 # "nan", "match": TEXT}; a trial whose architecture JSON contains TEXT raises, or trains with a
 # learning rate of 1e30 so that its weights and then its loss really become non-finite.
 FAULTS_ENV = "TRANSFORMER_ALLOC_TEST_FAULTS"
+# Test and operator hook, never set by the product: a directory in which a trial's process
+# writes an empty file ``<pid>-start`` when the trial starts and ``<pid>-<step>`` after each
+# report, then waits while a file ``hold-start`` / ``hold-<step>`` exists there (at most
+# ``HOLD_LIMIT`` seconds): a test finds the worker to kill, and kills it at a chosen moment.
+PIDS_ENV = "TRANSFORMER_ALLOC_TEST_PIDS"
+HOLD_LIMIT = 120.0
 # report(what the trial reports, its checkpoint directory or None)
 Report = Callable[[TrialReport, Path | None], None]
+
+
+def mark_pid(moment: str) -> None:
+    """The ``$TRANSFORMER_ALLOC_TEST_PIDS`` hook at ``moment`` (``start`` or a step)."""
+    folder = os.environ.get(PIDS_ENV)
+    if not folder:
+        return
+    (Path(folder) / f"{os.getpid()}-{moment}").touch()
+    deadline = time.monotonic() + HOLD_LIMIT
+    while (Path(folder) / f"hold-{moment}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def injected_faults(arch: ArchConfig) -> dict[str, Any]:
@@ -72,12 +90,14 @@ def train_trial(job: TrialJob, spec: TrialSpec,
     ``workdir``; continue from ``restore`` (this trial's own last checkpoint) or
     ``spec.resume_from`` (that of the failed trial it retries)."""
     torch.set_num_threads(max(1, job.threads))
+    mark_pid("start")
     resumed = 0
 
     def on_eval(record: EvalRecord) -> None:
         report(TrialReport("running", record.metric, node, record.step, record.val_loss,
                            record.train_loss, record.tokens_per_s, resumed),
                workdir if job.checkpoints else None)
+        mark_pid(str(record.step))
 
     trainer: Trainer | None = None
     error, step = None, None

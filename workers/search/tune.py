@@ -2,7 +2,9 @@
 
 ``run_tuner`` runs a search's remaining trials with Tune's ``Tuner`` (a function trainable,
 ASHA or FIFO, one report per evaluation with a checkpoint through Tune's public checkpoint
-API) while ``workers.search.searcher.StudySearcher`` asks and tells the Optuna study; ``start`` /
+API) while ``workers.search.searcher.StudySearcher`` asks and tells the Optuna study (a trial
+whose worker dies is restarted in place once by Ray, then retried by the searcher as a new
+trial; the monitor says so in one line per death, Tune's tracebacks dropped); ``start`` /
 ``session`` manage the Ray instance (local by default, ``address`` for a cluster). Everything
 else of the search (the study, seeds, the summary) lives in ``workers.search``, Ray-free.
 """
@@ -27,27 +29,37 @@ from ray.tune.search import Searcher
 from common.progress import Progress
 from workers.search import estimate
 from workers.search.protocol import JOB_KEY, TRIAL_KEY, TrialJob, TrialReport
-from workers.search.searcher import ASHA_REDUCTION, StudySearcher, asha_grace_period
+from workers.search.searcher import (
+    ASHA_REDUCTION,
+    WORKER_RETRIES,
+    StudySearcher,
+    asha_grace_period,
+)
 from workers.search.trial import train_trial
 
 log = logging.getLogger(__name__)
 
 
 class _DropRecords(logging.Filter):
-    """Drops a logger's records whose message contains ``text``."""
+    """Drops a logger's records whose message contains one of ``texts``."""
 
-    def __init__(self, text: str) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.text = text
+        self.texts: set[str] = set()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return self.text not in record.getMessage()
+        message = record.getMessage()
+        return not any(text in message for text in self.texts)
 
 
 def _drop(logger: str, text: str) -> None:
+    """Drop ``logger``'s records containing ``text`` (one filter per logger, idempotent)."""
     target = logging.getLogger(logger)
-    if not any(isinstance(f, _DropRecords) and f.text == text for f in target.filters):
-        target.addFilter(_DropRecords(text))
+    found = [f for f in target.filters if isinstance(f, _DropRecords)]
+    if not found:
+        found = [_DropRecords()]
+        target.addFilter(found[0])
+    found[0].texts.add(text)
 
 
 def quiet_ray_advice() -> None:
@@ -70,6 +82,12 @@ def quiet_ray_advice() -> None:
     # no metrics: the study is the record (our line says which trials are retried), and the
     # analysis is never read.
     logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
+    # A trial's worker that dies: Tune logs the actor's traceback at each failure and, at the
+    # end of fit(), "Trials did not complete" for a trial it failed. The monitor says it in one
+    # line per death (restarted in place, or retried by the study as a new trial), and the
+    # traceback stays in the trial's error.txt.
+    _drop("ray.tune.execution.tune_controller", "Trial task failed for trial")
+    _drop("ray.tune.tune", "Trials did not complete")
 
 
 def start(address: str | None = None) -> None:
@@ -119,7 +137,12 @@ class TuneRun:
 def run_tuner(searcher: StudySearcher, job: TrialJob, run: TuneRun,
               stop: Callable[[], bool] | None = None) -> str:
     """Run ``run.trials`` trials; returns ``completed`` or ``interrupted`` (Ctrl-C). ``stop``:
-    checked at every step, True stops every trial (e.g. the storage failed)."""
+    checked at every step, True stops every trial (e.g. the storage failed).
+
+    Ray restarts a trial whose worker died once in place (``max_failures=1``); if that fails
+    too, the searcher retries it as a new Tune trial (``WORKER_RETRIES``): Tune may run that
+    many more trials, and the searcher's ``suggest`` decides when the search ends.
+    """
     scheduler = (ASHAScheduler(time_attr="step", metric=searcher.metric, mode=searcher.mode,
                                max_t=run.steps,
                                grace_period=asha_grace_period(run.steps, run.eval_every),
@@ -130,8 +153,9 @@ def run_tuner(searcher: StudySearcher, job: TrialJob, run: TuneRun,
     tuner = tune.Tuner(
         tune.with_resources(_trainable, {"cpu": run.cpus_per_trial, "gpu": run.gpus_per_trial}),
         param_space={JOB_KEY: job},
-        tune_config=tune.TuneConfig(search_alg=_Adapter(searcher), scheduler=scheduler,
-                                    num_samples=run.trials,
+        tune_config=tune.TuneConfig(search_alg=_Adapter(searcher, run.trials),
+                                    scheduler=scheduler,
+                                    num_samples=run.trials * (1 + WORKER_RETRIES),
                                     max_concurrent_trials=run.max_concurrent,
                                     reuse_actors=run.reuse_actors,
                                     trial_dirname_creator=lambda trial: f"trial_{trial.trial_id}"),
@@ -141,7 +165,7 @@ def run_tuner(searcher: StudySearcher, job: TrialJob, run: TuneRun,
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
             failure_config=tune.FailureConfig(max_failures=1)))
     try:
-        tuner.fit()
+        tuner.fit()  # its ResultGrid is not read: the study is the record, failed trials too
     except KeyboardInterrupt:  # a second Ctrl-C; the first one Tune handles itself, stopping
         monitor.bar.abandon()  # the run and returning, and the searcher's abandon() finds
         return "interrupted"   # the trials it left open (workers.search reports that)
@@ -189,9 +213,10 @@ class _Adapter(Searcher):
     URL. Resuming goes through the study (``workers.search --resume``), never Tune's state.
     """
 
-    def __init__(self, inner: StudySearcher) -> None:
+    def __init__(self, inner: StudySearcher, total: int) -> None:
         super().__init__(metric=inner.metric, mode=inner.mode)
         self.inner: StudySearcher | None = inner
+        self.total = total  # trials to finish in this run
 
     def set_search_properties(self, metric: str | None, mode: str | None, config: dict[str, Any],
                               **spec: Any) -> bool:
@@ -199,10 +224,10 @@ class _Adapter(Searcher):
 
     def suggest(self, trial_id: str) -> dict[str, Any] | None:
         assert self.inner is not None
-        config = self.inner.ask(trial_id)
-        if config is None:  # the space is exhausted: Tune's documented end-of-search value,
+        config = self.inner.suggest(trial_id, self.total)
+        if config == "end":  # Tune's documented end-of-search value,
             return Searcher.FINISHED  # type: ignore[return-value]  # a str its stub omits
-        return config
+        return None if config == "wait" else config  # None: Tune asks again later
 
     def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
         if self.inner is not None:
@@ -234,7 +259,7 @@ class _Monitor(tune.Callback):
     def __init__(self, searcher: StudySearcher, run: TuneRun, bar: Progress) -> None:
         self.searcher, self.total, self.bar = searcher, run.trials, bar
         self.interval = run.heartbeat_interval / 2
-        self.finished = 0  # Tune trials finished in this run
+        self.finished = 0  # trials finished in this run (not one failed and retried)
         self.last_beat = 0.0
         self.started: dict[str, float] = {}  # trial id -> when it started
         self.durations: list[float] = []
@@ -258,7 +283,19 @@ class _Monitor(tune.Callback):
                           **info: Any) -> None:
         self._finished(trials, trial)
 
+    def on_trial_recover(self, iteration: int, trials: list[Any], trial: Any,
+                         **info: Any) -> None:
+        line = self.searcher.recovered(trial.trial_id)
+        if line is not None:
+            self.bar.write(line)
+
     def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        death = self.searcher.deaths.get(trial.trial_id)  # told before this callback
+        if death is not None:
+            self.bar.write(death.describe())
+        if death is not None and death.retry is not None:  # its retry is the trial that counts
+            self.started.pop(trial.trial_id, None)
+            return
         self._finished(trials, trial)
 
     def _finished(self, trials: list[Any], trial: Any) -> None:

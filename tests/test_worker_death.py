@@ -1,0 +1,150 @@
+"""A trial whose Ray worker dies is retried, at any concurrency (real Ray, no stubs).
+
+Two trials run at once and each one's worker is SIGKILLed twice: before its first report (Ray
+restarts it in place, from scratch) and, in that restart, after its first report (Ray's one
+restart is spent, Tune fails the trial). The study then retries each once more as a new trial
+from its last checkpoint: both attempts stay in the study, the search counts the trial once and
+exits 0, and the user reads one line of ours per worker death, none of Tune's tracebacks.
+The workers are found, and held at the chosen moment, through ``workers.search.trial``'s
+``$TRANSFORMER_ALLOC_TEST_PIDS`` hook. The searcher's side of it (what Tune runs next, the retry
+and its record) is also checked without Ray.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from alloc.settings import PlanSettings
+from arch import ModelIO
+from search_spaces import load_space
+from studies.storage import open_storage
+from tests.helpers.search import SMOKE, check_consistent, launch, load, wait_for
+from workers.search.protocol import RESUMED, TRIAL_KEY, TrialReport, TrialSpec
+from workers.search.searcher import StudySearcher, finished_count, retried_numbers
+from workers.search.seeding import BoundPredictor
+from workers.search.trial import PIDS_ENV
+
+FIRST_REPORT = 10  # the smoke space's eval_every: the step of a trial's first report
+
+
+def held(pids: Path, moment: str, count: int, skip: set[int]) -> set[int]:
+    """The pids of ``count`` workers (not in ``skip``) that reached ``moment`` and wait there."""
+    def found() -> set[int]:
+        return {int(p.name.split("-")[0]) for p in pids.glob(f"*-{moment}")
+                if not p.name.startswith("hold")} - skip
+
+    wait_for(lambda: len(found()) >= count, 120)
+    return found()
+
+
+def kill(workers: set[int], pids: Path, moment: str) -> None:
+    """SIGKILL ``workers`` (held at ``moment``), then let the next ones past ``moment``."""
+    for pid in workers:
+        os.kill(pid, signal.SIGKILL)
+    (pids / f"hold-{moment}").unlink()
+
+
+def test_a_worker_killed_before_and_after_its_first_report_is_retried(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    for moment in ("start", str(FIRST_REPORT)):
+        (pids / f"hold-{moment}").touch()
+    proc = launch(tmp_path, *SMOKE, "--storage", url, "--study", "w", "--trials", "2",
+                  "--max-concurrent", "2", "--scheduler", "fifo",
+                  env={**os.environ, PIDS_ENV: str(pids)})
+    try:
+        first = held(pids, "start", 2, set())
+        kill(first, pids, "start")  # before any report: Ray restarts both in place
+        again = held(pids, str(FIRST_REPORT), 2, first)
+        kill(again, pids, str(FIRST_REPORT))  # the restarts, after a checkpoint: Ray gives up
+        _, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, err[-3000:]
+    study = load(url, "w")
+    check_consistent(study, 2)
+    trials = study.get_trials()
+    retried = retried_numbers(trials)
+    counted = [t for t in trials if t.number not in retried]
+    assert [t.state for t in counted] and all(
+        t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in counted), _states(trials)
+    failed = [t for t in trials if t.state == TrialState.FAIL]
+    assert len(failed) == 2 and {t.number for t in failed} == retried, _states(trials)
+    for t in failed:
+        assert "worker died" in t.user_attrs["error"] and t.user_attrs["restarts"] == 1
+        (retry,) = [r for r in trials if r.system_attrs.get("failed_trial") == t.number]
+        assert retry.state in (TrialState.COMPLETE, TrialState.PRUNED), _states(trials)
+        assert retry.user_attrs[RESUMED] == FIRST_REPORT  # from the failed one's checkpoint
+        assert retry.user_attrs.get("error") is None and retry.user_attrs.get("restarts") is None
+        # One line of ours per death: the in-place restart, then the study's retry.
+        assert err.count(f"trial {t.number}: its worker died") == 2, err[-3000:]
+        assert (f"trial {t.number}: its worker died (attempt 1); retried as trial "
+                f"{retry.number} from step {FIRST_REPORT}") in err, err[-3000:]
+    # Tune's tracebacks and end-of-run summaries are not the user's to read.
+    for noise in ("Traceback", "Trial task failed", "Trials did not complete", "ERROR"):
+        assert noise not in err, err[-3000:]
+    assert "search: done, 2/2 trials in " in err, err[-3000:]
+
+
+def searcher(tmp_path: Path) -> StudySearcher:
+    storage = open_storage(f"sqlite:///{tmp_path / 'u.db'}")
+    study = optuna.create_study(study_name="u", storage=storage, direction="maximize",
+                                sampler=optuna.samplers.RandomSampler(seed=0))
+    return StudySearcher(load_space("aot_vs_standard").with_train(steps=30, eval_every=10),
+                         io=ModelIO(3, vocab_size=14), study=study, storage=storage, metric="acc",
+                         mode="max", steps=30, predict=BoundPredictor(
+                             PlanSettings(budget=128, layers=2, seq_len=3)))
+
+
+def asked(s: StudySearcher, key: str) -> TrialSpec:
+    """What ``suggest`` hands Tune for a new trial (not ``wait`` or ``end``)."""
+    config = s.suggest(key, 2)
+    assert isinstance(config, dict), config
+    return config[TRIAL_KEY]
+
+
+def result(step: int, acc: float, resumed: int = 0) -> dict[str, Any]:
+    return TrialReport("running", acc, "node", step, resumed_from=resumed).to_result("acc")
+
+
+def test_the_searcher_retries_a_dead_worker_once_and_never_runs_too_many(
+        tmp_path: Path) -> None:
+    """Two trials to finish, two at once: a trial whose worker died (Tune's error, after one
+    restart in place) is FAIL and retried from its checkpoint, as the only third trial; a
+    retry that dies too is not retried again; the run ends once nothing runs."""
+    s = searcher(tmp_path)
+    assert asked(s, "a").resume_from is None and asked(s, "b").resume_from is None
+    assert s.suggest("x", 2) == "wait"  # two running make the two: none more, but a may die
+    s.report("a", result(10, 0.1))
+    s.record_checkpoint("a", str(tmp_path / "ckpt-a"))
+    assert s.recovered("a") == ("trial 0: its worker died (attempt 1); Ray restarts it in "
+                                "place from step 10")
+    s.complete("a", None, error=True)
+    assert s.deaths["a"].describe() == ("trial 0: its worker died (attempt 1); retried as "
+                                        "trial 2 from step 10")
+    assert asked(s, "c").resume_from == tmp_path / "ckpt-a"  # the failed one's checkpoint
+    assert s.suggest("y", 2) == "wait"
+    a, _, retry = s.study.get_trials()
+    assert a.state == TrialState.FAIL and "worker died" in a.user_attrs["error"]
+    assert a.user_attrs["restarts"] == 1 and a.user_attrs["status"] == "failed"
+    assert retry.system_attrs["failed_trial"] == 0 and retry.user_attrs["status"] == "running"
+    assert all(retry.user_attrs.get(k) is None for k in ("error", "restarts", RESUMED))
+    s.complete("c", None, error=True)  # the retry's worker died too: not retried again
+    assert s.deaths["c"].retry is None and "retries are spent" in s.deaths["c"].describe()
+    assert s.suggest("z", 2) == "wait"  # b still runs
+    s.complete("b", result(30, 0.5))
+    assert s.suggest("z", 2) == "end"
+    assert len(s.study.trials) == 3 and finished_count(s.study) == 2
+    assert s.counts == {"COMPLETE": 1, "PRUNED": 0, "FAIL": 1}  # the retried one not counted
+
+
+def _states(trials: list[FrozenTrial]) -> list[tuple[int, str, object]]:
+    return [(t.number, t.state.name, t.system_attrs.get("failed_trial")) for t in trials]
