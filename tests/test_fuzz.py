@@ -151,7 +151,8 @@ def test_alloc_solve_command_lines(tmp_path_factory: object, argv: list[str]) ->
 
 
 @FUZZ
-@given(st.sampled_from(["list", "best", "top", "pareto", "layers", "theory", "export"]),
+@given(st.sampled_from(["list", "best", "top", "pareto", "layers", "theory", "export",
+                        "errors"]),
        st.sampled_from(["sqlite:///study.db", "sqlite:///nope.db", "sqlite:///folder/x.db",
                         "sqlite:///folder", "mysql://u:p@h/db",
                         "not a url", "postgresql://u:s3cretpw@127.0.0.1:1/x", ""]),
