@@ -1,20 +1,24 @@
-"""python -m studies list|best|top|pareto|layers|theory|export [--storage URL] [--study NAME]
+"""python -m studies list|best|top|pareto|layers|theory|export|errors [--storage URL] [--study NAME]
 
 Query the study database long after a search ended: the best per-layer allocations, the Pareto
 front of value vs trainable parameters (or vs KV cache per token, ``--x kv_cache``), which
 attention kind / head count / qk_dim wins at each depth, the allocator's predicted error vs
-measured values, and any trial exported as an ``ArchConfig`` YAML for ``python -m workers.train
---arch``. ``--storage`` falls back to ``$OPTUNA_STORAGE`` then ``sqlite:///studies.db``; the
-password of a URL is never printed.
+measured values, any trial exported as an ``ArchConfig`` YAML for ``python -m workers.train
+--arch``, and the failed trials with their errors. ``--storage`` falls back to ``$OPTUNA_STORAGE``
+then ``sqlite:///studies.db``; a URL's password is never printed (it shows as ``***``, and a
+``***`` given back reads ``$PGPASSWORD`` or ``~/.pgpass``).
 """
 
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import sqlalchemy as sa
 
 from common.cli import (
     Parser,
@@ -27,11 +31,12 @@ from common.cli import (
     render_table,
     wrote,
 )
-from common.errors import TransformerAllocError, UsageError
+from common.errors import TransformerAllocError, UsageError, printable, shell_word
 from common.files import write_atomic
 from common.plots import new_figure, write_figure
 from studies import query
-from studies.storage import engine, open_storage, redact, resolve_url
+from studies import records as rec
+from studies.storage import command_note, engine, open_storage, redact, resolve_url, unmask
 from studies.tables import allocation_table
 
 PROG = "studies"
@@ -63,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--trial", type=int_in(0), help="trial number (default: the best)")
     export.add_argument("--out", type=Path, help="write the YAML here instead of stdout")
     add_force(export)
+    sub.add_parser("errors", parents=[with_study],
+                   help="the failed trials and their errors")
     return p
 
 
@@ -71,7 +78,7 @@ def _study_name(args: argparse.Namespace, summaries: list[query.StudySummary]) -
         return str(args.study)
     if len(summaries) == 1:
         return summaries[0].name
-    names = ", ".join(s.name for s in summaries) or "(none)"
+    names = ", ".join(printable(s.name) for s in summaries) or "(none)"
     raise UsageError(f"--study: required when the storage holds {len(summaries)} studies; "
                      f"studies: {names}")
 
@@ -90,7 +97,7 @@ def _list(args: argparse.Namespace, summaries: list[query.StudySummary]) -> str 
          "updated": str(s.updated) if s.updated else None} for s in summaries]
     if args.format != "table":
         return data
-    rows = [[d["study"], d["task"] or "-", d["direction"].lower(),
+    rows = [[printable(d["study"]), d["task"] or "-", d["direction"].lower(),
              " ".join(f"{k.lower()}={v}" for k, v in sorted(d["trials"].items())) or "-",
              f"{d['best']:.6g}" if d["best"] is not None else "-",
              (d["created"] or "-")[:19], (d["updated"] or "-")[:19]] for d in data]
@@ -98,9 +105,21 @@ def _list(args: argparse.Namespace, summaries: list[query.StudySummary]) -> str 
                         rows, right=[False] * 7)
 
 
+@dataclass(frozen=True)
+class _Query:
+    """What a command on one study works from."""
+
+    args: argparse.Namespace
+    eng: sa.Engine
+    url: str  # the storage, usable (secrets in it); printed only through ``redact``
+    study: str
+    metric: str  # the study's task metric, the name of its value
+
+
 def run(args: argparse.Namespace) -> str | Any:
     """The command's result: text for ``--format table``, data otherwise."""
-    eng = engine(open_storage(args.storage, read_only=True))
+    url = unmask(resolve_url(args.storage))  # a *** printed by a search or by `top`
+    eng = engine(open_storage(url, read_only=True))
     summaries = query.list_studies(eng)
     if args.command == "list":
         return _list(args, summaries)
@@ -110,54 +129,89 @@ def run(args: argparse.Namespace) -> str | Any:
     if warning:
         print(warning, file=sys.stderr)
     metric = str((summary.attrs if summary is not None else {}).get("metric") or "value")
-    if args.command in ("best", "top"):
-        _, winners = query.top(eng, study, 1 if args.command == "best" else args.k)
-        if args.format != "table":
-            return [_trial_dict(t) for t in winners]
-        text = "\n\n".join(allocation_table(t, metric) for t in winners)
-        best = winners[0].number
-        storage = shlex.quote(redact(resolve_url(args.storage)))
-        return (f"{text}\n\nexport: python -m studies export --storage {storage} --study "
-                f"{shlex.quote(study)} --trial {best}")
-    if args.command == "pareto":
-        direction, front = query.pareto(eng, study, args.x)
-        if args.plot is not None:
-            _plot_front(front, direction, study, args.plot, args.x, metric)
-            wrote(PROG, args.plot)
-        if args.format != "table":
-            return [_trial_dict(t) for t in front]
-        axis = "trainable params" if args.x == "params" else _axis_name(front, args.x)
-        return render_table(["trial", metric, axis, "heads per layer"],
-                            [[t.number, f"{t.value:.6g}", f"{_axis_value(t, args.x):,}",
-                              " ".join(x.heads_str for x in t.arch.layers) if t.arch else "-"]
-                             for t in front], right=[True, True, True, False])
-    if args.command == "layers":
-        _, winners = query.top(eng, study, args.k)
-        rows = query.layer_summary(winners)
-        if args.format != "table":
-            return rows
-        return f"winners per layer across the top {len(winners)} trials\n" + render_table(
-            ["layer", "attention", "heads", "n_heads", "qk_dim", "mlp_ratio"],
-            [[r["layer"]] + [f"{r[k]} ({r[k + '_share']:.0%})" for k in
-                             ("attention", "heads", "n_heads", "qk_dim", "mlp_ratio")]
-             for r in rows], right=[True] + [False] * 5)
-    if args.command == "theory":
-        result = query.theory(eng, study)
-        if args.format != "table":
-            return result
-        table = render_table(["trial", "predicted error", f"measured {metric}"],
-                             [[p["number"], f"{p['predicted_error']:.6g}", f"{p['value']:.6g}"]
-                              for p in result["trials"]], right=[True, True, True])
-        if result["undefined"]:
-            return f"{table}\n{result['undefined']}"
-        return f"{table}\nSpearman rank correlation {result['spearman']:.3f} over {result['n']}"
-    trial = query.find_trial(eng, study, args.trial)
+    return _COMMANDS[args.command](_Query(args, eng, url, study, metric))
+
+
+def _top(q: _Query) -> str | Any:
+    _, winners = query.top(q.eng, q.study, 1 if q.args.command == "best" else q.args.k)
+    if q.args.format != "table":
+        return [_trial_dict(t) for t in winners]
+    text = "\n\n".join(allocation_table(t, q.metric) for t in winners)
+    return (f"{text}\n\nexport: python -m studies export --storage "
+            f"{shell_word(redact(q.url))} --study {shell_word(q.study)} --trial "
+            f"{winners[0].number}{command_note(q.url)}")
+
+
+def _pareto(q: _Query) -> str | Any:
+    args = q.args
+    direction, front = query.pareto(q.eng, q.study, args.x)
+    if args.plot is not None:
+        _plot_front(front, direction, q.study, args.plot, args.x, q.metric)
+        wrote(PROG, args.plot)
+    if args.format != "table":
+        return [_trial_dict(t) for t in front]
+    axis = "trainable params" if args.x == "params" else _axis_name(front, args.x)
+    return render_table(["trial", q.metric, axis, "heads per layer"],
+                        [[t.number, f"{t.value:.6g}", f"{_axis_value(t, args.x):,}",
+                          " ".join(x.heads_str for x in t.arch.layers) if t.arch else "-"]
+                         for t in front], right=[True, True, True, False])
+
+
+def _layers(q: _Query) -> str | Any:
+    _, winners = query.top(q.eng, q.study, q.args.k)
+    rows = query.layer_summary(winners)
+    if q.args.format != "table":
+        return rows
+    return f"winners per layer across the top {len(winners)} trials\n" + render_table(
+        ["layer", "attention", "heads", "n_heads", "qk_dim", "mlp_ratio"],
+        [[r["layer"]] + [f"{r[k]} ({r[k + '_share']:.0%})" for k in
+                         ("attention", "heads", "n_heads", "qk_dim", "mlp_ratio")]
+         for r in rows], right=[True] + [False] * 5)
+
+
+def _theory(q: _Query) -> str | Any:
+    result = query.theory(q.eng, q.study)
+    if q.args.format != "table":
+        return result
+    table = render_table(["trial", "predicted error", f"measured {q.metric}"],
+                         [[p["number"], f"{p['predicted_error']:.6g}", f"{p['value']:.6g}"]
+                          for p in result["trials"]], right=[True, True, True])
+    if result["undefined"]:
+        return f"{table}\n{result['undefined']}"
+    return f"{table}\nSpearman rank correlation {result['spearman']:.3f} over {result['n']}"
+
+
+def _export(q: _Query) -> str | Any:
+    args = q.args
+    trial = query.find_trial(q.eng, q.study, args.trial)
     assert trial.arch is not None
     if args.out is not None:
         write_atomic(args.out, trial.arch.to_yaml())
         wrote(PROG, args.out)
-        return f"trial {trial.number} of {study}: {trial.arch.describe()}"
+        return f"trial {trial.number} of {printable(q.study)}: {trial.arch.describe()}"
     return trial.arch.to_yaml() if args.format == "table" else trial.arch.to_dict()
+
+
+def _errors(q: _Query) -> str | Any:
+    """The study's failed trials and why each failed (its ``error`` attr)."""
+    failed = query.failed_trials(q.eng, q.study)
+    data = [{"number": t.number, "status": t.attrs.get(rec.STATUS),
+             "steps_reached": t.steps_reached, "error": t.attrs.get(rec.ERROR)} for t in failed]
+    if q.args.format != "table":
+        return data
+    if not data:
+        return f"study {printable(q.study)}: no failed trial"
+    # One row per trial: an error's newlines (a traceback's) and control characters escaped.
+    return f"{len(data)} failed trial(s) of study {printable(q.study)}\n" + render_table(
+        ["trial", "status", "steps", "error"],
+        [[d["number"], d["status"] or "-", "-" if d["steps_reached"] is None
+          else d["steps_reached"], printable(str(d["error"] or "-"))] for d in data],
+        right=[True, False, True, False])
+
+
+_COMMANDS: dict[str, Callable[[_Query], str | Any]] = {
+    "best": _top, "top": _top, "pareto": _pareto, "layers": _layers, "theory": _theory,
+    "export": _export, "errors": _errors}
 
 
 def _axis_value(t: query.TrialRecord, x: str) -> int:

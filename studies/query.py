@@ -22,6 +22,7 @@ import sqlalchemy as sa
 
 from arch import ArchConfig
 from arch.memory import dtype_bytes, kv_cache_bytes
+from common.errors import printable
 from studies import records as rec
 from studies.errors import QueryError
 
@@ -152,7 +153,7 @@ def _study(conn: sa.Connection, name: str) -> tuple[int, str]:
     if row is None:
         names = [n for (n,) in conn.execute(sa.select(_studies.c.study_name))]
         raise QueryError(f"--study {name!r}: no such study; studies: "
-                         f"{', '.join(names) if names else '(none)'}")
+                         f"{', '.join(printable(n) for n in names) if names else '(none)'}")
     direction = conn.execute(sa.select(_DIRECTION).where(
         _directions.c.study_id == row[0], _directions.c.objective == 0)).scalar()
     return int(row[0]), str(direction or "MINIMIZE")
@@ -338,6 +339,27 @@ def theory(engine: sa.Engine, study: str) -> dict[str, Any]:
         rho = float(spearmanr(predicted, measured).statistic)
     return {"spearman": rho, "undefined": undefined, "n": len(points),
             "trials": [{"number": n, "predicted_error": p, "value": v} for n, p, v in points]}
+
+
+FAILURE_ATTRS = (rec.STATUS, rec.ERROR, rec.STEPS_REACHED)  # what says why a trial failed
+
+
+def failed_trials(engine: sa.Engine, study: str) -> list[TrialRecord]:
+    """The study's FAIL trials in number order, with their status, error and steps reached
+    (a duplicate proposal and a trial that was retried are failures too: their error says)."""
+    with engine.connect() as conn:
+        sid, _ = _study(conn, study)
+        rows = conn.execute(sa.select(_trials.c.trial_id, _trials.c.number)
+                            .where(_trials.c.study_id == sid, _STATE == "FAIL")
+                            .order_by(_trials.c.number)).all()
+        trials = {tid: TrialRecord(tid, number, "FAIL", None) for tid, number in rows}
+        attrs = (sa.select(_trial_attrs.c.trial_id, _trial_attrs.c.key, _trial_attrs.c.value_json)
+                 .join(_trials, _trials.c.trial_id == _trial_attrs.c.trial_id)
+                 .where(_trials.c.study_id == sid, _STATE == "FAIL",
+                        _trial_attrs.c.key.in_(FAILURE_ATTRS)))
+        for tid, key, value in conn.execute(attrs):
+            trials[tid].attrs[key] = json.loads(value)
+    return list(trials.values())
 
 
 def find_trial(engine: sa.Engine, study: str, number: int | None) -> TrialRecord:

@@ -11,7 +11,9 @@ import os
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from urllib.parse import quote, quote_plus
 
+import optuna
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -22,8 +24,11 @@ from alloc.profile import build_parser as statistics_parser
 from alloc.profile import main as statistics_main
 from alloc.solve import build_parser as solve_parser
 from alloc.solve import main as solve_main
+from arch import ArchConfig, HeadGroup, LayerSpec
+from common.errors import printable
 from search_spaces import PROBE_IO, RandomSuggester, SpaceError, load_space, parse_space
 from search_spaces.schema import DATA_KEYS, MODEL_KEYS, RULE_KEYS, TOP_KEYS, TRAIN_KEYS
+from studies import add_record, set_study_attrs
 from studies.cli import main as studies_main
 from workers.compress import build_parser as compress_parser
 from workers.compress import main as compress_main
@@ -99,8 +104,9 @@ def snapshot(folder: Path) -> dict[str, tuple[int, float]]:
     return {str(p): (p.stat().st_size, p.stat().st_mtime) for p in folder.rglob("*")}
 
 
-def run(main: Callable[[list[str]], int], argv: list[str], folder: Path) -> None:
-    """``main(argv)`` in ``folder``: exit 0, or 2 with one line on stderr and nothing written."""
+def run(main: Callable[[list[str]], int], argv: list[str], folder: Path) -> str:
+    """``main(argv)`` in ``folder``: exit 0, or 2 with one line on stderr and nothing written;
+    returns what it printed (stdout, then stderr)."""
     before = snapshot(folder)
     out, err = io.StringIO(), io.StringIO()
     with inside(folder), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -114,6 +120,7 @@ def run(main: Callable[[list[str]], int], argv: list[str], folder: Path) -> None
     if code == 2:
         assert text.count("\n") == 1 and "Traceback" not in text, (argv, text[-1000:])
         assert snapshot(folder) == before, argv
+    return out.getvalue() + text
 
 
 def _big(argv: list[str], limit: int = 16) -> bool:
@@ -144,7 +151,8 @@ def test_alloc_solve_command_lines(tmp_path_factory: object, argv: list[str]) ->
 
 
 @FUZZ
-@given(st.sampled_from(["list", "best", "top", "pareto", "layers", "theory", "export"]),
+@given(st.sampled_from(["list", "best", "top", "pareto", "layers", "theory", "export",
+                        "errors"]),
        st.sampled_from(["sqlite:///study.db", "sqlite:///nope.db", "sqlite:///folder/x.db",
                         "sqlite:///folder", "mysql://u:p@h/db",
                         "not a url", "postgresql://u:s3cretpw@127.0.0.1:1/x", ""]),
@@ -154,6 +162,80 @@ def test_studies_command_lines(tmp_path_factory: object, command: str, storage: 
     folder = _folder(tmp_path_factory)
     run(studies_main, [command, "--storage", storage, *argv], folder)
     assert not any(b"s3cretpw" in p.read_bytes() for p in folder.rglob("*") if p.is_file())
+
+
+URLS = settings(FUZZ, max_examples=60)
+# A password a user may type: any character (quoted into the URL), between markers that keep it
+# from being found by chance in an unrelated line; "raw" ones are written into the URL as typed,
+# from characters that leave its parsing alone.
+PASSWORDS = st.text(max_size=12).map(lambda text: f"Pw{text}Zq")
+RAW_PASSWORDS = st.text("abcXYZ019!$*-_.~", max_size=12).map(lambda text: f"Pw{text}Zq")
+SERVERS = st.sampled_from(["postgresql://alice", "postgresql+psycopg://alice",
+                           "postgresql+pg8000://alice", "mysql://alice"])
+HOSTS = st.sampled_from(["127.0.0.1:1/db", "127.0.0.1:5432/db", "127.0.0.1:port/db"])
+
+
+@st.composite
+def secret_urls(draw: st.DrawFn) -> tuple[str, str]:
+    """A storage URL with a password in it, in one of the forms libpq takes, and the password."""
+    server, host = draw(SERVERS), draw(HOSTS)
+    form = draw(st.sampled_from(["userinfo", "query", "sslpassword", "both", "raw", "passfile"]))
+    password = draw(RAW_PASSWORDS if form == "raw" else PASSWORDS)
+    quoted, plus = quote(password, safe=""), quote_plus(password)
+    url = {"userinfo": f"{server}:{quoted}@{host}", "query": f"{server}@{host}?password={plus}",
+           "sslpassword": f"{server}@{host}?sslmode=prefer&sslpassword={plus}",
+           "both": f"{server}:{quoted}@{host}?password={plus}",
+           "raw": f"{server}:{password}@{host}",
+           "passfile": f"{server}@{host}?passfile={plus}"}[form]
+    return url, password
+
+
+def forms(secret: str) -> list[str]:
+    """The ways a printed line could show ``secret``."""
+    return [secret, quote(secret, safe=""), quote_plus(secret), printable(secret),
+            repr(secret)[1:-1]]
+
+
+@URLS
+@given(st.sampled_from(["list", "best", "top", "errors", "export"]), secret_urls(),
+       st.sampled_from([[], ["--format", "json"]]))  # past argparse: the URL is read
+def test_studies_never_prints_a_password(tmp_path_factory: object, command: str,
+                                         planted: tuple[str, str], argv: list[str]) -> None:
+    url, password = planted
+    printed = run(studies_main, [command, "--storage", url, *argv], _folder(tmp_path_factory))
+    leaked = [form for form in forms(password) if form in printed]
+    assert not leaked, (url, leaked, printed[-1000:])
+    assert "storage" in printed, printed  # refused for its storage
+
+
+# A study name from a database: any text, with what a terminal acts on mixed in.
+NAMES = st.lists(st.one_of(st.characters(max_codepoint=0x30F),
+                           st.sampled_from(["\x1b[31m", "\x07", "\n", "\r", "\x00", "\u202e",
+                                            "\x85", "\t", "\\", "'", "$("])),
+                 min_size=1, max_size=8).map("".join)
+
+
+@URLS
+@given(NAMES, st.sampled_from(["list", "best", "top", "errors", "export", "theory", "layers"]),
+       st.booleans(), st.sampled_from(["table", "json", "yaml"]))
+def test_studies_shows_any_study_name_as_text(tmp_path_factory: object, name: str, command: str,
+                                              exists: bool, fmt: str) -> None:
+    """A name with control characters never reaches the terminal raw: in tables, error lines
+    and printed commands alike, every character printed is printable (or a line end)."""
+    folder = _folder(tmp_path_factory)
+    url = f"sqlite:///{folder / 'names.db'}"
+    study = optuna.create_study(storage=url, study_name=name, load_if_exists=True)
+    if not study.trials:  # a study of this version: no warning line about older records
+        set_study_attrs(study, task="ngram", metric="mse")
+        add_record(study, ArchConfig(d_model=16, layers=(LayerSpec("mhsa", (HeadGroup(2, 8),)),),
+                                     max_seq_len=8, vocab_size=16), 0.5, steps_reached=4)
+    study_flag = [] if command == "list" else ["--study", name if exists else name + "\x1b"]
+    printed = run(studies_main, [command, "--storage", url, *study_flag, "--format", fmt],
+                  folder)
+    # YAML writes NEL, no-break space and soft hyphen as themselves (the spec counts them as
+    # printable); a terminal shows them as a break or a space, and nothing else gets through.
+    allowed = "\n\x85\xa0\xad" if fmt == "yaml" else "\n"
+    assert all(c.isprintable() or c in allowed for c in printed), repr(printed[-1000:])
 
 
 SOURCES = st.sampled_from([["--data", "corpus.txt"], ["--data", "folder"],

@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import shlex
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from arch import MAX_WIDTH
 from common.cli import Parser, add_format, dump, fail, int_in, number
-from common.errors import TransformerAllocError
+from common.errors import TransformerAllocError, shell_word
 from search_spaces.schema import SAMPLERS
 from studies.errors import StorageFaultError
 from workers.search.options import SMOKE_TRAIN, SearchOptions
@@ -165,11 +164,14 @@ INTERRUPTED = {"interrupted": 130, "terminated": 143}  # Ctrl-C, SIGTERM: 128 + 
 def outcome(summary: SearchSummary) -> tuple[int, str | None]:
     """The exit code of a search (130 interrupted, 1 when every trial that ran failed) and
     what to say of its failures."""
+    from studies.storage import SECRET_HINT, has_secret
+
     failed = summary.counts.get("FAIL", 0) - len(summary.retried)  # a retried one ran again
     ran = sum(summary.counts.values()) - len(summary.retried) - sum(
         summary.counts.get(k, 0) for k in ("WAITING", "DUPLICATE", "WARM_START"))
-    where = (f"their errors: python -m studies top --storage {shlex.quote(summary.storage)} "
-             f"--study {shlex.quote(summary.study)}")
+    where = (f"their errors: python -m studies errors --storage {shell_word(summary.storage)} "
+             f"--study {shell_word(summary.study)}"
+             + (f"; {SECRET_HINT}" if has_secret(summary.storage) else ""))
     if summary.status in INTERRUPTED:
         return INTERRUPTED[summary.status], None  # reported when it happened
     if failed and failed == ran:

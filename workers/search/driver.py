@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import shlex
 import signal
 import sys
 import threading
@@ -30,13 +29,14 @@ import optuna
 
 from alloc.settings import PlanSettings
 from arch.memory import training_dtype
+from common.errors import shell_word
 from common.progress import say
 from search_spaces import SearchSpace
 from studies import query
 from studies.errors import QueryError, StorageFaultError
 from studies.faults import STORAGE_ERRORS, guarded
 from studies.lease import Lease
-from studies.storage import StorageSettings, open_storage, redact, secure_url
+from studies.storage import StorageSettings, command_note, open_storage, redact, secure_url
 from workers.search import estimate
 from workers.search.checks import trial_device
 from workers.search.guard import GuardedSearcher
@@ -73,11 +73,14 @@ class SearchSummary:
 
     @property
     def export(self) -> str | None:
-        """The command that writes the best architecture as YAML."""
+        """The command that writes the best architecture as YAML; a password of the storage
+        stays ``***`` (``studies`` reads it from ``$PGPASSWORD`` or ``~/.pgpass``), which a
+        shell comment after the command says."""
         if self.best is None:
             return None
-        return (f"python -m studies export --storage {shlex.quote(self.storage)} --study "
-                f"{shlex.quote(self.study)} --trial {self.best.number} --out best.yaml")
+        return (f"python -m studies export --storage {shell_word(self.storage)} --study "
+                f"{shell_word(self.study)} --trial {self.best.number} --out best.yaml"
+                f"{command_note(self.storage)}")
 
     def to_dict(self) -> dict[str, Any]:
         best = self.best

@@ -98,6 +98,8 @@ def open_search_study(request: SearchRequest,
               f"{note['constants'] or 'none calibrated'}; {note['copied']} trial(s) copied"
               + (f" ({note['trials_not_copied']})" if "trials_not_copied" in note else ""),
               file=sys.stderr)
+        if warm.ignored:
+            print(f"warm start: {warm.ignored}", file=sys.stderr)
     if request.resume:  # the driver holds the study's lease: what still runs is a dead one's
         reaped = reap_trials(study, storage)
         if reaped:

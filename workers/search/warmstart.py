@@ -2,7 +2,9 @@
 
 Two things carry over. The bound's constants that study calibrated last (``calibration`` attr,
 written by the prior sampler) become this search's allocator constants, whatever its task or
-budget. Its finished trials (COMPLETE and PRUNED) are copied with Optuna's public ``add_trials``
+budget, unless that fit is too poor to mean anything (R² below ``MIN_R2``, or fewer than
+``MIN_ARCHITECTURES`` architectures): then none, and ``WarmStart.ignored`` says why. Its
+finished trials (COMPLETE and PRUNED) are copied with Optuna's public ``add_trials``
 only when they measured the same thing (same task, task fields and training steps) and only the
 points this space contains: a loss on another task is not a result of this one. Copies keep
 their values, curves and records, are marked ``warm_start_from``, count as known points (never
@@ -23,6 +25,7 @@ from optuna.trial import FrozenTrial, TrialState
 from alloc.constants import Constants
 from alloc.sampler import CALIBRATION_ATTR
 from arch import ModelIO
+from common.errors import excerpt, printable
 from search_spaces import SearchSpace
 from workers.errors import WarmStartError
 from workers.search.searcher import WARM_START_FROM, is_duplicate
@@ -31,32 +34,61 @@ WARM_START_ATTR = "warm_start"  # study user attr: what was carried over, from w
 MEASURE_KEYS = ("task", "task_fields", "steps")  # study attrs: same measurement
 
 
+# A calibration carries over only when its fit means something: the fitted bound explains at
+# least half of the variance of log-loss across the architectures (R², ``alloc.calibrate``; a
+# fit with R² near 0 predicts no better than the mean loss, and its constants are whatever the
+# optimiser stopped at), on at least twice as many architectures as it fits parameters (3
+# constants and the scale: on 4 architectures the fit has no residual degree of freedom, so
+# even a high R² says nothing). Only the study's last fit counts: an earlier one that passes
+# was overruled by more architectures.
+MIN_R2 = 0.5
+MIN_ARCHITECTURES = 8
+
+
 @dataclass(frozen=True)
 class WarmStart:
     """What a warm start carries over."""
 
     study: str
-    constants: Constants | None  # its last calibrated constants, if it calibrated
+    constants: Constants | None  # its last calibrated constants, if it calibrated and they fit
     source: optuna.Study
+    ignored: str | None = None  # why its last constants were not carried (one clause)
 
 
 def open_source(name: str, storage: optuna.storages.BaseStorage) -> WarmStart:
-    """The study to warm-start from and its last calibrated constants."""
+    """The study to warm-start from and its last calibrated constants (None when it never
+    calibrated, or its last fit is too poor to carry: ``ignored`` says why)."""
     try:
         source = optuna.load_study(study_name=name, storage=storage)
     except KeyError:
         names = optuna.get_all_study_names(storage=storage)
         raise WarmStartError(f"--warm-start {name!r}: no such study in this database; studies: "
-                             f"{', '.join(names) or '(none)'}") from None
+                             f"{', '.join(printable(n) for n in names) or '(none)'}") from None
     fitted = [c for c in source.user_attrs.get(CALIBRATION_ATTR, [])
               if isinstance(c, Mapping) and c.get("architectures")]
+    if not fitted:
+        return WarmStart(name, None, source)
+    last = fitted[-1]
+    ignored = poor_fit(last)
+    if ignored is not None:
+        return WarmStart(name, None, source, f"study {name}'s constants ignored ({ignored})")
     constants = None
-    if fitted:
-        last = fitted[-1]
-        with contextlib.suppress(KeyError, TypeError, ValueError):
-            constants = Constants(float(last["c_proj"]), float(last["c_head"]),
-                                  float(last["order"]))
+    with contextlib.suppress(KeyError, TypeError, ValueError):
+        constants = Constants(float(last["c_proj"]), float(last["c_head"]), float(last["order"]))
     return WarmStart(name, constants, source)
+
+
+def poor_fit(calibration: Mapping[str, Any]) -> str | None:
+    """Why a recorded calibration (``architectures``, ``r2``) is too poor to carry, or None."""
+    count, r2 = calibration.get("architectures"), calibration.get("r2")
+    if not isinstance(count, int) or not isinstance(r2, int | float) or r2 != r2:
+        return f"its fit records no R² or architecture count: {excerpt(dict(calibration))}"
+    if r2 < MIN_R2:
+        return f"fit R² {r2:.3g} < {MIN_R2:g} on {count} architectures"
+    if count < MIN_ARCHITECTURES:
+        return (f"fit on {count} architectures < {MIN_ARCHITECTURES} (4 parameters fitted), "
+                f"R² {r2:.3g}")
+    return None
 
 
 def copy_trials(warm: WarmStart, study: optuna.Study, space: SearchSpace, io: ModelIO,
@@ -69,6 +101,8 @@ def copy_trials(warm: WarmStart, study: optuna.Study, space: SearchSpace, io: Mo
         return dict(mine)
     record: dict[str, Any] = {"study": warm.study, "constants": None if warm.constants is None
                               else warm.constants.as_flags(), "copied": 0, "not_in_space": 0}
+    if warm.ignored is not None:
+        record["constants_ignored"] = warm.ignored
     differ = [k for k in MEASURE_KEYS if warm.source.user_attrs.get(k) != measure.get(k)]
     if differ:
         record["trials_not_copied"] = f"its {', '.join(differ)} differ from this search's"
