@@ -17,7 +17,8 @@ ENTRY_POINTS = sorted(
     if "def main(" in path.read_text() and path.name != "harness.py")
 # Citations of the project's internal documents (spelt in pieces so this file has none).
 UNRESOLVABLE = re.compile(r"\bS" r"PEC\b|paper 0" "0[0-9]")
-SUBCOMMANDS = {"studies.cli": ["list", "best", "top", "pareto", "layers", "theory", "export", "errors"]}
+SUBCOMMANDS = {"studies.cli": ["list", "best", "top", "pareto", "layers", "theory", "export",
+                               "errors"]}
 
 
 def help_text(module: str, argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:

@@ -113,7 +113,7 @@ def test_failed_trials_are_recorded_and_the_search_goes_on(tmp_path: Path) -> No
     assert all(kinds.values()), kinds
 
 
-@pytest.mark.parametrize("how", ["sigint", "sigkill"])
+@pytest.mark.parametrize("how", ["sigint", "sigterm", "sigkill"])
 def test_resume_after_interrupt_or_killed_driver(tmp_path: Path, how: str) -> None:
     url = f"sqlite:///{tmp_path / 's.db'}"
     args = [*SMOKE, "--storage", url, "--study", "r", "--trials", "12",
@@ -127,21 +127,27 @@ def test_resume_after_interrupt_or_killed_driver(tmp_path: Path, how: str) -> No
             return False
 
     wait_for(some_done, 120)
-    if how == "sigint":
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(60) == 130
+    if how in ("sigint", "sigterm"):  # SIGTERM as Ctrl-C: trials marked, one line, 128 + 15
+        proc.send_signal(signal.SIGINT if how == "sigint" else signal.SIGTERM)
+        assert proc.wait(60) == (130 if how == "sigint" else 143)
         _, err = proc.communicate()
-        # Our advice is the only one: Ray's own (Tuner.restore) would not resume the study.
+        # Our advice is the only one: Ray's own (Tuner.restore) would not resume the study,
+        # and its native SIGTERM handler's stack dump ("*** SIGTERM received ... PC: @") goes.
         assert "continue with --resume" in err and "Tuner.restore" not in err, err[-3000:]
+        assert "SIGTERM received" not in err and "PC: @" not in err, err[-3000:]
+        said = "interrupted: trials" if how == "sigint" else "terminated: trials"
+        assert said in err, err[-3000:]
     else:
         os.kill(proc.pid, signal.SIGKILL)  # the driver only: its Ray processes must go too
         proc.wait(10)
     before = {t.number: (t.state, t.value) for t in load(url, "r").trials
               if t.state in (TrialState.COMPLETE, TrialState.PRUNED)}
-    if how == "sigint":  # a clean interrupt leaves nothing RUNNING
+    if how != "sigkill":  # a clean interrupt leaves nothing RUNNING
         assert not load(url, "r").get_trials(states=(TrialState.RUNNING,))
     again = run(tmp_path, *args, "--resume")
     assert again.returncode == 0, again.stderr[-3000:]
+    if how == "sigkill":  # its lease is taken over at once: its pid is gone from this host
+        assert f"took over from its last driver (driver pid {proc.pid} on" in again.stderr
     study = load(url, "r")
     check_consistent(study, 12)
     after = {t.number: (t.state, t.value) for t in study.trials}

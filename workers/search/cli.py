@@ -88,7 +88,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--heartbeat-interval", type=int_in(1), default=d.heartbeat_interval,
                    help="seconds between the driver's trial heartbeats")
     p.add_argument("--grace-period", type=int_in(2), default=d.grace_period,
-                   help="seconds without heartbeat before a running trial counts as dead")
+                   help="seconds without heartbeat before a driver counts as dead: --resume "
+                   "then takes its study over")
+    p.add_argument("--storage-patience", type=int_in(0, 3600), default=d.storage_patience,
+                   help="seconds a lost database connection is retried before the search "
+                   "stops (exit 1; --resume continues it)")
     p.add_argument("--no-reuse-actors", action="store_true", help="a new worker per trial")
     p.add_argument("--no-checkpoints", action="store_true",
                    help="no checkpoint per evaluation (a trial hit by a fault restarts at step 0)")
@@ -113,6 +117,7 @@ def setup(args: argparse.Namespace) -> SearchRequest:
         sampler=args.sampler, prior_temperature=args.prior_temperature,
         warm_start=args.warm_start,
         heartbeat_interval=args.heartbeat_interval, grace_period=args.grace_period,
+        storage_patience=args.storage_patience,
         reuse_actors=not args.no_reuse_actors, checkpoints=not args.no_checkpoints,
         quiet=args.quiet)
     return prepare(space, task, storage=args.storage, study=args.study,

@@ -162,7 +162,8 @@ def _execute(request: SearchRequest, probe: optuna.storages.RDBStorage, lease: L
     rdb = open_storage(url, heartbeats)
     sampler = make_sampler(request, opened.settings, opened.warm)
     study = optuna.load_study(study_name=request.study, storage=rdb, sampler=sampler)
-    searcher = GuardedSearcher(_searcher(request, study, rdb, opened.settings), url, lease)
+    searcher = GuardedSearcher(_searcher(request, study, rdb, opened.settings), url, lease,
+                               patience=opts.storage_patience)
     status = _run(searcher, request, url)
     return summarise(searcher.inner, request.study, url, status)
 

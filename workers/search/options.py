@@ -28,7 +28,8 @@ class SearchOptions:
     address: str | None = None  # Ray cluster: auto or ray://host:port; None: local Ray
     storage_path: Path = Path("ray_results")  # Ray's experiment directory
     heartbeat_interval: int = 10
-    grace_period: int = 60
+    grace_period: int = 60  # a driver silent this long is dead: its lease can be taken
+    storage_patience: int = 60  # seconds a lost database connection is retried
     reuse_actors: bool = True
     checkpoints: bool = True  # a checkpoint per evaluation: trials resume mid-way after faults
     profile: Path | None = None  # allocator inputs measured from the data (workers.profile)
