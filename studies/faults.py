@@ -8,9 +8,9 @@ and names the fault, the storage (password hidden) and what to do; ``guarded`` r
 while the fault is one that passes by itself (a lost connection, a locked file), with backoff,
 for at most ``PATIENCE_S`` seconds, and raises ``StorageFaultError`` (one line) otherwise.
 
-A retried write may have reached the database before its connection dropped; Optuna's ask/tell
-are not idempotent, so such a retry can at worst leave an extra WAITING or FAIL trial, which
-``--resume`` and the study's counts already treat as not run.
+A retried write may have reached the database before its connection dropped; Optuna's ask is
+not idempotent, so a retried ask can leave a RUNNING trial nobody runs: the search's guard
+(``workers.search.guard``) records such orphans as not trained before it asks again.
 """
 
 from __future__ import annotations
@@ -58,7 +58,8 @@ FAULTS = (
     Fault(("server closed the connection", "terminating connection", "connection refused",
            "could not connect", "connection to server", "the database system is",
            "connection reset", "connection timed out", "connection is closed", "ssl syscall",
-           "no connection to the server", "database is locked"),
+           "no connection to the server", "not currently accepting connections",
+           "database is locked"),
           "the connection to it was lost", "check that the database server is up and "
           "reachable, then continue with --resume", passes=True),
 )
@@ -67,18 +68,20 @@ UNKNOWN = Fault((), "the database refused a write", "fix the database, then cont
 
 
 def driver_message(err: BaseException) -> str:
-    """The first line of the deepest message in ``err``'s chain: the database driver's own
-    words, under Optuna's and SQLAlchemy's wrappers."""
-    message, seen = "", set()
+    """The first line of the database driver's own message in ``err``'s chain (the first
+    SQLAlchemy error's original), under Optuna's and SQLAlchemy's wrappers."""
+    fallback, seen = "", set()
     current: BaseException | None = err
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        inner = current.orig if isinstance(current, DBAPIError) else None
-        text = str(inner if inner is not None else current).strip()
-        if text and not isinstance(current, optuna.exceptions.StorageInternalError):
-            message = text.splitlines()[0]
+        if isinstance(current, DBAPIError) and str(current.orig).strip():
+            return str(current.orig).strip().splitlines()[0]
+        text = str(current).strip()
+        if not fallback and text and not isinstance(current,
+                                                    optuna.exceptions.StorageInternalError):
+            fallback = text.splitlines()[0]
         current = current.__cause__ or current.__context__
-    return message or type(err).__name__
+    return fallback or type(err).__name__
 
 
 def classify(err: BaseException) -> Fault:
@@ -100,9 +103,10 @@ def describe(err: BaseException, url: str, waited: float = 0.0) -> StorageFaultE
 
 
 def guarded(call: Callable[[], Result], url: str, patience: float = PATIENCE_S,
-            sleep: Callable[[float], None] = time.sleep) -> Result:
+            sleep: Callable[[float], None] = time.sleep,
+            before_retry: Callable[[], object] | None = None) -> Result:
     """``call()``, retried with backoff while its storage fault may pass (at most ``patience``
-    seconds).
+    seconds); ``before_retry()`` first undoes what a failed attempt may have half done.
 
     Raises:
         StorageFaultError: the fault persists or cannot pass (one line, ``describe``).
@@ -110,6 +114,8 @@ def guarded(call: Callable[[], Result], url: str, patience: float = PATIENCE_S,
     started, attempt = time.monotonic(), 0
     while True:
         try:
+            if attempt and before_retry is not None:
+                before_retry()
             return call()
         except STORAGE_ERRORS as err:
             waited = time.monotonic() - started

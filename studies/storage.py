@@ -285,7 +285,8 @@ def open_storage(url: str | None = None, settings: StorageSettings | None = None
         if parsed.get_backend_name() == "sqlite":
             _prepare_sqlite(parsed, settings, read_only)
         return _rdb_storage(url, settings)
-    except (SQLAlchemyError, sqlite3.Error, RuntimeError, ImportError) as err:
+    except (SQLAlchemyError, sqlite3.Error, RuntimeError, ImportError,
+            optuna.exceptions.StorageInternalError) as err:
         from studies.faults import FAULTS, UNKNOWN, classify, driver_message
 
         fault, reason = classify(err), scrub(driver_message(err), url)

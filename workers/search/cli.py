@@ -173,7 +173,7 @@ def outcome(summary: SearchSummary) -> tuple[int, str | None]:
 
     failed = summary.counts.get("FAIL", 0) - len(summary.retried)  # a retried one ran again
     ran = sum(summary.counts.values()) - len(summary.retried) - sum(
-        summary.counts.get(k, 0) for k in ("WAITING", "DUPLICATE", "WARM_START"))
+        summary.counts.get(k, 0) for k in ("WAITING", "DUPLICATE", "ORPHAN", "WARM_START"))
     where = (f"their errors: python -m studies errors --storage {shell_word(summary.storage)} "
              f"--study {shell_word(summary.study)}"
              + (f"; {SECRET_HINT}" if has_secret(summary.storage) else ""))

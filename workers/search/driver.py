@@ -33,6 +33,7 @@ from common.errors import shell_word
 from common.progress import say
 from search_spaces import SearchSpace
 from studies import query
+from studies import records as rec
 from studies.errors import QueryError, StorageFaultError
 from studies.faults import STORAGE_ERRORS, guarded
 from studies.lease import Lease
@@ -48,7 +49,7 @@ from workers.search.searcher import (
     Start,
     StudySearcher,
     finished_count,
-    is_duplicate,
+    not_trained,
     retried_numbers,
 )
 from workers.search.seeding import BoundPredictor, starting_points
@@ -281,8 +282,8 @@ def summarise(searcher: StudySearcher, name: str, url: str, status: str) -> Sear
     trials = searcher.study.get_trials(deepcopy=False)
     counts: dict[str, int] = {}
     for t in trials:
-        kind = ("DUPLICATE" if is_duplicate(t) else "WARM_START" if WARM_START_FROM in
-                t.user_attrs else t.state.name)
+        kind = (t.user_attrs[rec.STATUS].upper() if not_trained(t) else
+                "WARM_START" if WARM_START_FROM in t.user_attrs else t.state.name)
         counts[kind] = counts.get(kind, 0) + 1
     try:
         _, winners = query.top(searcher.storage.engine, name, 1)

@@ -21,11 +21,15 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from optuna.trial import TrialState
+
+from studies import records as rec
 from studies.errors import LeaseLostError, StorageFaultError
 from studies.faults import PATIENCE_S, guarded
 from studies.lease import Lease
 from studies.storage import redact
-from workers.search.searcher import StudySearcher
+from workers.search.protocol import ERROR
+from workers.search.searcher import ORPHAN, StudySearcher
 
 log = logging.getLogger(__name__)
 
@@ -53,11 +57,36 @@ class GuardedSearcher:
         if self.fault is not None:
             return None
         try:
-            return guarded(action, self.url, self.patience)
+            return guarded(action, self.url, self.patience, before_retry=self.fail_orphans)
         except StorageFaultError as fault:
             self.fault = fault
             log.debug("storage fault: %s", fault)
             return None
+
+    def suggest(self, key: str, total: int) -> Any:
+        """The searcher's next trial for Tune, and the end of the search once the storage has
+        failed (Tune consults its stopper only when a trial reports: with none running, it
+        would ask for a trial forever)."""
+        config = self.call(lambda: self.inner.suggest(key, total))
+        return "end" if self.fault is not None else config
+
+    def fail_orphans(self) -> list[int]:
+        """FAIL the RUNNING trials this driver asked but never handed out: an ask whose
+        connection dropped after Optuna created the trial, then asked again. With the lease no
+        other driver runs trials of this study, so they are orphans: recorded as not trained
+        (status ``orphan``, not counted against ``--trials``)."""
+        inner = self.inner
+        handed_out = {trial.number for trial in inner.trials.values()}
+        orphans = [t.number for t in inner.study.get_trials(
+            deepcopy=False, states=(TrialState.RUNNING,)) if t.number not in handed_out]
+        study_id = inner.storage.get_study_id_from_name(inner.study.study_name)
+        for number in orphans:
+            trial_id = inner.storage.get_trial_id_from_study_id_trial_number(study_id, number)
+            inner.storage.set_trial_user_attr(trial_id, rec.STATUS, ORPHAN)
+            inner.storage.set_trial_user_attr(trial_id, ERROR, "asked as the database "
+                                              "connection dropped, then asked again; not run")
+            inner.storage.set_trial_state_values(trial_id, TrialState.FAIL)
+        return orphans
 
     def beat(self) -> None:
         """The trials' heartbeats, and the lease's."""

@@ -9,10 +9,8 @@ ways a stock ``OptunaSearch`` on an SQL study loses or corrupts trials:
 * a trial that raised or produced NaN is FAIL with its error in the user attr ``error``;
 * a trial whose worker died once Ray's in-place restarts (user attr ``restarts``) were spent is
   FAIL, and retried ``WORKER_RETRIES`` more times as a new trial from its last checkpoint;
-* the driver records a heartbeat for every trial it asked (Optuna's own heartbeats cover
-  ``study.optimize`` only), so a dead driver's trials are failed and retried on ``--resume``
-  (``studies.storage.reap_trials``), and a retried trial continues from the checkpoint its
-  failed original recorded;
+* a dead driver's trials are failed and retried on ``--resume`` (``studies.storage.
+  reap_trials``), each continuing from the checkpoint its failed original recorded;
 * starting points (the allocator's seeds, or a grid) are enqueued one at a time, as trials are
   asked, so a search with fewer trials than points leaves none WAITING;
 * telling an already finished trial (a late or duplicated completion) is logged and skipped;
@@ -52,6 +50,7 @@ PredictError = Callable[[ArchConfig], float | None]
 Sampled = TypeVar("Sampled")
 CHECKPOINT = "checkpoint"  # trial user attr: the last checkpoint directory
 DUPLICATE, DUPLICATE_OF = "duplicate", "duplicate_of"  # a proposal not trained: a finished twin
+ORPHAN = "orphan"  # asked as a connection dropped, then asked again (workers.search.guard)
 WARM_START_FROM = "warm_start_from"  # trial user attr: copied from this study (--warm-start)
 MAX_REDRAWS = 3  # proposals of finished points in a row before an untried point is enqueued
 # A trial whose worker died after Ray's own in-place restart (``FailureConfig``) is retried this
@@ -408,8 +407,9 @@ def skip_duplicate(study: optuna.Study, trial: Trial, twin: FrozenTrial) -> None
         ERROR: f"the same point as trial {twin.number}: not trained, the sampler asked again"})
 
 
-def is_duplicate(trial: FrozenTrial) -> bool:
-    return trial.user_attrs.get(rec.STATUS) == DUPLICATE
+def not_trained(trial: FrozenTrial) -> bool:
+    """Recorded but never trained: a duplicate proposal or an orphan."""
+    return trial.user_attrs.get(rec.STATUS) in (DUPLICATE, ORPHAN)
 
 
 def tell(study: optuna.Study, trial: Trial, state: TrialState, value: float | None,
@@ -442,9 +442,9 @@ def retried_numbers(trials: list[FrozenTrial]) -> set[int]:
 
 def finished_count(study: optuna.Study) -> int:
     """Trials that count against ``--trials``: COMPLETE, PRUNED, and FAIL without a retry, that
-    this study trained (not a duplicate proposal, not a trial copied by a warm start)."""
+    this study trained (``not_trained``: not a duplicate or orphan; not copied by a warm start)."""
     trials = study.get_trials(deepcopy=False)
     retried = retried_numbers(trials)
     done = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
-    return sum(t.state in done and t.number not in retried and not is_duplicate(t)
+    return sum(t.state in done and t.number not in retried and not not_trained(t)
                and WARM_START_FROM not in t.user_attrs for t in trials)

@@ -28,7 +28,7 @@ from arch import ModelIO
 from common.errors import excerpt, printable
 from search_spaces import SearchSpace
 from workers.errors import WarmStartError
-from workers.search.searcher import WARM_START_FROM, is_duplicate
+from workers.search.searcher import WARM_START_FROM, not_trained
 
 WARM_START_ATTR = "warm_start"  # study user attr: what was carried over, from where
 MEASURE_KEYS = ("task", "task_fields", "steps")  # study attrs: same measurement
@@ -108,7 +108,7 @@ def copy_trials(warm: WarmStart, study: optuna.Study, space: SearchSpace, io: Mo
         record["trials_not_copied"] = f"its {', '.join(differ)} differ from this search's"
     else:
         copies = [c for t in warm.source.get_trials(deepcopy=False, states=(
-            TrialState.COMPLETE, TrialState.PRUNED)) if not is_duplicate(t)
+            TrialState.COMPLETE, TrialState.PRUNED)) if not not_trained(t)
             for c in [_copy(t, warm.study, space, io)]]
         record["not_in_space"] = sum(c is None for c in copies)
         kept = [c for c in copies if c is not None]

@@ -1,0 +1,182 @@
+"""A storage that fails while a search runs ends it in one line and leaves the study that
+``--resume`` completes, on the real thing: a full disk (SQLite on a small tmpfs), a read-only
+open, PostgreSQL connections killed with ``pg_terminate_backend`` (ridden through) and a
+PostgreSQL outage longer than ``--storage-patience`` (stopped, then resumed), and a role
+without privileges on the study tables."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from optuna.trial import TrialState
+from sqlalchemy.engine import make_url
+
+from studies.storage import open_storage
+from tests.helpers.search import SMOKE, check_consistent, launch, load, run, wait_for
+from tests.helpers.storage import postgres_url
+from workers.search.searcher import finished_count
+
+
+def _one_error_line(stderr: str) -> str:
+    """The search's error line; nothing of a traceback around it."""
+    assert "Traceback" not in stderr and "StorageInternalError" not in stderr, stderr[-3000:]
+    errors = [line for line in stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1, stderr[-3000:]
+    return errors[0]
+
+
+def _finished(url: str, name: str, at_least: int) -> bool:
+    try:
+        return finished_count(load(url, name)) >= at_least
+    except KeyError:
+        return False
+
+
+@pytest.fixture
+def tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A 16 MB tmpfs mounted for the test (root only: mount(2))."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs to fill needs root")
+    mount = tmp_path / "small"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_full_disk_stops_the_search_in_one_line_and_resume_completes_it(
+        tmp_path: Path, tmpfs: Path) -> None:
+    url = f"sqlite:///{tmpfs / 's.db'}"
+    args = [*SMOKE, "--storage", url, "--study", "full", "--trials", "6", "--scheduler", "fifo",
+            "--max-concurrent", "1"]
+    proc = launch(tmp_path, *args)
+    wait_for(lambda: _finished(url, "full", 1), 120)
+    filler = tmpfs / "filler"
+    with filler.open("wb") as out:  # the disk fills up while trials run
+        try:
+            while True:
+                out.write(b"\0" * (1 << 16))
+                out.flush()
+        except OSError:
+            pass
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 1, err[-3000:]
+    line = _one_error_line(err)
+    assert f"storage {url}: the disk holding it is full" in line, line
+    assert "free space on that disk, then continue with --resume" in line, line
+    filler.unlink()
+    again = run(tmp_path, *args, "--resume")
+    assert again.returncode == 0, again.stderr[-3000:]
+    check_consistent(load(url, "full"), 6)
+
+
+def test_a_read_only_storage_is_one_line_and_left_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "ro.db"
+    open_storage(f"sqlite:///{path}").engine.dispose()  # an existing, empty study database
+    before = path.read_bytes()
+    url = f"sqlite:///file:{path}?mode=ro&uri=true"  # opened read-only, as a read-only file is
+    for extra in ([], ["--resume"]):
+        done = run(tmp_path, *SMOKE, "--storage", url, "--study", "ro", "--trials", "2", *extra)
+        assert done.returncode in (1, 2), done.stderr[-3000:]
+        line = _one_error_line(done.stderr)
+        assert "cannot be written" in line and "readonly database" in line, line
+    assert path.read_bytes() == before
+
+
+def _terminate(url: str, database: str) -> int:
+    """Kill every connection to ``database`` but this one; how many were killed."""
+    with sa.create_engine(url, isolation_level="AUTOCOMMIT").connect() as conn:
+        return len(conn.execute(sa.text(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :db "
+            "AND pid <> pg_backend_pid()"), {"db": database}).all())
+
+
+def test_killed_postgresql_connections_are_ridden_through(tmp_path: Path,
+                                                          study_name: str) -> None:
+    url = postgres_url()
+    args = [*SMOKE, "--storage", url, "--study", study_name, "--trials", "4", "--scheduler",
+            "fifo", "--max-concurrent", "1"]
+    proc = launch(tmp_path, *args)
+    wait_for(lambda: _finished(url, study_name, 1), 120)
+    killed = 0
+    while proc.poll() is None and killed < 6:  # several times while trials report
+        killed += _terminate(url, str(make_url(url).database)) > 0
+        time.sleep(1.0)
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    assert killed >= 1
+    check_consistent(load(url, study_name), 4)
+
+
+@pytest.fixture
+def fault_database() -> Iterator[str]:
+    """A database of its own (an outage of it disturbs no other test's connections)."""
+    url = make_url(postgres_url())
+    admin = sa.create_engine(url, isolation_level="AUTOCOMMIT")
+    name = "transformer_alloc_fault_test"
+    with admin.connect() as conn:
+        conn.execute(sa.text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        conn.execute(sa.text(f"CREATE DATABASE {name}"))
+    try:
+        yield url.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f"ALTER DATABASE {name} ALLOW_CONNECTIONS true"))
+            conn.execute(sa.text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        admin.dispose()
+
+
+def test_a_postgresql_outage_past_the_patience_stops_cleanly(tmp_path: Path,
+                                                            fault_database: str) -> None:
+    url, name = fault_database, str(make_url(fault_database).database)
+    admin = make_url(postgres_url()).render_as_string(hide_password=False)
+    args = [*SMOKE, "--storage", url, "--study", "down", "--trials", "4", "--scheduler", "fifo",
+            "--max-concurrent", "1", "--storage-patience", "3", "--steps", "800"]
+    proc = launch(tmp_path, *args)
+    wait_for(lambda: _finished(url, "down", 1), 120)
+    with sa.create_engine(admin, isolation_level="AUTOCOMMIT").connect() as conn:
+        conn.execute(sa.text(f"ALTER DATABASE {name} ALLOW_CONNECTIONS false"))
+    _terminate(admin, name)
+    try:
+        _, err = proc.communicate(timeout=240)
+    finally:
+        with sa.create_engine(admin, isolation_level="AUTOCOMMIT").connect() as conn:
+            conn.execute(sa.text(f"ALTER DATABASE {name} ALLOW_CONNECTIONS true"))
+    assert proc.returncode == 1, err[-3000:]
+    line = _one_error_line(err)
+    assert "the connection to it was lost for" in line and "check that the database" in line
+    again = run(tmp_path, *args, "--resume")
+    assert again.returncode == 0, again.stderr[-3000:]
+    study = load(url, "down")  # the trial cut off by the outage was retried, nothing is left
+    assert finished_count(study) == 4 and not study.get_trials(  # running or waiting
+        states=(TrialState.RUNNING, TrialState.WAITING))
+    assert "--resume: trials [" in again.stderr  # ... marked interrupted and retried
+
+
+def test_a_role_without_privileges_is_one_line(study_name: str) -> None:
+    url = make_url(postgres_url())
+    open_storage(url.render_as_string(hide_password=False)).engine.dispose()  # tables exist
+    with sa.create_engine(url, isolation_level="AUTOCOMMIT").connect() as conn:
+        conn.execute(sa.text("DROP ROLE IF EXISTS transformer_alloc_noperm"))
+        conn.execute(sa.text("CREATE ROLE transformer_alloc_noperm LOGIN"))
+    try:
+        stranger = url.set(username="transformer_alloc_noperm", password=None)
+        done = subprocess.run([sys.executable, "-m", "studies", "list", "--storage",
+                               stranger.render_as_string(hide_password=False)],
+                              capture_output=True, text=True, timeout=120)
+    finally:
+        with sa.create_engine(url, isolation_level="AUTOCOMMIT").connect() as conn:
+            conn.execute(sa.text("DROP ROLE IF EXISTS transformer_alloc_noperm"))
+    assert done.returncode in (1, 2) and not done.stdout, done.stderr
+    line = _one_error_line(done.stderr)
+    assert "lacks privileges" in line and "permission denied" in line, line
