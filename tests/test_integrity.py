@@ -68,3 +68,39 @@ def _sqlite_says_ok(path: Path) -> bool:
         return sqlite3.connect(path).execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     except sqlite3.DatabaseError:
         return False
+
+
+def _damage_a_page_only_some_queries_read(path: Path) -> bytes:
+    """Overwrite the first page SQLite's integrity check flags but the studies table's rows
+    survive (the params, attrs or heartbeats: where commands used to answer normally)."""
+    sound = path.read_bytes()
+    page = sqlite3.connect(path).execute("PRAGMA page_size").fetchone()[0]
+    for number in range(len(sound) // page - 1, 1, -1):  # the later pages: trial details
+        data = bytearray(sound)
+        data[number * page:(number + 1) * page] = b"\x5a" * page
+        path.write_bytes(bytes(data))
+        if not _sqlite_says_ok(path):
+            return bytes(data)
+    raise AssertionError("no page to damage")
+
+
+def test_every_command_refuses_a_damaged_file_before_using_it(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]
+                                                              ) -> None:
+    from studies.cli import main as studies_main
+    from workers.search.cli import main as search_main
+
+    path = study_file(tmp_path / "s.db")
+    damaged = _damage_a_page_only_some_queries_read(path)
+    url = f"sqlite:///{path}"
+    for command in (lambda: studies_main(["list", "--storage", url]),
+                    lambda: studies_main(["best", "--storage", url, "--study", "s"]),
+                    lambda: search_main(["--space", "aot_vs_standard.yaml", "--task", "modadd",
+                                         "--smoke-test", "--storage", url, "--study", "s",
+                                         "--resume"])):
+        assert command() == 2
+        out, err = capsys.readouterr()
+        lines = err.strip().splitlines()
+        assert not out and len(lines) == 1 and "is damaged" in lines[0], err
+        assert f"sqlite3 {str(path)!r} \".recover\"" in lines[0]
+        assert path.read_bytes() == damaged  # nothing written
