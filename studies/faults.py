@@ -46,25 +46,24 @@ class Fault:
 FAULTS = (
     Fault(("database or disk is full", "no space left on device", "could not extend file",
            "could not write to file"),
-          "the disk holding it is full", "free space on that disk, then continue with --resume"),
+          "the disk holding it is full", "free space on that disk"),
     Fault(("readonly database", "read-only file system", "read-only transaction",
            "unable to open database file"),
           "it cannot be written (a read-only file, directory or filesystem)",
-          "make it writable, then continue with --resume"),
+          "make it writable"),
     Fault(("permission denied", "insufficient privilege", "must be owner"),
           "the database role lacks privileges on its tables",
           "grant the role SELECT, INSERT, UPDATE and DELETE on the study tables (or use the "
-          "role that created them), then continue with --resume"),
+          "role that created them)"),
     Fault(("server closed the connection", "terminating connection", "connection refused",
            "could not connect", "connection to server", "the database system is",
            "connection reset", "connection timed out", "connection is closed", "ssl syscall",
            "no connection to the server", "not currently accepting connections",
            "database is locked"),
           "the connection to it was lost", "check that the database server is up and "
-          "reachable, then continue with --resume", passes=True),
+          "reachable", passes=True),
 )
-UNKNOWN = Fault((), "the database refused a write", "fix the database, then continue with "
-                "--resume")
+UNKNOWN = Fault((), "the database refused a write", "fix the database")
 
 
 def driver_message(err: BaseException) -> str:
@@ -99,7 +98,7 @@ def describe(err: BaseException, url: str, waited: float = 0.0) -> StorageFaultE
     said = scrub(said, url)
     tried = f" for {waited:.0f} s" if waited >= 1 else ""
     return StorageFaultError(f"storage {redact(url)}: {fault.cause}{tried} ({said[:160]}); "
-                             f"{fault.remedy}")
+                             f"{fault.remedy}, then continue with --resume")
 
 
 def guarded(call: Callable[[], Result], url: str, patience: float = PATIENCE_S,

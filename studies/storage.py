@@ -290,8 +290,10 @@ def open_storage(url: str | None = None, settings: StorageSettings | None = None
         from studies.faults import FAULTS, UNKNOWN, classify, driver_message
 
         fault, reason = classify(err), scrub(driver_message(err), url)
-        said = "" if fault is UNKNOWN or fault is FAULTS[-1] else f"{fault.cause}: "
-        raise StorageError(f"cannot open storage {redact(url)}: {said}{reason}") from None
+        if fault is UNKNOWN or fault is FAULTS[-1]:  # the driver's words say it best
+            raise StorageError(f"cannot open storage {redact(url)}: {reason}") from None
+        raise StorageError(f"cannot open storage {redact(url)}: {fault.cause} ({reason}); "
+                           f"{fault.remedy}") from None
 
 
 CREATION_RACE = ("already exists", "unique constraint failed: alembic_version",
