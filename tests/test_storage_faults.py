@@ -61,13 +61,14 @@ def test_a_full_disk_stops_the_search_in_one_line_and_resume_completes_it(
     proc = launch(tmp_path, *args)
     wait_for(lambda: _finished(url, "full", 1), 120)
     filler = tmpfs / "filler"
-    with filler.open("wb") as out:  # the disk fills up while trials run
-        try:
-            while True:
-                out.write(b"\0" * (1 << 16))
-                out.flush()
-        except OSError:
+    descriptor = os.open(filler, os.O_WRONLY | os.O_CREAT)  # the disk fills up as trials run
+    try:
+        while os.write(descriptor, b"\0" * (1 << 16)):
             pass
+    except OSError:  # ENOSPC: full
+        pass
+    finally:
+        os.close(descriptor)
     _, err = proc.communicate(timeout=240)
     assert proc.returncode == 1, err[-3000:]
     line = _one_error_line(err)

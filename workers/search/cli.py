@@ -25,7 +25,6 @@ from arch import MAX_WIDTH
 from common.cli import Parser, add_format, dump, fail, int_in, number
 from common.errors import TransformerAllocError, shell_word
 from search_spaces.schema import SAMPLERS
-from studies.errors import StorageFaultError
 from workers.search.options import SMOKE_TRAIN, SearchOptions
 from workers.taskargs import add_task_args, task_from_args
 
@@ -87,12 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Ray's experiment directory")
     p.add_argument("--heartbeat-interval", type=int_in(1), default=d.heartbeat_interval,
                    help="seconds between the driver's trial heartbeats")
-    p.add_argument("--grace-period", type=int_in(2), default=d.grace_period,
-                   help="seconds without heartbeat before a driver counts as dead: --resume "
-                   "then takes its study over")
-    p.add_argument("--storage-patience", type=int_in(0, 3600), default=d.storage_patience,
-                   help="seconds a lost database connection is retried before the search "
-                   "stops (exit 1; --resume continues it)")
+    add_fault_args(p, d)
     p.add_argument("--no-reuse-actors", action="store_true", help="a new worker per trial")
     p.add_argument("--no-checkpoints", action="store_true",
                    help="no checkpoint per evaluation (a trial hit by a fault restarts at step 0)")
@@ -102,6 +96,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "the result still print")
     add_format(p)
     return p
+
+
+def add_fault_args(p: argparse.ArgumentParser, d: SearchOptions) -> None:
+    """How long the search waits on a silent driver and on a lost database."""
+    p.add_argument("--grace-period", type=int_in(2), default=d.grace_period,
+                   help="seconds without heartbeat before a driver counts as dead: --resume "
+                   "then takes its study over")
+    p.add_argument("--storage-patience", type=int_in(0, 3600), default=d.storage_patience,
+                   help="seconds a lost database connection is retried before the search "
+                   "stops (exit 1; --resume continues it)")
 
 
 def setup(args: argparse.Namespace) -> SearchRequest:
@@ -146,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s", stream=sys.stderr)
     import optuna
 
+    from studies.errors import StorageFaultError
     from workers.search.driver import execute
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -166,7 +166,8 @@ def _execute(request: SearchRequest, probe: optuna.storages.RDBStorage, lease: L
     searcher = GuardedSearcher(_searcher(request, study, rdb, opened.settings), url, lease,
                                patience=opts.storage_patience)
     status = _run(searcher, request, url)
-    return summarise(searcher.inner, request.study, url, status)
+    return guarded(lambda: summarise(searcher.inner, request.study, url, status), url,
+                   opts.storage_patience)
 
 
 def _searcher(request: SearchRequest, study: optuna.Study,
@@ -184,7 +185,7 @@ def _run(searcher: GuardedSearcher, request: SearchRequest, url: str) -> str:
     from workers.search import tune
 
     space, task, opts, name = request.space, request.task, request.options, request.study
-    remaining = request.trials - finished_count(searcher.study)  # > 0: execute checked
+    remaining = request.trials - searcher.call(lambda: finished_count(searcher.study))
     steps = int(space.fixed_train("steps"))
     run = tune.TuneRun(name=f"{name}-{time.strftime('%Y%m%d-%H%M%S')}",
                        storage_path=opts.storage_path, trials=remaining, steps=steps,
