@@ -142,7 +142,7 @@ def test_a_postgresql_outage_past_the_patience_stops_cleanly(tmp_path: Path,
     url, name = fault_database, str(make_url(fault_database).database)
     admin = make_url(postgres_url()).render_as_string(hide_password=False)
     args = [*SMOKE, "--storage", url, "--study", "down", "--trials", "4", "--scheduler", "fifo",
-            "--max-concurrent", "1", "--storage-patience", "3", "--steps", "800"]
+            "--max-concurrent", "1", "--storage-patience", "3", "--steps", "400"]
     proc = launch(tmp_path, *args)
     wait_for(lambda: _finished(url, "down", 1), 120)
     with sa.create_engine(admin, isolation_level="AUTOCOMMIT").connect() as conn:
