@@ -43,6 +43,13 @@ class Fault:
     passes: bool = False  # may go away by itself: retried for PATIENCE_S
 
 
+LOST_CONNECTION = Fault(
+    ("server closed the connection", "terminating connection", "connection refused",
+     "could not connect", "connection to server", "the database system is", "connection reset",
+     "connection timed out", "connection is closed", "ssl syscall", "no connection to the server",
+     "not currently accepting connections", "database is locked"),
+    "the connection to it was lost", "check that the database server is up and reachable",
+    passes=True)
 FAULTS = (
     Fault(("database or disk is full", "no space left on device", "could not extend file",
            "could not write to file"),
@@ -55,13 +62,7 @@ FAULTS = (
           "the database role lacks privileges on its tables",
           "grant the role SELECT, INSERT, UPDATE and DELETE on the study tables (or use the "
           "role that created them)"),
-    Fault(("server closed the connection", "terminating connection", "connection refused",
-           "could not connect", "connection to server", "the database system is",
-           "connection reset", "connection timed out", "connection is closed", "ssl syscall",
-           "no connection to the server", "not currently accepting connections",
-           "database is locked"),
-          "the connection to it was lost", "check that the database server is up and "
-          "reachable", passes=True),
+    LOST_CONNECTION,
 )
 UNKNOWN = Fault((), "the database refused a write", "fix the database")
 
@@ -87,7 +88,7 @@ def classify(err: BaseException) -> Fault:
     """The fault ``err`` is (``UNKNOWN`` if its message is none of ``FAULTS``)."""
     lowered = driver_message(err).lower()
     if isinstance(err, DBAPIError) and err.connection_invalidated:
-        return FAULTS[-1]
+        return LOST_CONNECTION
     return next((f for f in FAULTS if any(sign in lowered for sign in f.signs)), UNKNOWN)
 
 

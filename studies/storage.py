@@ -101,8 +101,8 @@ _MOVED: dict[str, _Moved] = {}  # keyed by the URL secure_url returned
 
 def _parse_quietly(url: str) -> URL | None:
     try:
-        return make_url(url)
-    except (ArgumentError, ValueError):  # ValueError: e.g. a port that is not a number
+        return _parse(url)
+    except StorageError:
         return None
 
 
@@ -287,10 +287,10 @@ def open_storage(url: str | None = None, settings: StorageSettings | None = None
         return _rdb_storage(url, settings)
     except (SQLAlchemyError, sqlite3.Error, RuntimeError, ImportError,
             optuna.exceptions.StorageInternalError) as err:
-        from studies.faults import FAULTS, UNKNOWN, classify, driver_message
+        from studies.faults import LOST_CONNECTION, UNKNOWN, classify, driver_message
 
         fault, reason = classify(err), scrub(driver_message(err), url)
-        if fault is UNKNOWN or fault is FAULTS[-1]:  # the driver's words say it best
+        if fault in (UNKNOWN, LOST_CONNECTION):  # the driver's words say it best
             raise StorageError(f"cannot open storage {redact(url)}: {reason}") from None
         raise StorageError(f"cannot open storage {redact(url)}: {fault.cause} ({reason}); "
                            f"{fault.remedy}") from None
@@ -371,14 +371,22 @@ def reap_trials(study: optuna.Study, storage: RDBStorage) -> list[int]:
     """
     failed = []
     for trial in _running(study):
-        trial_id = _mark(storage, study, trial.number, "interrupted", INTERRUPTED)
-        try:
-            storage.set_trial_state_values(trial_id, TrialState.FAIL)
-        except optuna.exceptions.UpdateFinishedTrialError:
-            continue
-        retry_failed(study, trial.number)
-        failed.append(trial.number)
+        if fail_marked(storage, study, trial.number, "interrupted", INTERRUPTED):
+            retry_failed(study, trial.number)
+            failed.append(trial.number)
     return failed
+
+
+def fail_marked(storage: RDBStorage, study: optuna.Study, number: int, status: str,
+                error: str) -> bool:
+    """FAIL the RUNNING trial ``number`` after recording its ``status`` and ``error``, so it is
+    never failed unmarked; False if it had finished meanwhile (it keeps its state)."""
+    trial_id = _mark(storage, study, number, status, error)
+    try:
+        storage.set_trial_state_values(trial_id, TrialState.FAIL)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        return False
+    return True
 
 
 INTERRUPTED = "its driver stopped while it ran; failed, and retried when the search resumed"

@@ -132,7 +132,8 @@ def execute(request: SearchRequest) -> SearchSummary:
     probe = open_storage(request.storage, heartbeats)  # fail fast, before Ray starts
     lease = Lease(probe.engine, request.study, ttl=opts.grace_period)
     try:
-        dead = guarded(lambda: lease.acquire(take_stale=request.resume), request.storage)
+        dead = guarded(lambda: lease.acquire(take_stale=request.resume), request.storage,
+                       opts.storage_patience)
         if dead is not None:
             say(f"study {request.study}: took over from its last driver "
                 f"({dead.describe(time.time())})", quiet=opts.quiet)
@@ -147,7 +148,7 @@ def _execute(request: SearchRequest, probe: optuna.storages.RDBStorage, lease: L
              heartbeats: StorageSettings) -> SearchSummary:
     """``execute`` once the lease is held."""
     opts, url = request.options, request.storage
-    opened = guarded(lambda: open_search_study(request, probe), url)
+    opened = guarded(lambda: open_search_study(request, probe), url, opts.storage_patience)
     remaining = request.trials - finished_count(opened.study)
     if remaining <= 0:  # nothing to run: answer before Ray starts
         print(f"study {request.study} already has its {request.trials} trials",
@@ -165,7 +166,7 @@ def _execute(request: SearchRequest, probe: optuna.storages.RDBStorage, lease: L
     study = optuna.load_study(study_name=request.study, storage=rdb, sampler=sampler)
     searcher = GuardedSearcher(_searcher(request, study, rdb, opened.settings), url, lease,
                                patience=opts.storage_patience)
-    status = _run(searcher, request, url)
+    status = _run(searcher, request, url, remaining)
     return guarded(lambda: summarise(searcher.inner, request.study, url, status), url,
                    opts.storage_patience)
 
@@ -180,12 +181,11 @@ def _searcher(request: SearchRequest, study: optuna.Study,
                          kv_dtype=training_dtype(trial_device(request.options)))
 
 
-def _run(searcher: GuardedSearcher, request: SearchRequest, url: str) -> str:
-    """Run the trials the study still lacks; returns how the run ended."""
+def _run(searcher: GuardedSearcher, request: SearchRequest, url: str, remaining: int) -> str:
+    """Run the ``remaining`` trials the study still lacks; returns how the run ended."""
     from workers.search import tune
 
     space, task, opts, name = request.space, request.task, request.options, request.study
-    remaining = request.trials - searcher.call(lambda: finished_count(searcher.study))
     steps = int(space.fixed_train("steps"))
     run = tune.TuneRun(name=f"{name}-{time.strftime('%Y%m%d-%H%M%S')}",
                        storage_path=opts.storage_path, trials=remaining, steps=steps,

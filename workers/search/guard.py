@@ -23,12 +23,10 @@ from typing import Any
 
 from optuna.trial import TrialState
 
-from studies import records as rec
 from studies.errors import LeaseLostError, StorageFaultError
 from studies.faults import PATIENCE_S, guarded
 from studies.lease import Lease
-from studies.storage import redact
-from workers.search.protocol import ERROR
+from studies.storage import fail_marked, redact
 from workers.search.searcher import ORPHAN, StudySearcher
 
 log = logging.getLogger(__name__)
@@ -79,13 +77,9 @@ class GuardedSearcher:
         handed_out = {trial.number for trial in inner.trials.values()}
         orphans = [t.number for t in inner.study.get_trials(
             deepcopy=False, states=(TrialState.RUNNING,)) if t.number not in handed_out]
-        study_id = inner.storage.get_study_id_from_name(inner.study.study_name)
         for number in orphans:
-            trial_id = inner.storage.get_trial_id_from_study_id_trial_number(study_id, number)
-            inner.storage.set_trial_user_attr(trial_id, rec.STATUS, ORPHAN)
-            inner.storage.set_trial_user_attr(trial_id, ERROR, "asked as the database "
-                                              "connection dropped, then asked again; not run")
-            inner.storage.set_trial_state_values(trial_id, TrialState.FAIL)
+            fail_marked(inner.storage, inner.study, number, ORPHAN,
+                        "asked as the database connection dropped, then asked again; not run")
         return orphans
 
     def beat(self) -> None:
