@@ -36,6 +36,10 @@ STEPS_REACHED, STATUS, ERROR = "steps_reached", "status", "error"
 # trial trained in (``kv_cache_dtype``: bfloat16 on CUDA, float32 on CPU). Trials recorded
 # before it existed lack both; queries compute them from the architecture (at float32).
 KV_CACHE, KV_CACHE_DTYPE = "kv_cache", "kv_cache_dtype"
+# The validation loss of a trained trial and its standard error over the evaluation's batches
+# (the evaluation's noise, ``workers.trainer.Evaluation``), when it reported them; not in
+# TRIAL_ATTRS: records added by hand and older trials lack them.
+VAL_LOSS, VAL_LOSS_SE = "val_loss", "val_loss_se"
 TRIAL_ATTRS = (ARCH, ARCH_ID, PARAMS_TRAINABLE, PARAMS_TOTAL, PREDICTED_ERROR, TOKENS_PER_S,
                STEPS_REACHED, STATUS, KV_CACHE, KV_CACHE_DTYPE)
 # Study user attributes.

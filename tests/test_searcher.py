@@ -68,10 +68,14 @@ def test_classify(searcher: StudySearcher) -> None:
     assert attrs["steps_reached"] == 7  # where a diverged trial stopped is recorded
     assert searcher.classify(report(10, 0.9), True)[0] == TrialState.FAIL
     assert searcher.classify(None, False)[0] == TrialState.FAIL
+    # The evaluation's noise travels with the trial: its loss and that loss's standard error.
+    attrs = searcher.classify(report(STEPS, 0.5, val_loss=1.25, val_loss_se=0.01), False)[2]
+    assert (attrs["val_loss"], attrs["val_loss_se"]) == (1.25, 0.01)
 
 
 def test_a_report_round_trips_through_tunes_result_dict() -> None:
-    sent = TrialReport("running", 0.5, "n1", 20, 1.5, 1.25, 900.0, resumed_from=10)
+    sent = TrialReport("running", 0.5, "n1", 20, 1.5, 1.25, 900.0, resumed_from=10,
+                       val_loss_se=0.02)
     assert TrialReport.from_result(result(20, 0.0) | sent.to_result("acc"), "acc") == sent
     assert TrialReport.from_result({"training_iteration": 3}, "acc") is None
 
@@ -185,6 +189,24 @@ def test_starting_points_are_enqueued_one_at_a_time(tmp_path: Path) -> None:
                           predict=searcher.predict, starts=[Start("grid", p) for p in grid])
     again.ask("d")  # the first three are in the study already
     assert searcher.study.trials[3].params == grid[3]
+
+
+def test_given_points_are_the_only_starts_and_must_be_in_the_space() -> None:
+    """``SearchOptions.points``: a subset of a grid, in the order given, is what is enqueued
+    (the sampler's own starting points are not); a point outside the space is refused."""
+    from workers.errors import SearchError
+    from workers.search.checks import check_points
+    from workers.search.seeding import starting_points
+
+    space = load_space("mixit_grid")
+    grid = space.grid()
+    chosen = (grid[3], grid[0])
+    settings = PlanSettings(budget=space.budget, layers=space.depth, seq_len=8)
+    assert [s.params for s in starting_points(space, settings, "grid", chosen)] == list(chosen)
+    assert len(starting_points(space, settings, "grid")) == len(grid)
+    check_points(space, chosen)
+    with pytest.raises(SearchError, match="is not a point of space"):
+        check_points(space, ({**grid[0], "train.seed": 99},))
 
 
 def test_a_search_whose_every_trial_failed_exits_non_zero() -> None:

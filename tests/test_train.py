@@ -16,7 +16,7 @@ from arch import ArchConfig, HeadGroup, LayerSpec, TrainConfig, param_count
 from workers.model import build_model, count_params
 from workers.tasks import DATA_TASKS, TASKS, Batch, NgramTask, fit_arch, make_task
 from workers.train import main
-from workers.trainer import EvalRecord, Trainer, train
+from workers.trainer import EvalRecord, Trainer, measure, train
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,6 +68,28 @@ def test_same_seed_same_curve_and_other_seed_differs() -> None:
     assert [r.val_loss for r in a.history] == [r.val_loss for r in b.history]
     assert [r.train_loss for r in a.history] == [r.train_loss for r in b.history]
     assert [r.val_loss for r in a.history] != [r.val_loss for r in c.history]
+
+
+def test_the_evaluation_states_its_standard_error() -> None:
+    """The validation loss is the mean of the batches' losses; its standard error is their SD
+    over sqrt(batches), recorded at every evaluation and on the result."""
+    task = make_task("modadd", "smoke")
+    trainer = Trainer(arch(), task, TrainConfig(steps=5, batch_size=8, eval_every=5,
+                                                eval_batches=6))
+    result = trainer.run()
+    per_batch = []
+    trainer.model.eval()
+    with torch.no_grad():
+        for i in range(6):
+            batch = task.batch("val", i, 8)
+            per_batch.append(float(task.loss(trainer.model(batch.x), batch)))
+    expected = torch.tensor(per_batch, dtype=torch.float64)
+    assert result.val_loss == pytest.approx(float(expected.mean()), rel=1e-6)
+    assert result.val_loss_se == pytest.approx(float(expected.std() / 6**0.5), rel=1e-5)
+    assert result.history[-1].val_loss_se == result.val_loss_se > 0
+    one = measure(trainer.model, task, TrainConfig(batch_size=8, eval_batches=1), "cpu")
+    assert one.loss_se is None  # one batch: no spread to measure
+    assert one.loss == pytest.approx(per_batch[0], rel=1e-6)
 
 
 def test_resume_continues_the_same_curve(tmp_path: Path) -> None:

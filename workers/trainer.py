@@ -6,6 +6,7 @@ runs): ``Trainer`` trains an ``ArchConfig`` on a task, ``train`` is the one-call
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -17,6 +18,7 @@ import torch
 from torch import nn
 
 from arch import ArchConfig, TrainConfig
+from common import stats
 from common.progress import Progress
 from workers.checkpoints import CheckpointError
 from workers.model import build_model, count_params, maybe_compile
@@ -36,6 +38,7 @@ class EvalRecord:
     metric: float
     tokens_per_s: float
     elapsed_s: float
+    val_loss_se: float | None = None  # standard error of val_loss (``Evaluation``)
 
 
 @dataclass
@@ -54,6 +57,7 @@ class TrainResult:
     history: list[EvalRecord] = field(default_factory=list)
     extra: dict[str, float] = field(default_factory=dict)
     error: str | None = None
+    val_loss_se: float | None = None  # standard error of val_loss (``Evaluation``)
 
     def summary(self) -> dict[str, Any]:
         data = asdict(self)
@@ -98,9 +102,24 @@ def resolve_device(name: str) -> str:
     return name
 
 
+@dataclass(frozen=True)
+class Evaluation:
+    """A model measured on a task's validation batches."""
+
+    loss: float  # mean of the per-batch losses
+    metric: float  # the task's metric, summed over the batches' positions
+    # The standard error of ``loss``: the SD of the per-batch losses over sqrt(batches). Per
+    # batch, not per token or window: ``loss`` is the mean of the batch losses and each batch
+    # is drawn by its own generator, so they are independent draws and this is that mean's
+    # SE; a window's tokens are correlated (per-token errors would understate it), and the
+    # task gives its loss per batch only. None with fewer than two batches.
+    loss_se: float | None
+
+
 @torch.no_grad()
-def evaluate(model: nn.Module, task: Task, config: TrainConfig, device: str) -> tuple[float, float]:
-    """(validation loss, metric) over ``eval_batches`` fixed validation batches."""
+def measure(model: nn.Module, task: Task, config: TrainConfig, device: str) -> Evaluation:
+    """The model's validation loss, its standard error and the task's metric over
+    ``eval_batches`` fixed validation batches (the same batches for every model and seed)."""
     model.eval()
     losses, total, count = [], 0.0, 0
     for i in range(config.eval_batches):
@@ -111,7 +130,16 @@ def evaluate(model: nn.Module, task: Task, config: TrainConfig, device: str) -> 
         s, n = task.score(out, batch)
         total, count = total + s, count + n
     model.train()
-    return sum(losses) / len(losses), total / max(count, 1)
+    n = len(losses)
+    se = stats.sd(losses) / math.sqrt(n) if n >= 2 else None
+    return Evaluation(sum(losses) / n, total / max(count, 1), se)
+
+
+def evaluate(model: nn.Module, task: Task, config: TrainConfig, device: str) -> tuple[float, float]:
+    """(validation loss, metric) over ``eval_batches`` fixed validation batches (``measure``
+    without the standard error)."""
+    measured = measure(model, task, config, device)
+    return measured.loss, measured.metric
 
 
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
@@ -197,9 +225,10 @@ class Trainer:
 
     def evaluate(self) -> bool:
         """Record an evaluation, checkpoint, and ask the callbacks; True means stop."""
-        val_loss, metric = evaluate(self.model, self.task, self.config, self.device)
-        record = EvalRecord(self.step, self.last_loss or float("nan"), val_loss, metric,
-                            self.tokens / max(self.train_time, 1e-9), self.train_time)
+        measured = measure(self.model, self.task, self.config, self.device)
+        record = EvalRecord(self.step, self.last_loss or float("nan"), measured.loss,
+                            measured.metric, self.tokens / max(self.train_time, 1e-9),
+                            self.train_time, measured.loss_se)
         self.history.append(record)
         self.save()
         return any(bool(cb(record)) for cb in self.callbacks)
@@ -238,7 +267,7 @@ class Trainer:
             trainable_params=self.params[0], total_params=self.params[1],
             tokens_per_s=self.tokens / max(self.train_time, 1e-9), wall_s=wall,
             task=self.task.name, metric_name=self.task.metric, history=self.history,
-            extra=extra, error=error)
+            extra=extra, error=error, val_loss_se=last.val_loss_se if last else None)
 
 
 def train(arch: ArchConfig, task: Task, config: TrainConfig, checkpoint: Path | None = None,

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from arch.memory import gib, training_bytes
 from common.errors import excerpt
@@ -18,6 +19,24 @@ from workers.search.options import SearchOptions
 if TYPE_CHECKING:
     from search_spaces import SearchSpace
     from workers.tasks import Task
+
+
+def check_points(space: SearchSpace, points: Sequence[Mapping[str, Any]]) -> None:
+    """Every one of ``points`` (``SearchOptions.points``) is a point of ``space``'s grid: a
+    point outside it would be sampled as another."""
+    if not points:
+        return
+    from alloc.prior import point_key
+    from search_spaces import SpaceError
+
+    try:
+        grid = {point_key(p) for p in space.grid(limit=100_000)}
+    except SpaceError as err:
+        raise SearchError(f"points: need a finite space: {err}") from None
+    outside = [dict(p) for p in points if point_key(p) not in grid]
+    if outside:
+        raise SearchError(f"points: {excerpt(outside[0])} is not a point of space "
+                          f"{space.name!r}; give points of its grid")
 
 
 def trial_device(opts: SearchOptions) -> str:

@@ -156,7 +156,7 @@ def _execute(request: SearchRequest, probe: optuna.storages.RDBStorage, lease: L
         return summarise(_searcher(request, opened.study, probe, opened.settings),
                          request.study, url, "completed")
     announce_estimate(request, starting_points(request.space, opened.settings,
-                                               request.sampler), remaining)
+                                               request.sampler, opts.points), remaining)
     from workers.search import tune  # Ray starts here
 
     tune.start(opts.address)
@@ -177,7 +177,8 @@ def _searcher(request: SearchRequest, study: optuna.Study,
     return StudySearcher(space, io=task.io, study=study, storage=storage, metric=task.metric,
                          mode="max" if task.higher_is_better else "min",
                          steps=int(space.fixed_train("steps")), predict=BoundPredictor(settings),
-                         starts=starting_points(space, settings, request.sampler),
+                         starts=starting_points(space, settings, request.sampler,
+                                                request.options.points),
                          kv_dtype=training_dtype(trial_device(request.options)))
 
 

@@ -4,9 +4,10 @@ the command's flags take their defaults from here without loading the driver."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from alloc.prior import DEFAULT_TEMPERATURE
 
@@ -37,6 +38,9 @@ class SearchOptions:
     prior_temperature: float = DEFAULT_TEMPERATURE  # the prior's spread (--sampler prior)
     warm_start: str | None = None  # a study of the same database to start from
     quiet: bool = False  # no progress on stderr (the estimate, one line per finished trial)
+    # Only these points of a finite space, as params, in this order (e.g. a grid's finalists);
+    # the search's trials default to their number. Empty: the sampler's starting points.
+    points: tuple[Mapping[str, Any], ...] = ()
 
 
 def training_budget(space: SearchSpace, smoke_test: bool = False,

@@ -22,6 +22,7 @@ Status = Literal["running", "failed"]
 # Keys of a report's result dict besides the task's metric (the scheduler reads ``step``).
 STEP, STATUS, ERROR, NODE, RESUMED = "step", "status", "error", "node", "resumed_from"
 VAL_LOSS, TRAIN_LOSS, TOKENS_PER_S = "val_loss", "train_loss", "tokens_per_s"
+VAL_LOSS_SE = "val_loss_se"  # the standard error of val_loss (``workers.trainer.Evaluation``)
 # Keys of Tune's config dict.
 JOB_KEY, TRIAL_KEY = "job", "spec"
 
@@ -70,13 +71,14 @@ class TrialReport:
     tokens_per_s: float | None = None
     resumed_from: int = 0  # the step a restarted trial continued from (0: from scratch)
     error: str | None = None  # the failure, one line
+    val_loss_se: float | None = None  # standard error of ``val_loss`` over its batches
 
     def to_result(self, metric: str) -> dict[str, Any]:
         """The flat dict Tune reports (``None`` fields left out)."""
         result = {metric: self.value, STATUS: self.status, NODE: self.node, STEP: self.step,
                   VAL_LOSS: self.val_loss, TRAIN_LOSS: self.train_loss,
                   TOKENS_PER_S: self.tokens_per_s, RESUMED: self.resumed_from,
-                  ERROR: self.error}
+                  ERROR: self.error, VAL_LOSS_SE: self.val_loss_se}
         return {k: v for k, v in result.items() if v is not None}
 
     @classmethod
@@ -89,4 +91,5 @@ class TrialReport:
                    node=str(result.get(NODE, "")), step=result.get(STEP),
                    val_loss=result.get(VAL_LOSS), train_loss=result.get(TRAIN_LOSS),
                    tokens_per_s=result.get(TOKENS_PER_S),
-                   resumed_from=int(result.get(RESUMED) or 0), error=result.get(ERROR))
+                   resumed_from=int(result.get(RESUMED) or 0), error=result.get(ERROR),
+                   val_loss_se=result.get(VAL_LOSS_SE))

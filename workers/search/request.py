@@ -28,6 +28,7 @@ from userdata import DataSpec
 from workers.errors import SearchError
 from workers.search.checks import (
     check_gpus,
+    check_points,
     check_study_name,
     check_trial_memory,
     check_warm_start,
@@ -123,7 +124,9 @@ def prepare(space: SearchSpace | SpaceFile | str | Path, task: Task | str, *,
     if opts.warm_start is not None:
         check_warm_start(opts.warm_start, name)
     kind = opts.sampler or loaded.sampler
-    total = trials or (len(loaded.grid()) if kind == "grid" else DEFAULT_TRIALS)
+    check_points(loaded, opts.points)
+    total = trials or len(opts.points) or (len(loaded.grid()) if kind == "grid"
+                                           else DEFAULT_TRIALS)
     return SearchRequest(loaded, task, resolve_url(storage), name, total, resume, opts,
                          measured)
 

@@ -306,11 +306,11 @@ class StudySearcher:
     def classify(self, report: TrialReport | None, error: bool
                  ) -> tuple[TrialState, float | None, dict[str, Any]]:
         """(state, value, user attrs) of a finished trial from its last report."""
-        if report is None:
-            attrs: dict[str, Any] = {}
-        else:
+        attrs: dict[str, Any] = {}
+        if report is not None:
             attrs = {rec.STEPS_REACHED: report.step, rec.TOKENS_PER_S: report.tokens_per_s,
-                     NODE: report.node or None, RESUMED: report.resumed_from or None}
+                     NODE: report.node or None, RESUMED: report.resumed_from or None,
+                     rec.VAL_LOSS: report.val_loss, rec.VAL_LOSS_SE: report.val_loss_se}
         if error:
             return TrialState.FAIL, None, {**attrs, rec.STATUS: "failed", ERROR: WORKER_DIED}
         if report is None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,16 +32,18 @@ def plan_settings(budget: int, depth: int, task: Task,
     dimension)."""
     kernel = getattr(task, "kernel", PlanSettings.kernel)
     input_dim, spectrum = task.input_dim or budget, PlanSettings.spectrum
-    bounds, variance = None, None
+    bounds, variance, patterns = None, None, None
     if measured is not None:
         kernel, input_dim, spectrum = (measured["kernel"], measured["input_dim"],
                                        measured["spectrum"])
         variance = measured.get("input_spectrum")
         # A deeper pilot's extra later layers are never read (``layer_logit_bound``).
         bounds = tuple(measured["logit_bounds"]) if measured.get("logit_bounds") else None
+        patterns = tuple(measured.get("patterns") or ())[:depth - 1] or None
     return PlanSettings(budget=budget, layers=depth, seq_len=task.seq_len, input_dim=input_dim,
                         kernel=kernel, spectrum=spectrum, align=fitting_align(budget, input_dim),
-                        logit_bounds=bounds, mlp_ratio=mlp_ratio, input_spectrum=variance)
+                        logit_bounds=bounds, mlp_ratio=mlp_ratio, input_spectrum=variance,
+                        patterns=patterns)
 
 
 def space_mlp_ratio(space: SearchSpace) -> float:
@@ -141,9 +143,13 @@ def seeds(space: SearchSpace, settings: PlanSettings) -> list[Start]:
     return out
 
 
-def starting_points(space: SearchSpace, settings: PlanSettings, sampler: str) -> list[Start]:
-    """Every point for the grid (the seeds it can express are among them); none for the prior
-    sampler (its first proposal is the allocator's own answer); else the allocator's seeds."""
+def starting_points(space: SearchSpace, settings: PlanSettings, sampler: str,
+                    points: Sequence[Mapping[str, Any]] = ()) -> list[Start]:
+    """``points`` when given (``SearchOptions.points``); else every point for the grid (the
+    seeds it can express are among them); none for the prior sampler (its first proposal is the
+    allocator's own answer); else the allocator's seeds."""
+    if points:
+        return [Start("point", dict(p)) for p in points]
     if sampler == "grid":
         return [Start("grid", params) for params in space.grid()]
     return [] if sampler == "prior" else seeds(space, settings)

@@ -95,7 +95,8 @@ def train_trial(job: TrialJob, spec: TrialSpec,
 
     def on_eval(record: EvalRecord) -> None:
         report(TrialReport("running", record.metric, node, record.step, record.val_loss,
-                           record.train_loss, record.tokens_per_s, resumed),
+                           record.train_loss, record.tokens_per_s, resumed,
+                           val_loss_se=record.val_loss_se),
                workdir if job.checkpoints else None)
         mark_pid(str(record.step))
 

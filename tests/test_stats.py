@@ -1,0 +1,95 @@
+"""common.stats: intervals against the t distribution by hand, Welch's test against SciPy's, and
+the verdict on points built to be inside or outside the noise."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from scipy import stats as scipy_stats
+
+from common.stats import (
+    Interval,
+    interval,
+    kth_best,
+    noise,
+    not_worse,
+    not_worse_than_kth,
+    sd,
+    worse_p,
+)
+
+
+def test_interval_is_the_student_t_interval_by_hand() -> None:
+    values = [1.0, 1.2, 0.9, 1.1]
+    m = sum(values) / 4
+    s = math.sqrt(sum((v - m) ** 2 for v in values) / 3)
+    half = scipy_stats.t.ppf(0.975, 3) * s / 2  # sqrt(4) = 2
+    got = interval(values)
+    assert got == Interval(pytest.approx(m), pytest.approx(m - half), pytest.approx(m + half), 4)
+    assert half == pytest.approx(3.182446 * s / 2, rel=1e-6)  # t(0.975, 3) from a table
+    assert got.half_width == pytest.approx(half)
+    assert interval(values, confidence=0.5).half_width < half
+    assert "± " in got.describe() and "4 seeds" in got.describe()
+
+
+def test_one_seed_has_no_interval() -> None:
+    one = interval([2.5])
+    assert one.mean == 2.5 and one.n == 1 and math.isnan(one.low) and math.isnan(one.high)
+    assert "no interval" in one.describe()
+    with pytest.raises(ValueError):
+        interval([])
+
+
+def test_welch_p_value_is_scipys() -> None:
+    a, b = [1.30, 1.34, 1.29, 1.36], [1.25, 1.27, 1.31]
+    expected = scipy_stats.ttest_ind(a, b, equal_var=False, alternative="greater").pvalue
+    assert worse_p(a, b) == pytest.approx(expected)
+    assert worse_p(b, a) == pytest.approx(1 - expected)
+    assert worse_p([1.0], b) is None and worse_p(a, [1.0]) is None
+    assert worse_p([2.0, 2.0], [1.0, 1.0]) == 0.0 and worse_p([1.0, 1.0], [1.0, 1.0]) == 1.0
+
+
+def test_a_point_three_standard_errors_worse_is_excluded_one_within_noise_kept() -> None:
+    # Five seeds each with the same spread: offsets give each point's SD; its SE = SD/sqrt(5).
+    offsets = [-0.02, -0.01, 0.0, 0.01, 0.02]
+    spread = sd(offsets)
+    se_diff = math.sqrt(2 * spread**2 / 5)  # the standard error of a difference of two means
+
+    def point(centre: float) -> list[float]:
+        return [centre + o for o in offsets]
+
+    losses = {"best": point(1.00), "ref": point(1.01), "near": point(1.01 + 0.5 * se_diff),
+              "far": point(1.01 + 3 * se_diff), "better": point(0.98)}
+    verdict = not_worse(losses, "ref")
+    assert verdict.not_worse == {"best", "ref", "near", "better"}
+    assert verdict.p_worse["far"] is not None and verdict.p_worse["far"] < 0.05
+    assert verdict.p_worse["near"] is not None and verdict.p_worse["near"] > 0.05
+    assert verdict.p_worse["ref"] is None
+    # k-th best by mean: better (0.98), best (1.00), ref (1.01), ...
+    assert kth_best({k: sum(v) / 5 for k, v in losses.items()}, 3) == "ref"
+    assert not_worse_than_kth(losses, 3) == verdict
+    with pytest.raises(ValueError, match="k = 6"):
+        kth_best({"a": 1.0}, 6)
+
+
+def test_one_seed_falls_back_to_the_means() -> None:
+    """With a single seed on either side nothing can be tested: a point is kept only if its
+    mean is no higher than the reference's (the rank rule)."""
+    losses = {"ref": [1.0, 1.1], "lone_better": [0.9], "lone_worse": [1.2]}
+    verdict = not_worse(losses, "ref")
+    assert verdict.not_worse == {"ref", "lone_better"}
+    assert verdict.p_worse["lone_worse"] is None
+    single = not_worse({"a": [1.0], "b": [1.0001]}, "a")
+    assert single.not_worse == {"a"}
+
+
+def test_noise_pools_the_seeds_and_averages_the_evaluations() -> None:
+    summary = noise({"a": [1.0, 1.2], "b": [2.0, 2.4], "c": [3.0]}, [0.01, 0.03])
+    assert summary.points == 2
+    assert summary.seed_sd == pytest.approx(math.sqrt((0.02 + 0.08) / 2))
+    assert summary.eval_se == pytest.approx(0.02)
+    assert summary.ratio == pytest.approx(0.02 / summary.seed_sd)
+    assert summary.describe() == f"seed SD {summary.seed_sd:.4f}, eval SE 0.0200 " \
+                                 f"({summary.ratio:.2f}x)"
+    assert math.isnan(noise({"a": [1.0]}, []).ratio)
