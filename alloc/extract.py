@@ -79,22 +79,31 @@ class ErrorModel:
 
 @dataclass(frozen=True)
 class GroupChoice:
-    """``count`` heads of dimension ``dim`` extract offset ``offset``."""
+    """``count`` heads of dimension ``dim`` extract the offsets ``offset .. offset + span - 1``:
+    one offset (``span`` 1, the bound's construction), or a block they average with a flat
+    positional score (§2.2)."""
 
     offset: int
     count: int
     dim: int
+    span: int = 1
+
+    @property
+    def last(self) -> int:
+        return self.offset + self.span - 1
 
 
 @dataclass(frozen=True)
 class Allocation:
-    """A feasible allocation and its error bound, split into the three terms."""
+    """A feasible allocation and its error bound, split into its terms (``averaging``: what the
+    block groups' flat average loses where the kernel varies inside a block)."""
 
     objective: float
     compression: float
     extraction: float
     truncation: float
     groups: tuple[GroupChoice, ...]
+    averaging: float = 0.0
 
     @property
     def width(self) -> int:
@@ -105,14 +114,43 @@ class Allocation:
         return sum(g.count for g in self.groups)
 
 
+@dataclass(frozen=True)
+class BlockTerms:
+    """Per block of offsets ``start .. start + span - 1`` (arrays over blocks): the read-out
+    weight ``|sum rho|``, the averaging loss ``B * sum |rho(s) - mean rho|``, and the loss of
+    truncating the block instead, ``B * sum |rho(s)|``."""
+
+    start: np.ndarray
+    span: int
+    weight: np.ndarray
+    averaging: np.ndarray
+    truncation: np.ndarray
+
+    @property
+    def last(self) -> np.ndarray:
+        return self.start + self.span - 1
+
+    def cost(self, model: ErrorModel, count: np.ndarray | float, dim: np.ndarray | float
+             ) -> np.ndarray:
+        """(blocks, pairs): each block's error with ``count`` heads of ``dim`` (arrays of the
+        pairs, or one pair): §2.2's ``E_ab``."""
+        count, dim = np.atleast_1d(count), np.atleast_1d(dim)
+        return self.weight[:, None] * (model.compression(dim)[None, :]
+                                       + model.head_constant(self.last)[:, None]
+                                       * count[None, :] ** -model.order) + self.averaging[:, None]
+
+
 @dataclass(frozen=True, eq=False)
 class ExtractProblem:
-    """One instance: kernel values ``rho[s-1]`` for offsets ``s = 1..len(rho)``, budget, align."""
+    """One instance: kernel values ``rho[s-1]`` for offsets ``s = 1..len(rho)``, budget, align;
+    ``max_block``: the longest block of consecutive offsets one head group may average (1: the
+    bound's one-offset groups only)."""
 
     rho: np.ndarray
     budget: int
     align: int
     model: ErrorModel
+    max_block: int = 1
 
     @cached_property
     def offsets(self) -> np.ndarray:
@@ -132,19 +170,44 @@ class ExtractProblem:
         top = min(self.model.input_dim, self.budget)
         return np.arange(self.align, top + 1, self.align)
 
+    @cached_property
+    def reach(self) -> int:
+        """The farthest offset with non-zero weight (0 if none): nothing beyond it matters."""
+        nonzero = np.flatnonzero(self.rho)
+        return int(nonzero[-1]) + 1 if len(nonzero) else 0
+
+    def blocks(self, span: int) -> BlockTerms:
+        """Every block of ``span`` consecutive offsets within ``1 .. reach``."""
+        rho = np.asarray(self.rho[:self.reach], float)
+        windows = np.lib.stride_tricks.sliding_window_view(rho, span)  # (blocks, span)
+        mean = windows.mean(axis=1, keepdims=True)
+        bound = self.model.bound
+        return BlockTerms(np.arange(1, len(windows) + 1), span, np.abs(windows.sum(axis=1)),
+                          bound * np.abs(windows - mean).sum(axis=1),
+                          bound * np.abs(windows).sum(axis=1))
+
     def evaluate(self, groups: tuple[GroupChoice, ...] | list[GroupChoice]) -> Allocation:
-        """Error bound of an allocation; offsets without a group are truncated."""
-        chosen = {g.offset: g for g in groups}
-        comp = extr = trunc = 0.0
-        for s, w in zip(self.offsets.tolist(), self.weights.tolist()):
-            g = chosen.get(s)
-            if g is None:
-                trunc += w * self.model.bound
-            else:
-                comp += w * float(self.model.compression(g.dim))
-                extr += w * float(self.model.extraction(s, g.count))
+        """Error bound of an allocation; offsets no group covers are truncated.
+
+        Raises:
+            ValueError: two groups cover one offset, or a block reaches past the kernel.
+        """
+        covered: set[int] = set()
+        comp = extr = avg = 0.0
+        for g in groups:
+            span = range(g.offset, g.last + 1)
+            if covered.intersection(span) or g.last > len(self.rho) or g.offset < 1:
+                raise ValueError(f"group {g} overlaps another or leaves offsets 1..{len(self.rho)}")
+            covered.update(span)
+            block = np.asarray(self.rho[g.offset - 1:g.last], float)
+            weight = abs(float(block.sum()))
+            comp += weight * float(self.model.compression(g.dim))
+            extr += weight * float(self.model.extraction(g.last, g.count))
+            avg += self.model.bound * float(np.abs(block - block.mean()).sum())
+        trunc = sum(w * self.model.bound for s, w in zip(self.offsets.tolist(),
+                                                         self.weights.tolist()) if s not in covered)
         ordered = tuple(sorted(groups, key=lambda g: g.offset))
-        return Allocation(comp + extr + trunc, comp, extr, trunc, ordered)
+        return Allocation(comp + extr + trunc + avg, comp, extr, trunc, ordered, avg)
 
 
 def _pairs(problem: ExtractProblem, dims: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -156,63 +219,82 @@ def _pairs(problem: ExtractProblem, dims: np.ndarray) -> tuple[np.ndarray, np.nd
     return count[order], dim[order]
 
 
-def _group_frontiers(problem: ExtractProblem, count: np.ndarray, dim: np.ndarray
-                     ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Per group, the widths where its best cost strictly drops (in align units).
+@dataclass(frozen=True)
+class Frontier:
+    """One block's useful choices: the widths (in align units) where its best cost strictly
+    drops below truncating it, with that cost and the ``(count, dim)`` pair's index."""
 
-    Returns, per group, ``(width_units, cost, pair_index)``; index ``-1`` at width 0 = skip.
-    Only these breakpoints matter in the DP: between two of them the cost is flat while the
-    remaining budget of the other groups only shrinks.
-    """
+    units: np.ndarray
+    cost: np.ndarray
+    pair: np.ndarray
+
+
+def _frontiers(problem: ExtractProblem, blocks: BlockTerms, count: np.ndarray, dim: np.ndarray
+               ) -> list[Frontier]:
+    """Per block of ``blocks``: its frontier. Only these breakpoints matter in the DP: between
+    two of them the block's cost is flat while the budget left to the other offsets shrinks."""
     units = (count * dim) // problem.align
-    m = problem.model
-    # (M, P) cost of every pair for every group.
-    cost = problem.weights[:, None] * (m.compression(dim)[None, :]
-                                       + m.head_constant(problem.offsets)[:, None]
-                                       * count[None, :] ** -m.order)
-    skip = problem.weights * m.bound
+    cost = blocks.cost(problem.model, count, dim)  # (blocks, pairs)
     best = np.minimum.accumulate(cost, axis=1)  # best cost using any pair up to each width
     drop = np.ones_like(best, dtype=bool)
     drop[:, 1:] = best[:, 1:] < best[:, :-1]
-    drop &= best < skip[:, None]
-    frontiers = []
-    for g in range(len(problem.offsets)):
-        drops = np.flatnonzero(drop[g])
+    drop &= best < blocks.truncation[:, None]
+    out = []
+    for b in range(len(blocks.start)):
+        drops = np.flatnonzero(drop[b])
         # Several drops at one width: keep the last, cheapest one.
         drops = drops[np.diff(units[drops], append=-1) != 0]
-        frontiers.append((np.r_[0, units[drops]], np.r_[skip[g], cost[g][drops]],
-                          np.r_[-1, drops]))
-    return frontiers
+        out.append(Frontier(units[drops], cost[b][drops], drops))
+    return out
 
 
 def _solve_dp(problem: ExtractProblem, dims: np.ndarray) -> Allocation:
-    """Min-plus DP: ``F_m(b) = min_k F_{m-1}(b - u_k) + c_k`` over each group's breakpoints."""
+    """Min-plus DP over offsets in order and the budget (§3.1)::
+
+        F_p(b) = min( F_{p-1}(b) + B |rho(p)|,                         # offset p truncated
+                      min_{L, k} F_{p-L}(b - u_k) + c_k )              # a block ending at p
+
+    ``(u_k, c_k)`` over the frontier of the block of the ``L <= max_block`` offsets ending at
+    ``p``; ``F_p(b)`` is the best error of offsets ``1..p`` within width ``b`` (align units).
+    """
     count, dim = _pairs(problem, dims)
-    frontiers = _group_frontiers(problem, count, dim)
     top = problem.budget // problem.align
+    reach = problem.reach
+    spans = range(1, min(problem.max_block, reach) + 1)
+    fronts = {L: _frontiers(problem, problem.blocks(L), count, dim) for L in spans}
     budget = np.arange(top + 1)
-    best = np.zeros(top + 1)  # best error of the groups so far with width <= b
-    choices = []
-    for units, cost, _ in frontiers:
-        if len(units) == 1:  # no pair beats skipping this offset
-            best = best + cost[0]
-            choices.append(np.zeros(top + 1, dtype=np.intp))
+    # best[p, top+1+b] = F_p(b); the first top+1 columns are +inf (widths below zero).
+    best = np.full((reach + 1, 2 * (top + 1)), np.inf)
+    best[0, top + 1:] = 0.0
+    # Per offset p and budget b: the span of the block ending at p (0: p truncated) and its
+    # breakpoint, for the backtracking.
+    span_pick = np.zeros((reach + 1, top + 1), dtype=np.intp)
+    k_pick = np.zeros((reach + 1, top + 1), dtype=np.intp)
+    trunc = problem.blocks(1).truncation  # per offset 1..reach
+    for p in range(1, reach + 1):
+        current = best[p - 1, top + 1:] + trunc[p - 1]
+        for L in spans:
+            f = fronts[L][p - L] if p >= L else None
+            if f is None or not len(f.units):
+                continue
+            # (K, top+1): error if the block takes breakpoint k and offsets 1..p-L get b - u_k.
+            cand = best[p - L][(top + 1) + budget[None, :] - f.units[:, None]] + f.cost[:, None]
+            k = np.argmin(cand, axis=0)
+            value = cand[k, budget]
+            better = value < current
+            current = np.where(better, value, current)
+            span_pick[p] = np.where(better, L, span_pick[p])
+            k_pick[p] = np.where(better, k, k_pick[p])
+        best[p, top + 1:] = current
+    groups, b, p = [], top, reach  # back from the last offset at the full budget
+    while p > 0:
+        L = int(span_pick[p, b])
+        if L == 0:
+            p -= 1
             continue
-        padded = np.concatenate([np.full(top + 1, np.inf), best])
-        # (K, top+1): error if this group takes breakpoint k and the rest get b - u_k.
-        cand = padded[(top + 1) + budget[None, :] - units[:, None]] + cost[:, None]
-        pick = np.argmin(cand, axis=0)
-        best = cand[pick, budget]
-        choices.append(pick)
-    groups = []
-    b = top
-    for g in reversed(range(len(frontiers))):
-        units, _, pair = frontiers[g]
-        k = choices[g][b]
-        if pair[k] >= 0:
-            groups.append(GroupChoice(int(problem.offsets[g]), int(count[pair[k]]),
-                                      int(dim[pair[k]])))
-        b -= units[k]
+        f, k = fronts[L][p - L], int(k_pick[p, b])
+        groups.append(GroupChoice(p - L + 1, int(count[f.pair[k]]), int(dim[f.pair[k]]), L))
+        b, p = b - int(f.units[k]), p - L
     return problem.evaluate(groups)
 
 
@@ -240,11 +322,19 @@ class UniformAllocation:
 
 
 def _uniform_lower_bound(problem: ExtractProblem, dim: int) -> float:
-    """Error of the uniform layer if every offset could have all ``budget/dim`` heads."""
-    m, w = problem.model, problem.weights
+    """Error of the uniform layer if every block could have all ``budget/dim`` heads: the
+    offsets' DP without the budget (each block's cost only falls with more heads)."""
     heads = problem.budget // dim
-    inside = w * (m.compression(dim) + m.extraction(problem.offsets, heads))
-    return float(np.minimum(w * m.bound, inside).sum())
+    trunc = problem.blocks(1).truncation  # per offset 1..reach
+    best = np.zeros(problem.reach + 1)
+    costs = {}
+    for L in range(1, min(problem.max_block, problem.reach) + 1):
+        b = problem.blocks(L)
+        costs[L] = np.minimum(b.truncation, b.cost(problem.model, heads, dim)[:, 0])
+    for p in range(1, problem.reach + 1):
+        best[p] = min([best[p - 1] + trunc[p - 1]]
+                      + [best[p - L] + costs[L][p - L] for L in costs if p >= L])
+    return float(best[-1])
 
 
 def uniform_options(problem: ExtractProblem, prune: bool = False) -> list[UniformAllocation]:
@@ -274,26 +364,27 @@ def solve_uniform(problem: ExtractProblem) -> UniformAllocation:
 
 
 def solve_brute_force(problem: ExtractProblem, dims: np.ndarray | None = None) -> Allocation:
-    """Enumerate every assignment (skip or any pair) of every group; for small instances only."""
+    """Enumerate every assignment: each offset in order either truncated or the start of a block
+    of up to ``max_block`` offsets given any fitting ``(count, dim)``; small instances only."""
     count, dim = _pairs(problem, problem.dims if dims is None else dims)
     pairs = list(zip(count.tolist(), dim.tolist()))
-    offsets = problem.offsets.tolist()
-
-    def cost(s: int, pair: tuple[int, int] | None) -> float:
-        return problem.evaluate([GroupChoice(s, *pair)] if pair else []).objective
-
-    # Per group: (width, error of this group alone minus its truncation when skipped).
-    table = [[(h * d, cost(s, (h, d)) - cost(s, None)) for h, d in pairs] for s in offsets]
-    best: tuple[float, tuple[tuple[int, int], ...]] = (0.0, ())
-    stack: list[tuple[int, int, float, tuple[tuple[int, int], ...]]] = [(0, 0, 0.0, ())]
-    while stack:  # depth-first over groups: each either skipped or given any fitting pair
-        g, used, delta, chosen = stack.pop()
-        if g == len(offsets):
-            best = min(best, (delta, chosen))
+    n = len(problem.rho)
+    nothing = problem.evaluate([]).objective
+    # Per block (start, span) and pair: its width and the error it saves over truncation.
+    gain = {(s, L): [(h * d, problem.evaluate([GroupChoice(s, h, d, L)]).objective - nothing)
+                     for h, d in pairs]
+            for s in range(1, n + 1) for L in range(1, min(problem.max_block, n - s + 1) + 1)}
+    best: tuple[float, tuple[GroupChoice, ...]] = (0.0, ())
+    stack: list[tuple[int, int, float, tuple[GroupChoice, ...]]] = [(1, 0, 0.0, ())]
+    while stack:  # depth-first over offsets: truncated, or the first of a block
+        s, used, delta, chosen = stack.pop()
+        if s > n:
+            best = min(best, (delta, chosen), key=lambda b: b[0])
             continue
-        stack.append((g + 1, used, delta, chosen))
-        for p, (width, gain) in enumerate(table[g]):
-            if used + width <= problem.budget:
-                stack.append((g + 1, used + width, delta + gain, (*chosen, (g, p))))
-    groups = [GroupChoice(offsets[g], *pairs[p]) for g, p in best[1]]
-    return problem.evaluate(groups)
+        stack.append((s + 1, used, delta, chosen))
+        for L in range(1, min(problem.max_block, n - s + 1) + 1):
+            for (h, d), (width, saved) in zip(pairs, gain[(s, L)]):
+                if used + width <= problem.budget:
+                    stack.append((s + L, used + width, delta + saved,
+                                  (*chosen, GroupChoice(s, h, d, L))))
+    return problem.evaluate(best[1])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from itertools import pairwise
 from pathlib import Path
@@ -130,3 +131,61 @@ def test_larger_input_dim_moves_the_choice() -> None:
     problem = ExtractProblem(parse_kernel("poly:1.0", 256), 512, 8, ErrorModel(512))
     uniform = solve_uniform(problem)
     assert (uniform.count, uniform.dim) != (8, 64)
+
+
+# --- heads that average a block of offsets (docs/theory.md §2.2) ---------------------------------
+
+
+@pytest.mark.parametrize("seed", range(80))
+def test_exact_with_blocks_equals_brute_force(seed: int, tmp_path: Path) -> None:
+    problem = random_problem(np.random.default_rng(5000 + seed), tmp_path, max_budget=12,
+                             max_seq_len=4, max_block=4)
+    exact, brute = solve_exact(problem), solve_brute_force(problem)
+    assert feasible(problem, exact.groups)
+    assert close(exact.objective, brute.objective), (exact, brute)
+    assert close(exact.objective, problem.evaluate(exact.groups).objective)
+    # Blocks only add choices: never worse than the one-offset optimum.
+    single = solve_exact(dataclasses.replace(problem, max_block=1))
+    assert exact.objective <= single.objective + 1e-12
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_uniform_with_blocks_equals_brute_force(seed: int, tmp_path: Path) -> None:
+    problem = random_problem(np.random.default_rng(7000 + seed), tmp_path, aligned_budget=True,
+                             max_budget=12, max_seq_len=4, max_block=4)
+    divisors = [d for d in problem.dims.tolist() if problem.budget % d == 0]
+    brute = min(solve_brute_force(problem, np.array([d])).objective for d in divisors)
+    assert close(solve_uniform(problem).objective, brute)
+
+
+def test_block_terms_match_the_formula() -> None:
+    model = ErrorModel(16, c_proj=0.5, c_head=2.0, order=2.0, alpha=0.1, norm_bound=3.0)
+    rho = np.array([1.0, 0.5, 0.3, 0.2])
+    problem = ExtractProblem(rho, 64, 4, model, max_block=3)
+    alloc = problem.evaluate([GroupChoice(1, 2, 8, span=3)])  # offsets 1-3 averaged by 2 heads
+    mean = 0.6
+    assert close(alloc.compression, 1.8 * 0.5 * math.sqrt(16 - 8))
+    assert close(alloc.extraction, 1.8 * 2.0 * 3.0 * math.exp(0.1 * 3 * 3) / 2**2)  # far edge
+    assert close(alloc.averaging, 3.0 * (0.4 + 0.1 + 0.3))
+    assert close(alloc.truncation, 3.0 * 0.2)  # offset 4 is left out
+    assert close(alloc.objective, alloc.compression + alloc.extraction + alloc.averaging
+                 + alloc.truncation) and mean == pytest.approx(rho[:3].mean())
+    with pytest.raises(ValueError, match="overlaps"):
+        problem.evaluate([GroupChoice(1, 1, 8, span=2), GroupChoice(2, 1, 8)])
+
+
+def test_a_flat_block_is_averaged_by_one_group() -> None:
+    # ngram:4 (four equal offsets), d_in 64, D 256: the one-offset bound gives two heads of 64
+    # to each of two offsets and truncates the other two; with blocks, the four heads average
+    # offsets 1-4 together, and the bound falls because every head now serves all four.
+    single = ExtractProblem(parse_kernel("ngram:4", 64), 256, 8, ErrorModel(64))
+    block = dataclasses.replace(single, max_block=8)
+    old, new = solve_exact(single), solve_exact(block)
+    assert [(g.offset, g.span, g.count, g.dim) for g in old.groups] == [
+        (1, 1, 2, 64), (2, 1, 2, 64)]
+    assert old.truncation == 2 * 8  # offsets 3 and 4, B = 8 each
+    assert [(g.offset, g.span, g.count, g.dim) for g in new.groups] == [(1, 4, 4, 64)]
+    assert new.averaging == 0 and new.objective < old.objective / 8
+    # A decaying kernel is not averaged where its variation costs more than a head saves.
+    steep = ExtractProblem(parse_kernel("exp:2.0", 64), 256, 8, ErrorModel(64), max_block=8)
+    assert all(g.span == 1 for g in solve_exact(steep).groups)

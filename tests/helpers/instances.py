@@ -26,8 +26,10 @@ def random_kernel(rng: np.random.Generator, tmp: Path, seq_len: int) -> str:
 
 
 def random_problem(rng: np.random.Generator, tmp: Path, aligned_budget: bool = False,
-                   max_budget: int = 16, max_seq_len: int = 3) -> ExtractProblem:
-    """A random instance small enough for brute-force enumeration."""
+                   max_budget: int = 16, max_seq_len: int = 3, max_block: int = 1
+                   ) -> ExtractProblem:
+    """A random instance small enough for brute-force enumeration; blocks of up to
+    ``max_block`` offsets (a random cap of 1..max_block)."""
     seq_len = int(rng.integers(1, max_seq_len + 1))
     input_dim = int(rng.integers(1, 9))
     align = int(rng.choice([a for a in (1, 2, 3, 4) if a <= input_dim]))
@@ -41,4 +43,4 @@ def random_problem(rng: np.random.Generator, tmp: Path, aligned_budget: bool = F
                        input_variance=None if rng.random() < 0.5 else tuple(
                            np.sort(rng.exponential(size=input_dim))[::-1].tolist()))
     rho = parse_kernel(random_kernel(rng, tmp, seq_len), seq_len)
-    return ExtractProblem(rho, budget, align, model)
+    return ExtractProblem(rho, budget, align, model, int(rng.integers(1, max_block + 1)))
