@@ -62,6 +62,7 @@ class MeasuredInputs:
     sources: dict[str, str]
     logit_bounds: tuple[float, ...] | None = None
     input_variance: np.ndarray | None = None  # the pilot's: the compression term uses it
+    patterns: tuple[float, ...] | None = None  # per later layer, distinct attention patterns
 
     @property
     def best(self) -> KernelFit:
@@ -124,8 +125,13 @@ def choose_inputs(profile: Profile) -> MeasuredInputs:
     else:
         sources["spectrum"] = (f"{stats.sources['spectrum']} (a one-layer pilot has no later "
                                "layer)")
+    patterns = pilot.patterns or None
+    if patterns:
+        sources["patterns"] = (f"{trained}, later layers of {pilot.pattern_heads} heads: the "
+                               "distinct attention patterns each later layer's heads use")
     variance = np.asarray(pilot.input_variance)
-    return MeasuredInputs(kernel, fits, len(variance), spectrum, sources, bounds, variance)
+    return MeasuredInputs(kernel, fits, len(variance), spectrum, sources, bounds, variance,
+                          patterns)
 
 
 # --- estimators -------------------------------------------------------------------------------

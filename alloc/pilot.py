@@ -55,7 +55,10 @@ class PilotMeasurement:
     ``j = 0..N-1`` (over heads, windows and the queries that have a key that far back).
     ``logit_bounds``, ``spectra``: per later layer, the largest |logit| of any head on the
     sample, and the mean over its heads of the query-key singular values (each head's scaled to
-    a largest value of 1)."""
+    a largest value of 1).
+    ``patterns``: per later layer, the distinct attention patterns its heads use
+    (``alloc.patterns.distinct_patterns``), measured on a second pilot whose later layers have
+    ``pattern_heads`` narrow heads, room for as many patterns as the data asks for."""
 
     arch: str
     steps: int
@@ -68,6 +71,8 @@ class PilotMeasurement:
     attention_mass: tuple[float, ...]
     logit_bounds: tuple[float, ...]
     spectra: tuple[tuple[float, ...], ...]
+    patterns: tuple[float, ...] = ()
+    pattern_heads: int = 0
 
     @property
     def participation_ratio(self) -> float:

@@ -1,15 +1,18 @@
 """The per-layer plan (docs/theory.md §5): extraction layers first, reduced ``qk_dim`` after them.
 
 Layers ``0..k-1`` get the early-layer solution (exact grouped optimum, or the uniform layer),
-layers ``k..L-1`` keep that layer's heads and value dims and take the smallest ``qk_dim`` the
-saturation rule allows. With ``kv_heads`` every layer reads that many key/value heads
-(grouped-query attention), shared by its groups in proportion to their query heads; later
-layers keep them while their ``qk_dim`` shrinks. ``make_plan`` returns the ``ArchConfig`` and a
-report whose keys are a contract other tools parse (``budget``, ``layers``, ``extract``, ``arch``).
+layers ``k..L-1`` get as many equal heads as the distinct attention patterns a pilot measured
+there (§4.1; without a measurement, layer 0's heads) and the smallest ``qk_dim`` the
+saturation rule allows. Every layer's row says why (``reason``). With ``kv_heads`` every layer
+reads that many key/value heads (grouped-query attention), shared by its groups in proportion to
+their query heads; later layers keep them while their ``qk_dim`` shrinks. ``make_plan`` returns
+the ``ArchConfig`` and a report whose keys are a contract other tools parse (``budget``,
+``layers``, ``extract``, ``arch``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -24,6 +27,7 @@ from alloc.extract import (
     solve_uniform,
     solve_with_dims,
 )
+from alloc.patterns import later_head_count
 from alloc.saturation import (
     attention_error,
     jacobian_bound,
@@ -71,6 +75,8 @@ class Plan:
     uniform: UniformAllocation
     arch: ArchConfig
     layer_errors: tuple[dict[str, float], ...]
+    reasons: tuple[str, ...]  # per layer: why it has these heads
+    one_offset: Allocation  # the exact optimum without blocks: what the relaxation bounds
 
 
 def layer_logit_bound(settings: PlanSettings, index: int) -> float:
@@ -121,26 +127,62 @@ def _arch(settings: PlanSettings, layers: list[LayerSpec]) -> ArchConfig:
                       max_seq_len=settings.seq_len, positional=settings.positional, **io)
 
 
+def pattern_heads(settings: PlanSettings, index: int, heads: tuple[HeadGroup, ...]
+                  ) -> tuple[tuple[HeadGroup, ...], str]:
+    """Later layer ``index``'s heads before the saturation rule, and why: as many equal heads
+    of the full width as the distinct patterns measured there (§4.1), else layer 0's."""
+    measured = measured_patterns(settings, index)
+    if measured is None:
+        return heads, "layer 0's heads (no pattern count measured)"
+    count = later_head_count(measured, settings.budget, settings.align, settings.kv_heads or 1)
+    group = HeadGroup(count, settings.budget // count)
+    chosen = (group,) if settings.kv_heads is None else share_kv_heads((group,), settings.kv_heads)
+    return chosen, (f"{measured:.1f} distinct attention patterns measured: {count} "
+                    f"head{'s' if count > 1 else ''}")
+
+
+def extract_reason(chosen: Allocation, uniform: bool) -> str:
+    """What the bound did with the offsets: blocks averaged, offsets extracted, truncated."""
+    blocks = [f"s{g.offset}-{g.last}" for g in chosen.groups if g.span > 1]
+    singles = sum(1 for g in chosen.groups if g.span == 1)
+    parts = [f"averages {', '.join(blocks)}"] if blocks else []
+    parts += [f"extracts {singles} offset(s)"] if singles else []
+    kind = "uniform layer" if uniform else "bound"
+    return f"{kind}: " + ("; ".join(parts) if parts else "every offset truncated")
+
+
 def make_plan(settings: PlanSettings) -> Plan:
-    """Solve the early-layer problem and the saturation rule; assemble the per-layer plan."""
+    """Solve the early-layer problem, the later layers' head counts and the saturation rule;
+    assemble the per-layer plan."""
     rho = parse_kernel(settings.kernel, settings.seq_len)
-    problem = ExtractProblem(rho, settings.budget, settings.align, settings.model)
+    problem = ExtractProblem(rho, settings.budget, settings.align, settings.model,
+                             settings.max_block)
     exact, uniform = solve_exact(problem), solve_uniform(problem)
-    continuous = solve_continuous(problem)
+    one_offset = exact if settings.max_block == 1 else solve_exact(
+        dataclasses.replace(problem, max_block=1))
+    continuous = solve_continuous(problem)  # relaxes the one-offset problem (§3.2)
     chosen = uniform.allocation if settings.uniform or not exact.groups else exact
     heads = _extract_heads(settings, exact, uniform)
-    layers, errors = [], []
+    layers, errors, reasons = [], [], []
     for i in range(settings.layers):
-        extract = i < settings.extract_layers
-        later, later_error = (heads, 0.0) if extract else _later_heads(
-            settings, heads, layer_logit_bound(settings, i))
+        if i < settings.extract_layers:
+            later, error = heads, {"compression": chosen.compression,
+                                   "extraction": chosen.extraction,
+                                   "averaging": chosen.averaging,
+                                   "truncation": chosen.truncation, "total": chosen.objective}
+            reasons.append(extract_reason(chosen, chosen is uniform.allocation))
+        else:
+            own, why = pattern_heads(settings, i, heads)
+            bound = layer_logit_bound(settings, i)
+            later, worst = _later_heads(settings, own, bound)
+            error = {"attention": worst, "total": worst}
+            qk = "/".join(str(g.qk_dim) for g in later)
+            reasons.append(f"{why}; qk_dim {qk} at R={bound:.3g} (saturation)")
         layers.append(LayerSpec(settings.attention, later, mlp_ratio=settings.mlp_ratio,
-                                role="extract" if extract else "process"))
-        errors.append({"compression": chosen.compression, "extraction": chosen.extraction,
-                       "truncation": chosen.truncation, "total": chosen.objective}
-                      if extract else {"attention": later_error, "total": later_error})
+                                role="extract" if i < settings.extract_layers else "process"))
+        errors.append(error)
     return Plan(settings, problem, exact, continuous, uniform, _arch(settings, layers),
-                tuple(errors))
+                tuple(errors), tuple(reasons), one_offset)
 
 
 def predicted_error(settings: PlanSettings, layer: LayerSpec) -> float:
@@ -150,7 +192,8 @@ def predicted_error(settings: PlanSettings, layer: LayerSpec) -> float:
     dims = sorted({g.v_dim for g in layer.heads})
     align = math.gcd(*dims, layer.width)
     rho = parse_kernel(settings.kernel, settings.seq_len)
-    problem = ExtractProblem(rho, layer.width, align, settings.model_for(layer.mlp_ratio))
+    problem = ExtractProblem(rho, layer.width, align, settings.model_for(layer.mlp_ratio),
+                             settings.max_block)
     return solve_with_dims(problem, dims).objective
 
 
@@ -167,13 +210,30 @@ def layer_bound(settings: PlanSettings, index: int, layer: LayerSpec) -> float:
     the log of the early-layer bound for an extraction layer (``index < extract_layers`` or role
     ``extract``); for a later layer, ``sum max(0, log(error / tolerance))`` over its head
     groups: nothing while the saturation rule's error is within the tolerance (every
-    ``qk_dim`` the rule would accept), growing with the log of the excess below it."""
+    ``qk_dim`` the rule would accept), growing with the log of the excess below it, plus
+    ``pattern_cost``: the log distance of its head count from the patterns measured there."""
     if index < settings.extract_layers or layer.role == "extract":
         return math.log(max(predicted_error(settings, layer), 1e-300))
+    cost = pattern_cost(settings, index, layer)
     if layer.attention in SINGLE_WIDTH_KINDS:
-        return 0.0
+        return cost
     errors = (saturation_error(settings, index, g) for g in layer.heads)
-    return sum(math.log(e / settings.tolerance) for e in errors if e > settings.tolerance)
+    return cost + sum(math.log(e / settings.tolerance) for e in errors if e > settings.tolerance)
+
+
+def pattern_cost(settings: PlanSettings, index: int, layer: LayerSpec) -> float:
+    """``|log(H / P)|`` of a later layer with ``H`` heads where ``P`` distinct patterns were
+    measured (§4.1; 0 without a measurement): least at the count the rule picks."""
+    measured = measured_patterns(settings, index)
+    return 0.0 if measured is None else abs(math.log(layer.n_heads / max(measured, 1.0)))
+
+
+def measured_patterns(settings: PlanSettings, index: int) -> float | None:
+    """The distinct patterns measured in later layer ``index`` (None: not measured)."""
+    later = index - settings.extract_layers
+    if settings.patterns is None or not 0 <= later < len(settings.patterns):
+        return None
+    return settings.patterns[later]
 
 
 def baseline_head(width: int) -> HeadGroup:
@@ -229,6 +289,7 @@ def report(plan: Plan) -> dict[str, Any]:
             "attention_params": params.total, "attention_params_trainable": params.trainable,
             "predicted_error": plan.layer_errors[i]["total"],
             "error_terms": plan.layer_errors[i],
+            "reason": plan.reasons[i],
         })
     ours = sum(attention_params(layer, d).total for layer in arch.layers)
     base_arch = baseline_arch(plan)
@@ -256,9 +317,10 @@ def report(plan: Plan) -> dict[str, Any]:
 
 def _allocation_report(alloc: Allocation) -> dict[str, Any]:
     return {"objective": alloc.objective, "compression": alloc.compression,
-            "extraction": alloc.extraction, "truncation": alloc.truncation,
-            "heads": alloc.heads, "width": alloc.width,
-            "groups": [{"offset": g.offset, "count": g.count, "dim": g.dim} for g in alloc.groups]}
+            "extraction": alloc.extraction, "averaging": alloc.averaging,
+            "truncation": alloc.truncation, "heads": alloc.heads, "width": alloc.width,
+            "groups": [{"offset": g.offset, "span": g.span, "count": g.count, "dim": g.dim}
+                       for g in alloc.groups]}
 
 
 def _extract_report(plan: Plan) -> dict[str, Any]:
@@ -268,7 +330,9 @@ def _extract_report(plan: Plan) -> dict[str, Any]:
         "exact": _allocation_report(exact),
         "continuous": {
             "objective": cont.objective, "multiplier": cont.multiplier, "width": cont.width,
-            "rounding_gap": exact.objective - cont.objective,
+            # Against the one-offset optimum: the relaxation knows no blocks (§3.2).
+            "rounding_gap": plan.one_offset.objective - cont.objective,
+            "one_offset_objective": plan.one_offset.objective,
             "groups": [{"offset": g.offset, "count": g.count, "dim": g.dim, "share": g.share}
                        for g in cont.groups],
         },

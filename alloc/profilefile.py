@@ -26,7 +26,8 @@ from arch.kernels import kernel_shape
 from common.cli import render_table
 from common.files import dump_yaml, read_yaml, write_atomic
 
-OPTIONAL_INPUTS = {"input_spectrum", "logit_bounds", "sources"}  # beside the four every profile has
+# Beside the four every profile has.
+OPTIONAL_INPUTS = {"input_spectrum", "logit_bounds", "patterns", "sources"}
 
 
 def allocator_inputs(profile: Profile, kernel_file: str, spectrum_file: str,
@@ -45,6 +46,8 @@ def allocator_inputs(profile: Profile, kernel_file: str, spectrum_file: str,
         inputs["input_spectrum"] = f"file:{input_file}"
     if chosen.logit_bounds:
         inputs["logit_bounds"] = [round(b, 4) for b in chosen.logit_bounds]
+    if chosen.patterns:
+        inputs["patterns"] = [round(p, 3) for p in chosen.patterns]
     return {**inputs, "sources": chosen.sources}
 
 
@@ -60,6 +63,7 @@ def pilot_dict(pilot: PilotMeasurement) -> dict[str, Any]:
                 "fits": {f.form: {"param": f.param, "r2": f.r2} for f in fit_kernel(kernel)},
                 "values": [float(v) for v in kernel]},
             "logit_bounds": list(pilot.logit_bounds),
+            "patterns": list(pilot.patterns), "pattern_heads": pilot.pattern_heads,
             "spectrum": [float(v) for v in pilot.spectrum()]}
 
 
@@ -128,17 +132,19 @@ def read_allocator_inputs(path: Path) -> dict[str, Any]:
     for key in ("kernel", "spectrum", "input_spectrum"):
         if str(inputs.get(key)).startswith("file:"):
             inputs[key] = f"file:{path.parent / str(inputs[key])[5:]}"
-    if "logit_bounds" in inputs:
-        inputs["logit_bounds"] = _logit_bounds(path, inputs["logit_bounds"])
+    for key in ("logit_bounds", "patterns"):
+        if key in inputs:
+            inputs[key] = _per_layer(path, key, inputs[key])
     return dict(inputs)
 
 
-def _logit_bounds(path: Path, value: Any) -> tuple[float, ...]:
+def _per_layer(path: Path, key: str, value: Any) -> tuple[float, ...]:
+    """A per-later-layer list of positive numbers (``ProfileError`` naming it otherwise)."""
     ok = isinstance(value, list) and 0 < len(value) <= MAX_DEPTH and all(
         isinstance(v, int | float) and not isinstance(v, bool) and 0 < v < math.inf
         for v in value)
     if not ok:
-        raise ProfileError(f"--profile {str(path)!r}: allocator.logit_bounds = {value!r}: must "
+        raise ProfileError(f"--profile {str(path)!r}: allocator.{key} = {value!r}: must "
                            f"be a list of 1 to {MAX_DEPTH} positive numbers")
     return tuple(float(v) for v in value)
 
@@ -169,8 +175,8 @@ def render(data: dict[str, Any], prog: str) -> str:
                      f"rho(1..) = {rho}, ...")
     if "allocator" in data:
         a = data["allocator"]
-        bounds = (f" --logit-bounds {','.join(f'{b:g}' for b in a['logit_bounds'])}"
-                  if "logit_bounds" in a else "")
+        bounds = "".join(f" --{key.replace('_', '-')} {','.join(f'{b:g}' for b in a[key])}"
+                         for key in ("logit_bounds", "patterns") if key in a)
         given = f" --input-spectrum {a['input_spectrum']}" if "input_spectrum" in a else ""
         lines.append(f"allocator inputs: --kernel {a['kernel']} --input-dim {a['input_dim']} "
                      f"--seq-len {a['seq_len']} --spectrum {a['spectrum']}{given}{bounds}")

@@ -63,10 +63,17 @@ class PlanSettings:
     input_spectrum: str | None = None
     # Key/value heads of every layer (grouped-query attention); None: one per query head.
     kv_heads: int | None = None
+    # The longest block of consecutive offsets one head group may average (docs/theory.md
+    # §2.2); 1: the bound's one-offset groups only.
+    max_block: int = 8
+    # Distinct attention patterns measured in each later layer (a pilot's, §4.1): that layer
+    # gets the nearest allowed head count; None (or a layer past the list): layer 0's heads.
+    patterns: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.logit_bounds, list):
-            object.__setattr__(self, "logit_bounds", tuple(self.logit_bounds))
+        for name in ("logit_bounds", "patterns"):
+            if isinstance(getattr(self, name), list):
+                object.__setattr__(self, name, tuple(getattr(self, name)))
         problems = settings_problems(self)
         if problems:
             raise PlanError("; ".join(problems))
@@ -104,7 +111,8 @@ class PlanSettings:
 # (offset, heads, dim) choices of the exact solver above which it would take seconds and
 # gigabytes: refused up front.
 MAX_TABLE = 50_000_000
-MAX_ERROR_TERM = 1e100  # the bound's largest term; products of a few stay finite in float64
+MAX_ERROR_TERM = 1e100
+MAX_BLOCK = 64  # the bound's largest term; products of a few stay finite in float64
 
 
 def align_problem(align: int, budget: int, input_dim: int) -> str | None:
@@ -134,9 +142,10 @@ def settings_problems(s: PlanSettings) -> list[str]:
     if s.extract_layers > s.layers:
         problems.append(f"--extract-layers {s.extract_layers}: must be <= --layers {s.layers}")
     later = s.layers - s.extract_layers
-    if s.logit_bounds is not None and len(s.logit_bounds) > later:
-        problems.append(f"--logit-bounds: {len(s.logit_bounds)} values for {later} later "
-                        f"layer(s) (--layers {s.layers} - --extract-layers {s.extract_layers})")
+    for flag, values in (("--logit-bounds", s.logit_bounds), ("--patterns", s.patterns)):
+        if values is not None and len(values) > later:
+            problems.append(f"{flag}: {len(values)} values for {later} later layer(s) "
+                            f"(--layers {s.layers} - --extract-layers {s.extract_layers})")
     hidden = s.mlp_ratio * s.budget
     if abs(hidden - round(hidden)) > 1e-9:
         problems.append(f"--mlp-ratio {s.mlp_ratio:g}: mlp-ratio * budget = {hidden:g} must be "
@@ -156,6 +165,7 @@ def _value_problems(s: PlanSettings) -> list[str]:
     for name in ("budget", "layers", "seq_len", "input_dim", "align"):
         need_int(problems, _flag(name), getattr(s, name), 1)
     need_int(problems, "--extract-layers", s.extract_layers, 0)
+    need_int(problems, "--max-block", s.max_block, 1, MAX_BLOCK)
     for name in ("c_proj", "c_head", "alpha", "mlp_ratio"):
         need_number(problems, _flag(name), getattr(s, name), 0.0)
     need_number(problems, "--order", s.order, 1.0)
@@ -168,6 +178,10 @@ def _value_problems(s: PlanSettings) -> list[str]:
             need_int(problems, _flag(name), getattr(s, name), 1)
     if s.logit_bounds is not None and not all(is_number(b) and b > 0 for b in s.logit_bounds):
         problems.append(f"--logit-bounds {s.logit_bounds!r}: every value must be a number > 0")
+    if s.patterns is not None and not all(is_number(p) and 1 <= p <= s.budget
+                                          for p in s.patterns):
+        problems.append(f"--patterns {s.patterns!r}: every value must be a number in [1, "
+                        f"--budget {s.budget}] (distinct patterns of a later layer)")
     need_choice(problems, "--attention", s.attention, ATTENTION_KINDS)
     need_choice(problems, "--positional", s.positional, POSITIONALS)
     need_bool(problems, "--uniform", s.uniform)
@@ -206,10 +220,11 @@ def _size_problems(s: PlanSettings) -> list[str]:
                 f"must stay <= {MAX_ERROR_TERM:g} for the solvers to stay finite "
                 "(docs/theory.md §2)"]
     pairs = sum(s.budget // d for d in range(s.align, min(s.input_dim, s.budget) + 1, s.align))
-    if s.seq_len * pairs > MAX_TABLE:
-        return [f"--seq-len {s.seq_len}: with --budget {s.budget} and --align {s.align} the "
-                f"instance has {s.seq_len * pairs:,} (offset, heads, dim) choices, over "
-                f"{MAX_TABLE:,}; lower --seq-len or raise --align"]
+    choices = s.seq_len * pairs * min(s.max_block, s.seq_len)
+    if choices > MAX_TABLE:
+        return [f"--seq-len {s.seq_len}: with --budget {s.budget}, --align {s.align} and "
+                f"--max-block {s.max_block} the instance has {choices:,} (block, heads, dim) "
+                f"choices, over {MAX_TABLE:,}; lower --seq-len or --max-block, or raise --align"]
     return []
 
 

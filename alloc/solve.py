@@ -17,7 +17,7 @@ from typing import Any
 from alloc.constants import read_constants
 from alloc.errors import PlanError
 from alloc.plan import Plan, make_plan, report
-from alloc.settings import PlanSettings
+from alloc.settings import MAX_BLOCK, PlanSettings
 from arch import ATTENTION_KINDS, MAX_DEPTH, MAX_WIDTH, POSITIONALS, HeadGroup
 from common.cli import (
     Parser,
@@ -73,6 +73,13 @@ def _add_shape_flags(p: argparse.ArgumentParser, d: PlanSettings) -> None:
                         "(docs/theory.md §2)")
     p.add_argument("--align", type=int_in(1), default=d.align,
                    help="head dimensions are multiples of this")
+    p.add_argument("--max-block", type=int_in(1, MAX_BLOCK), default=d.max_block,
+                   help="longest block of consecutive offsets one head group may average with "
+                        "a flat positional score; 1 = one offset per group (docs/theory.md §2.2)")
+    p.add_argument("--patterns", type=bounds_list,
+                   help="distinct attention patterns measured in each later layer, "
+                        "comma-separated (a pilot profile's): each later layer gets the nearest "
+                        "head count; missing layers keep layer 0's heads (docs/theory.md §4.1)")
 
 
 def _add_bound_flags(p: argparse.ArgumentParser, d: PlanSettings) -> None:
@@ -153,7 +160,8 @@ def settings_from_args(args: argparse.Namespace) -> PlanSettings:
         spectrum=args.spectrum, attention=args.attention, mlp_ratio=args.mlp_ratio,
         uniform=args.uniform, vocab_size=args.vocab_size, positional=args.positional,
         product_order=args.product_order, input_spectrum=args.input_spectrum,
-        kv_heads=args.kv_heads)
+        kv_heads=args.kv_heads, max_block=args.max_block,
+        patterns=None if args.patterns is None else tuple(args.patterns))
 
 
 def _num(x: float) -> str:
@@ -165,7 +173,9 @@ def _groups(groups: list[dict[str, Any]], real: bool = False) -> str:
     for g in groups:
         count = f"{g['count']:.2f}" if real else str(g["count"])
         share = f" ({g['share']:.0%})" if real and g.get("share", 1.0) < 1 else ""
-        parts.append(f"s{g['offset']}:{count}x{g['dim']:g}{share}")
+        span = g.get("span", 1)
+        where = f"s{g['offset']}" + (f"-{g['offset'] + span - 1}" if span > 1 else "")
+        parts.append(f"{where}:{count}x{g['dim']:g}{share}")
     return "  ".join(parts) if parts else "(every offset truncated)"
 
 
@@ -181,13 +191,14 @@ def render(rep: dict[str, Any]) -> str:
             detail = "attention (per head)"
         else:
             detail = (f"comp {_num(terms['compression'])} + extr {_num(terms['extraction'])} "
-                      f"+ trunc {_num(terms['truncation'])}")
+                      f"+ avg {_num(terms['averaging'])} + trunc {_num(terms['truncation'])}")
         heads = "+".join(_head(g) for g in r["heads"])
         rows.append([r["index"], r["role"], r["attention"], heads, r["width"],
-                     f"{r['attention_params']:,}", f"{r['predicted_error']:.4g}", detail])
+                     f"{r['attention_params']:,}", f"{r['predicted_error']:.4g}", detail,
+                     r["reason"]])
     table = render_table(["layer", "role", "attention", "heads", "width", "attn params",
-                          "pred. error", "terms"], rows,
-                         right=[True, False, False, False, True, True, True, False])
+                          "pred. error", "terms", "why"], rows,
+                         right=[True, False, False, False, True, True, True, False, False])
     t, ex = rep["totals"], rep["extract"]
     cont = ex["continuous"]
     lines = [
@@ -199,7 +210,8 @@ def render(rep: dict[str, Any]) -> str:
         f"extraction layer (offset s: heads x dim; chosen: {ex['chosen']})",
         f"  exact       E = {ex['exact']['objective']:.4f}  {_groups(ex['exact']['groups'])}",
         f"  continuous  E = {cont['objective']:.4f}  {_groups(cont['groups'], real=True)}",
-        f"              lower bound; rounding gap {cont['rounding_gap']:.4f}",
+        f"              lower bound of the one-offset optimum "
+        f"{cont['one_offset_objective']:.4f}; rounding gap {cont['rounding_gap']:.4f}",
         f"  uniform     E = {ex['uniform']['objective']:.4f}  "
         f"{ex['uniform']['count']} heads of {ex['uniform']['dim']}",
         "",
@@ -237,10 +249,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if defaults:
         parser.set_defaults(**defaults)
         args = parser.parse_args(argv)
-    measured = defaults.get("logit_bounds")
-    if measured is not None and args.logit_bounds is measured:
-        # A deeper pilot measured more later layers than this plan has: theirs go unused.
-        args.logit_bounds = measured[:max(0, args.layers - args.extract_layers)] or None
+    later = max(0, args.layers - args.extract_layers)
+    for name in ("logit_bounds", "patterns"):
+        measured = defaults.get(name)
+        if measured is not None and getattr(args, name) is measured:
+            # A deeper pilot measured more later layers than this plan has: theirs go unused.
+            setattr(args, name, measured[:later] or None)
     return args
 
 

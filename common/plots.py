@@ -9,14 +9,14 @@ from typing import Any
 from common.files import write_atomic
 
 
-def new_figure(ncols: int, figsize: tuple[float, float]) -> tuple[Any, Any]:
-    """``(fig, axes)``: one row of ``ncols`` axes on the Agg backend."""
+def new_figure(ncols: int, figsize: tuple[float, float], rows: int = 1) -> tuple[Any, Any]:
+    """``(fig, axes)``: ``rows`` rows (default one) of ``ncols`` axes on the Agg backend."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    return plt.subplots(1, ncols, figsize=figsize, constrained_layout=True)
+    return plt.subplots(rows, ncols, figsize=figsize, constrained_layout=True)
 
 
 def write_figure(fig: Any, path: Path, dpi: int = 110) -> None:

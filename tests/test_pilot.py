@@ -69,16 +69,18 @@ def test_profile_says_where_each_input_came_from(tmp_path: Path,
     inputs = yaml.safe_load(out.read_text())["allocator"]
     assert inputs == report["allocator"]
     assert set(inputs["sources"]) == {"kernel", "input_dim", "input_spectrum", "spectrum",
-                                      "logit_bounds"}
+                                      "logit_bounds", "patterns"}
     assert all(v.startswith("pilot (200 steps)") for v in inputs["sources"].values())
     assert report["pilot"]["signal_dim"] == 6 and len(inputs["logit_bounds"]) == 1
+    # The pattern pilot's later layer: 64 / 8 heads, their distinct patterns counted.
+    assert report["pilot"]["pattern_heads"] == 8 and 1 <= inputs["patterns"][0] <= 8
     variances = np.loadtxt(tmp_path / "p.input.txt")
     assert len(variances) == inputs["input_dim"] == 64
     assert solve_main(["--budget", "64", "--layers", "2", "--profile", str(out), "--mlp-ratio",
                        "2", "--format", "json"]) == 0
     plan = json.loads(capsys.readouterr().out)["inputs"]
     assert plan["input_spectrum"].endswith("p.input.txt") and plan["logit_bounds"] == [
-        inputs["logit_bounds"][0]]
+        inputs["logit_bounds"][0]] and plan["patterns"] == inputs["patterns"]
     assert main(["--data", str(data), "--vocab-size", "64", "--no-pilot", "--out",
                  str(out), "--format", "json"]) == 0
     plain = json.loads(capsys.readouterr().out)["allocator"]

@@ -27,10 +27,11 @@ def test_json_contract() -> None:
     assert rep["budget"] == 512
     for row in rep["layers"]:
         assert {"index", "role", "attention", "heads", "width", "attention_params",
-                "predicted_error"} <= set(row)
+                "predicted_error", "reason"} <= set(row)
         assert all(set(h) == {"count", "qk_dim", "v_dim"} for h in row["heads"])
     assert {"objective", "groups"} <= set(rep["extract"]["exact"])
-    assert all(set(g) == {"offset", "count", "dim"} for g in rep["extract"]["exact"]["groups"])
+    assert all(set(g) == {"offset", "span", "count", "dim"}
+               for g in rep["extract"]["exact"]["groups"])
     assert {"objective", "groups"} <= set(rep["extract"]["continuous"])
     assert {"objective", "count", "dim"} <= set(rep["extract"]["uniform"])
     arch = ArchConfig.from_dict(rep["arch"])
@@ -74,15 +75,18 @@ def test_token_model() -> None:
 def test_predicted_error_of_any_layer_is_the_brute_force_bound() -> None:
     """For one group of ``count`` heads of dim ``d``: the best spread of exactly those heads."""
     import itertools
+    import math
+    from dataclasses import replace
 
     import numpy as np
 
-    from alloc.extract import ExtractProblem, GroupChoice
+    from alloc.extract import ExtractProblem, GroupChoice, solve_brute_force
     from alloc.plan import predicted_error
     from arch import LayerSpec
     from arch.kernels import parse_kernel
 
-    settings = PlanSettings(budget=64, input_dim=16, seq_len=4, kernel="poly:1", layers=1)
+    settings = PlanSettings(budget=64, input_dim=16, seq_len=4, kernel="poly:1", layers=1,
+                            max_block=1)  # one offset per group: the enumeration below
     rho = parse_kernel(settings.kernel, settings.seq_len)
     problem = ExtractProblem(rho, 64, 1, settings.model_for(0.0))  # the layers have no MLP
     offsets = problem.offsets.tolist()
@@ -95,6 +99,11 @@ def test_predicted_error_of_any_layer_is_the_brute_force_bound() -> None:
                 best = min(best, problem.evaluate(groups).objective)
         layer = LayerSpec("mhsa", (HeadGroup(count, dim),))
         assert predicted_error(settings, layer) == pytest.approx(best, rel=1e-12)
+        # With blocks (the default), against the enumeration of blocks too.
+        blocks = replace(settings, max_block=4)
+        brute = solve_brute_force(ExtractProblem(rho, count * dim, math.gcd(dim, count * dim),
+                                                 blocks.model_for(0.0), 4), np.array([dim]))
+        assert predicted_error(blocks, layer) == pytest.approx(brute.objective, rel=1e-12)
     plan = make_plan(PlanSettings(budget=256, input_dim=64, kernel="ngram:4", seq_len=64,
                                   layers=1, uniform=True))
     assert predicted_error(plan.settings, plan.arch.layers[0]) == pytest.approx(

@@ -5,6 +5,7 @@ where it looks. The typed request and result (``run_pilot``'s) live in ``alloc.p
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -13,12 +14,13 @@ import torch
 from torch import Tensor
 
 from alloc.errors import PilotError
+from alloc.patterns import distinct_patterns
 from alloc.pilot import PilotMeasurement, PilotRequest
 from alloc.plan import baseline_head
-from arch import ArchConfig, LayerSpec, TrainConfig
+from arch import ArchConfig, HeadGroup, LayerSpec, TrainConfig
 from common.progress import duration, say
 from workers.heads import head_maps
-from workers.measure import SAMPLE_BATCH, head_statistics, record_attention
+from workers.measure import SAMPLE_BATCH, head_statistics, record_attention, window_chunks
 from workers.model import Model
 from workers.tasks import Task, TaskError, make_data_task, make_task
 from workers.trainer import Trainer, run_with_progress
@@ -33,6 +35,62 @@ def baseline(request: PilotRequest, task: Task) -> ArchConfig:
                           {"input_dim": task.input_dim, "output_dim": task.output_dim})
     return ArchConfig(d_model=request.budget, layers=layers, max_seq_len=task.seq_len,
                       positional="learned", **io)
+
+
+PATTERN_HEAD_DIM = 8  # the pattern pilot's later heads: narrow, so that many fit
+MAX_PATTERN_HEADS = 32  # more patterns than this in one layer are not told apart
+
+
+def pattern_arch(request: PilotRequest, task: Task) -> ArchConfig:
+    """The baseline with ``D/8`` heads (at most 32) in every later layer: room for each later
+    layer to use as many distinct patterns as the data asks for (§4.1)."""
+    base = baseline(request, task)
+    count = max(1, min(MAX_PATTERN_HEADS, request.budget // PATTERN_HEAD_DIM))
+    while request.budget % count:  # equal heads fill the width
+        count -= 1
+    later = LayerSpec("mhsa", (HeadGroup(count, request.budget // count),), request.mlp_ratio)
+    return dataclasses.replace(base, layers=(base.layers[0],) + (later,) * (request.layers - 1))
+
+
+def head_similarity(logits: Tensor) -> Tensor:
+    """``(H, H)``: the cosine between two heads' attention rows, averaged over the windows and
+    the queries. ``logits``: (B, H, T, T), future entries -inf."""
+    p = torch.softmax(logits.double(), dim=-1)
+    p = p / p.norm(dim=-1, keepdim=True)
+    return torch.einsum("bitk,bjtk->ij", p, p) / (p.shape[0] * p.shape[2])
+
+
+def layer_patterns(model: Model, x: Tensor) -> tuple[float, ...]:
+    """Per later layer of ``model`` (one head group each): its heads' distinct patterns on the
+    windows ``x``, the similarity averaged over chunks of windows (bounded memory)."""
+    heads = max(layer.n_heads for layer in model.arch.layers)
+    chunks = window_chunks(x, 3 * 8 * heads * x.shape[1] ** 2)
+    total: list[Tensor] | None = None
+    for chunk in chunks:
+        groups = record_attention(model, chunk, reduce=head_similarity).groups[1:]
+        sims = [g[0] * len(chunk) for g in groups]
+        total = sims if total is None else [t + s for t, s in zip(total, sims)]
+    return tuple(distinct_patterns((t / len(x)).numpy()) for t in total or [])
+
+
+def train_pattern_pilot(request: PilotRequest, task: Task, config: TrainConfig) -> Model | None:
+    """Train the pattern pilot (``pattern_arch``) like the pilot; with one layer there is no
+    later layer to measure, so none."""
+    if request.layers < 2:
+        return None
+    trainer = Trainer(pattern_arch(request, task), task, config)
+    result = run_with_progress(trainer, "pilot (patterns)", request.quiet)
+    if result.val_loss is None:
+        raise PilotError(f"pattern pilot training ended {result.status}: {result.error}")
+    return trainer.model.eval()
+
+
+def measure_patterns(model: Model | None, x: Tensor) -> tuple[tuple[float, ...], int]:
+    """The pattern pilot's later layers' distinct patterns on ``x`` and its heads per later
+    layer; ``((), 0)`` without a pattern pilot."""
+    if model is None:
+        return (), 0
+    return layer_patterns(model, x), model.arch.layers[1].n_heads
 
 
 def offset_mass(logits: Tensor) -> Tensor:
@@ -105,16 +163,18 @@ def run_pilot(request: PilotRequest) -> PilotMeasurement:
     if result.val_loss is None:
         raise PilotError(f"pilot training ended {result.status}: {result.error}")
     model = trainer.model.eval()
+    pattern_model = train_pattern_pilot(request, task, config)
     windows = max(1, request.sample_tokens // task.seq_len)
     x = task.batch("val", SAMPLE_BATCH, windows).x
     measuring = time.perf_counter()
-    say(f"pilot: measuring the trained baseline's attention on {windows:,} windows of "
+    say(f"pilot: measuring the trained pilots' attention on {windows:,} windows of "
         f"{task.seq_len} tokens", quiet=request.quiet)
     measured = record_attention(model, x, reduce=lambda z: (head_statistics(z)[0], offset_mass(z)))
     first = model.arch.layers[0]
     mass = sum(m for _, m in measured.groups[0]) / first.n_heads
     bounds = tuple(float(max(b.max() for b, _ in groups)) for groups in measured.groups[1:])
     spectra = later_spectra(model)
+    patterns, pattern_heads = measure_patterns(pattern_model, x)
     say(f"pilot: measured in {duration(time.perf_counter() - measuring)}; the pilot took "
         f"{duration(time.perf_counter() - start)}", quiet=request.quiet)
     return PilotMeasurement(
@@ -123,4 +183,4 @@ def run_pilot(request: PilotRequest) -> PilotMeasurement:
         sample_tokens=int(x.shape[0] * x.shape[1]),  # windows x positions (ids or vectors)
         input_variance=tuple(float(v) for v in input_variance(measured.inputs[0])),
         attention_mass=tuple(float(v) for v in mass), logit_bounds=bounds,
-        spectra=spectra)
+        spectra=spectra, patterns=patterns, pattern_heads=pattern_heads)
