@@ -242,4 +242,29 @@ def test_corpora_grid_plans_before_and_after(tmp_path: Path) -> None:
         assert corpus["before"]["inputs"].endswith("compression order 1")
     plans = read_csv(out / "corpora_plans.csv")
     assert [(p["corpus"], p["when"]) for p in plans] == [
-        (c, w) for c in ("code", "docs", "records") for w in ("before", "after")]
+        (c["corpus"], w) for c in result["corpora"] for w in c["plans"]]
+    assert {"before", "after"} <= set(result["corpora"][0]["plans"])
+    assert_finalists_state_their_noise(result, out)
+
+
+def assert_finalists_state_their_noise(result: dict, out: Path) -> None:  # type: ignore[type-arg]
+    """Stage 2: every grid point a finalist at smoke size (2 <= --finalists), each with its
+    seeds' mean and interval; the seed and evaluation noise in numbers and in words; a plan in
+    the grid has a verdict, one beyond it none."""
+    finalists = read_csv(out / "corpora_finalists.csv")
+    for corpus in result["corpora"]:
+        mine = [r for r in finalists if r["corpus"] == corpus["corpus"]]
+        assert len(mine) == corpus["points"]
+        assert sum(r["reference"] == "True" for r in mine) == 1
+        for r in mine:
+            assert r["seeds"] == "2" and float(r["low"]) <= float(r["loss"]) <= float(r["high"])
+        noise = corpus["finalists"]["noise"]
+        assert noise["seed_sd"] > 0 and noise["eval_se"] > 0  # the trials' val_loss_se
+        assert noise["ratio"] == pytest.approx(noise["eval_se"] / noise["seed_sd"])
+        assert corpus["grid_noise"]["eval_se"] > 0
+        for label in corpus["plans"]:
+            final = corpus[label]["final"]
+            in_grid = corpus[label]["rank"] is not None
+            assert (final["top_quartile"] is not None) == in_grid
+            if in_grid:
+                assert final["seeds"] == 2 and final["low"] <= final["loss"] <= final["high"]

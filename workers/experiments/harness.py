@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 import sysconfig
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -103,16 +103,18 @@ def study_exists(url: str, study: str) -> bool:
 
 def search(space: SearchSpace, task: Task, trials: int, url: str, study: str, results: Path,
            scheduler: str = "fifo", profile: Path | None = None,
-           quiet: bool = False) -> SearchSummary:
+           quiet: bool = False, points: tuple[Mapping[str, Any], ...] = ()) -> SearchSummary:
     """``workers.search.run_search`` into ``study``; an existing study is resumed, so a re-run
-    continues where an interrupted one stopped. Its progress on stderr unless ``quiet``."""
+    continues where an interrupted one stopped. Its progress on stderr unless ``quiet``;
+    ``points``: only these points of the space (``SearchOptions.points``)."""
     from workers.search.driver import run_search
     from workers.search.options import SearchOptions
 
     summary = run_search(space, task, storage=url, study=study, trials=trials,
                          resume=study_exists(url, study),
                          options=SearchOptions(scheduler=scheduler, storage_path=results,
-                                               profile=profile, quiet=quiet))
+                                               profile=profile, quiet=quiet,
+                                               points=points))
     if summary.status != "completed":
         raise RuntimeError(f"search {study} ended {summary.status}")
     return summary
