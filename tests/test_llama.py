@@ -7,6 +7,7 @@ layout written back for a student with fewer RoPE pairs."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -312,11 +313,12 @@ def test_pair_ranking_is_the_same_one_window_at_a_time(monkeypatch: pytest.Monke
                                                          tmp_path: Path) -> None:
     """The pair terms are formed in chunks of windows (a long sample must not hold every pair's
     T x T map): the ranking and the errors do not depend on the chunk."""
+    import workers.chunks as chunks
     import workers.measure as measure_module
 
     loaded = load(saved(build("llama", num_key_value_heads=2), tmp_path / "m"))
     whole = measure_module.measure_model(loaded.model, ids(), SEQ, 4, "ids")
-    monkeypatch.setattr(measure_module, "CHUNK_BYTES", 1)  # one window per chunk
+    monkeypatch.setattr(chunks, "CHUNK_BYTES", 1)  # one window per chunk
     chunked = measure_module.measure_model(loaded.model, ids(), SEQ, 4, "ids")
     for a, b in zip(whole.layers, chunked.layers):
         for x, y in zip(a.heads, b.heads):
@@ -458,11 +460,12 @@ def test_logit_statistics_are_the_same_one_window_at_a_time(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The statistics pass runs a long sample a few windows at a time (every head's T x T map
     of a whole sample would not fit): bounds, entropies, inputs and norms do not change."""
+    import workers.chunks as chunks
     import workers.measure as measure_module
 
     loaded = load(saved(build("llama", num_key_value_heads=2), tmp_path / "m"))
     whole = measure_module.record_attention(loaded.model, ids())
-    monkeypatch.setattr(measure_module, "CHUNK_BYTES", 1)  # one window per chunk
+    monkeypatch.setattr(chunks, "CHUNK_BYTES", 1)  # one window per chunk
     chunked = measure_module.record_attention(loaded.model, ids())
     for layer_a, layer_b in zip(whole.groups, chunked.groups):
         for (bound_a, entropy_a), (bound_b, entropy_b) in zip(layer_a, layer_b):
@@ -495,3 +498,45 @@ def test_a_stock_student_of_a_bfloat16_teacher_is_its_size(tmp_path: Path,
     size = {name: (tmp_path / name / "model.safetensors").stat().st_size
             for name in ("bf16", "stock", "compact")}
     assert size["stock"] == size["bf16"] > size["compact"]
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_the_pair_ranking_equals_its_definition(causal: bool, tmp_path: Path) -> None:
+    """``rank_pairs`` orders a key/value head's RoPE pairs by the summed squared logit term of
+    each pair over its query heads, windows and allowed positions, and errs at each candidate
+    by the largest attention-weight change of keeping the leading pairs: computed here the
+    direct way, one (T, T) term per pair."""
+    from workers.attention import future_mask, rotate
+    from workers.heads import head_maps
+    from workers.measure import rank_pairs
+
+    loaded = load(saved(build("llama", num_key_value_heads=2), tmp_path / "m"))
+    maps = [m for m in head_maps(loaded.model) if m.layer == 0 and m.kv == 1]
+    x = torch.randn(3, SEQ, SMALL["hidden_size"], dtype=torch.float64,
+                    generator=torch.Generator().manual_seed(2))
+    pairs = maps[0].a.shape[1] // 2
+    ranks = list(range(2, 2 * pairs + 1, 4))
+    got = rank_pairs(maps, x, ranks, causal)
+
+    hidden = future_mask(SEQ) if causal else torch.zeros(SEQ, SEQ, dtype=torch.bool)
+    terms = {}  # (head, pair) -> (B, T, T) scaled logit term
+    for m in maps:
+        freqs = torch.from_numpy(m.freqs)[None]
+        q = rotate((x @ torch.from_numpy(m.a))[:, None], freqs)[:, 0]
+        k = rotate((x @ torch.from_numpy(m.b))[:, None], freqs)[:, 0]
+        for p in range(pairs):
+            cols = [p, p + pairs]
+            terms[m.head, p] = q[..., cols] @ k[..., cols].transpose(1, 2) / (2 * pairs) ** 0.5
+    score = [sum(float(terms[m.head, p].masked_fill(hidden, 0).pow(2).sum()) for m in maps)
+             for p in range(pairs)]
+    assert got.order == tuple(int(i) for i in np.argsort(-np.array(score), kind="stable"))
+    assert got.errors is not None
+    def weights(head: int, kept: Sequence[int]) -> torch.Tensor:
+        logits = sum(terms[head, p] for p in kept)
+        return torch.softmax(logits.masked_fill(hidden, float("-inf")), dim=-1)
+
+    for m in maps:
+        full = weights(m.head, range(pairs))
+        for r in ranks:
+            expected = float((full - weights(m.head, got.order[:r // 2])).abs().max())
+            assert got.errors[m.head][r] == pytest.approx(expected, abs=1e-12)

@@ -33,6 +33,7 @@ from arch import ArchConfig, LayerSpec
 from common.progress import Progress, duration, say
 from workers.attention import LogitRecorder, rotate
 from workers.checkpoints import load
+from workers.chunks import window_chunks
 from workers.heads import HeadMap, head_maps
 from workers.model import Model
 from workers.taskargs import check_fits, task_for_model
@@ -49,16 +50,6 @@ class AttentionRecord:
     inputs: list[Tensor]
     norms: list[float]
     causal: bool = True
-
-
-# A long sample is measured a few windows at a time: at most this many bytes of per-window maps
-# (logits and their softmax, pair terms, output logits) at once.
-CHUNK_BYTES = 256 << 20
-
-
-def window_chunks(x: Tensor, bytes_per_window: int) -> list[Tensor]:
-    """``x`` (B, T, ...) split into chunks of windows whose maps fit ``CHUNK_BYTES``."""
-    return list(x.split(max(1, CHUNK_BYTES // bytes_per_window)))
 
 
 @torch.no_grad()
@@ -169,9 +160,20 @@ def _rotated(head: HeadMap, x: Tensor) -> tuple[Tensor, Tensor]:
     return q.unflatten(-1, (2, half)), k.unflatten(-1, (2, half))
 
 
-def _pair_term(q: Tensor, k: Tensor, pair: int) -> Tensor:
-    """(B, T, T) logit term of one frequency pair (unscaled)."""
-    return torch.einsum("bic,bjc->bij", q[..., pair], k[..., pair])
+def _pair_scores(q: Tensor, k: Tensor, causal: bool) -> Tensor:
+    """(qk/2,) per pair ``p``: the sum over windows and allowed positions ``j <= i`` of the
+    squared logit term ``(q_i . k_j)^2`` (unscaled; q, k: (B, T, 2, qk/2)). A pair's term is a
+    rank-2 map, so ``sum_j (q_i . k_j)^2 = q_i^T (sum_j k_j k_j^T) q_i`` with a running sum of
+    2 x 2 outer products: O(T) per pair, no (T, T) map formed."""
+    outer = k[:, :, :, None] * k[:, :, None, :]  # (B, T, 2, 2, qk/2): k_j k_j^T per pair
+    running = outer.cumsum(dim=1) if causal else outer.sum(dim=1, keepdim=True)
+    return torch.einsum("btcp,btcdp,btdp->p", q, running, q)
+
+
+def _segment_logits(q: Tensor, k: Tensor, pairs: Sequence[int]) -> Tensor:
+    """(B, T, T) logit terms of ``pairs`` together (unscaled)."""
+    index = torch.tensor(list(pairs), dtype=torch.long)
+    return torch.einsum("bicp,bjcp->bij", q.index_select(-1, index), k.index_select(-1, index))
 
 
 @torch.no_grad()
@@ -180,10 +182,11 @@ def rank_pairs(heads: Sequence[HeadMap], x: Tensor | None, ranks: Sequence[int],
     """Rank the frequency pairs of one key/value head (``heads``: the query heads reading it).
 
     With a sample ``x`` (B, T, d [+ 1]), pairs are ranked by their mean squared logit term
-    summed over the query heads (what the logits really receive from each pair, after RoPE),
-    and each candidate rank's error is the largest attention-weight change when only its
-    leading pairs are kept; without one, by the summed ``pair_norms``. Pair terms are formed
-    one pair and one chunk of windows at a time (memory: a few (windows, T, T) maps).
+    summed over the query heads (what the logits really receive from each pair, after RoPE;
+    ``_pair_scores``), and each candidate rank's error is the largest attention-weight change
+    when only its leading pairs are kept; without one, by the summed ``pair_norms``. The kept
+    logits grow one candidate's segment of pairs at a time, one chunk of windows at a time
+    (memory: a few (windows, T, T) maps).
     """
     bounds = {h.head: h.pair_norms() for h in heads}
     if x is None:
@@ -197,27 +200,26 @@ def rank_pairs(heads: Sequence[HeadMap], x: Tensor | None, ranks: Sequence[int],
     pairs = heads[0].a.shape[1] // 2
     scale = 1.0 / math.sqrt(2 * pairs)
     chunks = window_chunks(x.double(), 3 * 8 * t * t)  # full, cut and running (T, T) maps
-    score = np.zeros(pairs)
+    total = torch.zeros(pairs, dtype=torch.float64)
     for chunk in chunks:
         for h in heads:
-            q, k = _rotated(h, chunk)
-            for i in range(pairs):
-                score[i] += float((_pair_term(q, k, i) * scale).masked_fill(hidden, 0)
-                                  .pow(2).sum())
+            total += _pair_scores(*_rotated(h, chunk), causal)
+    score = total.numpy()  # the scale is common to every pair: the order does not need it
     order = tuple(int(i) for i in np.argsort(-score, kind="stable"))
+    kept_pairs = sorted({r // 2 for r in ranks if 0 < r // 2 <= pairs})
     errors = {h.head: dict.fromkeys(ranks, 0.0) for h in heads}
     for chunk in chunks:
         for h in heads:
             q, k = _rotated(h, chunk)
             logits = torch.einsum("bicp,bjcp->bij", q, k) * scale  # every pair: the teacher's
             full = torch.softmax(logits.masked_fill(hidden, float("-inf")), dim=-1)
-            kept = torch.zeros_like(logits)  # the leading pairs' terms, one pair at a time
-            for n, i in enumerate(order, start=1):
-                kept += _pair_term(q, k, i) * scale
-                if 2 * n in errors[h.head]:
-                    cut = torch.softmax(kept.masked_fill(hidden, float("-inf")), dim=-1)
-                    errors[h.head][2 * n] = max(errors[h.head][2 * n],
-                                                float((full - cut).abs().max()))
+            kept, done = torch.zeros_like(logits), 0  # the leading pairs' terms so far
+            for n in kept_pairs:
+                kept += _segment_logits(q, k, order[done:n]) * scale
+                done = n
+                cut = torch.softmax(kept.masked_fill(hidden, float("-inf")), dim=-1)
+                errors[h.head][2 * n] = max(errors[h.head][2 * n],
+                                            float((full - cut).abs().max()))
     return PairRanking(order, {h: b[list(order)] for h, b in bounds.items()}, errors)
 
 

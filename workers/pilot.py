@@ -19,8 +19,9 @@ from alloc.pilot import PilotMeasurement, PilotRequest
 from alloc.plan import baseline_head
 from arch import ArchConfig, HeadGroup, LayerSpec, TrainConfig
 from common.progress import duration, say
+from workers.chunks import window_chunks
 from workers.heads import head_maps
-from workers.measure import SAMPLE_BATCH, head_statistics, record_attention, window_chunks
+from workers.measure import SAMPLE_BATCH, head_statistics, record_attention
 from workers.model import Model
 from workers.tasks import Task, TaskError, make_data_task, make_task
 from workers.trainer import Trainer, run_with_progress
