@@ -263,7 +263,7 @@ def load_llama(folder: Path, config: dict[str, Any], source: str) -> Model:
     """Our model of a Llama-family folder, read one tensor at a time (each checked against the
     shape its ``config.json`` makes before it is read)."""
     arch = llama_arch(config)
-    model = empty_model(arch)
+    model = empty_model(arch, source)
     with torch.no_grad(), TensorFolder(folder, source) as tensors:
         params = dict(model.named_parameters(remove_duplicate=False))
         for ours, theirs in stock_pairs(arch):
