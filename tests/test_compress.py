@@ -435,3 +435,52 @@ def test_a_kv_cache_budget_counts_the_layers_it_cannot_cut() -> None:
     nothing = CompressionPlan("x", 8, 0.1, 4, "loss", (LayerPlan(0, "mssa", "2x16", 1.0),), only)
     with pytest.raises(CompressionError, match="no query-key heads"):
         plan_for_kv_cache(nothing, 0.9)
+
+
+def test_the_kv_cache_floor_follows_from_the_architecture() -> None:
+    """``kv_cache_floor(teacher, align)`` is the least budget a plan accepts: exactly at the
+    floor a plan is made, just below it both the plan and the preflight refuse."""
+    from alloc.compression import (
+        GroupPlan,
+        LayerPlan,
+        check_kv_cache,
+        kv_cache_floor,
+        plan_for_kv_cache,
+    )
+
+    mhsa = LayerSpec("mhsa", (HeadGroup(4, 16, kv_heads=2),))
+    mssa = LayerSpec("mssa", (HeadGroup(2, 16),))
+    teacher = ArchConfig(d_model=32, max_seq_len=8, vocab_size=16, layers=(mhsa, mssa))
+    errors = {4: 0.5, 8: 0.2, 12: 0.1, 16: 0.0}
+    plan = CompressionPlan("x", 8, 0.1, 4, "loss", (
+        LayerPlan(0, "mhsa", "4x16kv2", 1.0, (GroupPlan(4, 16, 16, 16, errors, None, errors,
+                                                        2),)),
+        LayerPlan(1, "mssa", "2x16", 1.0)), teacher)
+    floor = kv_cache_floor(teacher, 4)
+    # the values (2 x 16) and the mssa layer (2 x 16) stay; keys go from 2 x 16 to 2 x 4
+    assert floor == (2 * 16 + 2 * 16 + 2 * 4) / (2 * 32 + 2 * 16)
+    assert plan_for_kv_cache(plan, floor).student.kv_width == round(floor * teacher.kv_width)
+    check_kv_cache(teacher, 4, floor)
+    for refuse in (lambda f: plan_for_kv_cache(plan, f), lambda f: check_kv_cache(teacher, 4, f)):
+        with pytest.raises(CompressionError, match=f"must be in \\[{floor:.3g}, 1\\]"):
+            refuse(floor - 0.01)
+
+
+def test_a_kv_cache_below_the_floor_is_refused_before_measuring(
+        teacher: tuple[Model, Path, torch.Tensor], monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import workers.measure
+
+    _, folder, _ = teacher
+
+    def measured(*_: object) -> None:
+        raise AssertionError("measured before the budget was checked")
+
+    monkeypatch.setattr(workers.measure, "measure_checkpoint", measured)
+    argv = ["--checkpoint", str(folder / "lm.pt"), "--task", "lm", "--smoke-test",
+            "--rule", "loss", "--align", "4", "--kv-cache"]
+    assert profile_main([*argv, "0.5"]) == 2
+    err = capsys.readouterr().err
+    assert "--kv-cache 0.5: must be in [0.625, 1]" in err and err.count("\n") == 1
+    with pytest.raises(AssertionError, match="measured before"):
+        profile_main([*argv, "0.7"])  # within the floor: on to the measurement

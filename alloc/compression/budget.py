@@ -10,9 +10,34 @@ import math
 import operator
 from collections.abc import Callable, Mapping, Sequence
 
-from alloc.compression.planner import student_arch
+from alloc.compression.planner import candidate_dims, student_arch
 from alloc.compression.schema import CompressionPlan, GroupPlan, Rule
 from alloc.errors import CompressionError
+from arch import ArchConfig
+from arch.names import SINGLE_WIDTH_KINDS
+
+
+def kv_cache_floor(teacher: ArchConfig, align: int) -> float:
+    """The smallest KV cache a plan of ``teacher`` at ``align`` can reach, as a fraction of the
+    teacher's: the values and every query-key group at its smallest candidate ``qk_dim``. It
+    follows from the architecture alone, so a budget below it is refused before measuring."""
+    cut = sum(g.kv_heads * (g.qk_dim - candidate_dims(g.qk_dim, align)[0])
+              for layer in teacher.layers if layer.attention not in SINGLE_WIDTH_KINDS
+              for g in layer.heads)
+    return (teacher.kv_width - cut) / teacher.kv_width
+
+
+def check_kv_cache(teacher: ArchConfig, align: int, fraction: float) -> None:
+    """Refuse a ``--kv-cache`` budget no plan of ``teacher`` at ``align`` can meet.
+
+    Raises:
+        CompressionError: ``fraction`` outside ``[kv_cache_floor, 1]``.
+    """
+    floor = kv_cache_floor(teacher, align)
+    if not floor - 1e-12 <= fraction <= 1:
+        raise CompressionError(f"--kv-cache {fraction:g}: must be in [{floor:.3g}, 1]: the "
+                               f"values and the smallest candidate keys (--align {align}) take "
+                               f"{floor:.3g} of the teacher's KV cache")
 
 
 def plan_for_kv_cache(plan: CompressionPlan, fraction: float) -> CompressionPlan:
