@@ -479,8 +479,70 @@ def test_a_kv_cache_below_the_floor_is_refused_before_measuring(
     monkeypatch.setattr(workers.measure, "measure_checkpoint", measured)
     argv = ["--checkpoint", str(folder / "lm.pt"), "--task", "lm", "--smoke-test",
             "--rule", "loss", "--align", "4", "--kv-cache"]
-    assert profile_main([*argv, "0.5"]) == 2
+    # the loss rule cuts keys and values: 4 heads x (4 + 4) of 4 x (16 + 16) units per layer
+    assert profile_main([*argv, "0.2"]) == 2
     err = capsys.readouterr().err
-    assert "--kv-cache 0.5: must be in [0.625, 1]" in err and err.count("\n") == 1
+    assert "--kv-cache 0.2: must be in [0.25, 1]" in err and err.count("\n") == 1
+    measured_rule = [a if a != "loss" else "measured" for a in argv]  # keys only
+    assert profile_main([*measured_rule, "0.5"]) == 2
+    assert "must be in [0.625, 1]" in capsys.readouterr().err
     with pytest.raises(AssertionError, match="measured before"):
         profile_main([*argv, "0.7"])  # within the floor: on to the measurement
+
+
+def test_the_values_svd_is_the_best_rank_r_map_of_the_weighted_product() -> None:
+    """``value_factors``: ``C F E Y`` is the truncated SVD of ``C Y`` (its error the tail of
+    the singular values, Eckart-Young), and at full rank ``F E`` is the identity; a value
+    dim the sample never excites (scale 0) costs nothing to drop."""
+    from workers.students import value_factors
+
+    g = torch.Generator().manual_seed(0)
+    v, d = 8, 20
+    values = torch.randn(v, d + 1, generator=g, dtype=torch.float64)
+    outputs = [torch.randn(d, v, generator=g, dtype=torch.float64) for _ in range(3)]
+    scale = torch.rand(d + 1, generator=g, dtype=torch.float64) + 0.1
+    product = torch.cat(outputs) @ (values * scale)
+    sigma = torch.linalg.svdvals(product)
+    for rank in range(1, v + 1):
+        e, f = value_factors(values, outputs, scale, rank)
+        error = torch.linalg.matrix_norm(product - torch.cat(outputs) @ f @ e @ (values * scale))
+        assert float(error) == pytest.approx(float(sigma[rank:].pow(2).sum().sqrt()), abs=1e-9)
+    e, f = value_factors(values, outputs, scale, v)
+    torch.testing.assert_close(f @ e, torch.eye(v, dtype=torch.float64))
+    silent = torch.cat([values[:, :4], torch.zeros(v, d - 3, dtype=torch.float64)], dim=1)
+    e, f = value_factors(silent, outputs, None, 4)  # rank 4: what the inputs reach
+    torch.testing.assert_close(torch.cat(outputs) @ f @ e @ silent, torch.cat(outputs) @ silent)
+
+
+def test_one_kv_budget_for_keys_and_values_is_the_brute_force_optimum() -> None:
+    """With the loss rule and measured values, ``plan_for_kv_cache`` picks every group's
+    ``qk_dim`` and ``v_dim`` together: the least sum of loss increases within the budget, equal
+    to trying every combination."""
+    from alloc.compression import GroupPlan, LayerPlan, plan_for_kv_cache
+
+    rng = np.random.default_rng(1)
+    dims = (4, 8, 12, 16)
+    teacher = ArchConfig(d_model=32, max_seq_len=8, vocab_size=16, layers=tuple(
+        LayerSpec("mhsa", (HeadGroup(4, 16, kv_heads=kv),)) for kv in (1, 2)))
+    for _trial in range(20):
+        layers = []
+        for i, spec in enumerate(teacher.layers):
+            keys, values = ({d: float(e) for d, e in zip(dims, [*sorted(rng.random(3),
+                                                                       reverse=True), 0.0])}
+                            for _ in range(2))
+            layers.append(LayerPlan(i, "mhsa", spec.heads_str, 1.0, (GroupPlan(
+                4, 16, 16, 16, keys, None, keys, spec.heads[0].kv_heads, 16, values),)))
+        plan = CompressionPlan("x", 8, 0.1, 4, "loss", tuple(layers), teacher)
+        fraction = float(rng.uniform(0.3, 1.0))
+        chosen = plan_for_kv_cache(plan, fraction)
+        budget = int(fraction * teacher.kv_width)
+        best = min(
+            sum(layers[i].groups[0].error_bounds[q] + (layers[i].groups[0].value_losses or {})[v]
+                for i, (q, v) in enumerate(pairs))
+            for pairs in itertools.product(itertools.product(dims, dims), repeat=2)
+            if sum(kv * (q + v) for kv, (q, v) in zip((1, 2), pairs)) <= budget)
+        got = [(g.reduced_qk_dim, g.student_v_dim) for x in chosen.layers for g in x.groups]
+        assert sum(g.loss_increase + g.value_loss for x in chosen.layers  # type: ignore[operator]
+                   for g in x.groups) == pytest.approx(best)
+        assert chosen.student.kv_width <= budget
+        assert [(g.qk_dim, g.v_dim) for x in chosen.student.layers for g in x.heads] == got

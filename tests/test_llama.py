@@ -540,3 +540,63 @@ def test_the_pair_ranking_equals_its_definition(causal: bool, tmp_path: Path) ->
         for r in ranks:
             expected = float((full - weights(m.head, got.order[:r // 2])).abs().max())
             assert got.errors[m.head][r] == pytest.approx(expected, abs=1e-12)
+
+
+@pytest.mark.usefixtures("remote_code_cache")
+@pytest.mark.parametrize("case", ["llama-gqa", "qwen2"])
+def test_values_are_cut_with_the_keys_under_one_kv_budget(case: str, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]
+                                                         ) -> None:
+    """``--rule loss`` measures each group's values cut alone too (the student built by hand
+    here gives the same loss increase); ``--kv-cache 0.5``, below what keys alone can reach,
+    cuts values; the compact student loads through ``transformers`` with our logits, and its
+    KV cache per token and parameters are the built modules'."""
+    import dataclasses
+
+    from alloc.compression import CompressionPlan
+    from workers.compress import main as compress_main
+    from workers.measure import measure_model
+    from workers.model import count_params
+    from workers.profile import main as profile_main
+    from workers.students import build_student, pair_orders
+
+    kind, overrides = CASES[case]
+    teacher = load(saved(build(kind, **overrides), tmp_path / "teacher"))
+    x = ids()
+    targets = torch.roll(x, -1, dims=1)
+    layer = measure_model(teacher.model, x, SEQ, 4, "ids", targets).layers[1]
+    spec = teacher.arch.layers[1]
+    assert layer.value_losses[0][spec.heads[0].v_dim] == 0.0
+    cut = dataclasses.replace(spec, heads=(dataclasses.replace(spec.heads[0], v_dim=8),))
+    arch = dataclasses.replace(teacher.arch, layers=(teacher.arch.layers[0], cut))
+    student = build_student(teacher.model, arch, {}, {1: layer.input_scale})
+    with torch.no_grad():
+        def loss(m: Any) -> float:
+            return float(torch.nn.functional.cross_entropy(m(x).flatten(0, 1),
+                                                           targets.flatten()))
+        assert layer.value_losses[0][8] == pytest.approx(loss(student) - loss(teacher.model),
+                                                         abs=1e-6)
+
+    token_folder(tmp_path / "tokens")
+    paths = {k: str(tmp_path / k) for k in ("teacher", "tokens", "plan.yaml", "small")}
+    data = ["--data", paths["tokens"], "--vocab-size", str(VOCAB), "--seq-len", str(SEQ)]
+    assert profile_main(["--checkpoint", paths["teacher"], *data, "--align", "4",
+                         "--sample-tokens", "1024", "--rule", "loss", "--kv-cache", "0.5",
+                         "--out", paths["plan.yaml"]]) == 0
+    plan = CompressionPlan.from_yaml(Path(paths["plan.yaml"]).read_text())
+    assert plan.student.kv_width <= 0.5 * teacher.arch.kv_width
+    assert any(g.v_dim < 16 for x in plan.student.layers for g in x.heads)
+    assert " v 16->" in capsys.readouterr().out
+    assert compress_main(["--checkpoint", paths["teacher"], "--plan", paths["plan.yaml"], *data,
+                          "--out", paths["small"], "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    ours = build_student(teacher.model, plan.student, pair_orders(plan), plan.input_scales())
+    small = transformers.AutoModelForCausalLM.from_pretrained(paths["small"],
+                                                              trust_remote_code=True)
+    with torch.no_grad():
+        torch.testing.assert_close(small(ids()).logits, ours(ids()), atol=1e-5, rtol=1e-5)
+    modules = [ours.block(i).attn for i in range(ours.arch.n_layers)]
+    cached = sum(m.k_width + m.v_width for m in modules)  # key and value units per token
+    assert report["kv_cache"]["student"] == 4 * cached == 4 * plan.student.kv_width
+    assert report["params"]["student_total"] == count_params(ours)[1]
+    assert report["svd"]["loss"] >= report["teacher"]["loss"] - 1e-3

@@ -65,27 +65,30 @@ def read_plan(path: Path, teacher: ArchConfig) -> CompressionPlan:
     if plan.arch_id != teacher.arch_id:
         raise CompressionError(f"--plan {str(path)!r}: a plan for model {plan.arch_id}, not "
                                f"for this checkpoint ({teacher.arch_id}); profile this one")
-    problem = reduced_qk_only(teacher, plan.student)
+    problem = reduced_dims_only(teacher, plan.student)
     if problem is not None:
         raise CompressionError(f"--plan {str(path)!r}: its student {problem}; a plan may only "
-                               "lower qk_dim")
+                               "lower qk_dim and v_dim")
     return plan
 
 
-def reduced_qk_only(teacher: ArchConfig, student: ArchConfig) -> str | None:
-    """None if ``student`` is ``teacher`` with some heads' ``qk_dim`` lowered, else what
-    differs (a hand-edited plan must not change what the SVD copies)."""
+def reduced_dims_only(teacher: ArchConfig, student: ArchConfig) -> str | None:
+    """None if ``student`` is ``teacher`` with some heads' ``qk_dim`` or ``v_dim`` lowered
+    (``v_dim`` in mhsa layers only), else what differs (a hand-edited plan must not change
+    what the SVD copies)."""
     if len(student.layers) != len(teacher.layers):
         return f"has {len(student.layers)} layers, the teacher {len(teacher.layers)}"
     for i, (old, new) in enumerate(zip(teacher.layers, student.layers)):
-        shape = [(g.count, g.v_dim, g.kv_heads) for g in old.heads]
-        if [(g.count, g.v_dim, g.kv_heads) for g in new.heads] != shape or any(
-                n.qk_dim > o.qk_dim for o, n in zip(old.heads, new.heads)):
+        shape = [(g.count, g.kv_heads) for g in old.heads]
+        values = "mhsa" if old.attention == "mhsa" else None
+        if [(g.count, g.kv_heads) for g in new.heads] != shape or any(
+                n.qk_dim > o.qk_dim or n.v_dim > o.v_dim or (n.v_dim < o.v_dim and not values)
+                for o, n in zip(old.heads, new.heads)):
             return f"layer {i} has heads {new.heads_str}, the teacher {old.heads_str}"
         if dataclasses.replace(new, heads=old.heads) != old:
-            return f"layer {i} differs from the teacher's beyond qk_dim"
+            return f"layer {i} differs from the teacher's beyond qk_dim and v_dim"
     if dataclasses.replace(student, layers=teacher.layers) != teacher:
-        return "differs from the teacher beyond its layers' qk_dim"
+        return "differs from the teacher beyond its layers' qk_dim and v_dim"
     return None
 
 
@@ -131,6 +134,10 @@ def check_output(request: CompressRequest, loaded: Loaded, student: ArchConfig) 
         if out.exists():
             raise UsageError(f"--out {str(out)!r}: exists; the stock layout is written to a "
                              "new folder")
+        if [g.v_dim for x in student.layers for g in x.heads] != [
+                g.v_dim for x in loaded.arch.layers for g in x.heads]:
+            raise UsageError("--layout stock: the plan cuts values (v_dim), which the "
+                             "teacher's stock layout cannot hold; use --layout compact")
     else:
         compact_export().check_exportable(student)
 
@@ -187,7 +194,8 @@ def compress(request: CompressRequest) -> CompressResult:
     with Progress(PROG, total=stages, unit="stages", quiet=request.quiet,
                   start=f"read {request.checkpoint} ({loaded.family}) in {duration(read_s)}; "
                         "building the student") as bar:
-        student = build_student(loaded.model, plan.student, pair_orders(plan))
+        student = build_student(loaded.model, plan.student, pair_orders(plan),
+                                plan.input_scales())
         bar.update(1)
         bar.event("student built")
         trainer = None

@@ -300,7 +300,8 @@ def measure_model(model: Model, x: Tensor | None, seq_len: int, align: int,
             bar.update(1)
             bar.event(f"layer {i} ({len(heads)} heads)")
     if x is not None and targets is not None:
-        layers = loss_sensitivity(model, x, targets, layers, align, quiet)
+        layers = loss_sensitivity(model, x, targets, layers, align, quiet,
+                                  None if recorded is None else recorded.inputs)
     return CheckpointMeasurement(model.arch, seq_len, align, tuple(layers),
                                  sample if x is not None else None)
 
@@ -323,40 +324,59 @@ def sample_loss(model: Model, x: Tensor, targets: Tensor) -> float:
 
 
 def loss_sensitivity(model: Model, x: Tensor, targets: Tensor, layers: list[LayerMeasurement],
-                     align: int, quiet: bool = True) -> list[LayerMeasurement]:
+                     align: int, quiet: bool = True,
+                     inputs: Sequence[Tensor] | None = None) -> list[LayerMeasurement]:
     """``layers`` with each head group's loss increase on the sample at each candidate
-    ``qk_dim``, every other group kept (docs/theory.md §10.3): the student of that cut alone,
-    built as ``workers.compress`` builds it (the SVD, or the measured pair ranking). One
-    forward of the model on the sample per group and candidate, the slow part of a profile:
-    counted on stderr unless ``quiet``."""
+    ``qk_dim`` and, in mhsa layers, each candidate ``v_dim``, every other group and side kept
+    (docs/theory.md §10.3-10.4): the student of that cut alone, built as ``workers.compress``
+    builds it (the SVD, the measured pair ranking, or the values' SVD weighted by the RMS of
+    each layer's recorded attention ``inputs``). One forward of the model on the sample per
+    group and candidate, the slow part of a profile: counted on stderr unless ``quiet``."""
     from workers.students import build_student, rankings
 
-    groups = [(m, j, g) for m in layers if m.heads
-              for j, g in enumerate(model.arch.layers[m.index].heads)]
-    forwards = 1 + sum(len(candidate_dims(g.qk_dim, align)) - 1 for _, _, g in groups)
+    scales = {m.index: input_scale(inputs[m.index]) for m in layers
+              if inputs is not None and m.heads and model.arch.layers[m.index].attention == "mhsa"}
+    cuts = [(m, j, side, dim) for m in layers if m.heads
+            for j, g in enumerate(model.arch.layers[m.index].heads)
+            for side, dim in (("qk_dim", g.qk_dim), ("v_dim", g.v_dim))
+            if side == "qk_dim" or m.index in scales]
+    forwards = 1 + sum(len(candidate_dims(dim, align)) - 1 for *_, dim in cuts)
     with Progress("loss rule", total=forwards, unit="forwards", quiet=quiet,
                   start=f"one forward of the model on the sample per head group and candidate "
-                        f"qk_dim: {forwards:,} for {len(groups)} groups") as bar:
+                        f"qk_dim or v_dim: {forwards:,} for {len(cuts)} key and value cuts"
+                  ) as bar:
         base = sample_loss(model, x, targets)
         bar.update(1)
         orders = rankings(model.arch, ((m.index, h) for m in layers for h in m.heads))
-        increases: dict[int, list[dict[int, float]]] = {m.index: [] for m in layers}
-        for m, j, g in groups:
-            cuts = {}
-            for r in candidate_dims(g.qk_dim, align)[:-1]:
-                student = build_student(model, _cut_alone(model.arch, m.index, j, r), orders)
-                cuts[r] = sample_loss(student, x, targets) - base
+        increases: dict[tuple[int, str], list[dict[int, float]]] = {}
+        for m, j, side, dim in cuts:
+            losses = {}
+            for r in candidate_dims(dim, align)[:-1]:
+                arch = _cut_alone(model.arch, m.index, j, **{side: r})
+                student = build_student(model, arch, orders, scales)
+                losses[r] = sample_loss(student, x, targets) - base
                 bar.update(1)
-            increases[m.index].append({**cuts, g.qk_dim: 0.0})  # the last cuts nothing
-            if cuts:
-                bar.event(f"layer {m.index} group {j} ({len(cuts)} cut(s))")
-    return [dataclasses.replace(m, loss_increases=tuple(increases[m.index])) for m in layers]
+            increases.setdefault((m.index, side), []).append({**losses, dim: 0.0})
+            if losses:
+                bar.event(f"layer {m.index} group {j} {side} ({len(losses)} cut(s))")
+    return [dataclasses.replace(m, loss_increases=tuple(increases.get((m.index, "qk_dim"), ())),
+                                value_losses=tuple(increases.get((m.index, "v_dim"), ())),
+                                input_scale=scales.get(m.index, ()))
+            for m in layers]
 
 
-def _cut_alone(arch: ArchConfig, layer: int, group: int, qk_dim: int) -> ArchConfig:
-    """``arch`` with group ``group`` of layer ``layer`` at ``qk_dim``, everything else kept."""
+def input_scale(inputs: Tensor) -> tuple[float, ...]:
+    """The RMS of each feature of a layer's attention inputs (B, T, d [+ 1]) on the sample:
+    the diagonal of their second moment, which weights the values' SVD (docs/theory.md
+    §10.4)."""
+    return tuple(float(v) for v in inputs.double().pow(2).mean(dim=(0, 1)).sqrt())
+
+
+def _cut_alone(arch: ArchConfig, layer: int, group: int, **dims: int) -> ArchConfig:
+    """``arch`` with group ``group`` of layer ``layer`` at ``dims`` (``qk_dim`` or ``v_dim``),
+    everything else kept."""
     spec = arch.layers[layer]
-    heads = tuple(dataclasses.replace(g, qk_dim=qk_dim) if k == group else g
+    heads = tuple(dataclasses.replace(g, **dims) if k == group else g
                   for k, g in enumerate(spec.heads))
     layers = list(arch.layers)
     layers[layer] = dataclasses.replace(spec, heads=heads)

@@ -138,7 +138,7 @@ def plan_checkpoint(request: PlanRequest) -> CompressionPlan:
 
     if request.kv_cache is not None:  # the floor follows from the sizes: refused before measuring
         check_kv_cache(read_arch(request.measure.checkpoint), request.measure.align,
-                       request.kv_cache)
+                       request.kv_cache, values=request.rule == "loss")
     measured = measure_checkpoint(request.measure)
     plan = plan_compression(measured, request.tolerance, request.rule, request.logit_bound)
     if request.kv_cache is not None:

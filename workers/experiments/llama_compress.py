@@ -127,7 +127,7 @@ def student_row(method: str, rank: int, dims: list[int], tolerance: float | None
     """Cut the teacher to ``dims``, evaluate, fine-tune, evaluate again (``tolerance``: the
     plan's worst error under its rule, None for the uniform cut; ``plan`` measured both)."""
     arch = with_dims(model.arch, dims)
-    student = build_student(model, arch, pair_orders(plan))
+    student = build_student(model, arch, pair_orders(plan), plan.input_scales())
     reduced_loss = evaluate(student, task, EVAL, "cpu")[0]
     trainer = Trainer(arch, task, TrainConfig(steps=sizes.finetune, lr=3e-4,
                                               batch_size=sizes.batch,
