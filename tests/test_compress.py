@@ -25,9 +25,10 @@ from workers.checkpoints import CheckpointError, gpt2_arch, load
 from workers.compress import main as compress_main
 from workers.compressor import CompressRequest, compress
 from workers.heads import head_maps
-from workers.measure import measure_checkpoint, measure_model, record_attention
+from workers.measure import measure_checkpoint, measure_model
 from workers.model import Model, build_model
 from workers.profile import main as profile_main
+from workers.recording import record_attention
 from workers.students import build_student, svd_factors
 from workers.tasks import make_data_task
 from workers.trainer import Trainer, evaluate

@@ -184,7 +184,8 @@ def test_a_rope_student_keeps_the_measured_pairs_and_stock_layout_reads_it(
     layout (cut pairs as zeros) stock transformers computes the student's logits."""
     from alloc.compression import plan_compression
     from workers.checkpoints import save_llama
-    from workers.measure import measure_model, record_attention
+    from workers.measure import measure_model
+    from workers.recording import record_attention
     from workers.students import build_student, pair_orders
 
     kind, overrides = CASES[case]  # Qwen2: biases on queries and keys; Llama 3.1 frequencies
@@ -461,12 +462,12 @@ def test_logit_statistics_are_the_same_one_window_at_a_time(
     """The statistics pass runs a long sample a few windows at a time (every head's T x T map
     of a whole sample would not fit): bounds, entropies, inputs and norms do not change."""
     import workers.chunks as chunks
-    import workers.measure as measure_module
+    import workers.recording as recording
 
     loaded = load(saved(build("llama", num_key_value_heads=2), tmp_path / "m"))
-    whole = measure_module.record_attention(loaded.model, ids())
+    whole = recording.record_attention(loaded.model, ids())
     monkeypatch.setattr(chunks, "CHUNK_BYTES", 1)  # one window per chunk
-    chunked = measure_module.record_attention(loaded.model, ids())
+    chunked = recording.record_attention(loaded.model, ids())
     for layer_a, layer_b in zip(whole.groups, chunked.groups):
         for (bound_a, entropy_a), (bound_b, entropy_b) in zip(layer_a, layer_b):
             np.testing.assert_allclose(bound_b, bound_a, rtol=1e-6)
@@ -600,3 +601,30 @@ def test_values_are_cut_with_the_keys_under_one_kv_budget(case: str, tmp_path: P
     assert report["kv_cache"]["student"] == 4 * cached == 4 * plan.student.kv_width
     assert report["params"]["student_total"] == count_params(ours)[1]
     assert report["svd"]["loss"] >= report["teacher"]["loss"] - 1e-3
+
+
+def test_a_streamed_profile_equals_the_whole_models(tmp_path: Path) -> None:
+    """A Llama folder measured one decoder layer at a time, read from its memory-mapped
+    safetensors (``StreamedFolder``), gives the measurement of the whole model in memory, and
+    holds one block's weights at a time."""
+    from workers.checkpoints.stream import StreamedFolder, WholeModel
+    from workers.measure import measure_layers
+
+    folder = saved(build("qwen2", num_key_value_heads=2), tmp_path / "m")
+    x = ids()
+    whole = measure_layers(WholeModel(load(folder).model), x, SEQ, 4, "ids")
+    with StreamedFolder(folder, "test") as stream:
+        streamed = measure_layers(stream, x, SEQ, 4, "ids")
+        for i in range(stream.arch.n_layers):
+            with stream.block(i):
+                held = {n for n, p in stream.model.named_parameters() if not p.is_meta}
+                assert held and all(n.startswith(f"blocks.{i}.") for n in held)
+        assert all(p.is_meta for p in stream.model.parameters())
+    assert streamed.arch == whole.arch
+    for a, b in zip(whole.layers, streamed.layers):
+        assert a.token_norm == pytest.approx(b.token_norm, rel=1e-6)
+        assert [s.logit_bound for s in a.head_stats] == pytest.approx(
+            [s.logit_bound for s in b.head_stats], rel=1e-6)
+        for p, q in zip(a.heads, b.heads):
+            assert p.pairs == q.pairs and p.sigma == pytest.approx(q.sigma, rel=1e-9)
+            assert p.measured_errors == pytest.approx(q.measured_errors, abs=1e-9)

@@ -40,8 +40,20 @@ from workers.model import Model, build_model
 
 Layout = Literal["ours", "gpt2", "llama"]
 STUDENT_TYPE = "transformer_alloc"  # the model_type of our students' folders (workers.hf)
-__all__ = ["STUDENT_TYPE", "CheckpointError", "Layout", "Loaded", "gpt2_arch", "llama_arch",
-           "llama_config", "load", "read_arch", "save_gpt2", "save_llama"]
+__all__ = [
+    "STUDENT_TYPE",
+    "CheckpointError",
+    "Layout",
+    "Loaded",
+    "gpt2_arch",
+    "is_family_folder",
+    "llama_arch",
+    "llama_config",
+    "load",
+    "read_arch",
+    "save_gpt2",
+    "save_llama",
+]
 
 
 @dataclass
@@ -74,6 +86,14 @@ def load(path: Path) -> Loaded:
     if path.is_dir():
         return load_folder(path)
     return _load_ours(path)
+
+
+def is_family_folder(path: Path) -> bool:
+    """True for a model folder whose ``config.json`` names a Llama-family model (a folder a
+    pass can read one decoder layer at a time: ``workers.checkpoints.stream``)."""
+    if not (path.is_dir() and is_model_folder(path)):
+        return False
+    return read_config(path, f"--checkpoint {str(path)!r}").get("model_type") in FAMILIES
 
 
 def read_arch(path: Path) -> ArchConfig:

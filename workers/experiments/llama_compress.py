@@ -32,7 +32,8 @@ from common.plots import new_figure, write_figure
 from userdata import DataSpec
 from workers.checkpoints import llama_config, load, save_llama
 from workers.experiments import harness
-from workers.measure import IGNORE, SAMPLE_BATCH, measure_model
+from workers.loss_rule import IGNORE
+from workers.measure import SAMPLE_BATCH, measure_model
 from workers.model import Model
 from workers.students import build_student, pair_orders
 from workers.tasks import Task, make_data_task
