@@ -496,8 +496,8 @@ def test_a_stock_student_of_a_bfloat16_teacher_is_its_size(tmp_path: Path,
         assert compress_main(["--checkpoint", str(folder), "--plan", str(plan), "--out",
                               str(tmp_path / layout), "--layout", layout]) == 0
     capsys.readouterr()
-    size = {name: (tmp_path / name / "model.safetensors").stat().st_size
-            for name in ("bf16", "stock", "compact")}
+    size = {name: sum(f.stat().st_size for f in (tmp_path / name).glob("*.safetensors"))
+            for name in ("bf16", "stock", "compact")}  # compact: streamed, one shard a layer
     assert size["stock"] == size["bf16"] > size["compact"]
 
 
@@ -628,3 +628,34 @@ def test_a_streamed_profile_equals_the_whole_models(tmp_path: Path) -> None:
         for p, q in zip(a.heads, b.heads):
             assert p.pairs == q.pairs and p.sigma == pytest.approx(q.sigma, rel=1e-9)
             assert p.measured_errors == pytest.approx(q.measured_errors, abs=1e-9)
+
+
+@pytest.mark.usefixtures("remote_code_cache")
+def test_a_streamed_compress_writes_the_whole_models_student(tmp_path: Path) -> None:
+    """Without data to evaluate on, ``workers.compress`` of a Llama folder builds and writes
+    the student one decoder layer at a time (shards listed by an index): our reader and
+    ``transformers`` read it back with the logits of the student built from the whole model,
+    keys and values cut."""
+    from alloc.compression import CompressionPlan
+    from workers.compress import main as compress_main
+    from workers.profile import main as profile_main
+    from workers.students import build_student, pair_orders
+
+    teacher = load(saved(build("llama", num_key_value_heads=2), tmp_path / "teacher"))
+    token_folder(tmp_path / "tokens")
+    plan_path, out = tmp_path / "plan.yaml", tmp_path / "small"
+    assert profile_main(["--checkpoint", str(tmp_path / "teacher"), "--data",
+                         str(tmp_path / "tokens"), "--vocab-size", str(VOCAB), "--seq-len",
+                         str(SEQ), "--align", "4", "--sample-tokens", "1024", "--rule", "loss",
+                         "--kv-cache", "0.5", "--out", str(plan_path), "--quiet"]) == 0
+    plan = CompressionPlan.from_yaml(plan_path.read_text())
+    assert compress_main(["--checkpoint", str(tmp_path / "teacher"), "--plan", str(plan_path),
+                          "--out", str(out), "--quiet"]) == 0
+    assert (out / INDEX).is_file() and len(list(out.glob("*.safetensors"))) == 3  # io + 2 blocks
+    ours = build_student(teacher.model, plan.student, pair_orders(plan), plan.input_scales())
+    back = load(out)
+    assert back.arch == plan.student
+    small = transformers.AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)
+    with torch.no_grad():
+        torch.testing.assert_close(back.model(ids()), ours(ids()), atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(small(ids()).logits, ours(ids()), atol=1e-5, rtol=1e-5)

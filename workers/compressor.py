@@ -29,7 +29,8 @@ from common.cli import check_writable
 from common.errors import UsageError
 from common.files import write_atomic
 from common.progress import Progress, duration
-from workers.checkpoints import Loaded, load, save_gpt2, save_llama
+from workers.checkpoints import Loaded, is_family_folder, load, save_gpt2, save_llama
+from workers.checkpoints.stream import StreamedFolder
 from workers.compress_types import (
     CompressRequest,
     CompressResult,
@@ -40,7 +41,7 @@ from workers.compress_types import (
     ParamCounts,
 )
 from workers.model import Model
-from workers.students import build_student, pair_orders
+from workers.students import build_student, pair_orders, streamed_student
 from workers.taskargs import check_fits, task_for_model
 from workers.tasks import Task, task_from_description
 from workers.trainer import Trainer, evaluate, run_with_progress
@@ -183,6 +184,8 @@ def compress(request: CompressRequest) -> CompressResult:
             written, a task that does not fit).
     """
     tick = time.perf_counter()
+    if streams(request):
+        return compress_streamed(request)
     loaded = load(request.checkpoint)
     read_s = time.perf_counter() - tick
     plan = read_plan(request.plan, loaded.arch)
@@ -214,6 +217,36 @@ def compress(request: CompressRequest) -> CompressResult:
         bar.update(1)
         bar.event(f"wrote {request.out}")
     return describe(request, loaded, plan, task, evaluations)
+
+
+def streams(request: CompressRequest) -> bool:
+    """Whether the student is built one decoder layer at a time (``compress_streamed``): a
+    Llama-family folder written as a compact folder, with nothing to evaluate or fine-tune
+    (those run the whole model)."""
+    return (request.data is None and request.task is None and request.out.suffix != ".pt"
+            and request.layout in (None, "compact") and is_family_folder(request.checkpoint))
+
+
+def compress_streamed(request: CompressRequest) -> CompressResult:
+    """``compress`` of a Llama-family folder read one decoder layer at a time from its
+    memory-mapped safetensors, the student written one layer at a time as shards: what it holds
+    at once is one block (or the embedding), never the model."""
+    source = f"--checkpoint {str(request.checkpoint)!r}"
+    with StreamedFolder(request.checkpoint, source) as stream:
+        loaded = Loaded(stream.arch, stream.model, "llama", request.checkpoint,
+                        config=stream.config)  # the model on the meta device: no weights
+        plan = read_plan(request.plan, loaded.arch)
+        check_output(request, loaded, plan.student)
+        with Progress(PROG, total=1, unit="students", quiet=request.quiet,
+                      start=f"opened {request.checkpoint} ({loaded.family}); building and "
+                            "writing the student one layer at a time") as bar:
+            parts = streamed_student(stream, plan.student, pair_orders(plan),
+                                     plan.input_scales())
+            compact_export().save_student_parts(plan.student, parts, request.out,
+                                                getattr(torch, weights_dtype(loaded)))
+            bar.update(1)
+            bar.event(f"wrote {request.out}")
+    return describe(request, loaded, plan, None, {})
 
 
 def student_trainer(request: CompressRequest, student_arch: ArchConfig, task: Task,

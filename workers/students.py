@@ -9,16 +9,17 @@ product, scaled by the sample's input RMS (§10.4); everything else copied.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Protocol
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from alloc.compression import CompressionError, CompressionPlan
 from arch import SINGLE_WIDTH_KINDS, ArchConfig, LayerSpec
 from workers.attention import QKVLayout
-from workers.heads import HeadMap, head_maps
+from workers.checkpoints.stream import StreamedFolder
+from workers.heads import HeadMap, layer_maps
 from workers.model import Model, build_model
 
 
@@ -99,23 +100,50 @@ def build_student(teacher: Model, student_arch: ArchConfig,
     ``v_dim`` by ``value_factors``, weighted by ``scales`` (the plan's input RMS)."""
     student = build_model(student_arch)
     state = teacher.state_dict()
-    maps = [] if teacher.arch.positional == "rope" else head_maps(teacher)  # SVD's only
-    bias = teacher.arch.bias or teacher.arch.qkv_bias
-    for i, (old, new) in enumerate(zip(teacher.arch.layers, student_arch.layers)):
-        if old.attention in SINGLE_WIDTH_KINDS or new == old:  # nothing cut: the teacher's rows
-            continue
-        name = "qk" if old.attention == "frozen_qk" else "qkv"
-        keys_cut = [g.qk_dim for g in new.heads] != [g.qk_dim for g in old.heads]
-        if keys_cut and teacher.arch.positional == "rope":
-            state.update(_pair_rows(state, i, name, old, new, pairs or {}))
-        elif keys_cut:
-            state.update(_svd_rows(state, i, name, old, new, [m for m in maps if m.layer == i],
-                                   bias))
-        if [g.v_dim for g in new.heads] != [g.v_dim for g in old.heads]:
-            scale = None if scales is None or i not in scales else torch.tensor(scales[i])
-            state.update(_value_rows(state, i, old, new, scale))
+    for i in range(student_arch.n_layers):
+        cut_layer(state, teacher.arch, student_arch, i, pairs, scales, teacher.block(i).attn)
     student.load_state_dict(state)
     return student.eval()
+
+
+def streamed_student(teacher: StreamedFolder, student_arch: ArchConfig,
+                     pairs: PairOrders | None = None, scales: InputScales | None = None
+                     ) -> Iterator[dict[str, Tensor]]:
+    """``build_student``'s tensors one part at a time, the teacher read one block at a time:
+    first the embedding, final norm and head, then each block's tensors (a block's weights are
+    the only ones held at once)."""
+    arch = teacher.arch
+    stock = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
+             "head.weight": "lm_head.weight"}
+    if arch.tie_embeddings:
+        del stock["head.weight"]
+    yield {ours: teacher.tensors.get(theirs, teacher.tensors.shape(theirs))
+           for ours, theirs in stock.items()}
+    for i in range(arch.n_layers):
+        with teacher.block(i) as block:
+            state = {f"blocks.{i}.{k}": v.detach().clone() for k, v in block.state_dict().items()}
+            cut_layer(state, arch, student_arch, i, pairs, scales, block.attn)
+        yield state
+
+
+def cut_layer(state: dict[str, Tensor], teacher: ArchConfig, student: ArchConfig, i: int,
+              pairs: PairOrders | None, scales: InputScales | None, attn: nn.Module) -> None:
+    """Replace layer ``i``'s tensors in ``state`` (a state dict holding at least that block's)
+    by the student's: keys by the SVD of the head maps of ``attn`` (the teacher's attention
+    module of the layer) or the RoPE pair ranking, values by ``value_factors``."""
+    old, new = teacher.layers[i], student.layers[i]
+    if old.attention in SINGLE_WIDTH_KINDS or new == old:  # nothing cut: the teacher's rows
+        return
+    name = "qk" if old.attention == "frozen_qk" else "qkv"
+    if [g.qk_dim for g in new.heads] != [g.qk_dim for g in old.heads]:
+        if teacher.positional == "rope":
+            state.update(_pair_rows(state, i, name, old, new, pairs or {}))
+        else:
+            state.update(_svd_rows(state, i, name, old, new, layer_maps(attn, i),
+                                   teacher.bias or teacher.qkv_bias))
+    if [g.v_dim for g in new.heads] != [g.v_dim for g in old.heads]:
+        scale = None if scales is None or i not in scales else torch.tensor(scales[i])
+        state.update(_value_rows(state, i, old, new, scale))
 
 
 def _value_rows(state: dict[str, Tensor], i: int, old: LayerSpec, new: LayerSpec,
