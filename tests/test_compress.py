@@ -547,3 +547,25 @@ def test_one_kv_budget_for_keys_and_values_is_the_brute_force_optimum() -> None:
                    for g in x.groups) == pytest.approx(best)
         assert chosen.student.kv_width <= budget
         assert [(g.qk_dim, g.v_dim) for x in chosen.student.layers for g in x.heads] == got
+
+
+def test_the_loss_rules_plot_draws_its_tolerance_on_the_loss_axis(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """With ``--rule loss`` the errors' panel is in nats per token, and the tolerance (in nats)
+    is drawn there, on the axis of the loss increases, not of attention weights."""
+    import alloc.compression.render as render
+    from alloc.compression import GroupPlan, LayerPlan
+
+    drawn: list[object] = []
+    monkeypatch.setattr(render, "write_figure", lambda fig, _path: drawn.append(fig))
+    teacher = ArchConfig(d_model=32, max_seq_len=8, vocab_size=16,
+                         layers=(LayerSpec("mhsa", (HeadGroup(4, 16),)),))
+    losses = {4: 0.3, 8: 0.05, 12: 0.01, 16: 0.0}
+    plan = CompressionPlan("x", 8, 0.02, 4, "loss", (LayerPlan(0, "mhsa", "4x16", 1.0, (
+        GroupPlan(4, 16, 16, 12, {r: 0.9 for r in losses}, None, losses),)),), teacher)
+    render.plot_plan(plan, tmp_path / "heads.png")
+    errors = drawn[0].axes[2]  # type: ignore[attr-defined]
+    assert errors.get_ylabel() == "sample loss increase (nats per token)"
+    lines = {line.get_label(): line for line in errors.get_lines()}
+    assert list(lines["tolerance 0.02"].get_ydata()) == [0.02, 0.02]
+    assert max(lines["layer 0"].get_ydata()) == 0.3  # the loss increases, not the bounds

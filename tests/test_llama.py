@@ -591,6 +591,7 @@ def test_values_are_cut_with_the_keys_under_one_kv_budget(case: str, tmp_path: P
     assert compress_main(["--checkpoint", paths["teacher"], "--plan", paths["plan.yaml"], *data,
                           "--out", paths["small"], "--format", "json"]) == 0
     report = json.loads(capsys.readouterr().out)
+    assert report["family"] == kind  # the teacher named by its model_type, not its reader
     ours = build_student(teacher.model, plan.student, pair_orders(plan), plan.input_scales())
     small = transformers.AutoModelForCausalLM.from_pretrained(paths["small"],
                                                               trust_remote_code=True)
