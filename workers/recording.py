@@ -16,7 +16,7 @@ from torch import Tensor
 
 from arch import LayerSpec
 from workers.attention import LogitRecorder
-from workers.chunks import window_chunks
+from workers.chunks import CHUNK_BYTES, window_chunks
 from workers.model import Block, Model
 
 
@@ -100,7 +100,15 @@ def _record_pass(model: Model, x: Tensor, reduce: Callable[[Tensor], Any]) -> At
 
 def head_statistics(logits: Tensor) -> tuple[np.ndarray, np.ndarray]:
     """Per head: the largest |logit| over allowed pairs, and the mean over rows (with at least
-    two keys) of the attention entropy over ``ln N_row``. ``logits``: (B, H, T, T)."""
+    two keys) of the attention entropy over ``ln N_row``. ``logits``: (B, H, T, T), taken a
+    few heads at a time (the float64 softmax of every head at once would be 2x the logits)."""
+    heads = logits.shape[1]
+    step = max(1, heads * CHUNK_BYTES // max(1, 8 * logits.numel()))
+    parts = [_statistics(logits[:, h:h + step]) for h in range(0, heads, step)]
+    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+
+def _statistics(logits: Tensor) -> tuple[np.ndarray, np.ndarray]:
     allowed = torch.isfinite(logits)
     bound = logits.masked_fill(~allowed, 0).abs().amax(dim=(0, 2, 3))
     p = torch.softmax(logits.double(), dim=-1)
@@ -110,8 +118,6 @@ def head_statistics(logits: Tensor) -> tuple[np.ndarray, np.ndarray]:
     normalised = torch.where(rows, entropy / keys.clamp_min(2).log(), torch.zeros(()))
     mean = normalised.sum(dim=(0, 2)) / rows.sum(dim=(0, 2)).clamp_min(1)
     return bound.numpy(), mean.numpy()
-
-
 
 
 @dataclass(frozen=True)

@@ -110,18 +110,19 @@ def streamed_student(teacher: StreamedFolder, student_arch: ArchConfig,
                      pairs: PairOrders | None = None, scales: InputScales | None = None
                      ) -> Iterator[dict[str, Tensor]]:
     """``build_student``'s tensors one part at a time, the teacher read one block at a time:
-    first the embedding, final norm and head, then each block's tensors (a block's weights are
-    the only ones held at once)."""
+    first the embedding, final norm and head (each a part, as stored), then each block's
+    tensors (a block's weights are the only ones held at once)."""
     arch = teacher.arch
     stock = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
              "head.weight": "lm_head.weight"}
     if arch.tie_embeddings:
         del stock["head.weight"]
-    yield {ours: teacher.tensors.get(theirs, teacher.tensors.shape(theirs))
-           for ours, theirs in stock.items()}
+    for ours, theirs in stock.items():  # copied as stored: no arithmetic, no float32 copy
+        yield {ours: teacher.tensors.get(theirs, teacher.tensors.shape(theirs), dtype=None)}
     for i in range(arch.n_layers):
         with teacher.block(i) as block:
-            state = {f"blocks.{i}.{k}": v.detach().clone() for k, v in block.state_dict().items()}
+            # the state dict's tensors keep the block's weights alive after it goes to meta
+            state = {f"blocks.{i}.{k}": v for k, v in block.state_dict().items()}
             cut_layer(state, arch, student_arch, i, pairs, scales, block.attn)
         yield state
 

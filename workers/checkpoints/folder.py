@@ -182,12 +182,14 @@ class TensorFolder:
             raise CheckpointError(f"{self.source}: tensor {name!r} is missing")
         return tuple(self._handle(self.files[name]).get_slice(name).get_shape())
 
-    def get(self, name: str, shape: tuple[int, ...]) -> Tensor:
-        """Tensor ``name``, checked to have ``shape`` before it is read, as float32."""
+    def get(self, name: str, shape: tuple[int, ...],
+            dtype: torch.dtype | None = torch.float32) -> Tensor:
+        """Tensor ``name``, checked to have ``shape`` before it is read, as ``dtype`` (None: as
+        stored)."""
         found = self.shape(name)
         if found != shape:
             raise CheckpointError(f"{self.source}: tensor {name!r} has shape {found}, "
                                   f"config.json makes it {shape}")
         tensor: Tensor = self._handle(self.files[name]).get_tensor(name)
         check_finite(name, tensor, self.source)
-        return tensor.to(torch.float32)
+        return tensor if dtype is None else tensor.to(dtype)

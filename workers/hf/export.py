@@ -102,7 +102,7 @@ def student_tensors(model: Model, dtype: torch.dtype | None = None) -> dict[str,
     """The state dict to save: every tensor contiguous and unshared, the tied head left out
     (``transformers`` ties it to ``embed.weight`` on load), parameters cast to ``dtype`` (the
     RoPE frequencies stay float32: positions times frequencies need their precision)."""
-    return _cast(model.arch, model.state_dict(), dtype)
+    return _cast(model.arch, dict(model.state_dict()), dtype)
 
 
 def save_student(model: Model, folder: Path, dtype: torch.dtype | None = None) -> ExportReport:
@@ -173,15 +173,19 @@ def save_student_parts(arch: ArchConfig, parts: Iterable[dict[str, Tensor]], fol
 def _cast(arch: ArchConfig, part: dict[str, Tensor], dtype: torch.dtype | None
           ) -> dict[str, Tensor]:
     """A part of the state dict as saved: the tied head left out, parameters cast to ``dtype``
-    (the RoPE frequencies stay float32: positions times frequencies need their precision)."""
+    (the RoPE frequencies stay float32: positions times frequencies need their precision).
+    Consumes ``part``: each tensor is dropped from it once cast, so a float32 layer and its
+    cast copy are never both whole in memory."""
     out = {}
-    for name, value in part.items():
+    for name in list(part):
+        value = part.pop(name)
         if name == "head.weight" and arch.tie_embeddings:
             continue
         value = value.detach()
-        if dtype is not None and value.is_floating_point() and FREQUENCY_KEY not in name:
-            value = value.to(dtype)
-        out[name] = value.contiguous().clone()
+        cast = dtype is not None and value.is_floating_point() and FREQUENCY_KEY not in name \
+            and value.dtype != dtype
+        # a cast is a new tensor already; anything else is copied, so no two share storage
+        out[name] = value.to(dtype).contiguous() if cast else value.contiguous().clone()
     return out
 
 
