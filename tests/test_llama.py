@@ -324,7 +324,8 @@ def test_pair_ranking_is_the_same_one_window_at_a_time(monkeypatch: pytest.Monke
     for a, b in zip(whole.layers, chunked.layers):
         for x, y in zip(a.heads, b.heads):
             assert x.pairs == y.pairs and x.measured_errors is not None
-            assert y.measured_errors == pytest.approx(x.measured_errors, abs=1e-12)
+            # float32 maps: a chunk's batched products may round differently, far below 1e-6
+            assert y.measured_errors == pytest.approx(x.measured_errors, abs=1e-6)
 
 
 def test_loss_rule_and_a_kv_cache_budget(llama_folder: Path, tmp_path: Path,
@@ -540,7 +541,7 @@ def test_the_pair_ranking_equals_its_definition(causal: bool, tmp_path: Path) ->
         full = weights(m.head, range(pairs))
         for r in ranks:
             expected = float((full - weights(m.head, got.order[:r // 2])).abs().max())
-            assert got.errors[m.head][r] == pytest.approx(expected, abs=1e-12)
+            assert got.errors[m.head][r] == pytest.approx(expected, abs=1e-6)  # float32 maps
 
 
 @pytest.mark.usefixtures("remote_code_cache")
@@ -628,7 +629,7 @@ def test_a_streamed_profile_equals_the_whole_models(tmp_path: Path) -> None:
             [s.logit_bound for s in b.head_stats], rel=1e-6)
         for p, q in zip(a.heads, b.heads):
             assert p.pairs == q.pairs and p.sigma == pytest.approx(q.sigma, rel=1e-9)
-            assert p.measured_errors == pytest.approx(q.measured_errors, abs=1e-9)
+            assert p.measured_errors == pytest.approx(q.measured_errors, abs=1e-6)
 
 
 @pytest.mark.usefixtures("remote_code_cache")
