@@ -25,9 +25,10 @@ from workers.checkpoints import CheckpointError, gpt2_arch, load
 from workers.compress import main as compress_main
 from workers.compressor import CompressRequest, compress
 from workers.heads import head_maps
-from workers.measure import measure_checkpoint, measure_model, record_attention
+from workers.measure import measure_checkpoint, measure_model
 from workers.model import Model, build_model
 from workers.profile import main as profile_main
+from workers.recording import record_attention
 from workers.students import build_student, svd_factors
 from workers.tasks import make_data_task
 from workers.trainer import Trainer, evaluate
@@ -435,3 +436,136 @@ def test_a_kv_cache_budget_counts_the_layers_it_cannot_cut() -> None:
     nothing = CompressionPlan("x", 8, 0.1, 4, "loss", (LayerPlan(0, "mssa", "2x16", 1.0),), only)
     with pytest.raises(CompressionError, match="no query-key heads"):
         plan_for_kv_cache(nothing, 0.9)
+
+
+def test_the_kv_cache_floor_follows_from_the_architecture() -> None:
+    """``kv_cache_floor(teacher, align)`` is the least budget a plan accepts: exactly at the
+    floor a plan is made, just below it both the plan and the preflight refuse."""
+    from alloc.compression import (
+        GroupPlan,
+        LayerPlan,
+        check_kv_cache,
+        kv_cache_floor,
+        plan_for_kv_cache,
+    )
+
+    mhsa = LayerSpec("mhsa", (HeadGroup(4, 16, kv_heads=2),))
+    mssa = LayerSpec("mssa", (HeadGroup(2, 16),))
+    teacher = ArchConfig(d_model=32, max_seq_len=8, vocab_size=16, layers=(mhsa, mssa))
+    errors = {4: 0.5, 8: 0.2, 12: 0.1, 16: 0.0}
+    plan = CompressionPlan("x", 8, 0.1, 4, "loss", (
+        LayerPlan(0, "mhsa", "4x16kv2", 1.0, (GroupPlan(4, 16, 16, 16, errors, None, errors,
+                                                        2),)),
+        LayerPlan(1, "mssa", "2x16", 1.0)), teacher)
+    floor = kv_cache_floor(teacher, 4)
+    # the values (2 x 16) and the mssa layer (2 x 16) stay; keys go from 2 x 16 to 2 x 4
+    assert floor == (2 * 16 + 2 * 16 + 2 * 4) / (2 * 32 + 2 * 16)
+    assert plan_for_kv_cache(plan, floor).student.kv_width == round(floor * teacher.kv_width)
+    check_kv_cache(teacher, 4, floor)
+    for refuse in (lambda f: plan_for_kv_cache(plan, f), lambda f: check_kv_cache(teacher, 4, f)):
+        with pytest.raises(CompressionError, match=f"must be in \\[{floor:.3g}, 1\\]"):
+            refuse(floor - 0.01)
+
+
+def test_a_kv_cache_below_the_floor_is_refused_before_measuring(
+        teacher: tuple[Model, Path, torch.Tensor], monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import workers.measure
+
+    _, folder, _ = teacher
+
+    def measured(*_: object) -> None:
+        raise AssertionError("measured before the budget was checked")
+
+    monkeypatch.setattr(workers.measure, "measure_checkpoint", measured)
+    argv = ["--checkpoint", str(folder / "lm.pt"), "--task", "lm", "--smoke-test",
+            "--rule", "loss", "--align", "4", "--kv-cache"]
+    # the loss rule cuts keys and values: 4 heads x (4 + 4) of 4 x (16 + 16) units per layer
+    assert profile_main([*argv, "0.2"]) == 2
+    err = capsys.readouterr().err
+    assert "--kv-cache 0.2: must be in [0.25, 1]" in err and err.count("\n") == 1
+    measured_rule = [a if a != "loss" else "measured" for a in argv]  # keys only
+    assert profile_main([*measured_rule, "0.5"]) == 2
+    assert "must be in [0.625, 1]" in capsys.readouterr().err
+    with pytest.raises(AssertionError, match="measured before"):
+        profile_main([*argv, "0.7"])  # within the floor: on to the measurement
+
+
+def test_the_values_svd_is_the_best_rank_r_map_of_the_weighted_product() -> None:
+    """``value_factors``: ``C F E Y`` is the truncated SVD of ``C Y`` (its error the tail of
+    the singular values, Eckart-Young), and at full rank ``F E`` is the identity; a value
+    dim the sample never excites (scale 0) costs nothing to drop."""
+    from workers.students import value_factors
+
+    g = torch.Generator().manual_seed(0)
+    v, d = 8, 20
+    values = torch.randn(v, d + 1, generator=g, dtype=torch.float64)
+    outputs = [torch.randn(d, v, generator=g, dtype=torch.float64) for _ in range(3)]
+    scale = torch.rand(d + 1, generator=g, dtype=torch.float64) + 0.1
+    product = torch.cat(outputs) @ (values * scale)
+    sigma = torch.linalg.svdvals(product)
+    for rank in range(1, v + 1):
+        e, f = value_factors(values, outputs, scale, rank)
+        error = torch.linalg.matrix_norm(product - torch.cat(outputs) @ f @ e @ (values * scale))
+        assert float(error) == pytest.approx(float(sigma[rank:].pow(2).sum().sqrt()), abs=1e-9)
+    e, f = value_factors(values, outputs, scale, v)
+    torch.testing.assert_close(f @ e, torch.eye(v, dtype=torch.float64))
+    silent = torch.cat([values[:, :4], torch.zeros(v, d - 3, dtype=torch.float64)], dim=1)
+    e, f = value_factors(silent, outputs, None, 4)  # rank 4: what the inputs reach
+    torch.testing.assert_close(torch.cat(outputs) @ f @ e @ silent, torch.cat(outputs) @ silent)
+
+
+def test_one_kv_budget_for_keys_and_values_is_the_brute_force_optimum() -> None:
+    """With the loss rule and measured values, ``plan_for_kv_cache`` picks every group's
+    ``qk_dim`` and ``v_dim`` together: the least sum of loss increases within the budget, equal
+    to trying every combination."""
+    from alloc.compression import GroupPlan, LayerPlan, plan_for_kv_cache
+
+    rng = np.random.default_rng(1)
+    dims = (4, 8, 12, 16)
+    teacher = ArchConfig(d_model=32, max_seq_len=8, vocab_size=16, layers=tuple(
+        LayerSpec("mhsa", (HeadGroup(4, 16, kv_heads=kv),)) for kv in (1, 2)))
+    for _trial in range(20):
+        layers = []
+        for i, spec in enumerate(teacher.layers):
+            keys, values = ({d: float(e) for d, e in zip(dims, [*sorted(rng.random(3),
+                                                                       reverse=True), 0.0])}
+                            for _ in range(2))
+            layers.append(LayerPlan(i, "mhsa", spec.heads_str, 1.0, (GroupPlan(
+                4, 16, 16, 16, keys, None, keys, spec.heads[0].kv_heads, 16, values),)))
+        plan = CompressionPlan("x", 8, 0.1, 4, "loss", tuple(layers), teacher)
+        fraction = float(rng.uniform(0.3, 1.0))
+        chosen = plan_for_kv_cache(plan, fraction)
+        budget = int(fraction * teacher.kv_width)
+        best = min(
+            sum(layers[i].groups[0].error_bounds[q] + (layers[i].groups[0].value_losses or {})[v]
+                for i, (q, v) in enumerate(pairs))
+            for pairs in itertools.product(itertools.product(dims, dims), repeat=2)
+            if sum(kv * (q + v) for kv, (q, v) in zip((1, 2), pairs)) <= budget)
+        got = [(g.reduced_qk_dim, g.student_v_dim) for x in chosen.layers for g in x.groups]
+        assert sum(g.loss_increase + g.value_loss for x in chosen.layers  # type: ignore[operator]
+                   for g in x.groups) == pytest.approx(best)
+        assert chosen.student.kv_width <= budget
+        assert [(g.qk_dim, g.v_dim) for x in chosen.student.layers for g in x.heads] == got
+
+
+def test_the_loss_rules_plot_draws_its_tolerance_on_the_loss_axis(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """With ``--rule loss`` the errors' panel is in nats per token, and the tolerance (in nats)
+    is drawn there, on the axis of the loss increases, not of attention weights."""
+    import alloc.compression.render as render
+    from alloc.compression import GroupPlan, LayerPlan
+
+    drawn: list[object] = []
+    monkeypatch.setattr(render, "write_figure", lambda fig, _path: drawn.append(fig))
+    teacher = ArchConfig(d_model=32, max_seq_len=8, vocab_size=16,
+                         layers=(LayerSpec("mhsa", (HeadGroup(4, 16),)),))
+    losses = {4: 0.3, 8: 0.05, 12: 0.01, 16: 0.0}
+    plan = CompressionPlan("x", 8, 0.02, 4, "loss", (LayerPlan(0, "mhsa", "4x16", 1.0, (
+        GroupPlan(4, 16, 16, 12, {r: 0.9 for r in losses}, None, losses),)),), teacher)
+    render.plot_plan(plan, tmp_path / "heads.png")
+    errors = drawn[0].axes[2]  # type: ignore[attr-defined]
+    assert errors.get_ylabel() == "sample loss increase (nats per token)"
+    lines = {line.get_label(): line for line in errors.get_lines()}
+    assert list(lines["tolerance 0.02"].get_ydata()) == [0.02, 0.02]
+    assert max(lines["layer 0"].get_ydata()) == 0.3  # the loss increases, not the bounds

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import shutil
 from collections.abc import Callable, Iterator
@@ -14,9 +15,12 @@ from pathlib import Path
 from urllib.parse import quote, quote_plus
 
 import optuna
+import pytest
+import torch
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from safetensors.torch import load_file
 
 from alloc.calibrate import build_parser as calibrate_parser
 from alloc.calibrate import main as calibrate_main
@@ -370,3 +374,96 @@ def test_the_search_fuzz_reaches_ray(tmp_path_factory: object) -> None:
         test_workers_search_command_lines_up_to_ray.hypothesis.inner_test(  # type: ignore[attr-defined]
             tmp_path_factory, [])
     assert REACHED_RAY
+
+
+# --- checkpoints that lie: links leaving the folder, non-finite weights, absurd sizes --------
+
+
+def _llama_folder(folder: Path, edit: Callable[[dict[str, object]], None] | None = None) -> Path:
+    """A tiny random Llama saved by ``transformers`` (``edit`` changes its state first)."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32))
+    if edit is not None:
+        with torch.no_grad():
+            edit(dict(model.named_parameters()))
+    model.save_pretrained(folder)
+    return folder
+
+
+def _refused(main: Callable[[list[str]], int], argv: list[str], folder: Path, *words: str
+             ) -> None:
+    text = run(main, argv, folder)
+    assert all(word in text for word in words) and text.count("\n") == 1, text
+
+
+@pytest.mark.parametrize("indexed", [False, True])
+def test_a_weights_file_linked_from_outside_the_folder_is_refused(tmp_path: Path,
+                                                                  indexed: bool) -> None:
+    elsewhere = _llama_folder(tmp_path / "elsewhere")
+    work = tmp_path / "work"
+    model = work / "model"
+    model.mkdir(parents=True)
+    shutil.copy(elsewhere / "config.json", model / "config.json")
+    name = "model-00001-of-00001.safetensors" if indexed else "model.safetensors"
+    (model / name).symlink_to(elsewhere / "model.safetensors")
+    if indexed:
+        names = load_file(elsewhere / "model.safetensors").keys()
+        (model / "model.safetensors.index.json").write_text(
+            json.dumps({"weight_map": dict.fromkeys(names, name)}))
+    _refused(profile_main, ["--checkpoint", "model", "--out", "p.yaml"], work,
+             f"{name} is a link to", "outside the folder")
+
+
+def test_a_hub_cache_snapshot_linking_into_its_blobs_is_read(tmp_path: Path) -> None:
+    """The layout a model hub's cache writes: ``snapshots/<revision>/`` links to ``blobs/``."""
+    saved = _llama_folder(tmp_path / "saved")
+    repo = tmp_path / "models--tiny"
+    (repo / "blobs").mkdir(parents=True)
+    snapshot_dir = repo / "snapshots" / "abc123"
+    snapshot_dir.mkdir(parents=True)
+    for i, file in enumerate(("config.json", "model.safetensors")):
+        shutil.copy(saved / file, repo / "blobs" / f"blob{i}")
+        (snapshot_dir / file).symlink_to(Path("../..") / "blobs" / f"blob{i}")
+    assert "layer" in run(profile_main, ["--checkpoint", str(snapshot_dir), "--quiet"], tmp_path)
+
+
+def _nan_q_proj(params: dict[str, object]) -> None:
+    params["model.layers.0.self_attn.q_proj.weight"].fill_(float("nan"))  # type: ignore[attr-defined]
+
+
+def _nan_embedding_row(params: dict[str, object]) -> None:
+    params["model.embed_tokens.weight"][5] = float("nan")  # type: ignore[index]
+
+
+@pytest.mark.parametrize(("edit", "tensor"), [
+    (_nan_q_proj, "model.layers.0.self_attn.q_proj.weight"),
+    (_nan_embedding_row, "model.embed_tokens.weight")])
+def test_non_finite_weights_are_refused_by_name(tmp_path: Path, edit: Callable[..., None],
+                                                tensor: str) -> None:
+    _llama_folder(tmp_path / "clean")
+    assert profile_main(["--checkpoint", str(tmp_path / "clean"), "--out",
+                         str(tmp_path / "plan.yaml"), "--quiet"]) == 0
+    work = tmp_path / "work"
+    _llama_folder(work / "bad", edit)
+    _refused(profile_main, ["--checkpoint", "bad", "--out", "p.yaml"], work, repr(tensor),
+             "non-finite")
+    _refused(compress_main, ["--checkpoint", "bad", "--plan", str(tmp_path / "plan.yaml"),
+                             "--out", "student"], work, repr(tensor), "non-finite")
+
+
+def test_a_config_whose_sizes_are_each_in_bounds_but_absurd_together_is_refused(
+        tmp_path: Path) -> None:
+    folder = tmp_path / "model"
+    _llama_folder(folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(hidden_size=65_536, intermediate_size=65_536 * 4, vocab_size=1 << 24,
+                  num_hidden_layers=64, num_attention_heads=64, num_key_value_heads=8,
+                  head_dim=128)
+    (folder / "config.json").write_text(json.dumps(config))
+    for main, argv in ((profile_main, ["--checkpoint", "model", "--out", "p.yaml"]),
+                       (compress_main, ["--checkpoint", "model", "--plan", "nothing.yaml",
+                                        "--out", "student"])):
+        _refused(main, argv, tmp_path, "parameters", "GiB as float32", "memory")

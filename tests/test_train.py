@@ -245,3 +245,28 @@ def test_compiled_model_trains_the_same_curve() -> None:
     compiled = train(arch(layers=1), task, TrainConfig(**{**config.__dict__, "compile": True}))
     for a, b in zip(eager.history, compiled.history):
         assert a.val_loss == pytest.approx(b.val_loss, rel=1e-4)
+
+
+@pytest.mark.parametrize("task", ["lm", "denoise", "addition"])
+def test_the_evaluation_a_window_at_a_time_is_the_whole_batchs(
+        task: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The evaluation runs a batch a few windows at a time (a large vocabulary's logits for a
+    whole batch would not fit): loss, metric and standard error do not depend on the chunk,
+    for a token loss, a vector loss with per-sequence side information, and a per-sequence
+    metric."""
+    import workers.chunks
+
+    made = make_task(task, "smoke")
+    layer = LayerSpec("mhsa", (HeadGroup(2, 8),), mlp_ratio=1.0)
+    arch = fit_arch(ArchConfig(d_model=16, layers=(layer,), max_seq_len=made.seq_len,
+                               input_dim=1), made)
+    torch.manual_seed(0)
+    model = build_model(arch)
+    config = TrainConfig(eval_batches=3, batch_size=8)
+    whole = measure(model, made, config, "cpu")
+    monkeypatch.setattr(workers.chunks, "CHUNK_BYTES", 1)  # one window per chunk
+    chunked = measure(model, made, config, "cpu")
+    assert chunked.loss == pytest.approx(whole.loss, rel=1e-6)
+    assert chunked.metric == pytest.approx(whole.metric, rel=1e-6)
+    # the standard error is a spread of near-equal losses: float32 rounding shows at 1e-5
+    assert chunked.loss_se == pytest.approx(whole.loss_se, rel=1e-4)

@@ -29,7 +29,8 @@ from common.cli import check_writable
 from common.errors import UsageError
 from common.files import write_atomic
 from common.progress import Progress, duration
-from workers.checkpoints import Loaded, load, save_gpt2, save_llama
+from workers.checkpoints import Loaded, is_family_folder, load, save_gpt2, save_llama
+from workers.checkpoints.stream import StreamedFolder
 from workers.compress_types import (
     CompressRequest,
     CompressResult,
@@ -40,7 +41,7 @@ from workers.compress_types import (
     ParamCounts,
 )
 from workers.model import Model
-from workers.students import build_student, pair_orders
+from workers.students import build_student, pair_orders, streamed_student
 from workers.taskargs import check_fits, task_for_model
 from workers.tasks import Task, task_from_description
 from workers.trainer import Trainer, evaluate, run_with_progress
@@ -65,27 +66,30 @@ def read_plan(path: Path, teacher: ArchConfig) -> CompressionPlan:
     if plan.arch_id != teacher.arch_id:
         raise CompressionError(f"--plan {str(path)!r}: a plan for model {plan.arch_id}, not "
                                f"for this checkpoint ({teacher.arch_id}); profile this one")
-    problem = reduced_qk_only(teacher, plan.student)
+    problem = reduced_dims_only(teacher, plan.student)
     if problem is not None:
         raise CompressionError(f"--plan {str(path)!r}: its student {problem}; a plan may only "
-                               "lower qk_dim")
+                               "lower qk_dim and v_dim")
     return plan
 
 
-def reduced_qk_only(teacher: ArchConfig, student: ArchConfig) -> str | None:
-    """None if ``student`` is ``teacher`` with some heads' ``qk_dim`` lowered, else what
-    differs (a hand-edited plan must not change what the SVD copies)."""
+def reduced_dims_only(teacher: ArchConfig, student: ArchConfig) -> str | None:
+    """None if ``student`` is ``teacher`` with some heads' ``qk_dim`` or ``v_dim`` lowered
+    (``v_dim`` in mhsa layers only), else what differs (a hand-edited plan must not change
+    what the SVD copies)."""
     if len(student.layers) != len(teacher.layers):
         return f"has {len(student.layers)} layers, the teacher {len(teacher.layers)}"
     for i, (old, new) in enumerate(zip(teacher.layers, student.layers)):
-        shape = [(g.count, g.v_dim, g.kv_heads) for g in old.heads]
-        if [(g.count, g.v_dim, g.kv_heads) for g in new.heads] != shape or any(
-                n.qk_dim > o.qk_dim for o, n in zip(old.heads, new.heads)):
+        shape = [(g.count, g.kv_heads) for g in old.heads]
+        values = "mhsa" if old.attention == "mhsa" else None
+        if [(g.count, g.kv_heads) for g in new.heads] != shape or any(
+                n.qk_dim > o.qk_dim or n.v_dim > o.v_dim or (n.v_dim < o.v_dim and not values)
+                for o, n in zip(old.heads, new.heads)):
             return f"layer {i} has heads {new.heads_str}, the teacher {old.heads_str}"
         if dataclasses.replace(new, heads=old.heads) != old:
-            return f"layer {i} differs from the teacher's beyond qk_dim"
+            return f"layer {i} differs from the teacher's beyond qk_dim and v_dim"
     if dataclasses.replace(student, layers=teacher.layers) != teacher:
-        return "differs from the teacher beyond its layers' qk_dim"
+        return "differs from the teacher beyond its layers' qk_dim and v_dim"
     return None
 
 
@@ -131,6 +135,10 @@ def check_output(request: CompressRequest, loaded: Loaded, student: ArchConfig) 
         if out.exists():
             raise UsageError(f"--out {str(out)!r}: exists; the stock layout is written to a "
                              "new folder")
+        if [g.v_dim for x in student.layers for g in x.heads] != [
+                g.v_dim for x in loaded.arch.layers for g in x.heads]:
+            raise UsageError("--layout stock: the plan cuts values (v_dim), which the "
+                             "teacher's stock layout cannot hold; use --layout compact")
     else:
         compact_export().check_exportable(student)
 
@@ -176,6 +184,8 @@ def compress(request: CompressRequest) -> CompressResult:
             written, a task that does not fit).
     """
     tick = time.perf_counter()
+    if streams(request):
+        return compress_streamed(request)
     loaded = load(request.checkpoint)
     read_s = time.perf_counter() - tick
     plan = read_plan(request.plan, loaded.arch)
@@ -187,7 +197,8 @@ def compress(request: CompressRequest) -> CompressResult:
     with Progress(PROG, total=stages, unit="stages", quiet=request.quiet,
                   start=f"read {request.checkpoint} ({loaded.family}) in {duration(read_s)}; "
                         "building the student") as bar:
-        student = build_student(loaded.model, plan.student, pair_orders(plan))
+        student = build_student(loaded.model, plan.student, pair_orders(plan),
+                                plan.input_scales())
         bar.update(1)
         bar.event("student built")
         trainer = None
@@ -206,6 +217,36 @@ def compress(request: CompressRequest) -> CompressResult:
         bar.update(1)
         bar.event(f"wrote {request.out}")
     return describe(request, loaded, plan, task, evaluations)
+
+
+def streams(request: CompressRequest) -> bool:
+    """Whether the student is built one decoder layer at a time (``compress_streamed``): a
+    Llama-family folder written as a compact folder, with nothing to evaluate or fine-tune
+    (those run the whole model)."""
+    return (request.data is None and request.task is None and request.out.suffix != ".pt"
+            and request.layout in (None, "compact") and is_family_folder(request.checkpoint))
+
+
+def compress_streamed(request: CompressRequest) -> CompressResult:
+    """``compress`` of a Llama-family folder read one decoder layer at a time from its
+    memory-mapped safetensors, the student written one layer at a time as shards: what it holds
+    at once is one block (or the embedding), never the model."""
+    source = f"--checkpoint {str(request.checkpoint)!r}"
+    with StreamedFolder(request.checkpoint, source) as stream:
+        loaded = Loaded(stream.arch, stream.model, "llama", request.checkpoint,
+                        config=stream.config)  # the model on the meta device: no weights
+        plan = read_plan(request.plan, loaded.arch)
+        check_output(request, loaded, plan.student)
+        with Progress(PROG, total=1, unit="students", quiet=request.quiet,
+                      start=f"opened {request.checkpoint} ({loaded.family}); building and "
+                            "writing the student one layer at a time") as bar:
+            parts = streamed_student(stream, plan.student, pair_orders(plan),
+                                     plan.input_scales())
+            compact_export().save_student_parts(plan.student, parts, request.out,
+                                                getattr(torch, weights_dtype(loaded)))
+            bar.update(1)
+            bar.event(f"wrote {request.out}")
+    return describe(request, loaded, plan, None, {})
 
 
 def student_trainer(request: CompressRequest, student_arch: ArchConfig, task: Task,

@@ -12,7 +12,6 @@ import numpy as np
 import torch
 
 from alloc.compression import CompressionError
-from arch import SINGLE_WIDTH_KINDS
 from workers.attention import FrozenQKAttention, MultiHeadAttention
 from workers.model import Model
 
@@ -65,23 +64,26 @@ class HeadMap:
 def head_maps(model: Model) -> list[HeadMap]:
     """Every query-key head of the model (mhsa and frozen_qk layers; MSSA and MixiT heads have
     no separate query and key maps), RoPE heads with their frequencies."""
+    return [m for i in range(model.arch.n_layers) for m in layer_maps(model.block(i).attn, i)]
+
+
+def layer_maps(attn: object, i: int) -> list[HeadMap]:
+    """The query-key heads of layer ``i``'s attention module ``attn`` (none for MSSA and
+    MixiT)."""
+    if not isinstance(attn, MultiHeadAttention):
+        return []
+    linear = attn.qk if isinstance(attn, FrozenQKAttention) else attn.qkv
+    weight = linear.weight.detach().double()
+    bias = None if linear.bias is None else linear.bias.detach().double()
     out = []
-    for i, layer in enumerate(model.arch.layers):
-        if layer.attention in SINGLE_WIDTH_KINDS:
-            continue
-        attn = model.block(i).attn
-        assert isinstance(attn, MultiHeadAttention)
-        linear = attn.qk if isinstance(attn, FrozenQKAttention) else attn.qkv
-        weight = linear.weight.detach().double()
-        bias = None if linear.bias is None else linear.bias.detach().double()
-        for j, g in enumerate(layer.heads):
-            freqs = attn.frequencies(j).detach().double().numpy() if attn.rope else None
-            for h in range(g.count):
-                kv = attn.layout.kv_head(j, h)
-                rows, krows = attn.layout.query_rows(j, h), attn.layout.key_rows(j, kv)
-                a, b = weight[rows].T, weight[krows].T  # (d, qk_dim)
-                if bias is not None:
-                    a, b = torch.cat([a, bias[rows][None]]), torch.cat([b, bias[krows][None]])
-                out.append(HeadMap(i, j, h, a.numpy(), b.numpy(), kv,
-                                   None if freqs is None else freqs[kv]))
+    for j, g in enumerate(attn.layout.heads):
+        freqs = attn.frequencies(j).detach().double().numpy() if attn.rope else None
+        for h in range(g.count):
+            kv = attn.layout.kv_head(j, h)
+            rows, krows = attn.layout.query_rows(j, h), attn.layout.key_rows(j, kv)
+            a, b = weight[rows].T, weight[krows].T  # (d, qk_dim)
+            if bias is not None:
+                a, b = torch.cat([a, bias[rows][None]]), torch.cat([b, bias[krows][None]])
+            out.append(HeadMap(i, j, h, a.numpy(), b.numpy(), kv,
+                               None if freqs is None else freqs[kv]))
     return out

@@ -12,9 +12,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -31,99 +30,15 @@ from alloc.compression import (
 )
 from arch import ArchConfig, LayerSpec
 from common.progress import Progress, duration, say
-from workers.attention import LogitRecorder, rotate
-from workers.checkpoints import load
-from workers.heads import HeadMap, head_maps
-from workers.model import Model
+from workers.attention import rotate
+from workers.checkpoints import is_family_folder, load, read_arch
+from workers.checkpoints.stream import LayerSource, StreamedFolder, WholeModel
+from workers.chunks import window_chunks
+from workers.heads import HeadMap, layer_maps
+from workers.loss_rule import IGNORE, input_scale, loss_sensitivity
+from workers.model import Block, Model
+from workers.recording import record_block
 from workers.taskargs import check_fits, task_for_model
-
-
-@dataclass(frozen=True)
-class AttentionRecord:
-    """Per layer: per head group, what ``record_attention``'s ``reduce`` made of its logits (by
-    default ``head_statistics``: each head's logit bound and mean normalised entropy); the
-    attention's input ``(B, T, d [+ 1])`` (the constant 1 appended when the model has biases)
-    and its largest norm."""
-
-    groups: list[list[Any]]
-    inputs: list[Tensor]
-    norms: list[float]
-    causal: bool = True
-
-
-# A long sample is measured a few windows at a time: at most this many bytes of per-window maps
-# (logits and their softmax, pair terms, output logits) at once.
-CHUNK_BYTES = 256 << 20
-
-
-def window_chunks(x: Tensor, bytes_per_window: int) -> list[Tensor]:
-    """``x`` (B, T, ...) split into chunks of windows whose maps fit ``CHUNK_BYTES``."""
-    return list(x.split(max(1, CHUNK_BYTES // bytes_per_window)))
-
-
-@torch.no_grad()
-def record_attention(model: Model, x: Tensor,
-                     reduce: Callable[[Tensor], Any] | None = None) -> AttentionRecord:
-    """Run ``model`` on ids or vectors ``x`` recording each head group's logits
-    ``(B, H, T, T)`` (future entries -inf) reduced by ``reduce`` as they are computed, and each
-    attention's input ``(B, T, d [+ 1])``.
-
-    By default the reduction is ``head_statistics``, and the sample runs a few windows at a time
-    (at most ``CHUNK_BYTES`` of logits and their softmax), the chunks' statistics combined:
-    a long sample never holds every head's ``T x T`` map. A custom ``reduce`` (``lambda z: z``
-    keeps the logits whole) sees the whole sample in one pass."""
-    if reduce is not None:
-        return _record_pass(model, x, reduce)
-    t = x.shape[1]
-    heads = max(g.count for layer in model.arch.layers for g in layer.heads)
-    chunks = window_chunks(x, 3 * 8 * heads * t * t)  # logits, two float64 copies of softmax
-    parts = [_record_pass(model, chunk, head_statistics) for chunk in chunks]
-    weights = [len(chunk) for chunk in chunks]
-    groups = [[_combine_stats([part.groups[i][j] for part in parts], weights)
-               for j in range(len(parts[0].groups[i]))] for i in range(len(parts[0].groups))]
-    inputs = [torch.cat([part.inputs[i] for part in parts]) for i in range(len(parts[0].inputs))]
-    return AttentionRecord(groups, inputs, [max(part.norms[i] for part in parts)
-                                     for i in range(len(inputs))], model.arch.causal)
-
-
-def _combine_stats(stats: list[tuple[np.ndarray, np.ndarray]], windows: list[int]
-                   ) -> tuple[np.ndarray, np.ndarray]:
-    """Per head: the largest logit bound over chunks, and the mean entropy weighted by each
-    chunk's windows (every window of one length has the same rows)."""
-    bounds = np.max([b for b, _ in stats], axis=0)
-    entropy = np.average([e for _, e in stats], axis=0, weights=windows)
-    return bounds, entropy
-
-
-def _record_pass(model: Model, x: Tensor, reduce: Callable[[Tensor], Any]) -> AttentionRecord:
-    """One forward of ``model`` on ``x`` with the recording attention (see
-    ``record_attention``)."""
-    recorder = LogitRecorder(reduce)
-    inputs: list[Tensor] = []
-    blocks = [model.block(i) for i in range(model.arch.n_layers)]
-    own = [block.attn.attention_fn for block in blocks]
-    hooks = [block.attn_norm.register_forward_hook(lambda _m, _i, out: inputs.append(out))
-             for block in blocks]
-    try:  # the model's own modules, recording attention for this pass (no second copy)
-        for block in blocks:
-            block.attn.attention_fn = recorder
-        model.hidden(x)  # the output logits are not needed
-    finally:
-        for block, attention_fn in zip(blocks, own):
-            block.attn.attention_fn = attention_fn
-        for hook in hooks:
-            hook.remove()
-    # MixiT layers compute no logits: every other layer calls attention_fn once per head group.
-    counts = [0 if layer.attention == "mixit" else len(layer.heads)
-              for layer in model.arch.layers]
-    groups, cursor = [], 0
-    for count in counts:
-        groups.append(recorder.logits[cursor:cursor + count])
-        cursor += count
-    if model.arch.bias or model.arch.qkv_bias:
-        inputs = [torch.cat([x, x.new_ones(*x.shape[:-1], 1)], -1) for x in inputs]
-    return AttentionRecord(groups, inputs, [float(x.double().norm(dim=-1).max()) for x in inputs],
-                    model.arch.causal)
 
 
 @torch.no_grad()
@@ -159,19 +74,30 @@ class PairRanking:
 
 
 def _rotated(head: HeadMap, x: Tensor) -> tuple[Tensor, Tensor]:
-    """The head's queries and keys after RoPE on inputs ``x`` (B, T, d): (B, T, 2, qk/2) each,
-    pair ``i`` at ``[..., :, i]``."""
+    """The head's queries and keys after RoPE on inputs ``x`` (B, T, d), in ``x``'s dtype:
+    (B, T, 2, qk/2) each, pair ``i`` at ``[..., :, i]``."""
     assert head.freqs is not None
-    freqs = torch.from_numpy(head.freqs)[None]
-    q = rotate((x @ torch.from_numpy(head.a))[:, None], freqs)[:, 0]  # (B, T, qk)
-    k = rotate((x @ torch.from_numpy(head.b))[:, None], freqs)[:, 0]
+    freqs = torch.from_numpy(head.freqs)[None].to(x.dtype)
+    q = rotate((x @ torch.from_numpy(head.a).to(x.dtype))[:, None], freqs)[:, 0]  # (B, T, qk)
+    k = rotate((x @ torch.from_numpy(head.b).to(x.dtype))[:, None], freqs)[:, 0]
     half = q.shape[-1] // 2
     return q.unflatten(-1, (2, half)), k.unflatten(-1, (2, half))
 
 
-def _pair_term(q: Tensor, k: Tensor, pair: int) -> Tensor:
-    """(B, T, T) logit term of one frequency pair (unscaled)."""
-    return torch.einsum("bic,bjc->bij", q[..., pair], k[..., pair])
+def _pair_scores(q: Tensor, k: Tensor, causal: bool) -> Tensor:
+    """(qk/2,) per pair ``p``: the sum over windows and allowed positions ``j <= i`` of the
+    squared logit term ``(q_i . k_j)^2`` (unscaled; q, k: (B, T, 2, qk/2)). A pair's term is a
+    rank-2 map, so ``sum_j (q_i . k_j)^2 = q_i^T (sum_j k_j k_j^T) q_i`` with a running sum of
+    2 x 2 outer products: O(T) per pair, no (T, T) map formed."""
+    outer = k[:, :, :, None] * k[:, :, None, :]  # (B, T, 2, 2, qk/2): k_j k_j^T per pair
+    running = outer.cumsum(dim=1) if causal else outer.sum(dim=1, keepdim=True)
+    return torch.einsum("btcp,btcdp,btdp->p", q, running, q)
+
+
+def _segment_logits(q: Tensor, k: Tensor, pairs: Sequence[int]) -> Tensor:
+    """(B, T, T) logit terms of ``pairs`` together (unscaled)."""
+    index = torch.tensor(list(pairs), dtype=torch.long)
+    return torch.einsum("bicp,bjcp->bij", q.index_select(-1, index), k.index_select(-1, index))
 
 
 @torch.no_grad()
@@ -180,10 +106,11 @@ def rank_pairs(heads: Sequence[HeadMap], x: Tensor | None, ranks: Sequence[int],
     """Rank the frequency pairs of one key/value head (``heads``: the query heads reading it).
 
     With a sample ``x`` (B, T, d [+ 1]), pairs are ranked by their mean squared logit term
-    summed over the query heads (what the logits really receive from each pair, after RoPE),
-    and each candidate rank's error is the largest attention-weight change when only its
-    leading pairs are kept; without one, by the summed ``pair_norms``. Pair terms are formed
-    one pair and one chunk of windows at a time (memory: a few (windows, T, T) maps).
+    summed over the query heads (what the logits really receive from each pair, after RoPE;
+    ``_pair_scores``), and each candidate rank's error is the largest attention-weight change
+    when only its leading pairs are kept; without one, by the summed ``pair_norms``. The kept
+    logits grow one candidate's segment of pairs at a time, one chunk of windows at a time
+    (memory: a few (windows, T, T) maps).
     """
     bounds = {h.head: h.pair_norms() for h in heads}
     if x is None:
@@ -196,53 +123,40 @@ def rank_pairs(heads: Sequence[HeadMap], x: Tensor | None, ranks: Sequence[int],
     hidden = future_mask(t) if causal else torch.zeros(t, t, dtype=torch.bool)
     pairs = heads[0].a.shape[1] // 2
     scale = 1.0 / math.sqrt(2 * pairs)
-    chunks = window_chunks(x.double(), 3 * 8 * t * t)  # full, cut and running (T, T) maps
-    score = np.zeros(pairs)
+    # the scores in float64 (sums of many squares); the (T, T) maps in float32: an attention
+    # weight's change is read to 1e-6, far below any tolerance (a profile of a 311 MB Llama
+    # spent most of its time here). Full, kept and cut maps: a chunk of windows at a time.
+    chunks = window_chunks(x, 3 * 4 * t * t)
+    total = torch.zeros(pairs, dtype=torch.float64)
     for chunk in chunks:
         for h in heads:
-            q, k = _rotated(h, chunk)
-            for i in range(pairs):
-                score[i] += float((_pair_term(q, k, i) * scale).masked_fill(hidden, 0)
-                                  .pow(2).sum())
+            total += _pair_scores(*_rotated(h, chunk.double()), causal)
+    score = total.numpy()  # the scale is common to every pair: the order does not need it
     order = tuple(int(i) for i in np.argsort(-score, kind="stable"))
+    kept_pairs = sorted({r // 2 for r in ranks if 0 < r // 2 <= pairs})
     errors = {h.head: dict.fromkeys(ranks, 0.0) for h in heads}
+    masked = torch.zeros(t, t).masked_fill(hidden, float("-inf"))  # -inf stays -inf under +
     for chunk in chunks:
         for h in heads:
-            q, k = _rotated(h, chunk)
-            logits = torch.einsum("bicp,bjcp->bij", q, k) * scale  # every pair: the teacher's
-            full = torch.softmax(logits.masked_fill(hidden, float("-inf")), dim=-1)
-            kept = torch.zeros_like(logits)  # the leading pairs' terms, one pair at a time
-            for n, i in enumerate(order, start=1):
-                kept += _pair_term(q, k, i) * scale
-                if 2 * n in errors[h.head]:
-                    cut = torch.softmax(kept.masked_fill(hidden, float("-inf")), dim=-1)
-                    errors[h.head][2 * n] = max(errors[h.head][2 * n],
-                                                float((full - cut).abs().max()))
+            q, k = _rotated(h, chunk.float())
+            full = torch.softmax(torch.einsum("bicp,bjcp->bij", q, k) * scale + masked, dim=-1)
+            kept, done = masked.expand_as(full).clone(), 0  # the leading pairs' terms so far
+            for n in kept_pairs:
+                kept += _segment_logits(q, k, order[done:n]) * scale
+                done = n
+                change = torch.softmax(kept, dim=-1).sub_(full).abs_()
+                errors[h.head][2 * n] = max(errors[h.head][2 * n], float(change.amax()))
     return PairRanking(order, {h: b[list(order)] for h, b in bounds.items()}, errors)
 
 
-def head_statistics(logits: Tensor) -> tuple[np.ndarray, np.ndarray]:
-    """Per head: the largest |logit| over allowed pairs, and the mean over rows (with at least
-    two keys) of the attention entropy over ``ln N_row``. ``logits``: (B, H, T, T)."""
-    allowed = torch.isfinite(logits)
-    bound = logits.masked_fill(~allowed, 0).abs().amax(dim=(0, 2, 3))
-    p = torch.softmax(logits.double(), dim=-1)
-    entropy = -(p * torch.log(p.clamp_min(1e-300))).sum(-1)  # (B, H, T)
-    keys = allowed.sum(-1).double()  # (B?, H?, T)
-    rows = keys >= 2
-    normalised = torch.where(rows, entropy / keys.clamp_min(2).log(), torch.zeros(()))
-    mean = normalised.sum(dim=(0, 2)) / rows.sum(dim=(0, 2)).clamp_min(1)
-    return bound.numpy(), mean.numpy()
-
-
-def norm_bound(model: Model, index: int) -> float:
-    """Without data: a bound on the attention input's norm from the layer's norm parameters,
+def norm_bound(block: Block, arch: ArchConfig) -> float:
+    """Without data: a bound on the attention input's norm from the block's norm parameters,
     ``sqrt(d) max|gamma| + ||beta||`` (a normalised vector has norm ``sqrt(d)``)."""
-    params = dict(model.block(index).attn_norm.named_parameters())
+    params = dict(block.attn_norm.named_parameters())
     gamma = params["weight"].detach().abs().max().item()
     beta = params["bias"].detach().norm().item() if "bias" in params else 0.0
-    bound = math.sqrt(model.arch.d_model) * gamma + beta
-    return math.sqrt(bound * bound + 1) if model.arch.bias or model.arch.qkv_bias else bound
+    bound = math.sqrt(arch.d_model) * gamma + beta
+    return math.sqrt(bound * bound + 1) if arch.bias or arch.qkv_bias else bound
 
 
 
@@ -259,106 +173,61 @@ SAMPLE_BATCH = 1 << 20
 def measure_model(model: Model, x: Tensor | None, seq_len: int, align: int,
                   sample: str | None = None, targets: Tensor | None = None,
                   quiet: bool = True) -> CheckpointMeasurement:
-    """What planning needs of ``model``: every query-key head's spectrum and, on the sample
-    ``x`` (ids or vectors, ``(B, T)`` / ``(B, T, d)``; None: no data), each head's logit
-    statistics and the attention error of each candidate ``qk_dim`` (multiples of ``align``);
-    with ``targets`` (the sample's next tokens, (B, T)), each head group's loss increase at
-    each candidate, the group alone cut (one forward of the model per group and candidate).
+    """What planning needs of ``model`` (``measure_layers``) and, with ``targets`` (the
+    sample's next tokens, (B, T)), each head group's loss increase at each candidate ``qk_dim``
+    and ``v_dim``, the group alone cut (one forward of the model per group and candidate)."""
+    scales: dict[int, tuple[float, ...]] = {}
+    measured = measure_layers(WholeModel(model), x, seq_len, align, sample, quiet,
+                              scales if targets is not None else None)
+    if x is None or targets is None:
+        return measured
+    layers = loss_sensitivity(model, x, targets, list(measured.layers), align, scales, quiet)
+    return dataclasses.replace(measured, layers=tuple(layers))
+
+
+def measure_layers(source: LayerSource, x: Tensor | None, seq_len: int, align: int,
+                   sample: str | None = None, quiet: bool = True,
+                   scales: dict[int, tuple[float, ...]] | None = None) -> CheckpointMeasurement:
+    """What planning needs of a model, one block at a time (``source``: in memory or streamed
+    from a folder): every query-key head's spectrum and, on the sample ``x`` (ids or vectors,
+    ``(B, T)`` / ``(B, T, d)``; None: no data), each head's logit statistics and the attention
+    error of each candidate ``qk_dim`` (multiples of ``align``), the sample's residual stream
+    carried from block to block.
 
     Args:
         seq_len: N of the saturation rule (the sample's length when there is one).
         sample: what ``x`` is, for the plan's record ("--task lm").
-        quiet: False: progress on stderr (the sample pass, each layer, the loss forwards).
+        quiet: False: progress on stderr (each layer).
+        scales: filled, when given, with each mhsa layer's input RMS (the values' SVD weights).
     """
-    maps = head_maps(model)
-    recorded = None
-    if x is not None:
-        tick = time.perf_counter()
-        say(f"measure: the sample pass, {len(x):,} windows of {x.shape[1]:,} positions",
-            quiet=quiet)
-        recorded = record_attention(model, x)
-        say(f"measure: the sample pass took {duration(time.perf_counter() - tick)}",
-            quiet=quiet)
+    arch = source.arch
+    h = None if x is None else source.inputs(x)
+    bias = arch.bias or arch.qkv_bias
     layers = []
-    with Progress("measure", total=model.arch.n_layers, unit="layers", quiet=quiet,
-                  start="spectra" + (" and the errors of each candidate qk_dim"
-                                     if x is not None else "") + ", layer by layer") as bar:
-        for i, layer in enumerate(model.arch.layers):
+    with Progress("measure", total=arch.n_layers, unit="layers", quiet=quiet,
+                  start="spectra" + (f" and, on {len(x):,} windows of {x.shape[1]:,} positions, "
+                                     "the errors of each candidate qk_dim" if x is not None
+                                     else "") + ", layer by layer") as bar:
+        for i, layer in enumerate(arch.layers):
             stats: tuple[HeadStats, ...] = ()
-            norm = norm_bound(model, i)
-            if recorded is not None and recorded.groups[i]:
-                bounds = np.concatenate([b for b, _ in recorded.groups[i]])
-                entropy = np.concatenate([e for _, e in recorded.groups[i]])
-                stats = tuple(HeadStats(float(b), float(e)) for b, e in zip(bounds, entropy))
-                norm = recorded.norms[i]
-            inputs = None if recorded is None else recorded.inputs[i]
-            heads = _head_measurements([m for m in maps if m.layer == i], layer, inputs,
-                                       model.arch.causal, align)
+            inputs = None
+            with source.block(i) as block:
+                norm = norm_bound(block, arch)
+                if h is not None:
+                    record = record_block(block, layer, h, bias)
+                    inputs, norm, h = record.inputs, record.norm, record.out
+                    bounds = [float(b) for g, _ in record.groups for b in g]
+                    entropy = [float(e) for _, g in record.groups for e in g]
+                    stats = tuple(HeadStats(b, e) for b, e in zip(bounds, entropy))
+                    if scales is not None and layer.attention == "mhsa":
+                        scales[i] = input_scale(inputs)
+                heads = _head_measurements(layer_maps(block.attn, i), layer, inputs,
+                                           arch.causal, align)
             layers.append(LayerMeasurement(i, heads, norm, stats))
             bar.update(1)
             bar.event(f"layer {i} ({len(heads)} heads)")
-    if x is not None and targets is not None:
-        layers = loss_sensitivity(model, x, targets, layers, align, quiet)
-    return CheckpointMeasurement(model.arch, seq_len, align, tuple(layers),
+    return CheckpointMeasurement(arch, seq_len, align, tuple(layers),
                                  sample if x is not None else None)
-
-
-IGNORE = -100  # a target that does not count
-
-
-@torch.no_grad()
-def sample_loss(model: Model, x: Tensor, targets: Tensor) -> float:
-    """Mean cross-entropy of ``model`` on ids ``x`` against ``targets`` (B, T; ``IGNORE`` where
-    a position does not count)."""
-    per_window = 4 * x.shape[1] * (model.arch.vocab_size or 1)  # float32 output logits
-    total = 0.0
-    for xs, ys in zip(window_chunks(x, per_window), window_chunks(targets, per_window)):
-        logits = model(xs)
-        total += float(torch.nn.functional.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]), ys.reshape(-1), ignore_index=IGNORE,
-            reduction="sum"))
-    return total / max(1, int((targets != IGNORE).sum()))
-
-
-def loss_sensitivity(model: Model, x: Tensor, targets: Tensor, layers: list[LayerMeasurement],
-                     align: int, quiet: bool = True) -> list[LayerMeasurement]:
-    """``layers`` with each head group's loss increase on the sample at each candidate
-    ``qk_dim``, every other group kept (docs/theory.md §10.3): the student of that cut alone,
-    built as ``workers.compress`` builds it (the SVD, or the measured pair ranking). One
-    forward of the model on the sample per group and candidate, the slow part of a profile:
-    counted on stderr unless ``quiet``."""
-    from workers.students import build_student, rankings
-
-    groups = [(m, j, g) for m in layers if m.heads
-              for j, g in enumerate(model.arch.layers[m.index].heads)]
-    forwards = 1 + sum(len(candidate_dims(g.qk_dim, align)) - 1 for _, _, g in groups)
-    with Progress("loss rule", total=forwards, unit="forwards", quiet=quiet,
-                  start=f"one forward of the model on the sample per head group and candidate "
-                        f"qk_dim: {forwards:,} for {len(groups)} groups") as bar:
-        base = sample_loss(model, x, targets)
-        bar.update(1)
-        orders = rankings(model.arch, ((m.index, h) for m in layers for h in m.heads))
-        increases: dict[int, list[dict[int, float]]] = {m.index: [] for m in layers}
-        for m, j, g in groups:
-            cuts = {}
-            for r in candidate_dims(g.qk_dim, align)[:-1]:
-                student = build_student(model, _cut_alone(model.arch, m.index, j, r), orders)
-                cuts[r] = sample_loss(student, x, targets) - base
-                bar.update(1)
-            increases[m.index].append({**cuts, g.qk_dim: 0.0})  # the last cuts nothing
-            if cuts:
-                bar.event(f"layer {m.index} group {j} ({len(cuts)} cut(s))")
-    return [dataclasses.replace(m, loss_increases=tuple(increases[m.index])) for m in layers]
-
-
-def _cut_alone(arch: ArchConfig, layer: int, group: int, qk_dim: int) -> ArchConfig:
-    """``arch`` with group ``group`` of layer ``layer`` at ``qk_dim``, everything else kept."""
-    spec = arch.layers[layer]
-    heads = tuple(dataclasses.replace(g, qk_dim=qk_dim) if k == group else g
-                  for k, g in enumerate(spec.heads))
-    layers = list(arch.layers)
-    layers[layer] = dataclasses.replace(spec, heads=heads)
-    return dataclasses.replace(arch, layers=tuple(layers))
 
 
 def _head_measurements(maps: list[HeadMap], layer: LayerSpec, x: Tensor | None, causal: bool,
@@ -403,29 +272,37 @@ def measure_checkpoint(request: MeasureRequest) -> CheckpointMeasurement:
         CheckpointError, TaskError, DataError, CompressionError: one line each.
     """
     tick = time.perf_counter()
-    loaded = load(request.checkpoint)
+    # the loss rule runs the whole model per cut; otherwise a Llama-family folder is streamed
+    streamed = not request.loss_sensitivity and is_family_folder(request.checkpoint)
+    arch = read_arch(request.checkpoint)
+    loaded = None if streamed else load(request.checkpoint)
     read_s = time.perf_counter() - tick
     task, source = task_for_model(
-        loaded.arch, data=request.data, task=request.task, params=request.task_params,
+        arch, data=request.data, task=request.task, params=request.task_params,
         size="smoke" if request.smoke_test else "paper", seed=request.seed,
         seq_len=request.seq_len)
-    x, seq_len = None, min(request.seq_len or loaded.arch.max_seq_len, loaded.arch.max_seq_len)
+    x, seq_len = None, min(request.seq_len or arch.max_seq_len, arch.max_seq_len)
     targets = None
     if task is not None:
-        check_fits(task, loaded.arch, trains=False, source=source)
+        check_fits(task, arch, trains=False, source=source)
         windows = max(1, (request.sample_tokens or WINDOW_TOKENS) // task.seq_len)
         batch = task.batch("val", SAMPLE_BATCH, windows)
         x, seq_len = batch.x, task.seq_len
         if request.loss_sensitivity:
-            if loaded.arch.vocab_size is None:
+            if arch.vocab_size is None:
                 raise CompressionError("--rule loss: needs a token model (this one reads "
                                        "vectors)")
             targets = batch.y.masked_fill(~batch.mask, IGNORE)  # positions that count
-    arch = loaded.arch
-    say(f"measure: read {request.checkpoint} ({loaded.layout}, {arch.n_layers} layers, "
-        f"{sum(len(layer.heads) for layer in arch.layers)} head groups) in {duration(read_s)}",
+    layout = "llama" if loaded is None else loaded.layout
+    say(f"measure: {'opened' if streamed else 'read'} {request.checkpoint} ({layout}, "
+        f"{arch.n_layers} layers, {sum(len(layer.heads) for layer in arch.layers)} head groups"
+        f"{', streamed a layer at a time' if streamed else ''}) in {duration(read_s)}",
         quiet=request.quiet)
-    measured = measure_model(loaded.model, x, seq_len, request.align, source, targets,
-                             request.quiet)
-    return dataclasses.replace(measured, checkpoint=str(request.checkpoint),
-                               layout=loaded.layout)
+    if loaded is not None:
+        measured = measure_model(loaded.model, x, seq_len, request.align, source, targets,
+                                 request.quiet)
+    else:
+        with StreamedFolder(request.checkpoint, f"--checkpoint {str(request.checkpoint)!r}"
+                            ) as stream:
+            measured = measure_layers(stream, x, seq_len, request.align, source, request.quiet)
+    return dataclasses.replace(measured, checkpoint=str(request.checkpoint), layout=layout)

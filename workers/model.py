@@ -126,6 +126,14 @@ class Model(nn.Module):
 
     def hidden(self, x: Tensor) -> Tensor:
         """The residual stream after the last block, ``(B, T, d_model)`` (no final norm)."""
+        h = self.inputs(x)
+        for block in self.blocks:
+            h = block(h)
+        return h
+
+    def inputs(self, x: Tensor) -> Tensor:
+        """The residual stream before the first block: the embedding and the positions,
+        ``(B, T, d_model)``."""
         t = x.shape[1]
         if t > self.arch.max_seq_len:
             raise ValueError(f"sequence length {t} exceeds max_seq_len {self.arch.max_seq_len}")
@@ -134,8 +142,6 @@ class Model(nn.Module):
             h = h + self.pos.weight[:t]
         elif self.arch.positional == "sinusoidal":
             h = h + self.pos_table[:t].to(h.dtype)
-        for block in self.blocks:
-            h = block(h)
         return h
 
 

@@ -19,9 +19,11 @@ from alloc.pilot import PilotMeasurement, PilotRequest
 from alloc.plan import baseline_head
 from arch import ArchConfig, HeadGroup, LayerSpec, TrainConfig
 from common.progress import duration, say
+from workers.chunks import window_chunks
 from workers.heads import head_maps
-from workers.measure import SAMPLE_BATCH, head_statistics, record_attention, window_chunks
+from workers.measure import SAMPLE_BATCH
 from workers.model import Model
+from workers.recording import head_statistics, record_attention
 from workers.tasks import Task, TaskError, make_data_task, make_task
 from workers.trainer import Trainer, run_with_progress
 

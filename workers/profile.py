@@ -27,6 +27,7 @@ from alloc.compression import (
     CompressionPlan,
     MeasureRequest,
     Rule,
+    check_kv_cache,
     plan_compression,
     plan_for_kv_cache,
     plot_plan,
@@ -132,8 +133,12 @@ def plan_checkpoint(request: PlanRequest) -> CompressionPlan:
     Raises:
         CheckpointError, TaskError, DataError, CompressionError: one line each.
     """
-    from workers.measure import measure_checkpoint  # torch: once the flags are read
+    from workers.checkpoints import read_arch  # torch: once the flags are read
+    from workers.measure import measure_checkpoint
 
+    if request.kv_cache is not None:  # the floor follows from the sizes: refused before measuring
+        check_kv_cache(read_arch(request.measure.checkpoint), request.measure.align,
+                       request.kv_cache, values=request.rule == "loss")
     measured = measure_checkpoint(request.measure)
     plan = plan_compression(measured, request.tolerance, request.rule, request.logit_bound)
     if request.kv_cache is not None:

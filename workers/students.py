@@ -1,22 +1,25 @@
-"""Students of a trained model: the same model with some head groups' ``qk_dim`` cut
-(docs/theory.md §10): each head's query and key maps from the truncated SVD of its
+"""Students of a trained model: the same model with some head groups' ``qk_dim`` or ``v_dim``
+cut (docs/theory.md §10): each head's query and key maps from the truncated SVD of its
 ``W_Q,h W_K,h^T`` (Eckart-Young), or for RoPE heads the leading frequency pairs of its
-key/value head in the plan's ranking (§10.2), with their frequencies; everything else copied.
-``build_student(teacher, student_arch, pair_orders(plan))``."""
+key/value head in the plan's ranking (§10.2), with their frequencies; each key/value head's
+value map and the output maps of the query heads reading it from the truncated SVD of their
+product, scaled by the sample's input RMS (§10.4); everything else copied.
+``build_student(teacher, student_arch, pair_orders(plan), input_scales(plan))``."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Protocol
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from alloc.compression import CompressionError, CompressionPlan
 from arch import SINGLE_WIDTH_KINDS, ArchConfig, LayerSpec
 from workers.attention import QKVLayout
-from workers.heads import HeadMap, head_maps
+from workers.checkpoints.stream import StreamedFolder
+from workers.heads import HeadMap, layer_maps
 from workers.model import Model, build_model
 
 
@@ -30,8 +33,31 @@ def svd_factors(a: Tensor, b: Tensor, rank: int) -> tuple[Tensor, Tensor]:
     return u[:, :rank] * root, vh[:rank].T * root
 
 
+def value_factors(values: Tensor, outputs: Sequence[Tensor], scale: Tensor | None, rank: int
+                  ) -> tuple[Tensor, Tensor]:
+    """``(E, F)``, ``E`` (rank, v) and ``F`` (v, rank), so that a key/value head's value rows
+    ``E V`` (and bias ``E b``) and each reading query head's output columns ``O_h F`` keep
+    what ``sum_h O_h V x`` carries of the inputs best: ``C F E Y`` is the rank-``rank``
+    truncated SVD of ``C Y`` (Eckart-Young), ``C`` the outputs stacked (g d_out, v) and ``Y =
+    V diag(scale)`` the value rows (v, d [+ 1]; a bias as the last column) weighted by the
+    inputs' RMS per feature (none: 1), the diagonal of their second moment. At ``rank = v``,
+    ``F E = I``: the teacher exactly. Computed on the (v, v) core of the two QR factors, never
+    on the (g d_out, d) product."""
+    c = torch.cat(list(outputs)).double()
+    y = values.double() * (1.0 if scale is None else scale.double())
+    rc = torch.linalg.qr(c).R  # C = Q_c R_c
+    ry = torch.linalg.qr(y.T).R  # Y^T = Q_y R_y
+    u, s, wh = torch.linalg.svd(rc @ ry.T)  # C Y = Q_c (R_c R_y^T) Q_y^T
+    root = s[:rank].sqrt()
+    f = torch.linalg.pinv(rc) @ (u[:, :rank] * root)
+    e = (root[:, None] * wh[:rank]) @ torch.linalg.pinv(ry.T)
+    return e.to(values.dtype), f.to(values.dtype)
+
+
 # (layer, group, key/value head) -> the frequency pairs a RoPE student keeps, in rank order
 PairOrders = Mapping[tuple[int, int, int], Sequence[int]]
+# layer -> the RMS of each input feature of its attention on the sample (d [+ 1] with biases)
+InputScales = Mapping[int, Sequence[float]]
 
 
 class RankedHead(Protocol):
@@ -66,27 +92,96 @@ def pair_orders(plan: CompressionPlan) -> dict[tuple[int, int, int], tuple[int, 
 
 
 def build_student(teacher: Model, student_arch: ArchConfig,
-                  pairs: PairOrders | None = None) -> Model:
+                  pairs: PairOrders | None = None, scales: InputScales | None = None) -> Model:
     """The student: ``teacher``'s weights with every head's query/key maps cut to the student's
     ``qk_dim`` (at the teacher's, an exact copy): the truncated SVD of each head's
     ``W_Q,h W_K,h^T``, or for RoPE heads the leading frequency pairs of ``pairs`` (the plan's
-    ranking) with their frequencies."""
+    ranking) with their frequencies; and each key/value head's values cut to the student's
+    ``v_dim`` by ``value_factors``, weighted by ``scales`` (the plan's input RMS)."""
     student = build_model(student_arch)
     state = teacher.state_dict()
-    maps = [] if teacher.arch.positional == "rope" else head_maps(teacher)  # SVD's only
-    for i, (old, new) in enumerate(zip(teacher.arch.layers, student_arch.layers)):
-        if old.attention in SINGLE_WIDTH_KINDS or new == old:  # nothing cut: the teacher's rows
-            continue
-        name = "qk" if old.attention == "frozen_qk" else "qkv"
-        layer_maps = [m for m in maps if m.layer == i]
-        if teacher.arch.positional == "rope":
-            rows = _pair_rows(state, i, name, old, new, pairs or {})
-        else:
-            rows = _svd_rows(state, i, name, old, new, layer_maps,
-                             teacher.arch.bias or teacher.arch.qkv_bias)
-        state.update(rows)
+    for i in range(student_arch.n_layers):
+        cut_layer(state, teacher.arch, student_arch, i, pairs, scales, teacher.block(i).attn)
     student.load_state_dict(state)
     return student.eval()
+
+
+def streamed_student(teacher: StreamedFolder, student_arch: ArchConfig,
+                     pairs: PairOrders | None = None, scales: InputScales | None = None
+                     ) -> Iterator[dict[str, Tensor]]:
+    """``build_student``'s tensors one part at a time, the teacher read one block at a time:
+    first the embedding, final norm and head (each a part, as stored), then each block's
+    tensors (a block's weights are the only ones held at once)."""
+    arch = teacher.arch
+    stock = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
+             "head.weight": "lm_head.weight"}
+    if arch.tie_embeddings:
+        del stock["head.weight"]
+    for ours, theirs in stock.items():  # copied as stored: no arithmetic, no float32 copy
+        yield {ours: teacher.tensors.get(theirs, teacher.tensors.shape(theirs), dtype=None)}
+    for i in range(arch.n_layers):
+        with teacher.block(i) as block:
+            # the state dict's tensors keep the block's weights alive after it goes to meta
+            state = {f"blocks.{i}.{k}": v for k, v in block.state_dict().items()}
+            cut_layer(state, arch, student_arch, i, pairs, scales, block.attn)
+        yield state
+
+
+def cut_layer(state: dict[str, Tensor], teacher: ArchConfig, student: ArchConfig, i: int,
+              pairs: PairOrders | None, scales: InputScales | None, attn: nn.Module) -> None:
+    """Replace layer ``i``'s tensors in ``state`` (a state dict holding at least that block's)
+    by the student's: keys by the SVD of the head maps of ``attn`` (the teacher's attention
+    module of the layer) or the RoPE pair ranking, values by ``value_factors``."""
+    old, new = teacher.layers[i], student.layers[i]
+    if old.attention in SINGLE_WIDTH_KINDS or new == old:  # nothing cut: the teacher's rows
+        return
+    name = "qk" if old.attention == "frozen_qk" else "qkv"
+    if [g.qk_dim for g in new.heads] != [g.qk_dim for g in old.heads]:
+        if teacher.positional == "rope":
+            state.update(_pair_rows(state, i, name, old, new, pairs or {}))
+        else:
+            state.update(_svd_rows(state, i, name, old, new, layer_maps(attn, i),
+                                   teacher.bias or teacher.qkv_bias))
+    if [g.v_dim for g in new.heads] != [g.v_dim for g in old.heads]:
+        scale = None if scales is None or i not in scales else torch.tensor(scales[i])
+        state.update(_value_rows(state, i, old, new, scale))
+
+
+def _value_rows(state: dict[str, Tensor], i: int, old: LayerSpec, new: LayerSpec,
+                scale: Tensor | None) -> dict[str, Tensor]:
+    """Layer ``i``'s value rows (the last block of its fused ``qkv``, query and key rows
+    already the student's) and output columns cut to the student's ``v_dim`` per group."""
+    if old.attention != "mhsa":
+        raise CompressionError(f"layer {i} ({old.attention}): only mhsa layers' values are cut")
+    prefix = f"blocks.{i}.attn."
+    weight, bias = state[prefix + "qkv.weight"], state.get(prefix + "qkv.bias")
+    v_width = QKVLayout.of(old).widths[2]
+    qk_rows = weight.shape[0] - v_width
+    # (v rows, d [+ 1]): the value rows with their bias as the last column
+    values = weight[qk_rows:] if bias is None else torch.cat([weight[qk_rows:],
+                                                              bias[qk_rows:, None]], dim=1)
+    out = state[prefix + "out.weight"]  # (d, width): query heads' columns, group after group
+    new_values, new_out, v_start, o_start = [], [], 0, 0
+    for g_old, g_new in zip(old.heads, new.heads):
+        share = g_old.count // g_old.kv_heads
+        for kv in range(g_old.kv_heads):
+            rows = values[v_start + kv * g_old.v_dim: v_start + (kv + 1) * g_old.v_dim]
+            readers = [out[:, o_start + h * g_old.v_dim: o_start + (h + 1) * g_old.v_dim]
+                       for h in range(kv * share, (kv + 1) * share)]
+            if g_new.v_dim == g_old.v_dim:
+                new_values.append(rows)
+                new_out += readers
+                continue
+            e, f = value_factors(rows, readers, scale, g_new.v_dim)
+            new_values.append(e @ rows)
+            new_out += [o @ f for o in readers]
+        v_start, o_start = v_start + g_old.kv_heads * g_old.v_dim, o_start + g_old.width
+    cut = torch.cat(new_values)
+    rows_out = {prefix + "qkv.weight": torch.cat([weight[:qk_rows], cut[:, :weight.shape[1]]]),
+                prefix + "out.weight": torch.cat(new_out, dim=1)}
+    if bias is not None:
+        rows_out[prefix + "qkv.bias"] = torch.cat([bias[:qk_rows], cut[:, -1]])
+    return rows_out
 
 
 def _svd_rows(state: dict[str, Tensor], i: int, name: str, old: LayerSpec, new: LayerSpec,

@@ -21,6 +21,7 @@ from arch import ArchConfig, TrainConfig
 from common import stats
 from common.progress import Progress
 from workers.checkpoints import CheckpointError
+from workers.chunks import chunk_windows
 from workers.model import build_model, count_params, maybe_compile
 from workers.tasks import Task, describe_task, fit_arch
 
@@ -119,16 +120,23 @@ class Evaluation:
 @torch.no_grad()
 def measure(model: nn.Module, task: Task, config: TrainConfig, device: str) -> Evaluation:
     """The model's validation loss, its standard error and the task's metric over
-    ``eval_batches`` fixed validation batches (the same batches for every model and seed)."""
+    ``eval_batches`` fixed validation batches (the same batches for every model and seed).
+    Each batch runs a few windows at a time (``workers.chunks``): a batch of 32 windows of
+    2,048 tokens over a 32,000-token vocabulary would be 8.4 GB of logits at once."""
     model.eval()
     losses, total, count = [], 0.0, 0
     for i in range(config.eval_batches):
         batch = task.batch("val", i, config.batch_size).to(device)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device == "cuda"):
-            out = model(batch.x)
-        losses.append(float(task.loss(out, batch)))
-        s, n = task.score(out, batch)
-        total, count = total + s, count + n
+        loss, positions = 0.0, 0
+        for part in batch.split(chunk_windows(4 * batch.x.shape[1] * task.output_size)):
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device == "cuda"):
+                out = model(part.x)
+            counted = int(part.mask.sum())  # the loss is a mean over these positions
+            if counted:
+                loss, positions = loss + float(task.loss(out, part)) * counted, positions + counted
+            s, n = task.score(out, part)
+            total, count = total + s, count + n
+        losses.append(loss / max(positions, 1))
     model.train()
     n = len(losses)
     se = stats.sd(losses) / math.sqrt(n) if n >= 2 else None

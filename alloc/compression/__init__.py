@@ -9,7 +9,7 @@ One job per module, the public names imported from here:
   for (``MeasureRequest``);
 - ``planner``: the rule (``effective_rank``, ``truncation_error_bound``, ``candidate_dims``) and
   ``plan_compression``;
-- ``budget``: ``plan_for_kv_cache``, the plan under a KV cache budget;
+- ``budget``: ``plan_for_kv_cache``, the plan under a KV cache budget, and its floor;
 - ``schema``: ``CompressionPlan`` and its parts, written and read as YAML;
 - ``render``: ``render_plan`` and ``plot_plan``;
 - ``errors``: ``CompressionError``.
@@ -20,7 +20,7 @@ with a ``MeasureRequest``); it reaches this package as a ``CheckpointMeasurement
 bound of ``alloc.saturation``.
 """
 
-from alloc.compression.budget import plan_for_kv_cache
+from alloc.compression.budget import check_kv_cache, kv_cache_floor, plan_for_kv_cache
 from alloc.compression.measurement import (
     CheckpointMeasurement,
     HeadMeasurement,
@@ -64,8 +64,10 @@ __all__ = [
     "MeasureRequest",
     "Rule",
     "candidate_dims",
+    "check_kv_cache",
     "effective_rank",
     "group_plan",
+    "kv_cache_floor",
     "plan_compression",
     "plan_for_kv_cache",
     "plot_plan",

@@ -52,6 +52,10 @@ class LayerMeasurement:
     # per head group: candidate qk_dim -> the sample's next-token loss increase (nats per token)
     # when only this group is cut to it (token models, when asked for: one forward each)
     loss_increases: tuple[Mapping[int, float], ...] = ()
+    # the same for each candidate v_dim (mhsa layers, with the loss rule): the group's values
+    # alone cut, by the SVD weighted with ``input_scale``
+    value_losses: tuple[Mapping[int, float], ...] = ()
+    input_scale: tuple[float, ...] = ()  # the RMS of each attention input feature (d [+ 1])
 
 
 @dataclass(frozen=True)

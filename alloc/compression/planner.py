@@ -48,12 +48,13 @@ def candidate_dims(qk_dim: int, align: int) -> list[int]:
 
 def group_plan(heads: Sequence[HeadMeasurement], group: HeadGroup, seq_len: int,
                logit_bound: float, norm: float, tolerance: float, align: int,
-               rule: Rule = "bound", loss_increases: Mapping[int, float] | None = None
-               ) -> GroupPlan:
+               rule: Rule = "bound", loss_increases: Mapping[int, float] | None = None,
+               value_losses: Mapping[int, float] | None = None) -> GroupPlan:
     """The smallest aligned ``qk_dim`` of the group whose error stays within ``tolerance`` for
     every head: the bound's (``rule="bound"``, docs/theory.md §4), the attention error measured
     on the data sample (``"measured"``), or the sample's loss increase (``"loss"``, the group
-    alone cut); each candidate's bound and measured errors are kept."""
+    alone cut); each candidate's bound and measured errors are kept. With ``"loss"`` and
+    ``value_losses``, the smallest aligned ``v_dim`` within ``tolerance`` too (§10.4)."""
     candidates = candidate_dims(group.qk_dim, align)
     bounds = {r: max(truncation_error_bound(h.sigma, r, seq_len, logit_bound, norm)
                      for h in heads) for r in candidates}
@@ -61,11 +62,14 @@ def group_plan(heads: Sequence[HeadMeasurement], group: HeadGroup, seq_len: int,
     if all(h.measured_errors is not None for h in heads):
         measured = {r: max(h.measured_errors[r] for h in heads if h.measured_errors is not None)
                     for r in candidates}
+    values = value_losses if rule == "loss" else None
     plan = GroupPlan(group.count, group.qk_dim, group.v_dim, group.qk_dim, bounds, measured,
-                     loss_increases, group.kv_heads)
+                     loss_increases, group.kv_heads, group.v_dim if values else 0, values)
     decide = plan.errors(rule)
     chosen = next(r for r in candidates if decide[r] <= tolerance or r == group.qk_dim)
-    return dataclasses.replace(plan, reduced_qk_dim=chosen)
+    v_dim = 0 if not values else next(v for v in sorted(values)
+                                       if values[v] <= tolerance or v == group.v_dim)
+    return dataclasses.replace(plan, reduced_qk_dim=chosen, reduced_v_dim=v_dim)
 
 
 def plan_compression(measured: CheckpointMeasurement, tolerance: float,
@@ -111,20 +115,23 @@ def _layer_plan(measured: CheckpointMeasurement, layer: LayerMeasurement, tolera
     groups: tuple[GroupPlan, ...] = ()
     if layer.heads:
         losses = layer.loss_increases or (None,) * len(spec.heads)
+        values = layer.value_losses or (None,) * len(spec.heads)
         groups = tuple(group_plan([h for h in layer.heads if h.group == j], group,
                                   measured.seq_len, r_bound, layer.token_norm, tolerance,
-                                  measured.align, rule, loss)
-                       for j, (group, loss) in enumerate(zip(spec.heads, losses)))
+                                  measured.align, rule, loss, value)
+                       for j, (group, loss, value) in enumerate(zip(spec.heads, losses, values)))
+    planned = rule == "loss" and any(g.value_losses for g in groups)
     return LayerPlan(layer.index, spec.attention, spec.heads_str, layer.token_norm, groups,
-                     spectra, layer.head_stats)
+                     spectra, layer.head_stats, layer.input_scale if planned else ())
 
 
 def student_arch(teacher: ArchConfig, layers: Sequence[LayerPlan]) -> ArchConfig:
-    """``teacher`` with each planned group's ``qk_dim`` reduced."""
+    """``teacher`` with each planned group's ``qk_dim`` and ``v_dim`` reduced."""
     specs = list(teacher.layers)
     for plan in layers:
         if plan.groups:
-            heads = tuple(dataclasses.replace(old, qk_dim=g.reduced_qk_dim)
+            heads = tuple(dataclasses.replace(old, qk_dim=g.reduced_qk_dim,
+                                              v_dim=g.student_v_dim)
                           for old, g in zip(specs[plan.index].heads, plan.groups))
             specs[plan.index] = dataclasses.replace(specs[plan.index], heads=heads)
     return ArchConfig.from_dict({**teacher.to_dict(), "layers": [x.to_dict() for x in specs]})

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from alloc.compression.schema import CompressionPlan
+from alloc.compression.schema import CompressionPlan, GroupPlan
 from arch.memory import kv_cache_bytes
 from common.cli import render_table
 from common.plots import new_figure, write_figure
@@ -22,7 +22,7 @@ def render_plan(plan: CompressionPlan) -> str:
             f"{g.count}x{g.qk_dim}->{g.reduced_qk_dim} (bound {g.error_bound:.3g}"
             + (f", measured {g.measured_error:.3g}" if g.measured_error is not None else "")
             + (f", loss {g.loss_increase:+.3g}" if g.loss_increase is not None else "")
-            + ")" for g in layer.groups) or "-"
+            + ")" + _values(g) for g in layer.groups) or "-"
         ranks = ",".join(str(s.effective_rank) for s in layer.spectra) or "-"
         rows.append([layer.index, layer.attention, layer.heads, _fmt(layer.logit_bound),
                      _fmt(layer.token_norm), _fmt(layer.entropy), ranks, decisions])
@@ -35,6 +35,13 @@ def render_plan(plan: CompressionPlan) -> str:
                           "effective ranks", "qk_dim plan (errors)"], rows,
                          right=[True, False, False, True, True, True, False, False])
     return f"{head}\n{table}"
+
+
+def _values(g: GroupPlan) -> str:
+    """A group's value decision, where the values were planned."""
+    if g.value_loss is None:
+        return ""
+    return f" v {g.v_dim}->{g.student_v_dim} (loss {g.value_loss:+.3g})"
 
 
 def _fmt(value: float | None) -> str:
@@ -85,7 +92,7 @@ def _plot_dims(ax: Any, plan: CompressionPlan) -> None:
     ax.set_xticks([layer.index for layer in plan.layers])
     ax.set_xlabel("layer")
     ax.set_ylabel("qk_dim per head (outline: teacher, filled: chosen)")
-    cut = sum(g.key_heads * (g.qk_dim - g.reduced_qk_dim) for layer in plan.layers
+    cut = sum(g.key_heads * (g.qk_dim + g.v_dim) - g.kv_units for layer in plan.layers
               for g in layer.groups)
     kept = kv_cache_bytes(plan.student, "float32")
     ax.set_title(f"qk_dim per head group\n(the student caches {kept / (kept + 4 * cut):.0%} "

@@ -25,7 +25,8 @@ RULES: tuple[Rule, ...] = get_args(Rule)
 @dataclass(frozen=True)
 class GroupPlan:
     """One head group's decision: ``qk_dim`` -> ``reduced_qk_dim``, with the error bound and
-    the measured error of every candidate (the worst head of the group)."""
+    the measured error of every candidate (the worst head of the group); with the loss rule,
+    also ``v_dim`` -> ``reduced_v_dim`` and each candidate ``v_dim``'s loss increase."""
 
     count: int
     qk_dim: int
@@ -35,6 +36,21 @@ class GroupPlan:
     measured_errors: Mapping[int, float] | None = None
     loss_increases: Mapping[int, float] | None = None
     kv_heads: int = 0  # 0 (a plan written before grouped-query attention): one per query head
+    reduced_v_dim: int = 0  # 0: the values are not planned (kept at v_dim)
+    value_losses: Mapping[int, float] | None = None  # candidate v_dim -> loss increase
+
+    @property
+    def student_v_dim(self) -> int:
+        return self.reduced_v_dim or self.v_dim
+
+    @property
+    def value_loss(self) -> float | None:
+        return None if self.value_losses is None else self.value_losses[self.student_v_dim]
+
+    @property
+    def kv_units(self) -> int:
+        """Key plus value units the group's student caches per token."""
+        return self.key_heads * (self.reduced_qk_dim + self.student_v_dim)
 
     @property
     def key_heads(self) -> int:
@@ -81,6 +97,7 @@ class LayerPlan:
     groups: tuple[GroupPlan, ...] = ()
     spectra: tuple[HeadSpectrum, ...] = ()
     head_stats: tuple[HeadStats, ...] = ()
+    input_scale: tuple[float, ...] = ()  # the values' SVD weights (RMS per input feature)
 
     @property
     def logit_bound(self) -> float | None:
@@ -115,8 +132,13 @@ class CompressionPlan:
 
     @property
     def reduces(self) -> bool:
-        """Whether any head group's ``qk_dim`` is lowered."""
-        return any(g.reduced_qk_dim < g.qk_dim for layer in self.layers for g in layer.groups)
+        """Whether any head group's ``qk_dim`` or ``v_dim`` is lowered."""
+        return any(g.reduced_qk_dim < g.qk_dim or g.student_v_dim < g.v_dim
+                   for layer in self.layers for g in layer.groups)
+
+    def input_scales(self) -> dict[int, tuple[float, ...]]:
+        """Layer -> its attention inputs' RMS per feature, where the values were planned."""
+        return {layer.index: layer.input_scale for layer in self.layers if layer.input_scale}
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -127,6 +149,7 @@ class CompressionPlan:
                 group["error_bound"] = decided.error_bound
                 group["measured_error"] = decided.measured_error
                 group["loss_increase"] = decided.loss_increase
+                group["value_loss"] = decided.value_loss
         return _plain(data)
 
     def to_yaml(self) -> str:
@@ -176,7 +199,8 @@ def _layer_from_dict(data: Mapping[str, Any]) -> LayerPlan:
     groups = tuple(GroupPlan(int(g["count"]), int(g["qk_dim"]), int(g["v_dim"]),
                              int(g["reduced_qk_dim"]), by_rank(g["error_bounds"]) or {},
                              by_rank(g.get("measured_errors")), by_rank(g.get("loss_increases")),
-                             int(g.get("kv_heads", g["count"])))
+                             int(g.get("kv_heads", g["count"])), int(g.get("reduced_v_dim", 0)),
+                             by_rank(g.get("value_losses")))
                    for g in data["groups"])
     spectra = tuple(HeadSpectrum(int(s["group"]), int(s["head"]),
                                  tuple(float(v) for v in s["sigma"]), int(s["effective_rank"]),
@@ -185,7 +209,8 @@ def _layer_from_dict(data: Mapping[str, Any]) -> LayerPlan:
     stats = tuple(HeadStats(float(s["logit_bound"]), float(s["entropy"]))
                   for s in data.get("head_stats", ()))
     return LayerPlan(int(data["index"]), str(data["attention"]), str(data["heads"]),
-                     float(data["token_norm"]), groups, spectra, stats)
+                     float(data["token_norm"]), groups, spectra, stats,
+                     tuple(float(v) for v in data.get("input_scale", ())))
 
 
 def _plain(value: Any) -> Any:

@@ -22,6 +22,8 @@ from workers.checkpoints.folder import (
     INDEX,
     SAFETENSORS,
     TensorFolder,
+    check_finite,
+    check_fits_memory,
     is_model_folder,
     read_config,
 )
@@ -38,8 +40,20 @@ from workers.model import Model, build_model
 
 Layout = Literal["ours", "gpt2", "llama"]
 STUDENT_TYPE = "transformer_alloc"  # the model_type of our students' folders (workers.hf)
-__all__ = ["STUDENT_TYPE", "CheckpointError", "Layout", "Loaded", "gpt2_arch", "llama_arch",
-           "llama_config", "load", "save_gpt2", "save_llama"]
+__all__ = [
+    "STUDENT_TYPE",
+    "CheckpointError",
+    "Layout",
+    "Loaded",
+    "gpt2_arch",
+    "is_family_folder",
+    "llama_arch",
+    "llama_config",
+    "load",
+    "read_arch",
+    "save_gpt2",
+    "save_llama",
+]
 
 
 @dataclass
@@ -74,8 +88,37 @@ def load(path: Path) -> Loaded:
     return _load_ours(path)
 
 
-def load_folder(folder: Path) -> Loaded:
-    """A folder saved by ``transformers``: GPT-2, or the Llama family (by ``model_type``)."""
+def is_family_folder(path: Path) -> bool:
+    """True for a model folder whose ``config.json`` names a Llama-family model (a folder a
+    pass can read one decoder layer at a time: ``workers.checkpoints.stream``)."""
+    if not (path.is_dir() and is_model_folder(path)):
+        return False
+    return read_config(path, f"--checkpoint {str(path)!r}").get("model_type") in FAMILIES
+
+
+def read_arch(path: Path) -> ArchConfig:
+    """The architecture of the checkpoint at ``path``: from ``config.json`` alone for a
+    folder (no weight read), else from our ``.pt``, so that what depends on sizes only is
+    checked before any work.
+
+    Raises:
+        CheckpointError: as ``load``.
+    """
+    if not path.exists():
+        raise CheckpointError(f"--checkpoint {str(path)!r}: no such file or folder")
+    if not path.is_dir():
+        return _load_ours(path).arch
+    source, config, kind = _folder_config(path)
+    if kind == "gpt2":
+        return gpt2_arch(config)
+    if kind in FAMILIES:
+        return llama_arch(config)
+    return _student_arch(config, source)
+
+
+def _folder_config(folder: Path) -> tuple[str, dict[str, Any], str]:
+    """A model folder's source (for error lines), ``config.json`` and ``model_type``, checked
+    to be one this package reads."""
     source = f"--checkpoint {str(folder)!r}"
     if not is_model_folder(folder):
         raise CheckpointError(f"{source}: unknown layout; a folder needs config.json and "
@@ -83,27 +126,38 @@ def load_folder(folder: Path) -> Loaded:
                               "transformers' save_pretrained writes them")
     config = read_config(folder, source)
     kind = config.get("model_type", "gpt2" if "n_embd" in config else None)
+    if kind != "gpt2" and kind not in FAMILIES and kind != STUDENT_TYPE:
+        raise CheckpointError(f"config.json: model_type = {kind!r} is not supported; this "
+                              f"model reads gpt2, {', '.join(FAMILIES)} (RoPE and grouped-query "
+                              f"attention included) and {STUDENT_TYPE} (our students)")
+    return source, config, str(kind)
+
+
+def load_folder(folder: Path) -> Loaded:
+    """A folder saved by ``transformers``: GPT-2, or the Llama family (by ``model_type``)."""
+    source, config, kind = _folder_config(folder)
     if kind == "gpt2":
         return Loaded(gpt2_arch(config), load_gpt2(folder, config, source), "gpt2", folder,
                       config=config)
     if kind in FAMILIES:
         model = load_llama(folder, config, source)
         return Loaded(model.arch, model, "llama", folder, config=config)
-    if kind == STUDENT_TYPE:
-        model = _load_student(folder, config, source)
-        return Loaded(model.arch, model, "ours", folder, config=config)
-    raise CheckpointError(f"config.json: model_type = {kind!r} is not supported; this model "
-                          f"reads gpt2, {', '.join(FAMILIES)} (RoPE and grouped-query "
-                          f"attention included) and {STUDENT_TYPE} (our students)")
+    model = _load_student(folder, config, source)
+    return Loaded(model.arch, model, "ours", folder, config=config)
+
+
+def _student_arch(config: dict[str, Any], source: str) -> ArchConfig:
+    try:
+        return ArchConfig.from_dict(config.get("arch"))
+    except ConfigError as err:
+        raise CheckpointError(f"{source}: config.json's arch is not an architecture ({err})"
+                              ) from None
 
 
 def _load_student(folder: Path, config: dict[str, Any], source: str) -> Model:
     """A student folder of ``workers.hf.export``: our arch under ``arch``, our state dict."""
-    try:
-        arch = ArchConfig.from_dict(config.get("arch"))
-    except ConfigError as err:
-        raise CheckpointError(f"{source}: config.json's arch is not an architecture ({err})"
-                              ) from None
+    arch = _student_arch(config, source)
+    check_fits_memory(arch, source)
     model = build_model(arch)
     state = model.state_dict()
     with torch.no_grad(), TensorFolder(folder, source) as tensors:
@@ -135,8 +189,10 @@ def _load_ours(path: Path) -> Loaded:
     try:
         arch = ArchConfig.from_dict(state["arch"])
         model = build_model(arch)
+        for name, tensor in dict(state["model"]).items():
+            check_finite(name, tensor, f"--checkpoint {str(path)!r}")
         model.load_state_dict(state["model"])
-    except (ConfigError, RuntimeError, TypeError) as err:
+    except (ConfigError, RuntimeError, TypeError, ValueError) as err:
         raise CheckpointError(f"--checkpoint {str(path)!r}: its weights do not fit its "
                               f"architecture ({str(err).splitlines()[0]})") from None
     return Loaded(arch, model.eval(), "ours", path, task=state.get("task"))

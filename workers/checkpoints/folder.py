@@ -4,12 +4,15 @@
 Tensors are read one at a time through ``safetensors``' memory-mapped ``safe_open``, so loading a
 checkpoint needs the model's memory plus one tensor, never a second copy of the whole file. Every
 name and size read from the folder is checked before it is used: shard names must be plain files
-of the folder, shapes are compared with what ``config.json`` makes before a tensor is read.
+of the folder (a link leaving it is refused, but for a hub cache's snapshots), the model's size
+must fit this machine, shapes are compared with what ``config.json`` makes before a tensor is
+read, and a tensor holding NaN or infinity is refused by name.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -18,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from arch import ArchConfig
+from arch import ArchConfig, param_count
 from workers.errors import CheckpointError
 from workers.model import Model, build_model
 
@@ -29,9 +32,28 @@ MAX_INDEX_BYTES = 64 << 20
 MAX_SHARDS = 10_000
 
 
-def empty_model(arch: ArchConfig) -> Model:
+def memory_bytes() -> int:
+    """This machine's physical memory."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_fits_memory(arch: ArchConfig, source: str) -> None:
+    """Refuse, before anything is allocated, a model whose float32 weights exceed this
+    machine's memory: every field of a config.json may be within its bounds while their
+    product is absurd (hidden 65,536 x vocabulary 2^24 is a trillion parameters)."""
+    params = param_count(arch).total
+    need, have = 4 * params, memory_bytes()
+    if need > have:
+        raise CheckpointError(f"{source}: config.json makes a model of {params:,} parameters, "
+                              f"{need / 2**30:,.1f} GiB as float32, more than this machine's "
+                              f"{have / 2**30:,.1f} GiB of memory")
+
+
+def empty_model(arch: ArchConfig, source: str) -> Model:
     """The model of ``arch`` with uninitialised weights and buffers (built on the meta device:
-    no random initialisation of what the checkpoint is about to overwrite)."""
+    no random initialisation of what the checkpoint is about to overwrite), once its size is
+    checked to fit this machine."""
+    check_fits_memory(arch, source)
     with torch.device("meta"):
         model = build_model(arch)
     return model.to_empty(device="cpu")
@@ -41,6 +63,30 @@ def is_model_folder(path: Path) -> bool:
     """True for a folder with ``config.json`` and weights (one file or an index of shards)."""
     return (path / "config.json").is_file() and ((path / SAFETENSORS).is_file()
                                                   or (path / INDEX).is_file())
+
+
+def folder_file(folder: Path, name: str, source: str) -> Path:
+    """``folder / name``, refused when it is a link to a file outside the folder: a checkpoint
+    is what its folder holds. The one exception is the layout of a model hub's cache, where
+    ``<repo>/snapshots/<revision>/`` holds links to the files of ``<repo>/blobs/``."""
+    path = folder / name
+    root, target = folder.resolve(), path.resolve()
+    hub_blobs = root.parent.parent / "blobs" if root.parent.name == "snapshots" else None
+    if target.is_relative_to(root) or (hub_blobs is not None and target.is_relative_to(hub_blobs)):
+        return path
+    raise CheckpointError(f"{source}: {name} is a link to {str(target)!r}, outside the folder; "
+                          "a checkpoint's files must be in its folder (or, in a hub cache, "
+                          "link from snapshots/ into the same repository's blobs/)")
+
+
+def check_finite(name: str, tensor: Tensor, source: str) -> None:
+    """Refuse a tensor holding NaN or infinity: every measurement and every student made from
+    it would be NaN or silently wrong."""
+    bad = int(tensor.numel() - torch.isfinite(tensor).sum()) if tensor.is_floating_point() else 0
+    if bad:
+        raise CheckpointError(f"{source}: tensor {name!r} holds {bad:,} non-finite values (NaN "
+                              f"or infinity) of {tensor.numel():,}; a checkpoint must hold "
+                              "finite weights")
 
 
 def _read_json(path: Path, limit: int, source: str) -> Any:
@@ -57,7 +103,7 @@ def _read_json(path: Path, limit: int, source: str) -> Any:
 
 def read_config(folder: Path, source: str) -> dict[str, Any]:
     """``config.json`` of ``folder`` as a dict."""
-    config = _read_json(folder / "config.json", MAX_CONFIG_BYTES, source)
+    config = _read_json(folder_file(folder, "config.json", source), MAX_CONFIG_BYTES, source)
     if not isinstance(config, dict):
         raise CheckpointError(f"{source}: config.json is not an object")
     return config
@@ -80,7 +126,8 @@ class TensorFolder:
         """Tensor name -> shard file name."""
         if not (self.folder / INDEX).is_file():
             return {}  # one file: names come from its header when it is opened
-        index = _read_json(self.folder / INDEX, MAX_INDEX_BYTES, self.source)
+        index = _read_json(folder_file(self.folder, INDEX, self.source), MAX_INDEX_BYTES,
+                           self.source)
         weight_map = index.get("weight_map") if isinstance(index, dict) else None
         if not isinstance(weight_map, dict) or not all(
                 isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
@@ -94,7 +141,7 @@ class TensorFolder:
             if Path(shard).name != shard or not shard.endswith(".safetensors"):
                 raise CheckpointError(f"{self.source}: {INDEX} names shard {shard!r}; a shard "
                                       "must be a .safetensors file of the folder itself")
-            if not (self.folder / shard).is_file():
+            if not folder_file(self.folder, shard, self.source).is_file():
                 raise CheckpointError(f"{self.source}: shard {shard!r} listed in {INDEX} is "
                                       "missing")
         return dict(weight_map)
@@ -113,9 +160,10 @@ class TensorFolder:
         from safetensors import safe_open
 
         if shard not in self._open:
+            path = folder_file(self.folder, shard, self.source)
             try:
                 self._open[shard] = self._stack.enter_context(
-                    safe_open(str(self.folder / shard), framework="pt"))
+                    safe_open(str(path), framework="pt"))
             except Exception as err:  # safetensors raises its own kinds for a broken header
                 raise CheckpointError(f"{self.source}: unreadable {shard} ({type(err).__name__}"
                                       f": {str(err).splitlines()[0] if str(err) else ''})"
@@ -134,11 +182,14 @@ class TensorFolder:
             raise CheckpointError(f"{self.source}: tensor {name!r} is missing")
         return tuple(self._handle(self.files[name]).get_slice(name).get_shape())
 
-    def get(self, name: str, shape: tuple[int, ...]) -> Tensor:
-        """Tensor ``name``, checked to have ``shape`` before it is read, as float32."""
+    def get(self, name: str, shape: tuple[int, ...],
+            dtype: torch.dtype | None = torch.float32) -> Tensor:
+        """Tensor ``name``, checked to have ``shape`` before it is read, as ``dtype`` (None: as
+        stored)."""
         found = self.shape(name)
         if found != shape:
             raise CheckpointError(f"{self.source}: tensor {name!r} has shape {found}, "
                                   f"config.json makes it {shape}")
         tensor: Tensor = self._handle(self.files[name]).get_tensor(name)
-        return tensor.to(torch.float32)
+        check_finite(name, tensor, self.source)
+        return tensor if dtype is None else tensor.to(dtype)

@@ -68,7 +68,7 @@ def load_gpt2(folder: Path, config: dict[str, Any], source: str) -> Model:
     without a random initialisation and filled one tensor at a time, each checked against the
     shape the config makes before it is read."""
     arch = gpt2_arch(config)
-    model = empty_model(arch)
+    model = empty_model(arch, source)
     params = dict(model.named_parameters(remove_duplicate=False))
     with torch.no_grad(), TensorFolder(folder, source) as tensors:
         prefix = "transformer." if any(n.startswith("transformer.") for n in tensors.names()) \

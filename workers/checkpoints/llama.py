@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -219,8 +220,8 @@ def llama_config(arch: ArchConfig) -> dict[str, Any]:
             "attention_bias": False, "mlp_bias": False, "dtype": "float32"}
 
 
-def _blocks(arch: ArchConfig, i: int) -> list[tuple[str, list[str]]]:
-    """(our key, the stock tensors concatenated into it, in order) of block ``i``."""
+def block_pairs(arch: ArchConfig, i: int) -> list[tuple[str, list[str]]]:
+    """(our key, the stock tensors concatenated into it, in order) of decoder block ``i``."""
     a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
     pairs = [(f"blocks.{i}.attn_norm.weight", [f"model.layers.{i}.input_layernorm.weight"]),
              (f"blocks.{i}.attn.qkv.weight", [a + "q_proj.weight", a + "k_proj.weight",
@@ -242,7 +243,7 @@ def stock_pairs(arch: ArchConfig) -> list[tuple[str, list[str]]]:
     if not arch.tie_embeddings:
         pairs.append(("head.weight", ["lm_head.weight"]))
     for i in range(arch.n_layers):
-        pairs += _blocks(arch, i)
+        pairs += block_pairs(arch, i)
     return pairs
 
 
@@ -263,22 +264,32 @@ def load_llama(folder: Path, config: dict[str, Any], source: str) -> Model:
     """Our model of a Llama-family folder, read one tensor at a time (each checked against the
     shape its ``config.json`` makes before it is read)."""
     arch = llama_arch(config)
-    model = empty_model(arch)
+    model = empty_model(arch, source)
     with torch.no_grad(), TensorFolder(folder, source) as tensors:
-        params = dict(model.named_parameters(remove_duplicate=False))
-        for ours, theirs in stock_pairs(arch):
-            target = params[ours]
-            rows = stock_row_split(arch, ours, len(theirs)) or [target.shape[0]]
-            for part, name, n in zip(target.split(rows), theirs, rows):
-                part.copy_(tensors.get(name, (n, *target.shape[1:])))
+        fill_llama(model, tensors, config, stock_pairs(arch), range(arch.n_layers))
         if arch.tie_embeddings:
             model.head.weight = model.embed.weight  # type: ignore[assignment]
-        params = rope_parameters(config)
-        for i in range(arch.n_layers):  # the buffers the meta build left empty
-            attn = model.block(i).attn
-            for j, g in enumerate(arch.layers[i].heads):
-                attn.frequencies(j).copy_(rope_inv_freq(params, g.qk_dim))
     return model.eval()
+
+
+@torch.no_grad()
+def fill_llama(model: Model, tensors: TensorFolder, config: dict[str, Any],
+               pairs: list[tuple[str, list[str]]], layers: Iterable[int]) -> None:
+    """Copy the stock tensors of ``pairs`` (``stock_pairs``' entries) into ``model``'s
+    parameters, and RoPE's frequencies of ``layers`` into their buffers (which a meta build
+    leaves empty)."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    arch = model.arch
+    for ours, theirs in pairs:
+        target = params[ours]
+        rows = stock_row_split(arch, ours, len(theirs)) or [target.shape[0]]
+        for part, name, n in zip(target.split(rows), theirs, rows):
+            part.copy_(tensors.get(name, (n, *target.shape[1:])))
+    rope = rope_parameters(config)
+    for i in layers:
+        attn = model.block(i).attn
+        for j, g in enumerate(arch.layers[i].heads):
+            attn.frequencies(j).copy_(rope_inv_freq(rope, g.qk_dim))
 
 
 def save_llama(model: Model, config: dict[str, Any], folder: Path,

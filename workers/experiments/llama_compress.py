@@ -10,7 +10,8 @@ measured-error plan and (c) the loss plan under the same KV cache budget
 (``workers.profile --checkpoint --kv-cache F``, ``--rule measured`` or ``--rule loss``: the least
 worst attention error, or the least summed loss increase of each layer cut alone; docs/theory.md
 §10.3). Every student is fine-tuned for the same steps. Reports each student's key dims per
-layer, KV cache bytes per token (bf16), parameters, and the loss after the cut and after
+layer (and the loss plan's value dims: with the loss rule the budget cuts keys and values,
+§10.4), KV cache bytes per token (bf16), parameters, and the loss after the cut and after
 fine-tuning; exports the smallest loss-planned student as a ``transformers`` folder. Writes
 ``llama_compress.csv`` and ``llama_compress.png``.
 """
@@ -32,7 +33,8 @@ from common.plots import new_figure, write_figure
 from userdata import DataSpec
 from workers.checkpoints import llama_config, load, save_llama
 from workers.experiments import harness
-from workers.measure import IGNORE, SAMPLE_BATCH, measure_model
+from workers.loss_rule import IGNORE
+from workers.measure import SAMPLE_BATCH, measure_model
 from workers.model import Model
 from workers.students import build_student, pair_orders
 from workers.tasks import Task, make_data_task
@@ -122,12 +124,14 @@ def max_error(errors: list[dict[int, float]], dims: list[int]) -> float:
     return max(e[d] for e, d in zip(errors, dims))
 
 
-def student_row(method: str, rank: int, dims: list[int], tolerance: float | None, model: Model,
-                plan: CompressionPlan, task: Task, sizes: Sizes) -> tuple[dict[str, Any], Model]:
-    """Cut the teacher to ``dims``, evaluate, fine-tune, evaluate again (``tolerance``: the
-    plan's worst error under its rule, None for the uniform cut; ``plan`` measured both)."""
-    arch = with_dims(model.arch, dims)
-    student = build_student(model, arch, pair_orders(plan))
+def student_row(method: str, rank: int, arch: ArchConfig, tolerance: float | None,
+                model: Model, plan: CompressionPlan, task: Task, sizes: Sizes
+                ) -> tuple[dict[str, Any], Model]:
+    """Cut the teacher to ``arch`` (its key and value dims), evaluate, fine-tune, evaluate
+    again (``tolerance``: the plan's worst error under its rule, None for the uniform cut;
+    ``plan`` measured both)."""
+    dims, values = dims_of(arch), [x.heads[0].v_dim for x in arch.layers]
+    student = build_student(model, arch, pair_orders(plan), plan.input_scales())
     reduced_loss = evaluate(student, task, EVAL, "cpu")[0]
     trainer = Trainer(arch, task, TrainConfig(steps=sizes.finetune, lr=3e-4,
                                               batch_size=sizes.batch,
@@ -135,13 +139,14 @@ def student_row(method: str, rank: int, dims: list[int], tolerance: float | None
     trainer.model.load_state_dict(student.state_dict())
     trainer.run()
     tuned = trainer.model.eval()
+    increase = sum(g.errors("loss")[d] + (g.value_losses or {}).get(v, 0.0)
+                   for layer, d, v in zip(plan.layers, dims, values) for g in layer.groups)
     row = {"rank": rank, "method": method, "tolerance": "" if tolerance is None else tolerance,
-           "qk_dims": " ".join(map(str, dims)),
+           "qk_dims": " ".join(map(str, dims)), "v_dims": " ".join(map(str, values)),
            "qk_total": sum(dims), "kv_cache_bytes": kv_cache_bytes(arch, KV_DTYPE),
            "params": param_count(arch).total,
            "max_measured_error": max_error(layer_errors(plan), dims),
-           "summed_loss_increase": sum(g.errors("loss")[d] for layer, d in zip(plan.layers, dims)
-                                       for g in layer.groups),
+           "summed_loss_increase": increase,
            "reduced_loss": reduced_loss, "finetuned_loss": evaluate(tuned, task, EVAL, "cpu")[0]}
     return row, tuned
 
@@ -167,15 +172,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                             "planned students at each KV cache") as bar:
         for rank in sizes.ranks:
             uniform = [rank] * model.arch.n_layers
-            rows.append(student_row("uniform", rank, uniform, None, model, plans["loss"], task,
-                                    sizes)[0])
+            rows.append(student_row("uniform", rank, with_dims(model.arch, uniform), None,
+                                    model, plans["loss"], task, sizes)[0])
             bar.update(1)
             bar.event(f"uniform qk_dim {rank}: fine-tuned loss {rows[-1]['finetuned_loss']:.4f}")
             fraction = with_dims(model.arch, uniform).kv_width / teacher_kv_units
             for method, rule in METHODS.items():
                 budget = plan_for_kv_cache(plans[rule], fraction)
-                row, tuned = student_row(method, rank, dims_of(budget.student),
-                                         budget.tolerance, model, plans["loss"], task, sizes)
+                row, tuned = student_row(method, rank, budget.student, budget.tolerance, model,
+                                         plans["loss"], task, sizes)
                 rows.append(row)
                 if rule == "loss" and rank == min(sizes.ranks):
                     smallest = tuned
@@ -217,12 +222,13 @@ def plot(rows: list[dict[str, Any]], teacher_loss: float, teacher_kv: int, path:
 
 def render(result: dict[str, Any]) -> str:
     table = render_table(
-        ["r", "method", "qk per layer", "KV B/token", "params", "max err", "sum dloss",
-         "loss (cut)", "loss (fine-tuned)"],
-        [[r["rank"], r["method"], r["qk_dims"], f"{r['kv_cache_bytes']:,}", f"{r['params']:,}",
+        ["r", "method", "qk per layer", "v per layer", "KV B/token", "params", "max err",
+         "sum dloss", "loss (cut)", "loss (fine-tuned)"],
+        [[r["rank"], r["method"], r["qk_dims"], r["v_dims"], f"{r['kv_cache_bytes']:,}",
+          f"{r['params']:,}",
           f"{r['max_measured_error']:.3g}", f"{r['summed_loss_increase']:.3g}",
           f"{r['reduced_loss']:.4f}", f"{r['finetuned_loss']:.4f}"] for r in result["rows"]],
-        right=[True, False, False, True, True, True, True, True, True])
+        right=[True, False, False, False, True, True, True, True, True, True])
     return "\n".join([
         f"teacher {result['teacher']} (Llama folder): {result['teacher_params']:,} parameters, "
         f"KV cache {result['teacher_kv_cache_bytes']:,} B/token, validation loss "

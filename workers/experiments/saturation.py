@@ -34,8 +34,8 @@ from common.plots import new_figure, write_figure
 from userdata import DataSpec
 from workers.attention import MultiHeadAttention, future_mask
 from workers.experiments import harness
-from workers.measure import record_attention
 from workers.model import Model, build_model
+from workers.recording import record_attention
 from workers.tasks import LMTask, Task, make_data_task, make_task
 from workers.trainer import Trainer
 

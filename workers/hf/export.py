@@ -16,6 +16,7 @@ import json
 import os
 import secrets
 import shutil
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ import torch
 from torch import Tensor
 
 from arch import ArchConfig, param_count
-from workers.checkpoints.folder import SAFETENSORS
+from workers.checkpoints.folder import INDEX, SAFETENSORS
 from workers.errors import ExportError
 from workers.hf.modeling_transformer_alloc import (
     ATTENTION_KINDS,
@@ -101,15 +102,7 @@ def student_tensors(model: Model, dtype: torch.dtype | None = None) -> dict[str,
     """The state dict to save: every tensor contiguous and unshared, the tied head left out
     (``transformers`` ties it to ``embed.weight`` on load), parameters cast to ``dtype`` (the
     RoPE frequencies stay float32: positions times frequencies need their precision)."""
-    tensors = {}
-    for name, value in model.state_dict().items():
-        if name == "head.weight" and model.arch.tie_embeddings:
-            continue
-        value = value.detach()
-        if dtype is not None and value.is_floating_point() and FREQUENCY_KEY not in name:
-            value = value.to(dtype)
-        tensors[name] = value.contiguous().clone()
-    return tensors
+    return _cast(model.arch, dict(model.state_dict()), dtype)
 
 
 def save_student(model: Model, folder: Path, dtype: torch.dtype | None = None) -> ExportReport:
@@ -120,34 +113,80 @@ def save_student(model: Model, folder: Path, dtype: torch.dtype | None = None) -
     Raises:
         ExportError: a model the modelling file does not implement, or a folder in the way.
     """
+    return save_student_parts(model.arch, [student_tensors(model, dtype)], folder, dtype)
+
+
+def save_student_parts(arch: ArchConfig, parts: Iterable[dict[str, Tensor]], folder: Path,
+                       dtype: torch.dtype | None = None) -> ExportReport:
+    """``save_student`` of a student of ``arch`` whose state dict comes in ``parts``, each
+    written as it comes (a student built one layer at a time is never whole in memory): one
+    part is ``model.safetensors``, more are shards listed by ``model.safetensors.index.json``,
+    as ``transformers`` writes large models. The tied head is left out, parameters cast to
+    ``dtype``; the parts together must hold the parameters ``arch`` describes.
+
+    Raises:
+        ExportError: a model the modelling file does not implement, or a folder in the way.
+    """
     from safetensors.torch import save_file
 
-    arch = model.arch
     check_exportable(arch)
-    tensors = student_tensors(model, dtype)
-    buffers = sum(v.numel() for k, v in tensors.items() if FREQUENCY_KEY in k)
-    elements = sum(v.numel() for v in tensors.values())
-    params = param_count(arch).total
-    if elements - buffers != params:  # a model whose weights are not the ones arch describes
-        raise ExportError(f"transformers export: the state dict holds {elements - buffers:,} "
-                          f"parameters, its ArchConfig {params:,}")
-    weights_dtype = tensors["embed.weight"].dtype
     _check_destination(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = folder.parent / f".{folder.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
     tmp.mkdir()
+    weight_map: dict[str, str] = {}
+    elements = buffers = 0
+    weights_dtype = dtype or torch.float32
     try:
-        save_file(tensors, str(tmp / SAFETENSORS), metadata={"format": "pt"})
+        for n, part in enumerate(parts, start=1):
+            tensors = _cast(arch, part, dtype)
+            name = f"model-{n:05d}.safetensors"
+            save_file(tensors, str(tmp / name), metadata={"format": "pt"})
+            weight_map.update(dict.fromkeys(tensors, name))
+            buffers += sum(v.numel() for k, v in tensors.items() if FREQUENCY_KEY in k)
+            elements += sum(v.numel() for v in tensors.values())
+            if "embed.weight" in tensors:
+                weights_dtype = tensors["embed.weight"].dtype
+        params = param_count(arch).total
+        if elements - buffers != params:  # a model whose weights are not the ones arch describes
+            raise ExportError(f"transformers export: the state dict holds "
+                              f"{elements - buffers:,} parameters, its ArchConfig {params:,}")
+        files = sorted(set(weight_map.values()))
+        if len(files) == 1:
+            os.replace(tmp / files[0], tmp / SAFETENSORS)
+        else:
+            total = sum((tmp / f).stat().st_size for f in files)
+            (tmp / INDEX).write_text(json.dumps({"metadata": {"total_size": total},
+                                                 "weight_map": weight_map}, indent=2))
         config = json.dumps(student_config(arch, weights_dtype), indent=2, sort_keys=True)
         (tmp / "config.json").write_text(config + "\n")
         shutil.copyfile(MODELING_FILE, tmp / MODELING_FILE.name)
-        file_bytes = (tmp / SAFETENSORS).stat().st_size
+        file_bytes = sum(f.stat().st_size for f in tmp.glob("*.safetensors"))
         _publish(tmp, folder)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return ExportReport(folder, params, buffers, elements, file_bytes,
                         str(weights_dtype).removeprefix("torch."))
+
+
+def _cast(arch: ArchConfig, part: dict[str, Tensor], dtype: torch.dtype | None
+          ) -> dict[str, Tensor]:
+    """A part of the state dict as saved: the tied head left out, parameters cast to ``dtype``
+    (the RoPE frequencies stay float32: positions times frequencies need their precision).
+    Consumes ``part``: each tensor is dropped from it once cast, so a float32 layer and its
+    cast copy are never both whole in memory."""
+    out = {}
+    for name in list(part):
+        value = part.pop(name)
+        if name == "head.weight" and arch.tie_embeddings:
+            continue
+        value = value.detach()
+        cast = dtype is not None and value.is_floating_point() and FREQUENCY_KEY not in name \
+            and value.dtype != dtype
+        # a cast is a new tensor already; anything else is copied, so no two share storage
+        out[name] = value.to(dtype).contiguous() if cast else value.contiguous().clone()
+    return out
 
 
 def _is_student(folder: Path) -> bool:

@@ -36,6 +36,12 @@ class Batch:
         aux = None if self.aux is None else self.aux.to(device)
         return Batch(self.x.to(device), self.y.to(device), self.mask.to(device), aux)
 
+    def split(self, windows: int) -> list[Batch]:
+        """The batch in parts of at most ``windows`` windows (rows), in order."""
+        parts = [t.split(windows) for t in (self.x, self.y, self.mask)]
+        auxes = [None] * len(parts[0]) if self.aux is None else self.aux.split(windows)
+        return [Batch(x, y, m, a) for x, y, m, a in zip(*parts, auxes)]
+
 
 def generator(seed: int, split: str, index: int) -> torch.Generator:
     """The RNG of batch ``index`` of ``split``: distinct, reproducible streams."""
@@ -103,8 +109,14 @@ class Task:
             return F.cross_entropy(out[b.mask].float(), b.y[b.mask])
         return (out[b.mask].float() - b.y[b.mask]).pow(2).mean()
 
+    @property
+    def output_size(self) -> int:
+        """Numbers the model outputs per position: the vocabulary or the output dim."""
+        return (self.vocab_size if self.inputs == "tokens" else self.output_dim) or 1
+
     def score(self, out: Tensor, b: Batch) -> tuple[float, int]:
-        """(sum, count) of the metric over the batch, to average across batches."""
+        """(sum, count) of the metric over the batch, to average across batches (additive
+        over the batch's windows)."""
         if self.inputs == "tokens":
             right = (out.argmax(-1) == b.y) & b.mask
             return float(right.sum()), int(b.mask.sum())

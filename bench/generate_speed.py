@@ -1,0 +1,157 @@
+"""python -m bench.generate_speed --teacher DIR --student DIR [--context 2048] [--batch 8]
+
+What a compressed student buys at inference: tokens per second of a teacher folder (any
+``transformers`` causal LM) and its student (``workers.compress --out DIR``, loaded with
+``trust_remote_code``) through ``transformers``' own ``generate``, greedy, with its key/value
+cache, from a random prompt of ``--context`` tokens per sequence. Reports the prefill seconds
+(the prompt through the model once) and the decode tokens per second (each new token reads the
+whole cache: at a long context and a large batch the cache, not the weights, is what each step
+reads), median of ``--runs``, and each model's KV cache bytes at the end. On a CUDA device when
+there is one (``--device``), else this CPU. ``--smoke-test`` makes a tiny Llama teacher and a
+student cut to half its cache, here, and times them briefly.
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from common.cli import Parser, add_format, dump, int_in, render_table
+
+
+def timed(model: Any, ids: Any, new_tokens: int) -> tuple[float, float]:
+    """(prefill seconds, decode tokens per second) of one greedy ``generate``."""
+    import torch
+
+    def sync() -> None:
+        if ids.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    with torch.no_grad():
+        sync()
+        start = time.perf_counter()
+        mask = torch.ones_like(ids)  # unpadded: random ids may hold the pad id
+        model.generate(ids, attention_mask=mask, max_new_tokens=1, min_new_tokens=1,
+                       do_sample=False)
+        sync()
+        prefill = time.perf_counter() - start
+        start = time.perf_counter()
+        model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens,
+                       min_new_tokens=new_tokens, do_sample=False)
+        sync()
+        total = time.perf_counter() - start
+    decode = max(total - prefill, 1e-9)
+    return prefill, ids.shape[0] * (new_tokens - 1) / decode
+
+
+def kv_bytes(model: Any, ids: Any) -> int:
+    """Bytes of the key/value cache after the prompt."""
+    import torch
+
+    with torch.no_grad():
+        out = model(ids, use_cache=True)
+    cache = getattr(out, "past_key_values", None) or getattr(out, "cache", None)
+    total = 0
+    for layer in getattr(cache, "layers", []):
+        for name in ("keys", "values"):
+            tensor = getattr(layer, name, None)
+            if tensor is not None:
+                total += tensor.numel() * tensor.element_size()
+    return total
+
+
+def run(teacher: Path, student: Path, context: int, batch: int, new_tokens: int, runs: int,
+        device: str) -> dict[str, Any]:
+    import torch
+    import transformers
+
+    # typed Any: transformers' stubs type .to() on the class, not on a loaded model
+    models: dict[str, Any] = {
+        "teacher": transformers.AutoModelForCausalLM.from_pretrained(teacher),
+        "student": transformers.AutoModelForCausalLM.from_pretrained(student,
+                                                                     trust_remote_code=True)}
+    vocab = models["teacher"].config.vocab_size
+    ids = torch.randint(0, vocab, (batch, context), generator=torch.Generator().manual_seed(0))
+    result: dict[str, Any] = {"context": context, "batch": batch, "new_tokens": new_tokens,
+                              "device": device, "threads": torch.get_num_threads()}
+    for name, model in models.items():
+        model.to(torch.device(device)).eval()
+        model.generation_config.pad_token_id = 0
+        prompt = ids.to(device)
+        times = [timed(model, prompt, new_tokens) for _ in range(runs)]
+        result[f"{name}_prefill_s"] = statistics.median(t[0] for t in times)
+        result[f"{name}_decode_tokens_per_s"] = statistics.median(t[1] for t in times)
+        result[f"{name}_kv_cache_bytes"] = kv_bytes(model, prompt)
+    result["decode_speedup"] = (result["student_decode_tokens_per_s"]
+                                / result["teacher_decode_tokens_per_s"])
+    return result
+
+
+def smoke_models(folder: Path) -> tuple[Path, Path]:
+    """A tiny random Llama and its student at half the KV cache, made here."""
+    import numpy as np
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    teacher = folder / "teacher"
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    ).save_pretrained(teacher)
+    tokens = folder / "tokens"
+    tokens.mkdir()
+    rng = np.random.default_rng(0).integers(0, 128, 20_000, dtype=np.uint16)
+    rng[:15_000].tofile(tokens / "train.bin")
+    rng[15_000:].tofile(tokens / "val.bin")
+    plan, student = folder / "plan.yaml", folder / "student"
+    for argv in (["-m", "workers.profile", "--checkpoint", str(teacher), "--data", str(tokens),
+                  "--seq-len", "64", "--sample-tokens", "1024", "--rule", "loss", "--align",
+                  "4", "--kv-cache", "0.5", "--out", str(plan), "--quiet"],
+                 ["-m", "workers.compress", "--checkpoint", str(teacher), "--plan", str(plan),
+                  "--out", str(student), "--quiet"]):
+        subprocess.run([sys.executable, *argv], check=True, stdout=subprocess.DEVNULL)
+    return teacher, student
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = Parser(prog="python -m bench.generate_speed", description=__doc__.split("\n\n")[1])
+    p.add_argument("--teacher", type=Path)
+    p.add_argument("--student", type=Path)
+    p.add_argument("--context", type=int_in(1, 1 << 20), default=2048)
+    p.add_argument("--batch", type=int_in(1, 4096), default=8)
+    p.add_argument("--new-tokens", type=int_in(2, 1 << 16), default=32)
+    p.add_argument("--runs", type=int_in(1, 100), default=3)
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--smoke-test", action="store_true",
+                   help="a tiny Llama and its half-cache student made here; brief timings")
+    add_format(p)
+    args = p.parse_args(argv)
+    if not args.smoke_test and (args.teacher is None or args.student is None):
+        p.error("--teacher and --student: both needed (or --smoke-test)")
+    import torch
+
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" \
+        else args.device
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.smoke_test:
+            teacher, student = smoke_models(Path(tmp))
+            result = run(teacher, student, 64, 2, 4, 1, device)
+        else:
+            result = run(args.teacher, args.student, args.context, args.batch, args.new_tokens,
+                         args.runs, device)
+    if args.format == "table":
+        print(render_table(["", "value"], [[k, f"{v:.4g}" if isinstance(v, float) else v]
+                                           for k, v in result.items()], right=[False, True]))
+    else:
+        print(dump(result, args.format))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""The loss rule (docs/theory.md §10.3-10.4): what cutting one head group's keys or values
+costs the sample's next-token loss, each cut alone, one forward of the model per group and
+candidate (``loss_sensitivity``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+from alloc.compression import LayerMeasurement, candidate_dims
+from arch import ArchConfig
+from common.progress import Progress
+from workers.chunks import window_chunks
+from workers.model import Model
+
+IGNORE = -100  # a target that does not count
+
+
+@torch.no_grad()
+def sample_loss(model: Model, x: Tensor, targets: Tensor) -> float:
+    """Mean cross-entropy of ``model`` on ids ``x`` against ``targets`` (B, T; ``IGNORE`` where
+    a position does not count)."""
+    per_window = 4 * x.shape[1] * (model.arch.vocab_size or 1)  # float32 output logits
+    total = 0.0
+    for xs, ys in zip(window_chunks(x, per_window), window_chunks(targets, per_window)):
+        logits = model(xs)
+        total += float(torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), ys.reshape(-1), ignore_index=IGNORE,
+            reduction="sum"))
+    return total / max(1, int((targets != IGNORE).sum()))
+
+
+def loss_sensitivity(model: Model, x: Tensor, targets: Tensor, layers: list[LayerMeasurement],
+                     align: int, scales: Mapping[int, Sequence[float]],
+                     quiet: bool = True) -> list[LayerMeasurement]:
+    """``layers`` with each head group's loss increase on the sample at each candidate
+    ``qk_dim`` and, in mhsa layers, each candidate ``v_dim``, every other group and side kept
+    (docs/theory.md §10.3-10.4): the student of that cut alone, built as ``workers.compress``
+    builds it (the SVD, the measured pair ranking, or the values' SVD weighted by ``scales``,
+    each mhsa layer's input RMS; a layer without one keeps its values). One forward of the
+    model on the sample per group and candidate, the slow part of a profile: counted on stderr
+    unless ``quiet``."""
+    from workers.students import build_student, rankings
+
+    cuts = [(m, j, side, dim) for m in layers if m.heads
+            for j, g in enumerate(model.arch.layers[m.index].heads)
+            for side, dim in (("qk_dim", g.qk_dim), ("v_dim", g.v_dim))
+            if side == "qk_dim" or m.index in scales]
+    forwards = 1 + sum(len(candidate_dims(dim, align)) - 1 for *_, dim in cuts)
+    with Progress("loss rule", total=forwards, unit="forwards", quiet=quiet,
+                  start=f"one forward of the model on the sample per head group and candidate "
+                        f"qk_dim or v_dim: {forwards:,} for {len(cuts)} key and value cuts"
+                  ) as bar:
+        base = sample_loss(model, x, targets)
+        bar.update(1)
+        orders = rankings(model.arch, ((m.index, h) for m in layers for h in m.heads))
+        increases: dict[tuple[int, str], list[dict[int, float]]] = {}
+        for m, j, side, dim in cuts:
+            losses = {}
+            for r in candidate_dims(dim, align)[:-1]:
+                arch = _cut_alone(model.arch, m.index, j, **{side: r})
+                student = build_student(model, arch, orders, scales)
+                losses[r] = sample_loss(student, x, targets) - base
+                bar.update(1)
+            increases.setdefault((m.index, side), []).append({**losses, dim: 0.0})
+            if losses:
+                bar.event(f"layer {m.index} group {j} {side} ({len(losses)} cut(s))")
+    return [dataclasses.replace(m, loss_increases=tuple(increases.get((m.index, "qk_dim"), ())),
+                                value_losses=tuple(increases.get((m.index, "v_dim"), ())),
+                                input_scale=tuple(scales.get(m.index, ())))
+            for m in layers]
+
+
+def input_scale(inputs: Tensor) -> tuple[float, ...]:
+    """The RMS of each feature of a layer's attention inputs (B, T, d [+ 1]) on the sample:
+    the diagonal of their second moment, which weights the values' SVD (docs/theory.md
+    §10.4)."""
+    return tuple(float(v) for v in inputs.double().pow(2).mean(dim=(0, 1)).sqrt())
+
+
+def _cut_alone(arch: ArchConfig, layer: int, group: int, **dims: int) -> ArchConfig:
+    """``arch`` with group ``group`` of layer ``layer`` at ``dims`` (``qk_dim`` or ``v_dim``),
+    everything else kept."""
+    spec = arch.layers[layer]
+    heads = tuple(dataclasses.replace(g, **dims) if k == group else g
+                  for k, g in enumerate(spec.heads))
+    layers = list(arch.layers)
+    layers[layer] = dataclasses.replace(spec, heads=heads)
+    return dataclasses.replace(arch, layers=tuple(layers))
+
+
