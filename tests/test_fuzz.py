@@ -466,4 +466,22 @@ def test_a_config_whose_sizes_are_each_in_bounds_but_absurd_together_is_refused(
     for main, argv in ((profile_main, ["--checkpoint", "model", "--out", "p.yaml"]),
                        (compress_main, ["--checkpoint", "model", "--plan", "nothing.yaml",
                                         "--out", "student"])):
-        _refused(main, argv, tmp_path, "parameters", "GiB as float32", "memory")
+        # streamed or whole, the size is refused before anything is built
+        _refused(main, argv, tmp_path, "GiB as float32", "machine's", "memory")
+
+
+def test_a_tensor_whose_shape_config_json_denies_is_refused_when_streamed(tmp_path: Path
+                                                                           ) -> None:
+    """Read one layer at a time, every tensor is still checked against the shape config.json
+    makes before any work, the embedding (which a profile without data never uses) included."""
+    _llama_folder(tmp_path / "clean")
+    assert profile_main(["--checkpoint", str(tmp_path / "clean"), "--out",
+                         str(tmp_path / "plan.yaml"), "--quiet"]) == 0
+    work = tmp_path / "work"
+    folder = _llama_folder(work / "model")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "vocab_size": 65}))
+    for main, argv in ((profile_main, ["--checkpoint", "model", "--out", "p.yaml"]),
+                       (compress_main, ["--checkpoint", "model", "--plan",
+                                        str(tmp_path / "plan.yaml"), "--out", "student"])):
+        _refused(main, argv, work, "model.embed_tokens.weight", "config.json makes it")

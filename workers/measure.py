@@ -294,15 +294,21 @@ def measure_checkpoint(request: MeasureRequest) -> CheckpointMeasurement:
                                        "vectors)")
             targets = batch.y.masked_fill(~batch.mask, IGNORE)  # positions that count
     layout = "llama" if loaded is None else loaded.layout
-    say(f"measure: {'opened' if streamed else 'read'} {request.checkpoint} ({layout}, "
-        f"{arch.n_layers} layers, {sum(len(layer.heads) for layer in arch.layers)} head groups"
-        f"{', streamed a layer at a time' if streamed else ''}) in {duration(read_s)}",
-        quiet=request.quiet)
     if loaded is not None:
+        _say_read(request, arch, layout, read_s, streamed=False)
         measured = measure_model(loaded.model, x, seq_len, request.align, source, targets,
                                  request.quiet)
     else:
         with StreamedFolder(request.checkpoint, f"--checkpoint {str(request.checkpoint)!r}"
-                            ) as stream:
+                            ) as stream:  # every tensor checked before anything is said
+            _say_read(request, arch, layout, time.perf_counter() - tick, streamed=True)
             measured = measure_layers(stream, x, seq_len, request.align, source, request.quiet)
     return dataclasses.replace(measured, checkpoint=str(request.checkpoint), layout=layout)
+
+
+def _say_read(request: MeasureRequest, arch: ArchConfig, layout: str, seconds: float,
+              streamed: bool) -> None:
+    say(f"measure: {'checked' if streamed else 'read'} {request.checkpoint} ({layout}, "
+        f"{arch.n_layers} layers, {sum(len(layer.heads) for layer in arch.layers)} head groups"
+        f"{', streamed a layer at a time' if streamed else ''}) in {duration(seconds)}",
+        quiet=request.quiet)

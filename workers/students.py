@@ -117,8 +117,9 @@ def streamed_student(teacher: StreamedFolder, student_arch: ArchConfig,
              "head.weight": "lm_head.weight"}
     if arch.tie_embeddings:
         del stock["head.weight"]
+    shapes = {k: tuple(v.shape) for k, v in teacher.model.state_dict().items()}  # meta: sizes
     for ours, theirs in stock.items():  # copied as stored: no arithmetic, no float32 copy
-        yield {ours: teacher.tensors.get(theirs, teacher.tensors.shape(theirs), dtype=None)}
+        yield {ours: teacher.tensors.get(theirs, shapes[ours], dtype=None)}
     for i in range(arch.n_layers):
         with teacher.block(i) as block:
             # the state dict's tensors keep the block's weights alive after it goes to meta

@@ -19,7 +19,13 @@ from torch import Tensor
 
 from arch import ArchConfig, param_count
 from workers.checkpoints.folder import TensorFolder, memory_bytes, read_config
-from workers.checkpoints.llama import block_pairs, fill_llama, llama_arch
+from workers.checkpoints.llama import (
+    block_pairs,
+    fill_llama,
+    llama_arch,
+    stock_pairs,
+    stock_row_split,
+)
 from workers.errors import CheckpointError
 from workers.model import Block, Model, build_model
 
@@ -74,7 +80,20 @@ class StreamedFolder:
         return self._arch
 
     def __enter__(self) -> StreamedFolder:
+        """Open the shards and check every tensor before any work: its shape against what
+        config.json makes and its values finite, one tensor at a time as stored (a lie in the
+        last layer is refused before the first is measured)."""
         self.tensors.__enter__()
+        try:
+            shapes = {k: tuple(v.shape) for k, v in self.model.state_dict().items()}
+            arch = self._arch
+            for ours, theirs in stock_pairs(arch):
+                rows = stock_row_split(arch, ours, len(theirs)) or [shapes[ours][0]]
+                for name, n in zip(theirs, rows):
+                    self.tensors.get(name, (n, *shapes[ours][1:]), dtype=None)
+        except BaseException:
+            self.tensors.__exit__(None, None, None)
+            raise
         return self
 
     def __exit__(self, *exc: Any) -> None:
