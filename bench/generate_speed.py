@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.checkpoint_memory import token_folder
 from common.cli import Parser, add_format, dump, int_in, render_table
 
 
@@ -94,7 +95,6 @@ def run(teacher: Path, student: Path, context: int, batch: int, new_tokens: int,
 
 def smoke_models(folder: Path) -> tuple[Path, Path]:
     """A tiny random Llama and its student at half the KV cache, made here."""
-    import numpy as np
     import torch
     import transformers
 
@@ -104,11 +104,7 @@ def smoke_models(folder: Path) -> tuple[Path, Path]:
         vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
     ).save_pretrained(teacher)
-    tokens = folder / "tokens"
-    tokens.mkdir()
-    rng = np.random.default_rng(0).integers(0, 128, 20_000, dtype=np.uint16)
-    rng[:15_000].tofile(tokens / "train.bin")
-    rng[15_000:].tofile(tokens / "val.bin")
+    tokens = token_folder(folder / "tokens", 128)
     plan, student = folder / "plan.yaml", folder / "student"
     for argv in (["-m", "workers.profile", "--checkpoint", str(teacher), "--data", str(tokens),
                   "--seq-len", "64", "--sample-tokens", "1024", "--rule", "loss", "--align",

@@ -42,11 +42,17 @@ def check_fits_memory(arch: ArchConfig, source: str) -> None:
     machine's memory: every field of a config.json may be within its bounds while their
     product is absurd (hidden 65,536 x vocabulary 2^24 is a trillion parameters)."""
     params = param_count(arch).total
-    need, have = 4 * params, memory_bytes()
+    refuse_beyond_memory(4 * params, f"a model of {params:,} parameters,", source)
+
+
+def refuse_beyond_memory(need: int, what: str, source: str, why: str = "") -> None:
+    """Refuse ``need`` bytes of float32 weights (``what`` config.json makes) beyond this
+    machine's memory, in one line."""
+    have = memory_bytes()
     if need > have:
-        raise CheckpointError(f"{source}: config.json makes a model of {params:,} parameters, "
-                              f"{need / 2**30:,.1f} GiB as float32, more than this machine's "
-                              f"{have / 2**30:,.1f} GiB of memory")
+        raise CheckpointError(f"{source}: config.json makes {what} {need / 2**30:,.1f} GiB as "
+                              f"float32, more than this machine's {have / 2**30:,.1f} GiB of "
+                              f"memory{why}")
 
 
 def empty_model(arch: ArchConfig, source: str) -> Model:

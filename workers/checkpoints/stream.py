@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from arch import ArchConfig, param_count
-from workers.checkpoints.folder import TensorFolder, memory_bytes, read_config
+from workers.checkpoints.folder import TensorFolder, read_config, refuse_beyond_memory
 from workers.checkpoints.llama import (
     block_pairs,
     fill_llama,
@@ -26,7 +26,6 @@ from workers.checkpoints.llama import (
     stock_pairs,
     stock_row_split,
 )
-from workers.errors import CheckpointError
 from workers.model import Block, Model, build_model
 
 
@@ -131,8 +130,4 @@ def streamed_bytes(arch: ArchConfig) -> int:
 
 def check_fits_streamed(arch: ArchConfig, source: str) -> None:
     """Refuse a model even one layer of which does not fit this machine's memory."""
-    need, have = streamed_bytes(arch), memory_bytes()
-    if need > have:
-        raise CheckpointError(f"{source}: config.json makes layers of {need / 2**30:,.1f} GiB "
-                              f"as float32, more than this machine's {have / 2**30:,.1f} GiB "
-                              "of memory, even one at a time")
+    refuse_beyond_memory(streamed_bytes(arch), "layers of", source, ", even one at a time")
