@@ -127,7 +127,7 @@ class ArchConfig:
             for flag in ("bias", "qkv_bias"):
                 if v[flag] is True:
                     problems += [f"layers[{i}].attention = {x.attention!r}: {flag} = true is "
-                                 "for mhsa and frozen_qk layers"
+                                 "for mhsa, frozen_qk and latent layers"
                                  for i, x in enumerate(layers)
                                  if x.attention in SINGLE_WIDTH_KINDS]
         return problems
@@ -141,9 +141,9 @@ class ArchConfig:
         return self.vocab_size is not None
 
     def describe(self) -> str:
-        """One line per layer: ``mhsa 4x16 mlp4 | mssa 2x32``."""
-        return " | ".join(f"{x.attention} {x.heads_str}" + (f" mlp{x.mlp_ratio:g}" if x.mlp_ratio
-                                                             else "") for x in self.layers)
+        """One line per layer: ``mhsa 4x16 mlp4 | mssa 2x32 | latent 4x16kv2 c24 rope8``."""
+        return " | ".join(f"{x.attention} {x.heads_str}" + _latent_str(x)
+                          + (f" mlp{x.mlp_ratio:g}" if x.mlp_ratio else "") for x in self.layers)
 
     @property
     def kv_width(self) -> int:
@@ -238,6 +238,14 @@ class ModelIO:
                 "tie_embeddings": tie_embeddings and tokens}
 
 
+def _latent_str(layer: LayerSpec) -> str:
+    """`` c24 rope8`` for a latent layer (latent units, RoPE dims), else nothing."""
+    if layer.attention != "latent":
+        return ""
+    return (f" c{layer.latent_dim}" + (f" rope{layer.rope_dim}" if layer.rope_dim else "")
+            + (" rotated" if layer.rotate_latent else ""))
+
+
 def _layer_kv_width(layer: LayerSpec) -> int:
     return layer.width if layer.attention in SINGLE_WIDTH_KINDS else layer.kv_width
 
@@ -272,6 +280,11 @@ def _cross_layer_problems(d_model: Any, positional: Any,
         if positional == "rope" and layer.attention == "mixit":
             problems.append(f"layers[{i}].attention = 'mixit': RoPE is not offered for mixit "
                             "(it has no queries or keys); use positional: learned")
-        if positional == "rope" and any(g.qk_dim % 2 for g in layer.heads):
+        if positional == "rope" and layer.attention != "latent" and any(
+                g.qk_dim % 2 for g in layer.heads):
             problems.append(f"layers[{i}].heads = {layer.heads_str}: RoPE needs even qk_dim")
+        if positional != "rope" and (layer.rope_dim or layer.rotate_latent):
+            field = "rope_dim" if layer.rope_dim else "rotate_latent"
+            problems.append(f"layers[{i}].{field} = {getattr(layer, field)!r}: needs "
+                            f"positional: rope, not {positional!r}")
     return problems

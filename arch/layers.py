@@ -23,7 +23,7 @@ from arch.checks import (
     parse_items,
 )
 from arch.errors import ConfigError
-from arch.names import ATTENTION_KINDS, ROLES, SINGLE_WIDTH_KINDS, AttentionKind, Role
+from arch.names import ATTENTION_KINDS, MAX_WIDTH, ROLES, SINGLE_WIDTH_KINDS, AttentionKind, Role
 
 _SHORTHAND = re.compile(r"^\s*(\d+)\s*x\s*(\d+)\s*(?:/\s*(\d+))?\s*(?:kv\s*(\d+))?\s*$")
 
@@ -132,6 +132,14 @@ class LayerSpec:
         freeze_mlp: keep the MLP weights at initialisation (Frozen-MLP, docs/theory.md §8).
         eta: residual step size, ``h = h + eta * Attn(Norm(h))`` (docs/theory.md §7).
         tied_output: MSSA only; output map ``[U_1..U_K]`` instead of a separate projection.
+        latent_dim: latent layers only: the units of the one latent a decoder caches per token
+            for the whole layer, from which every key's latent part and every value are
+            reconstructed (multi-head latent attention, docs/theory.md §11).
+        rope_dim: latent layers only: the first ``rope_dim`` dims of every query and key head
+            are computed from the input directly and turned by RoPE (the keys' part is cached
+            beside the latent); the other ``qk_dim - rope_dim`` come from the latent.
+        rotate_latent: latent layers only: turn the keys' latent part by RoPE too, after it
+            is reconstructed (low-rank keys that keep every rotation, as Palu does).
     """
 
     attention: AttentionKind
@@ -141,6 +149,9 @@ class LayerSpec:
     freeze_mlp: bool = False
     eta: float = 1.0
     tied_output: bool = False
+    latent_dim: int = 0
+    rope_dim: int = 0
+    rotate_latent: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.heads, list):
@@ -186,7 +197,7 @@ class LayerSpec:
             problems.append(f"tied_output = True: only valid for mssa, not {v['attention']!r}")
         if not is_number(v["eta"]) or v["eta"] <= 0:
             problems.append(f"eta = {v['eta']!r}: must be a number > 0")
-        return problems
+        return problems + _latent_problems(v)
 
     @property
     def width(self) -> int:
@@ -208,7 +219,10 @@ class LayerSpec:
 
     @property
     def kv_width(self) -> int:
-        """Key plus value units a decoder caches per token for this layer."""
+        """Key plus value units a decoder caches per token for this layer (a latent layer: its
+        latent and its keys' RoPE parts)."""
+        if self.attention == "latent":
+            return self.latent_dim + self.kv_heads * self.rope_dim
         return sum(g.kv_width for g in self.heads)
 
     @property
@@ -217,7 +231,13 @@ class LayerSpec:
         return "+".join(str(g) for g in self.heads)
 
     def to_dict(self) -> dict[str, Any]:
-        return fields_to_dict(self)
+        """Every field, but those added after the canonical form was fixed only when set (the
+        ``arch_id`` of every other layer must not drift)."""
+        data = fields_to_dict(self)
+        for name, default in _LATER_FIELDS.items():
+            if data[name] == default:
+                del data[name]
+        return data
 
     @classmethod
     def from_dict(cls, data: Any, path: str = "") -> LayerSpec:
@@ -236,3 +256,34 @@ class LayerSpec:
             return cls(heads=tuple(heads), **kwargs)
         except ConfigError as err:
             raise ConfigError([f"{path}.{p}" for p in err.problems]) from None
+
+
+# Fields added to LayerSpec after its canonical form was fixed: left out at their default.
+_LATER_FIELDS: dict[str, Any] = {"latent_dim": 0, "rope_dim": 0, "rotate_latent": False}
+
+
+def _latent_problems(v: dict[str, Any]) -> list[str]:
+    """Problems of a layer's latent fields: set on latent layers only, with a latent of at
+    least one unit and a RoPE part that fits every head in whole pairs."""
+    problems: list[str] = []
+    latent = v["attention"] == "latent"
+    need_int(problems, "latent_dim", v["latent_dim"], 1 if latent else 0, MAX_WIDTH)
+    need_int(problems, "rope_dim", v["rope_dim"], 0)
+    need_bool(problems, "rotate_latent", v["rotate_latent"])
+    if problems:
+        return problems
+    if not latent:
+        return [f"{name} = {v[name]!r}: only for latent layers, not {v['attention']!r}"
+                for name in _LATER_FIELDS if v[name] != _LATER_FIELDS[name]]
+    if v["rope_dim"] % 2:
+        problems.append(f"rope_dim = {v['rope_dim']}: must be even (RoPE turns pairs of dims)")
+    heads = v["heads"]
+    if isinstance(heads, tuple) and all(isinstance(g, HeadGroup) for g in heads):
+        for j, g in enumerate(heads):
+            if v["rope_dim"] > g.qk_dim:
+                problems.append(f"rope_dim = {v['rope_dim']}: must not exceed heads[{j}]'s "
+                                f"qk_dim = {g.qk_dim}")
+            elif v["rotate_latent"] and (g.qk_dim - v["rope_dim"]) % 2:
+                problems.append(f"heads[{j}] = {g}: with rotate_latent, qk_dim - rope_dim "
+                                "must be even (RoPE turns pairs of dims)")
+    return problems

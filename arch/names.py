@@ -8,7 +8,7 @@ from typing import Literal, get_args
 
 SCHEMA_VERSION = 1
 # The vocabulary: each name set is a Literal type, and its tuple is derived from it.
-AttentionKind = Literal["mhsa", "mssa", "mixit", "frozen_qk"]
+AttentionKind = Literal["mhsa", "mssa", "mixit", "frozen_qk", "latent"]
 Role = Literal["extract", "process"]
 Positional = Literal["learned", "sinusoidal", "rope"]
 Norm = Literal["layernorm", "rmsnorm"]

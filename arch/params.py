@@ -18,7 +18,13 @@ mhsa       Q: d·count·qk, K: d·kv·qk,
 frozen_qk  V: d·kv·v, O: d·count·v              Q: d·count·qk, K: d·kv·qk
 mssa       U: d·count·v (+ O: d·count·v untied)
 mixit      V, O: 2·d·count·v                    (random mixing matrix is a buffer, not counted)
+latent     Q: d·count·qk, K_rope: d·kv·r,
+           up: c·kv·(qk - r + v), O: d·count·v;
+           once per layer, down: d·c
 ========== ==================================== =============================================
+
+A latent layer (latent width ``c = latent_dim``, RoPE dims ``r = rope_dim``) maps the input down
+to the latent without a bias; its query, RoPE-key and up maps take the query/key/value biases.
 """
 
 from __future__ import annotations
@@ -62,6 +68,8 @@ def attention_params(layer: LayerSpec, d_model: int, bias: bool = False,
     (both for mhsa and frozen_qk only). Keys and values have ``kv_heads`` heads per group."""
     count = _free(d_model) if bias else ZERO  # the output map's bias
     in_bias = bias or qkv_bias
+    if layer.attention == "latent":
+        return count + _latent_params(layer, d_model, in_bias)
     for g in layer.heads:
         q = (d_model + in_bias) * g.count * g.qk_dim  # W_Q (and its bias)
         k = (d_model + in_bias) * g.kv_heads * g.qk_dim  # W_K
@@ -78,6 +86,18 @@ def attention_params(layer: LayerSpec, d_model: int, bias: bool = False,
         else:  # unreachable: LayerSpec validates the kind
             raise ValueError(f"unknown attention kind {layer.attention!r}")
     return count
+
+
+def _latent_params(layer: LayerSpec, d_model: int, in_bias: bool) -> ParamCount:
+    """A latent layer's maps: down to the latent, then per group queries, RoPE keys, the up
+    map to the keys' latent parts and the values, and the output."""
+    c, r = layer.latent_dim, layer.rope_dim
+    n = d_model * c  # W_down
+    for g in layer.heads:
+        n += (d_model + in_bias) * (g.count * g.qk_dim + g.kv_heads * r)  # W_Q, W_K_rope
+        n += (c + in_bias) * g.kv_heads * (g.qk_dim - r + g.v_dim)  # W_up
+        n += d_model * g.count * g.v_dim  # W_O
+    return _free(n)
 
 
 def norm_params(arch: ArchConfig) -> int:

@@ -9,19 +9,18 @@ import pytest
 import torch
 from torch import Tensor
 
-from arch import ArchConfig, HeadGroup, LayerSpec
+from arch import ATTENTION_KINDS, ArchConfig, HeadGroup, LayerSpec
 from workers.attention import (
-    ATTENTION,
     LogitRecorder,
     MixiTAttention,
     MultiHeadAttention,
     SubspaceAttention,
-    make_attention,
     mixing_matrix,
     rope_frequencies,
     rotate,
     thresholded_softmax,
 )
+from workers.kinds import ATTENTION, make_attention
 from workers.model import Block
 
 
@@ -80,7 +79,7 @@ def test_rope_depends_only_on_relative_position() -> None:
 
 
 def test_registry_lists_choices() -> None:
-    assert set(ATTENTION) == {"mhsa", "mssa", "mixit", "frozen_qk"}
+    assert set(ATTENTION) == set(ATTENTION_KINDS)
     arch = single_layer("mhsa", 16, (HeadGroup(2, 8),), 10)
     bogus = LayerSpec.__new__(LayerSpec)
     object.__setattr__(bogus, "attention", "linear")

@@ -54,9 +54,11 @@ def test_every_attention_kind_and_several_groups_round_trip() -> None:
         single = kind in ("mssa", "mixit")
         heads = (HeadGroup(2, 16), HeadGroup(4, 8)) if single else (
             HeadGroup(2, 8, 16), HeadGroup(4, 8), HeadGroup(1, 4, 16))
+        latent = {"latent_dim": 20, "rope_dim": 4} if kind == "latent" else {}
         layer = LayerSpec(kind, heads, mlp_ratio=2.0, role="extract", eta=0.5,
-                          tied_output=kind == "mssa")
-        arch = ArchConfig(d_model=48, layers=(layer, layer), max_seq_len=8, vocab_size=11)
+                          tied_output=kind == "mssa", **latent)
+        arch = ArchConfig(d_model=48, layers=(layer, layer), max_seq_len=8, vocab_size=11,
+                          positional="rope" if latent else "learned")
         assert codec.decode(codec.encode(arch), arch) == arch
         assert codec.decode(codec.encode(arch, [(0, 1)]), arch) == arch
 

@@ -62,6 +62,20 @@ ARCHS = {
         LayerSpec("frozen_qk", (HeadGroup(2, 8), HeadGroup(4, 2, 2, 2)), mlp_ratio=1.0,
                   eta=1.5),
         positional="sinusoidal", bias=True, tie_embeddings=True),
+    # Latent layers: decoupled RoPE parts (one group all RoPE), a turned latent part with no
+    # RoPE part, grouped keys, query/key/value biases, beside an mhsa layer.
+    "latent_rope": rope_layers(
+        LayerSpec("latent", (HeadGroup(4, 8, 6, 2), HeadGroup(2, 4, 4, 1)), mlp_ratio=2.0,
+                  latent_dim=10, rope_dim=4),
+        LayerSpec("latent", (HeadGroup(4, 6, 4, 2),), latent_dim=7, rotate_latent=True,
+                  eta=0.5),
+        LayerSpec("mhsa", (HeadGroup(2, 4),), mlp_ratio=1.0),
+        positional="rope", mlp="swiglu", norm="rmsnorm", qkv_bias=True),
+    # A latent layer without RoPE: learned positions, biases everywhere, a tied head.
+    "latent_learned": rope_layers(
+        LayerSpec("latent", (HeadGroup(2, 8, 4), HeadGroup(2, 2, 6, 1)), mlp_ratio=1.0,
+                  latent_dim=5),
+        positional="learned", bias=True, tie_embeddings=True),
 }
 
 
@@ -108,10 +122,20 @@ def trained_like(arch: ArchConfig, index: int = 0) -> Model:
 
 
 def frequency_elements(arch: ArchConfig) -> int:
-    """Elements of the RoPE buffers: (kv_heads, qk_dim / 2) per group, when RoPE is used."""
+    """Elements of the RoPE buffers when RoPE is used: (kv_heads, qk_dim / 2) per group; in a
+    latent layer (kv_heads, rope_dim / 2), and (kv_heads, (qk_dim - rope_dim) / 2) more when
+    its latent part is turned."""
     if arch.positional != "rope":
         return 0
-    return sum(g.kv_heads * g.qk_dim // 2 for layer in arch.layers for g in layer.heads)
+    total = 0
+    for layer in arch.layers:
+        for g in layer.heads:
+            if layer.attention != "latent":
+                total += g.kv_heads * g.qk_dim // 2
+            else:
+                turned = g.qk_dim if layer.rotate_latent else layer.rope_dim
+                total += g.kv_heads * turned // 2
+    return total
 
 
 def load(folder: Path) -> Any:
@@ -149,7 +173,8 @@ def test_loaded_student_computes_our_logits(name: str, tmp_path: Path) -> None:
     assert report.file_bytes == (tmp_path / "student" / "model.safetensors").stat().st_size
 
 
-@pytest.mark.parametrize("name", ["gqa_rope", "gpt2_like", "random1"])
+@pytest.mark.parametrize("name", ["gqa_rope", "gpt2_like", "random1", "latent_rope",
+                                  "latent_learned"])
 def test_cache_gives_the_logits_of_a_full_pass(name: str, tmp_path: Path) -> None:
     """Prefill, then a chunk, then one token at a time through a DynamicCache: the logits of
     the full sequence in one uncached pass."""
@@ -170,7 +195,8 @@ def test_cache_gives_the_logits_of_a_full_pass(name: str, tmp_path: Path) -> Non
     torch.testing.assert_close(torch.cat(parts, dim=1), full, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["gpt2_like", "gqa_rope", "qwen_like", "sinusoidal_frozen"])
+@pytest.mark.parametrize("name", ["gpt2_like", "gqa_rope", "qwen_like", "sinusoidal_frozen",
+                                  "latent_rope"])
 def test_greedy_generation_with_and_without_cache(name: str, tmp_path: Path) -> None:
     """Every positional kind (learned, RoPE, sinusoidal) generates the same tokens with and
     without its cache, and the cache generate returns holds every position but the last: the
@@ -237,7 +263,8 @@ def test_config_json(tmp_path: Path) -> None:
             config["max_position_embeddings"], config["tie_word_embeddings"],
             config["dtype"]) == (23, 16, 2, 12, True, "float32")
     assert sorted(p.name for p in (tmp_path / "student").iterdir()) == [
-        "config.json", "model.safetensors", "modeling_transformer_alloc.py"]
+        "attention_transformer_alloc.py", "config.json", "model.safetensors",
+        "modeling_transformer_alloc.py"]
 
 
 def test_loss_is_the_shifted_next_token_loss(tmp_path: Path) -> None:
@@ -271,14 +298,19 @@ def test_bfloat16_export_keeps_float32_frequencies(tmp_path: Path) -> None:
                        model.state_dict()["blocks.0.attn.inv_freq0"])
 
 
-def test_modelling_file_imports_only_torch_transformers_and_the_standard_library() -> None:
-    tree = ast.parse(export.MODELING_FILE.read_text())
+@pytest.mark.parametrize("source", export.REMOTE_CODE, ids=lambda p: p.name)
+def test_remote_code_imports_only_torch_transformers_and_the_standard_library(
+        source: Path) -> None:
+    """The student folder's files import nothing of ours: only torch, transformers, the
+    standard library and, relatively, each other (``transformers`` copies those)."""
+    siblings = {p.stem for p in export.REMOTE_CODE}
     roots = set()
-    for node in ast.walk(tree):
+    for node in ast.walk(ast.parse(source.read_text())):
         if isinstance(node, ast.Import):
             roots |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level:
+            assert node.level == 1 and node.module in siblings, node.module  # copied beside it
         elif isinstance(node, ast.ImportFrom):
-            assert node.level == 0, "relative import"  # the file is copied alone
             assert node.module is not None
             roots.add(node.module.split(".")[0])
     assert not roots & OURS, roots
@@ -340,12 +372,13 @@ def test_the_modelling_files_copies_are_their_sources() -> None:
     """Each ``# Copied from workers.attention.NAME`` function of the standalone modelling file is
     its source, text for text (as ``transformers``' check_copies): a fix made on one side only
     fails here."""
-    assert {name for name, *_ in copies(export.MODELING_FILE.read_text())} >= COPIED
-    assert drifted(export.MODELING_FILE) == []
+    attention = export.REMOTE_CODE[1]
+    assert {name for name, *_ in copies(attention.read_text())} >= COPIED
+    assert all(drifted(source) == [] for source in export.REMOTE_CODE)
 
 
 def test_a_copy_that_drifts_is_found(tmp_path: Path) -> None:
-    text = export.MODELING_FILE.read_text()
+    text = export.REMOTE_CODE[1].read_text()
     changed = tmp_path / "changed.py"
     changed.write_text(text.replace("x1 * cos - x2 * sin", "x1 * cos + x2 * sin"))
     assert drifted(changed) == ["turn: differs from workers.attention.turn"]

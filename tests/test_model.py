@@ -16,12 +16,14 @@ from workers.attention import FrozenQKAttention, MultiHeadAttention, SubspaceAtt
 from workers.model import build_model, count_params
 from workers.tasks import DATA_TASKS, TASKS, fit_arch, make_task
 
-KINDS = ["mhsa", "frozen_qk", "mssa", "mixit"]
+KINDS = ["mhsa", "frozen_qk", "mssa", "mixit", "latent"]
 
 
 def arch_of(kind: str, causal: bool = True, positional: str = "learned", tokens: bool = False,
             heads: tuple[HeadGroup, ...] = (HeadGroup(2, 8), HeadGroup(3, 4)),
             mlp_ratio: float = 2.0, **layer: object) -> ArchConfig:
+    if kind == "latent":
+        layer.setdefault("latent_dim", 12)
     spec = LayerSpec(kind, heads, mlp_ratio=mlp_ratio, **layer)  # type: ignore[arg-type]
     io_kwargs: dict[str, object] = {"vocab_size": 17} if tokens else {"input_dim": 5}
     return ArchConfig(d_model=24, layers=(spec, spec), max_seq_len=12, causal=causal,

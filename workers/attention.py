@@ -1,4 +1,5 @@
-"""Attention kinds, one registry: ``ATTENTION[name](arch, layer, index)``, ``forward(x) -> x``.
+"""Attention kinds (their registry, ``ATTENTION[name](arch, layer, index)``, is
+``workers.kinds``), each ``forward(x) -> x``.
 
 Every kind maps ``(B, T, d_model) -> (B, T, d_model)`` and supports head groups of different
 ``qk_dim`` / ``v_dim`` in one layer: one fused projection for the whole layer, then one attention
@@ -11,6 +12,8 @@ call per group over all of its heads (no Python loop over heads).
                 value; output ``[U_1..U_K]`` (tied) or a projection (Wang et al., 2025, AoT).
 - ``mixit``     random static attention ``A = I + W - rowmean(W)``, frozen, input independent
                 (Dong et al., 2025, eq. 2.3).
+- ``latent``    keys and values rebuilt from one cached low-rank latent per token
+                (``workers.latent``).
 
 The attention function is separate from the projections (``attention_fn`` argument, an
 ``AttentionFn``): ``sdpa`` by default, or e.g. ``thresholded_softmax(tau)``, the one of Thm 3.1 of
@@ -139,6 +142,9 @@ class GroupedAttention(nn.Module):
                  attention_fn: AttentionFn = sdpa) -> None:
         super().__init__()
         self.groups = [(g.count, g.qk_dim, g.v_dim, g.kv_heads) for g in layer.heads]
+        # Dims of each head turned by RoPE, from its first: all of them but in latent layers
+        self.rope_dims = [layer.rope_dim if layer.attention == "latent" else g.qk_dim
+                          for g in layer.heads]
         self.causal = arch.causal
         self.attention_fn = attention_fn
         self.index = index
@@ -150,9 +156,10 @@ class GroupedAttention(nn.Module):
             self.register_load_state_dict_pre_hook(self._fill_frequencies)
 
     def standard_frequencies(self) -> list[Tensor]:
-        """Per group, RoPE's standard frequencies in every key/value head's row."""
-        return [rope_frequencies(qk, self.rope_theta).expand(kv, -1).clone()
-                for _, qk, _, kv in self.groups]
+        """Per group, RoPE's standard frequencies (of a head of its turned dims) in every
+        key/value head's row."""
+        return [rope_frequencies(dims, self.rope_theta).expand(kv, -1).clone()
+                for dims, (_, _, _, kv) in zip(self.rope_dims, self.groups)]
 
     def _fill_frequencies(self, module: nn.Module, state: dict[str, Tensor], prefix: str,
                           *_: Any) -> None:
@@ -162,9 +169,35 @@ class GroupedAttention(nn.Module):
             state.setdefault(f"{prefix}inv_freq{j}", freqs)
 
     def frequencies(self, j: int) -> Tensor:
-        """(kv_heads, qk_dim / 2) RoPE frequencies of group ``j``."""
+        """(kv_heads, qk_dim / 2) RoPE frequencies of group ``j`` (a latent layer's: of its
+        heads' first ``rope_dim`` dims)."""
         freqs: Tensor = getattr(self, f"inv_freq{j}")
         return freqs
+
+    def frequency_blocks(self, j: int) -> list[Tensor]:
+        """The RoPE frequencies of group ``j``'s consecutive blocks of dims, each turned in
+        rotate-half form by its own (kv_heads, block / 2) table, from a head's first dim on;
+        dims after the last block are not turned."""
+        return [self.frequencies(j)]
+
+    def turn_heads(self, q: Tensor, k: Tensor, j: int) -> tuple[Tensor, Tensor]:
+        """Queries (B, count, T, qk) and keys (B, kv, T, qk) of group ``j`` turned by RoPE,
+        block by block: one table per key/value head, shared by the query heads reading it."""
+        share = q.shape[1] // k.shape[1]
+        q_parts, k_parts, done = [], [], 0
+        for freqs in self.frequency_blocks(j):
+            cos, sin = rope_tables(k.shape[-2], freqs, k.dtype)
+            end = done + 2 * freqs.shape[-1]
+            k_parts.append(turn(k[..., done:end], cos, sin))
+            q_parts.append(turn(q[..., done:end], cos.repeat_interleave(share, 0),
+                                sin.repeat_interleave(share, 0)))
+            done = end
+        if done < k.shape[-1]:
+            q_parts.append(q[..., done:])
+            k_parts.append(k[..., done:])
+        if len(k_parts) == 1:
+            return q_parts[0], k_parts[0]
+        return torch.cat(q_parts, dim=-1), torch.cat(k_parts, dim=-1)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """Per group: queries (B, T, count*qk), keys (B, T, kv*qk) and values (B, T, kv*v)
@@ -175,11 +208,8 @@ class GroupedAttention(nn.Module):
         vs = v.split([kv * dv for _, _, dv, kv in self.groups], dim=-1)
         for j, ((count, qk, _, kv), qg, kg, vg) in enumerate(zip(self.groups, qs, ks, vs)):
             qh, kh, vh = split_heads(qg, count), split_heads(kg, kv), split_heads(vg, kv)
-            if self.rope:  # one table per key/value head, shared by the query heads reading it
-                cos, sin = rope_tables(kh.shape[-2], self.frequencies(j), kh.dtype)
-                kh = turn(kh, cos, sin)
-                qh = turn(qh, cos.repeat_interleave(count // kv, 0),
-                          sin.repeat_interleave(count // kv, 0))
+            if self.rope:
+                qh, kh = self.turn_heads(qh, kh, j)
             if self.attention_fn is not sdpa:  # SDPA reads grouped keys itself; others see all
                 kh, vh = expand_kv(kh, count), expand_kv(vh, count)
             out = self.attention_fn(qh, kh, vh, self.causal, 1.0 / math.sqrt(qk))
@@ -387,22 +417,3 @@ class MixiTAttention(GroupedAttention):
         outs = [merge_heads(self.mixing(j, t).to(x.dtype) @ split_heads(vg, count))
                 for j, ((count, _, _, _), vg) in enumerate(zip(self.groups, vs))]
         return self.out(torch.cat(outs, dim=-1) if len(outs) > 1 else outs[0])
-
-
-ATTENTION: dict[str, type[GroupedAttention]] = {
-    "mhsa": MultiHeadAttention,
-    "frozen_qk": FrozenQKAttention,
-    "mssa": SubspaceAttention,
-    "mixit": MixiTAttention,
-}
-
-
-def make_attention(arch: ArchConfig, layer: LayerSpec, index: int,
-                   attention_fn: AttentionFn = sdpa) -> GroupedAttention:
-    """Build the attention of ``layer`` from the registry (unknown names list the choices)."""
-    try:
-        cls = ATTENTION[layer.attention]
-    except KeyError:
-        raise ValueError(f"unknown attention {layer.attention!r}; choices: "
-                         f"{', '.join(ATTENTION)}") from None
-    return cls(arch, layer, index, attention_fn)

@@ -21,29 +21,42 @@ def head_groups(draw: st.DrawFn, single_width: bool) -> HeadGroup:
 
 
 @st.composite
-def layer_specs(draw: st.DrawFn, allow_mixit: bool = True) -> LayerSpec:
-    kinds = ["mhsa", "mssa", "frozen_qk"] + (["mixit"] if allow_mixit else [])
+def latent_fields(draw: st.DrawFn, heads: tuple[HeadGroup, ...], rope: bool) -> dict[str, object]:
+    """A latent layer's fields: any latent width; with RoPE, a RoPE part that fits every head
+    and, when the rest of every head is whole pairs, perhaps a turned latent part."""
+    fields: dict[str, object] = {"latent_dim": draw(st.integers(1, 40))}
+    if rope:
+        fields["rope_dim"] = draw(st.sampled_from(range(0, min(g.qk_dim for g in heads) + 1, 2)))
+        fields["rotate_latent"] = draw(st.booleans())
+    return fields
+
+
+@st.composite
+def layer_specs(draw: st.DrawFn, allow_mixit: bool = True, rope: bool = False) -> LayerSpec:
+    kinds = ["mhsa", "mssa", "frozen_qk", "latent"] + (["mixit"] if allow_mixit else [])
     kind = draw(st.sampled_from(kinds))
     single = kind in ("mssa", "mixit")
     heads = tuple(draw(st.lists(head_groups(single), min_size=1, max_size=3)))
     mlp_ratio = draw(st.sampled_from([0.0, 1.0, 2.0, 4.0]))
+    latent = draw(latent_fields(heads, rope)) if kind == "latent" else {}
     return LayerSpec(kind, heads, mlp_ratio=mlp_ratio,
                      role=draw(st.sampled_from(["extract", "process"])),
                      freeze_mlp=mlp_ratio > 0 and draw(st.booleans()),
                      eta=draw(st.sampled_from([0.5, 1.0, 2.0])),
-                     tied_output=kind == "mssa" and draw(st.booleans()))
+                     tied_output=kind == "mssa" and draw(st.booleans()), **latent)
 
 
 @st.composite
 def arch_configs(draw: st.DrawFn) -> ArchConfig:
     positional = draw(st.sampled_from(["learned", "sinusoidal", "rope"]))
-    layers = tuple(draw(st.lists(layer_specs(allow_mixit=positional != "rope"),
+    rope = positional == "rope"
+    layers = tuple(draw(st.lists(layer_specs(allow_mixit=not rope, rope=rope),
                                  min_size=1, max_size=4)))
     tokens = draw(st.booleans())
     io = ({"vocab_size": draw(st.integers(2, 300)), "tie_embeddings": draw(st.booleans())}
           if tokens else {"input_dim": draw(st.integers(1, 20)),
                           "output_dim": draw(st.integers(1, 20))})
-    with_qk = all(layer.attention in ("mhsa", "frozen_qk") for layer in layers)
+    with_qk = all(layer.attention in ("mhsa", "frozen_qk", "latent") for layer in layers)
     return ArchConfig(d_model=draw(st.sampled_from([8, 16, 32, 64])), layers=layers,
                       max_seq_len=draw(st.integers(1, 64)), causal=draw(st.booleans()),
                       positional=positional, norm=draw(st.sampled_from(["layernorm", "rmsnorm"])),

@@ -3,8 +3,9 @@
 The folder holds ``config.json`` (``model_type`` ``transformer_alloc``, the ``ArchConfig`` under
 ``arch``, an ``auto_map`` naming the classes of the modelling file), ``model.safetensors`` (our
 ``Model``'s state dict as it is: reduced shapes, RoPE frequencies per key/value head, a tied
-head saved once as ``embed.weight``) and ``modeling_transformer_alloc.py``, the standalone
-model that ``AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)`` runs.
+head saved once as ``embed.weight``), and ``modeling_transformer_alloc.py`` with its
+``attention_transformer_alloc.py``, the standalone model that
+``AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)`` runs.
 
 The folder is written next to its destination under a hidden name and renamed into place, so a
 failed export leaves no folder that looks valid.
@@ -36,6 +37,8 @@ from workers.hf.modeling_transformer_alloc import (
 from workers.model import Model
 
 MODELING_FILE = Path(__file__).with_name("modeling_transformer_alloc.py")
+# What a student folder's remote code is: the modelling file and the attention it imports
+REMOTE_CODE = (MODELING_FILE, MODELING_FILE.with_name("attention_transformer_alloc.py"))
 CONFIG_CLASS = TransformerAllocConfig.__name__
 MODEL_CLASS = TransformerAllocForCausalLM.__name__
 FREQUENCY_KEY = ".inv_freq"  # RoPE frequency buffers: saved, but no parameters
@@ -69,7 +72,7 @@ class ExportReport:
 
 def check_exportable(arch: ArchConfig) -> None:
     """Raise ``ExportError`` (one line) unless the modelling file implements ``arch``: token
-    inputs, causal attention, mhsa and frozen_qk layers."""
+    inputs, causal attention, mhsa, frozen_qk and latent layers."""
     if arch.vocab_size is None:
         raise ExportError("transformers export: token models only (this one has vector inputs, "
                           f"input_dim = {arch.input_dim})")
@@ -80,7 +83,7 @@ def check_exportable(arch: ArchConfig) -> None:
         if layer.attention not in ATTENTION_KINDS:
             raise ExportError(f"transformers export: layers[{i}].attention = "
                               f"{layer.attention!r}; the export takes "
-                              f"{' and '.join(ATTENTION_KINDS)} layers")
+                              f"{', '.join(ATTENTION_KINDS)} layers")
 
 
 def student_config(arch: ArchConfig, dtype: torch.dtype) -> dict[str, Any]:
@@ -160,7 +163,8 @@ def save_student_parts(arch: ArchConfig, parts: Iterable[dict[str, Tensor]], fol
                                                  "weight_map": weight_map}, indent=2))
         config = json.dumps(student_config(arch, weights_dtype), indent=2, sort_keys=True)
         (tmp / "config.json").write_text(config + "\n")
-        shutil.copyfile(MODELING_FILE, tmp / MODELING_FILE.name)
+        for source in REMOTE_CODE:
+            shutil.copyfile(source, tmp / source.name)
         file_bytes = sum(f.stat().st_size for f in tmp.glob("*.safetensors"))
         _publish(tmp, folder)
     except BaseException:

@@ -1,0 +1,281 @@
+"""The attention layers of a transformer-alloc model in ``transformers`` (remote code).
+
+Copied into every exported student folder beside ``modeling_transformer_alloc.py``, which
+imports it, so it too imports only torch, transformers and the standard library. Layers hold
+head groups ``(count, qk_dim, v_dim, kv_heads)``; each query head ``h`` of a group reads
+key/value head ``h // (count / kv_heads)``; ``out`` maps the concatenated heads back to the
+model width.
+
+- ``AllocAttention`` (``mhsa``, ``frozen_qk``): one fused projection (``qkv``; or a frozen
+  ``qk`` plus ``v``), rows ordered every query head, then every key head, then every value
+  head, group after group. RoPE (rotate-half form) turns pair ``i`` of key/value head ``h`` of
+  group ``j`` by ``position * inv_freq{j}[h, i]``: the frequencies are saved buffers, since a
+  compressed student keeps a subset of its teacher's and they cannot be recomputed from the
+  config. The ``transformers`` ``DynamicCache`` holds a layer's turned keys as one tensor (B, 1,
+  T, sum of kv_heads * qk_dim) and its values as (B, 1, T, sum of kv_heads * v_dim).
+- ``AllocLatentAttention`` (``latent``): keys ``[RoPE part | latent part]`` and values rebuilt
+  by ``up`` from a latent ``down(x)`` per token; the cache holds the latents (its keys, (B, 1,
+  T, latent_dim)) and the keys' turned RoPE parts (its values, (B, 1, T, sum of kv_heads *
+  rope_dim)).
+
+Copies. Being standalone, this file repeats some of ``workers.attention``: the head split and
+merge and the RoPE rotation. Each repeated function is marked ``# Copied from
+workers.attention.NAME`` and must stay identical to its source, text for text (docstring
+included), which ``tests/test_hf_export.py`` checks, as ``transformers`` checks its own ``#
+Copied from`` functions (``utils/check_copies.py``): a change made in one place and not the
+other fails the tests.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from transformers.cache_utils import Cache
+
+
+@dataclass(frozen=True)
+class Group:
+    """One head group: ``count`` query heads of ``qk`` dims reading ``kv`` key/value heads of
+    ``qk`` (keys) and ``v`` (values) dims."""
+
+    count: int
+    qk: int
+    v: int
+    kv: int
+
+
+def parse_groups(heads: list[Any]) -> list[Group]:
+    """Head groups from a layer's ``heads`` list (dicts with count, qk_dim, optional v_dim and
+    kv_heads, which default to qk_dim and count)."""
+    groups = []
+    for g in heads:
+        if not isinstance(g, dict):
+            raise ValueError(f"head group {g!r}: expected a dict with count and qk_dim")
+        count, qk = int(g["count"]), int(g["qk_dim"])
+        groups.append(Group(count, qk, int(g.get("v_dim") or qk), int(g.get("kv_heads") or count)))
+    return groups
+
+
+# Copied from workers.attention.rope_frequencies
+def rope_frequencies(dim: int, theta: float) -> Tensor:
+    """RoPE's ``dim / 2`` angular frequencies, pair ``i`` turning ``theta ** (-2i / dim)`` per
+    position (computed as ``transformers`` does, so angles agree to the last bit)."""
+    return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+
+
+# Copied from workers.attention.rope_tables
+def rope_tables(t: int, inv_freq: Tensor, dtype: torch.dtype, start: int = 0
+                ) -> tuple[Tensor, Tensor]:
+    """``cos`` and ``sin`` of ``position * inv_freq[h, i]`` for the ``t`` positions from
+    ``start``, each (H, t, dim/2) (angles in float32, then ``dtype``); ``inv_freq``: (H, dim/2)."""
+    positions = torch.arange(start, start + t, dtype=torch.float32, device=inv_freq.device)
+    angles = positions[None, :, None] * inv_freq[:, None, :].float()
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+# Copied from workers.attention.turn
+def turn(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """RoPE in rotate-half form: pair ``i`` of a head is dims ``(i, i + dim/2)``, turned by the
+    angles of ``rope_tables``. ``x``: (B, H, T, dim)."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+# Copied from workers.attention.rotate
+def rotate(x: Tensor, inv_freq: Tensor, start: int = 0) -> Tensor:
+    """``x`` (B, H, T, dim) at positions ``start ..`` turned by RoPE with frequencies
+    ``inv_freq`` (H, dim/2)."""
+    return turn(x, *rope_tables(x.shape[-2], inv_freq, x.dtype, start))
+
+
+# Copied from workers.attention.split_heads
+def split_heads(x: Tensor, count: int) -> Tensor:
+    """(B, T, count * dim) -> (B, count, T, dim)"""
+    b, t, _ = x.shape
+    return x.view(b, t, count, -1).transpose(1, 2)
+
+
+# Copied from workers.attention.merge_heads
+def merge_heads(x: Tensor) -> Tensor:
+    """(B, H, T, dim) -> (B, T, H * dim)"""
+    b, h, t, d = x.shape
+    return x.transpose(1, 2).reshape(b, t, h * d)
+
+
+class AllocAttention(nn.Module):
+    """Grouped attention of one layer (``mhsa``: ``qkv``; ``frozen_qk``: ``qk`` and ``v``)."""
+
+    def __init__(self, arch: dict[str, Any], layer: dict[str, Any], index: int) -> None:
+        super().__init__()
+        self.index = index
+        self.groups = parse_groups(layer["heads"])
+        d = int(arch["d_model"])
+        in_bias = bool(arch.get("bias") or arch.get("qkv_bias"))
+        self.q_width = sum(g.count * g.qk for g in self.groups)
+        self.k_width = sum(g.kv * g.qk for g in self.groups)
+        self.v_width = sum(g.kv * g.v for g in self.groups)
+        width = sum(g.count * g.v for g in self.groups)
+        self.qkv: nn.Linear | None = None
+        self.qk: nn.Linear | None = None
+        self.v: nn.Linear | None = None
+        if layer["attention"] == "frozen_qk":
+            self.qk = nn.Linear(d, self.q_width + self.k_width, bias=in_bias)
+            self.v = nn.Linear(d, self.v_width, bias=in_bias)
+        else:
+            self.qkv = nn.Linear(d, self.q_width + self.k_width + self.v_width, bias=in_bias)
+        self.out = nn.Linear(width, d, bias=bool(arch.get("bias")))
+        self.rope = arch.get("positional", "learned") == "rope"
+        if self.rope:
+            theta = float(arch.get("rope_theta", 10000.0))
+            for j, g in enumerate(self.groups):
+                freqs = rope_frequencies(g.qk, theta).expand(g.kv, -1).clone()
+                self.register_buffer(f"inv_freq{j}", freqs)
+
+    def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(B, T, d) -> queries (B, T, q_width), keys (B, T, k_width), values (B, T, v_width)."""
+        if self.qkv is not None:
+            q, k, v = self.qkv(x).split([self.q_width, self.k_width, self.v_width], dim=-1)
+            return q, k, v
+        assert self.qk is not None and self.v is not None
+        q, k = self.qk(x).split([self.q_width, self.k_width], dim=-1)
+        return q, k, self.v(x)
+
+    def positioned(self, q: Tensor, k: Tensor, start: int) -> tuple[list[Tensor], Tensor]:
+        """Per group queries (B, count, T, qk) and all keys flat (B, T, k_width), turned by RoPE
+        at positions from ``start`` when the model uses it."""
+        qs = q.split([g.count * g.qk for g in self.groups], dim=-1)
+        ks = k.split([g.kv * g.qk for g in self.groups], dim=-1)
+        q_heads, k_flat = [], []
+        for j, (g, qg, kg) in enumerate(zip(self.groups, qs, ks)):
+            qh, kh = split_heads(qg, g.count), split_heads(kg, g.kv)
+            if self.rope:
+                freqs: Tensor = getattr(self, f"inv_freq{j}")  # (kv, qk / 2)
+                q_freqs = freqs.repeat_interleave(g.count // g.kv, dim=0)  # (count, qk / 2)
+                qh, kh = rotate(qh, q_freqs, start), rotate(kh, freqs, start)
+            q_heads.append(qh)
+            k_flat.append(merge_heads(kh))
+        return q_heads, torch.cat(k_flat, dim=-1) if len(k_flat) > 1 else k_flat[0]
+
+    def forward(self, x: Tensor, start: int, cache: Cache | None) -> Tensor:
+        """(B, T, d) -> (B, T, d) for the tokens at positions ``start ..``; with ``cache``,
+        their keys and values are appended to the layer's and every cached one is read."""
+        q, k, v = self.project(x)
+        q_heads, k = self.positioned(q, k, start)
+        if cache is not None:  # one (B, 1, T, width) tensor each for keys and values
+            k_all, v_all = cache.update(k[:, None], v[:, None], self.index)
+            k, v = k_all[:, 0], v_all[:, 0]
+        t, total = x.shape[1], k.shape[1]
+        mask = None
+        if 1 < t < total:  # new queries see every cached key and the new ones up to their own
+            mask = torch.ones(t, total, dtype=torch.bool, device=x.device).tril(total - t)
+        ks = k.split([g.kv * g.qk for g in self.groups], dim=-1)
+        vs = v.split([g.kv * g.v for g in self.groups], dim=-1)
+        outs = []
+        for g, qh, kg, vg in zip(self.groups, q_heads, ks, vs):
+            kh, vh = split_heads(kg, g.kv), split_heads(vg, g.kv)
+            o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask,
+                                               is_causal=t == total and t > 1,
+                                               scale=1.0 / math.sqrt(g.qk),
+                                               enable_gqa=g.kv != g.count)
+            outs.append(merge_heads(o))
+        out: Tensor = self.out(torch.cat(outs, dim=-1) if len(outs) > 1 else outs[0])
+        return out
+
+
+def turn_part(x: Tensor, freqs: Tensor, start: int, first: int) -> Tensor:
+    """``x`` (B, H, T, dim) with dims ``first .. first + 2 n`` turned by RoPE at positions
+    ``start ..`` (``freqs``: (H, n)); the others as they are."""
+    end = first + 2 * freqs.shape[-1]
+    return torch.cat([x[..., :first], rotate(x[..., first:end], freqs, start), x[..., end:]],
+                     dim=-1)
+
+
+class AllocLatentAttention(nn.Module):
+    """A latent layer: each token caches the latent ``down(x)`` and its keys' turned RoPE parts
+    ``k_rope(x)``; keys ``[RoPE part | latent part]`` and values are rebuilt from the cached
+    latents by ``up`` (the latent parts turned too with ``rotate_latent``)."""
+
+    def __init__(self, arch: dict[str, Any], layer: dict[str, Any], index: int) -> None:
+        super().__init__()
+        self.index, self.groups = index, parse_groups(layer["heads"])
+        d, bias = int(arch["d_model"]), bool(arch.get("bias") or arch.get("qkv_bias"))
+        c, r = int(layer["latent_dim"]), int(layer.get("rope_dim", 0))
+        self.rope_dim, self.rotate_latent = r, bool(layer.get("rotate_latent"))
+        self.rope_widths = [g.kv * r for g in self.groups]
+        self.key_widths = [g.kv * (g.qk - r) for g in self.groups]
+        self.v_widths = [g.kv * g.v for g in self.groups]
+        self.q = nn.Linear(d, sum(g.count * g.qk for g in self.groups), bias=bias)
+        self.k_rope = nn.Linear(d, sum(self.rope_widths), bias=bias) if r else None
+        self.down = nn.Linear(d, c, bias=False)
+        self.up = nn.Linear(c, sum(self.key_widths) + sum(self.v_widths), bias=bias)
+        self.out = nn.Linear(sum(g.count * g.v for g in self.groups), d,
+                             bias=bool(arch.get("bias")))
+        theta = float(arch.get("rope_theta", 10000.0))
+        for j, g in enumerate(self.groups):
+            if arch.get("positional") == "rope":
+                self.register_buffer(f"inv_freq{j}", rope_frequencies(r, theta).expand(g.kv, -1)
+                                     .clone())
+            if self.rotate_latent:
+                self.register_buffer(f"inv_freq_latent{j}", rope_frequencies(g.qk - r, theta)
+                                     .expand(g.kv, -1).clone())
+
+    def rope_keys(self, x: Tensor, start: int) -> Tensor:
+        """(B, T, d) -> every key head's RoPE part turned at positions ``start ..``, flat."""
+        if self.k_rope is None:
+            return x.new_zeros(x.shape[0], x.shape[1], 0)
+        parts = self.k_rope(x).split(self.rope_widths, dim=-1)
+        return torch.cat([merge_heads(rotate(split_heads(p, g.kv), getattr(self, f"inv_freq{j}"),
+                                             start))
+                          for j, (g, p) in enumerate(zip(self.groups, parts))], dim=-1)
+
+    def head_keys(self, j: int, rope: Tensor, latent_keys: Tensor) -> Tensor:
+        """Group ``j``'s keys (B, kv, T, qk) from every cached token's turned RoPE parts and
+        latent parts (each flat for the group)."""
+        g = self.groups[j]
+        rest = split_heads(latent_keys, g.kv)
+        if self.rotate_latent:
+            rest = rotate(rest, getattr(self, f"inv_freq_latent{j}"))
+        return torch.cat([split_heads(rope, g.kv), rest], dim=-1)
+
+    def head_queries(self, j: int, q: Tensor, start: int) -> Tensor:
+        """Group ``j``'s queries (B, count, T, qk), turned like the keys they read."""
+        g, qh = self.groups[j], split_heads(q, self.groups[j].count)
+        share = g.count // g.kv
+        if self.rope_dim:
+            qh = turn_part(qh, getattr(self, f"inv_freq{j}").repeat_interleave(share, 0),
+                           start, 0)
+        if self.rotate_latent:
+            qh = turn_part(qh, getattr(self, f"inv_freq_latent{j}")
+                           .repeat_interleave(share, 0), start, self.rope_dim)
+        return qh
+
+    def forward(self, x: Tensor, start: int, cache: Cache | None) -> Tensor:
+        """(B, T, d) -> (B, T, d) for the tokens at positions ``start ..``; with ``cache``,
+        their latents (the cache's keys) and RoPE parts (its values) are appended."""
+        latent, rope = self.down(x), self.rope_keys(x, start)
+        if cache is not None:
+            latent_all, rope_all = cache.update(latent[:, None], rope[:, None], self.index)
+            latent, rope = latent_all[:, 0], rope_all[:, 0]
+        t, total = x.shape[1], latent.shape[1]
+        mask = None
+        if 1 < t < total:  # new queries see every cached key and the new ones up to their own
+            mask = torch.ones(t, total, dtype=torch.bool, device=x.device).tril(total - t)
+        keys, values = self.up(latent).split([sum(self.key_widths), sum(self.v_widths)], -1)
+        qs = self.q(x).split([g.count * g.qk for g in self.groups], dim=-1)
+        outs = []
+        for j, (g, qg, rg, kg, vg) in enumerate(zip(
+                self.groups, qs, rope.split(self.rope_widths, -1),
+                keys.split(self.key_widths, -1), values.split(self.v_widths, -1))):
+            o = F.scaled_dot_product_attention(
+                self.head_queries(j, qg, start), self.head_keys(j, rg, kg),
+                split_heads(vg, g.kv), attn_mask=mask, is_causal=t == total and t > 1,
+                scale=1.0 / math.sqrt(g.qk), enable_gqa=g.kv != g.count)
+            outs.append(merge_heads(o))
+        out: Tensor = self.out(torch.cat(outs, dim=-1) if len(outs) > 1 else outs[0])
+        return out
