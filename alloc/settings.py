@@ -22,6 +22,10 @@ from common.errors import TransformerAllocError
 
 MLP_PRODUCT_ORDER = 2  # an MLP after the attention multiplies pairs of extracted tokens (§2.1)
 
+# The kinds the allocator plans: a latent layer's latent width is not a head split but a
+# compression's choice (workers.latent_students).
+PLANNED_KINDS: tuple[AttentionKind, ...] = tuple(k for k in ATTENTION_KINDS if k != "latent")
+
 
 @dataclass(frozen=True)
 class PlanSettings:
@@ -182,7 +186,7 @@ def _value_problems(s: PlanSettings) -> list[str]:
                                           for p in s.patterns):
         problems.append(f"--patterns {s.patterns!r}: every value must be a number in [1, "
                         f"--budget {s.budget}] (distinct patterns of a later layer)")
-    need_choice(problems, "--attention", s.attention, ATTENTION_KINDS)
+    need_choice(problems, "--attention", s.attention, PLANNED_KINDS)
     need_choice(problems, "--positional", s.positional, POSITIONALS)
     need_bool(problems, "--uniform", s.uniform)
     return problems

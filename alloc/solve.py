@@ -17,8 +17,8 @@ from typing import Any
 from alloc.constants import read_constants
 from alloc.errors import PlanError
 from alloc.plan import Plan, make_plan, report
-from alloc.settings import MAX_BLOCK, PlanSettings
-from arch import ATTENTION_KINDS, MAX_DEPTH, MAX_WIDTH, POSITIONALS, HeadGroup
+from alloc.settings import MAX_BLOCK, PLANNED_KINDS, PlanSettings
+from arch import MAX_DEPTH, MAX_WIDTH, POSITIONALS, HeadGroup
 from common.cli import (
     Parser,
     add_force,
@@ -114,7 +114,7 @@ def _add_bound_flags(p: argparse.ArgumentParser, d: PlanSettings) -> None:
 
 def _add_model_flags(p: argparse.ArgumentParser, d: PlanSettings) -> None:
     """What the written architecture is, besides its head groups."""
-    p.add_argument("--attention", choices=ATTENTION_KINDS, default=d.attention,
+    p.add_argument("--attention", choices=PLANNED_KINDS, default=d.attention,
                    help="attention kind of every layer")
     p.add_argument("--mlp-ratio", type=number(0), default=d.mlp_ratio,
                    help="MLP hidden / d_model (0 = attention-only layers); with an MLP the "

@@ -134,7 +134,7 @@ class LayerSpec:
         tied_output: MSSA only; output map ``[U_1..U_K]`` instead of a separate projection.
         latent_dim: latent layers only: the units of the one latent a decoder caches per token
             for the whole layer, from which every key's latent part and every value are
-            reconstructed (multi-head latent attention, docs/theory.md §11).
+            reconstructed (multi-head latent attention, docs/theory.md §10.5).
         rope_dim: latent layers only: the first ``rope_dim`` dims of every query and key head
             are computed from the input directly and turned by RoPE (the keys' part is cached
             beside the latent); the other ``qk_dim - rope_dim`` come from the latent.

@@ -1,5 +1,5 @@
 """Latent attention: one low-rank latent per token and layer, from which keys and values are
-rebuilt (multi-head latent attention, DeepSeek-AI, "DeepSeek-V2", 2024; docs/theory.md §11).
+rebuilt (multi-head latent attention, DeepSeek-AI, "DeepSeek-V2", 2024; docs/theory.md §10.5).
 
 A decoder caches, per token, the layer's latent ``c = W_down x`` (``latent_dim`` units) and
 every key/value head's RoPE part ``W_K_rope x`` (``rope_dim`` units, turned), instead of its

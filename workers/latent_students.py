@@ -1,5 +1,5 @@
 """Latent students: an ``mhsa`` teacher's layers rewritten as ``latent`` layers (docs/theory.md
-§11): each key/value head keeps some RoPE frequency pairs as its RoPE part (the leading ones of
+§10.5): each key/value head keeps some RoPE frequency pairs as its RoPE part (the leading ones of
 a ranking), the rest of its key rows and every value row are stacked and replaced by the
 truncated SVD of the stack, weighted by the sample's input RMS per feature (activation-aware,
 as ASVD), whose right factor is the layer's ``down`` map and left factor its ``up`` map. The
