@@ -13,6 +13,8 @@
         qk_dim: same              # same | reduced | {min: 8, step: 8}
         kv_heads: [1, 2]          # optional: key/value heads per head group (grouped-query
                                   # attention); each must divide every head count sampled
+        latent_dim: [16, 32]      # with attention latent: the latent cached per token
+        rope_dim: [0, 8]          # with attention latent: RoPE dims per key/value head (0)
         shared: false             # true: the rule's layers all take one sampled configuration
       - layers: 2
         groups: {max: 3}          # up to 3 head groups filling the layer budget exactly,
@@ -179,6 +181,7 @@ def _parse_rule(problems: list[str], where: str, item: dict[str, Any], budget: i
                                               " or 'derived' (budget / heads)"))
     qk = _parse_qk(problems, f"{where}.qk_dim", item.get("qk_dim", "same"))
     kv_heads = _parse_kv_heads(problems, f"{where}.kv_heads", item.get("kv_heads"), attention)
+    latent_dims, rope_dims = _parse_latent(problems, where, item, attention)
     role, eta = item.get("role", "process"), item.get("eta", 1.0)
     shared = item.get("shared", False)
     if not isinstance(shared, bool):
@@ -187,7 +190,26 @@ def _parse_rule(problems: list[str], where: str, item: dict[str, Any], budget: i
         return None
     return LayerRule(indices, attention, tuple(float(m) for m in mlp), heads, head_dim, qk,
                      rule_budget, role, eta, item.get("freeze_mlp", False), shared, max_groups,
-                     kv_heads)
+                     kv_heads, latent_dims, rope_dims)
+
+
+def _parse_latent(problems: list[str], where: str, item: dict[str, Any],
+                  attention: tuple[Any, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """A rule's latent widths (required with ``attention: latent``) and RoPE parts (default
+    none); both refused by name without latent layers."""
+    if "latent" not in attention:
+        for key in ("latent_dim", "rope_dim"):
+            if key in item:
+                add(problems, f"{where}.{key}", item[key], "only with attention latent")
+        return (), (0,)
+    dims = need_choices(problems, f"{where}.latent_dim", item.get("latent_dim"),
+                        lambda v: is_int(v) and 1 <= v <= MAX_WIDTH,
+                        f"must be latent widths (integers in 1..{MAX_WIDTH:,}): what a latent "
+                        "layer caches per token")
+    ropes = need_choices(problems, f"{where}.rope_dim", item.get("rope_dim", [0]),
+                         lambda v: is_int(v) and v >= 0 and v % 2 == 0,
+                         "must be even integers >= 0 (RoPE dims per key/value head)")
+    return tuple(sorted(set(dims))), tuple(sorted(set(ropes)))
 
 
 def _parse_kv_heads(problems: list[str], key: str, value: Any,
@@ -297,18 +319,36 @@ def _check_constructible(space: SearchSpace) -> None:
         if rule.budget > space.budget:
             problems.append(f"{where}.budget = {rule.budget}: exceeds the space's budget "
                             f"{space.budget}")
+        problems += _latent_problems(space, rule, where)
         if problems:
             continue
         count = rule.heads[0] if rule.heads else 1
         dim = rule.v_dims(count)[0]
         for kind in rule.attention:  # the rest is ArchConfig's own validation, on extremes
             for ratio in rule.mlp_ratio:
+                latent = {"latent_dim": max(rule.latent_dim), "rope_dim": max(rule.rope_dim)
+                          } if kind == "latent" else {}
                 try:
                     layer = LayerSpec(kind, (HeadGroup(count, dim),), ratio, rule.role,
-                                      eta=rule.eta)
+                                      eta=rule.eta, **latent)
                     ArchConfig(d_model=space.budget, layers=(layer,),
                                **{**space.model, **PROBE_IO.fields(True)})
                 except (ConfigError, TypeError) as err:
                     problems.append(f"{where} (attention {kind}, mlp_ratio {ratio:g}): {err}")
     if problems:
         raise SpaceError(f"{space.source}: " + "; ".join(problems))
+
+
+def _latent_problems(space: SearchSpace, rule: LayerRule, where: str) -> list[str]:
+    """A latent rule's RoPE parts must fit the narrowest head it samples, and need RoPE."""
+    if "latent" not in rule.attention or not any(rule.rope_dim):
+        return []
+    dims = rule.head_dim or tuple(d for count in rule.heads for d in rule.v_dims(count))
+    narrowest = min(rule.qk.range("latent", d)[0] for d in dims)
+    widest = max(rule.rope_dim)
+    if space.model.get("positional") != "rope":
+        return [f"{where}.rope_dim = {widest}: needs model positional: rope"]
+    if widest > narrowest:
+        return [f"{where}.rope_dim = {widest}: exceeds the narrowest qk_dim the rule samples "
+                f"({narrowest})"]
+    return []

@@ -50,6 +50,8 @@ class LayerRule:
     shared: bool = False  # every layer of the rule takes one sampled configuration
     max_groups: int = 1  # > 1: up to this many head groups filling ``budget`` exactly
     kv_heads: tuple[int, ...] | None = None  # key/value heads per group; None: one per query head
+    latent_dim: tuple[int, ...] = ()  # a latent layer's latent widths (with attention latent)
+    rope_dim: tuple[int, ...] = (0,)  # a latent layer's RoPE dims per key/value head
 
     @property
     def kv_unit(self) -> int:
@@ -82,7 +84,14 @@ class LayerRule:
         for name, value in fixed.items():  # recorded, so the params decode to this layer
             if value != codec.DEFAULTS[name]:
                 trial.suggest_categorical(codec.layer_key(layers, name), (value,))
-        return LayerSpec(kind, tuple(heads), mlp_ratio=float(mlp_ratio), **fixed)
+        latent = self._sample_latent(layers, trial) if kind == "latent" else {}
+        return LayerSpec(kind, tuple(heads), mlp_ratio=float(mlp_ratio), **fixed, **latent)
+
+    def _sample_latent(self, layers: tuple[int, ...], trial: Suggester) -> dict[str, int]:
+        """A latent layer's latent width and RoPE dims."""
+        return {name: trial.suggest_categorical(codec.layer_key(layers, name), choices)
+                for name, choices in (("latent_dim", self.latent_dim),
+                                      ("rope_dim", self.rope_dim))}
 
     def fixed_fields(self, mlp_ratio: float) -> dict[str, Any]:
         """The layer fields the rule fixes rather than samples."""
@@ -131,6 +140,14 @@ class LayerRule:
                      if getattr(layer, k) != v]
         if layer.tied_output:
             problems.append(f"{where}.tied_output = True: the space samples untied outputs")
+        if layer.attention == "latent":
+            problems += [f"{where}.{name} = {value}: allowed {list(allowed)}"
+                         for name, value, allowed in (
+                             ("latent_dim", layer.latent_dim, self.latent_dim),
+                             ("rope_dim", layer.rope_dim, self.rope_dim)) if value not in allowed]
+            if layer.rotate_latent:
+                problems.append(f"{where}.rotate_latent = True: the space samples latent parts "
+                                "without RoPE")
         problems += (self._groups_problems(layer, where) if self.max_groups > 1
                      else self._one_group_problems(layer, where))
         for j, g in enumerate(layer.heads):

@@ -21,7 +21,8 @@ TOP_KEYS = ("name", "description", "budget", "depth", "model", "layers", "train"
              "data")
 DATA_KEYS = ("path", "format", "dtype", "vocab_size")
 RULE_KEYS = ("layers", "attention", "mlp_ratio", "heads", "head_dim", "qk_dim", "budget",
-              "role", "eta", "freeze_mlp", "shared", "groups", "kv_heads")
+              "role", "eta", "freeze_mlp", "shared", "groups", "kv_heads", "latent_dim",
+              "rope_dim")
 # The allocator's plan for (budget, depth): what resolves ``allocator`` placeholders.
 Planner = Callable[[int, int], ArchConfig]
 

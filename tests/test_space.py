@@ -365,3 +365,60 @@ def test_the_neighbourhood_of_a_grouped_plan_keeps_its_key_value_heads() -> None
     for seed in range(20):
         arch, _ = space.sample(RandomSuggester(seed), IO)
         assert all(g.kv_heads == 2 for x in arch.layers for g in x.heads)
+
+
+# --- latent layers --------------------------------------------------------------------------
+
+LATENT = {"name": "latent", "budget": 64, "depth": 2, "model": {"positional": "rope"},
+          "layers": [{"layers": "all", "attention": ["mhsa", "latent"], "heads": [4, 8],
+                      "kv_heads": [1, 2], "latent_dim": [8, 16], "rope_dim": [0, 4]}]}
+
+
+@settings(max_examples=100, deadline=None)
+@given(seed=st.integers(0, 2**31))
+def test_latent_spaces_sample_their_widths_and_round_trip(seed: int) -> None:
+    space = parse_space(LATENT)
+    suggester = RandomSuggester(seed)
+    arch, _ = space.sample(suggester, IO)
+    for i, layer in enumerate(arch.layers):
+        if layer.attention == "latent":
+            assert layer.latent_dim in (8, 16) and layer.rope_dim in (0, 4)
+            assert suggester.params[f"L{i}.rope_dim"] == layer.rope_dim  # even at 0
+        else:
+            assert layer.latent_dim == 0 and f"L{i}.latent_dim" not in suggester.params
+    assert codec.decode(suggester.params, arch) == arch
+    params = space.encode(arch)
+    assert params == suggester.params
+    assert space.sample(FixedSuggester(params), IO)[0] == arch
+
+
+def test_a_latent_grid_is_every_kind_with_its_own_choices() -> None:
+    """mhsa: 2 counts x 2 key/value heads; latent: those x 2 widths x 2 RoPE parts."""
+    space = parse_space({**LATENT, "depth": 1, "sampler": "grid"})
+    layers = [space.sample(FixedSuggester(p), IO)[0].layers[0] for p in space.grid()]
+    assert len(layers) == len(set(layers)) == 4 + 16
+    outside = ArchConfig.from_dict({**space.sample(FixedSuggester(space.grid()[-1]), IO)[0]
+                                    .to_dict(), "layers": [{
+                                        "attention": "latent", "heads": ["8x8kv2"],
+                                        "latent_dim": 12}]})
+    with pytest.raises(SpaceError, match=r"latent_dim = 12: allowed \[8, 16\]"):
+        space.encode(outside)
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"attention": ["mhsa"]}, "layers[0].latent_dim = [8, 16]: only with attention latent"),
+    ({"latent_dim": None}, "layers[0].latent_dim = None: must be latent widths"),
+    ({"rope_dim": [3]}, "layers[0].rope_dim = 3: must be even integers"),
+    ({"rope_dim": [16]}, "layers[0].rope_dim = 16: exceeds the narrowest qk_dim the rule "
+                         "samples (8)"),
+])
+def test_bad_latent_rules_are_one_line(change: dict[str, object], message: str) -> None:
+    rule = {**LATENT["layers"][0], **change}  # type: ignore[index]
+    with pytest.raises(SpaceError) as err:
+        parse_space({**LATENT, "layers": [{k: v for k, v in rule.items() if v is not None}]})
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_rope_parts_need_a_rope_model() -> None:
+    with pytest.raises(SpaceError, match=r"rope_dim = 4: needs model positional: rope"):
+        parse_space({**LATENT, "model": {"positional": "learned"}})
