@@ -326,11 +326,11 @@ def _check_constructible(space: SearchSpace) -> None:
         dim = rule.v_dims(count)[0]
         for kind in rule.attention:  # the rest is ArchConfig's own validation, on extremes
             for ratio in rule.mlp_ratio:
-                latent = {"latent_dim": max(rule.latent_dim), "rope_dim": max(rule.rope_dim)
-                          } if kind == "latent" else {}
+                latent = kind == "latent"
                 try:
                     layer = LayerSpec(kind, (HeadGroup(count, dim),), ratio, rule.role,
-                                      eta=rule.eta, **latent)
+                                      eta=rule.eta, latent_dim=max(rule.latent_dim, default=0) * latent,
+                                      rope_dim=max(rule.rope_dim) * latent)
                     ArchConfig(d_model=space.budget, layers=(layer,),
                                **{**space.model, **PROBE_IO.fields(True)})
                 except (ConfigError, TypeError) as err:

@@ -84,14 +84,14 @@ class LayerRule:
         for name, value in fixed.items():  # recorded, so the params decode to this layer
             if value != codec.DEFAULTS[name]:
                 trial.suggest_categorical(codec.layer_key(layers, name), (value,))
-        latent = self._sample_latent(layers, trial) if kind == "latent" else {}
-        return LayerSpec(kind, tuple(heads), mlp_ratio=float(mlp_ratio), **fixed, **latent)
+        latent, rope = self._sample_latent(layers, trial) if kind == "latent" else (0, 0)
+        return LayerSpec(kind, tuple(heads), mlp_ratio=float(mlp_ratio), **fixed,
+                         latent_dim=latent, rope_dim=rope)
 
-    def _sample_latent(self, layers: tuple[int, ...], trial: Suggester) -> dict[str, int]:
+    def _sample_latent(self, layers: tuple[int, ...], trial: Suggester) -> tuple[int, int]:
         """A latent layer's latent width and RoPE dims."""
-        return {name: trial.suggest_categorical(codec.layer_key(layers, name), choices)
-                for name, choices in (("latent_dim", self.latent_dim),
-                                      ("rope_dim", self.rope_dim))}
+        return (trial.suggest_categorical(codec.layer_key(layers, "latent_dim"), self.latent_dim),
+                trial.suggest_categorical(codec.layer_key(layers, "rope_dim"), self.rope_dim))
 
     def fixed_fields(self, mlp_ratio: float) -> dict[str, Any]:
         """The layer fields the rule fixes rather than samples."""
