@@ -20,7 +20,7 @@ from alloc.constants import read_constants
 from arch import ArchConfig, HeadGroup, LayerSpec, param_count
 from studies import open_storage
 from tests.helpers.search import ray_tmp
-from workers.experiments import compress, denoise, llama_compress, mixit, saturation
+from workers.experiments import compress, denoise, kv_compress, llama_compress, mixit, saturation
 from workers.model import build_model, count_params
 from workers.tasks import fit_arch, make_task
 
@@ -188,6 +188,44 @@ def test_llama_compress_plan_and_uniform_students_at_equal_kv_cache(
     assert (tmp_path / "teacher" / "config.json").exists()
     assert (tmp_path / "student" / "config.json").exists()
     assert (tmp_path / "llama_compress.png").stat().st_size > 10_000
+
+
+def test_kv_compress_puts_every_method_at_every_size_on_each_teacher(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert kv_compress.main(["--smoke-test", "--out", str(tmp_path), "--format", "json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    rows = read_csv(tmp_path / "kv_compress.csv")
+    assert len(rows) == 2 * len(kv_compress.FRACTIONS) * len(kv_compress.METHODS)  # 2 teachers
+    arch = llama_compress.teacher_arch(llama_compress.SMOKE)
+    for r in rows:
+        fraction = float(r["fraction"])
+        if r["method"] == "ours" and fraction == 0.125:  # below the floor of its smallest dims
+            assert r["layers"] == "below the plan's floor" and math.isnan(float(r["reduced_loss"]))
+            continue
+        # every student caches what its size says (the latent ones exactly their share)
+        assert int(r["kv_units"]) <= fraction * arch.kv_width
+        if r["method"] != "ours":
+            assert int(r["kv_units"]) == round(fraction * arch.kv_width)
+        assert math.isfinite(float(r["reduced_loss"])) and math.isfinite(
+            float(r["finetuned_loss"]))
+    summary = read_csv(tmp_path / "kv_compress_summary.csv")
+    for s in summary:
+        if int(s["teachers"]):
+            assert float(s["reduced_loss_low"]) <= float(s["reduced_loss"]) <= float(
+                s["reduced_loss_high"])
+    assert len(result["verdicts"]) == len(kv_compress.FRACTIONS)
+    assert (tmp_path / "kv_compress.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize(("weights", "total", "cap", "expected"), [
+    ([1.0, 1.0, 2.0], 8, 10, [2, 2, 4]),  # in proportion, one unit each first
+    ([10.0, 1.0], 10, 6, [6, 4]),  # a capped layer's share goes to the other
+    ([0.0, 0.0, 0.0], 7, 5, [3, 2, 2]),  # no information: even
+    ([5.0, 1.0], 20, 6, [6, 6]),  # both capped: what fits
+])
+def test_palus_widths_follow_the_fisher_information(weights: list[float], total: int, cap: int,
+                                                    expected: list[int]) -> None:
+    assert kv_compress.allocate(weights, total, cap) == expected
 
 
 def test_a_uniform_student_matches_any_plans_size() -> None:
