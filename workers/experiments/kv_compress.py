@@ -20,19 +20,27 @@ value, each cut by
   without RoPE;
 - ``ours``: the loss plan of ``workers.profile --rule loss --kv-cache F``: each layer's RoPE
   pairs and value dims cut where the sample's loss rises least (§10.3-§10.4), as a compact
-  student.
+  student;
+- ``ours-latent``: the same loss rule choosing each layer's latent width for the ``asvd``
+  latent: every layer's latent cut alone to each candidate width (multiples of 8), its loss
+  increase on the sample measured, and the widths summing to the budget with the least summed
+  increase chosen by dynamic programming.
 
 Every student is evaluated right after the cut and after the same fine-tuning. Writes
-``kv_compress.csv`` (every student), ``kv_compress_summary.csv`` (per size and method: the mean
+``kv_compress.csv`` (every student, after each; a second run on the same ``--out`` computes
+only the rows it lacks), ``kv_compress_summary.csv`` (per size and method: the mean
 over teachers and each teacher's value) and ``kv_compress.png``.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import math
 import statistics
 import sys
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -47,17 +55,18 @@ from userdata import DataSpec
 from workers.attention import MultiHeadAttention
 from workers.experiments import harness
 from workers.experiments.llama_compress import EVAL, FULL, SMOKE, Sizes, teacher
-from workers.latent_students import latent_arch, latent_student
-from workers.loss_rule import IGNORE
+from workers.latent_students import latent_arch, latent_layer, latent_student
+from workers.loss_rule import IGNORE, sample_loss
 from workers.measure import SAMPLE_BATCH, measure_model
-from workers.model import Model
+from workers.model import Model, build_model
 from workers.students import PairOrders, build_student, pair_orders
 from workers.tasks import Batch, Task, make_data_task
 from workers.trainer import Trainer, evaluate
 
 NAME = "kv_compress"
 FRACTIONS = (0.5, 0.25, 0.125)  # of the teacher's KV cache per token
-METHODS = ("svd", "asvd", "palu", "mha2mla", "ours")
+METHODS = ("svd", "asvd", "palu", "mha2mla", "ours", "ours-latent")
+LATENT_STEP = 8  # the candidate latent widths of ours-latent
 GOAL_GAP = 0.05  # nats: "within this of its teacher" after fine-tuning
 
 
@@ -147,17 +156,60 @@ def pair_norms(rows: torch.Tensor, heads: int, half: int) -> torch.Tensor:
 
 
 def latent_for(method: str, model: Model, fraction: float, orders: PairOrders,
-               scales: dict[int, tuple[float, ...]], fisher: list[int]) -> Model:
-    """The latent student of ``method`` at ``fraction`` of the teacher's KV cache."""
+               scales: dict[int, tuple[float, ...]], widths: dict[str, list[int] | None]
+               ) -> Model | None:
+    """The latent student of ``method`` at ``fraction`` of the teacher's KV cache
+    (``widths``: the per-layer latent widths of ``palu`` and ``ours-latent``)."""
     units, arch = layer_units(model, fraction), model.arch
     if method == "mha2mla":
         g = arch.layers[0].heads[0]
         rope = max(0, min(g.qk_dim // 4, (units // 2) // g.kv_heads) // 2 * 2)
-        widths = [units - g.kv_heads * rope] * arch.n_layers
-        return latent_student(model, latent_arch(arch, widths, rope), orders, scales)
-    widths = fisher if method == "palu" else [units] * arch.n_layers
-    return latent_student(model, latent_arch(arch, widths, 0, rotate_latent=True), {},
+        rest = [units - g.kv_heads * rope] * arch.n_layers  # the latent: what RoPE leaves
+        return latent_student(model, latent_arch(arch, rest, rope), orders, scales)
+    chosen = widths.get(method, [units] * arch.n_layers)
+    if chosen is None:
+        return None
+    return latent_student(model, latent_arch(arch, chosen, 0, rotate_latent=True), {},
                           None if method == "svd" else scales)
+
+
+def latent_losses(model: Model, sample: Batch, scales: dict[int, tuple[float, ...]]
+                  ) -> list[dict[int, float]]:
+    """Per layer, the sample's loss increase with that layer alone made latent (turned keys,
+    input-weighted SVD) at each candidate width, every other layer as the teacher's."""
+    targets = sample.y.masked_fill(~sample.mask, IGNORE)
+    base = sample_loss(model, sample.x, targets)
+    full = min(model.arch.d_model, mhsa(model, 0).k_width + mhsa(model, 0).v_width)
+    increases = []
+    for i in range(model.arch.n_layers):
+        costs = {}
+        for width in range(LATENT_STEP, full + 1, LATENT_STEP):
+            layers = list(model.arch.layers)
+            layers[i] = latent_arch(model.arch, [width] * model.arch.n_layers, 0,
+                                    rotate_latent=True).layers[i]
+            arch = replace(model.arch, layers=tuple(layers))
+            state = model.state_dict()
+            latent_layer(state, arch, i, {}, torch.tensor(scales[i][:arch.d_model]))
+            student = build_model(arch)
+            student.load_state_dict(state)
+            costs[width] = sample_loss(student.eval(), sample.x, targets) - base
+        increases.append(costs)
+    return increases
+
+
+def least_loss_widths(increases: list[dict[int, float]], total: int) -> list[int] | None:
+    """The widths, one candidate per layer, summing to at most ``total`` with the least summed
+    increase (exact: dynamic programming over layers and the budget); None if none fits."""
+    best: dict[int, tuple[float, list[int]]] = {0: (0.0, [])}  # units used -> cost, widths
+    for costs in increases:
+        step: dict[int, tuple[float, list[int]]] = {}
+        for used, (cost, widths) in best.items():
+            for width, increase in costs.items():
+                if used + width <= total and (used + width not in step or
+                                              cost + increase < step[used + width][0]):
+                    step[used + width] = (cost + increase, [*widths, width])
+        best = step
+    return min(best.values())[1] if best else None
 
 
 def ours_for(model: Model, plan: CompressionPlan, fraction: float) -> Model | None:
@@ -190,38 +242,42 @@ def describe(arch: ArchConfig) -> str:
 
 
 def teacher_rows(model: Model, task: Task, sizes: Sizes, seed: int, args: argparse.Namespace,
-                 bar: Any) -> list[dict[str, Any]]:
-    """Every method at every size on one teacher."""
+                 bar: Any, done: set[tuple[int, float, str]],
+                 keep: Callable[[dict[str, Any]], None]) -> None:
+    """Every method at every size on one teacher, but those ``done`` (seed, fraction,
+    method), each row handed to ``keep`` as it is measured."""
     sample = task.batch("val", SAMPLE_BATCH, 32)  # not the evaluation batches
     measured = measure_model(model, sample.x, sizes.length, align=sizes.align, sample="corpus",
                              targets=sample.y.masked_fill(~sample.mask, IGNORE),
                              quiet=args.quiet)
     plan = plan_compression(measured, 1.0, rule="loss")
     scales, orders = plan.input_scales(), norm_orders(model, sample.x)
+    increases = latent_losses(model, sample, scales)
     teacher_loss = evaluate(model, task, EVAL, "cpu")[0]
-    rows = []
     for fraction in FRACTIONS:
         total = layer_units(model, fraction) * model.arch.n_layers
-        fisher = fisher_widths(model, sample, total)
+        widths = {"palu": fisher_widths(model, sample, total),
+                  "ours-latent": least_loss_widths(increases, total)}
         for method in METHODS:
+            if (seed, fraction, method) in done:
+                continue
             student = (ours_for(model, plan, fraction) if method == "ours" else
-                       latent_for(method, model, fraction, orders, scales, fisher))
+                       latent_for(method, model, fraction, orders, scales, widths))
             row: dict[str, Any] = {"seed": seed, "fraction": fraction, "method": method,
                                    "teacher_loss": teacher_loss}
             if student is None:
-                row |= {"layers": "below the plan's floor", "kv_units": "", "params": "",
+                row |= {"layers": "below the floor", "kv_units": "", "params": "",
                         "reduced_loss": math.nan, "finetuned_loss": math.nan}
             else:
                 row |= {"layers": describe(student.arch), "kv_units": student.arch.kv_width,
                         "params": param_count(student.arch).total,
                         "reduced_loss": evaluate(student, task, EVAL, "cpu")[0],
                         "finetuned_loss": finetune(student, task, sizes, seed)}
-            rows.append(row)
+            keep(row)
             bar.update(1)
             bar.event(f"teacher {seed}, {fraction:.1%} of the KV cache, {method}: loss "
                       f"{row['reduced_loss']:.4f} after the cut, {row['finetuned_loss']:.4f} "
                       "fine-tuned")
-    return rows
 
 
 def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -267,22 +323,44 @@ def verdicts(summary: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows an earlier run on this ``--out`` wrote (none without the file), typed."""
+    if not path.exists():
+        return []
+    with path.open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    for r in rows:
+        r |= {"seed": int(r["seed"]), "fraction": float(r["fraction"]),
+              **{k: float(r[k]) for k in ("teacher_loss", "reduced_loss", "finetuned_loss")},
+              **{k: int(r[k]) for k in ("kv_units", "params") if r[k]}}
+    return rows
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     sizes = SMOKE if args.smoke_test else FULL
     harness.prepare(args)
     corpus = harness.write_corpus(args.out / "corpus", sizes.megabytes)
     task = make_data_task(DataSpec(str(corpus)), length=sizes.length)
-    rows: list[dict[str, Any]] = []
-    with harness.runs(args, NAME, len(args.seeds) * len(FRACTIONS) * len(METHODS), "students",
+    path = args.out / "kv_compress.csv"
+    rows = read_rows(path)
+    done = {(r["seed"], r["fraction"], r["method"]) for r in rows}
+
+    def keep(row: dict[str, Any]) -> None:  # every row on disk as soon as it is measured
+        rows.append(row)
+        write_csv(path, rows)
+
+    todo = [(seed, fraction, method) for seed in args.seeds for fraction in FRACTIONS
+            for method in METHODS if (seed, fraction, method) not in done]
+    with harness.runs(args, NAME, len(todo), "students",
                       start=f"cut and fine-tune ({sizes.finetune} steps) every method at "
                             f"{', '.join(f'{f:.1%}' for f in FRACTIONS)} of the KV cache") as bar:
-        for seed in args.seeds:
+        for seed in sorted({seed for seed, _, _ in todo}):
             folder = args.out / f"teacher{seed}"
             folder.mkdir(parents=True, exist_ok=True)
             model = teacher(sizes, task, args.steps or sizes.steps, seed, folder, args)
-            rows += teacher_rows(model, task, sizes, seed, args, bar)
+            teacher_rows(model, task, sizes, seed, args, bar, done, keep)
+    rows = [r for r in rows if r["seed"] in args.seeds]
     summary = summarise(rows)
-    write_csv(args.out / "kv_compress.csv", rows)
     write_csv(args.out / "kv_compress_summary.csv", summary)
     plot(summary, statistics.fmean(r["teacher_loss"] for r in rows), args.out / "kv_compress.png")
     return {"rows": rows, "summary": summary, "verdicts": verdicts(summary),
