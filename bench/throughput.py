@@ -40,7 +40,9 @@ KINDS = ATTENTION_KINDS
 
 def our_stack(shape: Shape, kind: AttentionKind, causal: bool) -> nn.Module:
     head = HeadGroup(shape.heads, shape.d_model // shape.heads)
-    layer = LayerSpec(kind, (head,), mlp_ratio=shape.mlp_ratio)
+    # a latent layer caches d_model units per token: half of what the mhsa layer caches
+    layer = LayerSpec(kind, (head,), mlp_ratio=shape.mlp_ratio,
+                      latent_dim=shape.d_model if kind == "latent" else 0)
     arch = ArchConfig(d_model=shape.d_model, layers=(layer,) * shape.layers,
                       max_seq_len=shape.seq_len, input_dim=shape.d_model, causal=causal)
     return nn.Sequential(*(Block(arch, i) for i in range(shape.layers)))

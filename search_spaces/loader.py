@@ -327,10 +327,10 @@ def _check_constructible(space: SearchSpace) -> None:
         for kind in rule.attention:  # the rest is ArchConfig's own validation, on extremes
             for ratio in rule.mlp_ratio:
                 latent = kind == "latent"  # at its widest latent and RoPE part
-                widest = (max(rule.latent_dim, default=0) * latent, max(rule.rope_dim) * latent)
+                sizes = (max(rule.latent_dim, default=0) * latent, max(rule.rope_dim) * latent)
                 try:
                     layer = LayerSpec(kind, (HeadGroup(count, dim),), ratio, rule.role,
-                                      eta=rule.eta, latent_dim=widest[0], rope_dim=widest[1])
+                                      eta=rule.eta, latent_dim=sizes[0], rope_dim=sizes[1])
                     ArchConfig(d_model=space.budget, layers=(layer,),
                                **{**space.model, **PROBE_IO.fields(True)})
                 except (ConfigError, TypeError) as err:

@@ -35,10 +35,18 @@ def remote_code_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path
 
     from transformers import dynamic_module_utils
 
+    def forget_modules() -> None:
+        """A remote model's relative import (its attention file) goes through the package
+        ``transformers_modules``: it must be imported from this module's cache, not the last."""
+        for name in [n for n in sys.modules if n.split(".")[0] == "transformers_modules"]:
+            del sys.modules[name]
+
     cache = tmp_path_factory.mktemp("hf_modules")
+    forget_modules()
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("HF_MODULES_CACHE", str(cache))
         patch.setattr(dynamic_module_utils, "HF_MODULES_CACHE", str(cache))
         yield cache
+    forget_modules()
     if str(cache) in sys.path:  # transformers appends it to import the modules
         sys.path.remove(str(cache))
