@@ -86,6 +86,17 @@ def test_a_full_rank_latent_student_is_its_teacher(rope_dim: int, rotate: bool, 
         assert attn.down.out_features + rope_units == student_arch.layers[i].kv_width
 
 
+def test_a_teacher_without_rope_and_odd_head_dims_is_kept_at_full_rank() -> None:
+    layer = LayerSpec("mhsa", (HeadGroup(2, 5, 3), HeadGroup(2, 3, 4, 1)), mlp_ratio=1.0)
+    arch = ArchConfig(d_model=24, layers=(layer,), max_seq_len=8, vocab_size=11, bias=True)
+    teacher = trained_like(arch)
+    rows = 2 * (5 + 3) + 1 * (3 + 4)
+    student = latent_student(teacher, latent_arch(arch, [rows], 0))
+    x = ids(arch)
+    with torch.no_grad():
+        torch.testing.assert_close(student(x), teacher(x), atol=1e-5, rtol=1e-5)
+
+
 def test_the_kept_pairs_are_the_rankings_leaders_with_their_frequencies() -> None:
     arch = teacher_arch()
     teacher = trained_like(arch)

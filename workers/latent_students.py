@@ -68,6 +68,8 @@ def split_pairs(qk: int, kept: Sequence[int]) -> PairSplit:
     """A head of ``qk`` dims (pair ``i`` = dims ``i, i + qk/2``) keeping the pairs ``kept``
     (in their order); the others, ascending, go to the latent."""
     half, chosen = qk // 2, list(kept)
+    if not chosen:  # no RoPE part: every dim to the latent, in order (qk may be odd)
+        return PairSplit([], list(range(qk)), [], list(range(half)))
     left = [i for i in range(half) if i not in set(chosen)]
     return PairSplit(chosen + [i + half for i in chosen], left + [i + half for i in left],
                      chosen, left)
