@@ -108,6 +108,30 @@ def merge_heads(x: Tensor) -> Tensor:
     return x.transpose(1, 2).reshape(b, t, h * d)
 
 
+def through_cache(cache: Cache | None, index: int, first: Tensor, second: Tensor
+                  ) -> tuple[Tensor, Tensor]:
+    """Two (B, T, width) tensors of the new tokens appended to layer ``index``'s cache (its
+    keys and values, each stored (B, 1, T, width)), and those of every cached token back; as
+    they are without a cache."""
+    if cache is None:
+        return first, second
+    first_all, second_all = cache.update(first[:, None], second[:, None], index)
+    return first_all[:, 0], second_all[:, 0]
+
+
+def attend(g: Group, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """Group ``g``'s softmax attention: queries (B, count, t, qk) of the newest ``t`` tokens
+    over keys (B, kv, total, qk) and values (B, kv, total, v) of every token -> (B, t,
+    count * v). New queries see every cached key and the new ones up to their own."""
+    t, total = q.shape[-2], k.shape[-2]
+    mask = None
+    if 1 < t < total:
+        mask = torch.ones(t, total, dtype=torch.bool, device=q.device).tril(total - t)
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=t == total and t > 1,
+                                       scale=1.0 / math.sqrt(g.qk), enable_gqa=g.kv != g.count)
+    return merge_heads(o)
+
+
 class AllocAttention(nn.Module):
     """Grouped attention of one layer (``mhsa``: ``qkv``; ``frozen_qk``: ``qk`` and ``v``)."""
 
@@ -167,23 +191,11 @@ class AllocAttention(nn.Module):
         their keys and values are appended to the layer's and every cached one is read."""
         q, k, v = self.project(x)
         q_heads, k = self.positioned(q, k, start)
-        if cache is not None:  # one (B, 1, T, width) tensor each for keys and values
-            k_all, v_all = cache.update(k[:, None], v[:, None], self.index)
-            k, v = k_all[:, 0], v_all[:, 0]
-        t, total = x.shape[1], k.shape[1]
-        mask = None
-        if 1 < t < total:  # new queries see every cached key and the new ones up to their own
-            mask = torch.ones(t, total, dtype=torch.bool, device=x.device).tril(total - t)
+        k, v = through_cache(cache, self.index, k, v)
         ks = k.split([g.kv * g.qk for g in self.groups], dim=-1)
         vs = v.split([g.kv * g.v for g in self.groups], dim=-1)
-        outs = []
-        for g, qh, kg, vg in zip(self.groups, q_heads, ks, vs):
-            kh, vh = split_heads(kg, g.kv), split_heads(vg, g.kv)
-            o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask,
-                                               is_causal=t == total and t > 1,
-                                               scale=1.0 / math.sqrt(g.qk),
-                                               enable_gqa=g.kv != g.count)
-            outs.append(merge_heads(o))
+        outs = [attend(g, qh, split_heads(kg, g.kv), split_heads(vg, g.kv))
+                for g, qh, kg, vg in zip(self.groups, q_heads, ks, vs)]
         out: Tensor = self.out(torch.cat(outs, dim=-1) if len(outs) > 1 else outs[0])
         return out
 
@@ -258,24 +270,13 @@ class AllocLatentAttention(nn.Module):
     def forward(self, x: Tensor, start: int, cache: Cache | None) -> Tensor:
         """(B, T, d) -> (B, T, d) for the tokens at positions ``start ..``; with ``cache``,
         their latents (the cache's keys) and RoPE parts (its values) are appended."""
-        latent, rope = self.down(x), self.rope_keys(x, start)
-        if cache is not None:
-            latent_all, rope_all = cache.update(latent[:, None], rope[:, None], self.index)
-            latent, rope = latent_all[:, 0], rope_all[:, 0]
-        t, total = x.shape[1], latent.shape[1]
-        mask = None
-        if 1 < t < total:  # new queries see every cached key and the new ones up to their own
-            mask = torch.ones(t, total, dtype=torch.bool, device=x.device).tril(total - t)
+        latent, rope = through_cache(cache, self.index, self.down(x), self.rope_keys(x, start))
         keys, values = self.up(latent).split([sum(self.key_widths), sum(self.v_widths)], -1)
         qs = self.q(x).split([g.count * g.qk for g in self.groups], dim=-1)
-        outs = []
-        for j, (g, qg, rg, kg, vg) in enumerate(zip(
-                self.groups, qs, rope.split(self.rope_widths, -1),
-                keys.split(self.key_widths, -1), values.split(self.v_widths, -1))):
-            o = F.scaled_dot_product_attention(
-                self.head_queries(j, qg, start), self.head_keys(j, rg, kg),
-                split_heads(vg, g.kv), attn_mask=mask, is_causal=t == total and t > 1,
-                scale=1.0 / math.sqrt(g.qk), enable_gqa=g.kv != g.count)
-            outs.append(merge_heads(o))
+        outs = [attend(g, self.head_queries(j, qg, start), self.head_keys(j, rg, kg),
+                       split_heads(vg, g.kv))
+                for j, (g, qg, rg, kg, vg) in enumerate(zip(
+                    self.groups, qs, rope.split(self.rope_widths, -1),
+                    keys.split(self.key_widths, -1), values.split(self.v_widths, -1)))]
         out: Tensor = self.out(torch.cat(outs, dim=-1) if len(outs) > 1 else outs[0])
         return out
