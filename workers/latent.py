@@ -40,7 +40,7 @@ class LatentAttention(GroupedAttention):
         super().__init__(arch, layer, index, attention_fn)
         d, r, in_bias = arch.d_model, layer.rope_dim, arch.bias or arch.qkv_bias
         self.rope_dim, self.latent_dim = r, layer.latent_dim
-        self.rotate_latent = layer.rotate_latent and self.rope
+        self.rotate_latent = layer.rotate_latent  # the vocabulary allows it with RoPE only
         self.q_width = sum(count * qk for count, qk, _, _ in self.groups)
         self.rope_widths = [kv * r for _, _, _, kv in self.groups]
         self.key_widths = [kv * (qk - r) for _, qk, _, kv in self.groups]  # latent parts

@@ -75,24 +75,30 @@ def layer_units(model: Model, fraction: float) -> int:
     return max(1, round(fraction * model.arch.kv_width / model.arch.n_layers))
 
 
-def fisher_widths(model: Model, batch: Batch, total: int) -> list[int]:
-    """Palu's allocation: ``total`` latent units split across layers in proportion to the
-    Fisher information (summed squared gradients of the sample's loss) of each layer's key and
-    value rows, each at least 1 and at most the layer's full rank."""
+def fisher_information(model: Model, batch: Batch) -> list[float]:
+    """Per layer, the Fisher information of its key and value rows on the sample (their
+    summed squared gradients of the loss): what Palu allocates the latent widths by."""
     model.zero_grad()
     logits = model(batch.x)
     targets = batch.y.masked_fill(~batch.mask, IGNORE)
     torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(),
                                       ignore_index=IGNORE).backward()
-    info, full = [], model.arch.d_model
+    info = []
     for i in range(model.arch.n_layers):
         attn = mhsa(model, i)
         grad = attn.qkv.weight.grad
         assert grad is not None
         info.append(float(grad[attn.qk_width:].square().sum()))  # key and value rows
-        full = min(full, attn.k_width + attn.v_width)
     model.zero_grad()
-    return allocate(info, total, full)
+    return info
+
+
+def full_rank(model: Model) -> int:
+    """The widest latent any layer can use: the rank bound of its stacked key and value
+    maps."""
+    return min(model.arch.d_model,
+               *(mhsa(model, i).k_width + mhsa(model, i).v_width
+                 for i in range(model.arch.n_layers)))
 
 
 def mhsa(model: Model, i: int) -> MultiHeadAttention:
@@ -179,7 +185,7 @@ def latent_losses(model: Model, sample: Batch, scales: dict[int, tuple[float, ..
     input-weighted SVD) at each candidate width, every other layer as the teacher's."""
     targets = sample.y.masked_fill(~sample.mask, IGNORE)
     base = sample_loss(model, sample.x, targets)
-    full = min(model.arch.d_model, mhsa(model, 0).k_width + mhsa(model, 0).v_width)
+    full = full_rank(model)
     increases = []
     for i in range(model.arch.n_layers):
         costs = {}
@@ -252,11 +258,11 @@ def teacher_rows(model: Model, task: Task, sizes: Sizes, seed: int, args: argpar
                              quiet=args.quiet)
     plan = plan_compression(measured, 1.0, rule="loss")
     scales, orders = plan.input_scales(), norm_orders(model, sample.x)
-    increases = latent_losses(model, sample, scales)
+    increases, fisher = latent_losses(model, sample, scales), fisher_information(model, sample)
     teacher_loss = evaluate(model, task, EVAL, "cpu")[0]
     for fraction in FRACTIONS:
         total = layer_units(model, fraction) * model.arch.n_layers
-        widths = {"palu": fisher_widths(model, sample, total),
+        widths = {"palu": allocate(fisher, total, full_rank(model)),
                   "ours-latent": least_loss_widths(increases, total)}
         for method in METHODS:
             if (seed, fraction, method) in done:
