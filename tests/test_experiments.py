@@ -8,7 +8,6 @@ import itertools
 import json
 import math
 import os
-import random
 import subprocess
 import sys
 from pathlib import Path
@@ -221,20 +220,6 @@ def test_kv_compress_puts_every_method_at_every_size_on_each_teacher(
     before = (tmp_path / "kv_compress.csv").read_text()
     assert kv_compress.main(["--smoke-test", "--out", str(tmp_path), "--quiet"]) == 0
     assert (tmp_path / "kv_compress.csv").read_text() == before
-
-
-def test_the_loss_ranked_latent_widths_are_the_brute_force_best() -> None:
-    rng = random.Random(5)
-    for _ in range(20):
-        increases = [{w: rng.random() / w for w in (8, 16, 24, 32)} for _ in range(3)]
-        total = rng.choice([24, 40, 56, 96])
-        best = min((c for c in itertools.product(*[sorted(i) for i in increases])
-                    if sum(c) <= total), key=lambda c: sum(i[w] for i, w in zip(increases, c)))
-        chosen = kv_compress.least_loss_widths(increases, total)
-        assert chosen is not None and sum(chosen) <= total
-        assert sum(i[w] for i, w in zip(increases, chosen)) == pytest.approx(
-            sum(i[w] for i, w in zip(increases, best)))
-    assert kv_compress.least_loss_widths([{8: 0.1}], 4) is None
 
 
 @pytest.mark.parametrize(("weights", "total", "cap", "expected"), [

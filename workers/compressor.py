@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from alloc.compression import CompressionError, CompressionPlan
-from arch import ArchConfig, TrainConfig, param_count
+from arch import ArchConfig, LayerSpec, TrainConfig, param_count
 from arch.memory import DTYPE_BYTES, kv_cache_bytes
 from common.cli import check_writable
 from common.errors import UsageError
@@ -69,17 +69,23 @@ def read_plan(path: Path, teacher: ArchConfig) -> CompressionPlan:
     problem = reduced_dims_only(teacher, plan.student)
     if problem is not None:
         raise CompressionError(f"--plan {str(path)!r}: its student {problem}; a plan may only "
-                               "lower qk_dim and v_dim")
+                               "lower qk_dim and v_dim, or make mhsa layers latent")
     return plan
 
 
 def reduced_dims_only(teacher: ArchConfig, student: ArchConfig) -> str | None:
     """None if ``student`` is ``teacher`` with some heads' ``qk_dim`` or ``v_dim`` lowered
-    (``v_dim`` in mhsa layers only), else what differs (a hand-edited plan must not change
-    what the SVD copies)."""
+    (``v_dim`` in mhsa layers only) or some mhsa layers made latent within the rank of their
+    keys and values, else what differs (a hand-edited plan must not change what the SVD
+    copies)."""
     if len(student.layers) != len(teacher.layers):
         return f"has {len(student.layers)} layers, the teacher {len(teacher.layers)}"
     for i, (old, new) in enumerate(zip(teacher.layers, student.layers)):
+        if new.attention == "latent":
+            problem = _latent_of(old, new, teacher.d_model)
+            if problem is not None:
+                return f"layer {i} {problem}"
+            continue
         shape = [(g.count, g.kv_heads) for g in old.heads]
         values = "mhsa" if old.attention == "mhsa" else None
         if [(g.count, g.kv_heads) for g in new.heads] != shape or any(
@@ -91,6 +97,20 @@ def reduced_dims_only(teacher: ArchConfig, student: ArchConfig) -> str | None:
     if dataclasses.replace(student, layers=teacher.layers) != teacher:
         return "differs from the teacher beyond its layers' qk_dim and v_dim"
     return None
+
+
+def _latent_of(old: LayerSpec, new: LayerSpec, d_model: int) -> str | None:
+    """None if latent layer ``new`` is mhsa layer ``old`` made latent within the rank of its
+    stacked key and value maps, else what differs."""
+    if old.attention != "mhsa":
+        return f"is latent, the teacher's {old.attention!r}: only mhsa layers are made latent"
+    full = min(d_model, old.kv_width)
+    if new.latent_dim > full:
+        return (f"caches a latent of {new.latent_dim}, above the rank of its keys and values "
+                f"({full})")
+    kept = dataclasses.replace(new, attention="mhsa", latent_dim=0, rope_dim=0,
+                               rotate_latent=False)
+    return None if kept == old else "differs from the teacher's beyond its latent"
 
 
 def resolve_task(request: CompressRequest, loaded: Loaded) -> tuple[Task | None, str]:
@@ -135,6 +155,9 @@ def check_output(request: CompressRequest, loaded: Loaded, student: ArchConfig) 
         if out.exists():
             raise UsageError(f"--out {str(out)!r}: exists; the stock layout is written to a "
                              "new folder")
+        if any(x.attention == "latent" for x in student.layers):
+            raise UsageError("--layout stock: the plan makes layers latent, which the "
+                             "teacher's stock layout cannot hold; use --layout compact")
         if [g.v_dim for x in student.layers for g in x.heads] != [
                 g.v_dim for x in loaded.arch.layers for g in x.heads]:
             raise UsageError("--layout stock: the plan cuts values (v_dim), which the "
@@ -288,13 +311,19 @@ def describe(request: CompressRequest, loaded: Loaded, plan: CompressionPlan, ta
         params=ParamCounts(before.trainable, after.trainable, before.total, after.total),
         kv_cache=KVCache(dtype, kv_cache_bytes(loaded.arch, dtype),
                          kv_cache_bytes(student_arch, dtype)),
-        heads=tuple(LayerHeads(i, old.heads_str, new.heads_str)
+        heads=tuple(LayerHeads(i, old.heads_str, _heads(new))
                     for i, (old, new) in enumerate(zip(loaded.arch.layers, student_arch.layers))),
         task=None if task is None else task.name, reduces=plan.reduces, measured=plan.measured,
         files=FileBytes(weights_bytes(request.checkpoint), weights_bytes(out)), out=out,
         written=(out, out.with_suffix(".arch.yaml")) if out.suffix == ".pt" else (out,),
         teacher_eval=evaluations.get("teacher"), cut_eval=evaluations.get("svd"),
         finetuned_eval=evaluations.get("finetuned"))
+
+
+def _heads(layer: LayerSpec) -> str:
+    """A student layer's heads as the report shows them (a latent layer: with its width)."""
+    return layer.heads_str + (f" latent {layer.latent_dim}" if layer.attention == "latent"
+                              else "")
 
 
 def weights_dtype(loaded: Loaded) -> str:

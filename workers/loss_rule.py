@@ -1,19 +1,23 @@
-"""The loss rule (docs/theory.md §10.3-10.4): what cutting one head group's keys or values
+"""The loss rule (docs/theory.md §10.3-10.5): what cutting one head group's keys or values
 costs the sample's next-token loss, each cut alone, one forward of the model per group and
-candidate (``loss_sensitivity``)."""
+candidate (``loss_sensitivity``); or what making one mhsa layer latent at each width costs
+(``latent_sensitivity``)."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor
 
-from alloc.compression import LayerMeasurement, candidate_dims
-from arch import ArchConfig
+from alloc.compression import LayerMeasurement, candidate_dims, latent_widths
+from arch import ArchConfig, LayerSpec
 from common.progress import Progress
 from workers.chunks import window_chunks
+from workers.kinds import make_attention
+from workers.latent_students import latent_layer
 from workers.model import Model
 
 IGNORE = -100  # a target that does not count
@@ -74,6 +78,66 @@ def loss_sensitivity(model: Model, x: Tensor, targets: Tensor, layers: list[Laye
             for m in layers]
 
 
+def latent_sensitivity(model: Model, x: Tensor, targets: Tensor,
+                       layers: list[LayerMeasurement], align: int,
+                       scales: Mapping[int, Sequence[float]], quiet: bool = True
+                       ) -> list[LayerMeasurement]:
+    """``layers`` with each mhsa layer's loss increase on the sample at each candidate latent
+    width (``latent_widths``), that layer alone made latent as ``workers.compress`` builds it
+    (keys and values from the SVD of their stacked maps weighted by ``scales``, the layer's
+    input RMS; keys turned after they are rebuilt where the teacher's are; docs/theory.md
+    §10.5), every other layer the teacher's. One forward per layer and width: counted on
+    stderr unless ``quiet``."""
+    arch = model.arch
+    widths = {i: latent_widths(arch.layers[i], arch.d_model, align) for i in sorted(scales)}
+    forwards = 1 + sum(len(w) - 1 for w in widths.values())
+    with Progress("loss rule", total=forwards, unit="forwards", quiet=quiet,
+                  start=f"one forward of the model on the sample per layer and latent width: "
+                        f"{forwards:,} for {len(widths)} layer(s)") as bar:
+        base = sample_loss(model, x, targets)
+        bar.update(1)
+        increases: dict[int, dict[int, float]] = {}
+        for i, candidates in widths.items():
+            costs = {}
+            for width in candidates[:-1]:
+                with _latent_alone(model, i, width, scales[i]):
+                    costs[width] = sample_loss(model, x, targets) - base
+                bar.update(1)
+            increases[i] = {**costs, candidates[-1]: 0.0}  # full rank: the teacher's layer
+            bar.event(f"layer {i} latent ({len(costs)} width(s))")
+    return [dataclasses.replace(m, latent_losses=increases.get(m.index),
+                                input_scale=tuple(scales.get(m.index, ())))
+            for m in layers]
+
+
+@contextmanager
+def _latent_alone(model: Model, i: int, width: int, scale: Sequence[float]) -> Iterator[None]:
+    """``model`` with block ``i``'s attention swapped for its latent student of ``width``
+    units (``latent_layer``) while the context lasts: one small module built per width, not a
+    model."""
+    arch, prefix, block = model.arch, f"blocks.{i}.attn.", model.block(i)
+    layer = dataclasses.replace(arch.layers[i], attention="latent", latent_dim=width,
+                                rotate_latent=arch.positional == "rope")
+    student = _with_layer(arch, i, layer)
+    state = block.attn.state_dict(prefix=prefix)
+    latent_layer(state, student, i, {}, torch.tensor(scale[:arch.d_model]))
+    attn = make_attention(student, layer, i)
+    attn.load_state_dict({k.removeprefix(prefix): v for k, v in state.items()})
+    teacher = block.attn
+    block.attn = attn.to(next(teacher.parameters()).dtype).eval()
+    try:
+        yield
+    finally:
+        block.attn = teacher
+
+
+def _with_layer(arch: ArchConfig, i: int, layer: LayerSpec) -> ArchConfig:
+    """``arch`` with layer ``i`` replaced by ``layer``."""
+    layers = list(arch.layers)
+    layers[i] = layer
+    return dataclasses.replace(arch, layers=tuple(layers))
+
+
 def input_scale(inputs: Tensor) -> tuple[float, ...]:
     """The RMS of each feature of a layer's attention inputs (B, T, d [+ 1]) on the sample:
     the diagonal of their second moment, which weights the values' SVD (docs/theory.md
@@ -87,8 +151,6 @@ def _cut_alone(arch: ArchConfig, layer: int, group: int, **dims: int) -> ArchCon
     spec = arch.layers[layer]
     heads = tuple(dataclasses.replace(g, **dims) if k == group else g
                   for k, g in enumerate(spec.heads))
-    layers = list(arch.layers)
-    layers[layer] = dataclasses.replace(spec, heads=heads)
-    return dataclasses.replace(arch, layers=tuple(layers))
+    return _with_layer(arch, layer, dataclasses.replace(spec, heads=heads))
 
 

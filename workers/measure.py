@@ -35,7 +35,7 @@ from workers.checkpoints import is_family_folder, load, read_arch
 from workers.checkpoints.stream import LayerSource, StreamedFolder, WholeModel
 from workers.chunks import window_chunks
 from workers.heads import HeadMap, layer_maps
-from workers.loss_rule import IGNORE, input_scale, loss_sensitivity
+from workers.loss_rule import IGNORE, input_scale, latent_sensitivity, loss_sensitivity
 from workers.model import Block, Model
 from workers.recording import record_block
 from workers.taskargs import check_fits, task_for_model
@@ -172,16 +172,18 @@ SAMPLE_BATCH = 1 << 20
 
 def measure_model(model: Model, x: Tensor | None, seq_len: int, align: int,
                   sample: str | None = None, targets: Tensor | None = None,
-                  quiet: bool = True) -> CheckpointMeasurement:
+                  quiet: bool = True, latent: bool = False) -> CheckpointMeasurement:
     """What planning needs of ``model`` (``measure_layers``) and, with ``targets`` (the
     sample's next tokens, (B, T)), each head group's loss increase at each candidate ``qk_dim``
-    and ``v_dim``, the group alone cut (one forward of the model per group and candidate)."""
+    and ``v_dim``, the group alone cut (one forward of the model per group and candidate); or,
+    with ``latent``, each mhsa layer's at each latent width instead (``latent_sensitivity``)."""
     scales: dict[int, tuple[float, ...]] = {}
     measured = measure_layers(WholeModel(model), x, seq_len, align, sample, quiet,
                               scales if targets is not None else None)
     if x is None or targets is None:
         return measured
-    layers = loss_sensitivity(model, x, targets, list(measured.layers), align, scales, quiet)
+    sensitivity = latent_sensitivity if latent else loss_sensitivity
+    layers = sensitivity(model, x, targets, list(measured.layers), align, scales, quiet)
     return dataclasses.replace(measured, layers=tuple(layers))
 
 
@@ -297,7 +299,7 @@ def measure_checkpoint(request: MeasureRequest) -> CheckpointMeasurement:
     if loaded is not None:
         _say_read(request, arch, layout, read_s, streamed=False)
         measured = measure_model(loaded.model, x, seq_len, request.align, source, targets,
-                                 request.quiet)
+                                 request.quiet, request.latent)
     else:
         with StreamedFolder(request.checkpoint, f"--checkpoint {str(request.checkpoint)!r}"
                             ) as stream:  # every tensor checked before anything is said

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from alloc.compression import (
     RULES,
+    CompressionError,
     CompressionPlan,
     MeasureRequest,
     Rule,
@@ -52,8 +53,9 @@ from userdata import DataSpec, data_spec
 
 PROG = "workers.profile"
 DEFAULT_TOLERANCE = 0.05  # --checkpoint: the allowed error per head group
+# only with --checkpoint (--align, --logit-bound: defaults)
 CHECKPOINT_FLAGS = ("--task", "--task-param", "--smoke-test", "--rule", "--tolerance",
-                    "--kv-cache")  # only with --checkpoint (--align, --logit-bound: defaults)
+                    "--kv-cache", "--latent")
 
 
 # --- data: the statistics and the pilot -------------------------------------------------------
@@ -136,9 +138,14 @@ def plan_checkpoint(request: PlanRequest) -> CompressionPlan:
     from workers.checkpoints import read_arch  # torch: once the flags are read
     from workers.measure import measure_checkpoint
 
-    if request.kv_cache is not None:  # the floor follows from the sizes: refused before measuring
-        check_kv_cache(read_arch(request.measure.checkpoint), request.measure.align,
-                       request.kv_cache, values=request.rule == "loss")
+    latent = request.measure.latent
+    if latent or request.kv_cache is not None:  # from the sizes alone: before measuring
+        teacher = read_arch(request.measure.checkpoint)
+        if latent and not any(layer.attention == "mhsa" for layer in teacher.layers):
+            raise CompressionError("--latent: the model has no mhsa layer to make latent")
+        if request.kv_cache is not None:
+            check_kv_cache(teacher, request.measure.align, request.kv_cache,
+                           values=request.rule == "loss", latent=latent)
     measured = measure_checkpoint(request.measure)
     plan = plan_compression(measured, request.tolerance, request.rule, request.logit_bound)
     if request.kv_cache is not None:
@@ -152,6 +159,9 @@ def checkpoint_request(args: argparse.Namespace) -> PlanRequest:
         raise UsageError("--data and --task: give one sample source")
     if args.rule in ("measured", "loss") and args.data is None and args.task is None:
         raise UsageError(f"--rule {args.rule}: measures on a sample; give --data or --task")
+    if args.latent and args.rule != "loss":
+        raise UsageError(f"--latent: its widths are chosen by the loss rule; add --rule loss "
+                         f"(got --rule {args.rule or 'default'})")
     if args.kv_cache is not None and args.tolerance is not None:
         raise UsageError(f"--kv-cache {args.kv_cache:g} and --tolerance {args.tolerance:g}: the "
                          "plan meets one of them; give one")
@@ -163,7 +173,8 @@ def checkpoint_request(args: argparse.Namespace) -> PlanRequest:
                              task_params=parse_task_params(args.task_param),
                              smoke_test=args.smoke_test, seq_len=args.seq_len,
                              sample_tokens=args.sample_tokens, seed=args.seed,
-                             loss_sensitivity=args.rule == "loss", quiet=args.quiet)
+                             loss_sensitivity=args.rule == "loss", latent=args.latent,
+                             quiet=args.quiet)
     tolerance = DEFAULT_TOLERANCE if args.tolerance is None else args.tolerance
     return PlanRequest(measure, tolerance, args.rule, args.logit_bound, args.kv_cache)
 
@@ -221,6 +232,11 @@ def _add_checkpoint_args(p: argparse.ArgumentParser) -> None:
                    help="--checkpoint: instead of --tolerance, the student's KV cache per token "
                         "as a fraction of the teacher's (e.g. 0.75), spent where the rule's "
                         "error is largest (docs/theory.md §10.3)")
+    c.add_argument("--latent", action="store_true",
+                   help="--checkpoint --rule loss: plan a latent student instead (every mhsa "
+                        "layer caches one latent per token from which its keys and values are "
+                        "rebuilt; docs/theory.md §10.5): each layer's width where the sample's "
+                        "loss rises least (one forward per layer and width)")
     c.add_argument("--logit-bound", type=number(0, strict=True),
                    help="--checkpoint without --data: assume |logits| <= R (default: none, "
                         "||J|| <= 1/2)")

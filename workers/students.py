@@ -132,9 +132,17 @@ def cut_layer(state: dict[str, Tensor], teacher: ArchConfig, student: ArchConfig
               pairs: PairOrders | None, scales: InputScales | None, attn: nn.Module) -> None:
     """Replace layer ``i``'s tensors in ``state`` (a state dict holding at least that block's)
     by the student's: keys by the SVD of the head maps of ``attn`` (the teacher's attention
-    module of the layer) or the RoPE pair ranking, values by ``value_factors``."""
+    module of the layer) or the RoPE pair ranking, values by ``value_factors``; or, where the
+    student's layer is latent, by its latent layer's (``latent_layer``)."""
     old, new = teacher.layers[i], student.layers[i]
     if old.attention in SINGLE_WIDTH_KINDS or new == old:  # nothing cut: the teacher's rows
+        return
+    if new.attention == "latent":
+        from workers.latent_students import latent_layer  # it builds on this module
+
+        scale = None if scales is None or i not in scales else torch.tensor(
+            scales[i][:teacher.d_model])
+        latent_layer(state, student, i, pairs or {}, scale)
         return
     name = "qk" if old.attention == "frozen_qk" else "qkv"
     if [g.qk_dim for g in new.heads] != [g.qk_dim for g in old.heads]:

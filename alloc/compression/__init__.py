@@ -7,7 +7,8 @@ One job per module, the public names imported from here:
 
 - ``measurement``: what the torch side measures (``CheckpointMeasurement``) and how it is asked
   for (``MeasureRequest``);
-- ``planner``: the rule (``effective_rank``, ``truncation_error_bound``, ``candidate_dims``) and
+- ``planner``: the rule (``effective_rank``, ``truncation_error_bound``, ``candidate_dims``,
+  ``latent_widths``) and
   ``plan_compression``;
 - ``budget``: ``plan_for_kv_cache``, the plan under a KV cache budget, and its floor;
 - ``schema``: ``CompressionPlan`` and its parts, written and read as YAML;
@@ -33,6 +34,7 @@ from alloc.compression.planner import (
     candidate_dims,
     effective_rank,
     group_plan,
+    latent_widths,
     plan_compression,
     student_arch,
     truncation_error_bound,
@@ -68,6 +70,7 @@ __all__ = [
     "effective_rank",
     "group_plan",
     "kv_cache_floor",
+    "latent_widths",
     "plan_compression",
     "plan_for_kv_cache",
     "plot_plan",

@@ -10,20 +10,26 @@ import math
 import operator
 from collections.abc import Callable, Mapping, Sequence
 
-from alloc.compression.planner import candidate_dims, student_arch
+from alloc.compression.planner import candidate_dims, latent_widths, student_arch
 from alloc.compression.schema import CompressionPlan, Rule
 from alloc.errors import CompressionError
 from arch import ArchConfig
 from arch.names import SINGLE_WIDTH_KINDS
 
 
-def kv_cache_floor(teacher: ArchConfig, align: int, values: bool = False) -> float:
+def kv_cache_floor(teacher: ArchConfig, align: int, values: bool = False,
+                   latent: bool = False) -> float:
     """The smallest KV cache a plan of ``teacher`` at ``align`` can reach, as a fraction of the
     teacher's: every query-key group at its smallest candidate ``qk_dim``, and its values at
-    theirs when ``values`` are planned (the loss rule's mhsa layers), else whole. It follows
-    from the architecture alone, so a budget below it is refused before measuring."""
+    theirs when ``values`` are planned (the loss rule's mhsa layers), else whole; or, for a
+    ``latent`` plan, every mhsa layer at its smallest latent width and the others whole. It
+    follows from the architecture alone, so a budget below it is refused before measuring."""
     cut = 0
     for layer in teacher.layers:
+        if latent:
+            if layer.attention == "mhsa":
+                cut += layer.kv_width - latent_widths(layer, teacher.d_model, align)[0]
+            continue
         if layer.attention in SINGLE_WIDTH_KINDS:
             continue
         for g in layer.heads:
@@ -33,21 +39,28 @@ def kv_cache_floor(teacher: ArchConfig, align: int, values: bool = False) -> flo
     return (teacher.kv_width - cut) / teacher.kv_width
 
 
-def check_kv_cache(teacher: ArchConfig, align: int, fraction: float, values: bool = False
-                   ) -> None:
+def check_kv_cache(teacher: ArchConfig, align: int, fraction: float, values: bool = False,
+                   latent: bool = False) -> None:
     """Refuse a ``--kv-cache`` budget no plan of ``teacher`` at ``align`` can meet.
 
     Raises:
         CompressionError: ``fraction`` outside ``[kv_cache_floor, 1]``.
     """
-    floor = kv_cache_floor(teacher, align, values)
+    floor = kv_cache_floor(teacher, align, values, latent)
     if not floor - 1e-12 <= fraction <= 1:
-        raise CompressionError(_outside(fraction, floor, values, f" (--align {align})"))
+        raise CompressionError(_outside(fraction, floor, _kept(values, latent),
+                                        f" (--align {align})"))
 
 
-def _outside(fraction: float, floor: float, values: bool, how: str = "") -> str:
-    kept = "the smallest candidate keys and values" if values else \
+def _kept(values: bool, latent: bool) -> str:
+    """What the smallest plan keeps, for the refusal of a budget below it."""
+    if latent:
+        return "the smallest latent widths"
+    return "the smallest candidate keys and values" if values else \
         "the values and the smallest candidate keys"
+
+
+def _outside(fraction: float, floor: float, kept: str, how: str = "") -> str:
     return (f"--kv-cache {fraction:g}: must be in [{floor:.3g}, 1]: {kept}{how} take "
             f"{floor:.3g} of the teacher's KV cache")
 
@@ -64,6 +77,8 @@ def plan_for_kv_cache(plan: CompressionPlan, fraction: float) -> CompressionPlan
     Raises:
         CompressionError: a fraction below what the smallest candidates take, or above 1.
     """
+    if plan.latent:
+        return _latent_for_kv_cache(plan, fraction)
     groups = [g for layer in plan.layers for g in layer.groups]
     if not groups:
         raise CompressionError(f"--kv-cache {fraction:g}: the model has no query-key heads to "
@@ -80,7 +95,7 @@ def plan_for_kv_cache(plan: CompressionPlan, fraction: float) -> CompressionPlan
     floor = fixed + sum(heads * min(errors) for heads, errors in choices)
     budget = math.floor(fraction * teacher_kv + 1e-9) - fixed
     if not 0 < fraction <= 1 or budget + fixed < floor:
-        raise CompressionError(_outside(fraction, floor / teacher_kv, bool(valued)))
+        raise CompressionError(_outside(fraction, floor / teacher_kv, _kept(bool(valued), False)))
     chosen = _budget_choice(choices, budget, plan.rule)
     keys, values = iter(chosen[:len(groups)]), iter(chosen[len(groups):])
     layers = tuple(dataclasses.replace(layer, groups=tuple(
@@ -92,6 +107,27 @@ def plan_for_kv_cache(plan: CompressionPlan, fraction: float) -> CompressionPlan
     student = student_arch(plan.student, layers)
     return dataclasses.replace(plan, layers=layers, student=student, tolerance=worst,
                                kv_cache=fraction)
+
+
+def _latent_for_kv_cache(plan: CompressionPlan, fraction: float) -> CompressionPlan:
+    """``plan_for_kv_cache`` of a latent plan: each latent layer's width chosen so that the
+    summed loss increase is least and the student caches at most ``fraction`` of the
+    teacher's units per token (the other layers are kept whole)."""
+    latent = [layer for layer in plan.layers if layer.latent_dim]
+    choices = [(1, dict(layer.latent_losses or {})) for layer in latent]
+    fixed = plan.student.kv_width - sum(layer.latent_dim for layer in latent)
+    teacher_kv = fixed + sum(layer.teacher_kv_units for layer in latent)
+    floor = fixed + sum(min(losses) for _, losses in choices)
+    budget = math.floor(fraction * teacher_kv + 1e-9) - fixed
+    if not 0 < fraction <= 1 or budget + fixed < floor:
+        raise CompressionError(_outside(fraction, floor / teacher_kv, _kept(False, True)))
+    widths = dict(zip((layer.index for layer in latent),
+                      _budget_choice(choices, budget, "loss")))
+    layers = tuple(dataclasses.replace(layer, latent_dim=widths[layer.index])
+                   if layer.index in widths else layer for layer in plan.layers)
+    worst = max((layer.latent_loss or 0.0 for layer in layers), default=0.0)
+    return dataclasses.replace(plan, layers=layers, student=student_arch(plan.student, layers),
+                               tolerance=worst, kv_cache=fraction)
 
 
 Choice = tuple[int, Mapping[int, float]]  # (cost of one unit, candidate -> its error)

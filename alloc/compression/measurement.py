@@ -56,6 +56,9 @@ class LayerMeasurement:
     # alone cut, by the SVD weighted with ``input_scale``
     value_losses: tuple[Mapping[int, float], ...] = ()
     input_scale: tuple[float, ...] = ()  # the RMS of each attention input feature (d [+ 1])
+    # candidate latent width -> the loss increase with this layer alone made latent (mhsa
+    # layers, when a latent student is asked for; docs/theory.md §10.5)
+    latent_losses: Mapping[int, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -90,4 +93,5 @@ class MeasureRequest:
     sample_tokens: int | None = None
     seed: int = 0
     loss_sensitivity: bool = False  # also each group's loss increase at each candidate
+    latent: bool = False  # with loss_sensitivity: each mhsa layer's at each latent width instead
     quiet: bool = False  # no progress on stderr

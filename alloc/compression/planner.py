@@ -16,7 +16,7 @@ from alloc.compression.measurement import CheckpointMeasurement, HeadMeasurement
 from alloc.compression.schema import CompressionPlan, GroupPlan, HeadSpectrum, LayerPlan, Rule
 from alloc.errors import CompressionError
 from alloc.saturation import jacobian_bound
-from arch import ArchConfig, HeadGroup
+from arch import ArchConfig, HeadGroup, LayerSpec
 
 # Share of a head's spectrum (sum of singular values) that its effective rank may discard: a
 # description of the spectrum, separate from the attention-error tolerance that sets the plan.
@@ -44,6 +44,13 @@ def candidate_dims(qk_dim: int, align: int) -> list[int]:
     """The ``qk_dim`` a head group of ``qk_dim`` may be reduced to: multiples of ``align``
     below it, and itself."""
     return sorted({*range(align, qk_dim, align), qk_dim})
+
+
+def latent_widths(layer: LayerSpec, d_model: int, align: int) -> list[int]:
+    """The latent widths an mhsa ``layer`` may be cut to (docs/theory.md §10.5): multiples of
+    ``align`` below its full rank, ``min(d_model, kv units)`` (the rank of its stacked key and
+    value maps), and the full rank itself, at which the latent layer is exact."""
+    return candidate_dims(min(d_model, layer.kv_width), align)
 
 
 def group_plan(heads: Sequence[HeadMeasurement], group: HeadGroup, seq_len: int,
@@ -91,11 +98,19 @@ def plan_compression(measured: CheckpointMeasurement, tolerance: float,
     if rule == "measured" and not measured.measured:
         raise CompressionError("--rule measured: needs a sample to measure the errors on "
                                "(--data or --task)")
-    if rule == "loss" and not any(layer.loss_increases for layer in measured.layers):
+    latent = any(layer.latent_losses for layer in measured.layers)
+    if rule == "loss" and not latent and not any(layer.loss_increases
+                                                 for layer in measured.layers):
         raise CompressionError("--rule loss: needs the loss of a token model on a sample "
                                "(--data or --task), measured with the loss sensitivity")
+    if latent and rule != "loss":
+        raise CompressionError(f"--rule {rule}: a latent student's widths are chosen by the "
+                               "loss rule; use --rule loss")
     layers = tuple(_layer_plan(measured, m, tolerance, rule, logit_bound)
                    for m in measured.layers)
+    if latent:
+        layers = tuple(_latent_layer_plan(layer, m.latent_losses, tolerance)
+                       for layer, m in zip(layers, measured.layers))
     return CompressionPlan(
         arch_id=measured.arch.arch_id, seq_len=measured.seq_len, tolerance=tolerance,
         align=measured.align, rule=rule, layers=layers,
@@ -120,16 +135,36 @@ def _layer_plan(measured: CheckpointMeasurement, layer: LayerMeasurement, tolera
                                   measured.seq_len, r_bound, layer.token_norm, tolerance,
                                   measured.align, rule, loss, value)
                        for j, (group, loss, value) in enumerate(zip(spec.heads, losses, values)))
-    planned = rule == "loss" and any(g.value_losses for g in groups)
+    planned = rule == "loss" and (any(g.value_losses for g in groups)
+                                  or bool(layer.latent_losses))
     return LayerPlan(layer.index, spec.attention, spec.heads_str, layer.token_norm, groups,
                      spectra, layer.head_stats, layer.input_scale if planned else ())
 
 
+def _latent_layer_plan(layer: LayerPlan, losses: Mapping[int, float] | None,
+                       tolerance: float) -> LayerPlan:
+    """A layer of a latent plan: its groups keep their dims; a layer whose latent widths were
+    measured (an mhsa layer) becomes latent at the smallest width whose loss increase stays
+    within ``tolerance``; the others are kept whole."""
+    groups = tuple(dataclasses.replace(g, reduced_qk_dim=g.qk_dim, reduced_v_dim=0)
+                   for g in layer.groups)
+    if not losses:
+        return dataclasses.replace(layer, groups=groups, input_scale=())
+    width = next(c for c in sorted(losses) if losses[c] <= tolerance or c == max(losses))
+    return dataclasses.replace(layer, groups=groups, latent_dim=width, latent_losses=losses)
+
+
 def student_arch(teacher: ArchConfig, layers: Sequence[LayerPlan]) -> ArchConfig:
-    """``teacher`` with each planned group's ``qk_dim`` and ``v_dim`` reduced."""
+    """``teacher`` with each planned group's ``qk_dim`` and ``v_dim`` reduced, and each layer
+    planned latent made a latent layer of its width (its keys turned by RoPE after they are
+    rebuilt where the teacher's are turned; no decoupled RoPE part)."""
     specs = list(teacher.layers)
     for plan in layers:
-        if plan.groups:
+        if plan.latent_dim:
+            specs[plan.index] = dataclasses.replace(
+                specs[plan.index], attention="latent", latent_dim=plan.latent_dim,
+                rotate_latent=teacher.positional == "rope")
+        elif plan.groups:
             heads = tuple(dataclasses.replace(old, qk_dim=g.reduced_qk_dim,
                                               v_dim=g.student_v_dim)
                           for old, g in zip(specs[plan.index].heads, plan.groups))

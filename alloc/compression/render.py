@@ -23,6 +23,9 @@ def render_plan(plan: CompressionPlan) -> str:
             + (f", measured {g.measured_error:.3g}" if g.measured_error is not None else "")
             + (f", loss {g.loss_increase:+.3g}" if g.loss_increase is not None else "")
             + ")" + _values(g) for g in layer.groups) or "-"
+        if layer.latent_dim:
+            decisions = (f"latent {layer.teacher_kv_units}->{layer.latent_dim} "
+                         f"(loss {layer.latent_loss:+.3g})")
         ranks = ",".join(str(s.effective_rank) for s in layer.spectra) or "-"
         rows.append([layer.index, layer.attention, layer.heads, _fmt(layer.logit_bound),
                      _fmt(layer.token_norm), _fmt(layer.entropy), ranks, decisions])
@@ -74,7 +77,8 @@ def _plot_spectra(ax: Any, plan: CompressionPlan) -> None:
     ax.set_xlabel("singular value index i")
     ax.set_ylabel("sigma_i of W_Q,h W_K,h^T / sqrt(d_qk) (floor 1e-12)")
     ax.set_title("query-key spectrum of every head")
-    ax.legend(fontsize=8)
+    if any(layer.spectra for layer in plan.layers):  # a legend needs a line
+        ax.legend(fontsize=8)
 
 
 def _plot_dims(ax: Any, plan: CompressionPlan) -> None:

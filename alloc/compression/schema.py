@@ -97,7 +97,19 @@ class LayerPlan:
     groups: tuple[GroupPlan, ...] = ()
     spectra: tuple[HeadSpectrum, ...] = ()
     head_stats: tuple[HeadStats, ...] = ()
-    input_scale: tuple[float, ...] = ()  # the values' SVD weights (RMS per input feature)
+    input_scale: tuple[float, ...] = ()  # the values' or latent's SVD weights (RMS per feature)
+    latent_dim: int = 0  # > 0: the student's layer is latent, caching this many units per token
+    latent_losses: Mapping[int, float] | None = None  # candidate latent width -> loss increase
+
+    @property
+    def latent_loss(self) -> float | None:
+        return None if not self.latent_dim or self.latent_losses is None else \
+            self.latent_losses[self.latent_dim]
+
+    @property
+    def teacher_kv_units(self) -> int:
+        """Key plus value units the teacher's query-key groups of this layer cache per token."""
+        return sum(g.key_heads * (g.qk_dim + g.v_dim) for g in self.groups)
 
     @property
     def logit_bound(self) -> float | None:
@@ -132,12 +144,20 @@ class CompressionPlan:
 
     @property
     def reduces(self) -> bool:
-        """Whether any head group's ``qk_dim`` or ``v_dim`` is lowered."""
+        """Whether any head group's ``qk_dim`` or ``v_dim`` is lowered, or a latent layer
+        caches less than its teacher."""
         return any(g.reduced_qk_dim < g.qk_dim or g.student_v_dim < g.v_dim
-                   for layer in self.layers for g in layer.groups)
+                   for layer in self.layers for g in layer.groups) or any(
+            0 < layer.latent_dim < layer.teacher_kv_units for layer in self.layers)
+
+    @property
+    def latent(self) -> bool:
+        """Whether the student's planned layers are latent (docs/theory.md §10.5)."""
+        return any(layer.latent_dim for layer in self.layers)
 
     def input_scales(self) -> dict[int, tuple[float, ...]]:
-        """Layer -> its attention inputs' RMS per feature, where the values were planned."""
+        """Layer -> its attention inputs' RMS per feature, where the values or a latent were
+        planned."""
         return {layer.index: layer.input_scale for layer in self.layers if layer.input_scale}
 
     def to_dict(self) -> dict[str, Any]:
@@ -145,6 +165,7 @@ class CompressionPlan:
         data["student"] = self.student.to_dict()
         for layer, plan in zip(data["layers"], self.layers):
             layer["logit_bound"], layer["entropy"] = plan.logit_bound, plan.entropy
+            layer["latent_loss"] = plan.latent_loss
             for group, decided in zip(layer["groups"], plan.groups):
                 group["error_bound"] = decided.error_bound
                 group["measured_error"] = decided.measured_error
@@ -210,7 +231,8 @@ def _layer_from_dict(data: Mapping[str, Any]) -> LayerPlan:
                   for s in data.get("head_stats", ()))
     return LayerPlan(int(data["index"]), str(data["attention"]), str(data["heads"]),
                      float(data["token_norm"]), groups, spectra, stats,
-                     tuple(float(v) for v in data.get("input_scale", ())))
+                     tuple(float(v) for v in data.get("input_scale", ())),
+                     int(data.get("latent_dim", 0)), by_rank(data.get("latent_losses")))
 
 
 def _plain(value: Any) -> Any:

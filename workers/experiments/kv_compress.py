@@ -21,10 +21,11 @@ value, each cut by
 - ``ours``: the loss plan of ``workers.profile --rule loss --kv-cache F``: each layer's RoPE
   pairs and value dims cut where the sample's loss rises least (§10.3-§10.4), as a compact
   student;
-- ``ours-latent``: the same loss rule choosing each layer's latent width for the ``asvd``
-  latent: every layer's latent cut alone to each candidate width (multiples of 8), its loss
-  increase on the sample measured, and the widths summing to the budget with the least summed
-  increase chosen by dynamic programming.
+- ``ours-latent``: the latent plan of ``workers.profile --rule loss --latent --kv-cache F``:
+  the same loss rule choosing each layer's latent width for the ``asvd`` latent (every layer's
+  latent cut alone to each candidate width, multiples of 8, its loss increase on the sample
+  measured; the widths within the budget with the least summed increase chosen by dynamic
+  programming), built by ``workers.compress``'s code.
 
 Every student is evaluated right after the cut and after the same fine-tuning. Writes
 ``kv_compress.csv`` (every student, after each; a second run on the same ``--out`` computes
@@ -46,7 +47,13 @@ from typing import Any
 
 import torch
 
-from alloc.compression import CompressionError, CompressionPlan, plan_compression, plan_for_kv_cache
+from alloc.compression import (
+    CheckpointMeasurement,
+    CompressionError,
+    CompressionPlan,
+    plan_compression,
+    plan_for_kv_cache,
+)
 from arch import ArchConfig, TrainConfig, param_count
 from common.cli import int_in, render_table
 from common.files import write_csv
@@ -55,10 +62,10 @@ from userdata import DataSpec
 from workers.attention import MultiHeadAttention
 from workers.experiments import harness
 from workers.experiments.llama_compress import EVAL, FULL, SMOKE, Sizes, teacher
-from workers.latent_students import latent_arch, latent_layer, latent_student
-from workers.loss_rule import IGNORE, sample_loss
+from workers.latent_students import latent_arch, latent_student
+from workers.loss_rule import IGNORE, latent_sensitivity
 from workers.measure import SAMPLE_BATCH, measure_model
-from workers.model import Model, build_model
+from workers.model import Model
 from workers.students import PairOrders, build_student, pair_orders
 from workers.tasks import Batch, Task, make_data_task
 from workers.trainer import Trainer, evaluate
@@ -162,10 +169,9 @@ def pair_norms(rows: torch.Tensor, heads: int, half: int) -> torch.Tensor:
 
 
 def latent_for(method: str, model: Model, fraction: float, orders: PairOrders,
-               scales: dict[int, tuple[float, ...]], widths: dict[str, list[int] | None]
-               ) -> Model | None:
+               scales: dict[int, tuple[float, ...]], widths: dict[str, list[int]]) -> Model:
     """The latent student of ``method`` at ``fraction`` of the teacher's KV cache
-    (``widths``: the per-layer latent widths of ``palu`` and ``ours-latent``)."""
+    (``widths``: the per-layer latent widths of ``palu``)."""
     units, arch = layer_units(model, fraction), model.arch
     if method == "mha2mla":
         g = arch.layers[0].heads[0]
@@ -173,53 +179,24 @@ def latent_for(method: str, model: Model, fraction: float, orders: PairOrders,
         rest = [units - g.kv_heads * rope] * arch.n_layers  # the latent: what RoPE leaves
         return latent_student(model, latent_arch(arch, rest, rope), orders, scales)
     chosen = widths.get(method, [units] * arch.n_layers)
-    if chosen is None:
-        return None
     return latent_student(model, latent_arch(arch, chosen, 0, rotate_latent=True), {},
                           None if method == "svd" else scales)
 
 
-def latent_losses(model: Model, sample: Batch, scales: dict[int, tuple[float, ...]]
-                  ) -> list[dict[int, float]]:
-    """Per layer, the sample's loss increase with that layer alone made latent (turned keys,
-    input-weighted SVD) at each candidate width, every other layer as the teacher's."""
+def latent_plan(model: Model, measured: CheckpointMeasurement, sample: Batch,
+                scales: dict[int, tuple[float, ...]], args: argparse.Namespace
+                ) -> CompressionPlan:
+    """The latent plan of ``workers.profile --rule loss --latent`` (widths in steps of
+    ``LATENT_STEP``), at no cut yet: ``ours_for`` chooses its widths under each budget."""
     targets = sample.y.masked_fill(~sample.mask, IGNORE)
-    base = sample_loss(model, sample.x, targets)
-    full = full_rank(model)
-    increases = []
-    for i in range(model.arch.n_layers):
-        costs = {}
-        for width in range(LATENT_STEP, full + 1, LATENT_STEP):
-            layers = list(model.arch.layers)
-            layers[i] = latent_arch(model.arch, [width] * model.arch.n_layers, 0,
-                                    rotate_latent=True).layers[i]
-            arch = replace(model.arch, layers=tuple(layers))
-            state = model.state_dict()
-            latent_layer(state, arch, i, {}, torch.tensor(scales[i][:arch.d_model]))
-            student = build_model(arch)
-            student.load_state_dict(state)
-            costs[width] = sample_loss(student.eval(), sample.x, targets) - base
-        increases.append(costs)
-    return increases
-
-
-def least_loss_widths(increases: list[dict[int, float]], total: int) -> list[int] | None:
-    """The widths, one candidate per layer, summing to at most ``total`` with the least summed
-    increase (exact: dynamic programming over layers and the budget); None if none fits."""
-    best: dict[int, tuple[float, list[int]]] = {0: (0.0, [])}  # units used -> cost, widths
-    for costs in increases:
-        step: dict[int, tuple[float, list[int]]] = {}
-        for used, (cost, widths) in best.items():
-            for width, increase in costs.items():
-                if used + width <= total and (used + width not in step or
-                                              cost + increase < step[used + width][0]):
-                    step[used + width] = (cost + increase, [*widths, width])
-        best = step
-    return min(best.values())[1] if best else None
+    layers = latent_sensitivity(model, sample.x, targets, list(measured.layers), LATENT_STEP,
+                                scales, args.quiet)
+    return plan_compression(replace(measured, layers=tuple(layers)), 1.0, rule="loss")
 
 
 def ours_for(model: Model, plan: CompressionPlan, fraction: float) -> Model | None:
-    """The loss plan's compact student at ``fraction`` (None below what it can reach)."""
+    """The loss plan's student at ``fraction`` (compact, or latent for a latent plan; None
+    below what it can reach)."""
     try:
         budget = plan_for_kv_cache(plan, fraction)
     except CompressionError:
@@ -258,16 +235,16 @@ def teacher_rows(model: Model, task: Task, sizes: Sizes, seed: int, args: argpar
                              quiet=args.quiet)
     plan = plan_compression(measured, 1.0, rule="loss")
     scales, orders = plan.input_scales(), norm_orders(model, sample.x)
-    increases, fisher = latent_losses(model, sample, scales), fisher_information(model, sample)
+    plans = {"ours": plan, "ours-latent": latent_plan(model, measured, sample, scales, args)}
+    fisher = fisher_information(model, sample)
     teacher_loss = evaluate(model, task, EVAL, "cpu")[0]
     for fraction in FRACTIONS:
         total = layer_units(model, fraction) * model.arch.n_layers
-        widths = {"palu": allocate(fisher, total, full_rank(model)),
-                  "ours-latent": least_loss_widths(increases, total)}
+        widths = {"palu": allocate(fisher, total, full_rank(model))}
         for method in METHODS:
             if (seed, fraction, method) in done:
                 continue
-            student = (ours_for(model, plan, fraction) if method == "ours" else
+            student = (ours_for(model, plans[method], fraction) if method in plans else
                        latent_for(method, model, fraction, orders, scales, widths))
             row: dict[str, Any] = {"seed": seed, "fraction": fraction, "method": method,
                                    "teacher_loss": teacher_loss}
