@@ -2,10 +2,11 @@
 
 What reading, profiling and compressing a large Llama-family checkpoint cost in memory and time.
 A sharded random checkpoint is written in ``--dtype`` shards of 1 GB with an index, of one of
-three shapes (``--layers`` sets the depth): ``tinyllama`` (TinyLlama-1.1B: D = 2048, 32 query
+four shapes (``--layers`` sets the depth): ``tinyllama`` (TinyLlama-1.1B: D = 2048, 32 query
 heads reading 4 key/value heads, SwiGLU 5632), ``llama-8b`` (Llama-3-8B / Mistral-7B: D = 4096,
-32 heads reading 8, head dim 128, SwiGLU 14336), both with a 32,000-token vocabulary, or the
-smoke shape. Then, each in a process of its own while the parent samples the child's resident
+32 heads reading 8, head dim 128, SwiGLU 14336), ``llama-300m`` (D = 1024, 16 heads reading 4,
+SwiGLU 2816: 311 MB at 8 layers in bf16), each with a 32,000-token vocabulary, or the smoke
+shape. Then, each in a process of its own while the parent samples the child's resident
 memory every 20 ms (``RssAnon``: its own tensors, not the page cache the memory-mapped shards
 occupy, which the kernel can drop; and the kernel's ``VmHWM``, everything resident):
 
@@ -38,12 +39,17 @@ TINY_LLAMA = {"vocab_size": 32000, "hidden_size": 2048, "intermediate_size": 563
 LLAMA_8B = {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336,
             "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
             "max_position_embeddings": 4096}
+# a small Llama a user holds: 8 layers of it in bf16 are 311 MB on disk
+LLAMA_300M = {"vocab_size": 32000, "hidden_size": 1024, "intermediate_size": 2816,
+              "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 64,
+              "max_position_embeddings": 2048}
 SMOKE = {"vocab_size": 1000, "hidden_size": 256, "intermediate_size": 512,
          "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 32,
          "max_position_embeddings": 256}
 
 
-SHAPES = {"tinyllama": TINY_LLAMA, "llama-8b": LLAMA_8B, "smoke": SMOKE}
+SHAPES = {"tinyllama": TINY_LLAMA, "llama-8b": LLAMA_8B, "llama-300m": LLAMA_300M,
+          "smoke": SMOKE}
 
 
 def write_checkpoint(folder: Path, shape: dict[str, int], layers: int,
