@@ -261,3 +261,36 @@ def test_no_point_is_trained_twice_and_an_exhausted_space_ends_the_search(
         if t.state == TrialState.FAIL:
             twin = searcher.study.trials[t.user_attrs[DUPLICATE_OF]]
             assert t.user_attrs["status"] == DUPLICATE and twin.params == t.params
+
+
+def test_a_tell_whose_connection_drops_is_retried_and_lands(searcher: StudySearcher,
+                                                            monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
+    """The guard retries a completion whose database connection dropped mid-write: the trial
+    ends in its state with its value and attributes, counted once (not left RUNNING because
+    the first attempt had already marked it done)."""
+    import sqlite3
+
+    from workers.search.guard import GuardedSearcher
+
+    guarded = GuardedSearcher(searcher, "sqlite:///x.db", patience=30)
+    guarded.ask("a")
+    guarded.report("a", result(10, 0.1))
+    tell, drops = searcher.study.tell, [1]
+
+    def dropping(*args: Any, **kwargs: Any) -> Any:
+        if drops:
+            drops.pop()
+            try:
+                raise sqlite3.OperationalError("server closed the connection unexpectedly")
+            except sqlite3.OperationalError as err:
+                raise optuna.exceptions.StorageInternalError("lost") from err
+        return tell(*args, **kwargs)
+
+    monkeypatch.setattr(searcher.study, "tell", dropping)
+    assert guarded.complete("a", result(STEPS, 0.3)) == Outcome(0, TrialState.COMPLETE, 0.3)
+    assert guarded.fault is None and not drops
+    (trial,) = searcher.study.trials
+    assert trial.state == TrialState.COMPLETE and trial.value == 0.3
+    assert trial.user_attrs["steps_reached"] == STEPS
+    assert searcher.counts["COMPLETE"] == 1

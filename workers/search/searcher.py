@@ -278,9 +278,12 @@ class StudySearcher:
         chain = self._chain(trial.number) if error else set()
         if error and len(chain) < WORKER_RETRIES:
             attrs[ERROR] = f"{WORKER_DIED}; retried as a new trial from its last checkpoint"
+        # told before it is marked done: a write whose connection dropped raises here, and the
+        # guard's retry of this call must tell it again (what runs above is safe to repeat)
+        told = tell(self.study, trial, state, value, attrs)
         self.done.add(key)
         self.last.pop(key, None)
-        if not tell(self.study, trial, state, value, attrs):
+        if not told:
             return None
         if error:
             self.deaths[key] = self._retry(trial.number, chain)
