@@ -569,3 +569,23 @@ def test_the_loss_rules_plot_draws_its_tolerance_on_the_loss_axis(
     lines = {line.get_label(): line for line in errors.get_lines()}
     assert list(lines["tolerance 0.02"].get_ydata()) == [0.02, 0.02]
     assert max(lines["layer 0"].get_ydata()) == 0.3  # the loss increases, not the bounds
+
+
+def test_head_statistics_are_the_float64_definition() -> None:
+    """Each head's logit bound and mean entropy over ``ln N`` (rows with at least two keys),
+    computed in float32 from log-probabilities, equal the float64 definition to 1e-6, from
+    flat to sharp (logits up to 1e3) attention."""
+    from workers.attention import future_mask
+    from workers.recording import head_statistics
+
+    gen = torch.Generator().manual_seed(0)
+    scales = torch.tensor([0.01, 1.0, 30.0, 1000.0])[None, :, None, None]
+    z = torch.randn(3, 4, 40, 40, generator=gen) * scales
+    z = z.masked_fill(future_mask(40), float("-inf"))
+    bound, entropy = head_statistics(z)
+    p = torch.softmax(z.double(), -1)
+    h = -(p * p.clamp_min(1e-300).log()).sum(-1)  # (B, H, T)
+    keys = torch.arange(1, 41, dtype=torch.float64)
+    expected = (h[..., 1:] / keys[1:].log()).mean(dim=(0, 2))  # row 0 sees one key
+    assert entropy == pytest.approx(expected.numpy(), abs=1e-6)
+    assert bound == pytest.approx(z.masked_fill(z.isinf(), 0).abs().amax((0, 2, 3)).numpy())

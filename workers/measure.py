@@ -73,15 +73,14 @@ class PairRanking:
     errors: dict[int, dict[int, float]] | None = None  # query head -> rank -> error
 
 
-def _rotated(head: HeadMap, x: Tensor) -> tuple[Tensor, Tensor]:
-    """The head's queries and keys after RoPE on inputs ``x`` (B, T, d), in ``x``'s dtype:
-    (B, T, 2, qk/2) each, pair ``i`` at ``[..., :, i]``."""
+def _turned(head: HeadMap, x: Tensor, side: str) -> Tensor:
+    """The head's queries (``side="a"``) or keys (``"b"``) after RoPE on inputs ``x``
+    (B, T, d), in ``x``'s dtype: (B, T, 2, qk/2), pair ``i`` at ``[..., :, i]``. The query
+    heads reading one key/value head share its keys: computed once for them."""
     assert head.freqs is not None
     freqs = torch.from_numpy(head.freqs)[None].to(x.dtype)
-    q = rotate((x @ torch.from_numpy(head.a).to(x.dtype))[:, None], freqs)[:, 0]  # (B, T, qk)
-    k = rotate((x @ torch.from_numpy(head.b).to(x.dtype))[:, None], freqs)[:, 0]
-    half = q.shape[-1] // 2
-    return q.unflatten(-1, (2, half)), k.unflatten(-1, (2, half))
+    rows = rotate((x @ torch.from_numpy(getattr(head, side)).to(x.dtype))[:, None], freqs)[:, 0]
+    return rows.unflatten(-1, (2, rows.shape[-1] // 2))  # (B, T, qk) -> (B, T, 2, qk/2)
 
 
 def _pair_scores(q: Tensor, k: Tensor, causal: bool) -> Tensor:
@@ -129,16 +128,18 @@ def rank_pairs(heads: Sequence[HeadMap], x: Tensor | None, ranks: Sequence[int],
     chunks = window_chunks(x, 3 * 4 * t * t)
     total = torch.zeros(pairs, dtype=torch.float64)
     for chunk in chunks:
+        k = _turned(heads[0], chunk.double(), "b")
         for h in heads:
-            total += _pair_scores(*_rotated(h, chunk.double()), causal)
+            total += _pair_scores(_turned(h, chunk.double(), "a"), k, causal)
     score = total.numpy()  # the scale is common to every pair: the order does not need it
     order = tuple(int(i) for i in np.argsort(-score, kind="stable"))
-    kept_pairs = sorted({r // 2 for r in ranks if 0 < r // 2 <= pairs})
+    kept_pairs = sorted({r // 2 for r in ranks if 0 < r // 2 < pairs})  # all pairs: no error
     errors = {h.head: dict.fromkeys(ranks, 0.0) for h in heads}
     masked = torch.zeros(t, t).masked_fill(hidden, float("-inf"))  # -inf stays -inf under +
     for chunk in chunks:
+        k = _turned(heads[0], chunk.float(), "b")
         for h in heads:
-            q, k = _rotated(h, chunk.float())
+            q = _turned(h, chunk.float(), "a")
             full = torch.softmax(torch.einsum("bicp,bjcp->bij", q, k) * scale + masked, dim=-1)
             kept, done = masked.expand_as(full).clone(), 0  # the leading pairs' terms so far
             for n in kept_pairs:

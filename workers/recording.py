@@ -111,8 +111,10 @@ def head_statistics(logits: Tensor) -> tuple[np.ndarray, np.ndarray]:
 def _statistics(logits: Tensor) -> tuple[np.ndarray, np.ndarray]:
     allowed = torch.isfinite(logits)
     bound = logits.masked_fill(~allowed, 0).abs().amax(dim=(0, 2, 3))
-    p = torch.softmax(logits.double(), dim=-1)
-    entropy = -(p * torch.log(p.clamp_min(1e-300))).sum(-1)  # (B, H, T)
+    # -sum p log p from log p (max-shifted by log_softmax: no cancellation, so float32 reads
+    # the entropy to ~1e-6 of ln N); hidden keys have p = 0 and add nothing
+    log_p = torch.log_softmax(logits.float(), dim=-1).masked_fill_(~allowed, 0.0)
+    entropy = -(log_p.exp() * log_p).sum(-1).double()  # (B, H, T)
     keys = allowed.sum(-1).double()  # (B?, H?, T)
     rows = keys >= 2
     normalised = torch.where(rows, entropy / keys.clamp_min(2).log(), torch.zeros(()))
