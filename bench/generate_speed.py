@@ -93,6 +93,19 @@ def run(teacher: Path, student: Path, context: int, batch: int, new_tokens: int,
     return result
 
 
+def longer_than_positions(teacher: Path, student: Path, length: int) -> str | None:
+    """Which model cannot hold ``length`` positions (its config's ``max_position_embeddings``),
+    read before any weights; None if both can."""
+    import transformers
+
+    for name, folder in (("teacher", teacher), ("student", student)):
+        config = transformers.AutoConfig.from_pretrained(folder, trust_remote_code=True)
+        limit = getattr(config, "max_position_embeddings", None)
+        if isinstance(limit, int) and length > limit:
+            return f"{length} positions, more than the {name}'s {limit}"
+    return None
+
+
 def smoke_models(folder: Path) -> tuple[Path, Path]:
     """A tiny random Llama and its student at half the KV cache, made here."""
     import torch
@@ -139,6 +152,10 @@ def main(argv: list[str] | None = None) -> int:
             teacher, student = smoke_models(Path(tmp))
             result = run(teacher, student, 64, 2, 4, 1, device)
         else:
+            too_long = longer_than_positions(args.teacher, args.student,
+                                             args.context + args.new_tokens)
+            if too_long:
+                p.error(f"--context {args.context} + --new-tokens {args.new_tokens}: {too_long}")
             result = run(args.teacher, args.student, args.context, args.batch, args.new_tokens,
                          args.runs, device)
     if args.format == "table":
