@@ -27,10 +27,17 @@ IGNORE = -100  # a target that does not count
 def sample_loss(model: Model, x: Tensor, targets: Tensor) -> float:
     """Mean cross-entropy of ``model`` on ids ``x`` against ``targets`` (B, T; ``IGNORE`` where
     a position does not count)."""
-    per_window = 4 * x.shape[1] * (model.arch.vocab_size or 1)  # float32 output logits
+    return tail_loss(model, model.inputs(x), 0, targets)
+
+
+@torch.no_grad()
+def tail_loss(model: Model, h: Tensor, start: int, targets: Tensor) -> float:
+    """``sample_loss`` from the residual stream ``h`` (B, T, d) entering block ``start``
+    (``Model.tail``), a few windows at a time (their output logits fit ``CHUNK_BYTES``)."""
+    per_window = 4 * h.shape[1] * (model.arch.vocab_size or 1)  # float32 output logits
     total = 0.0
-    for xs, ys in zip(window_chunks(x, per_window), window_chunks(targets, per_window)):
-        logits = model(xs)
+    for hs, ys in zip(window_chunks(h, per_window), window_chunks(targets, per_window)):
+        logits = model.tail(hs, start)
         total += float(torch.nn.functional.cross_entropy(
             logits.reshape(-1, logits.shape[-1]), ys.reshape(-1), ignore_index=IGNORE,
             reduction="sum"))
@@ -78,6 +85,7 @@ def loss_sensitivity(model: Model, x: Tensor, targets: Tensor, layers: list[Laye
             for m in layers]
 
 
+@torch.no_grad()
 def latent_sensitivity(model: Model, x: Tensor, targets: Tensor,
                        layers: list[LayerMeasurement], align: int,
                        scales: Mapping[int, Sequence[float]], quiet: bool = True
@@ -86,28 +94,40 @@ def latent_sensitivity(model: Model, x: Tensor, targets: Tensor,
     width (``latent_widths``), that layer alone made latent as ``workers.compress`` builds it
     (keys and values from the SVD of their stacked maps weighted by ``scales``, the layer's
     input RMS; keys turned after they are rebuilt where the teacher's are; docs/theory.md
-    §10.5), every other layer the teacher's. One forward per layer and width: counted on
-    stderr unless ``quiet``."""
+    §10.5), every other layer the teacher's. One forward per layer and width, from the layer
+    on (the residual stream entering it is carried from layer to layer): counted on stderr
+    unless ``quiet``."""
     arch = model.arch
     widths = {i: latent_widths(arch.layers[i], arch.d_model, align) for i in sorted(scales)}
     forwards = 1 + sum(len(w) - 1 for w in widths.values())
     with Progress("loss rule", total=forwards, unit="forwards", quiet=quiet,
                   start=f"one forward of the model on the sample per layer and latent width: "
                         f"{forwards:,} for {len(widths)} layer(s)") as bar:
-        base = sample_loss(model, x, targets)
+        h, reached = model.inputs(x), 0  # the residual stream entering block ``reached``
+        base = tail_loss(model, h, 0, targets)
         bar.update(1)
         increases: dict[int, dict[int, float]] = {}
         for i, candidates in widths.items():
+            h, reached = _advance(model, h, reached, i), i  # the blocks before i: the teacher's
             costs = {}
             for width in candidates[:-1]:
                 with _latent_alone(model, i, width, scales[i]):
-                    costs[width] = sample_loss(model, x, targets) - base
+                    costs[width] = tail_loss(model, h, i, targets) - base
                 bar.update(1)
             increases[i] = {**costs, candidates[-1]: 0.0}  # full rank: the teacher's layer
             bar.event(f"layer {i} latent ({len(costs)} width(s))")
     return [dataclasses.replace(m, latent_losses=increases.get(m.index),
                                 input_scale=tuple(scales.get(m.index, ())))
             for m in layers]
+
+
+def _advance(model: Model, h: Tensor, reached: int, start: int) -> Tensor:
+    """The residual stream entering block ``start`` from ``h`` entering block ``reached``, a
+    few windows at a time."""
+    for i in range(reached, start):
+        block = model.block(i)
+        h = torch.cat([block(hs) for hs in window_chunks(h, 16 * h.shape[1] * h.shape[2])])
+    return h
 
 
 @contextmanager

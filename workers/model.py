@@ -116,7 +116,15 @@ class Model(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """Ids ``(B, T)`` -> logits ``(B, T, vocab)``, or ``(B, T, in)`` -> ``(B, T, out)``."""
-        return self.head(self.norm(self.hidden(x)))
+        return self.tail(self.inputs(x))
+
+    def tail(self, h: Tensor, start: int = 0) -> Tensor:
+        """The output from the residual stream ``h`` (B, T, d_model) entering block ``start``:
+        the blocks from there on, the final norm and the head (what a cut in block ``start``
+        changes; the blocks before it need not run again)."""
+        for block in self.blocks[start:]:
+            h = block(h)
+        return self.head(self.norm(h))
 
     def hidden(self, x: Tensor) -> Tensor:
         """The residual stream after the last block, ``(B, T, d_model)`` (no final norm)."""
