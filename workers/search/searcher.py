@@ -11,8 +11,7 @@ ways a stock ``OptunaSearch`` on an SQL study loses or corrupts trials:
   FAIL, and retried ``WORKER_RETRIES`` more times as a new trial from its last checkpoint;
 * a dead driver's trials are failed and retried on ``--resume`` (``studies.storage.
   reap_trials``), each continuing from the checkpoint its failed original recorded;
-* starting points (the allocator's seeds, or a grid) are enqueued one at a time, as trials are
-  asked, so a search with fewer trials than points leaves none WAITING;
+* starting points (seeds, a grid) are enqueued one at a time as trials are asked: none waits;
 * telling an already finished trial (a late or duplicated completion) is logged and skipped;
 * no point is trained twice: a proposal identical to a finished trial (same params: the same
   architecture and training values) is recorded as a FAIL with status ``duplicate`` (not
@@ -278,10 +277,8 @@ class StudySearcher:
         chain = self._chain(trial.number) if error else set()
         if error and len(chain) < WORKER_RETRIES:
             attrs[ERROR] = f"{WORKER_DIED}; retried as a new trial from its last checkpoint"
-        # told before it is marked done: a write whose connection dropped raises here, and the
-        # guard's retry of this call must tell it again (what runs above is safe to repeat)
-        told = tell(self.study, trial, state, value, attrs)
-        self.done.add(key)
+        told = tell(self.study, trial, state, value, attrs)  # a dropped write: retried whole
+        self.done.add(key)  # only once told, so that the guard's retry tells it again
         self.last.pop(key, None)
         if not told:
             return None
