@@ -12,7 +12,7 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor
 
-from alloc.compression import LayerMeasurement, candidate_dims, latent_widths
+from alloc.compression import LayerMeasurement, candidate_dims, latent_spec, latent_widths
 from arch import ArchConfig, LayerSpec
 from common.progress import Progress
 from workers.chunks import window_chunks
@@ -136,8 +136,7 @@ def _latent_alone(model: Model, i: int, width: int, scale: Sequence[float]) -> I
     units (``latent_layer``) while the context lasts: one small module built per width, not a
     model."""
     arch, prefix, block = model.arch, f"blocks.{i}.attn.", model.block(i)
-    layer = dataclasses.replace(arch.layers[i], attention="latent", latent_dim=width,
-                                rotate_latent=arch.positional == "rope")
+    layer = latent_spec(arch.layers[i], width, arch.positional)
     student = _with_layer(arch, i, layer)
     state = block.attn.state_dict(prefix=prefix)
     latent_layer(state, student, i, {}, torch.tensor(scale[:arch.d_model]))

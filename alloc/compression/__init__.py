@@ -8,7 +8,7 @@ One job per module, the public names imported from here:
 - ``measurement``: what the torch side measures (``CheckpointMeasurement``) and how it is asked
   for (``MeasureRequest``);
 - ``planner``: the rule (``effective_rank``, ``truncation_error_bound``, ``candidate_dims``,
-  ``latent_widths``) and
+  ``latent_widths``, ``latent_spec``) and
   ``plan_compression``;
 - ``budget``: ``plan_for_kv_cache``, the plan under a KV cache budget, and its floor;
 - ``schema``: ``CompressionPlan`` and its parts, written and read as YAML;
@@ -34,6 +34,7 @@ from alloc.compression.planner import (
     candidate_dims,
     effective_rank,
     group_plan,
+    latent_spec,
     latent_widths,
     plan_compression,
     student_arch,
@@ -70,6 +71,7 @@ __all__ = [
     "effective_rank",
     "group_plan",
     "kv_cache_floor",
+    "latent_spec",
     "latent_widths",
     "plan_compression",
     "plan_for_kv_cache",

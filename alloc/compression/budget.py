@@ -92,10 +92,7 @@ def plan_for_kv_cache(plan: CompressionPlan, fraction: float) -> CompressionPlan
         g.key_heads * g.student_v_dim for g in valued)
     teacher_kv = fixed + sum(g.key_heads * g.qk_dim for g in groups) + sum(
         g.key_heads * g.v_dim for g in valued)
-    floor = fixed + sum(heads * min(errors) for heads, errors in choices)
-    budget = math.floor(fraction * teacher_kv + 1e-9) - fixed
-    if not 0 < fraction <= 1 or budget + fixed < floor:
-        raise CompressionError(_outside(fraction, floor / teacher_kv, _kept(bool(valued), False)))
+    budget = _units(fraction, choices, fixed, teacher_kv, _kept(bool(valued), False))
     chosen = _budget_choice(choices, budget, plan.rule)
     keys, values = iter(chosen[:len(groups)]), iter(chosen[len(groups):])
     layers = tuple(dataclasses.replace(layer, groups=tuple(
@@ -117,10 +114,7 @@ def _latent_for_kv_cache(plan: CompressionPlan, fraction: float) -> CompressionP
     choices = [(1, dict(layer.latent_losses or {})) for layer in latent]
     fixed = plan.student.kv_width - sum(layer.latent_dim for layer in latent)
     teacher_kv = fixed + sum(layer.teacher_kv_units for layer in latent)
-    floor = fixed + sum(min(losses) for _, losses in choices)
-    budget = math.floor(fraction * teacher_kv + 1e-9) - fixed
-    if not 0 < fraction <= 1 or budget + fixed < floor:
-        raise CompressionError(_outside(fraction, floor / teacher_kv, _kept(False, True)))
+    budget = _units(fraction, choices, fixed, teacher_kv, _kept(False, True))
     widths = dict(zip((layer.index for layer in latent),
                       _budget_choice(choices, budget, "loss")))
     layers = tuple(dataclasses.replace(layer, latent_dim=widths[layer.index])
@@ -131,6 +125,21 @@ def _latent_for_kv_cache(plan: CompressionPlan, fraction: float) -> CompressionP
 
 
 Choice = tuple[int, Mapping[int, float]]  # (cost of one unit, candidate -> its error)
+
+
+def _units(fraction: float, choices: Sequence[Choice], fixed: int, teacher_kv: int,
+           kept: str) -> int:
+    """The units per token the ``choices`` may spend under ``fraction`` of the teacher's
+    ``teacher_kv`` (``fixed`` of them no choice changes).
+
+    Raises:
+        CompressionError: ``fraction`` above 1, or below every choice at its smallest candidate.
+    """
+    floor = fixed + sum(cost * min(errors) for cost, errors in choices)
+    budget = math.floor(fraction * teacher_kv + 1e-9) - fixed
+    if not 0 < fraction <= 1 or budget + fixed < floor:
+        raise CompressionError(_outside(fraction, floor / teacher_kv, kept))
+    return budget
 
 
 def _budget_choice(choices: Sequence[Choice], budget: int, rule: Rule) -> list[int]:

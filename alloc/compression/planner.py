@@ -53,6 +53,14 @@ def latent_widths(layer: LayerSpec, d_model: int, align: int) -> list[int]:
     return candidate_dims(min(d_model, layer.kv_width), align)
 
 
+def latent_spec(layer: LayerSpec, width: int, positional: str) -> LayerSpec:
+    """mhsa ``layer`` made a latent layer of ``width`` units, as a plan makes it: every key
+    from the latent (no decoupled RoPE part), turned by RoPE after it is rebuilt where the
+    teacher's keys are turned (``positional``)."""
+    return dataclasses.replace(layer, attention="latent", latent_dim=width,
+                               rotate_latent=positional == "rope")
+
+
 def group_plan(heads: Sequence[HeadMeasurement], group: HeadGroup, seq_len: int,
                logit_bound: float, norm: float, tolerance: float, align: int,
                rule: Rule = "bound", loss_increases: Mapping[int, float] | None = None,
@@ -161,9 +169,8 @@ def student_arch(teacher: ArchConfig, layers: Sequence[LayerPlan]) -> ArchConfig
     specs = list(teacher.layers)
     for plan in layers:
         if plan.latent_dim:
-            specs[plan.index] = dataclasses.replace(
-                specs[plan.index], attention="latent", latent_dim=plan.latent_dim,
-                rotate_latent=teacher.positional == "rope")
+            specs[plan.index] = latent_spec(specs[plan.index], plan.latent_dim,
+                                            teacher.positional)
         elif plan.groups:
             heads = tuple(dataclasses.replace(old, qk_dim=g.reduced_qk_dim,
                                               v_dim=g.student_v_dim)
