@@ -94,6 +94,31 @@ def test_a_worker_killed_before_and_after_its_first_report_is_retried(tmp_path: 
     assert "search: done, 2/2 trials in " in err, err[-3000:]
 
 
+def test_a_trial_whose_reused_worker_fails_to_reset_is_retried(tmp_path: Path) -> None:
+    """Ray errors a trial whose reused worker fails ``reset_config`` (the last trial's thread
+    still alive after ``TUNE_FUNCTION_THREAD_TIMEOUT_S``, 2 s: a loaded machine, a long step)
+    without telling the searcher, which then waited for it forever (a search hung 15 minutes
+    in the suite). With the timeout at 0 every reuse of a stopped trial's worker fails: the
+    search still ends, each such trial retried, the study consistent."""
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    proc = launch(tmp_path, *SMOKE, "--storage", url, "--study", "r", "--trials", "4",
+                  "--max-concurrent", "1",
+                  env={**os.environ, "TUNE_FUNCTION_THREAD_TIMEOUT_S": "0"})
+    try:
+        _, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, err[-3000:]
+    study = load(url, "r")
+    check_consistent(study, 4)
+    failed = [t for t in study.get_trials() if t.state == TrialState.FAIL]
+    assert failed, _states(study.get_trials())  # the reset did fail, and was told
+    assert all("worker died" in t.user_attrs["error"] for t in failed)
+    assert "search: done, 4/4 trials in " in err, err[-3000:]
+    assert "its worker died" in err and "Could not re-use actor" not in err, err[-3000:]
+
+
 def searcher(tmp_path: Path) -> StudySearcher:
     storage = open_storage(f"sqlite:///{tmp_path / 'u.db'}")
     study = optuna.create_study(study_name="u", storage=storage, direction="maximize",

@@ -88,6 +88,8 @@ def quiet_ray_advice() -> None:
     # traceback stays in the trial's error.txt.
     _drop("ray.tune.execution.tune_controller", "Trial task failed for trial")
     _drop("ray.tune.tune", "Trials did not complete")
+    # A reused worker whose reset failed: the monitor tells it as a death (``_tell_untold``)
+    _drop("ray.tune.execution.tune_controller", "Could not re-use actor for trial")
 
 
 def start(address: str | None = None) -> None:
@@ -153,10 +155,10 @@ def run_tuner(searcher: StudySearcher, job: TrialJob, run: TuneRun,
     tuner = tune.Tuner(
         tune.with_resources(_trainable, {"cpu": run.cpus_per_trial, "gpu": run.gpus_per_trial}),
         param_space={JOB_KEY: job},
-        tune_config=tune.TuneConfig(search_alg=_Adapter(searcher, run.trials),
+        tune_config=tune.TuneConfig(search_alg=_Adapter(searcher, run.trials,
+                                                        run.max_concurrent),
                                     scheduler=scheduler,
                                     num_samples=run.trials * (1 + WORKER_RETRIES),
-                                    max_concurrent_trials=run.max_concurrent,
                                     reuse_actors=run.reuse_actors,
                                     trial_dirname_creator=lambda trial: f"trial_{trial.trial_id}"),
         run_config=tune.RunConfig(
@@ -213,10 +215,15 @@ class _Adapter(Searcher):
     URL. Resuming goes through the study (``workers.search --resume``), never Tune's state.
     """
 
-    def __init__(self, inner: StudySearcher, total: int) -> None:
+    def __init__(self, inner: StudySearcher, total: int, max_concurrent: int | None = None
+                 ) -> None:
         super().__init__(metric=inner.metric, mode=inner.mode)
         self.inner: StudySearcher | None = inner
         self.total = total  # trials to finish in this run
+        # the concurrency limit is ours, not Tune's ConcurrencyLimiter: a trial Tune ends
+        # without telling its search algorithm (``_Monitor._tell_untold``) would hold one of
+        # the limiter's places forever
+        self.max_concurrent = max_concurrent
 
     def set_search_properties(self, metric: str | None, mode: str | None, config: dict[str, Any],
                               **spec: Any) -> bool:
@@ -224,6 +231,9 @@ class _Adapter(Searcher):
 
     def suggest(self, trial_id: str) -> dict[str, Any] | None:
         assert self.inner is not None
+        running = len(self.inner.trials) - len(self.inner.done)
+        if self.max_concurrent is not None and running >= self.max_concurrent:
+            return None  # Tune asks again later
         config = self.inner.suggest(trial_id, self.total)
         if config == "end":  # Tune's documented end-of-search value,
             return Searcher.FINISHED  # type: ignore[return-value]  # a str its stub omits
@@ -266,10 +276,23 @@ class _Monitor(tune.Callback):
         self.peak = 1  # the most trials seen running at once: the search's concurrency
 
     def on_step_end(self, iteration: int, trials: list[Any], **info: Any) -> None:
+        self._tell_untold(iteration, trials)
         if time.monotonic() - self.last_beat >= self.interval:
             self.searcher.beat()
             self.last_beat = time.monotonic()
             self.bar.refresh()  # a terminal's bar shows the time passing between trials
+
+    def _tell_untold(self, iteration: int, trials: list[Any]) -> None:
+        """Tell the searcher of each trial Ray ended in error without telling it, as a dead
+        worker (retried from its last checkpoint): Ray errors a trial whose reused worker
+        failed ``reset_config`` (the last trial's thread still alive after 2 s) but calls no
+        searcher or callback, and a search waiting for that trial never ends."""
+        searcher = self.searcher
+        for trial in trials:
+            key = trial.trial_id
+            if trial.status == "ERROR" and key in searcher.trials and key not in searcher.done:
+                searcher.complete(key, None, error=True)
+                self.on_trial_error(iteration, trials, trial)
 
     def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         self.started.setdefault(trial.trial_id, time.monotonic())
