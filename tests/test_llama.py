@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from arch import param_count
 from workers.checkpoints import CheckpointError, load
@@ -100,9 +101,10 @@ def test_a_sharded_checkpoint_is_read_one_tensor_at_a_time(tmp_path: Path,
     reads: list[str] = []
     original = TensorFolder.get
 
-    def counted(self: TensorFolder, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+    def counted(self: TensorFolder, name: str, shape: tuple[int, ...],
+                dtype: torch.dtype | None = torch.float32) -> torch.Tensor:
         reads.append(name)
-        return original(self, name, shape)
+        return original(self, name, shape, dtype)
 
     monkeypatch.setattr(TensorFolder, "get", counted)
     for module in ("safetensors.torch", "safetensors.numpy"):  # never a whole file at once
@@ -503,14 +505,21 @@ def test_a_stock_student_of_a_bfloat16_teacher_is_its_size(tmp_path: Path,
 
 
 @pytest.mark.parametrize("causal", [True, False])
-def test_the_pair_ranking_equals_its_definition(causal: bool, tmp_path: Path) -> None:
+@pytest.mark.parametrize("row_block", [5, 32])  # blocks of query rows, or the whole window
+def test_the_pair_ranking_equals_its_definition(causal: bool, row_block: int, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """``rank_pairs`` orders a key/value head's RoPE pairs by the summed squared logit term of
-    each pair over its query heads, windows and allowed positions, and errs at each candidate
-    by the largest attention-weight change of keeping the leading pairs: computed here the
-    direct way, one (T, T) term per pair."""
+    each pair over its query heads, windows and allowed positions, errs at each candidate by
+    the largest attention-weight change of keeping the leading pairs, and gives each query
+    head's largest |logit| and mean normalised entropy (``head_statistics``' definition):
+    computed here the direct way, one (T, T) term per pair."""
+    from workers import pairs as pairs_module
     from workers.attention import future_mask, rotate
     from workers.heads import head_maps
-    from workers.measure import rank_pairs
+    from workers.pairs import rank_pairs
+    from workers.recording import head_statistics
+
+    monkeypatch.setattr(pairs_module, "ROW_BLOCK", row_block)
 
     loaded = load(saved(build("llama", num_key_value_heads=2), tmp_path / "m"))
     maps = [m for m in head_maps(loaded.model) if m.layer == 0 and m.kv == 1]
@@ -537,11 +546,16 @@ def test_the_pair_ranking_equals_its_definition(causal: bool, tmp_path: Path) ->
         logits = sum(terms[head, p] for p in kept)
         return torch.softmax(logits.masked_fill(hidden, float("-inf")), dim=-1)
 
+    assert got.stats is not None
     for m in maps:
         full = weights(m.head, range(pairs))
         for r in ranks:
             expected = float((full - weights(m.head, got.order[:r // 2])).abs().max())
             assert got.errors[m.head][r] == pytest.approx(expected, abs=1e-6)  # float32 maps
+        logits = sum(terms[m.head, p] for p in range(pairs)).masked_fill(hidden, float("-inf"))
+        bound, entropy = head_statistics(logits[:, None])
+        assert got.stats[m.head].logit_bound == pytest.approx(float(bound[0]), rel=1e-5)
+        assert got.stats[m.head].entropy == pytest.approx(float(entropy[0]), abs=1e-6)
 
 
 @pytest.mark.usefixtures("remote_code_cache")
@@ -605,22 +619,25 @@ def test_values_are_cut_with_the_keys_under_one_kv_budget(case: str, tmp_path: P
     assert report["svd"]["loss"] >= report["teacher"]["loss"] - 1e-3
 
 
-def test_a_streamed_profile_equals_the_whole_models(tmp_path: Path) -> None:
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_streamed_profile_equals_the_whole_models(dtype: torch.dtype, tmp_path: Path) -> None:
     """A Llama folder measured one decoder layer at a time, read from its memory-mapped
-    safetensors (``StreamedFolder``), gives the measurement of the whole model in memory, and
-    holds one block's weights at a time."""
+    safetensors (``StreamedFolder``), gives the measurement of the whole float32 model in
+    memory, and holds one block's weights at a time, in the dtype the file stores."""
     from workers.checkpoints.stream import StreamedFolder, WholeModel
     from workers.measure import measure_layers
 
-    folder = saved(build("qwen2", num_key_value_heads=2), tmp_path / "m")
+    folder = saved(build("qwen2", num_key_value_heads=2).to(dtype), tmp_path / "m")
     x = ids()
     whole = measure_layers(WholeModel(load(folder).model), x, SEQ, 4, "ids")
     with StreamedFolder(folder, "test") as stream:
         streamed = measure_layers(stream, x, SEQ, 4, "ids")
         for i in range(stream.arch.n_layers):
             with stream.block(i):
-                held = {n for n, p in stream.model.named_parameters() if not p.is_meta}
+                held = {n: p.dtype for n, p in stream.model.named_parameters()
+                        if not p.is_meta}
                 assert held and all(n.startswith(f"blocks.{i}.") for n in held)
+                assert set(held.values()) == {dtype}  # as stored: bf16 is never widened
         assert all(p.is_meta for p in stream.model.parameters())
     assert streamed.arch == whole.arch
     for a, b in zip(whole.layers, streamed.layers):
@@ -633,17 +650,20 @@ def test_a_streamed_profile_equals_the_whole_models(tmp_path: Path) -> None:
 
 
 @pytest.mark.usefixtures("remote_code_cache")
-def test_a_streamed_compress_writes_the_whole_models_student(tmp_path: Path) -> None:
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_streamed_compress_writes_the_whole_models_student(dtype: torch.dtype,
+                                                             tmp_path: Path) -> None:
     """Without data to evaluate on, ``workers.compress`` of a Llama folder builds and writes
     the student one decoder layer at a time (shards listed by an index): our reader and
     ``transformers`` read it back with the logits of the student built from the whole model,
-    keys and values cut."""
+    keys and values cut (a bfloat16 teacher's student in bfloat16, built from the same
+    float32 arithmetic)."""
     from alloc.compression import CompressionPlan
     from workers.compress import main as compress_main
     from workers.profile import main as profile_main
     from workers.students import build_student, pair_orders
 
-    teacher = load(saved(build("llama", num_key_value_heads=2), tmp_path / "teacher"))
+    teacher = load(saved(build("llama", num_key_value_heads=2).to(dtype), tmp_path / "teacher"))
     token_folder(tmp_path / "tokens")
     plan_path, out = tmp_path / "plan.yaml", tmp_path / "small"
     assert profile_main(["--checkpoint", str(tmp_path / "teacher"), "--data",
@@ -656,9 +676,15 @@ def test_a_streamed_compress_writes_the_whole_models_student(tmp_path: Path) -> 
     io = 2 if teacher.arch.tie_embeddings else 3  # embedding, final norm (and head)
     assert (out / INDEX).is_file() and len(list(out.glob("*.safetensors"))) == io + 2  # blocks
     ours = build_student(teacher.model, plan.student, pair_orders(plan), plan.input_scales())
+    with torch.no_grad():  # written in the teacher's dtype
+        for p in ours.parameters():
+            p.copy_(p.to(dtype))
     back = load(out)
     assert back.arch == plan.student
-    small = transformers.AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)
+    block = load_file(out / "model-00004.safetensors")  # RoPE's frequencies stay float32
+    assert {t.dtype for k, t in block.items() if "inv_freq" not in k} == {dtype}
+    small = transformers.AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True,
+                                                              dtype=torch.float32)
     with torch.no_grad():
         torch.testing.assert_close(back.model(ids()), ours(ids()), atol=1e-6, rtol=1e-6)
         torch.testing.assert_close(small(ids()).logits, ours(ids()), atol=1e-5, rtol=1e-5)

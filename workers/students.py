@@ -122,8 +122,11 @@ def streamed_student(teacher: StreamedFolder, student_arch: ArchConfig,
         yield {ours: teacher.tensors.get(theirs, shapes[ours], dtype=None)}
     for i in range(arch.n_layers):
         with teacher.block(i) as block:
-            # the state dict's tensors keep the block's weights alive after it goes to meta
+            # the state dict's tensors keep the block's weights alive after it goes to meta;
+            # the attention's in float32 for the cut's arithmetic, the rest as stored
             state = {f"blocks.{i}.{k}": v for k, v in block.state_dict().items()}
+            state.update({f"blocks.{i}.attn.{k}": v.float()
+                          for k, v in block.attn.state_dict().items()})
             cut_layer(state, arch, student_arch, i, pairs, scales, block.attn)
         yield state
 

@@ -88,7 +88,9 @@ def folder_file(folder: Path, name: str, source: str) -> Path:
 def check_finite(name: str, tensor: Tensor, source: str) -> None:
     """Refuse a tensor holding NaN or infinity: every measurement and every student made from
     it would be NaN or silently wrong."""
-    bad = int(tensor.numel() - torch.isfinite(tensor).sum()) if tensor.is_floating_point() else 0
+    if not tensor.is_floating_point() or bool(torch.isfinite(tensor).all()):
+        return  # (counted only when some are not: a sum over a bool map widens it)
+    bad = int(torch.count_nonzero(~torch.isfinite(tensor)))
     if bad:
         raise CheckpointError(f"{source}: tensor {name!r} holds {bad:,} non-finite values (NaN "
                               f"or infinity) of {tensor.numel():,}; a checkpoint must hold "
@@ -187,6 +189,12 @@ class TensorFolder:
         if name not in self.files:
             raise CheckpointError(f"{self.source}: tensor {name!r} is missing")
         return tuple(self._handle(self.files[name]).get_slice(name).get_shape())
+
+    def dtype(self, name: str) -> str:
+        """The dtype tensor ``name`` is stored in, as its shard's header names it ("BF16",
+        "F32", ...; nothing read)."""
+        self.shape(name)  # a missing name is refused in words
+        return str(self._handle(self.files[name]).get_slice(name).get_dtype())
 
     def get(self, name: str, shape: tuple[int, ...],
             dtype: torch.dtype | None = torch.float32) -> Tensor:

@@ -284,7 +284,8 @@ def fill_llama(model: Model, tensors: TensorFolder, config: dict[str, Any],
         target = params[ours]
         rows = stock_row_split(arch, ours, len(theirs)) or [target.shape[0]]
         for part, name, n in zip(target.split(rows), theirs, rows):
-            part.copy_(tensors.get(name, (n, *target.shape[1:])))
+            # as stored, converted by the copy: no float32 copy of the file's tensor
+            part.copy_(tensors.get(name, (n, *target.shape[1:]), dtype=None))
     rope = rope_parameters(config)
     for i in layers:
         attn = model.block(i).attn

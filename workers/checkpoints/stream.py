@@ -1,21 +1,27 @@
 """A model one decoder layer at a time: a ``LayerSource`` gives the residual stream before the
 first block and each block in turn. ``WholeModel`` serves a model already in memory;
 ``StreamedFolder`` a Llama-family folder, built on the meta device (no memory) with one block at
-a time read from the memory-mapped safetensors into float32 and freed after use, so that what a
+a time read from the memory-mapped safetensors and freed after use, so that what a
 layer-by-layer pass holds is one layer (and the embedding, while the inputs are made) plus the
 sample's activations, never the model (GPTQ's layer-by-layer calibration, Frantar et al., 2023).
-The files keep their own dtype; only the layer in use is float32.
+
+A block is held in the dtype its file stores (bfloat16 or float16: half of float32's bytes) and
+computes in float32, each of its layers cast up for its own forward only and back after it
+(``computed_in_float32``; diffusers' layerwise casting): both casts are exact, so a streamed
+pass computes what the whole float32 model computes, holding the stored bytes and one layer's
+float32 copy at a time.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
-from torch import Tensor
+import torch.nn.functional as F
+from torch import Tensor, nn
 
 from arch import ArchConfig, param_count
 from workers.checkpoints.folder import TensorFolder, read_config, refuse_beyond_memory
@@ -90,10 +96,26 @@ class StreamedFolder:
                 rows = stock_row_split(arch, ours, len(theirs)) or [shapes[ours][0]]
                 for name, n in zip(theirs, rows):
                     self.tensors.get(name, (n, *shapes[ours][1:]), dtype=None)
+            self._hold_as_stored()
         except BaseException:
             self.tensors.__exit__(None, None, None)
             raise
         return self
+
+    def _hold_as_stored(self) -> None:
+        """Give each layer (a leaf module: a linear map, a norm, the embedding) whose stock
+        tensors are all stored in one 16-bit float type that type, on the meta device: its
+        block is then read without conversion and held at the file's size."""
+        modules = dict(self.model.named_modules())
+        stored: dict[str, set[str]] = {}
+        for ours, theirs in stock_pairs(self._arch):
+            leaf = ours.rsplit(".", 1)[0]
+            stored.setdefault(leaf, set()).update(self.tensors.dtype(name) for name in theirs)
+        for leaf, dtypes in stored.items():
+            module = modules[leaf]
+            if len(dtypes) == 1 and next(iter(dtypes)) in HALF_DTYPES and not any(
+                    True for _ in module.children()):
+                module.to(HALF_DTYPES[next(iter(dtypes))])
 
     def __exit__(self, *exc: Any) -> None:
         self.tensors.__exit__(*exc)
@@ -105,19 +127,75 @@ class StreamedFolder:
         try:
             fill_llama(self.model, self.tensors, self.config,
                        [("embed.weight", ["model.embed_tokens.weight"])], ())
-            return self.model.inputs(x)
+            return self.model.inputs(x).float()  # rows gathered as stored: the cast is exact
         finally:
             embed.to("meta")
 
     @contextmanager
     def block(self, i: int) -> Iterator[Block]:
+        """Block ``i`` as stored, computing in float32 (``computed_in_float32``)."""
         block = self.model.block(i)
         block.to_empty(device="cpu")
         try:
             fill_llama(self.model, self.tensors, self.config, block_pairs(self._arch, i), (i,))
-            yield block
+            with computed_in_float32(block):
+                yield block
         finally:
             block.to("meta")  # its memory is released; the next block reads its own
+
+
+HALF_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16}
+
+
+@contextmanager
+def computed_in_float32(module: nn.Module) -> Iterator[None]:
+    """While it lasts, each leaf of ``module`` held in another float type runs its forward in
+    float32 (every 16-bit float is a float32: nothing is rounded), holding between forwards
+    its stored bytes only: a linear map multiplies a few of its rows at a time, each cast as
+    it is used (a fused SwiGLU map of an 8 B model is 470 MB as float32); other leaves (norms)
+    are cast up for their forward and back after it."""
+    patched = []
+    for leaf in module.modules():
+        own = list(leaf.parameters(recurse=False))
+        if any(True for _ in leaf.children()) or all(p.dtype == torch.float32 for p in own):
+            continue
+        # an instance's forward shadows its class's while the context lasts (as accelerate's
+        # hooks do); deleting it restores the class's
+        leaf.forward = _rows_in_float32(leaf) if isinstance(leaf, nn.Linear) else _cast_around(
+            leaf)
+        patched.append(leaf)
+    try:
+        yield
+    finally:
+        for leaf in patched:
+            del leaf.forward
+
+
+CAST_BYTES = 64 << 20  # a linear map's rows cast to float32 at once, at most
+
+
+def _rows_in_float32(linear: nn.Linear) -> Callable[[Tensor], Tensor]:
+    def forward(x: Tensor) -> Tensor:
+        weight, bias = linear.weight, linear.bias
+        step = max(1, CAST_BYTES // (4 * weight.shape[1]))
+        out = x.new_empty(*x.shape[:-1], weight.shape[0])
+        for a in range(0, weight.shape[0], step):
+            rows = slice(a, a + step)
+            out[..., rows] = F.linear(x, weight[rows].float(),
+                                      None if bias is None else bias[rows].float())
+        return out
+    return forward
+
+
+def _cast_around(leaf: nn.Module) -> Callable[..., Any]:
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        stored = next(leaf.parameters()).dtype
+        leaf.to(torch.float32)
+        try:
+            return type(leaf).forward(leaf, *args, **kwargs)
+        finally:
+            leaf.to(stored)
+    return forward
 
 
 def streamed_bytes(arch: ArchConfig) -> int:
@@ -131,3 +209,4 @@ def streamed_bytes(arch: ArchConfig) -> int:
 def check_fits_streamed(arch: ArchConfig, source: str) -> None:
     """Refuse a model even one layer of which does not fit this machine's memory."""
     refuse_beyond_memory(streamed_bytes(arch), "layers of", source, ", even one at a time")
+
