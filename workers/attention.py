@@ -73,10 +73,10 @@ class LogitRecorder:
         self.reduce = reduce
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> Tensor:
-        z = q @ k.transpose(-1, -2) * scale
+        z = (q @ k.transpose(-1, -2)).mul_(scale)  # in place: one (B, H, T, T) map held
         if causal:
             t = z.shape[-1]
-            z = z.masked_fill(future_mask(t, z.device), float("-inf"))
+            z.masked_fill_(future_mask(t, z.device), float("-inf"))
         self.logits.append(z if self.reduce is None else self.reduce(z))
         return torch.softmax(z, dim=-1) @ v
 

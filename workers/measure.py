@@ -13,9 +13,7 @@ import dataclasses
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -30,13 +28,13 @@ from alloc.compression import (
 )
 from arch import ArchConfig, LayerSpec
 from common.progress import Progress, duration, say
-from workers.attention import rotate
+from workers.attention import MultiHeadAttention
 from workers.checkpoints import is_family_folder, load, read_arch
 from workers.checkpoints.stream import LayerSource, StreamedFolder, WholeModel
-from workers.chunks import window_chunks
 from workers.heads import HeadMap, layer_maps
 from workers.loss_rule import IGNORE, input_scale, latent_sensitivity, loss_sensitivity
 from workers.model import Block, Model
+from workers.pairs import rank_pairs
 from workers.recording import record_block
 from workers.taskargs import check_fits, task_for_model
 
@@ -60,94 +58,6 @@ def measured_errors(head: HeadMap, x: Tensor, ranks: Sequence[int], causal: bool
 
     full = attention(matrix)  # the teacher's weights, once for every rank
     return {r: float((full - attention(u[:, :r] * s[:r] @ vh[:r])).abs().max()) for r in ranks}
-
-
-@dataclass(frozen=True)
-class PairRanking:
-    """One RoPE key/value head: its frequency pairs in the order a student keeps them (most
-    contributing first), and per query head reading it the pair bounds in that order and, with
-    a sample, the measured error of keeping each candidate number of dims."""
-
-    order: tuple[int, ...]
-    bounds: dict[int, np.ndarray]  # query head -> (qk/2,) pair_norms in ``order``
-    errors: dict[int, dict[int, float]] | None = None  # query head -> rank -> error
-
-
-def _turned(head: HeadMap, x: Tensor, side: str) -> Tensor:
-    """The head's queries (``side="a"``) or keys (``"b"``) after RoPE on inputs ``x``
-    (B, T, d), in ``x``'s dtype: (B, T, 2, qk/2), pair ``i`` at ``[..., :, i]``. The query
-    heads reading one key/value head share its keys: computed once for them."""
-    assert head.freqs is not None
-    freqs = torch.from_numpy(head.freqs)[None].to(x.dtype)
-    rows = rotate((x @ torch.from_numpy(getattr(head, side)).to(x.dtype))[:, None], freqs)[:, 0]
-    return rows.unflatten(-1, (2, rows.shape[-1] // 2))  # (B, T, qk) -> (B, T, 2, qk/2)
-
-
-def _pair_scores(q: Tensor, k: Tensor, causal: bool) -> Tensor:
-    """(qk/2,) per pair ``p``: the sum over windows and allowed positions ``j <= i`` of the
-    squared logit term ``(q_i . k_j)^2`` (unscaled; q, k: (B, T, 2, qk/2)). A pair's term is a
-    rank-2 map, so ``sum_j (q_i . k_j)^2 = q_i^T (sum_j k_j k_j^T) q_i`` with a running sum of
-    2 x 2 outer products: O(T) per pair, no (T, T) map formed."""
-    outer = k[:, :, :, None] * k[:, :, None, :]  # (B, T, 2, 2, qk/2): k_j k_j^T per pair
-    running = outer.cumsum(dim=1) if causal else outer.sum(dim=1, keepdim=True)
-    return torch.einsum("btcp,btcdp,btdp->p", q, running, q)
-
-
-def _segment_logits(q: Tensor, k: Tensor, pairs: Sequence[int]) -> Tensor:
-    """(B, T, T) logit terms of ``pairs`` together (unscaled)."""
-    index = torch.tensor(list(pairs), dtype=torch.long)
-    return torch.einsum("bicp,bjcp->bij", q.index_select(-1, index), k.index_select(-1, index))
-
-
-@torch.no_grad()
-def rank_pairs(heads: Sequence[HeadMap], x: Tensor | None, ranks: Sequence[int],
-               causal: bool) -> PairRanking:
-    """Rank the frequency pairs of one key/value head (``heads``: the query heads reading it).
-
-    With a sample ``x`` (B, T, d [+ 1]), pairs are ranked by their mean squared logit term
-    summed over the query heads (what the logits really receive from each pair, after RoPE;
-    ``_pair_scores``), and each candidate rank's error is the largest attention-weight change
-    when only its leading pairs are kept; without one, by the summed ``pair_norms``. The kept
-    logits grow one candidate's segment of pairs at a time, one chunk of windows at a time
-    (memory: a few (windows, T, T) maps).
-    """
-    bounds = {h.head: h.pair_norms() for h in heads}
-    if x is None:
-        score = np.sum([bounds[h.head] for h in heads], axis=0)
-        order = tuple(int(i) for i in np.argsort(-score, kind="stable"))
-        return PairRanking(order, {h: b[list(order)] for h, b in bounds.items()})
-    from workers.attention import future_mask
-
-    t = x.shape[1]
-    hidden = future_mask(t) if causal else torch.zeros(t, t, dtype=torch.bool)
-    pairs = heads[0].a.shape[1] // 2
-    scale = 1.0 / math.sqrt(2 * pairs)
-    # the scores in float64 (sums of many squares); the (T, T) maps in float32: an attention
-    # weight's change is read to 1e-6, far below any tolerance (a profile of a 311 MB Llama
-    # spent most of its time here). Full, kept and cut maps: a chunk of windows at a time.
-    chunks = window_chunks(x, 3 * 4 * t * t)
-    total = torch.zeros(pairs, dtype=torch.float64)
-    for chunk in chunks:
-        k = _turned(heads[0], chunk.double(), "b")
-        for h in heads:
-            total += _pair_scores(_turned(h, chunk.double(), "a"), k, causal)
-    score = total.numpy()  # the scale is common to every pair: the order does not need it
-    order = tuple(int(i) for i in np.argsort(-score, kind="stable"))
-    kept_pairs = sorted({r // 2 for r in ranks if 0 < r // 2 < pairs})  # all pairs: no error
-    errors = {h.head: dict.fromkeys(ranks, 0.0) for h in heads}
-    masked = torch.zeros(t, t).masked_fill(hidden, float("-inf"))  # -inf stays -inf under +
-    for chunk in chunks:
-        k = _turned(heads[0], chunk.float(), "b")
-        for h in heads:
-            q = _turned(h, chunk.float(), "a")
-            full = torch.softmax(torch.einsum("bicp,bjcp->bij", q, k) * scale + masked, dim=-1)
-            kept, done = masked.expand_as(full).clone(), 0  # the leading pairs' terms so far
-            for n in kept_pairs:
-                kept += _segment_logits(q, k, order[done:n]) * scale
-                done = n
-                change = torch.softmax(kept, dim=-1).sub_(full).abs_()
-                errors[h.head][2 * n] = max(errors[h.head][2 * n], float(change.amax()))
-    return PairRanking(order, {h: b[list(order)] for h, b in bounds.items()}, errors)
 
 
 def norm_bound(block: Block, arch: ArchConfig) -> float:
@@ -216,17 +126,19 @@ def measure_layers(source: LayerSource, x: Tensor | None, seq_len: int, align: i
             inputs = None
             with source.block(i) as block:
                 norm = norm_bound(block, arch)
+                # RoPE heads' statistics come with their pair ranking, from the same maps
+                ranked = isinstance(block.attn, MultiHeadAttention) and block.attn.rope
                 if h is not None:
-                    record = record_block(block, layer, h, bias)
+                    record = record_block(block, layer, h, bias, statistics=not ranked)
                     inputs, norm, h = record.inputs, record.norm, record.out
                     bounds = [float(b) for g, _ in record.groups for b in g]
                     entropy = [float(e) for _, g in record.groups for e in g]
                     stats = tuple(HeadStats(b, e) for b, e in zip(bounds, entropy))
                     if scales is not None and layer.attention == "mhsa":
                         scales[i] = input_scale(inputs)
-                heads = _head_measurements(layer_maps(block.attn, i), layer, inputs,
-                                           arch.causal, align)
-            layers.append(LayerMeasurement(i, heads, norm, stats))
+                heads, ranked_stats = _head_measurements(layer_maps(block.attn, i), layer,
+                                                         inputs, arch.causal, align)
+            layers.append(LayerMeasurement(i, heads, norm, ranked_stats or stats))
             bar.update(1)
             bar.event(f"layer {i} ({len(heads)} heads)")
     return CheckpointMeasurement(arch, seq_len, align, tuple(layers),
@@ -234,12 +146,13 @@ def measure_layers(source: LayerSource, x: Tensor | None, seq_len: int, align: i
 
 
 def _head_measurements(maps: list[HeadMap], layer: LayerSpec, x: Tensor | None, causal: bool,
-                       align: int) -> tuple[HeadMeasurement, ...]:
+                       align: int) -> tuple[tuple[HeadMeasurement, ...], tuple[HeadStats, ...]]:
     """The layer's heads: SVD spectra and errors of truncated maps, or, for RoPE heads, pair
     bounds (each pair's value split over its two dims) and errors in each key/value head's
-    pair ranking (``pairs`` records the ranking: the student keeps pairs in that order)."""
+    pair ranking (``pairs`` records the ranking: the student keeps pairs in that order), with
+    each head's statistics on the sample ``x`` (empty without RoPE or a sample)."""
     if not maps:
-        return ()
+        return (), ()
     if maps[0].freqs is None:
         grouped = [str(g) for g in layer.heads if g.grouped]
         if grouped:
@@ -250,11 +163,12 @@ def _head_measurements(maps: list[HeadMap], layer: LayerSpec, x: Tensor | None, 
             m.group, m.head, tuple(float(v) for v in m.singular_values()),
             None if x is None else measured_errors(
                 m, x, candidate_dims(layer.heads[m.group].qk_dim, align), causal))
-            for m in maps)
+            for m in maps), ()
     if align % 2:
         raise CompressionError(f"--align {align}: RoPE heads keep whole frequency pairs, so "
                                "reduced qk_dims must be even; use an even --align")
     out: dict[tuple[int, int], HeadMeasurement] = {}
+    stats: dict[tuple[int, int], HeadStats] = {}
     for (j, kv) in sorted({(m.group, m.kv) for m in maps}):
         readers = [m for m in maps if (m.group, m.kv) == (j, kv)]
         ranks = candidate_dims(layer.heads[j].qk_dim, align)
@@ -263,7 +177,9 @@ def _head_measurements(maps: list[HeadMap], layer: LayerSpec, x: Tensor | None, 
             sigma = tuple(float(v) / 2 for v in ranking.bounds[m.head] for _ in range(2))
             errors = None if ranking.errors is None else ranking.errors[m.head]
             out[(j, m.head)] = HeadMeasurement(j, m.head, sigma, errors, ranking.order)
-    return tuple(out[key] for key in sorted(out))
+            if ranking.stats is not None:
+                stats[(j, m.head)] = ranking.stats[m.head]
+    return tuple(out[key] for key in sorted(out)), tuple(stats[key] for key in sorted(stats))
 
 
 def measure_checkpoint(request: MeasureRequest) -> CheckpointMeasurement:

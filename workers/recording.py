@@ -101,9 +101,10 @@ def _record_pass(model: Model, x: Tensor, reduce: Callable[[Tensor], Any]) -> At
 def head_statistics(logits: Tensor) -> tuple[np.ndarray, np.ndarray]:
     """Per head: the largest |logit| over allowed pairs, and the mean over rows (with at least
     two keys) of the attention entropy over ``ln N_row``. ``logits``: (B, H, T, T), taken a
-    few heads at a time (the float64 softmax of every head at once would be 2x the logits)."""
+    few heads at a time: each step's maps (a few float32 copies of its logits) are at most an
+    eighth of ``CHUNK_BYTES``, a fraction of the logits themselves."""
     heads = logits.shape[1]
-    step = max(1, heads * CHUNK_BYTES // max(1, 8 * logits.numel()))
+    step = max(1, heads * (CHUNK_BYTES // 8) // max(1, 4 * logits.numel()))
     parts = [_statistics(logits[:, h:h + step]) for h in range(0, heads, step)]
     return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
@@ -135,27 +136,45 @@ class BlockRecord:
 
 
 @torch.no_grad()
-def record_block(block: Block, layer: LayerSpec, h: Tensor, bias: bool) -> BlockRecord:
+def record_block(block: Block, layer: LayerSpec, h: Tensor, bias: bool,
+                 statistics: bool = True) -> BlockRecord:
     """Run ``block`` (of ``layer``) on its residual stream ``h`` (B, T, d) a few windows at a
     time, recording its attention like ``record_attention`` does (``bias``: append the
-    constant 1 to the inputs, as the head maps fold biases in)."""
-    t = h.shape[1]
+    constant 1 to the inputs, as the head maps fold biases in); ``statistics=False``: the
+    block's own attention runs and ``groups`` is empty (the caller measures the heads)."""
+    t, d = h.shape[1], h.shape[-1]
     heads = max(g.count for g in layer.heads)
-    parts, inputs, outs = [], [], []
+    parts = []
+    # the attention's inputs (the constant 1 appended with biases) and the block's outputs,
+    # written a chunk at a time into their places: no list of chunks and a second copy
+    x = h.new_ones(*h.shape[:-1], d + 1) if bias else torch.empty_like(h)
+    out = torch.empty_like(h)
+    rows = slice(0, 0)
     own = block.attn.attention_fn
-    hook = block.attn_norm.register_forward_hook(lambda _m, _i, out: inputs.append(out))
+    hook = block.attn_norm.register_forward_hook(
+        lambda _m, _i, normed: x[rows, :, :d].copy_(normed))
     try:
-        for chunk in window_chunks(h, 3 * 8 * heads * t * t):
-            recorder = LogitRecorder(head_statistics)
-            block.attn.attention_fn = recorder
-            outs.append(block(chunk))
-            parts.append(recorder.logits)
+        # per window: its logits and two float64 copies, or (the block's own attention
+        # forms no map) its activations: a few float32 copies of an MLP's hidden rows
+        per_window = 3 * 8 * heads * t * t if statistics else 4 * 16 * t * d
+        for chunk in window_chunks(h, per_window):
+            rows = slice(rows.stop, rows.stop + len(chunk))
+            if statistics:
+                recorder = LogitRecorder(head_statistics)
+                block.attn.attention_fn = recorder
+            out[rows] = block(chunk)
+            if statistics:
+                parts.append((recorder.logits, len(chunk)))
     finally:
         block.attn.attention_fn = own
         hook.remove()
-    x = torch.cat(inputs)
-    if bias:
-        x = torch.cat([x, x.new_ones(*x.shape[:-1], 1)], -1)
-    windows = [len(chunk) for chunk in inputs]
-    groups = [_combine_stats([part[j] for part in parts], windows) for j in range(len(parts[0]))]
-    return BlockRecord(groups, x, float(x.double().norm(dim=-1).max()), torch.cat(outs))
+    windows = [n for _, n in parts]
+    groups = [_combine_stats([part[j] for part, _ in parts], windows)
+              for j in range(len(parts[0][0]) if parts else 0)]
+    return BlockRecord(groups, x, largest_norm(x), out)
+
+
+def largest_norm(x: Tensor) -> float:
+    """The largest norm of ``x``'s rows (B, T, d), summed in float64 a window at a time (a
+    float64 copy of a long sample would be twice its size)."""
+    return max(float(w.double().norm(dim=-1).max()) for w in x)
