@@ -24,7 +24,7 @@ from alloc.settings import PlanSettings
 from arch import ModelIO
 from search_spaces import load_space
 from studies.storage import open_storage
-from tests.helpers.search import SMOKE, check_consistent, launch, load, wait_for
+from tests.helpers.search import SMOKE, check_consistent, launch, load, run, wait_for
 from workers.search.protocol import RESUMED, TRIAL_KEY, TrialReport, TrialSpec
 from workers.search.searcher import StudySearcher, finished_count, retried_numbers
 from workers.search.seeding import BoundPredictor
@@ -101,15 +101,10 @@ def test_a_trial_whose_reused_worker_fails_to_reset_is_retried(tmp_path: Path) -
     in the suite). With the timeout at 0 every reuse of a stopped trial's worker fails: the
     search still ends, each such trial retried, the study consistent."""
     url = f"sqlite:///{tmp_path / 's.db'}"
-    proc = launch(tmp_path, *SMOKE, "--storage", url, "--study", "r", "--trials", "4",
-                  "--max-concurrent", "1",
-                  env={**os.environ, "TUNE_FUNCTION_THREAD_TIMEOUT_S": "0"})
-    try:
-        _, err = proc.communicate(timeout=240)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 0, err[-3000:]
+    done = run(tmp_path, *SMOKE, "--storage", url, "--study", "r", "--trials", "4",
+               "--max-concurrent", "1", env={**os.environ, "TUNE_FUNCTION_THREAD_TIMEOUT_S": "0"})
+    err = done.stderr
+    assert done.returncode == 0, err[-3000:]
     study = load(url, "r")
     check_consistent(study, 4)
     failed = [t for t in study.get_trials() if t.state == TrialState.FAIL]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -41,7 +42,11 @@ def launch(tmp: Path, *args: str, env: dict[str, str] | None = None
 def run(tmp: Path, *args: str, env: dict[str, str] | None = None
         ) -> subprocess.CompletedProcess[str]:
     proc = launch(tmp, *args, env=env)
-    out, err = proc.communicate(timeout=240)
+    try:
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:  # timed out: the search and its Ray workers go with it
+            os.killpg(proc.pid, signal.SIGKILL)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
