@@ -56,6 +56,7 @@ STRATEGIES = ("prior", *GRADED, "seeded-tpe", "tpe", "random", "grid")
 GRADED_FROM = 50  # graded priors are centred on points of this many random table points
 TABLES = Path(__file__).resolve().parent / "tables"
 CORPUS_MB = 2.0  # of the standard library's sources, for the shipped stdlib table
+DOCS_MB = 1.0  # more than pydoc_data's topics (0.47 MB): all of the lm table's corpus
 
 
 @dataclass(frozen=True)
@@ -427,6 +428,7 @@ def cases(args: argparse.Namespace) -> list[Case]:
     from workers.tasks.data import make_data_task
 
     size = "smoke" if args.smoke_test else "paper"
+    profiled: dict[str, Callable[[], Any]] = {}  # a table's data as a file, to profile
     if args.space is not None:
         if args.task is None and args.data is None:
             raise UsageError("--space: give the task of its table (--task T or --data PATH)")
@@ -436,12 +438,17 @@ def cases(args: argparse.Namespace) -> list[Case]:
         raise UsageError("--task/--data: only with --space (the shipped tables have theirs)")
     else:
         from userdata import DataSpec
+        from workers.experiments.corpora import write_docs
 
         corpus = args.out / "corpus"
         specs = [("ngram", TABLES / "ngram.yaml", lambda: make_task("ngram", size, 0)),
                  ("lm", TABLES / "lm.yaml", lambda: make_task("lm", size, 0, length=64)),
                  ("stdlib", TABLES / "stdlib.yaml", lambda: make_data_task(DataSpec(str(
                      harness.write_corpus(corpus, CORPUS_MB))), size, 0, 64))]
+        # lm's corpus (pydoc_data's topics, the same bytes) as a file, so that its prior is
+        # profiled by the pilot as stdlib's is; the table itself trains the lm task
+        profiled["lm"] = lambda: make_data_task(DataSpec(str(write_docs(
+            args.out / "docs", DOCS_MB))), size, 0, 64)
     out = []
     for name, path, make in specs:
         try:
@@ -453,7 +460,8 @@ def cases(args: argparse.Namespace) -> list[Case]:
         shape = (space.budget, space.depth, space_mlp_ratio(space))
         settings = plan_settings(space.budget, space.depth, task,
                                  measured_inputs(profile_for(
-                                     task, None, args.out, shape,
+                                     profiled[name]() if name in profiled else task, None,
+                                     args.out, shape,
                                      SMOKE_PILOT_STEPS if args.smoke_test else None)),
                                  shape[2])
         out.append(Case(name, space, task, settings))

@@ -122,7 +122,7 @@ def _changes(qb: Tensor, kb: Tensor, mask: Tensor, full: Tensor, largest: dict[i
     this block of rows (``full``: the teacher's weights) when only the leading ``n`` pairs are
     kept."""
     logits, done = mask.expand_as(full).clone(), 0  # the leading pairs' terms so far
-    for n in largest:
+    for n in largest:  # increasing: ``rank_pairs`` builds it from the sorted candidates
         logits.baddbmm_(qb[..., 2 * done:2 * n], kb[:, 2 * done:2 * n])
         done = n
         change = torch.softmax(logits, dim=-1).sub_(full).abs_().amax()
