@@ -69,8 +69,9 @@ class WholeModel:
 
 
 class StreamedFolder:
-    """A Llama-family folder as a ``LayerSource`` that holds one block at a time (use as a
-    context manager: the safetensors stay open, memory-mapped, while it lasts)."""
+    """A Llama-family folder as a ``LayerSource`` that holds one block at a time, in the
+    dtype its file stores (use as a context manager: the safetensors stay open,
+    memory-mapped, while it lasts)."""
 
     def __init__(self, folder: Path, source: str) -> None:
         self.config = read_config(folder, source)
@@ -112,10 +113,9 @@ class StreamedFolder:
             leaf = ours.rsplit(".", 1)[0]
             stored.setdefault(leaf, set()).update(self.tensors.dtype(name) for name in theirs)
         for leaf, dtypes in stored.items():
-            module = modules[leaf]
-            if len(dtypes) == 1 and next(iter(dtypes)) in HALF_DTYPES and not any(
-                    True for _ in module.children()):
-                module.to(HALF_DTYPES[next(iter(dtypes))])
+            dtype, *others = dtypes
+            if not others and dtype in HALF_DTYPES and not list(modules[leaf].children()):
+                modules[leaf].to(HALF_DTYPES[dtype])
 
     def __exit__(self, *exc: Any) -> None:
         self.tensors.__exit__(*exc)
