@@ -133,7 +133,8 @@ def render(result: dict[str, Any]) -> str:
               f"{r[label]['rank'] or 'not in the grid'} of {r['points']}",
               interval_text(r[label]["final"]), p_text(r[label]["final"]["p_worse"]),
               {True: "yes", False: "no", None: "-"}[r[label]["final"]["top_quartile"]],
-              f"{r[label]['layer0_rank']} of {len(r['layer0'])}"]
+              "beyond the grid" if r[label]["layer0_rank"] is None
+              else f"{r[label]['layer0_rank']} of {len(r['layer0'])}"]
              for label in r["plans"]]))
         lines.append(render_table(
             ["finalist", "grid rank", "grid loss", "finalists' loss (95%)", "p (worse)",
