@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import workers  # noqa: F401  (first: it sets OpenMP's wait policy before torch loads)
 from tests.helpers.storage import postgres_url
 
 # --- storage fixtures: every study test runs on SQLite and on PostgreSQL ----------------------
