@@ -217,12 +217,20 @@ def make_strategy(name: str, seed: int, priors: Priors, starts: list[dict[str, A
 # --- the benchmark ------------------------------------------------------------------------------
 
 
+def allocator_starts(case: Case) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """The launcher's starting points for ``case`` (what seeded TPE enqueues), and among them
+    the allocator's own plan as params of the space (None: the plan is not in the space)."""
+    from workers.search.seeding import seeds as allocator_seeds
+
+    seeded = allocator_seeds(case.space, case.settings)
+    return ([dict(s.params) for s in seeded],
+            next((dict(s.params) for s in seeded if s.label == "allocator"), None))
+
+
 def run_case(case: Case, out: Path, seeds: int, strategies: Sequence[str] = STRATEGIES,
              temperature: float = DEFAULT_TEMPERATURE, ashas: Sequence[bool] = (False, True)
              ) -> list[dict[str, Any]]:
     """Build (or reuse) the table of ``case`` and replay every strategy ``seeds`` times."""
-    from workers.search.seeding import seeds as allocator_seeds
-
     url = f"sqlite:///{(out / 'tables.db').resolve()}"
     points = len(case.space.grid())
     build_table(case, url, out / "ray_results")
@@ -236,9 +244,7 @@ def run_case(case: Case, out: Path, seeds: int, strategies: Sequence[str] = STRA
     values = [e.value for e in table.values()]
     best, worst = (max(values), min(values)) if maximize else (min(values), max(values))
     cands = candidates(case.space)
-    seeded = allocator_seeds(case.space, case.settings)
-    starts = [dict(s.params) for s in seeded]
-    plan = next((dict(s.params) for s in seeded if s.label == "allocator"), None)
+    starts, plan = allocator_starts(case)
     priors = Priors(cands, case.settings, np.array([
         table[point_key(p)].value if point_key(p) in table else math.nan
         for p in cands.params]), plan, temperature)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import optuna
+import pytest
 
 from alloc.prior import candidates, point_key
 from alloc.settings import PlanSettings
@@ -67,6 +68,36 @@ def test_smoke_run_on_a_space_file_replays_every_strategy(tmp_path: Path) -> Non
     values = [t.value for t in table.get_trials(states=(optuna.trial.TrialState.COMPLETE,))]
     assert len(values) == 6 and float(rows[0]["best"]) == min(values)  # MSE is minimised
     assert (out / "search_efficiency.png").stat().st_size > 10_000
+    assert_the_table_noise_is_its_points_over_seeds(space, out, tmp_path)
+
+
+def assert_the_table_noise_is_its_points_over_seeds(space: Path, out: Path, tmp_path: Path
+                                                    ) -> None:
+    """bench.table_noise on the trained table: its 2 best points and the allocator's mode
+    retrained with seed 1; each row is the mean and interval of the table's value and that
+    retraining, the pooled seed SD is theirs, the reference is the 2nd best."""
+    proc = subprocess.run([sys.executable, "-m", "bench.table_noise", "--space", str(space),
+                           "--task", "ngram", "--smoke-test", "--top", "2", "--noise-seeds",
+                           "1", "--out", str(out), "--format", "json"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "RAY_TMPDIR": str(ray_tmp(tmp_path))})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(proc.stdout)
+    url = f"sqlite:///{out / 'tables.db'}"
+    table = {point_key(t.params): t.value for t in optuna.load_study(
+        study_name="table-six", storage=url).trials}
+    again = {point_key({k: v for k, v in t.params.items() if k != "train.seed"}): t.value
+             for t in optuna.load_study(study_name="noise-six", storage=url).trials}
+    assert len(again) == len(rows) and {r["point"] for r in rows} == set(again)
+    assert [r["table_rank"] for r in rows][:2] == [1, 2]
+    assert sum(r["allocator_mode"] for r in rows) == 1
+    assert [r["reference"] for r in rows][:2] == [False, True]
+    for r in rows:
+        assert r["table_value"] == table[r["point"]] and r["seeds"] == 2
+        assert r["mean"] == pytest.approx((table[r["point"]] + again[r["point"]]) / 2)
+        assert r["low"] <= r["mean"] <= r["high"]
+    pooled = math.sqrt(np.mean([(table[k] - again[k]) ** 2 / 2 for k in again]))
+    assert rows[0]["seed_sd"] == pytest.approx(pooled)
 
 
 def test_every_strategy_tries_each_point_once_and_finds_the_best_exactly() -> None:

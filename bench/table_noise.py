@@ -1,0 +1,197 @@
+"""python -m bench.table_noise [--out results/search_efficiency] [--noise-seeds 2] [--top 6]
+
+How far a search-efficiency table's points move with the training seed, so that its targets
+(within 1% and 0.5% of the best) and the allocator's rank are read against that noise. Each table
+of ``bench.search_efficiency`` (the shipped ones, or ``--space`` with its task) is trained once
+with training seed 0; here its ``--top`` best points and the allocator prior's mode (the point
+the bound's energy ranks first) are retrained with training seeds 1..N into the study
+``noise-NAME`` beside the table (``tables.db`` in ``--out``; built if absent, resumed if
+interrupted). Per point: its mean over seeds 0..N with the 95% interval, its rank in the table,
+and the one-sided Welch p that it is worse than the table's ``--top``-th best (a point is in
+the top group when it is not significantly worse, at 5%); per table: the seeds' SD pooled over
+the points beside the 1% and 0.5% margins and the evaluation's standard error. Writes
+``table_noise.csv`` (one row per table and point) and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import optuna
+
+from alloc.prior import Candidates, allocator_prior, candidates, point_key
+from bench.search_efficiency import (
+    TARGETS,
+    Case,
+    allocator_starts,
+    build_table,
+    cases,
+    load_table,
+)
+from common.cli import Parser, add_format, dump, fail, int_in, render_table
+from common.errors import TransformerAllocError
+from common.files import write_csv
+from common.stats import interval, kth_best, noise, not_worse
+from search_spaces import SearchSpace
+from search_spaces.loader import parse_space
+
+SEED = "train.seed"
+
+
+@dataclass(frozen=True)
+class TableNoise:
+    """What the retrained points of one table measured: per point (its key) its value per
+    training seed, and each retraining's evaluation standard error."""
+
+    values: dict[str, dict[int, float]]
+    eval_se: tuple[float, ...]
+
+
+def seeded_space(space: SearchSpace, seeds: int) -> SearchSpace:
+    """``space`` with the training seed a choice of 0..seeds (its own points are seed 0)."""
+    data = {**space.data, "name": f"{space.name}-noise",
+            "train": {**space.data.get("train", {}), "seed": list(range(seeds + 1))}}
+    return parse_space(data, space.source)
+
+
+def prior_mode(case: Case, cands: Candidates, table: dict[str, Any]) -> str | None:
+    """The trained point the allocator's prior proposes first: its lowest energy, ties broken
+    by the allocator's plan (``Prior.mode``)."""
+    prior = allocator_prior(cands, case.settings, plan=allocator_starts(case)[1])
+    among = np.array([i for i, p in enumerate(cands.params) if point_key(p) in table])
+    if not len(among):
+        return None
+    return point_key(cands.params[prior.mode(among, np.random.default_rng(0))])
+
+
+def retrain(case: Case, out: Path, seeds: int, chosen: list[str]) -> TableNoise:
+    """Every ``chosen`` point with training seeds 1..seeds, trained (or resumed) into
+    ``noise-NAME``; seed 0 is the table's."""
+    from studies import records as rec
+    from studies.storage import open_storage
+    from workers.experiments import harness
+
+    url, study = f"sqlite:///{(out / 'tables.db').resolve()}", f"noise-{case.name}"
+    space = seeded_space(case.space, seeds)
+    points = tuple({**json.loads(k), SEED: s} for k in chosen for s in range(1, seeds + 1))
+    harness.search(space, case.task, len(points), url, study, out / "ray_results",
+                   points=points)
+    values: dict[str, dict[int, float]] = {k: {} for k in chosen}
+    errors = []
+    for t in optuna.load_study(study_name=study, storage=open_storage(url)).trials:
+        if t.state != optuna.trial.TrialState.COMPLETE or t.value is None:
+            continue
+        key = point_key({k: v for k, v in t.params.items() if k != SEED})
+        if key in values and 1 <= int(t.params[SEED]) <= seeds:
+            values[key][int(t.params[SEED])] = float(t.value)
+            if t.user_attrs.get(rec.VAL_LOSS_SE) is not None:
+                errors.append(float(t.user_attrs[rec.VAL_LOSS_SE]))
+    return TableNoise(values, tuple(errors))
+
+
+def measure(case: Case, out: Path, seeds: int, top: int) -> list[dict[str, Any]]:
+    """One row per retrained point of ``case``'s table (see the module's docstring)."""
+    url = f"sqlite:///{(out / 'tables.db').resolve()}"
+    build_table(case, url, out / "ray_results")
+    table = load_table(url, f"table-{case.name}")
+    # Lower is better below: a table that maximises is read negated.
+    sign = -1.0 if case.task.higher_is_better else 1.0
+    ranked = sorted(table, key=lambda k: sign * table[k].value)
+    cands = candidates(case.space)
+    names = {point_key(p): a.describe() for p, a in zip(cands.params, cands.archs)}
+    mode = prior_mode(case, cands, table)
+    chosen = list(dict.fromkeys(ranked[:top] + ([mode] if mode else [])))
+    measured = retrain(case, out, seeds, chosen)
+    losses = {k: [sign * table[k].value] + [sign * v for _, v in sorted(measured.values[k]
+                                                                        .items())]
+              for k in chosen}
+    reference = kth_best({k: float(np.mean(v)) for k, v in losses.items()
+                          if k in ranked[:top]}, min(top, len(ranked)))
+    verdict = not_worse(losses, reference)
+    spread = noise(losses, measured.eval_se)
+    best = abs(min(float(np.mean(v)) for v in losses.values()))
+    rows = []
+    for k in chosen:
+        at = interval(losses[k])
+        low, high = sorted((sign * at.low, sign * at.high))
+        rows.append({
+            "table": case.name, "arch": names.get(k, k), "point": k,
+            "table_rank": ranked.index(k) + 1, "table_value": table[k].value,
+            "mean": sign * at.mean, "low": low, "high": high, "seeds": at.n,
+            "reference": k == reference, "allocator_mode": k == mode,
+            "p_worse": verdict.p_worse[k], "top_group": k in verdict.not_worse,
+            "seed_sd": spread.seed_sd, "eval_se": spread.eval_se,
+            **{f"margin_{t:g}": t * best for t in TARGETS}})
+    return rows
+
+
+def render(rows: list[dict[str, Any]]) -> str:
+    def num(x: float | None, digits: int = 4) -> str:
+        return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else \
+            f"{x:.{digits}f}"
+
+    points = render_table(
+        ["table", "point", "rank", "seed 0", "mean [95% interval]", "p worse", "top group"],
+        [[r["table"], r["arch"] + (" (allocator)" if r["allocator_mode"] else "")
+          + (" (reference)" if r["reference"] else ""), r["table_rank"],
+          num(r["table_value"]), f"{num(r['mean'])} [{num(r['low'])}, {num(r['high'])}]",
+          num(r["p_worse"], 3), "yes" if r["top_group"] else "NO"] for r in rows],
+        right=[False, False, True, True, True, True, False])
+    tables = render_table(
+        ["table", "seed SD (pooled)", "eval SE", "1% margin", "0.5% margin", "SD / 1%"],
+        [[r["table"], num(r["seed_sd"]), num(r["eval_se"]), num(r["margin_0.01"]),
+          num(r["margin_0.005"]), f"{r['seed_sd'] / r['margin_0.01']:.2f}"]
+         for r in {r["table"]: r for r in rows}.values()],
+        right=[False] + [True] * 5)
+    return f"{points}\n\n{tables}"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from workers.taskargs import add_task_args
+
+    p = Parser(prog="python -m bench.table_noise", description=__doc__.split("\n\n")[1])
+    p.add_argument("--space", type=Path,
+                   help="a finite search space (YAML); default: the shipped tables")
+    add_task_args(p, required=False)
+    p.add_argument("--seed", type=int_in(0), default=0, help="task seed")
+    p.add_argument("--smoke-test", action="store_true",
+                   help="smoke-size task and 40 training steps per point")
+    p.add_argument("--noise-seeds", type=int_in(1, 9), default=2,
+                   help="training seeds beside the table's own (default: 2)")
+    p.add_argument("--top", type=int_in(2, 25), default=6,
+                   help="the table's best points retrained; the last is the reference")
+    p.add_argument("--out", type=Path, default=Path("results/search_efficiency"),
+                   help="the folder of bench.search_efficiency (its tables.db)")
+    add_format(p)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
+    args = p.parse_args(argv)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    from workers.experiments import harness
+    from workers.search import tune
+
+    try:
+        harness.prepare(args)
+        benchmarks = cases(args)
+        with tune.session():
+            rows = [r for case in benchmarks
+                    for r in measure(case, args.out, args.noise_seeds, args.top)]
+    except TransformerAllocError as err:
+        return fail(p.prog, str(err))
+    write_csv(args.out / "table_noise.csv", rows)
+    print(render(rows) if args.format == "table" else dump(rows, args.format))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
