@@ -36,13 +36,14 @@ from bench.search_efficiency import (
     load_table,
 )
 from common.cli import Parser, add_format, dump, fail, int_in, render_table
-from common.errors import TransformerAllocError
+from common.errors import TransformerAllocError, UsageError
 from common.files import write_csv
 from common.stats import interval, kth_best, noise, not_worse
 from search_spaces import SearchSpace
 from search_spaces.loader import parse_space
 
 SEED = "train.seed"
+SHIPPED = ("ngram", "lm", "stdlib")  # bench.search_efficiency's tables, in its order
 
 
 @dataclass(frozen=True)
@@ -163,6 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int_in(0), default=0, help="task seed")
     p.add_argument("--smoke-test", action="store_true",
                    help="smoke-size task and 40 training steps per point")
+    p.add_argument("--table", action="append", choices=SHIPPED,
+                   help="only this shipped table (repeatable; default: all, or --space's)")
     p.add_argument("--noise-seeds", type=int_in(1, 9), default=2,
                    help="training seeds beside the table's own (default: 2)")
     p.add_argument("--top", type=int_in(2, 25), default=6,
@@ -182,7 +185,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         harness.prepare(args)
-        benchmarks = cases(args)
+        if args.table and args.space is not None:
+            raise UsageError("--table: names a shipped table; --space brings its own")
+        benchmarks = [c for c in cases(args) if not args.table or c.name in args.table]
         with tune.session():
             rows = [r for case in benchmarks
                     for r in measure(case, args.out, args.noise_seeds, args.top)]
