@@ -19,6 +19,7 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ import numpy as np
 import optuna
 
 from alloc.prior import Candidates, allocator_prior, candidates, point_key
+from arch import ArchConfig
 from bench.search_efficiency import (
     TARGETS,
     Case,
@@ -97,6 +99,13 @@ def retrain(case: Case, out: Path, seeds: int, chosen: list[str]) -> TableNoise:
     return TableNoise(values, tuple(errors))
 
 
+def describe(params: Mapping[str, Any], arch: ArchConfig) -> str:
+    """The architecture and the sampled training choices, e.g. ``mhsa 4x64 mlp2 lr=0.003``."""
+    train = [f"{k.split('.', 1)[1]}={v:g}" if isinstance(v, float) else f"{k.split('.', 1)[1]}={v}"
+             for k, v in params.items() if k.startswith("train.")]
+    return " ".join([arch.describe(), *train])
+
+
 def measure(case: Case, out: Path, seeds: int, top: int) -> list[dict[str, Any]]:
     """One row per retrained point of ``case``'s table (see the module's docstring)."""
     url = f"sqlite:///{(out / 'tables.db').resolve()}"
@@ -106,7 +115,7 @@ def measure(case: Case, out: Path, seeds: int, top: int) -> list[dict[str, Any]]
     sign = -1.0 if case.task.higher_is_better else 1.0
     ranked = sorted(table, key=lambda k: sign * table[k].value)
     cands = candidates(case.space)
-    names = {point_key(p): a.describe() for p, a in zip(cands.params, cands.archs)}
+    names = {point_key(p): describe(p, a) for p, a in zip(cands.params, cands.archs)}
     mode = prior_mode(case, cands, table)
     chosen = list(dict.fromkeys(ranked[:top] + ([mode] if mode else [])))
     measured = retrain(case, out, seeds, chosen)
