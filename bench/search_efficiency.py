@@ -218,13 +218,15 @@ def make_strategy(name: str, seed: int, priors: Priors, starts: list[dict[str, A
 
 
 def allocator_starts(case: Case) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
-    """The launcher's starting points for ``case`` (what seeded TPE enqueues), and among them
-    the allocator's own plan as params of the space (None: the plan is not in the space)."""
+    """The launcher's starting points for ``case`` (what seeded TPE enqueues), and the one that
+    breaks the allocator prior's ties, as the launcher's prior sampler takes it
+    (``plan_anchor``)."""
+    from workers.search.seeding import plan_anchor
     from workers.search.seeding import seeds as allocator_seeds
 
     seeded = allocator_seeds(case.space, case.settings)
-    return ([dict(s.params) for s in seeded],
-            next((dict(s.params) for s in seeded if s.label == "allocator"), None))
+    anchor = plan_anchor(seeded)
+    return [dict(s.params) for s in seeded], None if anchor is None else dict(anchor)
 
 
 def run_case(case: Case, out: Path, seeds: int, strategies: Sequence[str] = STRATEGIES,

@@ -206,6 +206,32 @@ def test_the_size_counted_rule_by_rule_is_the_grids(name: str) -> None:
     assert table_space().size(1_000) == len(table_space().grid()) == 128
 
 
+def test_a_plan_the_space_cannot_hold_breaks_the_prior_s_ties_by_its_uniform_plan() -> None:
+    """stdlib's table (1-16 heads of D / heads per layer, MLP 0 or 2x) cannot hold a plan of 5
+    heads of 12; the bound is silent on the MLP, so without an anchor the mode is the smallest
+    model (no MLP, 60th of 100 on that table); the allocator's uniform plan, which the space
+    holds, gives the mode the plan's MLP."""
+    from pathlib import Path
+
+    from workers.search.seeding import plan_anchor, seeds
+
+    space = load_space(Path(__file__).resolve().parents[1] / "bench" / "tables" / "stdlib.yaml")
+    settings = PlanSettings(budget=64, layers=2, seq_len=64, input_dim=15, mlp_ratio=2.0, align=4)
+    assert make_plan(settings).arch.layers[0].n_heads == 5
+    starts = seeds(space, settings)
+    assert [s.label for s in starts] == ["allocator-uniform", "baseline-64"]
+    assert plan_anchor(starts) == starts[0].params
+    cands = candidates(space)
+
+    def mode(plan: dict | None) -> set[float]:  # type: ignore[type-arg]
+        prior = allocator_prior(cands, settings, plan=plan)
+        i = prior.mode(np.arange(len(cands)), np.random.default_rng(0))
+        return {layer.mlp_ratio for layer in cands.archs[i].layers}
+
+    assert mode(None) == {0.0}
+    assert mode(dict(starts[0].params)) == {2.0}
+
+
 def test_the_mode_is_the_bound_s_best_with_the_plan_s_choices_where_the_bound_is_silent(
         ) -> None:
     """ngram at D = 256: the bound's best is 4 heads of 64 with or without an MLP; the plan as

@@ -27,7 +27,8 @@ def test_prior_search_warm_start_and_a_space_smaller_than_the_trials(
     monkeypatch.chdir(tmp_path)
     url = f"sqlite:///{tmp_path / 's.db'}"
     prior = ["--space", "allocator_neighbourhood.yaml", "--task", "ngram", "--sampler", "prior",
-             "--smoke-test", "--trials", "3", "--storage", url, "--storage-path", str(tmp_path / "results")]
+             "--smoke-test", "--trials", "3", "--storage", url,
+             "--storage-path", str(tmp_path / "results")]
     three = tmp_path / "three.yaml"
     write_yaml(three, {"name": "three", "budget": 32, "depth": 1, "sampler": "tpe",
                        "layers": [{"layers": "all", "heads": [1, 2, 4]}]})

@@ -143,6 +143,15 @@ def seeds(space: SearchSpace, settings: PlanSettings) -> list[Start]:
     return out
 
 
+def plan_anchor(starts: Sequence[Start]) -> Mapping[str, Any] | None:
+    """What breaks the prior's ties (``alloc.prior.allocator_prior``'s ``plan``): the
+    allocator's plan as params of the space, else its uniform plan (a space of one head group
+    per layer cannot hold a plan of mixed groups, but holds its MLP, kinds and training choices
+    the bound is silent on), else None."""
+    by_label = {s.label: s.params for s in starts}
+    return by_label.get("allocator", by_label.get("allocator-uniform"))
+
+
 def starting_points(space: SearchSpace, settings: PlanSettings, sampler: str,
                     points: Sequence[Mapping[str, Any]] = ()) -> list[Start]:
     """``points`` when given (``SearchOptions.points``); else every point for the grid (the

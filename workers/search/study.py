@@ -20,7 +20,7 @@ from studies import records as rec
 from studies.storage import reap_trials, redact
 from workers.errors import SearchError
 from workers.search.request import SearchRequest
-from workers.search.seeding import seeds
+from workers.search.seeding import plan_anchor, seeds
 from workers.search.warmstart import WarmStart, copy_trials, open_source
 from workers.tasks import Task, describe_task
 
@@ -120,6 +120,5 @@ def make_sampler(request: SearchRequest, settings: PlanSettings, warm: WarmStart
         return PriorSampler.for_space(
             request.space, settings, temperature=opts.prior_temperature, seed=opts.seed,
             source=f"calibrated by study {warm.study}" if fitted and warm else None,
-            plan=next((s.params for s in seeds(request.space, settings)
-                       if s.label == "allocator"), None))
+            plan=plan_anchor(seeds(request.space, settings)))
     return optuna.samplers.TPESampler(seed=opts.seed, constant_liar=True)
