@@ -80,6 +80,11 @@ class Entry:
 # --- the table ----------------------------------------------------------------------------------
 
 
+def table_url(out: Path) -> str:
+    """The SQLite database of the tables (and their noise studies) in the output folder."""
+    return f"sqlite:///{(out / 'tables.db').resolve()}"
+
+
 def build_table(case: Case, url: str, results: Path) -> None:
     """Train every point of the space once into the study ``table-NAME`` (resumed if there)."""
     from workers.experiments import harness
@@ -233,7 +238,7 @@ def run_case(case: Case, out: Path, seeds: int, strategies: Sequence[str] = STRA
              temperature: float = DEFAULT_TEMPERATURE, ashas: Sequence[bool] = (False, True)
              ) -> list[dict[str, Any]]:
     """Build (or reuse) the table of ``case`` and replay every strategy ``seeds`` times."""
-    url = f"sqlite:///{(out / 'tables.db').resolve()}"
+    url = table_url(out)
     points = len(case.space.grid())
     build_table(case, url, out / "ray_results")
     table = load_table(url, f"table-{case.name}")
@@ -397,20 +402,26 @@ def _yes(ok: bool) -> str:
 # --- command line ---------------------------------------------------------------------------------
 
 
-def build_parser() -> argparse.ArgumentParser:
+def add_table_args(p: argparse.ArgumentParser) -> None:
+    """The flags that name the tables (``cases``): a space file and its task, or the shipped
+    ones; the task seed; the smoke size."""
     from workers.taskargs import add_task_args
 
-    p = Parser(prog="python -m bench.search_efficiency", description=__doc__.split("\n\n")[1])
-    p.add_argument("--replay", action="store_true",
-                   help="replay the strategies against the trained table (required: the only "
-                        "mode; live searches per strategy and seed would cost seeds x "
-                        "strategies full searches)")
     p.add_argument("--space", type=Path,
                    help="a finite search space (YAML) to benchmark; default: the shipped tables")
     add_task_args(p, required=False)
     p.add_argument("--seed", type=int_in(0), default=0, help="task seed")
     p.add_argument("--smoke-test", action="store_true",
                    help="smoke-size task and 40 training steps per point")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = Parser(prog="python -m bench.search_efficiency", description=__doc__.split("\n\n")[1])
+    p.add_argument("--replay", action="store_true",
+                   help="replay the strategies against the trained table (required: the only "
+                        "mode; live searches per strategy and seed would cost seeds x "
+                        "strategies full searches)")
+    add_table_args(p)
     p.add_argument("--seeds", type=int_in(1), default=20, help="replays per strategy")
     p.add_argument("--prior-temperature", type=number(0, strict=True),
                    default=DEFAULT_TEMPERATURE, help="the priors' spread")

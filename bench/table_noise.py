@@ -32,10 +32,12 @@ from arch import ArchConfig
 from bench.search_efficiency import (
     TARGETS,
     Case,
+    add_table_args,
     allocator_starts,
     build_table,
     cases,
     load_table,
+    table_url,
 )
 from common.cli import Parser, add_format, dump, fail, int_in, render_table
 from common.errors import TransformerAllocError, UsageError
@@ -81,7 +83,7 @@ def retrain(case: Case, out: Path, seeds: int, chosen: list[str]) -> TableNoise:
     from studies.storage import open_storage
     from workers.experiments import harness
 
-    url, study = f"sqlite:///{(out / 'tables.db').resolve()}", f"noise-{case.name}"
+    url, study = table_url(out), f"noise-{case.name}"
     space = seeded_space(case.space, seeds)
     points = tuple({**json.loads(k), SEED: s} for k in chosen for s in range(1, seeds + 1))
     harness.search(space, case.task, len(points), url, study, out / "ray_results",
@@ -101,16 +103,16 @@ def retrain(case: Case, out: Path, seeds: int, chosen: list[str]) -> TableNoise:
 
 def describe(params: Mapping[str, Any], arch: ArchConfig) -> str:
     """The architecture and the sampled training choices, e.g. ``mhsa 4x64 mlp2 lr=0.003``."""
-    train = [f"{k.split('.', 1)[1]}={v:g}" if isinstance(v, float) else f"{k.split('.', 1)[1]}={v}"
-             for k, v in params.items() if k.startswith("train.")]
+    train = [f"{k.removeprefix('train.')}={v:g}" if isinstance(v, float)
+             else f"{k.removeprefix('train.')}={v}" for k, v in params.items()
+             if k.startswith("train.")]
     return " ".join([arch.describe(), *train])
 
 
 def measure(case: Case, out: Path, seeds: int, top: int) -> list[dict[str, Any]]:
     """One row per retrained point of ``case``'s table (see the module's docstring)."""
-    url = f"sqlite:///{(out / 'tables.db').resolve()}"
-    build_table(case, url, out / "ray_results")
-    table = load_table(url, f"table-{case.name}")
+    build_table(case, table_url(out), out / "ray_results")
+    table = load_table(table_url(out), f"table-{case.name}")
     # Lower is better below: a table that maximises is read negated.
     sign = -1.0 if case.task.higher_is_better else 1.0
     ranked = sorted(table, key=lambda k: sign * table[k].value)
@@ -119,9 +121,9 @@ def measure(case: Case, out: Path, seeds: int, top: int) -> list[dict[str, Any]]
     mode = prior_mode(case, cands, table)
     chosen = list(dict.fromkeys(ranked[:top] + ([mode] if mode else [])))
     measured = retrain(case, out, seeds, chosen)
-    losses = {k: [sign * table[k].value] + [sign * v for _, v in sorted(measured.values[k]
-                                                                        .items())]
-              for k in chosen}
+    by_seed = {k: [table[k].value, *(v for _, v in sorted(measured.values[k].items()))]
+               for k in chosen}
+    losses = {k: [sign * v for v in values] for k, values in by_seed.items()}
     reference = kth_best({k: float(np.mean(v)) for k, v in losses.items()
                           if k in ranked[:top]}, min(top, len(ranked)))
     verdict = not_worse(losses, reference)
@@ -164,15 +166,8 @@ def render(rows: list[dict[str, Any]]) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from workers.taskargs import add_task_args
-
     p = Parser(prog="python -m bench.table_noise", description=__doc__.split("\n\n")[1])
-    p.add_argument("--space", type=Path,
-                   help="a finite search space (YAML); default: the shipped tables")
-    add_task_args(p, required=False)
-    p.add_argument("--seed", type=int_in(0), default=0, help="task seed")
-    p.add_argument("--smoke-test", action="store_true",
-                   help="smoke-size task and 40 training steps per point")
+    add_table_args(p)
     p.add_argument("--table", action="append", choices=SHIPPED,
                    help="only this shipped table (repeatable; default: all, or --space's)")
     p.add_argument("--noise-seeds", type=int_in(1, 9), default=2,
