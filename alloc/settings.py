@@ -59,8 +59,8 @@ class PlanSettings:
     uniform: bool = False
     vocab_size: int | None = None
     positional: Positional = "learned"
-    # k of the compression term (docs/theory.md §2.1): None = from the MLP, 2 when a layer has
-    # one (it forms products of the extracted tokens), 1 for an attention-only layer.
+    # k of the compression term (docs/theory.md §2.1): None = from mlp_ratio, 2 when the plan
+    # has an MLP (it forms products of the extracted tokens), 1 for attention only.
     product_order: int | None = None
     # "file:PATH": the tokens' covariance eigenvalues as the first layer sees them (a pilot
     # profile's, docs/theory.md §9.2); None: isotropic tokens of input_dim dimensions.
@@ -95,21 +95,22 @@ class PlanSettings:
                             f"{', '.join(valid)}")
         return cls(**data)
 
-    def order_for(self, mlp_ratio: float) -> int:
-        """The compression term's order for a layer with this MLP ratio."""
+    @property
+    def product_order_k(self) -> int:
+        """The compression term's order k (docs/theory.md §2.1): ``product_order`` if given,
+        else the target's as the plan's MLP states it: 2 with an MLP (it forms products of the
+        extracted tokens), 1 for attention only. One order for every candidate the bound
+        prices: a candidate layer without an MLP does not make the task linear."""
         if self.product_order is not None:
             return self.product_order
-        return MLP_PRODUCT_ORDER if mlp_ratio > 0 else 1
-
-    def model_for(self, mlp_ratio: float) -> ErrorModel:
-        variance = None if self.input_spectrum is None else input_variance(self.input_spectrum)
-        return ErrorModel(self.input_dim, self.c_proj, self.c_head, self.order, self.alpha,
-                          self.norm_bound, self.order_for(mlp_ratio), variance)
+        return MLP_PRODUCT_ORDER if self.mlp_ratio > 0 else 1
 
     @property
     def model(self) -> ErrorModel:
-        """The bound of the plan's own layers (their MLP is ``mlp_ratio``)."""
-        return self.model_for(self.mlp_ratio)
+        """The early-layer bound's error model (its order: ``product_order_k``)."""
+        variance = None if self.input_spectrum is None else input_variance(self.input_spectrum)
+        return ErrorModel(self.input_dim, self.c_proj, self.c_head, self.order, self.alpha,
+                          self.norm_bound, self.product_order_k, variance)
 
 
 # (offset, heads, dim) choices of the exact solver above which it would take seconds and

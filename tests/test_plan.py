@@ -88,7 +88,7 @@ def test_predicted_error_of_any_layer_is_the_brute_force_bound() -> None:
     settings = PlanSettings(budget=64, input_dim=16, seq_len=4, kernel="poly:1", layers=1,
                             max_block=1)  # one offset per group: the enumeration below
     rho = parse_kernel(settings.kernel, settings.seq_len)
-    problem = ExtractProblem(rho, 64, 1, settings.model_for(0.0))  # the layers have no MLP
+    problem = ExtractProblem(rho, 64, 1, settings.model)
     offsets = problem.offsets.tolist()
     for count, dim in [(1, 64), (2, 32), (4, 16), (8, 8), (3, 8), (5, 4)]:
         best = np.inf
@@ -102,12 +102,31 @@ def test_predicted_error_of_any_layer_is_the_brute_force_bound() -> None:
         # With blocks (the default), against the enumeration of blocks too.
         blocks = replace(settings, max_block=4)
         brute = solve_brute_force(ExtractProblem(rho, count * dim, math.gcd(dim, count * dim),
-                                                 blocks.model_for(0.0), 4), np.array([dim]))
+                                                 blocks.model, 4), np.array([dim]))
         assert predicted_error(blocks, layer) == pytest.approx(brute.objective, rel=1e-12)
     plan = make_plan(PlanSettings(budget=256, input_dim=64, kernel="ngram:4", seq_len=64,
                                   layers=1, uniform=True))
     assert predicted_error(plan.settings, plan.arch.layers[0]) == pytest.approx(
         plan.uniform.objective)
+
+
+def test_a_candidate_s_own_mlp_does_not_change_its_bound() -> None:
+    """The compression order is the target's, stated by the plan's MLP: an attention-only
+    candidate layer is priced as its twin with an MLP (before, the lower order made every
+    attention-only extraction layer look better, the opposite of the tables), and the same layer
+    costs less when the plan itself is attention-only (order 1 loses less of a token)."""
+    from alloc.plan import predicted_error
+    from arch import LayerSpec
+
+    settings = PlanSettings(budget=64, layers=2, seq_len=64, input_dim=64, kernel="poly:1",
+                            mlp_ratio=2.0, align=4)
+    for count, dim in [(1, 64), (4, 16), (16, 4)]:
+        with_mlp = LayerSpec("mhsa", (HeadGroup(count, dim),), mlp_ratio=2.0)
+        without = dataclasses.replace(with_mlp, mlp_ratio=0.0)
+        assert predicted_error(settings, with_mlp) == predicted_error(settings, without)
+    narrow = LayerSpec("mhsa", (HeadGroup(16, 4),), mlp_ratio=2.0)
+    attention_only = dataclasses.replace(settings, mlp_ratio=0.0)
+    assert predicted_error(attention_only, narrow) < predicted_error(settings, narrow)
 
 
 def test_measured_logit_bounds_per_later_layer() -> None:
