@@ -188,13 +188,9 @@ def make_plan(settings: PlanSettings) -> Plan:
 def predicted_error(settings: PlanSettings, layer: LayerSpec) -> float:
     """The early-layer bound of ``layer``'s heads: its width spread as well as possible over the
     kernel's offsets by heads of the layer's dims (exact for one head group: ``count`` heads of
-    ``v_dim``). What the allocator predicts for any candidate, not only its own plan.
-
-    The compression term's order is the target's (``settings.model``: products when the plan has
-    an MLP, docs/theory.md §2.1), not the candidate layer's: a layer without an MLP does not make
-    the task linear, and later layers' MLPs form products of what its heads carried. Priced by
-    the layer's own MLP, every attention-only extraction layer looked better than its twin with
-    an MLP (a lower order loses less), the opposite of every table."""
+    ``v_dim``). What the allocator predicts for any candidate, not only its own plan; the
+    compression order is the plan's (``PlanSettings.compression_order``), whatever the
+    candidate layer's own MLP."""
     dims = sorted({g.v_dim for g in layer.heads})
     align = math.gcd(*dims, layer.width)
     rho = parse_kernel(settings.kernel, settings.seq_len)

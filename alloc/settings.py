@@ -96,7 +96,7 @@ class PlanSettings:
         return cls(**data)
 
     @property
-    def product_order_k(self) -> int:
+    def compression_order(self) -> int:
         """The compression term's order k (docs/theory.md §2.1): ``product_order`` if given,
         else the target's as the plan's MLP states it: 2 with an MLP (it forms products of the
         extracted tokens), 1 for attention only. One order for every candidate the bound
@@ -107,10 +107,10 @@ class PlanSettings:
 
     @property
     def model(self) -> ErrorModel:
-        """The early-layer bound's error model (its order: ``product_order_k``)."""
+        """The early-layer bound's error model (its order: ``compression_order``)."""
         variance = None if self.input_spectrum is None else input_variance(self.input_spectrum)
         return ErrorModel(self.input_dim, self.c_proj, self.c_head, self.order, self.alpha,
-                          self.norm_bound, self.product_order_k, variance)
+                          self.norm_bound, self.compression_order, variance)
 
 
 # (offset, heads, dim) choices of the exact solver above which it would take seconds and

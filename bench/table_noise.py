@@ -103,16 +103,16 @@ def retrain(case: Case, out: Path, seeds: int, chosen: list[str]) -> TableNoise:
 
 def describe(params: Mapping[str, Any], arch: ArchConfig) -> str:
     """The architecture and the sampled training choices, e.g. ``mhsa 4x64 mlp2 lr=0.003``."""
-    train = [f"{k.removeprefix('train.')}={v:g}" if isinstance(v, float)
-             else f"{k.removeprefix('train.')}={v}" for k, v in params.items()
-             if k.startswith("train.")]
+    train = [f"{k.removeprefix('train.')}={format(v, 'g') if isinstance(v, float) else v}"
+             for k, v in params.items() if k.startswith("train.")]
     return " ".join([arch.describe(), *train])
 
 
 def measure(case: Case, out: Path, seeds: int, top: int) -> list[dict[str, Any]]:
     """One row per retrained point of ``case``'s table (see the module's docstring)."""
-    build_table(case, table_url(out), out / "ray_results")
-    table = load_table(table_url(out), f"table-{case.name}")
+    url = table_url(out)
+    build_table(case, url, out / "ray_results")
+    table = load_table(url, f"table-{case.name}")
     # Lower is better below: a table that maximises is read negated.
     sign = -1.0 if case.task.higher_is_better else 1.0
     ranked = sorted(table, key=lambda k: sign * table[k].value)

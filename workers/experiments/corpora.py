@@ -342,7 +342,7 @@ def final_seeds(args: argparse.Namespace) -> int:
 def describe_inputs(s: PlanSettings) -> str:
     spectrum = "measured input spectrum" if s.input_spectrum else f"d_in {s.input_dim}"
     return (f"kernel {s.kernel}, {spectrum}, compression order "
-            f"{s.product_order_k}")
+            f"{s.compression_order}")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
