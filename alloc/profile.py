@@ -1,4 +1,4 @@
-"""python -m alloc.profile --data PATH --no-pilot [--out profile.yaml]
+"""python -m alloc.profile --data PATH [--out profile.yaml] [--no-pilot]
 
 Measure, from a bounded sample of your data, what the allocator takes as inputs, from the data's
 statistics alone (docs/theory.md §9; ``alloc.datastats``): the memory kernel rho(s) for offsets
@@ -7,15 +7,17 @@ input dimension d_in and the teacher spectrum with its rank at 90% energy. Token
 mutual information and the offset-1 PMI matrix; vector sequences (.npy): a ridge regression on
 the lagged inputs. ``--out`` writes the profile as YAML, with the kernel and the spectrum as
 files beside it that ``alloc.solve --kernel file:`` and ``--spectrum file:`` accept;
-``alloc.solve --profile profile.yaml`` takes all of it at once. This command imports no torch:
-token data is profiled here with ``--no-pilot``, vector data always; the pilot training token
-data gets by default, and the profile of a trained model (``--checkpoint``), run a model:
-``python -m workers.profile``, with the same flags.
+``alloc.solve --profile profile.yaml`` takes all of it at once. This module imports no torch:
+token data gets a pilot training by default (the allocator's inputs as a model sees them, and
+later layers' measurements), which this command hands, with the same flags, to
+``python -m workers.profile`` in a child process; ``--no-pilot`` and vector data are measured
+here. A trained model's profile (``--checkpoint``) is ``workers.profile``'s alone.
 """
 
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 from pathlib import Path
 
@@ -41,15 +43,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog=PROG, description=__doc__.split("\n\n")[1])
     add_profile_args(p, torch_side=False)
     p.add_argument("--checkpoint", type=Path, help=argparse.SUPPRESS)  # refused: torch side
-    add_output_args(p, progress=None)
+    add_output_args(p, progress="the pilot's, run by workers.profile")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
     try:
         check_outputs(args)
         spec = statistics_data(args)
+        if needs_pilot(args, spec):
+            return run_torch_side(argv)
         profile = data_statistics(spec, args.seq_len, args.sample_tokens, args.seed)
     except TransformerAllocError as err:
         return fail(PROG, str(err))
@@ -58,26 +63,38 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def statistics_data(args: argparse.Namespace) -> DataSpec:
-    """The data to measure, once every flag that asks for a model (torch) is refused by name,
-    and token data without ``--no-pilot`` (it gets a pilot by default there).
+    """The data to measure, once ``--checkpoint`` (a trained model: torch) is refused by name.
 
     Raises:
-        UsageError: one line naming the flag and pointing to ``workers.profile``.
+        UsageError: ``--checkpoint``, in one line pointing to ``workers.profile``.
         DataError: ``--data`` cannot be read.
     """
     if args.checkpoint is not None:
         raise UsageError(f"--checkpoint: profiling a trained model runs it with torch: "
-                         f"{TORCH_SIDE} --checkpoint {args.checkpoint} (same flags)")
-    given = flags_given(args, PILOT_FLAGS)
-    if given:
-        raise UsageError(f"{given[0]}: the pilot trains a model with torch: {TORCH_SIDE} (same "
-                         f"flags); {PROG} measures the data's statistics alone")
-    spec = required_data(args)
-    if not args.no_pilot and spec.resolved().format != "npy":
-        raise UsageError(f"--data {args.data}: token data gets a pilot training by default, "
-                         f"which runs a model with torch: {TORCH_SIDE} --data {args.data}; or "
-                         f"pass --no-pilot for the data's statistics alone")
-    return spec
+                         f"{TORCH_SIDE} --checkpoint {args.checkpoint} (with the task's flags)")
+    return required_data(args)
+
+
+def needs_pilot(args: argparse.Namespace, spec: DataSpec) -> bool:
+    """Token data without ``--no-pilot``, or a pilot's flag: the pilot trains a model."""
+    return bool(flags_given(args, PILOT_FLAGS)) or (
+        not args.no_pilot and spec.resolved().format != "npy")
+
+
+def run_torch_side(argv: list[str]) -> int:
+    """``python -m workers.profile`` with the same flags, in a child process: the pilot trains
+    a model with torch, which this package does not import (its commands stay fast and its
+    modules torch-free; docs/architecture.md). The child's output is the command's, and so is
+    its exit code; Ctrl-C reaches both processes, and the child's interrupted exit is returned."""
+    command = [sys.executable, "-m", "workers.profile", *argv]
+    if "--quiet" not in argv:
+        print(f"{PROG}: the pilot trains a model with torch: running {TORCH_SIDE} (same flags)",
+              file=sys.stderr, flush=True)
+    with subprocess.Popen(command) as child:
+        try:
+            return child.wait()
+        except KeyboardInterrupt:  # the child got the same SIGINT and stops on its own
+            return child.wait()
 
 
 if __name__ == "__main__":

@@ -24,8 +24,8 @@ PILOT_FLAGS = ("--pilot-steps", "--budget", "--layers", "--mlp-ratio")
 
 
 def add_profile_args(p: argparse.ArgumentParser, torch_side: bool) -> None:
-    """The data flags, the sample's, and the pilot's (hidden unless ``torch_side``, but for
-    ``--no-pilot``)."""
+    """The data flags, the sample's, and the pilot's (``torch_side``: the command runs the
+    pilot itself, and profiles checkpoints)."""
     with_checkpoint = " (with --checkpoint: the sample the model is measured on)"
     add_data_args(p, data_help=DATA_HELP + (with_checkpoint if torch_side else ""))
     p.add_argument("--seq-len", type=int_in(1),
@@ -43,26 +43,22 @@ def add_profile_args(p: argparse.ArgumentParser, torch_side: bool) -> None:
 
 
 def _add_pilot_args(p: argparse.ArgumentParser, torch_side: bool) -> None:
-    def shown(text: str) -> str:
-        return text if torch_side else argparse.SUPPRESS
-
     d = PilotRequest
     pilot = p.add_argument_group("pilot (token data; docs/theory.md §9.2)")
     pilot.add_argument("--pilot-steps", type=int_in(1, MAX_PILOT_STEPS),
-                       help=shown(f"train the uniform baseline this many steps and measure the "
-                                  f"allocator's inputs as it sees them (default: {d.steps} for "
-                                  f"token data)"))
+                       help=f"train the uniform baseline this many steps and measure the "
+                            f"allocator's inputs as it sees them (default: {d.steps} for "
+                            f"token data)" + ("" if torch_side else
+                                              "; run by python -m workers.profile"))
     pilot.add_argument("--no-pilot", action="store_true",
                        help="only the data statistics (mutual information, PMI rank)" + (
-                           "" if torch_side else "; required for token data here: the pilot "
-                                                 "trains a model (python -m workers.profile)"))
+                           "" if torch_side else ", measured here without torch"))
     pilot.add_argument("--budget", type=int_in(1, MAX_PILOT_WIDTH),
-                       help=shown(f"the pilot's width D (use your search's; default "
-                                  f"{d.budget})"))
+                       help=f"the pilot's width D (use your search's; default {d.budget})")
     pilot.add_argument("--layers", type=int_in(1, MAX_DEPTH),
-                       help=shown(f"the pilot's depth (use your search's; default {d.layers})"))
+                       help=f"the pilot's depth (use your search's; default {d.layers})")
     pilot.add_argument("--mlp-ratio", type=number(0),
-                       help=shown(f"the pilot's MLP ratio (default {d.mlp_ratio:g})"))
+                       help=f"the pilot's MLP ratio (default {d.mlp_ratio:g})")
 
 
 def add_output_args(p: argparse.ArgumentParser, progress: str | None) -> None:

@@ -126,9 +126,10 @@ def plain_checkout_env(tmp_path: Path, root: Path = ROOT) -> dict[str, str]:
 
 
 def test_the_profile_commands_run_from_a_plain_checkout(tmp_path: Path) -> None:
-    """``workers.profile --checkpoint`` and ``--data``, and ``alloc.profile --data --no-pilot``,
-    from another folder with ``PYTHONPATH`` on this checkout's packages and no package metadata:
-    nothing runs through an installed entry point."""
+    """``workers.profile --checkpoint`` and ``--data``, and ``alloc.profile --data`` (with and
+    without the pilot it hands to ``workers.profile``), from another folder with ``PYTHONPATH``
+    on this checkout's packages and no package metadata: nothing runs through an installed entry
+    point."""
     from workers.train import main as train_main
 
     env = plain_checkout_env(tmp_path)
@@ -150,11 +151,15 @@ def test_the_profile_commands_run_from_a_plain_checkout(tmp_path: Path) -> None:
                           "--smoke-test"],
             "pilot.yaml": ["workers.profile", "--data", "corpus.txt", "--seq-len", "16",
                            "--pilot-steps", "2", "--budget", "16"],
-            "stats.yaml": ["alloc.profile", "--data", "corpus.txt", "--no-pilot"]}
+            "stats.yaml": ["alloc.profile", "--data", "corpus.txt", "--no-pilot"],
+            # the pilot, handed to workers.profile in a child process
+            "handed.yaml": ["alloc.profile", "--data", "corpus.txt", "--seq-len", "16",
+                            "--pilot-steps", "2", "--budget", "16"]}
     for out, (command, *argv) in runs.items():
         done = python("-m", command, *argv, "--out", out, "--quiet")
         assert done.returncode == 0, (command, argv, done.stderr[-2000:])
-        assert (tmp_path / out).stat().st_size > 0 and f"{command}: wrote {out}" in done.stderr
+        writer = "workers.profile" if "--pilot-steps" in argv else command
+        assert (tmp_path / out).stat().st_size > 0 and f"{writer}: wrote {out}" in done.stderr
 
 
 def test_no_module_shadows_the_standard_library() -> None:

@@ -145,25 +145,40 @@ def test_both_commands_measure_the_same_statistics(tmp_path: Path,
     assert reports["torch", ".npy"] == reports["statistics", ".npy"]
 
 
-@pytest.mark.parametrize(("argv", "flag"), [
-    (["--data", "TEXT"], "--data"),  # token data gets a pilot by default
-    (["--data", "TEXT", "--no-pilot", "--pilot-steps", "5"], "--pilot-steps"),
-    (["--data", "TEXT", "--budget", "64"], "--budget"),
-    (["--data", "NPY", "--layers", "2"], "--layers"),
-    (["--checkpoint", "c.pt"], "--checkpoint"),
-    (["--checkpoint", "c.pt", "--data", "TEXT", "--no-pilot"], "--checkpoint"),
-])
-def test_alloc_profile_refuses_what_needs_a_model_by_name(argv: list[str], flag: str,
-                                                          tmp_path: Path,
-                                                          capsys: pytest.CaptureFixture[str]
-                                                          ) -> None:
-    """One line naming the flag and the command that does it, exit 2, before any work."""
+@pytest.mark.parametrize("argv", [["--checkpoint", "c.pt"],
+                                  ["--checkpoint", "c.pt", "--data", "TEXT", "--no-pilot"]])
+def test_alloc_profile_refuses_a_checkpoint_by_name(argv: list[str], tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """A trained model's profile is ``workers.profile``'s (with the task's flags, which this
+    command does not take): one line naming the flag and that command, exit 2, nothing run."""
     (tmp_path / "a.txt").write_text("some text " * 500)
-    np.save(tmp_path / "x.npy", np.zeros((4, 8, 3), dtype=np.float32))
-    argv = [str(tmp_path / "a.txt") if a == "TEXT" else str(tmp_path / "x.npy") if a == "NPY"
-            else a for a in argv]
+    argv = [str(tmp_path / "a.txt") if a == "TEXT" else a for a in argv]
     assert statistics_main([*argv, "--out", str(tmp_path / "p.yaml")]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith(f"alloc.profile: error: {flag}"), err
+    assert err.count("\n") == 1 and err.startswith("alloc.profile: error: --checkpoint"), err
     assert "python -m workers.profile" in err
     assert not (tmp_path / "p.yaml").exists()
+
+
+def test_alloc_profile_hands_the_pilot_to_workers_profile(tmp_path: Path,
+                                                         capfd: pytest.CaptureFixture[str]
+                                                         ) -> None:
+    """Token data gets a pilot by default: ``alloc.profile`` (no torch imported) runs
+    ``workers.profile`` with the same flags in a child process, whose profile and exit code are
+    the command's; a pilot flag with vector data is refused there in one line, exit 2."""
+    (tmp_path / "a.txt").write_text("the quick brown fox jumps over the lazy dog. " * 300)
+    out = tmp_path / "p.yaml"
+    assert statistics_main(["--data", str(tmp_path / "a.txt"), "--seq-len", "16",
+                            "--pilot-steps", "2", "--budget", "16", "--out", str(out),
+                            "--format", "json"]) == 0
+    printed = capfd.readouterr()
+    assert printed.err.startswith("alloc.profile: the pilot trains a model with torch: running "
+                                  "python -m workers.profile"), printed.err
+    report = json.loads(printed.out)
+    assert report["pilot"]["steps"] == 2 and yaml.safe_load(out.read_text())["pilot"] == report[
+        "pilot"]
+    kernel_data(tmp_path, "ngram:3", sequences=4)
+    assert statistics_main(["--data", str(tmp_path / "x.npy"), "--pilot-steps", "5",
+                            "--quiet"]) == 2
+    err = capfd.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("workers.profile: error: --pilot-steps 5"), err
