@@ -51,7 +51,12 @@ def run(tmp: Path, *args: str, env: dict[str, str] | None = None
 
 
 def load(url: str, name: str) -> optuna.Study:
-    return optuna.load_study(study_name=name, storage=url)
+    """The study, through ``studies.storage``: a test polling a new database while the search
+    creates its tables waits for them as a second driver would (Optuna alone fails one of the
+    two creators with "UNIQUE constraint failed: alembic_version")."""
+    from studies.storage import open_storage
+
+    return optuna.load_study(study_name=name, storage=open_storage(url))
 
 
 def check_consistent(study: optuna.Study, total: int) -> None:
