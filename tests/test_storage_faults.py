@@ -102,12 +102,12 @@ def _terminate(url: str, database: str) -> int:
 
 
 def test_killed_postgresql_connections_are_ridden_through(tmp_path: Path,
-                                                          study_name: str) -> None:
-    url = postgres_url()
-    args = [*SMOKE, "--storage", url, "--study", study_name, "--trials", "4", "--scheduler",
+                                                          fault_database: str) -> None:
+    url = fault_database  # its own database: the kills disturb no other connection
+    args = [*SMOKE, "--storage", url, "--study", "killed", "--trials", "4", "--scheduler",
             "fifo", "--max-concurrent", "1"]
     proc = launch(tmp_path, *args)
-    wait_for(lambda: _finished(url, study_name, 1), 120)
+    wait_for(lambda: _finished(url, "killed", 1), 120)
     killed = 0
     while proc.poll() is None and killed < 6:  # several times while trials report
         killed += _terminate(url, str(make_url(url).database)) > 0
@@ -116,7 +116,7 @@ def test_killed_postgresql_connections_are_ridden_through(tmp_path: Path,
     assert proc.returncode == 0, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
     assert killed >= 1
-    check_consistent(load(url, study_name), 4)
+    check_consistent(load(url, "killed"), 4)
 
 
 @pytest.fixture
