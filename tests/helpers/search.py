@@ -62,7 +62,9 @@ def load(url: str, name: str) -> optuna.Study:
 def check_consistent(study: optuna.Study, total: int) -> None:
     """Nothing RUNNING or WAITING, ``total`` trials counted, states match steps reached."""
     trials = study.get_trials()
-    assert not [t.number for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+    unfinished = [(t.number, t.state.name, dict(t.user_attrs), sorted(t.intermediate_values))
+                  for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+    assert not unfinished, unfinished
     assert finished_count(study) == total
     retried = retried_numbers(trials)
     for t in trials:
