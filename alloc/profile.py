@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         check_outputs(args)
         spec = statistics_data(args)
         if needs_pilot(args, spec):
-            return run_torch_side(argv)
+            return run_torch_side(argv, args.quiet)
         profile = data_statistics(spec, args.seq_len, args.sample_tokens, args.seed)
     except TransformerAllocError as err:
         return fail(PROG, str(err))
@@ -81,13 +81,13 @@ def needs_pilot(args: argparse.Namespace, spec: DataSpec) -> bool:
         not args.no_pilot and spec.resolved().format != "npy")
 
 
-def run_torch_side(argv: list[str]) -> int:
+def run_torch_side(argv: list[str], quiet: bool) -> int:
     """``python -m workers.profile`` with the same flags, in a child process: the pilot trains
     a model with torch, which this package does not import (its commands stay fast and its
     modules torch-free; docs/architecture.md). The child's output is the command's, and so is
     its exit code; Ctrl-C reaches both processes, and the child's interrupted exit is returned."""
     command = [sys.executable, "-m", "workers.profile", *argv]
-    if "--quiet" not in argv:
+    if not quiet:
         print(f"{PROG}: the pilot trains a model with torch: running {TORCH_SIDE} (same flags)",
               file=sys.stderr, flush=True)
     with subprocess.Popen(command) as child:
