@@ -1,6 +1,7 @@
-"""Trained models on disk, in and out: our trainer's checkpoints (``.pt``) and folders saved by
+"""Trained models on disk, in and out: our trainer's checkpoints (``.pt``), folders saved by
 ``transformers`` in the layouts practitioners hold (GPT-2; Llama, Qwen2 and Mistral with RoPE
-and grouped-query attention), read lazily with ``safetensors``. No network, no model hub.
+and grouped-query attention), read lazily with ``safetensors``, and llama.cpp's GGUF files of
+the Llama family (``gguf``: dequantized a tensor at a time). No network, no model hub.
 
 ``load(path)`` returns a ``Loaded``: our ``Model`` with the file's weights, its ``ArchConfig``
 and what the file says about it. The layouts live in their own modules (``gpt2``, ``llama``);
@@ -27,6 +28,7 @@ from workers.checkpoints.folder import (
     is_model_folder,
     read_config,
 )
+from workers.checkpoints.gguf import GGUFTensors, gguf_file, model_config, open_tensors
 from workers.checkpoints.gpt2 import gpt2_arch, load_gpt2, save_gpt2
 from workers.checkpoints.llama import (
     FAMILIES,
@@ -34,6 +36,7 @@ from workers.checkpoints.llama import (
     llama_config,
     load_llama,
     save_llama,
+    tensors_into,
 )
 from workers.errors import CheckpointError
 from workers.model import Model, build_model
@@ -49,7 +52,10 @@ __all__ = [
     "is_family_folder",
     "llama_arch",
     "llama_config",
+    "gguf_file",
     "load",
+    "model_config",
+    "open_tensors",
     "read_arch",
     "save_gpt2",
     "save_llama",
@@ -83,14 +89,19 @@ def load(path: Path) -> Loaded:
     """
     if not path.exists():
         raise CheckpointError(f"--checkpoint {str(path)!r}: no such file or folder")
+    gguf = gguf_file(path)
+    if gguf is not None:
+        return _load_gguf(gguf)
     if path.is_dir():
         return load_folder(path)
     return _load_ours(path)
 
 
 def is_family_folder(path: Path) -> bool:
-    """True for a model folder whose ``config.json`` names a Llama-family model (a folder a
-    pass can read one decoder layer at a time: ``workers.checkpoints.stream``)."""
+    """True for a model folder whose ``config.json`` names a Llama-family model, or a GGUF file
+    (a checkpoint a pass can read one decoder layer at a time: ``workers.checkpoints.stream``)."""
+    if gguf_file(path) is not None:
+        return True
     if not (path.is_dir() and is_model_folder(path)):
         return False
     return read_config(path, f"--checkpoint {str(path)!r}").get("model_type") in FAMILIES
@@ -144,6 +155,14 @@ def load_folder(folder: Path) -> Loaded:
         return Loaded(model.arch, model, "llama", folder, config=config)
     model = _load_student(folder, config, source)
     return Loaded(model.arch, model, "ours", folder, config=config)
+
+
+def _load_gguf(path: Path) -> Loaded:
+    """A GGUF file of the Llama family, read as the folder its metadata describes."""
+    source = f"--checkpoint {str(path)!r}"
+    with GGUFTensors(path, source) as tensors:
+        model = tensors_into(tensors, tensors.config, source)
+    return Loaded(model.arch, model, "llama", path, config=tensors.config)
 
 
 def _student_arch(config: dict[str, Any], source: str) -> ArchConfig:

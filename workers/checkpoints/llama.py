@@ -28,10 +28,12 @@ from arch import MAX_DEPTH, MAX_WIDTH, ArchConfig, ConfigError, HeadGroup, Layer
 from common.files import write_atomic
 from workers.attention import MultiHeadAttention, QKVLayout, rope_frequencies
 from workers.checkpoints.folder import SAFETENSORS, TensorFolder, empty_model
+from workers.checkpoints.gguf import GGUFTensors
 from workers.errors import CheckpointError
 from workers.model import Model
 
 FAMILIES = ("llama", "mistral", "qwen2")
+Tensors = TensorFolder | GGUFTensors  # a Llama-family checkpoint's tensors by stock name
 MAX_CONTEXT = 1 << 22  # positions: a bound on what a config.json may claim
 MAX_VOCAB = 1 << 24
 
@@ -263,17 +265,23 @@ def stock_row_split(arch: ArchConfig, ours: str, n: int) -> list[int]:
 def load_llama(folder: Path, config: dict[str, Any], source: str) -> Model:
     """Our model of a Llama-family folder, read one tensor at a time (each checked against the
     shape its ``config.json`` makes before it is read)."""
+    with TensorFolder(folder, source) as tensors:
+        return tensors_into(tensors, config, source)
+
+
+@torch.no_grad()
+def tensors_into(tensors: Tensors, config: dict[str, Any], source: str) -> Model:
+    """Our model of ``config`` with every stock tensor of ``tensors`` copied in."""
     arch = llama_arch(config)
     model = empty_model(arch, source)
-    with torch.no_grad(), TensorFolder(folder, source) as tensors:
-        fill_llama(model, tensors, config, stock_pairs(arch), range(arch.n_layers))
-        if arch.tie_embeddings:
-            model.head.weight = model.embed.weight  # type: ignore[assignment]
+    fill_llama(model, tensors, config, stock_pairs(arch), range(arch.n_layers))
+    if arch.tie_embeddings:
+        model.head.weight = model.embed.weight  # type: ignore[assignment]
     return model.eval()
 
 
 @torch.no_grad()
-def fill_llama(model: Model, tensors: TensorFolder, config: dict[str, Any],
+def fill_llama(model: Model, tensors: Tensors, config: dict[str, Any],
                pairs: list[tuple[str, list[str]]], layers: Iterable[int]) -> None:
     """Copy the stock tensors of ``pairs`` (``stock_pairs``' entries) into ``model``'s
     parameters, and RoPE's frequencies of ``layers`` into their buffers (which a meta build

@@ -24,7 +24,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from arch import ArchConfig, param_count
-from workers.checkpoints.folder import TensorFolder, read_config, refuse_beyond_memory
+from workers.checkpoints.folder import refuse_beyond_memory
+from workers.checkpoints.gguf import model_config, open_tensors
 from workers.checkpoints.llama import (
     block_pairs,
     fill_llama,
@@ -74,12 +75,12 @@ class StreamedFolder:
     memory-mapped, while it lasts)."""
 
     def __init__(self, folder: Path, source: str) -> None:
-        self.config = read_config(folder, source)
+        self.config = model_config(folder, source)
         self._arch = llama_arch(self.config)
         check_fits_streamed(self._arch, source)
         with torch.device("meta"):
             self.model = build_model(self._arch)
-        self.tensors = TensorFolder(folder, source)
+        self.tensors = open_tensors(folder, source)
 
     @property
     def arch(self) -> ArchConfig:
