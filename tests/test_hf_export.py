@@ -392,3 +392,35 @@ def test_a_copy_that_drifts_is_found(tmp_path: Path) -> None:
     assert drifted(renamed) == []
     renamed.write_text(renamed.read_text().replace("h * d", "d * h"))
     assert drifted(renamed) == ["merge: differs from workers.attention.merge_heads"]
+
+
+@pytest.mark.parametrize("qkv_bias", [False, True])
+def test_decoding_reads_the_latent_cache_absorbed_as_it_rebuilds_it(qkv_bias: bool,
+                                                                  tmp_path: Path) -> None:
+    """A latent layer whose latent parts are not turned decodes in the absorbed form (queries
+    mapped into the latent space, weighted latents mapped to values): equal to rebuilding every
+    cached key and value, for one new token and for a chunk after a cached prefix, with and
+    without biases, grouped queries and a group that is all RoPE part."""
+    arch = rope_layers(
+        LayerSpec("latent", (HeadGroup(4, 8, 6, 2), HeadGroup(2, 4, 4, 1)), mlp_ratio=2.0,
+                  latent_dim=9, rope_dim=4),
+        positional="rope", mlp="swiglu", norm="rmsnorm", qkv_bias=qkv_bias)
+    save_student(trained_like(arch), tmp_path / "student")
+    student = load(tmp_path / "student")
+    attn = student.blocks[0].attn
+    assert not attn.rotate_latent
+    cache = DynamicCache(config=student.config)
+    x = torch.randn(2, 11, arch.d_model, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        attn(x[:, :7], 0, cache)  # a cached prefix of 7 tokens
+        latent, rope = cache.layers[0].keys[:, 0], cache.layers[0].values[:, 0]
+        for new in (x[:, 7:8], x[:, 7:11]):
+            start = 7
+            latents = torch.cat([latent, attn.down(new)], dim=1)
+            ropes = torch.cat([rope, attn.rope_keys(new, start)], dim=1)
+            qs = attn.q(new).split([g.count * g.qk for g in attn.groups], dim=-1)
+            for j, (qg, rg) in enumerate(zip(qs, ropes.split(attn.rope_widths, -1))):
+                q = attn.head_queries(j, qg, start)
+                torch.testing.assert_close(attn.absorbed(j, q, latents, rg),
+                                           attn.rebuilt(j, q, latents, rg), atol=1e-5,
+                                           rtol=1e-5)

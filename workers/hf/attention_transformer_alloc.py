@@ -200,6 +200,12 @@ class AllocAttention(nn.Module):
         return out
 
 
+# New tokens per call up to which a latent layer without turned latent parts reads its cache in
+# the absorbed form (decoding); a longer call (a prompt) rebuilds keys and values and runs the
+# fused attention, whose (T, T) logits are never held at once.
+ABSORB_MAX_TOKENS = 16
+
+
 def turn_part(x: Tensor, freqs: Tensor, start: int, first: int) -> Tensor:
     """``x`` (B, H, T, dim) with dims ``first .. first + 2 n`` turned by RoPE at positions
     ``start ..`` (``freqs``: (H, n)); the others as they are."""
@@ -269,14 +275,64 @@ class AllocLatentAttention(nn.Module):
 
     def forward(self, x: Tensor, start: int, cache: Cache | None) -> Tensor:
         """(B, T, d) -> (B, T, d) for the tokens at positions ``start ..``; with ``cache``,
-        their latents (the cache's keys) and RoPE parts (its values) are appended."""
+        their latents (the cache's keys) and RoPE parts (its values) are appended. A few new
+        tokens (decoding) read the cached latents as they are (``absorbed``) when the latent
+        parts are not turned; otherwise every cached token's keys and values are rebuilt."""
         latent, rope = through_cache(cache, self.index, self.down(x), self.rope_keys(x, start))
-        keys, values = self.up(latent).split([sum(self.key_widths), sum(self.v_widths)], -1)
         qs = self.q(x).split([g.count * g.qk for g in self.groups], dim=-1)
-        outs = [attend(g, self.head_queries(j, qg, start), self.head_keys(j, rg, kg),
-                       split_heads(vg, g.kv))
-                for j, (g, qg, rg, kg, vg) in enumerate(zip(
-                    self.groups, qs, rope.split(self.rope_widths, -1),
-                    keys.split(self.key_widths, -1), values.split(self.v_widths, -1)))]
+        rebuild = self.rotate_latent or x.shape[1] > ABSORB_MAX_TOKENS
+        heads = self.rebuilt if rebuild else self.absorbed
+        outs = [heads(j, self.head_queries(j, qg, start), latent, rg)
+                for j, (qg, rg) in enumerate(zip(qs, rope.split(self.rope_widths, -1)))]
         out: Tensor = self.out(torch.cat(outs, dim=-1) if len(outs) > 1 else outs[0])
         return out
+
+    def up_rows(self, j: int) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+        """Group ``j``'s rows of ``up``: its keys' latent parts (kv * (qk - rope_dim), c), its
+        values (kv * v, c), and their biases (or None)."""
+        keys, values = self.up.weight.split([sum(self.key_widths), sum(self.v_widths)])
+        k_rows, v_rows = keys.split(self.key_widths)[j], values.split(self.v_widths)[j]
+        if self.up.bias is None:
+            return k_rows, v_rows, None, None
+        k_bias, v_bias = self.up.bias.split([sum(self.key_widths), sum(self.v_widths)])
+        return k_rows, v_rows, k_bias.split(self.key_widths)[j], v_bias.split(self.v_widths)[j]
+
+    def rebuilt(self, j: int, q: Tensor, latent: Tensor, rope: Tensor) -> Tensor:
+        """Group ``j``'s attention over every token's keys and values rebuilt from its latent:
+        queries (B, count, t, qk), latents (B, T, c) and turned RoPE parts (B, T, kv * r)
+        -> (B, t, count * v)."""
+        k_rows, v_rows, k_bias, v_bias = self.up_rows(j)
+        keys, values = F.linear(latent, k_rows, k_bias), F.linear(latent, v_rows, v_bias)
+        g = self.groups[j]
+        return attend(g, q, self.head_keys(j, rope, keys), split_heads(values, g.kv))
+
+    def absorbed(self, j: int, q: Tensor, latent: Tensor, rope: Tensor) -> Tensor:
+        """``rebuilt`` without rebuilding a key or a value (multi-head latent attention's
+        absorbed form, DeepSeek-V2): each query's latent part is mapped into the latent space
+        once (``q_lat W_up,k``), its logits read the cached latents ``c_s`` directly, and the
+        attention-weighted latents are mapped to values once. Exact: a key bias adds one
+        constant to a query's logits (softmax ignores it) and a value bias passes the
+        weighted sum unchanged (the weights sum to 1). A new token then reads ``c + kv * r``
+        numbers per cached token, not ``kv * (qk + v)``."""
+        g, r = self.groups[j], self.rope_dim
+        b, _, t, _ = q.shape
+        total, c, share = latent.shape[1], latent.shape[2], g.count // g.kv
+        k_rows, v_rows, _, v_bias = self.up_rows(j)
+        q_lat = q[..., r:].reshape(b, g.kv, share * t, g.qk - r)
+        # (B, kv, share t, qk - r) @ (kv, qk - r, c): every query in the latent space
+        q_abs = q_lat @ k_rows.view(g.kv, g.qk - r, c)
+        logits = q_abs.reshape(b, g.count * t, c) @ latent.transpose(1, 2)  # (B, count t, T)
+        if r:
+            rope_keys = split_heads(rope, g.kv)  # (B, kv, T, r), turned when cached
+            logits = logits + (q[..., :r].reshape(b, g.kv, share * t, r)
+                               @ rope_keys.transpose(-1, -2)).reshape(b, g.count * t, total)
+        logits = logits.view(b, g.count, t, total) / math.sqrt(g.qk)
+        if t > 1:  # new queries see every cached key and the new ones up to their own
+            hidden = torch.ones(t, total, dtype=torch.bool, device=q.device).triu(total - t + 1)
+            logits = logits.masked_fill(hidden, float("-inf"))
+        weights = torch.softmax(logits, dim=-1).view(b, g.count * t, total)
+        mixed = (weights @ latent).view(b, g.kv, share * t, c)  # weighted latents
+        values = mixed @ v_rows.view(g.kv, g.v, c).transpose(-1, -2)  # (B, kv, share t, v)
+        if v_bias is not None:
+            values = values + v_bias.view(g.kv, 1, g.v)
+        return merge_heads(values.view(b, g.count, t, g.v))
