@@ -138,8 +138,9 @@ def part_functions() -> dict[str, Part]:
 
 
 def run_part(ctx: Context, name: str, fn: Part, seconds: float,
-             say: Callable[[str], None]) -> PartResult:
-    """One part within ``seconds``: what it measured, however it ended."""
+             say: Callable[[str], None], grace: float = GRACE_S) -> PartResult:
+    """One part within ``seconds`` (stopped wherever it is ``grace`` seconds later): what it
+    measured, however it ended."""
     result = PartResult(name, budget_s=seconds)
     if seconds <= 0:
         result.status = "skipped"
@@ -148,7 +149,7 @@ def run_part(ctx: Context, name: str, fn: Part, seconds: float,
     budget, start = Budget(seconds), time.monotonic()
     say(f"{name}: start (budget {seconds:.0f} s)")
     try:
-        with hard_stop(seconds + GRACE_S):
+        with hard_stop(seconds + grace):
             fn(ctx, result, budget, say)
     except BudgetSpent as err:
         result.status = "budget"
