@@ -133,7 +133,7 @@ def test_profile_and_compress_our_checkpoint(teacher: tuple[Model, Path, torch.T
                           "--format", "json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["params"]["student"] < report["params"]["teacher"]
-    assert {"teacher", "svd", "finetuned"} <= set(report)
+    assert {"teacher", "cut", "finetuned"} <= set(report)
     plan = yaml.safe_load((folder / "plan.yaml").read_text())
     loaded = load(folder / "student.pt")  # a workers.train checkpoint of the student
     assert loaded.arch.to_dict() == plan["student"]
@@ -350,7 +350,7 @@ def test_the_trainer_profile_and_compress_chain_on_a_task(
                           "--format", "json"]) == 0
     printed = capsys.readouterr()
     report = json.loads(printed.out)
-    assert report["task"] == "lm" and "svd" in report
+    assert report["task"] == "lm" and "cut" in report
     assert report["plan"]["reduces"] and "as large as the teacher" not in printed.err
     # Weights are compared with weights: the teacher's .pt also holds AdamW's state (twice its
     # weights), which must not count, so bytes shrink as the parameters do.

@@ -142,6 +142,7 @@ class CompressResult:
     task: str | None
     reduces: bool  # the plan lowers some qk_dim
     measured: bool  # the plan was measured on a sample
+    latent: bool  # the student caches latents (docs/theory.md §10.5), not cut keys and values
     files: FileBytes
     out: Path
     written: tuple[Path, ...]
@@ -155,7 +156,7 @@ class CompressResult:
             "out_layout": self.out_layout, "params": dataclasses.asdict(self.params),
             "kv_cache": dataclasses.asdict(self.kv_cache),
             "qk_dims": [dataclasses.asdict(x) for x in self.heads], "task": self.task,
-            "plan": {"reduces": self.reduces, "measured": self.measured}}
+            "plan": {"reduces": self.reduces, "measured": self.measured, "latent": self.latent}}
         for key, evaluation in self.evaluations.items():
             data[key] = evaluation.to_dict()
         data.update(files=dataclasses.asdict(self.files), out=str(self.out),
@@ -164,8 +165,8 @@ class CompressResult:
 
     @property
     def evaluations(self) -> dict[str, Evaluation]:
-        """The evaluations made, by the report's names: teacher, svd (the student as cut),
+        """The evaluations made, by the report's names: teacher, cut (the student as cut),
         finetuned."""
-        made = {"teacher": self.teacher_eval, "svd": self.cut_eval,
+        made = {"teacher": self.teacher_eval, "cut": self.cut_eval,
                 "finetuned": self.finetuned_eval}
         return {key: value for key, value in made.items() if value is not None}

@@ -29,8 +29,17 @@ from common.cli import check_writable
 from common.errors import UsageError
 from common.files import write_atomic
 from common.progress import Progress, duration
-from workers.checkpoints import Loaded, is_family_folder, load, save_gpt2, save_llama
+from workers.checkpoints import (
+    Loaded,
+    gguf_file,
+    is_family_folder,
+    load,
+    save_gpt2,
+    save_llama,
+)
+from workers.checkpoints.llama import sliding_window
 from workers.checkpoints.stream import StreamedFolder
+from workers.checkpoints.tokenizer import tokenizer_writer
 from workers.compress_types import (
     CompressRequest,
     CompressResult,
@@ -64,6 +73,8 @@ def read_plan(path: Path, teacher: ArchConfig) -> CompressionPlan:
     except CompressionError as err:
         raise CompressionError(f"--plan {str(path)!r}: {err}") from None
     if plan.arch_id != teacher.arch_id:
+        plan = for_context(plan, teacher)
+    if plan.arch_id != teacher.arch_id:
         raise CompressionError(f"--plan {str(path)!r}: a plan for model {plan.arch_id}, not "
                                f"for this checkpoint ({teacher.arch_id}); profile this one")
     problem = reduced_dims_only(teacher, plan.student)
@@ -71,6 +82,19 @@ def read_plan(path: Path, teacher: ArchConfig) -> CompressionPlan:
         raise CompressionError(f"--plan {str(path)!r}: its student {problem}; a plan may only "
                                "lower qk_dim and v_dim, or make mhsa layers latent")
     return plan
+
+
+def for_context(plan: CompressionPlan, teacher: ArchConfig) -> CompressionPlan:
+    """``plan`` made for ``teacher`` when it was made for the same model reading another
+    context (``max_position_embeddings``: without learned positions it changes no weight and
+    no computation within it), else ``plan`` as it is."""
+    if teacher.positional == "learned":
+        return plan
+    as_planned = dataclasses.replace(teacher, max_seq_len=plan.student.max_seq_len)
+    if as_planned.arch_id != plan.arch_id:
+        return plan
+    student = dataclasses.replace(plan.student, max_seq_len=teacher.max_seq_len)
+    return dataclasses.replace(plan, arch_id=teacher.arch_id, student=student)
 
 
 def reduced_dims_only(teacher: ArchConfig, student: ArchConfig) -> str | None:
@@ -227,7 +251,7 @@ def compress(request: CompressRequest) -> CompressResult:
         trainer = None
         if task is not None:
             for name, model, what in (("teacher", loaded.model, "the teacher"),
-                                      ("svd", student, "the student as cut")):
+                                      ("cut", student, "the student as cut")):
                 evaluations[name] = evaluate_loss(model, task, request.eval_batches)
                 bar.update(1)
                 bar.event(f"evaluated {what}: loss {evaluations[name].to_dict()['loss']:.4g}")
@@ -266,7 +290,8 @@ def compress_streamed(request: CompressRequest) -> CompressResult:
             parts = streamed_student(stream, plan.student, pair_orders(plan),
                                      plan.input_scales())
             compact_export().save_student_parts(plan.student, parts, request.out,
-                                                getattr(torch, weights_dtype(loaded)))
+                                                getattr(torch, weights_dtype(loaded)),
+                                                from_teacher(request, loaded))
             bar.update(1)
             bar.event(f"wrote {request.out}")
     return describe(request, loaded, plan, None, {})
@@ -314,9 +339,10 @@ def describe(request: CompressRequest, loaded: Loaded, plan: CompressionPlan, ta
         heads=tuple(LayerHeads(i, old.heads_str, _heads(new))
                     for i, (old, new) in enumerate(zip(loaded.arch.layers, student_arch.layers))),
         task=None if task is None else task.name, reduces=plan.reduces, measured=plan.measured,
+        latent=plan.latent,
         files=FileBytes(weights_bytes(request.checkpoint), weights_bytes(out)), out=out,
         written=(out, out.with_suffix(".arch.yaml")) if out.suffix == ".pt" else (out,),
-        teacher_eval=evaluations.get("teacher"), cut_eval=evaluations.get("svd"),
+        teacher_eval=evaluations.get("teacher"), cut_eval=evaluations.get("cut"),
         finetuned_eval=evaluations.get("finetuned"))
 
 
@@ -341,6 +367,9 @@ def weights_bytes(path: Path) -> int:
     """Bytes of a checkpoint's weights alone, in the dtype they are stored in: a folder's
     safetensors tensors, or a ``.pt``'s model state (not the optimizer state a training
     checkpoint carries beside it)."""
+    gguf = gguf_file(path)
+    if gguf is not None:  # quantized: the file's bytes
+        return gguf.stat().st_size
     if path.is_dir():
         from safetensors import safe_open
 
@@ -356,6 +385,13 @@ def weights_bytes(path: Path) -> int:
     return sum(t.numel() * t.element_size() for t in state["model"].values())
 
 
+def from_teacher(request: CompressRequest, loaded: Loaded) -> Any:
+    """What the student folder takes from its teacher: a sliding window, the tokenizer."""
+    window = None if loaded.config is None or loaded.layout != "llama" else sliding_window(
+        loaded.config, loaded.family)
+    return compact_export().FromTeacher(window, tokenizer_writer(request.checkpoint))
+
+
 def write(request: CompressRequest, loaded: Loaded, student: Model, trainer: Trainer | None,
           dtype: str) -> None:
     """The student as a ``workers.train`` checkpoint (and its arch YAML), a ``transformers``
@@ -367,7 +403,8 @@ def write(request: CompressRequest, loaded: Loaded, student: Model, trainer: Tra
             save = save_gpt2 if loaded.layout == "gpt2" else save_llama
             save(student, loaded.config, out, getattr(torch, dtype))
         else:
-            compact_export().save_student(student, out, getattr(torch, dtype))
+            compact_export().save_student(student, out, getattr(torch, dtype),
+                                          from_teacher(request, loaded))
         return
     assert trainer is not None  # compress() refused a .pt without a task
     if not request.finetune_steps:

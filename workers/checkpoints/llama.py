@@ -129,15 +129,20 @@ def context_length(config: dict[str, Any], family: str) -> int:
     it (within one window, sliding-window attention is causal attention: the model is read as
     one of that context, and longer inputs are refused rather than computed differently)."""
     context = _int(config, "max_position_embeddings", 1, MAX_CONTEXT)
+    window = sliding_window(config, family)
+    return context if window is None else min(context, window)
+
+
+def sliding_window(config: dict[str, Any], family: str) -> int | None:
+    """The window of sliding-window attention the model computes (None: causal attention over
+    every position)."""
     window = config.get("sliding_window")
-    if family == "qwen2":  # its window applies only with use_sliding_window (refused above)
-        window = None
-    if window is not None:
-        if not isinstance(window, int) or isinstance(window, bool) or window < 1:
-            raise CheckpointError(f"config.json: sliding_window = {window!r}: must be null or "
-                                  "an integer >= 1")
-        context = min(context, window)
-    return context
+    if family == "qwen2" or window is None:  # Qwen2's applies only with use_sliding_window
+        return None
+    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+        raise CheckpointError(f"config.json: sliding_window = {window!r}: must be null or an "
+                              "integer >= 1")
+    return window
 
 
 def llama_arch(config: dict[str, Any]) -> ArchConfig:
@@ -265,6 +270,7 @@ def stock_row_split(arch: ArchConfig, ours: str, n: int) -> list[int]:
 def load_llama(folder: Path, config: dict[str, Any], source: str) -> Model:
     """Our model of a Llama-family folder, read one tensor at a time (each checked against the
     shape its ``config.json`` makes before it is read)."""
+    llama_arch(config)  # every field refused by name before a file is opened
     with TensorFolder(folder, source) as tensors:
         return tensors_into(tensors, config, source)
 

@@ -5,7 +5,8 @@ The folder holds ``config.json`` (``model_type`` ``transformer_alloc``, the ``Ar
 ``Model``'s state dict as it is: reduced shapes, RoPE frequencies per key/value head, a tied
 head saved once as ``embed.weight``), and ``modeling_transformer_alloc.py`` with its
 ``attention_transformer_alloc.py``, the standalone model that
-``AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)`` runs.
+``AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)`` runs; and, given a
+``FromTeacher``, the teacher's tokenizer files.
 
 The folder is written next to its destination under a hidden name and renamed into place, so a
 failed export leaves no folder that looks valid.
@@ -17,7 +18,7 @@ import json
 import os
 import secrets
 import shutil
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,14 +87,17 @@ def check_exportable(arch: ArchConfig) -> None:
                               f"{', '.join(ATTENTION_KINDS)} layers")
 
 
-def student_config(arch: ArchConfig, dtype: torch.dtype) -> dict[str, Any]:
-    """The ``config.json`` contents of a student of ``arch`` whose weights are ``dtype``."""
+def student_config(arch: ArchConfig, dtype: torch.dtype,
+                   sliding_window: int | None = None) -> dict[str, Any]:
+    """The ``config.json`` contents of a student of ``arch`` whose weights are ``dtype``
+    (``sliding_window``: its teacher's, which ``arch.max_seq_len`` is; the student refuses
+    longer inputs rather than compute them differently)."""
     assert arch.vocab_size is not None  # check_exportable: token models only
     config = TransformerAllocConfig(
         arch=arch.to_dict(), vocab_size=arch.vocab_size, hidden_size=arch.d_model,
         num_hidden_layers=arch.n_layers, max_position_embeddings=arch.max_seq_len,
         tie_word_embeddings=arch.tie_embeddings, architectures=[MODEL_CLASS],
-        dtype=str(dtype).removeprefix("torch."))
+        dtype=str(dtype).removeprefix("torch."), sliding_window=sliding_window)
     data: dict[str, Any] = config.to_diff_dict()
     data["model_type"] = MODEL_TYPE
     data["auto_map"] = {"AutoConfig": f"{MODELING_FILE.stem}.{CONFIG_CLASS}",
@@ -108,7 +112,18 @@ def student_tensors(model: Model, dtype: torch.dtype | None = None) -> dict[str,
     return _cast(model.arch, dict(model.state_dict()), dtype)
 
 
-def save_student(model: Model, folder: Path, dtype: torch.dtype | None = None) -> ExportReport:
+@dataclass(frozen=True)
+class FromTeacher:
+    """What a student folder takes from its teacher beside the weights: the window of a
+    sliding-window teacher (its context), and what writes the teacher's tokenizer files into a
+    folder (None: it has none)."""
+
+    sliding_window: int | None = None
+    tokenizer: Callable[[Path], None] | None = None
+
+
+def save_student(model: Model, folder: Path, dtype: torch.dtype | None = None,
+                 teacher: FromTeacher = FromTeacher()) -> ExportReport:
     """Write ``model`` to ``folder`` as a ``transformers`` causal LM (see the module docstring);
     ``dtype`` casts the parameters (default: as they are). An existing student folder (or an
     empty one) is replaced; any other existing path is refused.
@@ -116,11 +131,13 @@ def save_student(model: Model, folder: Path, dtype: torch.dtype | None = None) -
     Raises:
         ExportError: a model the modelling file does not implement, or a folder in the way.
     """
-    return save_student_parts(model.arch, [student_tensors(model, dtype)], folder, dtype)
+    return save_student_parts(model.arch, [student_tensors(model, dtype)], folder, dtype,
+                              teacher)
 
 
 def save_student_parts(arch: ArchConfig, parts: Iterable[dict[str, Tensor]], folder: Path,
-                       dtype: torch.dtype | None = None) -> ExportReport:
+                       dtype: torch.dtype | None = None,
+                       teacher: FromTeacher = FromTeacher()) -> ExportReport:
     """``save_student`` of a student of ``arch`` whose state dict comes in ``parts``, each
     written as it comes (a student built one layer at a time is never whole in memory): one
     part is ``model.safetensors``, more are shards listed by ``model.safetensors.index.json``,
@@ -161,8 +178,11 @@ def save_student_parts(arch: ArchConfig, parts: Iterable[dict[str, Tensor]], fol
             total = sum((tmp / f).stat().st_size for f in files)
             (tmp / INDEX).write_text(json.dumps({"metadata": {"total_size": total},
                                                  "weight_map": weight_map}, indent=2))
-        config = json.dumps(student_config(arch, weights_dtype), indent=2, sort_keys=True)
+        config = json.dumps(student_config(arch, weights_dtype, teacher.sliding_window),
+                            indent=2, sort_keys=True)
         (tmp / "config.json").write_text(config + "\n")
+        if teacher.tokenizer is not None:
+            teacher.tokenizer(tmp)
         for source in REMOTE_CODE:
             shutil.copyfile(source, tmp / source.name)
         file_bytes = sum(f.stat().st_size for f in tmp.glob("*.safetensors"))

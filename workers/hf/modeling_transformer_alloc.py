@@ -54,6 +54,7 @@ class TransformerAllocConfig(PretrainedConfig):
     max_position_embeddings: int = 1
     tie_word_embeddings: bool = False
     use_cache: bool = True
+    sliding_window: int | None = None  # the teacher's (max_position_embeddings is that window)
 
 
 def arch_of(config: TransformerAllocConfig) -> dict[str, Any]:
@@ -171,6 +172,12 @@ class TransformerAllocForCausalLM(TransformerAllocPreTrainedModel, GenerationMix
         self.positional = arch.get("positional", "learned")
         self.embed = nn.Embedding(vocab, d)
         self.pos = nn.Embedding(self.max_seq_len, d) if self.positional == "learned" else None
+        # Where a longer input would be computed otherwise than by the teacher: past learned
+        # positions, or past the window of a sliding-window teacher. RoPE and sinusoidal
+        # positions go on, as they do in the teacher.
+        self.context_ends = ("its learned positions" if self.pos is not None else
+                             "its teacher's sliding window" if getattr(
+                                 config, "sliding_window", None) else "")
         self.blocks = nn.ModuleList(AllocBlock(arch, i) for i in range(len(arch["layers"])))
         self.norm = make_norm(arch)
         self.head = nn.Linear(d, vocab, bias=False)
@@ -207,9 +214,9 @@ class TransformerAllocForCausalLM(TransformerAllocPreTrainedModel, GenerationMix
             cache = DynamicCache(config=self.config)
         start = cache.get_seq_length() if cache is not None else 0
         t = input_ids.shape[1]
-        if start + t > self.max_seq_len:
+        if self.context_ends and start + t > self.max_seq_len:
             raise ValueError(f"sequence length {start + t} exceeds max_seq_len "
-                             f"{self.max_seq_len}")
+                             f"{self.max_seq_len} ({self.context_ends})")
         h = self.embed(input_ids)
         if self.pos is not None:
             h = h + self.pos.weight[start:start + t]
