@@ -282,7 +282,7 @@ def test_resume_of_a_finished_study_answers_before_ray_starts(
 
     started = mock.Mock(side_effect=RuntimeError("Ray would start"))
     stub = types.ModuleType("workers.search.tune")
-    stub.start = started  # type: ignore[attr-defined]
+    stub.session = started  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "workers.search.tune", stub)
     monkeypatch.setattr(workers.search, "tune", stub, raising=False)
     url = f"sqlite:///{tmp_path / 's.db'}"

@@ -5,6 +5,8 @@ restarts it in place, from scratch) and, in that restart, after its first report
 restart is spent, Tune fails the trial). The study then retries each once more as a new trial
 from its last checkpoint: both attempts stay in the study, the search counts the trial once and
 exits 0, and the user reads one line of ours per worker death, none of Tune's tracebacks.
+Ray's own words of a death never reach stdout: ``--format json`` prints one document. A trial
+Ray fails for another reason (a reused worker that could not be reset) is named as such.
 The workers are found, and held at the chosen moment, through ``workers.search.trial``'s
 ``$TRANSFORMER_ALLOC_TEST_PIDS`` hook. The searcher's side of it (what Tune runs next, the retry
 and its record) is also checked without Ray.
@@ -12,6 +14,7 @@ and its record) is also checked without Ray.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from pathlib import Path
@@ -57,18 +60,19 @@ def test_a_worker_killed_before_and_after_its_first_report_is_retried(tmp_path: 
     for moment in ("start", str(FIRST_REPORT)):
         (pids / f"hold-{moment}").touch()
     proc = launch(tmp_path, *SMOKE, "--storage", url, "--study", "w", "--trials", "2",
-                  "--max-concurrent", "2", "--scheduler", "fifo",
+                  "--max-concurrent", "2", "--scheduler", "fifo", "--format", "json",
                   env={**os.environ, PIDS_ENV: str(pids)})
     try:
         first = held(pids, "start", 2, set())
         kill(first, pids, "start")  # before any report: Ray restarts both in place
         again = held(pids, str(FIRST_REPORT), 2, first)
         kill(again, pids, str(FIRST_REPORT))  # the restarts, after a checkpoint: Ray gives up
-        _, err = proc.communicate(timeout=240)
+        out, err = proc.communicate(timeout=240)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 0, err[-3000:]
+    assert json.loads(out)["trials"], out  # one document: Ray's words went to stderr
     study = load(url, "w")
     check_consistent(study, 2)
     trials = study.get_trials()
@@ -84,10 +88,14 @@ def test_a_worker_killed_before_and_after_its_first_report_is_retried(tmp_path: 
         assert retry.state in (TrialState.COMPLETE, TrialState.PRUNED), _states(trials)
         assert retry.user_attrs[RESUMED] == FIRST_REPORT  # from the failed one's checkpoint
         assert retry.user_attrs.get("error") is None and retry.user_attrs.get("restarts") is None
-        # One line of ours per death: the in-place restart, then the study's retry.
+        # One line of ours per death, numbered: the in-place restart, then the study's retry.
         assert err.count(f"trial {t.number}: its worker died") == 2, err[-3000:]
-        assert (f"trial {t.number}: its worker died (attempt 1); retried as trial "
+        assert (f"trial {t.number}: its worker died (attempt 1); Ray restarts it in place "
+                "from scratch") in err, err[-3000:]
+        assert (f"trial {t.number}: its worker died (attempt 2); retried as trial "
                 f"{retry.number} from step {FIRST_REPORT}") in err, err[-3000:]
+        assert t.user_attrs["error"] == (f"its worker died; retried as a new trial from step "
+                                         f"{FIRST_REPORT}")
     # Tune's tracebacks and end-of-run summaries are not the user's to read.
     for noise in ("Traceback", "Trial task failed", "Trials did not complete", "ERROR"):
         assert noise not in err, err[-3000:]
@@ -109,9 +117,12 @@ def test_a_trial_whose_reused_worker_fails_to_reset_is_retried(tmp_path: Path) -
     check_consistent(study, 4)
     failed = [t for t in study.get_trials() if t.state == TrialState.FAIL]
     assert failed, _states(study.get_trials())  # the reset did fail, and was told
-    assert all("worker died" in t.user_attrs["error"] for t in failed)
+    reuse = "Ray could not reuse a worker for it"  # named: no worker died
+    assert all(t.user_attrs["error"].startswith(reuse) for t in failed), [
+        t.user_attrs["error"] for t in failed]
     assert "search: done, 4/4 trials in " in err, err[-3000:]
-    assert "its worker died" in err and "Could not re-use actor" not in err, err[-3000:]
+    assert f": {reuse}" in err and "worker died" not in err, err[-3000:]
+    assert "Could not re-use actor" not in err, err[-3000:]
 
 
 def searcher(tmp_path: Path) -> StudySearcher:
@@ -148,7 +159,7 @@ def test_the_searcher_retries_a_dead_worker_once_and_never_runs_too_many(
     assert s.recovered("a") == ("trial 0: its worker died (attempt 1); Ray restarts it in "
                                 "place from step 10")
     s.complete("a", None, error=True)
-    assert s.deaths["a"].describe() == ("trial 0: its worker died (attempt 1); retried as "
+    assert s.deaths["a"].describe() == ("trial 0: its worker died (attempt 2); retried as "
                                         "trial 2 from step 10")
     assert asked(s, "c").resume_from == tmp_path / "ckpt-a"  # the failed one's checkpoint
     assert s.suggest("y", 2) == "wait"

@@ -19,6 +19,11 @@ class SearchError(TransformerAllocError):
     """A search that cannot start or resume as asked (the study, its task or its space)."""
 
 
+class SearchFaultError(TransformerAllocError):
+    """A search stopped by a fault of the machine it runs on (a full results disk): not the
+    user's input (exit code 1); ``--resume`` continues it once the fault is fixed."""
+
+
 class WarmStartError(TransformerAllocError):
     """A ``--warm-start`` study that cannot be used."""
 

@@ -16,10 +16,14 @@ Optuna and torch once the flags are read, so that ``--help`` needs neither.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import logging
+import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
 from arch import MAX_WIDTH
 from common.cli import Parser, add_format, dump, fail, int_in, number
@@ -151,12 +155,14 @@ def main(argv: list[str] | None = None) -> int:
     import optuna
 
     from studies.errors import StorageFaultError
+    from workers.errors import SearchFaultError
     from workers.search.driver import execute
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
-        summary = execute(setup(args))
-    except StorageFaultError as err:  # the storage failed while the search ran: not bad input
+        with stdout_aside():
+            summary = execute(setup(args))
+    except (StorageFaultError, SearchFaultError) as err:  # a fault, not bad input: --resume
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 1
     except TransformerAllocError as err:
@@ -166,6 +172,44 @@ def main(argv: list[str] | None = None) -> int:
     if note:
         print(f"{PROG}: {note}", file=sys.stderr)
     return code
+
+
+RAY_DEATH_NOTICE = "A worker died or was killed"  # Ray's words; the search says it per trial
+
+
+class _RayOutput(io.TextIOBase):
+    """``sys.stdout`` while a search runs: what Python code writes there goes to ``stream``,
+    except Ray's notice of a dead worker (the monitor's line names the trial and what the
+    search did about it)."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        if RAY_DEATH_NOTICE not in text:
+            self.stream.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+@contextlib.contextmanager
+def stdout_aside() -> Iterator[None]:
+    """While the search runs, whatever is written to this process's stdout goes to stderr:
+    Ray writes there (its driver thread's ``A worker died or was killed ...``, dropped; the
+    processes it starts inherit the descriptor), and stdout is the result's alone (``--format
+    json`` is one document). Ray stops before the block ends (``driver._execute``)."""
+    sys.stdout.flush()
+    saved, python = os.dup(1), sys.stdout
+    os.dup2(2, 1)
+    sys.stdout = _RayOutput(sys.stderr)
+    try:
+        yield
+    finally:
+        sys.stdout = python
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 INTERRUPTED = {"interrupted": 130, "terminated": 143}  # Ctrl-C, SIGTERM: 128 + the signal

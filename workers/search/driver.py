@@ -38,6 +38,7 @@ from studies.errors import QueryError, StorageFaultError
 from studies.faults import STORAGE_ERRORS, guarded
 from studies.lease import Lease
 from studies.storage import StorageSettings, command_note, open_storage, redact, secure_url
+from workers.errors import SearchFaultError
 from workers.search import estimate
 from workers.search.checks import trial_device
 from workers.search.guard import GuardedSearcher
@@ -159,16 +160,18 @@ def _execute(request: SearchRequest, probe: optuna.storages.RDBStorage, lease: L
                                                request.sampler, opts.points), remaining)
     from workers.search import tune  # Ray starts here
 
-    tune.start(opts.address)
-    url = secure_url(url)  # after Ray started its processes, so they never inherit it
-    rdb = open_storage(url, heartbeats)
-    sampler = make_sampler(request, opened.settings, opened.warm)
-    study = optuna.load_study(study_name=request.study, storage=rdb, sampler=sampler)
-    searcher = GuardedSearcher(_searcher(request, study, rdb, opened.settings), url, lease,
-                               patience=opts.storage_patience)
-    status = _run(searcher, request, url, remaining)
-    return guarded(lambda: summarise(searcher.inner, request.study, url, status), url,
-                   opts.storage_patience)
+    # Ray stops at the end of the search (unless the caller had started it): its last words
+    # (a dead worker's) come while the search's stdout is aside (``cli.stdout_aside``)
+    with tune.session(opts.address):
+        url = secure_url(url)  # after Ray started its processes, so they never inherit it
+        rdb = open_storage(url, heartbeats)
+        sampler = make_sampler(request, opened.settings, opened.warm)
+        study = optuna.load_study(study_name=request.study, storage=rdb, sampler=sampler)
+        searcher = GuardedSearcher(_searcher(request, study, rdb, opened.settings), url, lease,
+                                   patience=opts.storage_patience)
+        status = _run(searcher, request, url, remaining)
+        return guarded(lambda: summarise(searcher.inner, request.study, url, status), url,
+                       opts.storage_patience)
 
 
 def _searcher(request: SearchRequest, study: optuna.Study,
@@ -201,6 +204,8 @@ def _run(searcher: GuardedSearcher, request: SearchRequest, url: str, remaining:
         status = tune.run_tuner(cast(StudySearcher, searcher), trial_job(task, opts), run,
                                 stop=searcher.should_stop)
     how = "terminated" if signals.terminated else "interrupted"
+    if searcher.inner.halt is not None:
+        _stop_on_full_disk(searcher, opts.storage_path / run.name)
     failed = None if searcher.fault else searcher.abandon(how)
     if searcher.fault is not None:
         _stop_on_fault(searcher)
@@ -209,6 +214,16 @@ def _run(searcher: GuardedSearcher, request: SearchRequest, url: str, remaining:
         print(f"{how}: trials {failed} failed and re-enqueued; continue with --resume",
               file=sys.stderr)
     return status
+
+
+def _stop_on_full_disk(searcher: GuardedSearcher, folder: Path) -> None:
+    """After a trial found the results disk full: the running trials marked interrupted and
+    re-enqueued, then the fault in one line (every trial it failed runs again on --resume)."""
+    searcher.abandon("interrupted")
+    raise SearchFaultError(f"the Ray results folder {str(folder)!r} (--storage-path) is on a "
+                           "full disk (No space left on device): the search stopped and its "
+                           "failed trials are not counted; free space there, then continue "
+                           "with --resume")
 
 
 def _stop_on_fault(searcher: GuardedSearcher) -> None:

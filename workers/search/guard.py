@@ -95,5 +95,6 @@ class GuardedSearcher:
                 f"{lease.ttl:.0f} s); this driver stopped, the other one runs it")
 
     def should_stop(self) -> bool:
-        """Whether the run must stop: the storage failed or the lease was lost."""
-        return self.fault is not None
+        """Whether the run must stop: the storage failed, the lease was lost, or a trial found
+        the results disk full."""
+        return self.fault is not None or self.inner.halt is not None

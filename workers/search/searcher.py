@@ -50,6 +50,7 @@ Sampled = TypeVar("Sampled")
 CHECKPOINT = "checkpoint"  # trial user attr: the last checkpoint directory
 DUPLICATE, DUPLICATE_OF = "duplicate", "duplicate_of"  # a proposal not trained: a finished twin
 ORPHAN = "orphan"  # asked as a connection dropped, then asked again (workers.search.guard)
+DISK_FULL = "disk_full"  # failed for a full results disk: retried by --resume, not counted
 WARM_START_FROM = "warm_start_from"  # trial user attr: copied from this study (--warm-start)
 MAX_REDRAWS = 3  # proposals of finished points in a row before an untried point is enqueued
 # A trial whose worker died after Ray's own in-place restart (``FailureConfig``) is retried this
@@ -57,13 +58,53 @@ MAX_REDRAWS = 3  # proposals of finished points in a row before an untried point
 WORKER_RETRIES = 1
 RESTARTS = "restarts"  # trial user attr: in-place restarts Ray made after the worker died
 ENDED_ATTRS = (ERROR, NODE, RESUMED, RESTARTS)  # how a retry's original ended (copied to it)
-WORKER_DIED = "the worker died or the trial raised in Ray (see its error.txt in Ray's results)"
-ASHA_REDUCTION = 3  # successive halving keeps the best third at each rung
+CHECKPOINT_STEP = "checkpoint_step"  # trial user attr: the step of its last checkpoint
+# The replay of bench.search_efficiency (run before the launcher's milestones,
+# workers.search.schedule): stock ASHA's first rung at a ninth of the training, a third kept.
+ASHA_REDUCTION = 3
 
 
 def asha_grace_period(steps: int, eval_every: int) -> int:
-    """The first rung of ASHA: a ninth of the training, and at least one evaluation."""
+    """The first rung of stock ASHA as the replay models it: a ninth of the training."""
     return max(eval_every, steps // 9)
+
+
+@dataclass(frozen=True)
+class RayFailure:
+    """Why Ray ended a trial that did not report a failure of its own, from the error Tune
+    recorded for it (its ``error.txt``): ``kind`` is ``died`` (the worker process died),
+    ``reuse`` (Ray could not hand the trial a reused worker), ``disk`` (the results folder is
+    full) or ``ray`` (any other error of Ray's, named by its last line). All are faults of the
+    infrastructure, not of the trial's point: the study retries it."""
+
+    kind: str
+    detail: str = ""
+
+    def describe(self) -> str:
+        """What happened, as a clause: ``its worker died``."""
+        return {"died": "its worker died",
+                "reuse": "Ray could not reuse a worker for it (the worker's last trial had "
+                         "not ended)",
+                "disk": f"the results folder is full ({self.detail})",
+                }.get(self.kind, f"Ray failed it ({self.detail})")
+
+
+_DIED = ("ActorDiedError", "RayActorError", "WorkerCrashedError", "actor died",
+         "worker died", "died unexpectedly", "killed")
+
+
+def ray_failure(error: str | None) -> RayFailure:
+    """The failure Tune's error text (None: none recorded) says, in ``RayFailure``'s kinds."""
+    if not error or not error.strip():
+        return RayFailure("died")
+    lines = [line.strip() for line in error.splitlines() if line.strip()]
+    if "No space left on device" in error or "[Errno 28]" in error:
+        return RayFailure("disk", "No space left on device")
+    if "reset_config" in error:
+        return RayFailure("reuse")
+    if any(sign in error for sign in _DIED):
+        return RayFailure("died")
+    return RayFailure("ray", lines[-1][:200])
 
 
 @dataclass(frozen=True)
@@ -76,17 +117,24 @@ class Start:
 
 @dataclass(frozen=True)
 class Death:
-    """A trial whose worker died (Tune failed it), and what the searcher did about it."""
+    """A trial Ray failed (its worker died, or another ``RayFailure``), and what the searcher
+    did about it."""
 
     number: int
-    attempt: int  # 1: the trial itself, 2: its first retry, ...
-    retry: int | None  # the number of the retry; None: not retried (WORKER_RETRIES spent)
+    attempt: int  # runs of this point so far: Ray's restarts in place and the study's retries
+    retry: int | None  # the number of the retry; None: not retried
     step: int | None  # the step the retry continues from; None: from scratch
+    failure: RayFailure = RayFailure("died")
 
     def describe(self) -> str:
-        then = ("failed: its retries are spent" if self.retry is None else f"retried as trial "
-                f"{self.retry} from {'scratch' if self.step is None else f'step {self.step}'}")
-        return f"trial {self.number}: its worker died (attempt {self.attempt}); {then}"
+        if self.failure.kind == "disk":
+            then = "the search stops; --resume runs it again"
+        elif self.retry is None:
+            then = "failed: its retries are spent"
+        else:
+            then = (f"retried as trial {self.retry} from "
+                    f"{'scratch' if self.step is None else f'step {self.step}'}")
+        return f"trial {self.number}: {self.failure.describe()} (attempt {self.attempt}); {then}"
 
 
 @dataclass(frozen=True)
@@ -125,6 +173,7 @@ class StudySearcher:
         self.deaths: dict[str, Death] = {}  # trials whose worker died, as handled
         self.waiting = 0  # retries of dead workers' trials enqueued and not asked yet
         self.exhausted = False  # every point of the space has a trial
+        self.halt: RayFailure | None = None  # a failure that stops the search (a full disk)
         self.counts = {TrialState.COMPLETE.name: 0, TrialState.PRUNED.name: 0,
                        TrialState.FAIL.name: 0}
         self._rng = random.Random(study.study_name)
@@ -139,6 +188,8 @@ class StudySearcher:
         ``wait`` while the trials running make the total (one may die and need a retry); ``end``
         once none runs. Never more than ``total`` trials run or count as finished."""
         running = len(self.trials) - len(self.done)
+        if self.halt is not None:
+            return "wait" if running else "end"
         retried = sum(d.retry is not None for d in self.deaths.values())
         if self.waiting or (len(self.done) - retried + running < total and not self.exhausted):
             config = self.ask(key)
@@ -242,10 +293,12 @@ class StudySearcher:
         """Remember where the trial's last checkpoint is (a retry continues from it)."""
         trial = self.trials.get(key)
         if trial is not None and key not in self.done:
+            step = self.last[key].step if key in self.last else None
             with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
                 trial.set_user_attr(CHECKPOINT, path)
+                trial.set_user_attr(CHECKPOINT_STEP, step)
             if key in self.last:
-                self.saved[key] = self.last[key].step
+                self.saved[key] = step
 
     def recovered(self, key: str) -> str | None:
         """Ray restarts the trial in place after its worker died (Tune's ``on_trial_recover``):
@@ -253,14 +306,23 @@ class StudySearcher:
         trial = self.trials.get(key)
         if trial is None or key in self.done:
             return None
+        attempt = self._attempt(key)
         self.restarts[key] = self.restarts.get(key, 0) + 1
         start = "scratch" if self.saved.get(key) is None else f"step {self.saved[key]}"
-        return (f"trial {trial.number}: its worker died (attempt "
-                f"{len(self._chain(trial.number)) + 1}); Ray restarts it in place from {start}")
+        return (f"trial {trial.number}: its worker died (attempt {attempt}); Ray restarts it in "
+                f"place from {start}")
 
-    def complete(self, key: str, result: Mapping[str, Any] | None, error: bool = False
-                 ) -> Outcome | None:
+    def _attempt(self, key: str) -> int:
+        """The run of this trial's point that is running now: every run of the failed trials
+        it retries (each with Ray's restarts in place), then this trial's own."""
+        earlier = sum(1 + int(self._frozen(n).user_attrs.get(RESTARTS) or 0)
+                      for n in self._chain(self.trials[key].number))
+        return earlier + 1 + self.restarts.get(key, 0)
+
+    def complete(self, key: str, result: Mapping[str, Any] | None, error: bool = False,
+                 failure: RayFailure | None = None) -> Outcome | None:
         """Tell the trial's final state (once; later completions are ignored) and count it.
+        ``error``: Ray failed the trial (``failure`` says how; default: its worker died).
 
         Returns:
             What the study recorded; None when nothing was told (an unknown or finished trial).
@@ -272,36 +334,69 @@ class StudySearcher:
         last = self.last.get(key)
         if final is not None and (last is None or final.step != last.step):
             self.report(key, result or {})  # Tune skips on_trial_result when a trial is stopped
-        state, value, attrs = self.classify(final or last, error)
+        report = final or last
+        if error:
+            failure = failure or RayFailure("died")
+        elif report is not None and report.status == "failed":
+            disk = ray_failure(report.error)  # the trial's own report of a full results disk
+            failure = disk if disk.kind == "disk" else None
+        state, value, attrs = self.classify(report, failure is not None)
         attrs[RESTARTS] = self.restarts.get(key)
-        chain = self._chain(trial.number) if error else set()
-        if error and len(chain) < WORKER_RETRIES:
-            attrs[ERROR] = f"{WORKER_DIED}; retried as a new trial from its last checkpoint"
+        attempt = self._attempt(key)
+        chain = self._chain(trial.number) if failure else set()
+        if failure is not None:
+            attrs.update(self._failure_attrs(failure, chain | {trial.number}))
         told = tell(self.study, trial, state, value, attrs)  # a dropped write: retried whole
         self.done.add(key)  # only once told, so that the guard's retry tells it again
         self.last.pop(key, None)
         if not told:
             return None
-        if error:
-            self.deaths[key] = self._retry(trial.number, chain)
-            if self.deaths[key].retry is not None:  # the retry is the trial that counts
-                return Outcome(trial.number, state, value)
+        if failure is not None:
+            self.deaths[key] = self._retry(trial.number, chain, failure, attempt)
+            if self.deaths[key].retry is not None or failure.kind == "disk":
+                return Outcome(trial.number, state, value)  # the retry is the trial that counts
         self.counts[state.name] += 1
         if value is not None and (self.best is None or self.better(value, self.best[0])):
             self.best = (value, trial.number, self.archs[key].describe())
         return Outcome(trial.number, state, value)
 
-    def _retry(self, number: int, chain: set[int]) -> Death:
-        """Retry trial ``number`` (its worker died) unless its ``chain`` had WORKER_RETRIES."""
+    def stop_for(self, failure: RayFailure) -> None:
+        """Stop the search for ``failure`` (a full results disk): no trial starts any more."""
+        self.halt = failure
+
+    def _failure_attrs(self, failure: RayFailure, chain: set[int]) -> dict[str, Any]:
+        """The status and error a trial Ray failed records: what failed, what happens next."""
+        step = self._checkpoint_step(chain)
+        start = "scratch" if step is None else f"step {step}"
+        if failure.kind == "disk":
+            return {rec.STATUS: DISK_FULL, ERROR: f"{failure.describe()}; the search stopped "
+                    f"and --resume retries it from {start} (not counted against --trials)"}
+        then = (f"retried as a new trial from {start}" if len(chain) <= WORKER_RETRIES
+                else "its retries are spent")
+        return {rec.STATUS: "failed", ERROR: f"{failure.describe()}; {then}"}
+
+    def _checkpoint_step(self, numbers: set[int]) -> int | None:
+        """The step of the last checkpoint among these trials: where a retry continues."""
+        source = self._last_checkpointed(numbers)
+        if source is None:
+            return None
+        attrs = source.user_attrs
+        return attrs.get(CHECKPOINT_STEP, attrs.get(rec.STEPS_REACHED))
+
+    def _retry(self, number: int, chain: set[int], failure: RayFailure, attempt: int) -> Death:
+        """Retry trial ``number`` (Ray failed it) unless its ``chain`` had WORKER_RETRIES; a
+        full disk stops the search instead, its trial re-enqueued for ``--resume``."""
+        if failure.kind == "disk":
+            self.halt = failure
+            retry_failed(self.study, number)
+            return Death(number, attempt, None, self._checkpoint_step(chain | {number}), failure)
         if len(chain) >= WORKER_RETRIES:
-            return Death(number, len(chain) + 1, None, None)
+            return Death(number, attempt, None, None, failure)
         retry_failed(self.study, number)
         self.waiting += 1
         retry = next(t.number for t in self.study.get_trials(
             deepcopy=False, states=(TrialState.WAITING,)) if number in retry_history(t))
-        source = self._last_checkpointed(chain | {number})  # where the retry continues
-        step = None if source is None else source.user_attrs.get(rec.STEPS_REACHED)
-        return Death(number, len(chain) + 1, retry, step)
+        return Death(number, attempt, retry, self._checkpoint_step(chain | {number}), failure)
 
     def classify(self, report: TrialReport | None, error: bool
                  ) -> tuple[TrialState, float | None, dict[str, Any]]:
@@ -311,8 +406,8 @@ class StudySearcher:
             attrs = {rec.STEPS_REACHED: report.step, rec.TOKENS_PER_S: report.tokens_per_s,
                      NODE: report.node or None, RESUMED: report.resumed_from or None,
                      rec.VAL_LOSS: report.val_loss, rec.VAL_LOSS_SE: report.val_loss_se}
-        if error:
-            return TrialState.FAIL, None, {**attrs, rec.STATUS: "failed", ERROR: WORKER_DIED}
+        if error:  # the caller records what failed (``_failure_attrs``)
+            return TrialState.FAIL, None, attrs
         if report is None:
             return TrialState.FAIL, None, {rec.STATUS: "failed",
                                            ERROR: f"no {self.metric} reported"}

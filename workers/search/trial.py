@@ -3,7 +3,10 @@
 
 Every evaluation is reported as a ``TrialReport`` together with a checkpoint directory (the
 trainer's state at that step), so a trial restarted after its worker died, or retried after its
-driver died, continues from its last evaluation instead of step 0. A trial that raises or
+driver died, continues from its last evaluation instead of step 0. A retry (a new trial from
+another's checkpoint) first reports the evaluations that checkpoint recorded, so that the
+scheduler judges it at the same milestones, by the values measured there, as a fresh trial
+(``workers.search.schedule``). A trial that raises or
 diverges does not crash the worker: it reports ``status: failed`` with the error, and the
 searcher records it as FAIL. Torch state is released before the next trial reuses the worker.
 """
@@ -83,6 +86,19 @@ def build_trainer(job: TrialJob, spec: TrialSpec, workdir: Path,
     return trainer
 
 
+def replay(trainer: Trainer, on_eval: Callable[[EvalRecord, bool], None]) -> None:
+    """Report again the evaluations a restored ``trainer`` recorded (its learning curve up to
+    the step it continues from), the last one with its checkpoint (saved here first): a trial
+    retried from another's checkpoint meets each milestone with the value measured there, not
+    with a value from later in its training."""
+    if not trainer.history:
+        return
+    trainer.save()
+    for record in trainer.history[:-1]:
+        on_eval(record, False)
+    on_eval(trainer.history[-1], True)
+
+
 def train_trial(job: TrialJob, spec: TrialSpec,
                 report: Report, workdir: Path, node: str,
                 restore: Path | None = None) -> None:
@@ -93,11 +109,11 @@ def train_trial(job: TrialJob, spec: TrialSpec,
     mark_pid("start")
     resumed = 0
 
-    def on_eval(record: EvalRecord) -> None:
+    def on_eval(record: EvalRecord, checkpoint: bool = True) -> None:
         report(TrialReport("running", record.metric, node, record.step, record.val_loss,
                            record.train_loss, record.tokens_per_s, resumed,
                            val_loss_se=record.val_loss_se),
-               workdir if job.checkpoints else None)
+               workdir if job.checkpoints and checkpoint else None)
         mark_pid(str(record.step))
 
     trainer: Trainer | None = None
@@ -108,7 +124,9 @@ def train_trial(job: TrialJob, spec: TrialSpec,
         if source is not None and (source / CHECKPOINT_FILE).exists():
             trainer.restore(source / CHECKPOINT_FILE)
             resumed = trainer.step
-            if trainer.step >= trainer.config.steps and trainer.history:
+            if restore is None:  # a retry: the evaluations it continues, at their steps
+                replay(trainer, on_eval)
+            elif trainer.step >= trainer.config.steps and trainer.history:
                 # The run had finished but its end was never told (the driver died after the
                 # last report): report that evaluation again instead of failing the trial.
                 on_eval(trainer.history[-1])

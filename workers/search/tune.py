@@ -12,6 +12,7 @@ else of the search (the study, seeds, the summary) lives in ``workers.search``, 
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import tempfile
@@ -23,18 +24,14 @@ from typing import Any
 
 import ray
 from ray import tune
-from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 from ray.tune.search import Searcher
 
 from common.progress import Progress
 from workers.search import estimate
-from workers.search.protocol import JOB_KEY, TRIAL_KEY, TrialJob, TrialReport
-from workers.search.searcher import (
-    ASHA_REDUCTION,
-    WORKER_RETRIES,
-    StudySearcher,
-    asha_grace_period,
-)
+from workers.search.protocol import JOB_KEY, STEP, TRIAL_KEY, TrialJob, TrialReport
+from workers.search.schedule import Halving, Rungs
+from workers.search.searcher import WORKER_RETRIES, RayFailure, StudySearcher, ray_failure
 from workers.search.trial import train_trial
 
 log = logging.getLogger(__name__)
@@ -103,7 +100,23 @@ def start(address: str | None = None) -> None:
     if ray.is_initialized():  # called from Python (benchmarks, notebooks) after ray.init
         return
     ray.init(address=address, include_dashboard=False if address is None else None,
-             log_to_driver=False, logging_level=logging.WARNING)
+             log_to_driver=False, logging_level=logging.WARNING,
+             runtime_env={"env_vars": worker_env()})
+
+
+# Before a reused worker takes its next trial, Tune ends the last trial's training thread and
+# waits for it this many seconds (its default, 2), then fails the next trial ("Trainable runner
+# reuse requires reset_config() to be implemented and return True"). The thread's exit frees the
+# model and collects garbage: on a loaded machine that took longer than 2 s, and trials failed
+# with nothing wrong. A thread that is stuck still fails the reuse, after this long.
+THREAD_TIMEOUT_S = "60"
+
+
+def worker_env() -> dict[str, str]:
+    """What every worker of the search gets in its environment, a cluster's too (a local
+    instance's workers inherit the rest of this process's)."""
+    return {"TUNE_FUNCTION_THREAD_TIMEOUT_S": os.environ.get("TUNE_FUNCTION_THREAD_TIMEOUT_S",
+                                                             THREAD_TIMEOUT_S)}
 
 
 @contextlib.contextmanager
@@ -145,10 +158,8 @@ def run_tuner(searcher: StudySearcher, job: TrialJob, run: TuneRun,
     too, the searcher retries it as a new Tune trial (``WORKER_RETRIES``): Tune may run that
     many more trials, and the searcher's ``suggest`` decides when the search ends.
     """
-    scheduler = (ASHAScheduler(time_attr="step", metric=searcher.metric, mode=searcher.mode,
-                               max_t=run.steps,
-                               grace_period=asha_grace_period(run.steps, run.eval_every),
-                               reduction_factor=ASHA_REDUCTION)
+    scheduler = (_Halving(Halving(Rungs.for_training(run.steps, run.eval_every),
+                                  maximize=searcher.mode == "max"), searcher.metric)
                  if run.scheduler == "asha" else FIFOScheduler())
     monitor = _Monitor(searcher, run, Progress("search", total=run.trials, unit="trials",
                                                quiet=run.quiet))
@@ -171,8 +182,42 @@ def run_tuner(searcher: StudySearcher, job: TrialJob, run: TuneRun,
     except KeyboardInterrupt:  # a second Ctrl-C; the first one Tune handles itself, stopping
         monitor.bar.abandon()  # the run and returning, and the searcher's abandon() finds
         return "interrupted"   # the trials it left open (workers.search reports that)
+    except Exception as err:  # Tune's own writes (experiment state, error files) on a full disk
+        if not _disk_full(err):
+            raise
+        searcher.stop_for(RayFailure("disk", "No space left on device"))
+        monitor.bar.abandon()
+        return "stopped"
     monitor.bar.close("done" if monitor.finished >= run.trials else "stopped")
     return "completed"
+
+
+def _disk_full(err: BaseException) -> bool:
+    """Whether ``err`` (or an error it was raised from) is a full disk."""
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if (isinstance(current, OSError) and current.errno == errno.ENOSPC) or \
+                "No space left on device" in str(current):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+class _Halving(FIFOScheduler):
+    """Tune's scheduler over ``workers.search.schedule.Halving`` (public ``TrialScheduler``
+    API): FIFO's placement, successive halving's stops at the search's milestones."""
+
+    def __init__(self, halving: Halving, metric: str) -> None:
+        super().__init__()
+        self.halving, self.score = halving, metric
+
+    def on_trial_result(self, tune_controller: Any, trial: Any, result: dict[str, Any]) -> str:
+        if STEP not in result or self.score not in result:  # Tune's own results
+            return TrialScheduler.CONTINUE
+        keep = self.halving.judge(trial.trial_id, int(result[STEP]), float(result[self.score]))
+        return TrialScheduler.CONTINUE if keep else TrialScheduler.STOP
 
 
 class _StopWhen(tune.Stopper):
@@ -245,8 +290,10 @@ class _Adapter(Searcher):
 
     def on_trial_complete(self, trial_id: str, result: dict[str, Any] | None = None,
                           error: bool = False) -> None:
-        if self.inner is not None:
-            self.inner.complete(trial_id, result, error)
+        # A trial Ray failed is told by the monitor's on_trial_error, which Tune calls next
+        # with the trial, whose recorded error names the failure (``ray_failure``).
+        if self.inner is not None and not error:
+            self.inner.complete(trial_id, result)
 
     def save(self, checkpoint_path: str) -> None:
         pass  # the study is the record
@@ -257,6 +304,17 @@ class _Adapter(Searcher):
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "inner": None}
+
+
+def _error_text(trial: Any) -> str | None:
+    """The error Tune recorded for ``trial`` (its ``error.txt``), or None."""
+    path = getattr(trial, "error_file", None)
+    if not path:
+        return None
+    try:
+        return Path(path).read_text(errors="replace")
+    except OSError:
+        return None
 
 
 class _Monitor(tune.Callback):
@@ -283,15 +341,14 @@ class _Monitor(tune.Callback):
             self.bar.refresh()  # a terminal's bar shows the time passing between trials
 
     def _tell_untold(self, iteration: int, trials: list[Any]) -> None:
-        """Tell the searcher of each trial Ray ended in error without telling it, as a dead
-        worker (retried from its last checkpoint): Ray errors a trial whose reused worker
-        failed ``reset_config`` (the last trial's thread still alive after 2 s) but calls no
-        searcher or callback, and a search waiting for that trial never ends."""
+        """Tell the searcher of each trial Ray ended in error without telling it: Ray errors a
+        trial whose reused worker failed ``reset_config`` (the last trial's thread still alive
+        after ``TUNE_FUNCTION_THREAD_TIMEOUT_S``) but calls no searcher or callback, and a
+        search waiting for that trial never ends."""
         searcher = self.searcher
         for trial in trials:
             key = trial.trial_id
             if trial.status == "ERROR" and key in searcher.trials and key not in searcher.done:
-                searcher.complete(key, None, error=True)
                 self.on_trial_error(iteration, trials, trial)
 
     def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
@@ -313,7 +370,9 @@ class _Monitor(tune.Callback):
             self.bar.write(line)
 
     def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
-        death = self.searcher.deaths.get(trial.trial_id)  # told before this callback
+        self.searcher.complete(trial.trial_id, None, error=True,
+                               failure=ray_failure(_error_text(trial)))
+        death = self.searcher.deaths.get(trial.trial_id)
         if death is not None:
             self.bar.write(death.describe())
         if death is not None and death.retry is not None:  # its retry is the trial that counts
