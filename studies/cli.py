@@ -36,10 +36,14 @@ from common.files import write_atomic
 from common.plots import new_figure, write_figure
 from studies import query
 from studies import records as rec
+from studies.errors import StorageFaultError
 from studies.storage import command_note, engine, open_storage, redact, resolve_url, unmask
 from studies.tables import allocation_table
 
 PROG = "studies"
+# Seconds a query waits out a fault that passes while it opens the database (a server with no
+# free connection, a connection dropped at that moment), then says so (exit 1).
+PATIENCE_S = 30.0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -119,7 +123,7 @@ class _Query:
 def run(args: argparse.Namespace) -> str | Any:
     """The command's result: text for ``--format table``, data otherwise."""
     url = unmask(resolve_url(args.storage))  # a *** printed by a search or by `top`
-    eng = engine(open_storage(url, read_only=True))
+    eng = engine(open_storage(url, read_only=True, patience=PATIENCE_S))
     summaries = query.list_studies(eng)
     if args.command == "list":
         return _list(args, summaries)
@@ -249,6 +253,9 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "out", None) is not None:
             check_writable("--out", args.out, force=args.force)
         result = run(args)
+    except StorageFaultError as err:  # the database, not the input: exit 1
+        print(f"python -m {PROG}: error: {err}", file=sys.stderr)
+        return 1
     except TransformerAllocError as err:
         return fail(f"python -m {PROG}", str(err))
     print(result if isinstance(result, str) else dump(result, args.format))

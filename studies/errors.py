@@ -31,3 +31,8 @@ class StorageFaultError(TransformerAllocError):
 
 class LeaseLostError(StorageFaultError):
     """The study's lease was taken by another driver while this one ran (it looked dead)."""
+
+
+class StorageUnavailableError(StorageFaultError):
+    """The database could not be used for a while (a connection dropped, a server restarting
+    or without a free connection): a fault that passes, retried, then exit code 1."""

@@ -50,7 +50,18 @@ LOST_CONNECTION = Fault(
      "not currently accepting connections", "database is locked"),
     "the connection to it was lost", "check that the database server is up and reachable",
     passes=True)
+SERVER_FULL = Fault(
+    ("too many clients", "remaining connection slots", "too many connections"),
+    "the database server has no free connection",
+    "wait for fewer clients (or raise the server's max_connections)",
+    passes=True)
+# A connection that was made and dropped, or a server that is starting or stopping: at opening
+# time these pass; a connection refused from the start is more often a wrong host or port.
+DROPPED = ("terminating connection", "server closed the connection", "connection reset",
+           "ssl syscall", "no connection to the server", "the database system is",
+           "not currently accepting connections", "database is locked", "connection is closed")
 FAULTS = (
+    SERVER_FULL,
     Fault(("database or disk is full", "no space left on device", "could not extend file",
            "could not write to file"),
           "the disk holding it is full", "free space on that disk"),
@@ -65,6 +76,16 @@ FAULTS = (
     LOST_CONNECTION,
 )
 UNKNOWN = Fault((), "the database refused a write", "fix the database")
+
+
+def passes_at_opening(err: BaseException) -> bool:
+    """Whether ``err``, raised while a storage was being opened, is a fault that passes (a
+    dropped connection, a restarting or full server), not a wrong address or database."""
+    fault = classify(err)
+    if fault is SERVER_FULL:
+        return True
+    lowered = driver_message(err).lower()
+    return fault is LOST_CONNECTION and any(sign in lowered for sign in DROPPED)
 
 
 def driver_message(err: BaseException) -> str:

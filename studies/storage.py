@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import sqlite3
@@ -39,7 +40,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from studies import records as rec
-from studies.errors import StorageError
+from studies.errors import StorageError, StorageUnavailableError
 from studies.integrity import check_sqlite_file
 
 log = logging.getLogger(__name__)
@@ -267,33 +268,76 @@ def _prepare_sqlite(parsed: URL, settings: StorageSettings, read_only: bool) -> 
         connection.execute("PRAGMA journal_mode=WAL")
 
 
+# Read-only commands keep one connection (Optuna's opening of the storage takes a second for a
+# moment): fifty of them at once on a server of 100 connections had left it none
+# (PostgreSQL's "sorry, too many clients already"); what is refused is retried (``patience``).
+READER = StorageSettings(pool_size=1, max_overflow=1)
+OPEN_BACKOFF_S = (0.5, 1.0, 2.0, 4.0)  # then every 4 s, between tries at opening
+
+
 def open_storage(url: str | None = None, settings: StorageSettings | None = None,
-                 read_only: bool = False) -> RDBStorage:
+                 read_only: bool = False, patience: float = 0.0) -> RDBStorage:
     """Optuna ``RDBStorage`` for ``url`` (see the module docstring for the defaults);
-    ``read_only``: for commands that only read, which never create a database.
+    ``read_only``: for commands that only read, which never create a database (one
+    connection, ``READER``, unless ``settings`` say otherwise). A fault that passes (a dropped
+    connection, a server restarting or without a free connection) is retried for
+    ``patience`` seconds.
 
     Raises:
+        StorageUnavailableError: such a fault lasted past ``patience`` (exit code 1).
         StorageError: wrong scheme, missing directory, unreachable or incompatible database.
     """
     url = resolve_url(url)
-    settings = settings or StorageSettings()
+    settings = settings or (READER if read_only else StorageSettings())
     parsed = _parse(url)
     if parsed.get_backend_name() not in SCHEMES:
         raise StorageError(f"storage {redact(url)}: scheme {parsed.drivername!r} is not "
                            f"supported; use {' or '.join(s + '://' for s in SCHEMES)}")
-    try:
-        if parsed.get_backend_name() == "sqlite":
-            _prepare_sqlite(parsed, settings, read_only)
-        return _rdb_storage(url, settings)
-    except (SQLAlchemyError, sqlite3.Error, RuntimeError, ImportError,
-            optuna.exceptions.StorageInternalError) as err:
-        from studies.faults import LOST_CONNECTION, UNKNOWN, classify, driver_message
+    started, attempt = time.monotonic(), 0
+    while True:
+        try:
+            if parsed.get_backend_name() == "sqlite":
+                _prepare_sqlite(parsed, settings, read_only)
+            return _rdb_storage(url, settings)
+        except (SQLAlchemyError, sqlite3.Error, RuntimeError, ImportError,
+                optuna.exceptions.StorageInternalError) as err:
+            waited = time.monotonic() - started
+            if not _passes(err) or waited >= patience:
+                raise _opening_error(err, url, waited) from None
+            if attempt == 0:
+                from studies.faults import driver_message
 
-        fault, reason = classify(err), scrub(driver_message(err), url)
-        if fault in (UNKNOWN, LOST_CONNECTION):  # the driver's words say it best
-            raise StorageError(f"cannot open storage {redact(url)}: {reason}") from None
-        raise StorageError(f"cannot open storage {redact(url)}: {fault.cause} ({reason}); "
-                           f"{fault.remedy}") from None
+                log.warning("storage %s: %s; retrying for up to %.0f s", redact(url),
+                            scrub(driver_message(err), url)[:160], patience)
+        # Optuna's half-made storage holds the connection it got until it is collected (the
+        # error's traceback, gone here, held it too): a retry must not keep the slot it waits
+        # for (a server's or a role's last one).
+        gc.collect()
+        time.sleep(min(OPEN_BACKOFF_S[min(attempt, len(OPEN_BACKOFF_S) - 1)],
+                       max(0.0, patience - (time.monotonic() - started))))
+        attempt += 1
+
+
+def _passes(err: BaseException) -> bool:
+    from studies.faults import passes_at_opening
+
+    return passes_at_opening(err)
+
+
+def _opening_error(err: BaseException, url: str, waited: float
+                   ) -> StorageError | StorageUnavailableError:
+    """One line: the storage (password hidden), what failed and what to do."""
+    from studies.faults import LOST_CONNECTION, UNKNOWN, classify, driver_message
+
+    fault, reason = classify(err), scrub(driver_message(err), url)
+    if _passes(err):
+        tried = f" for {waited:.0f} s" if waited >= 1 else ""
+        return StorageUnavailableError(f"cannot open storage {redact(url)}: {fault.cause}"
+                                       f"{tried} ({reason}); {fault.remedy}, then retry")
+    if fault in (UNKNOWN, LOST_CONNECTION):  # the driver's words say it best
+        return StorageError(f"cannot open storage {redact(url)}: {reason}")
+    return StorageError(f"cannot open storage {redact(url)}: {fault.cause} ({reason}); "
+                        f"{fault.remedy}")
 
 
 CREATION_RACE = ("already exists", "unique constraint failed: alembic_version",

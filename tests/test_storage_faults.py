@@ -188,3 +188,78 @@ def test_a_role_without_privileges_is_one_line(study_name: str) -> None:
     assert done.returncode in (1, 2) and not done.stdout, done.stderr
     line = _one_error_line(done.stderr)
     assert "lacks privileges" in line and "permission denied" in line, line
+
+
+def _allow_connections(admin: str, name: str, allow: bool) -> None:
+    with sa.create_engine(admin, isolation_level="AUTOCOMMIT").connect() as conn:
+        conn.execute(sa.text(f"ALTER DATABASE {name} ALLOW_CONNECTIONS {str(allow).lower()}"))
+    if not allow:
+        _terminate(admin, name)
+
+
+def test_a_connection_lost_at_start_up_is_retried_then_a_fault(tmp_path: Path,
+                                                               fault_database: str) -> None:
+    """The database refuses the driver as it opens the study (its connections terminated,
+    new ones not accepted, as in a restart): the driver says it once and retries within
+    --storage-patience, and the search runs once the database is back; past the patience it is
+    a fault (exit 1, one line), not bad input."""
+    url, name = fault_database, str(make_url(fault_database).database)
+    admin = make_url(postgres_url()).render_as_string(hide_password=False)
+    _allow_connections(admin, name, False)
+    try:
+        done = run(tmp_path, *SMOKE, "--storage", url, "--study", "gone", "--trials", "1",
+                   "--storage-patience", "2")
+        assert done.returncode == 1, done.stderr[-3000:]
+        line = _one_error_line(done.stderr)
+        assert "not currently accepting connections" in line and "for 2 s" in line, line
+        assert "retrying for up to 2 s" in done.stderr, done.stderr[-3000:]
+        proc = launch(tmp_path, *SMOKE, "--storage", url, "--study", "back", "--trials", "1",
+                      "--storage-patience", "120")
+        assert proc.stderr is not None
+        said = ""
+        while "retrying for up to 120 s" not in said and proc.poll() is None:
+            said = proc.stderr.readline()
+    finally:
+        _allow_connections(admin, name, True)
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, said + err[-3000:]
+    check_consistent(load(url, "back"), 1)
+
+
+def test_a_query_waits_for_a_free_connection_and_holds_one(tmp_path: Path,
+                                                          study_name: str) -> None:
+    """A server without a free connection for a query (a role limited to two, one taken:
+    fifty queries at once on a server of 100 connections were refused) is waited out; a
+    query keeps one connection, and takes at most two."""
+    url = make_url(postgres_url())
+    open_storage(url.render_as_string(hide_password=False)).engine.dispose()  # tables exist
+    role = "transformer_alloc_one"
+    admin = sa.create_engine(url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f"DROP OWNED BY {role}") if conn.execute(sa.text(
+            "SELECT 1 FROM pg_roles WHERE rolname = :r"), {"r": role}).first() else sa.text(
+            "SELECT 1"))
+        conn.execute(sa.text(f"DROP ROLE IF EXISTS {role}"))
+        conn.execute(sa.text(f"CREATE ROLE {role} LOGIN CONNECTION LIMIT 2"))
+        conn.execute(sa.text(f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO {role}"))
+    limited = url.set(username=role, password=None).render_as_string(hide_password=False)
+    holder = sa.create_engine(limited, poolclass=sa.pool.NullPool).connect()  # one of its two
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "studies", "list", "--storage", limited],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(4)
+        assert proc.poll() is None  # waiting, not refused
+        holder.close()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        holder.close()
+        with admin.connect() as conn:
+            conn.execute(sa.text(f"DROP OWNED BY {role}"))
+            conn.execute(sa.text(f"DROP ROLE IF EXISTS {role}"))
+        admin.dispose()
+    assert proc.returncode == 0, err
+    assert "too many connections" in err and "retrying" in err, err
+    from studies.storage import READER, engine_kwargs
+
+    assert engine_kwargs(str(url), READER)["pool_size"] == 1
+    assert engine_kwargs(str(url), READER)["max_overflow"] == 1

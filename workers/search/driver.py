@@ -130,7 +130,8 @@ def execute(request: SearchRequest) -> SearchSummary:
     opts = request.options
     heartbeats = StorageSettings(heartbeat_interval=opts.heartbeat_interval,
                                  grace_period=opts.grace_period, retries=1)
-    probe = open_storage(request.storage, heartbeats)  # fail fast, before Ray starts
+    # before Ray starts; a connection that drops as it opens is retried like any other
+    probe = open_storage(request.storage, heartbeats, patience=opts.storage_patience)
     lease = Lease(probe.engine, request.study, ttl=opts.grace_period)
     try:
         dead = guarded(lambda: lease.acquire(take_stale=request.resume), request.storage,
@@ -164,7 +165,7 @@ def _execute(request: SearchRequest, probe: optuna.storages.RDBStorage, lease: L
     # (a dead worker's) come while the search's stdout is aside (``cli.stdout_aside``)
     with tune.session(opts.address):
         url = secure_url(url)  # after Ray started its processes, so they never inherit it
-        rdb = open_storage(url, heartbeats)
+        rdb = open_storage(url, heartbeats, patience=opts.storage_patience)
         sampler = make_sampler(request, opened.settings, opened.warm)
         study = optuna.load_study(study_name=request.study, storage=rdb, sampler=sampler)
         searcher = GuardedSearcher(_searcher(request, study, rdb, opened.settings), url, lease,
