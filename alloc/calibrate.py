@@ -236,7 +236,8 @@ def render(rep: dict[str, Any]) -> str:
     alloc = render_table(
         ["constants", "extraction layer", "exact heads", "uniform layer"],
         [[name, a["extract_layer"], a["exact"]["heads"],
-          f"{a['uniform']['count']} heads of {a['uniform']['dim']}"]
+          f"{a['uniform']['count']} head{'s' if a['uniform']['count'] != 1 else ''} of "
+          f"{a['uniform']['dim']}"]
          for name, a in (("raw", rep["allocation"]["raw"]),
                          ("calibrated", rep["allocation"]["calibrated"]))],
         right=[False, False, True, False])

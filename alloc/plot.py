@@ -32,7 +32,7 @@ def _tradeoff(plan: Plan, ax: Axes) -> None:
     ax.plot([plan.exact.heads], [plan.exact.objective], "*", ms=14, color="C2",
             label=f"exact grouped: {plan.exact.heads} heads in {len(plan.exact.groups)} groups")
     ax.axhline(plan.continuous.objective, ls="--", color="grey",
-               label="continuous optimum (lower bound)")
+               label="continuous relaxation's optimum (head counts not whole)")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("heads H in the extraction layer (head dim D/H)")
     ax.set_ylabel("predicted error bound E (units of token norm)")

@@ -38,7 +38,7 @@ from studies import query
 from studies import records as rec
 from studies.errors import StorageFaultError
 from studies.storage import command_note, engine, open_storage, redact, resolve_url, unmask
-from studies.tables import allocation_table
+from studies.tables import allocation_table, training
 
 PROG = "studies"
 # Seconds a query waits out a fault that passes while it opens the database (a server with no
@@ -91,7 +91,7 @@ def _trial_dict(t: query.TrialRecord) -> dict[str, Any]:
     return {"number": t.number, "value": t.value, "params_trainable": t.params_trainable,
             "kv_cache": t.kv_cache, "kv_cache_dtype": t.kv_cache_dtype,
             "steps_reached": t.steps_reached, "arch_id": t.attrs.get("arch_id"),
-            "arch": t.arch.to_dict() if t.arch else None}
+            "train": t.train, "arch": t.arch.to_dict() if t.arch else None}
 
 
 def _list(args: argparse.Namespace, summaries: list[query.StudySummary]) -> str | Any:
@@ -189,11 +189,23 @@ def _export(q: _Query) -> str | Any:
     args = q.args
     trial = query.find_trial(q.eng, q.study, args.trial)
     assert trial.arch is not None
+    text = _trained_with(trial) + trial.arch.to_yaml()
     if args.out is not None:
-        write_atomic(args.out, trial.arch.to_yaml())
+        write_atomic(args.out, text)
         wrote(PROG, args.out)
-        return f"trial {trial.number} of {printable(q.study)}: {trial.arch.describe()}"
-    return trial.arch.to_yaml() if args.format == "table" else trial.arch.to_dict()
+        return (f"trial {trial.number} of {printable(q.study)}: {trial.arch.describe()}"
+                f"{training(trial)}")
+    return text if args.format == "table" else trial.arch.to_dict()
+
+
+def _trained_with(trial: query.TrialRecord) -> str:
+    """A YAML comment over an exported architecture: the training fields its trial sampled,
+    as ``workers.train`` flags (an ``ArchConfig`` holds the model, not its training)."""
+    if not trial.train:
+        return ""
+    flags = " ".join(f"--{name.replace('_', '-')} {value}" for name, value in
+                     sorted(trial.train.items()))
+    return f"# trial {trial.number} trained with {flags} (python -m workers.train ... {flags})\n"
 
 
 def _errors(q: _Query) -> str | Any:

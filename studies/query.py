@@ -39,6 +39,9 @@ _values = sa.table("trial_values", sa.column("trial_id"), sa.column("objective")
 _trial_attrs = sa.table("trial_user_attributes", sa.column("trial_id"), sa.column("key"),
                         sa.column("value_json"))
 _heartbeats = sa.table("trial_heartbeats", sa.column("trial_id"), sa.column("heartbeat"))
+_params = sa.table("trial_params", sa.column("trial_id"), sa.column("param_name"),
+                   sa.column("param_value"), sa.column("distribution_json"))
+TRAIN_PREFIX = "train."  # a sampled training field's parameter name (``train.lr``)
 _SMALL_ATTRS = tuple(k for k in rec.TRIAL_ATTRS if k != rec.ARCH)
 # Optuna stores these as ENUM types on PostgreSQL: compare and read them as text.
 _STATE = sa.cast(_trials.c.state, sa.String)
@@ -72,6 +75,7 @@ class TrialRecord:
     value: float | None
     attrs: dict[str, Any] = field(default_factory=dict)
     arch: ArchConfig | None = None
+    train: dict[str, Any] = field(default_factory=dict)  # sampled training fields: {"lr": ...}
 
     @property
     def params_trainable(self) -> int | None:
@@ -183,7 +187,10 @@ def load_trials(engine: sa.Engine, study: str, states: tuple[str, ...] | None = 
 
 
 def attach_archs(engine: sa.Engine, trials: list[TrialRecord]) -> list[TrialRecord]:
-    """Fill ``arch`` of the given trials (one query)."""
+    """Fill ``arch`` and ``train`` (the sampled training fields, which tell apart trials of one
+    architecture) of the given trials (two queries)."""
+    from optuna.distributions import json_to_distribution
+
     by_id = {t.trial_id: t for t in trials}
     if not by_id:
         return trials
@@ -193,6 +200,13 @@ def attach_archs(engine: sa.Engine, trials: list[TrialRecord]) -> list[TrialReco
                                    _trial_attrs.c.trial_id.in_(list(by_id))))
         for tid, value in rows:
             by_id[tid].arch = ArchConfig.from_json(json.loads(value))
+        params = conn.execute(sa.select(_params.c.trial_id, _params.c.param_name,
+                                        _params.c.param_value, _params.c.distribution_json)
+                              .where(_params.c.trial_id.in_(list(by_id)),
+                                     _params.c.param_name.startswith(TRAIN_PREFIX)))
+        for tid, name, value, distribution in params:
+            shown = json_to_distribution(distribution).to_external_repr(value)
+            by_id[tid].train[name.removeprefix(TRAIN_PREFIX)] = shown
     return trials
 
 

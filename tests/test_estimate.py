@@ -9,13 +9,50 @@ from workers.search import estimate
 from workers.search.estimate import TrialEstimate
 
 
-def test_time_left_counts_the_running_and_the_pending_trials_at_once() -> None:
-    assert estimate.remaining([], [5.0], 3, 2) is None  # nothing finished: no estimate yet
-    # trials of 10 s, 2 at once: one running for 4 s (6 s left) and 3 pending (30 s)
-    assert estimate.remaining([8.0, 12.0], [4.0], 3, 2) == pytest.approx(18.0)
-    # the last running trial decides when nothing is pending
-    assert estimate.remaining([10.0], [1.0, 9.0], 0, 2) == pytest.approx(9.0)
-    assert estimate.remaining([10.0], [30.0], 0, 1) == 0.0  # past the mean: nothing known left
+def simulate(prune: set[int]) -> tuple[list[float], list[float], list[str]]:
+    """A search of 14 trials of 2,000 steps, 2 at once, 0.2 s per step, evaluating every 100
+    steps; trials in ``prune`` stop at step 700. Returns the time left it said at each
+    evaluation, the true time left then, and what the first trials measured."""
+    work, said, true, told = estimate.Work(2000, 14), [], [], []
+    queue, running, now, events = list(range(14)), {}, 0.0, []
+    while queue or running:
+        while queue and len(running) < 2:
+            running[queue.pop(0)] = 0
+            work.start(now)
+        trial = min(running, key=lambda t: running[t])  # the one furthest behind trains on
+        running[trial] += 100
+        now += 100 * 0.2 / 2  # two trials share the time
+        work.report(str(trial), running[trial], 0, now)
+        said.append(work.left(now) or 0.0)
+        events.append(now)
+        if not told and (line := estimate.measured(work, 2, now)):
+            told.append(line)
+        if running[trial] == 2000 or (trial in prune and running[trial] == 700):
+            work.finish(str(trial))
+            del running[trial]
+    true = [now - at for at in events]
+    return said, true, told
+
+
+@pytest.mark.parametrize("prune", [set(), {3, 5, 8, 12}])
+def test_the_time_left_moves_with_the_steps_and_never_jumps_twofold(prune: set[int]) -> None:
+    said, true, told = simulate(prune)
+    for before, after in zip(said[5:], said[6:]):  # consecutive updates, past the first ones
+        if min(before, after) > 60:  # a minute or more left: within 2x of each other
+            assert 0.5 <= after / before <= 2.0, (before, after)
+    for estimate_s, real in zip(said[len(said) // 4:], true[len(true) // 4:]):
+        assert estimate_s <= 1.6 * real + 30, (estimate_s, real)  # an upper bound, not wild
+        if not prune:
+            assert estimate_s == pytest.approx(real, rel=0.25, abs=30)
+    assert told == ["measured on its first 2 trial(s) at 2 at once: 200 ms/step, ~6 min 40 s "
+                    "per trial; at most ~46 min 40 s for 14 trial(s)"]
+
+
+def test_a_retry_reporting_its_evaluations_again_trains_nothing() -> None:
+    work = estimate.Work(2000, 2)
+    work.report("a", 1200, 1000, 10.0)  # a retry from step 1000: its first new evaluation
+    work.report("a", 1300, 1000, 20.0)
+    assert work.rate(20.0) == pytest.approx(300 / 10.0)
 
 
 def test_the_estimate_says_its_basis_and_the_trials_at_once() -> None:

@@ -23,6 +23,10 @@ from tests.helpers.search import SMOKE, check_consistent, launch, load, run, wai
 from tests.helpers.storage import postgres_url
 from workers.search.searcher import finished_count
 
+# One database and one role of fixed names, one tmpfs mount each: the module's tests run one at a
+# time, on one pytest-xdist worker.
+pytestmark = pytest.mark.xdist_group("storage-faults")
+
 
 def _one_error_line(stderr: str) -> str:
     """The search's error line; nothing of a traceback around it."""
@@ -78,6 +82,54 @@ def test_a_full_disk_stops_the_search_in_one_line_and_resume_completes_it(
     again = run(tmp_path, *args, "--resume")
     assert again.returncode == 0, again.stderr[-3000:]
     check_consistent(load(url, "full"), 6)
+
+
+def _fill(folder: Path) -> Path:
+    """Fill the filesystem of ``folder``; the file that filled it."""
+    filler = folder / "filler"
+    descriptor = os.open(filler, os.O_WRONLY | os.O_CREAT)
+    try:
+        while os.write(descriptor, b"\0" * (1 << 16)):
+            pass
+    except OSError:  # ENOSPC: full
+        pass
+    finally:
+        os.close(descriptor)
+    return filler
+
+
+def test_a_full_results_disk_stops_the_search_and_resume_completes_it(
+        tmp_path: Path, tmpfs: Path) -> None:
+    """Ray's results folder (--storage-path) fills up while trials run: the search says so in
+    one line naming the folder and stops (exit 1) instead of failing trial after trial; the
+    trials it failed are retried by --resume without counting against --trials."""
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    results = tmpfs / "results"
+    args = [*SMOKE, "--storage", url, "--study", "disk", "--trials", "4", "--scheduler", "fifo",
+            "--max-concurrent", "1", "--storage-path", str(results)]
+    proc = launch(tmp_path, *args)
+    wait_for(lambda: _finished(url, "disk", 1), 120)
+    filler = _fill(tmpfs)
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 1, err[-3000:]
+    line = _one_error_line(err)
+    assert f"the Ray results folder '{results}" in line and "is on a full disk" in line, line
+    assert "free space there, then continue with --resume" in line, line
+    study = load(url, "disk")
+    full = [t for t in study.get_trials(states=(TrialState.FAIL,))
+            if t.user_attrs.get("status") == "disk_full"]
+    assert len(full) == 1, [t.user_attrs for t in full]  # none started after it
+    assert "Traceback" not in err, err[-3000:]
+    done = finished_count(study)  # the trial that found the disk full is not one of them
+    assert done < 4 and f"search: stopped, {done}/4 trials in " in err, err[-3000:]
+    filler.unlink()  # and room for every trial's checkpoint (a few MB each)
+    subprocess.run(["mount", "-o", "remount,size=256m", str(tmpfs)], check=True)
+    again = run(tmp_path, *args, "--resume")
+    assert again.returncode == 0, again.stderr[-3000:]
+    study = load(url, "disk")
+    check_consistent(study, 4)
+    assert all(t.state == TrialState.COMPLETE for t in study.trials
+               if t.user_attrs.get("status") not in ("disk_full", "interrupted"))
 
 
 def test_a_read_only_storage_is_one_line_and_left_untouched(tmp_path: Path) -> None:

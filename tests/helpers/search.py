@@ -33,8 +33,9 @@ def ray_tmp(tmp: Path) -> Path:
 def launch(tmp: Path, *args: str, env: dict[str, str] | None = None
            ) -> subprocess.Popen[str]:
     env = {**(env or os.environ), "RAY_TMPDIR": str(ray_tmp(tmp))}
-    return subprocess.Popen([sys.executable, "-m", "workers.search", *args,
-                             "--storage-path", str(tmp / "results")], cwd=tmp, env=env,
+    results = [] if "--storage-path" in args else ["--storage-path", str(tmp / "results")]
+    return subprocess.Popen([sys.executable, "-m", "workers.search", *args, *results],
+                            cwd=tmp, env=env,
                             text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
 

@@ -196,7 +196,9 @@ def _run(searcher: GuardedSearcher, request: SearchRequest, url: str, remaining:
                        storage_path=opts.storage_path, trials=remaining, steps=steps,
                        eval_every=int(space.fixed_train("eval_every")), scheduler=opts.scheduler,
                        cpus_per_trial=opts.cpus_per_trial, gpus_per_trial=opts.gpus_per_trial,
-                       max_concurrent=opts.max_concurrent, reuse_actors=opts.reuse_actors,
+                       max_concurrent=opts.max_concurrent,
+                       concurrent=_concurrency(opts, remaining),
+                       reuse_actors=opts.reuse_actors,
                        heartbeat_interval=opts.heartbeat_interval, quiet=opts.quiet)
     say(f"search {name}: {remaining} trial(s) of {space.name} on {task.name} ({steps} steps "
         f"each), study in {redact(url)}, Ray results in {opts.storage_path / run.name}",
@@ -215,6 +217,19 @@ def _run(searcher: GuardedSearcher, request: SearchRequest, url: str, remaining:
         print(f"{how}: trials {failed} failed and re-enqueued; continue with --resume",
               file=sys.stderr)
     return status
+
+
+def _concurrency(opts: SearchOptions, trials: int) -> int:
+    """Trials that run at once: what Ray's resources allow, at most ``--max-concurrent`` (a
+    limit beyond the resources is said, once) and ``trials``."""
+    from workers.search import tune
+
+    can = tune.capacity(opts.cpus_per_trial, opts.gpus_per_trial)
+    if opts.max_concurrent is not None and opts.max_concurrent > can:
+        gpus = f" and {opts.gpus_per_trial:g} GPU" if opts.gpus_per_trial else ""
+        say(f"--max-concurrent {opts.max_concurrent}: Ray can run {can} trial(s) at once here "
+            f"({opts.cpus_per_trial:g} CPU{gpus} per trial); {can} will", quiet=opts.quiet)
+    return max(1, min(can, opts.max_concurrent or can, trials))
 
 
 def _stop_on_full_disk(searcher: GuardedSearcher, folder: Path) -> None:

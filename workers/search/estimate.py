@@ -95,6 +95,22 @@ def at_once(cpus_per_trial: float, gpus_per_trial: float, max_concurrent: int | 
     return max(1, min(count, max_concurrent or count, trials))
 
 
+def measured(work: Work, concurrent: int, now: float) -> str | None:
+    """What the first trials measured, once each of the first ``concurrent`` has trained past
+    its first evaluation: the time per step at this concurrency, per trial, and for the search
+    (``~4 min per trial at 120 ms/step ...``); None before."""
+    running = [s - work.base.get(t, 0) for t, s in work.at.items()]
+    rate = work.rate(now)
+    if rate is None or len(running) < min(concurrent, work.trials) or min(running) <= 0:
+        return None
+    per_step = len(running) / rate  # seconds per step of one trial, as many running
+    trial = per_step * work.steps
+    total = math.ceil(work.trials / concurrent) * trial
+    return (f"measured on its first {len(running)} trial(s) at {len(running)} at once: "
+            f"{per_step * 1000:,.0f} ms/step, ~{duration(trial)} per trial; at most "
+            f"~{duration(total)} for {work.trials} trial(s)")
+
+
 def describe(estimate: TrialEstimate, trials: int, concurrent: int, scheduler: str) -> str:
     """``~3 min per trial (...), ~30 min for 20 trials at 2 at once (...)``."""
     total = math.ceil(trials / concurrent) * estimate.trial_s
@@ -107,14 +123,62 @@ def describe(estimate: TrialEstimate, trials: int, concurrent: int, scheduler: s
             f"~{duration(total)} for {trials} trial(s) at {concurrent} at once{early}")
 
 
-def remaining(done: Sequence[float], ages: Sequence[float], pending: int, concurrent: int
-              ) -> float | None:
-    """Seconds left in a search: ``done``, the durations of the finished trials (their mean
-    stands for every trial to come); ``ages`` of the running ones; ``pending`` not started;
-    ``concurrent`` at once. None before a trial has finished."""
-    if not done:
-        return None
-    mean = sum(done) / len(done)
-    running = [max(0.0, mean - age) for age in ages]
-    work = sum(running) + pending * mean
-    return max(max(running, default=0.0), work / max(1, concurrent))
+@dataclass
+class Work:
+    """A running search's progress in training steps, measured on its trials (``Progress``'s
+    time left for a search): steps trained per trial, at the rate all trials together trained
+    them since the first started. Counted in steps, not finished trials, so the estimate moves
+    as training does, not by a whole trial's time at each end.
+
+    ``steps``: a trial's full training; ``trials``: trials to finish in this run.
+    """
+
+    steps: int
+    trials: int
+    started: float | None = None  # when the first trial started
+    at: dict[str, int] = dataclasses.field(default_factory=dict)  # running trial -> step
+    base: dict[str, int] = dataclasses.field(default_factory=dict)  # its step when it started
+    trained: int = 0  # steps trained by finished trials in this run
+    ended: list[int] = dataclasses.field(default_factory=list)  # steps each finished trial had
+
+    def start(self, now: float) -> None:
+        """A trial started training (the rate counts from the first)."""
+        if self.started is None:
+            self.started = now
+
+    def report(self, trial: str, step: int, resumed: int, now: float) -> None:
+        """A trial's evaluation at ``step`` (continued from step ``resumed``)."""
+        self.start(now)
+        self.base.setdefault(trial, resumed)
+        self.at[trial] = max(step, self.at.get(trial, 0))
+
+    def finish(self, trial: str, counted: bool = True) -> None:
+        """A trial ended (``counted``: it counts as one of ``trials``; a failed one that is
+        retried does not)."""
+        step = self.at.pop(trial, 0)
+        self.trained += max(0, step - self.base.pop(trial, step))
+        if counted:
+            self.ended.append(step)
+
+    def rate(self, now: float) -> float | None:
+        """Steps per second, all trials together, since the first trial started."""
+        done = self.trained + sum(max(0, s - self.base.get(t, s)) for t, s in self.at.items())
+        if self.started is None or done <= 0 or now <= self.started:
+            return None
+        return done / (now - self.started)
+
+    def left(self, now: float) -> float | None:
+        """Seconds left: the running trials' steps to go and the trials not started, at the
+        steps the finished trials reached (a pruned trial's fewer; the full training before
+        any finished), over the rate."""
+        rate = self.rate(now)
+        if rate is None:
+            return None
+        typical = sum(self.ended) / len(self.ended) if self.ended else self.steps
+        pending = max(0, self.trials - len(self.ended) - len(self.at))
+        to_go = sum(self.steps - s for s in self.at.values()) + pending * typical
+        return max(0.0, to_go) / rate
+
+    def running(self) -> str:
+        """The running trials' steps: ``700/2,000, 300/2,000``."""
+        return ", ".join(f"{s:,}/{self.steps:,}" for s in self.at.values())

@@ -27,9 +27,9 @@ from ray import tune
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 from ray.tune.search import Searcher
 
-from common.progress import Progress
+from common.progress import Progress, duration
 from workers.search import estimate
-from workers.search.protocol import JOB_KEY, STEP, TRIAL_KEY, TrialJob, TrialReport
+from workers.search.protocol import JOB_KEY, RESUMED, STEP, TRIAL_KEY, TrialJob, TrialReport
 from workers.search.schedule import Halving, Rungs
 from workers.search.searcher import WORKER_RETRIES, RayFailure, StudySearcher, ray_failure
 from workers.search.trial import train_trial
@@ -85,8 +85,13 @@ def quiet_ray_advice() -> None:
     # traceback stays in the trial's error.txt.
     _drop("ray.tune.execution.tune_controller", "Trial task failed for trial")
     _drop("ray.tune.tune", "Trials did not complete")
-    # A reused worker whose reset failed: the monitor tells it as a death (``_tell_untold``)
+    # A reused worker whose reset failed: the monitor tells it (``_tell_untold``)
     _drop("ray.tune.execution.tune_controller", "Could not re-use actor for trial")
+    # A full results disk: the search stops and says so in one line; Ray's traceback of the
+    # experiment state it could not save goes (a search resumes from its study, not from it).
+    _drop("ray.tune.execution.experiment_state", "Saving experiment state to storage")
+    # A failed trial reports the worst metric, inf: Tune's TensorBoard logger warns of it
+    logging.getLogger("tensorboardX.x2num").setLevel(logging.ERROR)
 
 
 def start(address: str | None = None) -> None:
@@ -144,6 +149,7 @@ class TuneRun:
     cpus_per_trial: float = 1.0
     gpus_per_trial: float = 0.0
     max_concurrent: int | None = None
+    concurrent: int = 1  # trials that run at once (what the resources allow, at most max)
     reuse_actors: bool = True
     heartbeat_interval: float = 10.0
     quiet: bool = False  # no progress on stderr
@@ -218,6 +224,18 @@ class _Halving(FIFOScheduler):
             return TrialScheduler.CONTINUE
         keep = self.halving.judge(trial.trial_id, int(result[STEP]), float(result[self.score]))
         return TrialScheduler.CONTINUE if keep else TrialScheduler.STOP
+
+
+PROGRESS_EVERY_S = 60.0  # a progress line between finished trials, when not on a terminal
+
+
+def capacity(cpus_per_trial: float, gpus_per_trial: float) -> int:
+    """Trials Ray can run at once on its instance (a cluster's CPUs and GPUs)."""
+    resources = ray.cluster_resources()
+    count = int(resources.get("CPU", 1) // cpus_per_trial) if cpus_per_trial else 10**6
+    if gpus_per_trial > 0:
+        count = min(count, int(resources.get("GPU", 0) // gpus_per_trial))
+    return max(1, count)
 
 
 class _StopWhen(tune.Stopper):
@@ -329,9 +347,10 @@ class _Monitor(tune.Callback):
         self.interval = run.heartbeat_interval / 2
         self.finished = 0  # trials finished in this run (not one failed and retried)
         self.last_beat = 0.0
-        self.started: dict[str, float] = {}  # trial id -> when it started
-        self.durations: list[float] = []
-        self.peak = 1  # the most trials seen running at once: the search's concurrency
+        self.work = estimate.Work(run.steps, run.trials)
+        self.concurrent, self.name = run.concurrent, run.name.rsplit("-", 2)[0]
+        self.announced = False  # the estimate from the first trials' steps was said
+        self.last_line = time.monotonic()  # the last progress line (not on a terminal)
 
     def on_step_end(self, iteration: int, trials: list[Any], **info: Any) -> None:
         self._tell_untold(iteration, trials)
@@ -352,8 +371,30 @@ class _Monitor(tune.Callback):
                 self.on_trial_error(iteration, trials, trial)
 
     def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
-        self.started.setdefault(trial.trial_id, time.monotonic())
-        self.peak = max(self.peak, sum(t.status == "RUNNING" for t in trials))
+        self.work.start(time.monotonic())
+
+    def on_trial_result(self, iteration: int, trials: list[Any], trial: Any,
+                        result: dict[str, Any], **info: Any) -> None:
+        """Progress in steps; an evaluation a retry reports again (at or before the step it
+        continues from) trains nothing."""
+        step, resumed = result.get(STEP), int(result.get(RESUMED) or 0)
+        if step is None or (resumed and step <= resumed):
+            return
+        now = time.monotonic()
+        self.work.report(trial.trial_id, int(step), resumed, now)
+        if not self.announced:
+            said = estimate.measured(self.work, self.concurrent, now)
+            if said is not None:
+                self.announced = True
+                self.bar.write(f"search {self.name}: {said}")
+        if not self.bar.tty and now - self.last_line >= PROGRESS_EVERY_S:
+            self.last_line = now
+            left = self.work.left(now)
+            self.bar.write(f"search: training at steps {self.work.running()}"
+                           + ("" if left is None else f"; ~{duration(left)} left"))
+        elif self.bar.tty:
+            self.bar.event(self._describe(len(self.work.at)), eta=self.work.left(now),
+                           steps=self.work.running())
 
     def on_checkpoint(self, iteration: int, trials: list[Any], trial: Any, checkpoint: Any,
                       **info: Any) -> None:
@@ -361,6 +402,11 @@ class _Monitor(tune.Callback):
 
     def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any,
                           **info: Any) -> None:
+        death = self.searcher.deaths.get(trial.trial_id)  # a full disk the trial reported
+        if death is not None:
+            self.bar.write(death.describe())
+            self.work.finish(trial.trial_id, counted=False)
+            return
         self._finished(trials, trial)
 
     def on_trial_recover(self, iteration: int, trials: list[Any], trial: Any,
@@ -375,23 +421,17 @@ class _Monitor(tune.Callback):
         death = self.searcher.deaths.get(trial.trial_id)
         if death is not None:
             self.bar.write(death.describe())
-        if death is not None and death.retry is not None:  # its retry is the trial that counts
-            self.started.pop(trial.trial_id, None)
+        if death is not None and (death.retry is not None or death.failure.kind == "disk"):
+            self.work.finish(trial.trial_id, counted=False)  # its retry is the one that counts
             return
         self._finished(trials, trial)
 
     def _finished(self, trials: list[Any], trial: Any) -> None:
         self.finished += 1
-        now = time.monotonic()
-        if trial.trial_id in self.started:
-            self.durations.append(now - self.started.pop(trial.trial_id))
+        self.work.finish(trial.trial_id)
         running = [t for t in trials if t.status == "RUNNING" and t is not trial]
-        self.peak = max(self.peak, len(running) + 1)
-        left = estimate.remaining(
-            self.durations, [now - self.started.get(t.trial_id, now) for t in running],
-            max(0, self.total - self.finished - len(running)), self.peak)
         self.bar.update(1)
-        self.bar.event(self._describe(len(running)), eta=left)
+        self.bar.event(self._describe(len(running)), eta=self.work.left(time.monotonic()))
 
     def __getstate__(self) -> dict[str, Any]:
         # Tune pickles its callbacks into the experiment state: like the adapter's, that pickle
