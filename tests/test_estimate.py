@@ -3,6 +3,8 @@ training steps; during the search, from the finished trials' times and how many 
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from workers.search import estimate
@@ -37,7 +39,7 @@ def simulate(prune: set[int]) -> tuple[list[float], list[float], list[str]]:
 @pytest.mark.parametrize("prune", [set(), {3, 5, 8, 12}])
 def test_the_time_left_moves_with_the_steps_and_never_jumps_twofold(prune: set[int]) -> None:
     said, true, told = simulate(prune)
-    for before, after in zip(said[5:], said[6:]):  # consecutive updates, past the first ones
+    for before, after in itertools.pairwise(said[5:]):  # consecutive updates, past the first
         if min(before, after) > 60:  # a minute or more left: within 2x of each other
             assert 0.5 <= after / before <= 2.0, (before, after)
     for estimate_s, real in zip(said[len(said) // 4:], true[len(true) // 4:]):

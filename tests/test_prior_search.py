@@ -16,8 +16,9 @@ from alloc.sampler import CALIBRATION_ATTR, PRIOR_ATTR
 from common.files import write_yaml
 from tests.helpers.search import check_consistent, ray_tmp
 from workers.search import tune
+from workers.search.asking import DUPLICATE
 from workers.search.cli import main as search_main
-from workers.search.searcher import DUPLICATE, WARM_START_FROM, finished_count
+from workers.search.searcher import WARM_START_FROM, finished_count
 from workers.search.warmstart import WARM_START_ATTR
 
 

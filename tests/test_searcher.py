@@ -242,7 +242,7 @@ def test_no_point_is_trained_twice_and_an_exhausted_space_ends_the_search(
     trained and re-asked (an untried point after three in a row), none counts against the
     trials, and once every point has a trial ``ask`` says the search is over."""
     from search_spaces import parse_space
-    from workers.search.searcher import DUPLICATE, DUPLICATE_OF
+    from workers.search.asking import DUPLICATE, DUPLICATE_OF
 
     searcher = make(tmp_path)
     searcher.space = parse_space({

@@ -302,7 +302,7 @@ def test_a_query_waits_for_a_free_connection_and_holds_one(tmp_path: Path,
         time.sleep(4)
         assert proc.poll() is None  # waiting, not refused
         holder.close()
-        out, err = proc.communicate(timeout=120)
+        _, err = proc.communicate(timeout=120)
     finally:
         holder.close()
         with admin.connect() as conn:

@@ -30,7 +30,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 import optuna
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
@@ -41,100 +41,29 @@ from arch import ArchConfig, ModelIO
 from search_spaces import SearchSpace, SpaceError
 from studies import records as rec
 from studies.storage import retry_failed
+from workers.search.asking import DUPLICATE, ask_new, tell
+from workers.search.failures import Death, RayFailure, ray_failure
 from workers.search.protocol import ERROR, NODE, RESUMED, TRIAL_KEY, Mode, TrialReport, TrialSpec
 
 log = logging.getLogger(__name__)
 # The allocator's predicted error of a sampled architecture (recorded on its trial), or None.
 PredictError = Callable[[ArchConfig], float | None]
-Sampled = TypeVar("Sampled")
 CHECKPOINT = "checkpoint"  # trial user attr: the last checkpoint directory
-DUPLICATE, DUPLICATE_OF = "duplicate", "duplicate_of"  # a proposal not trained: a finished twin
 ORPHAN = "orphan"  # asked as a connection dropped, then asked again (workers.search.guard)
 DISK_FULL = "disk_full"  # failed for a full results disk: retried by --resume, not counted
 WARM_START_FROM = "warm_start_from"  # trial user attr: copied from this study (--warm-start)
-MAX_REDRAWS = 3  # proposals of finished points in a row before an untried point is enqueued
 # A trial whose worker died after Ray's own in-place restart (``FailureConfig``) is retried this
 # many more times by the study, each time as a new trial from the chain's last checkpoint.
 WORKER_RETRIES = 1
 RESTARTS = "restarts"  # trial user attr: in-place restarts Ray made after the worker died
 ENDED_ATTRS = (ERROR, NODE, RESUMED, RESTARTS)  # how a retry's original ended (copied to it)
 CHECKPOINT_STEP = "checkpoint_step"  # trial user attr: the step of its last checkpoint
-# The replay of bench.search_efficiency (run before the launcher's milestones,
-# workers.search.schedule): stock ASHA's first rung at a ninth of the training, a third kept.
-ASHA_REDUCTION = 3
-
-
-def asha_grace_period(steps: int, eval_every: int) -> int:
-    """The first rung of stock ASHA as the replay models it: a ninth of the training."""
-    return max(eval_every, steps // 9)
-
-
-@dataclass(frozen=True)
-class RayFailure:
-    """Why Ray ended a trial that did not report a failure of its own, from the error Tune
-    recorded for it (its ``error.txt``): ``kind`` is ``died`` (the worker process died),
-    ``reuse`` (Ray could not hand the trial a reused worker), ``disk`` (the results folder is
-    full) or ``ray`` (any other error of Ray's, named by its last line). All are faults of the
-    infrastructure, not of the trial's point: the study retries it."""
-
-    kind: str
-    detail: str = ""
-
-    def describe(self) -> str:
-        """What happened, as a clause: ``its worker died``."""
-        return {"died": "its worker died",
-                "reuse": "Ray could not reuse a worker for it (the worker's last trial had "
-                         "not ended)",
-                "disk": f"the results folder is full ({self.detail})",
-                }.get(self.kind, f"Ray failed it ({self.detail})")
-
-
-_DIED = ("ActorDiedError", "RayActorError", "WorkerCrashedError", "actor died",
-         "worker died", "died unexpectedly", "killed")
-
-
-def ray_failure(error: str | None) -> RayFailure:
-    """The failure Tune's error text (None: none recorded) says, in ``RayFailure``'s kinds."""
-    if not error or not error.strip():
-        return RayFailure("died")
-    lines = [line.strip() for line in error.splitlines() if line.strip()]
-    if "No space left on device" in error or "[Errno 28]" in error:
-        return RayFailure("disk", "No space left on device")
-    if "reset_config" in error:
-        return RayFailure("reuse")
-    if any(sign in error for sign in _DIED):
-        return RayFailure("died")
-    return RayFailure("ray", lines[-1][:200])
-
-
 @dataclass(frozen=True)
 class Start:
     """A starting point: the params of an architecture to evaluate before sampling."""
 
     label: str  # "allocator", "grid", ...
     params: Mapping[str, Any]
-
-
-@dataclass(frozen=True)
-class Death:
-    """A trial Ray failed (its worker died, or another ``RayFailure``), and what the searcher
-    did about it."""
-
-    number: int
-    attempt: int  # runs of this point so far: Ray's restarts in place and the study's retries
-    retry: int | None  # the number of the retry; None: not retried
-    step: int | None  # the step the retry continues from; None: from scratch
-    failure: RayFailure = RayFailure("died")
-
-    def describe(self) -> str:
-        if self.failure.kind == "disk":
-            then = "the search stops; --resume runs it again"
-        elif self.retry is None:
-            then = "failed: its retries are spent"
-        else:
-            then = (f"retried as trial {self.retry} from "
-                    f"{'scratch' if self.step is None else f'step {self.step}'}")
-        return f"trial {self.number}: {self.failure.describe()} (attempt {self.attempt}); {then}"
 
 
 @dataclass(frozen=True)
@@ -467,59 +396,9 @@ class StudySearcher:
         return failed
 
 
-def ask_new(study: optuna.Study, ask: Callable[[], tuple[Trial, Sampled]],
-            untried: Callable[[], list[dict[str, Any]] | None], rng: random.Random
-            ) -> tuple[Trial, Sampled]:
-    """A trial (and what ``ask`` sampled for it) whose point no finished trial has: proposals of
-    finished points are recorded as duplicates and re-asked; after ``MAX_REDRAWS`` of them a
-    point of ``untried()`` is enqueued at random (None: a space too large to list, where the
-    last proposal stands)."""
-    for _ in range(MAX_REDRAWS):
-        trial, sampled = ask()
-        twin = finished_twin(study, trial.params)
-        if twin is None:
-            return trial, sampled
-        skip_duplicate(study, trial, twin)
-    points = untried()
-    if not points:
-        return ask()
-    study.enqueue_trial(rng.choice(points), user_attrs={"seed": "untried"})
-    return ask()
-
-
-def finished_twin(study: optuna.Study, params: Mapping[str, Any]) -> FrozenTrial | None:
-    """The first COMPLETE or PRUNED trial with exactly these params, if any."""
-    key = point_key(params)
-    return next((t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,
-                                                                     TrialState.PRUNED))
-                 if point_key(t.params) == key), None)
-
-
-def skip_duplicate(study: optuna.Study, trial: Trial, twin: FrozenTrial) -> None:
-    """Record ``trial`` (the same point as the finished ``twin``) as not trained."""
-    tell(study, trial, TrialState.FAIL, None, {
-        rec.STATUS: DUPLICATE, DUPLICATE_OF: twin.number,
-        ERROR: f"the same point as trial {twin.number}: not trained, the sampler asked again"})
-
-
 def not_trained(trial: FrozenTrial) -> bool:
     """Recorded but never trained: a duplicate proposal or an orphan."""
     return trial.user_attrs.get(rec.STATUS) in (DUPLICATE, ORPHAN)
-
-
-def tell(study: optuna.Study, trial: Trial, state: TrialState, value: float | None,
-         attrs: Mapping[str, Any]) -> bool:
-    """Set ``attrs`` and finish ``trial``; False (logged) if it had already finished."""
-    try:
-        for key, val in attrs.items():
-            if val is not None:
-                trial.set_user_attr(key, val)
-        study.tell(trial, value, state=state)
-    except optuna.exceptions.UpdateFinishedTrialError:
-        log.warning("trial %d had already finished; its second completion is ignored",
-                    trial.number)
-        return False
-    return True
 
 
 def retry_history(trial: FrozenTrial) -> list[int]:

@@ -12,7 +12,6 @@ else of the search (the study, seeds, the summary) lives in ``workers.search``, 
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import os
 import tempfile
@@ -29,9 +28,10 @@ from ray.tune.search import Searcher
 
 from common.progress import Progress, duration
 from workers.search import estimate
+from workers.search.failures import RayFailure, disk_full, ray_failure
 from workers.search.protocol import JOB_KEY, RESUMED, STEP, TRIAL_KEY, TrialJob, TrialReport
 from workers.search.schedule import Halving, Rungs
-from workers.search.searcher import WORKER_RETRIES, RayFailure, StudySearcher, ray_failure
+from workers.search.searcher import WORKER_RETRIES, StudySearcher
 from workers.search.trial import train_trial
 
 log = logging.getLogger(__name__)
@@ -189,26 +189,13 @@ def run_tuner(searcher: StudySearcher, job: TrialJob, run: TuneRun,
         monitor.bar.abandon()  # the run and returning, and the searcher's abandon() finds
         return "interrupted"   # the trials it left open (workers.search reports that)
     except Exception as err:  # Tune's own writes (experiment state, error files) on a full disk
-        if not _disk_full(err):
+        if not disk_full(err):
             raise
         searcher.stop_for(RayFailure("disk", "No space left on device"))
         monitor.bar.abandon()
         return "stopped"
     monitor.bar.close("done" if monitor.finished >= run.trials else "stopped")
     return "completed"
-
-
-def _disk_full(err: BaseException) -> bool:
-    """Whether ``err`` (or an error it was raised from) is a full disk."""
-    seen: set[int] = set()
-    current: BaseException | None = err
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if (isinstance(current, OSError) and current.errno == errno.ENOSPC) or \
-                "No space left on device" in str(current):
-            return True
-        current = current.__cause__ or current.__context__
-    return False
 
 
 class _Halving(FIFOScheduler):

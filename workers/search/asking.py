@@ -1,0 +1,73 @@
+"""Asking the study for a trial that no finished trial has (``ask_new``): a proposal of a finished
+point is recorded as a duplicate (``skip_duplicate``: not trained, not counted) and the sampler
+is asked again; after ``MAX_REDRAWS`` of them an untried point is enqueued. ``tell`` finishes a
+trial once. No Ray here."""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+import optuna
+from optuna.trial import FrozenTrial, Trial, TrialState
+
+from alloc.prior import point_key
+from studies import records as rec
+from workers.search.protocol import ERROR
+
+log = logging.getLogger(__name__)
+Sampled = TypeVar("Sampled")
+DUPLICATE, DUPLICATE_OF = "duplicate", "duplicate_of"  # a proposal not trained: a finished twin
+MAX_REDRAWS = 3  # proposals of finished points in a row before an untried point is enqueued
+
+
+def ask_new(study: optuna.Study, ask: Callable[[], tuple[Trial, Sampled]],
+            untried: Callable[[], list[dict[str, Any]] | None], rng: random.Random
+            ) -> tuple[Trial, Sampled]:
+    """A trial (and what ``ask`` sampled for it) whose point no finished trial has: proposals of
+    finished points are recorded as duplicates and re-asked; after ``MAX_REDRAWS`` of them a
+    point of ``untried()`` is enqueued at random (None: a space too large to list, where the
+    last proposal stands)."""
+    for _ in range(MAX_REDRAWS):
+        trial, sampled = ask()
+        twin = finished_twin(study, trial.params)
+        if twin is None:
+            return trial, sampled
+        skip_duplicate(study, trial, twin)
+    points = untried()
+    if not points:
+        return ask()
+    study.enqueue_trial(rng.choice(points), user_attrs={"seed": "untried"})
+    return ask()
+
+
+def finished_twin(study: optuna.Study, params: Mapping[str, Any]) -> FrozenTrial | None:
+    """The first COMPLETE or PRUNED trial with exactly these params, if any."""
+    key = point_key(params)
+    return next((t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,
+                                                                     TrialState.PRUNED))
+                 if point_key(t.params) == key), None)
+
+
+def skip_duplicate(study: optuna.Study, trial: Trial, twin: FrozenTrial) -> None:
+    """Record ``trial`` (the same point as the finished ``twin``) as not trained."""
+    tell(study, trial, TrialState.FAIL, None, {
+        rec.STATUS: DUPLICATE, DUPLICATE_OF: twin.number,
+        ERROR: f"the same point as trial {twin.number}: not trained, the sampler asked again"})
+
+
+def tell(study: optuna.Study, trial: Trial, state: TrialState, value: float | None,
+         attrs: Mapping[str, Any]) -> bool:
+    """Set ``attrs`` and finish ``trial``; False (logged) if it had already finished."""
+    try:
+        for key, val in attrs.items():
+            if val is not None:
+                trial.set_user_attr(key, val)
+        study.tell(trial, value, state=state)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        log.warning("trial %d had already finished; its second completion is ignored",
+                    trial.number)
+        return False
+    return True
