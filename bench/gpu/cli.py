@@ -210,13 +210,27 @@ def sizes_text(sizes: Sizes, device: str) -> dict[str, str]:
                     f"{min(s.seq_len, 1024)} bytes, {mixed}"}
 
 
+def run_parts(ctx: Context, args: argparse.Namespace, say: Callable[[str], None]
+              ) -> list[PartResult]:
+    """The selected parts in order, each within its share of ``--minutes`` plus what the parts
+    before it left unused (less what they overran)."""
+    functions, results, saved = part_functions(), [], 0.0
+    scale, start = args.minutes / DEFAULT_MINUTES, time.monotonic()
+    for name in args.parts:
+        left = args.minutes * 60 - (time.monotonic() - start)
+        seconds = min(BUDGETS[name] * scale + saved, left)
+        results.append(run_part(ctx, name, functions[name], seconds, say))
+        saved = seconds - results[-1].seconds if seconds > 0 else saved
+    return results
+
+
 def measure(args: argparse.Namespace, argv: list[str], say: Callable[[str], None]
             ) -> dict[str, Any]:
     """Run the parts; the report."""
     from bench.gpu import speed, students
 
     sizes = SMOKE if args.smoke_test else FULL
-    scale, start = args.minutes / DEFAULT_MINUTES, time.monotonic()
+    start = time.monotonic()
     backend = args.compile_backend or ("inductor" if args.device == "cuda" else "aot_eager")
     peak = args.peak_tflops * 1e12 if args.peak_tflops else speed.peak_flops(args.device)
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as work:
@@ -224,11 +238,11 @@ def measure(args: argparse.Namespace, argv: list[str], say: Callable[[str], None
                       {"arch_file": args.arch})
         if {"parity", "decode"} & set(args.parts):
             ctx.facts["students"] = students.StudentsJob(ctx).start()
-        functions, results = part_functions(), []
-        for name in args.parts:
-            left = args.minutes * 60 - (time.monotonic() - start)
-            results.append(run_part(ctx, name, functions[name],
-                                    min(BUDGETS[name] * scale, left), say))
+        try:
+            results = run_parts(ctx, args, say)
+        finally:
+            if "students" in ctx.facts:
+                ctx.facts["students"].stop()
     data = {"command": "python -m bench.gpu " + shlex.join(argv),
             "date": datetime.date.today().isoformat(),
             "device": {**device_facts(args.device), "peak_tflops": None if peak is None

@@ -74,10 +74,11 @@ def speed_table(report: dict[str, Any]) -> str:
         rows.append([v, *(fmt(None if x is None else x[k], s) for x in (eager, comp)
                           for k, s in (("tokens_per_s", ",.0f"), ("mfu", ".1%"),
                                        ("vs_mhsa", ".2f"))),
-                     fmt(None if comp is None else comp["warm_s"], ".1f")])
+                     fmt(None if comp is None else comp["warm_s"], ".1f"),
+                     fmt(None if comp is None else comp.get("graphs"), "d")])
     return markdown_table(["variant", "eager tokens/s", "eager MFU", "eager vs mhsa",
                            "compiled tokens/s", "compiled MFU", "compiled vs mhsa",
-                           "compile + 2 steps, s"], rows)
+                           "compile + 2 steps, s", "graphs"], rows)
 
 
 def checks_table(report: dict[str, Any]) -> str:

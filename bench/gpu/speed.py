@@ -119,6 +119,8 @@ class Measured:
     name: str
     flops: float  # per training token
     warm_s: float  # the first two steps: allocator, kernels, optimizer state, the compile
+    graphs: int | None  # graphs dynamo compiled (one per distinct block and pass: no
+    # recompile per block; None eager)
     rates: list[float] = field(default_factory=list)  # tokens/s of each round
 
 
@@ -146,13 +148,22 @@ def warmed(ctx: Context, name: str, compiled: bool) -> tuple[Runner, Measured]:
     """Variant ``name``'s runner after two steps, and its record."""
     if compiled:
         torch._dynamo.reset()  # each kind compiles from scratch: its compile time is its own
+        dynamo_counters().clear()
     runner = make_runner(ctx, name, compiled)
     start = time.perf_counter()
     runner.timed(2)
     warm = time.perf_counter() - start
     runner.rates.clear()
+    graphs = dynamo_counters()["stats"].get("unique_graphs") if compiled else None
     return runner, Measured(name, train_flops_per_token(runner.module, ctx.sizes.shape, name),
-                            warm)
+                            warm, graphs)
+
+
+def dynamo_counters() -> Any:
+    """Dynamo's event counters (``unique_graphs``: graphs compiled since the last clear)."""
+    from torch._dynamo.utils import counters
+
+    return counters
 
 
 def free(device: str) -> None:
@@ -187,7 +198,7 @@ def rows(ctx: Context, done: list[Measured], compiled: bool) -> list[dict[str, A
                     "vs_reference": rate / rates[REFERENCE] if REFERENCE in rates else None,
                     "flops_per_token": m.flops,
                     "mfu": None if ctx.peak_flops is None else rate * m.flops / ctx.peak_flops,
-                    "warm_s": m.warm_s, "rounds": len(m.rates)})
+                    "warm_s": m.warm_s, "graphs": m.graphs, "rounds": len(m.rates)})
     return out
 
 

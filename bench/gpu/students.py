@@ -65,6 +65,8 @@ class StudentsJob:
         self.paths: dict[str, Path] = {}
         self.error: str | None = None
         self.log: list[str] = []
+        self.child: subprocess.Popen[str] | None = None
+        self.stopped = False
         self.thread = threading.Thread(target=self._run, name="students", daemon=True)
 
     def start(self) -> StudentsJob:
@@ -80,6 +82,13 @@ class StudentsJob:
         if self.error is not None:
             raise RuntimeError(f"making the students failed: {self.error}")
         return self.paths
+
+    def stop(self) -> None:
+        """End the command that is running, if any, and start no other (the run is over)."""
+        self.stopped = True
+        if self.child is not None and self.child.poll() is None:
+            self.child.kill()
+        self.thread.join(10)
 
     def _run(self) -> None:
         try:
@@ -101,10 +110,14 @@ class StudentsJob:
                       "--kv-cache", fraction, *flags, "--out", str(plan), "--quiet"],
                      ["-m", "workers.compress", "--checkpoint", str(teacher), "--plan",
                       str(plan), "--out", str(out), "--quiet"]):
-            done = subprocess.run([sys.executable, *argv], cwd=ROOT, env=cpu_env(),
-                                  capture_output=True, text=True)
-            if done.returncode != 0:
-                last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+            if self.stopped:
+                raise RuntimeError("stopped: the run ended first")
+            with subprocess.Popen([sys.executable, *argv], cwd=ROOT, env=cpu_env(),
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                  text=True) as self.child:
+                _, err = self.child.communicate()
+            if self.child.returncode != 0:
+                last = (err.strip().splitlines() or ["(no output)"])[-1]
                 raise RuntimeError(f"{argv[1]} for the {name} student: {last}")
             self.log.append(f"{argv[1]} {name}")
         return out
