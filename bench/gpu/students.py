@@ -38,8 +38,10 @@ BF16_FACTOR = 2.0
 
 
 def make_teacher(size: TeacherSize, folder: Path) -> Path:
-    """A random GQA Llama saved in bf16, its norms perturbed so that every weight shows in the
-    logits (as the suite's Llama tests do)."""
+    """A random GQA Llama saved in bf16, scaled like a trained one where it matters to parity:
+    query and key maps of std ``2 / sqrt(hidden)`` (attention logits of std about 4, so that
+    attention is peaked and a RoPE angle off shows), a head of std ``1 / sqrt(hidden)``
+    (logits of order 1, not 0.02), norms perturbed (as the suite's Llama tests do)."""
     import transformers
 
     torch.manual_seed(0)
@@ -52,6 +54,10 @@ def make_teacher(size: TeacherSize, folder: Path) -> Path:
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.add_(torch.randn_like(p) * 0.3)
+            elif "q_proj" in name or "k_proj" in name:
+                p.normal_(std=2 / size.hidden**0.5)
+            elif "lm_head" in name:
+                p.normal_(std=1 / size.hidden**0.5)
     model.to(torch.bfloat16).save_pretrained(folder)
     return folder
 
@@ -139,9 +145,19 @@ def load_theirs(folder: Path, dtype: torch.dtype, device: str, remote: bool = Fa
 
 
 def load_ours(folder: Path, dtype: torch.dtype, device: str) -> Any:
+    """Our model of ``folder``, its parameters in ``dtype`` and its buffers (RoPE's
+    frequencies) kept in float32, as ``from_pretrained(dtype=...)`` holds ``transformers``'
+    models: cast whole with ``.to(torch.bfloat16)``, either model turns position 1,000 by
+    angles off by up to a radian, and its bf16 logits are 6x further from float32."""
     from workers.checkpoints import load
 
-    return load(folder).model.to(device=device, dtype=dtype).eval()
+    model = load(folder).model.to(device)
+    buffers = {name: b.clone() for name, b in model.named_buffers()}
+    model.to(dtype)
+    for name, b in buffers.items():
+        owner, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(owner), leaf, b)
+    return model.eval()
 
 
 @torch.no_grad()
