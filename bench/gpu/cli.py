@@ -210,10 +210,10 @@ def sizes_text(sizes: Sizes, device: str) -> dict[str, str]:
                     f"{min(s.seq_len, 1024)} bytes, {mixed}"}
 
 
-def run_parts(ctx: Context, args: argparse.Namespace, say: Callable[[str], None]
-              ) -> list[PartResult]:
+def run_parts(ctx: Context, args: argparse.Namespace, say: Callable[[str], None],
+              done: Callable[[list[PartResult]], None]) -> None:
     """The selected parts in order, each within its share of ``--minutes`` plus what the parts
-    before it left unused (less what they overran)."""
+    before it left unused (less what they overran); ``done`` after each, with those so far."""
     functions, results, saved = part_functions(), [], 0.0
     scale, start = args.minutes / DEFAULT_MINUTES, time.monotonic()
     for name in args.parts:
@@ -221,35 +221,48 @@ def run_parts(ctx: Context, args: argparse.Namespace, say: Callable[[str], None]
         seconds = min(BUDGETS[name] * scale + saved, left)
         results.append(run_part(ctx, name, functions[name], seconds, say))
         saved = seconds - results[-1].seconds if seconds > 0 else saved
-    return results
+        done(results)
+
+
+def write_report(out: Path, data: dict[str, Any]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    write_atomic(out / "gpu.json", json.dumps(data, indent=2) + "\n")
+    write_atomic(out / "gpu.md", report.markdown(data))
 
 
 def measure(args: argparse.Namespace, argv: list[str], say: Callable[[str], None]
             ) -> dict[str, Any]:
-    """Run the parts; the report."""
+    """Run the parts; the report, written to ``--out`` after each part (a run killed midway
+    leaves what it measured)."""
     from bench.gpu import speed, students
 
     sizes = SMOKE if args.smoke_test else FULL
     start = time.monotonic()
     backend = args.compile_backend or ("inductor" if args.device == "cuda" else "aot_eager")
     peak = args.peak_tflops * 1e12 if args.peak_tflops else speed.peak_flops(args.device)
+    data: dict[str, Any] = {
+        "command": "python -m bench.gpu " + shlex.join(argv),
+        "date": datetime.date.today().isoformat(),
+        "device": {**device_facts(args.device), "peak_tflops": None if peak is None
+                   else peak / 1e12, "matmul_tflops": None},
+        "minutes": args.minutes, "sizes": sizes_text(sizes, args.device)}
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as work:
         ctx = Context(args.device, sizes, Path(work), args.out, backend, peak, args.smoke_test,
-                      {"arch_file": args.arch})
+                      arch_file=args.arch)
+
+        def done(results: list[PartResult]) -> None:
+            data.update(wall_s=time.monotonic() - start, parts=[asdict(r) for r in results])
+            data["device"]["matmul_tflops"] = ctx.matmul_tflops
+            data["goals"] = report.goal_rows(data)
+            write_report(args.out, data)
+
         if {"parity", "decode"} & set(args.parts):
-            ctx.facts["students"] = students.StudentsJob(ctx).start()
+            ctx.students = students.StudentsJob(ctx).start()
         try:
-            results = run_parts(ctx, args, say)
+            run_parts(ctx, args, say, done)
         finally:
-            if "students" in ctx.facts:
-                ctx.facts["students"].stop()
-    data = {"command": "python -m bench.gpu " + shlex.join(argv),
-            "date": datetime.date.today().isoformat(),
-            "device": {**device_facts(args.device), "peak_tflops": None if peak is None
-                       else peak / 1e12, "matmul_tflops": ctx.facts.get("matmul_tflops")},
-            "minutes": args.minutes, "wall_s": time.monotonic() - start,
-            "sizes": sizes_text(sizes, args.device), "parts": [asdict(r) for r in results]}
-    data["goals"] = report.goal_rows(data)
+            if ctx.students is not None:
+                ctx.students.stop()
     return data
 
 
@@ -265,9 +278,6 @@ def main(argv: list[str] | None = None) -> int:
         else:
             preflight(args)
             data = measure(args, argv, say)
-            args.out.mkdir(parents=True, exist_ok=True)
-            write_atomic(args.out / "gpu.json", json.dumps(data, indent=2) + "\n")
-            write_atomic(args.out / "gpu.md", report.markdown(data))
         if args.docs is not None:
             report.fill_docs(args.docs, report.markdown(data))
     except TransformerAllocError as err:

@@ -11,9 +11,12 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench.throughput import Shape
+
+if TYPE_CHECKING:
+    from bench.gpu.students import StudentsJob
 
 
 @dataclass(frozen=True)
@@ -135,7 +138,8 @@ class PartResult:
 @dataclass
 class Context:
     """What every part reads: the device, the sizes, the working folder, the report folder,
-    the compile backend and the accelerator's peak (None: unknown, no MFU)."""
+    the compile backend and the accelerator's peak (None: unknown, no MFU); and what parts
+    hand on."""
 
     device: str
     sizes: Sizes
@@ -144,4 +148,6 @@ class Context:
     backend: str
     peak_flops: float | None
     smoke: bool
-    facts: dict[str, Any] = field(default_factory=dict)  # shared between parts
+    arch_file: Path | None = None  # the training part's --arch
+    students: StudentsJob | None = None  # made beside the parts; parity and decode wait
+    matmul_tflops: float | None = None  # measured by the throughput part

@@ -266,7 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--site", type=Path, default=Path(".gpu_site"))
     c.add_argument("--out", type=Path, required=True, help="study database and result")
     c.add_argument("--space", default="heads_vs_dim.yaml")
-    c.add_argument("--task", default="lm")
+    c.add_argument("--task", default="ngram")
     c.add_argument("--trials", type=int_in(1), default=8)
     c.add_argument("--steps", type=int_in(1), default=300)
     c.add_argument("--gpus-per-trial", type=number(0), default=0.5,

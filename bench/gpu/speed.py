@@ -206,8 +206,8 @@ def run_eager(ctx: Context, result: PartResult, budget: Budget,
               say: Callable[[str], None]) -> None:
     """The throughput part: the card's matrix product rate, then every variant eager."""
     n = 8192 if ctx.device == "cuda" else 256
-    ctx.facts["matmul_tflops"] = matmul_tflops(ctx.device, n)
-    result.note(f"{n}-cube matrix product: {ctx.facts['matmul_tflops']:.3g} TFLOP/s "
+    ctx.matmul_tflops = matmul_tflops(ctx.device, n)
+    result.note(f"{n}-cube matrix product: {ctx.matmul_tflops:.3g} TFLOP/s "
                 f"({'bf16' if ctx.device == 'cuda' else 'float32'})")
     measure(ctx, result, budget, compiled=False, say=say)
 

@@ -199,9 +199,16 @@ def stock_compact(paths: dict[str, Path], result: PartResult) -> Path | None:
     return folder
 
 
+def students_of(ctx: Context) -> StudentsJob:
+    if ctx.students is None:
+        raise RuntimeError("the students were not started (bench.gpu starts them for parity "
+                           "and decode)")
+    return ctx.students
+
+
 def run_parity(ctx: Context, result: PartResult, budget: Budget,
                say: Callable[[str], None]) -> None:
-    paths = ctx.facts["students"].wait(budget)
+    paths = students_of(ctx).wait(budget)
     size = ctx.sizes.teacher
     ids = torch.randint(0, size.vocab, (2, ctx.sizes.parity_tokens),
                         generator=torch.Generator().manual_seed(1)).to(ctx.device)
@@ -226,7 +233,7 @@ def run_decode(ctx: Context, result: PartResult, budget: Budget,
     CUDA, float32 on the CPU."""
     from bench.generate_speed import kv_bytes, timed
 
-    paths = ctx.facts["students"].wait(budget)
+    paths = students_of(ctx).wait(budget)
     s = ctx.sizes
     dtype = torch.bfloat16 if ctx.device == "cuda" else torch.float32
     ids = torch.randint(0, s.teacher.vocab, (s.batch, s.context),

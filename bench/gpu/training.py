@@ -71,7 +71,7 @@ def train_one(ctx: Context, arch: ArchConfig, length: int) -> dict[str, Any]:
 def run_training(ctx: Context, result: PartResult, budget: Budget,
                  say: Callable[[str], None]) -> None:
     length = min(ctx.sizes.shape.seq_len, 1024)
-    archs = architectures(ctx.sizes.shape, ctx.facts.get("arch_file"))
+    archs = architectures(ctx.sizes.shape, ctx.arch_file)
     result.note(f"lm task (bytes of Python's documentation), length {length}, "
                 f"{ctx.sizes.train_steps} steps of {ctx.sizes.train_batch}, seed 0, one run")
     last = 0.0
