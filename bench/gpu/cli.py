@@ -53,6 +53,7 @@ from common.errors import TransformerAllocError
 from common.files import write_atomic
 
 PROG = "bench.gpu"
+SMOKE_MINUTES = 30.0
 PARTS = tuple(BUDGETS)
 GRACE_S = 20.0  # past its budget, a part is stopped wherever it is
 DISTRIBUTIONS = {"yaml": "pyyaml"}  # import name -> what to carry, where they differ
@@ -65,8 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--smoke-test", action="store_true",
                    help="every part at a tiny size (seconds on a CPU)")
-    p.add_argument("--minutes", type=number(0, strict=True), default=DEFAULT_MINUTES,
-                   help="the whole run's budget, shared by the parts in fixed proportions")
+    p.add_argument("--minutes", type=number(0, strict=True),
+                   help=f"the whole run's budget, shared by the parts in fixed proportions "
+                        f"(default: {DEFAULT_MINUTES:g}; {SMOKE_MINUTES:g} with --smoke-test, "
+                        "whose budgets are not what it checks: a busy CI box may be slow)")
     p.add_argument("--parts", type=parts_list, default=PARTS,
                    help=f"comma-separated, from {','.join(PARTS)} (default: all)")
     p.add_argument("--arch", type=Path, help="the training part's architecture (an "
@@ -269,6 +272,8 @@ def measure(args: argparse.Namespace, argv: list[str], say: Callable[[str], None
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
+    if args.minutes is None:
+        args.minutes = SMOKE_MINUTES if args.smoke_test else DEFAULT_MINUTES
     if not args.quiet:
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     say: Callable[[str], None] = (lambda line: None) if args.quiet else log.info
