@@ -477,7 +477,7 @@ def test_a_kv_cache_below_the_floor_is_refused_before_measuring(
     def measured(*_: object) -> None:
         raise AssertionError("measured before the budget was checked")
 
-    monkeypatch.setattr(workers.measure, "measure_checkpoint", measured)
+    monkeypatch.setattr(workers.measure, "measure_for_plan", measured)
     argv = ["--checkpoint", str(folder / "lm.pt"), "--task", "lm", "--smoke-test",
             "--rule", "loss", "--align", "4", "--kv-cache"]
     # the loss rule cuts keys and values: 4 heads x (4 + 4) of 4 x (16 + 16) units per layer

@@ -120,6 +120,7 @@ def test_a_latent_plan_under_a_kv_budget_is_the_least_summed_increase() -> None:
 def test_profile_and_compress_a_latent_student(case: str, tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     from workers.compress import main as compress_main
+    from workers.fits import read_fits
     from workers.profile import main as profile_main
     from workers.students import build_student, pair_orders
 
@@ -133,13 +134,19 @@ def test_profile_and_compress_a_latent_student(case: str, tmp_path: Path,
                          "--kv-cache", "0.25", "--out", paths["plan.yaml"]]) == 0
     plan = CompressionPlan.from_yaml(Path(paths["plan.yaml"]).read_text())
     assert plan.latent and plan.reduces and plan.kv_cache == 0.25
+    # fitted to second order by default, the maps beside the plan at the planned widths
+    assert plan.latent_fit == "curvature" and plan.factors == "plan.factors.safetensors"
+    fits = read_fits(plan, tmp_path)
+    assert {i: up.shape[1] for i, (up, _) in fits.items()} == {
+        layer.index: layer.latent_dim for layer in plan.layers if layer.latent_dim}
     assert all(x.attention == "latent" for x in plan.student.layers)
     assert plan.student.kv_width <= 0.25 * teacher.arch.kv_width
     assert "latent 64->" in capsys.readouterr().out
     assert compress_main(["--checkpoint", paths["teacher"], "--plan", paths["plan.yaml"], *data,
                           "--out", paths["small"], "--format", "json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    ours = build_student(teacher.model, plan.student, pair_orders(plan), plan.input_scales())
+    ours = build_student(teacher.model, plan.student, pair_orders(plan), plan.input_scales(),
+                         fits)
     small = transformers.AutoModelForCausalLM.from_pretrained(paths["small"],
                                                               trust_remote_code=True)
     with torch.no_grad():

@@ -75,7 +75,9 @@ def render(result: CompressResult) -> str:
 
 
 def _fewer(before: int, after: int) -> str:
-    return f"{1 - after / before:.1%} fewer" if before else "-"
+    if not before:
+        return "-"
+    return f"{1 - after / before:.1%} fewer" if after <= before else f"{after / before:.2f}x more"
 
 
 def build_parser() -> argparse.ArgumentParser:

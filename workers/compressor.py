@@ -49,6 +49,7 @@ from workers.compress_types import (
     LayerHeads,
     ParamCounts,
 )
+from workers.fits import read_fits
 from workers.model import Model
 from workers.students import build_student, pair_orders, streamed_student
 from workers.taskargs import check_fits, task_for_model
@@ -236,6 +237,7 @@ def compress(request: CompressRequest) -> CompressResult:
     loaded = load(request.checkpoint)
     read_s = time.perf_counter() - tick
     plan = read_plan(request.plan, loaded.arch)
+    fits = read_fits(plan, request.plan.parent)
     check_output(request, loaded, plan.student)
     task = sample_task(request, loaded)
     finetune = task is not None and request.finetune_steps > 0
@@ -245,7 +247,7 @@ def compress(request: CompressRequest) -> CompressResult:
                   start=f"read {request.checkpoint} ({loaded.family}) in {duration(read_s)}; "
                         "building the student") as bar:
         student = build_student(loaded.model, plan.student, pair_orders(plan),
-                                plan.input_scales())
+                                plan.input_scales(), fits)
         bar.update(1)
         bar.event("student built")
         trainer = None
@@ -283,12 +285,13 @@ def compress_streamed(request: CompressRequest) -> CompressResult:
         loaded = Loaded(stream.arch, stream.model, "llama", request.checkpoint,
                         config=stream.config)  # the model on the meta device: no weights
         plan = read_plan(request.plan, loaded.arch)
+        fits = read_fits(plan, request.plan.parent)
         check_output(request, loaded, plan.student)
         with Progress(PROG, total=1, unit="students", quiet=request.quiet,
                       start=f"opened {request.checkpoint} ({loaded.family}); building and "
                             "writing the student one layer at a time") as bar:
             parts = streamed_student(stream, plan.student, pair_orders(plan),
-                                     plan.input_scales())
+                                     plan.input_scales(), fits)
             compact_export().save_student_parts(plan.student, parts, request.out,
                                                 getattr(torch, weights_dtype(loaded)),
                                                 from_teacher(request, loaded))

@@ -20,7 +20,7 @@ from alloc.compression import CompressionError
 from arch import ArchConfig
 from workers.attention import QKVLayout
 from workers.model import Model, build_model
-from workers.students import InputScales, PairOrders
+from workers.students import InputScales, LatentFits, PairOrders
 
 
 def latent_arch(teacher: ArchConfig, latent_dims: Sequence[int], rope_dim: int,
@@ -41,15 +41,15 @@ def latent_arch(teacher: ArchConfig, latent_dims: Sequence[int], rope_dim: int,
 
 
 def latent_student(teacher: Model, student_arch: ArchConfig, orders: PairOrders | None = None,
-                   scales: InputScales | None = None) -> Model:
+                   scales: InputScales | None = None, fits: LatentFits | None = None) -> Model:
     """The student of ``student_arch`` (``latent_arch`` of the teacher's): RoPE parts from the
     leading pairs of ``orders`` (else pairs 0, 1, ..., the fastest turning), the latent from
-    the SVD weighted by ``scales`` (else unweighted)."""
+    ``fits`` where given, else the SVD weighted by ``scales`` (else unweighted)."""
     student = build_model(student_arch)
     state = teacher.state_dict()
     for i in range(student_arch.n_layers):
         scale = None if scales is None else torch.tensor(scales[i][:student_arch.d_model])
-        latent_layer(state, student_arch, i, orders or {}, scale)
+        latent_layer(state, student_arch, i, orders or {}, scale, (fits or {}).get(i))
     student.load_state_dict(state)
     return student.eval()
 
@@ -91,6 +91,45 @@ def latent_factors(rows: Tensor, scale: Tensor | None, rank: int) -> tuple[Tenso
     return up.to(rows.dtype), down.to(rows.dtype)
 
 
+def curvature_factors(rows: Tensor, inputs: Tensor, grads: Tensor, rank: int
+                      ) -> tuple[Tensor, Tensor]:
+    """``(up, down)`` with ``up @ down`` the rank-``rank`` approximation of ``rows`` (n, d)
+    that raises the loss least to second order (docs/theory.md §10.6): the truncated SVD of
+    ``G^(1/2) rows C^(1/2)``, ``C`` (d, d) the second moment of the inputs and ``G`` (n, n)
+    that of the loss gradient at the rows' outputs (``workers.curvature``), mapped back. Its
+    squared singular values beyond ``rank``, halved, are the loss increase it predicts
+    (``curvature_spectrum``)."""
+    u, s, vh, root_c, inv_root_g = _curvature_svd(rows, inputs, grads)
+    k = min(rank, s.shape[0])
+    up = torch.zeros(rows.shape[0], rank, dtype=torch.float64)
+    down = torch.zeros(rank, rows.shape[1], dtype=torch.float64)
+    up[:, :k] = inv_root_g @ (u[:, :k] * s[:k])
+    # down = V^T L^-1 (L lower triangular): down^T solves L^T down^T = V
+    down[:k] = torch.linalg.solve_triangular(root_c.T, vh[:k].T, upper=True).T
+    return up.to(rows.dtype), down.to(rows.dtype)
+
+
+def curvature_spectrum(rows: Tensor, inputs: Tensor, grads: Tensor) -> Tensor:
+    """The singular values of ``G^(1/2) rows C^(1/2)`` (``curvature_factors``), descending."""
+    return _curvature_svd(rows, inputs, grads)[1]
+
+
+def _curvature_svd(rows: Tensor, inputs: Tensor, grads: Tensor
+                   ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``U S V^T = G^(1/2) rows L`` with ``L L^T = C`` (Cholesky; a ridge of 1e-6 of C's mean
+    diagonal keeps it definite) and ``G^(1/2)``'s inverse (eigenvalues below 1e-8 of the
+    largest raised to it: directions the loss does not see are kept, not amplified)."""
+    c = inputs.double()
+    c = c + 1e-6 * c.diagonal().mean().clamp_min(1e-30) * torch.eye(c.shape[0], dtype=c.dtype)
+    root_c = torch.linalg.cholesky(c)
+    values, vectors = torch.linalg.eigh(grads.double())
+    values = values.clamp_min(float(values.max().clamp_min(1e-30)) * 1e-8)
+    root_g = (vectors * values.sqrt()) @ vectors.T
+    inv_root_g = (vectors / values.sqrt()) @ vectors.T
+    u, s, vh = torch.linalg.svd(root_g @ rows.double() @ root_c, full_matrices=False)
+    return u, s, vh, root_c, inv_root_g
+
+
 # (group, key/value head) -> how it splits
 Splits = dict[tuple[int, int], PairSplit]
 
@@ -122,15 +161,44 @@ def gather(layout: QKVLayout, splits: Splits, rows: Tensor
     return torch.cat(q), torch.cat(rope), torch.cat(rest), values
 
 
+def latent_rows(weight: Tensor, student: ArchConfig, i: int, orders: PairOrders
+                ) -> tuple[Tensor, Tensor]:
+    """The rows of layer ``i``'s fused ``qkv`` ``weight`` that its latent replaces (every key
+    head's latent part, then every value row, as ``latent_layer`` stacks them) and, for each,
+    its index among the teacher's key and value outputs (keys first: ``workers.curvature``'s
+    order)."""
+    layer = student.layers[i]
+    layout, splits = QKVLayout.of(layer), pair_splits(student, i, orders)
+    _, _, rest, values = gather(layout, splits, weight)
+    _, _, rest_at, values_at = gather(layout, splits, torch.arange(weight.shape[0]))
+    return torch.cat([rest, values]), torch.cat([rest_at, values_at]) - layout.widths[0]
+
+
+def curvature_fit(weight: Tensor, student: ArchConfig, i: int, orders: PairOrders,
+                  inputs: Tensor, grads: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Layer ``i``'s latent maps at its full rank, ``(up, down)``, fitted to second order
+    (``curvature_factors``: ``inputs`` and ``grads`` are its ``workers.curvature`` moments),
+    and the singular values that price each width (docs/theory.md §10.6)."""
+    rows, at = latent_rows(weight, student, i, orders)
+    sub = grads[at][:, at]
+    spectrum = curvature_spectrum(rows, inputs, sub)
+    up, down = curvature_factors(rows, inputs, sub, len(spectrum))
+    return up.float(), down.float(), spectrum
+
+
 def latent_layer(state: dict[str, Tensor], student: ArchConfig, i: int, orders: PairOrders,
-                 scale: Tensor | None) -> None:
+                 scale: Tensor | None, fit: tuple[Tensor, Tensor] | None = None) -> None:
     """Replace block ``i``'s ``mhsa`` tensors in ``state`` by the latent layer's of
-    ``student``: query rows reordered, RoPE key rows, ``down``/``up`` from ``latent_factors``
-    and the kept (and, turned, the left) pairs' frequencies; the output map stays."""
+    ``student``: query rows reordered, RoPE key rows, ``down``/``up`` from ``fit`` (its leading
+    ``latent_dim``) or else ``latent_factors``, and the kept (and, turned, the left) pairs'
+    frequencies; the output map stays."""
     layer, prefix = student.layers[i], f"blocks.{i}.attn."
     layout, splits = QKVLayout.of(layer), pair_splits(student, i, orders)
     q, rope, rest, values = gather(layout, splits, state.pop(prefix + "qkv.weight"))
-    up, down = latent_factors(torch.cat([rest, values]), scale, layer.latent_dim)
+    if fit is None:
+        up, down = latent_factors(torch.cat([rest, values]), scale, layer.latent_dim)
+    else:
+        up, down = _widened(fit, layer.latent_dim)
     tensors = {"q.weight": q, "down.weight": down, "up.weight": up, "k_rope.weight": rope}
     bias = state.pop(prefix + "qkv.bias", None)
     if bias is not None:
@@ -149,3 +217,12 @@ def latent_layer(state: dict[str, Tensor], student: ArchConfig, i: int, orders: 
             tensors[f"inv_freq_latent{j}"] = torch.stack([f[s.left] for f, s in zip(freqs, heads)])
     state.update({prefix + k: v for k, v in tensors.items()})
 
+
+
+def _widened(fit: tuple[Tensor, Tensor], width: int) -> tuple[Tensor, Tensor]:
+    """A fit's leading ``width`` latent units; zeros beyond its rank (exact there)."""
+    up, down = fit
+    k = min(width, up.shape[1])
+    wide_up, wide_down = up.new_zeros(up.shape[0], width), down.new_zeros(width, down.shape[1])
+    wide_up[:, :k], wide_down[:k] = up[:, :k], down[:k]
+    return wide_up, wide_down

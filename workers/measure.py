@@ -12,7 +12,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor
@@ -29,13 +30,15 @@ from alloc.compression import (
 from arch import ArchConfig, LayerSpec
 from common.progress import Progress, duration, say
 from workers.attention import MultiHeadAttention
-from workers.checkpoints import is_family_folder, load, read_arch
+from workers.checkpoints import Loaded, is_family_folder, load, read_arch
 from workers.checkpoints.stream import LayerSource, StreamedFolder, WholeModel
 from workers.heads import HeadMap, layer_maps
+from workers.latent_measure import curvature_latent
 from workers.loss_rule import IGNORE, input_scale, latent_sensitivity, loss_sensitivity
 from workers.model import Block, Model
 from workers.pairs import rank_pairs
 from workers.recording import record_block
+from workers.students import LatentFits
 from workers.taskargs import check_fits, task_for_model
 
 
@@ -190,39 +193,79 @@ def measure_checkpoint(request: MeasureRequest) -> CheckpointMeasurement:
     Raises:
         CheckpointError, TaskError, DataError, CompressionError: one line each.
     """
+    return measure_for_plan(request)[0]
+
+
+def measure_for_plan(request: MeasureRequest) -> tuple[CheckpointMeasurement, LatentFits]:
+    """``measure_checkpoint``, and the latent maps a plan fitted to second order (a latent
+    plan's ``curvature`` estimate; else none).
+
+    Raises:
+        CheckpointError, TaskError, DataError, CompressionError: one line each.
+    """
     tick = time.perf_counter()
-    # the loss rule runs the whole model per cut; otherwise a Llama-family folder is streamed
-    streamed = not request.loss_sensitivity and is_family_folder(request.checkpoint)
+    curvature = request.latent and request.estimate == "curvature"
+    # the loss rule's forwards run the whole model per cut; otherwise a Llama-family folder
+    # (or GGUF file) is streamed
+    streamed = (curvature or not request.loss_sensitivity) and is_family_folder(
+        request.checkpoint)
     arch = read_arch(request.checkpoint)
     loaded = None if streamed else load(request.checkpoint)
     read_s = time.perf_counter() - tick
+    x, targets, seq_len, source = _sample(request, arch)
+    layout = "llama" if loaded is None else loaded.layout
+    fits: LatentFits = {}
+    with _layers(request, loaded) as layers:
+        _say_read(request, arch, layout, read_s if loaded else time.perf_counter() - tick,
+                  streamed=loaded is None)
+        if curvature:
+            if x is None or targets is None:
+                raise CompressionError("--latent: the curvature estimate needs a sample of a "
+                                       "token model (--data or --task)")
+            spectra = measure_layers(layers, None, seq_len, request.align, None, request.quiet)
+            measured, fits = curvature_latent(layers, spectra, x, targets, request.rope_dim,
+                                              request.quiet)
+            measured = dataclasses.replace(measured, sample=source)
+        elif loaded is not None:
+            measured = measure_model(loaded.model, x, seq_len, request.align, source, targets,
+                                     request.quiet, request.latent)
+        else:
+            measured = measure_layers(layers, x, seq_len, request.align, source, request.quiet)
+    return dataclasses.replace(measured, checkpoint=str(request.checkpoint),
+                               layout=layout), fits
+
+
+def _sample(request: MeasureRequest, arch: ArchConfig
+            ) -> tuple[Tensor | None, Tensor | None, int, str | None]:
+    """The sample's windows, their targets (with the loss rule; ``IGNORE`` where a position
+    does not count), the window (the model's length without a sample) and what was sampled."""
     task, source = task_for_model(
         arch, data=request.data, task=request.task, params=request.task_params,
         size="smoke" if request.smoke_test else "paper", seed=request.seed,
         seq_len=request.seq_len)
-    x, seq_len = None, min(request.seq_len or arch.max_seq_len, arch.max_seq_len)
+    if task is None:
+        return None, None, min(request.seq_len or arch.max_seq_len, arch.max_seq_len), source
+    check_fits(task, arch, trains=False, source=source)
+    windows = max(1, (request.sample_tokens or WINDOW_TOKENS) // task.seq_len)
+    batch = task.batch("val", SAMPLE_BATCH, windows)
     targets = None
-    if task is not None:
-        check_fits(task, arch, trains=False, source=source)
-        windows = max(1, (request.sample_tokens or WINDOW_TOKENS) // task.seq_len)
-        batch = task.batch("val", SAMPLE_BATCH, windows)
-        x, seq_len = batch.x, task.seq_len
-        if request.loss_sensitivity:
-            if arch.vocab_size is None:
-                raise CompressionError("--rule loss: needs a token model (this one reads "
-                                       "vectors)")
-            targets = batch.y.masked_fill(~batch.mask, IGNORE)  # positions that count
-    layout = "llama" if loaded is None else loaded.layout
+    if request.loss_sensitivity:
+        if arch.vocab_size is None:
+            raise CompressionError("--rule loss: needs a token model (this one reads vectors)")
+        targets = batch.y.masked_fill(~batch.mask, IGNORE)  # positions that count
+    return batch.x, targets, task.seq_len, source
+
+
+@contextmanager
+def _layers(request: MeasureRequest, loaded: Loaded | None) -> Iterator[LayerSource]:
+    """The model as a ``LayerSource``: in memory when it was loaded, else streamed (every
+    tensor checked before anything is measured)."""
     if loaded is not None:
-        _say_read(request, arch, layout, read_s, streamed=False)
-        measured = measure_model(loaded.model, x, seq_len, request.align, source, targets,
-                                 request.quiet, request.latent)
-    else:
-        with StreamedFolder(request.checkpoint, f"--checkpoint {str(request.checkpoint)!r}"
-                            ) as stream:  # every tensor checked before anything is said
-            _say_read(request, arch, layout, time.perf_counter() - tick, streamed=True)
-            measured = measure_layers(stream, x, seq_len, request.align, source, request.quiet)
-    return dataclasses.replace(measured, checkpoint=str(request.checkpoint), layout=layout)
+        yield WholeModel(loaded.model)
+        return
+    with StreamedFolder(request.checkpoint, f"--checkpoint {str(request.checkpoint)!r}"
+                        ) as stream:
+        yield stream
 
 
 def _say_read(request: MeasureRequest, arch: ArchConfig, layout: str, seconds: float,

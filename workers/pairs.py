@@ -175,3 +175,38 @@ def rank_pairs(heads: Sequence[HeadMap], x: Tensor | None, ranks: Sequence[int],
               for head, p in passes.items()}
     return PairRanking(order, {h: b[list(order)] for h, b in bounds.items()}, errors,
                        {head: p.stats() for head, p in passes.items()})
+
+
+DEROTATION_ROWS = 64  # query rows per window that price un-turning a pair
+
+
+@torch.no_grad()
+def derotation_order(heads: Sequence[HeadMap], x: Tensor, causal: bool) -> tuple[int, ...]:
+    """One key/value head's frequency pairs, the one that costs most to leave unturned first
+    (docs/theory.md §10.6): a latent part without RoPE computes pair ``p``'s logit term as
+    ``q_p . k_p`` where the teacher turns them, ``(R_i q_p) . (R_j k_p)``; the price of that is
+    the squared change of the term weighted by the teacher's attention, ``sum A_ij
+    (z_p,turned - z_p,unturned)^2 / qk``, summed over the query heads reading it and over
+    ``DEROTATION_ROWS`` query rows per window, spread over the window (``x``: (B, T, d [+ 1])).
+    A pair that turns slowly over the distances the heads attend across costs little whatever
+    its size; MHA2MLA's norm ranking sees only the size."""
+    t, pairs = x.shape[1], heads[0].a.shape[1] // 2
+    rows = torch.linspace(t // 8, t - 1, min(DEROTATION_ROWS, t)).round().long().unique()
+    total = torch.zeros(pairs, dtype=torch.float64)
+    scale = 1.0 / math.sqrt(2 * pairs)
+    for chunk in window_chunks(x, 4 * 4 * len(rows) * t * (pairs + 2)):
+        xf = chunk.float()
+        k_turned = _turned(heads[0], xf, "b")  # (B, T, 2, P)
+        k_plain = (xf @ torch.from_numpy(heads[0].b).float()).unflatten(-1, (2, pairs))
+        for head in heads:
+            q_turned = _turned(head, xf, "a")[:, rows]  # (B, R, 2, P)
+            q_plain = (xf[:, rows] @ torch.from_numpy(head.a).float()).unflatten(-1, (2, pairs))
+            turned = torch.einsum("bicp,bjcp->bpij", q_turned, k_turned) * scale
+            plain = torch.einsum("bicp,bjcp->bpij", q_plain, k_plain) * scale
+            logits = turned.sum(1)  # (B, R, T): the teacher's
+            if causal:
+                logits = logits.masked_fill(torch.arange(t)[None, :] > rows[:, None],
+                                            float("-inf"))
+            weights = torch.softmax(logits, dim=-1)[:, None]  # (B, 1, R, T)
+            total += (weights * (turned - plain).square()).sum((0, 2, 3)).double()
+    return tuple(int(i) for i in np.argsort(-total.numpy(), kind="stable"))

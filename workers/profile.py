@@ -18,9 +18,10 @@ import argparse
 import dataclasses
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from alloc.compression import (
     RULES,
@@ -55,7 +56,8 @@ PROG = "workers.profile"
 DEFAULT_TOLERANCE = 0.05  # --checkpoint: the allowed error per head group
 # only with --checkpoint (--align, --logit-bound: defaults)
 CHECKPOINT_FLAGS = ("--task", "--task-param", "--smoke-test", "--rule", "--tolerance",
-                    "--kv-cache", "--latent")
+                    "--kv-cache", "--latent", "--estimate", "--rope-dim")
+ESTIMATES = ("curvature", "forwards")  # how a latent plan's loss increases are found
 
 
 # --- data: the statistics and the pilot -------------------------------------------------------
@@ -129,28 +131,54 @@ class PlanRequest:
     kv_cache: float | None = None
 
 
-def plan_checkpoint(request: PlanRequest) -> CompressionPlan:
+@dataclass(frozen=True)
+class PlannedCheckpoint:
+    """A checkpoint's plan and, for a latent plan fitted to second order, its latent maps at
+    the planned widths (layer -> ``(up, down)``; written beside the plan,
+    ``workers.compress`` reads them)."""
+
+    plan: CompressionPlan
+    fits: Mapping[int, tuple[Any, Any]] = dataclasses.field(default_factory=dict)
+
+
+def plan_checkpoint(request: PlanRequest) -> PlannedCheckpoint:
     """Measure the checkpoint (``workers.measure``) and plan its compression.
 
     Raises:
         CheckpointError, TaskError, DataError, CompressionError: one line each.
     """
     from workers.checkpoints import read_arch  # torch: once the flags are read
-    from workers.measure import measure_checkpoint
+    from workers.measure import measure_for_plan
 
     latent = request.measure.latent
     if latent or request.kv_cache is not None:  # from the sizes alone: before measuring
         teacher = read_arch(request.measure.checkpoint)
         if latent and not any(layer.attention == "mhsa" for layer in teacher.layers):
             raise CompressionError("--latent: the model has no mhsa layer to make latent")
+        if latent and request.measure.rope_dim:
+            check_rope_dim(teacher, request.measure.rope_dim)
         if request.kv_cache is not None:
             check_kv_cache(teacher, request.measure.align, request.kv_cache,
-                           values=request.rule == "loss", latent=latent)
-    measured = measure_checkpoint(request.measure)
+                           values=request.rule == "loss", latent=latent,
+                           rope_dim=request.measure.rope_dim)
+    measured, fits = measure_for_plan(request.measure)
     plan = plan_compression(measured, request.tolerance, request.rule, request.logit_bound)
     if request.kv_cache is not None:
         plan = plan_for_kv_cache(plan, request.kv_cache)
-    return plan
+    widths = {layer.index: layer.latent_dim for layer in plan.layers if layer.latent_dim}
+    return PlannedCheckpoint(plan, {i: (up[:, :widths[i]], down[:widths[i]])
+                                    for i, (up, down) in fits.items() if i in widths})
+
+
+def check_rope_dim(teacher: Any, rope_dim: int) -> None:
+    """Refuse a decoupled RoPE part the model's heads cannot hold (``--rope-dim``)."""
+    if teacher.positional != "rope":
+        raise UsageError(f"--rope-dim {rope_dim}: the model has no RoPE to keep (positional "
+                         f"{teacher.positional!r})")
+    widest = min(g.qk_dim for layer in teacher.layers for g in layer.heads)
+    if rope_dim % 2 or rope_dim > widest:
+        raise UsageError(f"--rope-dim {rope_dim}: must be even and at most the smallest head's "
+                         f"qk_dim ({widest})")
 
 
 def checkpoint_request(args: argparse.Namespace) -> PlanRequest:
@@ -162,6 +190,12 @@ def checkpoint_request(args: argparse.Namespace) -> PlanRequest:
     if args.latent and args.rule != "loss":
         raise UsageError(f"--latent: its widths are chosen by the loss rule; add --rule loss "
                          f"(got --rule {args.rule or 'default'})")
+    for flag, value in (("--estimate", args.estimate), ("--rope-dim", args.rope_dim)):
+        if value is not None and not args.latent:
+            raise UsageError(f"{flag} {value}: only with --latent (a latent student's plan)")
+    if args.rope_dim and args.estimate == "forwards":
+        raise UsageError(f"--rope-dim {args.rope_dim}: a decoupled RoPE part is planned with "
+                         "--estimate curvature")
     if args.kv_cache is not None and args.tolerance is not None:
         raise UsageError(f"--kv-cache {args.kv_cache:g} and --tolerance {args.tolerance:g}: the "
                          "plan meets one of them; give one")
@@ -174,25 +208,39 @@ def checkpoint_request(args: argparse.Namespace) -> PlanRequest:
                              smoke_test=args.smoke_test, seq_len=args.seq_len,
                              sample_tokens=args.sample_tokens, seed=args.seed,
                              loss_sensitivity=args.rule == "loss", latent=args.latent,
+                             estimate=args.estimate or "curvature", rope_dim=args.rope_dim or 0,
                              quiet=args.quiet)
     tolerance = DEFAULT_TOLERANCE if args.tolerance is None else args.tolerance
     return PlanRequest(measure, tolerance, args.rule, args.logit_bound, args.kv_cache)
 
 
-def show_plan(plan: CompressionPlan, args: argparse.Namespace) -> None:
-    """Say when nothing could be planned, write the plan (``--out``) and its plot (``--plot``),
-    and print it."""
+def show_plan(planned: PlannedCheckpoint, args: argparse.Namespace) -> None:
+    """Say when nothing could be planned, write the plan (``--out``; a fitted latent plan's
+    maps beside it) and its plot (``--plot``), and print it."""
+    plan = planned.plan
     if not plan.measured and not plan.reduces:
         print(f"{PROG}: no reduction can be planned without data: the bound alone allows none "
               "at these norms; give --task or --data to measure the logits (or --logit-bound "
               "R to assume them)", file=sys.stderr)
     if args.out is not None:
+        if planned.fits:
+            from workers.fits import write_fits  # torch: a fitted plan only
+
+            factors = fits_path(args.out)
+            write_fits(factors, planned.fits)
+            plan = dataclasses.replace(plan, factors=factors.name)
+            wrote(PROG, factors)
         write_atomic(args.out, plan.to_yaml())
         wrote(PROG, args.out)
     if args.plot is not None:
         plot_plan(plan, args.plot)
         wrote(PROG, args.plot)
     print(render_plan(plan) if args.format == "table" else dump(plan.to_dict(), args.format))
+
+
+def fits_path(plan: Path) -> Path:
+    """Where a plan's fitted latent maps are written: beside it, ``<stem>.factors.safetensors``."""
+    return plan.with_name(f"{plan.stem}.factors.safetensors")
 
 
 # --- command line --------------------------------------------------------------------------------
@@ -237,6 +285,17 @@ def _add_checkpoint_args(p: argparse.ArgumentParser) -> None:
                         "layer caches one latent per token from which its keys and values are "
                         "rebuilt; docs/theory.md §10.5): each layer's width where the sample's "
                         "loss rises least (one forward per layer and width)")
+    c.add_argument("--estimate", choices=ESTIMATES,
+                   help="--latent: how each layer's loss increase at each width is found: "
+                        "curvature (default: to second order from one forward and one backward "
+                        "pass, with the maps fitted to it; docs/theory.md §10.6) or forwards "
+                        "(measured, one forward per layer and width; §10.5)")
+    c.add_argument("--rope-dim", type=int_in(0),
+                   help="--latent: keep this many dims of every key head turned by RoPE as a "
+                        "decoupled part beside the latent, the pairs that cost most to leave "
+                        "unturned; the rest of the keys come from the latent unturned, so "
+                        "decoding reads the cached latents as they are (default 0: every key "
+                        "from the latent, turned after it is rebuilt)")
     c.add_argument("--logit-bound", type=number(0, strict=True),
                    help="--checkpoint without --data: assume |logits| <= R (default: none, "
                         "||J|| <= 1/2)")

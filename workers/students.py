@@ -58,6 +58,9 @@ def value_factors(values: Tensor, outputs: Sequence[Tensor], scale: Tensor | Non
 PairOrders = Mapping[tuple[int, int, int], Sequence[int]]
 # layer -> the RMS of each input feature of its attention on the sample (d [+ 1] with biases)
 InputScales = Mapping[int, Sequence[float]]
+# layer -> its latent maps (up, down) fitted by the plan (workers.latent_students.curvature_fit),
+# at least as wide as the student's latent: their leading columns of up and rows of down are used
+LatentFits = Mapping[int, tuple[Tensor, Tensor]]
 
 
 class RankedHead(Protocol):
@@ -92,23 +95,26 @@ def pair_orders(plan: CompressionPlan) -> dict[tuple[int, int, int], tuple[int, 
 
 
 def build_student(teacher: Model, student_arch: ArchConfig,
-                  pairs: PairOrders | None = None, scales: InputScales | None = None) -> Model:
+                  pairs: PairOrders | None = None, scales: InputScales | None = None,
+                  fits: LatentFits | None = None) -> Model:
     """The student: ``teacher``'s weights with every head's query/key maps cut to the student's
     ``qk_dim`` (at the teacher's, an exact copy): the truncated SVD of each head's
     ``W_Q,h W_K,h^T``, or for RoPE heads the leading frequency pairs of ``pairs`` (the plan's
     ranking) with their frequencies; and each key/value head's values cut to the student's
-    ``v_dim`` by ``value_factors``, weighted by ``scales`` (the plan's input RMS)."""
+    ``v_dim`` by ``value_factors``, weighted by ``scales`` (the plan's input RMS); latent layers
+    from ``fits`` where the plan fitted them (``latent_layer``)."""
     student = build_model(student_arch)
     state = teacher.state_dict()
     for i in range(student_arch.n_layers):
-        cut_layer(state, teacher.arch, student_arch, i, pairs, scales, teacher.block(i).attn)
+        cut_layer(state, teacher.arch, student_arch, i, pairs, scales, teacher.block(i).attn,
+                  fits)
     student.load_state_dict(state)
     return student.eval()
 
 
 def streamed_student(teacher: StreamedFolder, student_arch: ArchConfig,
-                     pairs: PairOrders | None = None, scales: InputScales | None = None
-                     ) -> Iterator[dict[str, Tensor]]:
+                     pairs: PairOrders | None = None, scales: InputScales | None = None,
+                     fits: LatentFits | None = None) -> Iterator[dict[str, Tensor]]:
     """``build_student``'s tensors one part at a time, the teacher read one block at a time:
     first the embedding, final norm and head (each a part, as stored), then each block's
     tensors (a block's weights are the only ones held at once)."""
@@ -127,12 +133,13 @@ def streamed_student(teacher: StreamedFolder, student_arch: ArchConfig,
             state = {f"blocks.{i}.{k}": v for k, v in block.state_dict().items()}
             state.update({f"blocks.{i}.attn.{k}": v.float()
                           for k, v in block.attn.state_dict().items()})
-            cut_layer(state, arch, student_arch, i, pairs, scales, block.attn)
+            cut_layer(state, arch, student_arch, i, pairs, scales, block.attn, fits)
         yield state
 
 
 def cut_layer(state: dict[str, Tensor], teacher: ArchConfig, student: ArchConfig, i: int,
-              pairs: PairOrders | None, scales: InputScales | None, attn: nn.Module) -> None:
+              pairs: PairOrders | None, scales: InputScales | None, attn: nn.Module,
+              fits: LatentFits | None = None) -> None:
     """Replace layer ``i``'s tensors in ``state`` (a state dict holding at least that block's)
     by the student's: keys by the SVD of the head maps of ``attn`` (the teacher's attention
     module of the layer) or the RoPE pair ranking, values by ``value_factors``; or, where the
@@ -145,7 +152,7 @@ def cut_layer(state: dict[str, Tensor], teacher: ArchConfig, student: ArchConfig
 
         scale = None if scales is None or i not in scales else torch.tensor(
             scales[i][:teacher.d_model])
-        latent_layer(state, student, i, pairs or {}, scale)
+        latent_layer(state, student, i, pairs or {}, scale, (fits or {}).get(i))
         return
     name = "qk" if old.attention == "frozen_qk" else "qkv"
     if [g.qk_dim for g in new.heads] != [g.qk_dim for g in old.heads]:

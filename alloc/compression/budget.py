@@ -18,17 +18,19 @@ from arch.names import SINGLE_WIDTH_KINDS
 
 
 def kv_cache_floor(teacher: ArchConfig, align: int, values: bool = False,
-                   latent: bool = False) -> float:
+                   latent: bool = False, rope_dim: int = 0) -> float:
     """The smallest KV cache a plan of ``teacher`` at ``align`` can reach, as a fraction of the
     teacher's: every query-key group at its smallest candidate ``qk_dim``, and its values at
     theirs when ``values`` are planned (the loss rule's mhsa layers), else whole; or, for a
-    ``latent`` plan, every mhsa layer at its smallest latent width and the others whole. It
+    ``latent`` plan, every mhsa layer at its smallest latent width (beside a decoupled RoPE
+    part of ``rope_dim`` per key/value head) and the others whole. It
     follows from the architecture alone, so a budget below it is refused before measuring."""
     cut = 0
     for layer in teacher.layers:
         if latent:
             if layer.attention == "mhsa":
-                cut += layer.kv_width - latent_widths(layer, teacher.d_model, align)[0]
+                smallest = latent_widths(layer, teacher.d_model, align, rope_dim)[0]
+                cut += layer.kv_width - smallest - layer.kv_heads * rope_dim
             continue
         if layer.attention in SINGLE_WIDTH_KINDS:
             continue
@@ -40,13 +42,13 @@ def kv_cache_floor(teacher: ArchConfig, align: int, values: bool = False,
 
 
 def check_kv_cache(teacher: ArchConfig, align: int, fraction: float, values: bool = False,
-                   latent: bool = False) -> None:
+                   latent: bool = False, rope_dim: int = 0) -> None:
     """Refuse a ``--kv-cache`` budget no plan of ``teacher`` at ``align`` can meet.
 
     Raises:
         CompressionError: ``fraction`` outside ``[kv_cache_floor, 1]``.
     """
-    floor = kv_cache_floor(teacher, align, values, latent)
+    floor = kv_cache_floor(teacher, align, values, latent, rope_dim)
     if not floor - 1e-12 <= fraction <= 1:
         raise CompressionError(_outside(fraction, floor, _kept(values, latent),
                                         f" (--align {align})"))

@@ -72,6 +72,10 @@ class CheckpointMeasurement:
     sample: str | None = None  # what was sampled ("--task lm", "--data x.txt"); None: no data
     checkpoint: str = ""
     layout: str = ""
+    # a latent student's layout and fit (``latent_losses`` are for these): the decoupled RoPE
+    # part per key/value head, and how the maps are fitted (schema.CompressionPlan.latent_fit)
+    rope_dim: int = 0
+    latent_fit: str = ""
 
     @property
     def measured(self) -> bool:
@@ -94,4 +98,9 @@ class MeasureRequest:
     seed: int = 0
     loss_sensitivity: bool = False  # also each group's loss increase at each candidate
     latent: bool = False  # with loss_sensitivity: each mhsa layer's at each latent width instead
+    # a latent plan's loss increases: estimated to second order from one forward and backward
+    # pass ("curvature", docs/theory.md §10.6), or measured, one forward per layer and width
+    # ("forwards", §10.5)
+    estimate: str = "curvature"
+    rope_dim: int = 0  # a latent student's decoupled RoPE part per key/value head
     quiet: bool = False  # no progress on stderr

@@ -46,19 +46,24 @@ def candidate_dims(qk_dim: int, align: int) -> list[int]:
     return sorted({*range(align, qk_dim, align), qk_dim})
 
 
-def latent_widths(layer: LayerSpec, d_model: int, align: int) -> list[int]:
+def latent_widths(layer: LayerSpec, d_model: int, align: int, rope_dim: int = 0) -> list[int]:
     """The latent widths an mhsa ``layer`` may be cut to (docs/theory.md §10.5): multiples of
-    ``align`` below its full rank, ``min(d_model, kv units)`` (the rank of its stacked key and
-    value maps), and the full rank itself, at which the latent layer is exact."""
-    return candidate_dims(min(d_model, layer.kv_width), align)
+    ``align`` below its full rank, ``min(d_model, rows)`` (the rank of its stacked key and
+    value maps: every key row but the ``rope_dim`` of each key/value head's decoupled RoPE
+    part, and every value row), and the full rank itself, at which the latent layer is
+    exact."""
+    rows = sum(g.kv_heads * (g.qk_dim - rope_dim + g.v_dim) for g in layer.heads)
+    return candidate_dims(min(d_model, rows), align)
 
 
-def latent_spec(layer: LayerSpec, width: int, positional: str) -> LayerSpec:
-    """mhsa ``layer`` made a latent layer of ``width`` units, as a plan makes it: every key
-    from the latent (no decoupled RoPE part), turned by RoPE after it is rebuilt where the
-    teacher's keys are turned (``positional``)."""
-    return dataclasses.replace(layer, attention="latent", latent_dim=width,
-                               rotate_latent=positional == "rope")
+def latent_spec(layer: LayerSpec, width: int, positional: str, rope_dim: int = 0) -> LayerSpec:
+    """mhsa ``layer`` made a latent layer of ``width`` units, as a plan makes it: with
+    ``rope_dim = 0`` every key from the latent, turned by RoPE after it is rebuilt where the
+    teacher's keys are turned (``positional``); with ``rope_dim > 0`` that many dims of each
+    key/value head as a decoupled RoPE part and the rest from the latent, unturned (multi-head
+    latent attention's layout, which decodes from the cached latents as they are)."""
+    return dataclasses.replace(layer, attention="latent", latent_dim=width, rope_dim=rope_dim,
+                               rotate_latent=positional == "rope" and not rope_dim)
 
 
 def group_plan(heads: Sequence[HeadMeasurement], group: HeadGroup, seq_len: int,
@@ -117,13 +122,14 @@ def plan_compression(measured: CheckpointMeasurement, tolerance: float,
     layers = tuple(_layer_plan(measured, m, tolerance, rule, logit_bound)
                    for m in measured.layers)
     if latent:
-        layers = tuple(_latent_layer_plan(layer, m.latent_losses, tolerance)
+        layers = tuple(_latent_layer_plan(layer, m.latent_losses, tolerance, measured.rope_dim)
                        for layer, m in zip(layers, measured.layers))
     return CompressionPlan(
         arch_id=measured.arch.arch_id, seq_len=measured.seq_len, tolerance=tolerance,
         align=measured.align, rule=rule, layers=layers,
         student=student_arch(measured.arch, layers), sample=measured.sample,
-        checkpoint=measured.checkpoint, layout=measured.layout)
+        checkpoint=measured.checkpoint, layout=measured.layout,
+        latent_fit=measured.latent_fit if latent else "")
 
 
 def _layer_plan(measured: CheckpointMeasurement, layer: LayerMeasurement, tolerance: float,
@@ -150,7 +156,7 @@ def _layer_plan(measured: CheckpointMeasurement, layer: LayerMeasurement, tolera
 
 
 def _latent_layer_plan(layer: LayerPlan, losses: Mapping[int, float] | None,
-                       tolerance: float) -> LayerPlan:
+                       tolerance: float, rope_dim: int) -> LayerPlan:
     """A layer of a latent plan: its groups keep their dims; a layer whose latent widths were
     measured (an mhsa layer) becomes latent at the smallest width whose loss increase stays
     within ``tolerance``; the others are kept whole."""
@@ -159,7 +165,8 @@ def _latent_layer_plan(layer: LayerPlan, losses: Mapping[int, float] | None,
     if not losses:
         return dataclasses.replace(layer, groups=groups, input_scale=())
     width = next(c for c in sorted(losses) if losses[c] <= tolerance or c == max(losses))
-    return dataclasses.replace(layer, groups=groups, latent_dim=width, latent_losses=losses)
+    return dataclasses.replace(layer, groups=groups, latent_dim=width, latent_losses=losses,
+                               rope_dim=rope_dim)
 
 
 def student_arch(teacher: ArchConfig, layers: Sequence[LayerPlan]) -> ArchConfig:
@@ -170,7 +177,7 @@ def student_arch(teacher: ArchConfig, layers: Sequence[LayerPlan]) -> ArchConfig
     for plan in layers:
         if plan.latent_dim:
             specs[plan.index] = latent_spec(specs[plan.index], plan.latent_dim,
-                                            teacher.positional)
+                                            teacher.positional, plan.rope_dim)
         elif plan.groups:
             heads = tuple(dataclasses.replace(old, qk_dim=g.reduced_qk_dim,
                                               v_dim=g.student_v_dim)

@@ -100,6 +100,7 @@ class LayerPlan:
     input_scale: tuple[float, ...] = ()  # the values' or latent's SVD weights (RMS per feature)
     latent_dim: int = 0  # > 0: the student's layer is latent, caching this many units per token
     latent_losses: Mapping[int, float] | None = None  # candidate latent width -> loss increase
+    rope_dim: int = 0  # a latent layer's decoupled RoPE part per key/value head (0: none)
 
     @property
     def latent_loss(self) -> float | None:
@@ -137,6 +138,11 @@ class CompressionPlan:
     checkpoint: str = ""
     layout: str = ""
     kv_cache: float | None = None  # planned under this KV cache budget (tolerance: the worst)
+    # how a latent student's maps are fitted: "" the SVD weighted by the inputs' RMS (ASVD's
+    # scaling), "curvature" the second-order fit of docs/theory.md §10.6, whose factors are
+    # in the file ``factors`` names (beside the plan)
+    latent_fit: str = ""
+    factors: str = ""
 
     @property
     def measured(self) -> bool:
@@ -191,7 +197,9 @@ class CompressionPlan:
                        student=ArchConfig.from_dict(data["student"]), sample=data.get("sample"),
                        checkpoint=str(data.get("checkpoint", "")),
                        layout=str(data.get("layout", "")),
-                       kv_cache=None if data.get("kv_cache") is None else float(data["kv_cache"]))
+                       kv_cache=None if data.get("kv_cache") is None else float(data["kv_cache"]),
+                       latent_fit=_latent_fit(data.get("latent_fit", "")),
+                       factors=str(data.get("factors", "")))
         except (KeyError, TypeError, ValueError, AttributeError, ConfigError) as err:
             what = f"missing key {err}" if isinstance(err, KeyError) else str(err)
             raise CompressionError(f"not a checkpoint profile ({what.splitlines()[0]})") \
@@ -204,6 +212,15 @@ class CompressionPlan:
         except yaml.YAMLError as err:
             raise CompressionError(f"not YAML ({str(err).splitlines()[0]})") from None
         return cls.from_dict(data)
+
+
+LATENT_FITS = ("", "curvature")
+
+
+def _latent_fit(value: Any) -> str:
+    if value not in LATENT_FITS:
+        raise ValueError(f"latent_fit {value!r}: must be one of {LATENT_FITS}")
+    return str(value)
 
 
 def _rule(value: Any) -> Rule:
@@ -232,7 +249,8 @@ def _layer_from_dict(data: Mapping[str, Any]) -> LayerPlan:
     return LayerPlan(int(data["index"]), str(data["attention"]), str(data["heads"]),
                      float(data["token_norm"]), groups, spectra, stats,
                      tuple(float(v) for v in data.get("input_scale", ())),
-                     int(data.get("latent_dim", 0)), by_rank(data.get("latent_losses")))
+                     int(data.get("latent_dim", 0)), by_rank(data.get("latent_losses")),
+                     int(data.get("rope_dim", 0)))
 
 
 def _plain(value: Any) -> Any:

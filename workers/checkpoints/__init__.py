@@ -48,11 +48,11 @@ __all__ = [
     "CheckpointError",
     "Layout",
     "Loaded",
+    "gguf_file",
     "gpt2_arch",
     "is_family_folder",
     "llama_arch",
     "llama_config",
-    "gguf_file",
     "load",
     "model_config",
     "open_tensors",
@@ -109,14 +109,17 @@ def is_family_folder(path: Path) -> bool:
 
 def read_arch(path: Path) -> ArchConfig:
     """The architecture of the checkpoint at ``path``: from ``config.json`` alone for a
-    folder (no weight read), else from our ``.pt``, so that what depends on sizes only is
-    checked before any work.
+    folder, or a GGUF file's metadata (no weight read), else from our ``.pt``, so that what
+    depends on sizes only is checked before any work.
 
     Raises:
         CheckpointError: as ``load``.
     """
     if not path.exists():
         raise CheckpointError(f"--checkpoint {str(path)!r}: no such file or folder")
+    gguf = gguf_file(path)
+    if gguf is not None:
+        return llama_arch(model_config(gguf, f"--checkpoint {str(path)!r}"))
     if not path.is_dir():
         return _load_ours(path).arch
     source, config, kind = _folder_config(path)

@@ -129,6 +129,10 @@ def gguf_config(reader: Any, source: str) -> dict[str, Any]:
     config["rope_parameters"] = {"rope_type": "default", "rope_theta": float(
         _field(reader, f"{arch}.rope.freq_base") or 10000.0)}
     config["tie_word_embeddings"] = not any(t.name == "output.weight" for t in reader.tensors)
+    # what a student of it is written in: float32 only when the file holds float32 alone
+    # (quantized weights have fewer significant bits than bfloat16 keeps)
+    config["dtype"] = "float32" if all(t.tensor_type.name == "F32" for t in reader.tensors) \
+        else "bfloat16"
     for token in ("bos", "eos", "padding"):
         value = _field(reader, f"tokenizer.ggml.{token}_token_id")
         if value is not None:

@@ -50,6 +50,11 @@ class LayerSource(Protocol):
         """Block ``i``, in memory while the context lasts."""
         ...
 
+    def output(self) -> AbstractContextManager[Callable[[Tensor], Tensor]]:
+        """The model's output from the residual stream after the last block, ``(B, T, d) ->
+        (B, T, vocab)`` (the final norm and the head), in memory while the context lasts."""
+        ...
+
 
 class WholeModel:
     """A model in memory as a ``LayerSource``."""
@@ -67,6 +72,10 @@ class WholeModel:
     @contextmanager
     def block(self, i: int) -> Iterator[Block]:
         yield self.model.block(i)
+
+    @contextmanager
+    def output(self) -> Iterator[Callable[[Tensor], Tensor]]:
+        yield lambda h: self.model.head(self.model.norm(h))
 
 
 class StreamedFolder:
@@ -131,6 +140,26 @@ class StreamedFolder:
             return self.model.inputs(x).float()  # rows gathered as stored: the cast is exact
         finally:
             embed.to("meta")
+
+    @contextmanager
+    def output(self) -> Iterator[Callable[[Tensor], Tensor]]:
+        """The final norm and the head (the embedding, when they are tied), in float32 while
+        the context lasts."""
+        model, arch = self.model, self._arch
+        head = model.embed if arch.tie_embeddings else model.head
+        pairs = [("norm.weight", ["model.norm.weight"]),
+                 ("embed.weight", ["model.embed_tokens.weight"]) if arch.tie_embeddings
+                 else ("head.weight", ["lm_head.weight"])]
+        for module in (model.norm, head):
+            module.to_empty(device="cpu")
+        try:
+            fill_llama(model, self.tensors, self.config, pairs, ())
+            weight = dict(head.named_parameters())["weight"].detach().float()
+            with computed_in_float32(model.norm):
+                yield lambda h: F.linear(model.norm(h), weight)
+        finally:
+            for module in (model.norm, head):
+                module.to("meta")
 
     @contextmanager
     def block(self, i: int) -> Iterator[Block]:
