@@ -9,6 +9,7 @@ drop (``workers.pairs.derotation_order``), measured on a few windows of the samp
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -18,7 +19,7 @@ from arch import ArchConfig
 from common.progress import Progress
 from workers.attention import MultiHeadAttention
 from workers.checkpoints.stream import LayerSource
-from workers.curvature import layer_curvature
+from workers.curvature import LayerCurvature, layer_curvature
 from workers.heads import layer_maps
 from workers.latent_students import curvature_fit
 from workers.pairs import derotation_order
@@ -28,18 +29,22 @@ DEROTATION_WINDOWS = 4  # windows of the sample that rank the pairs to leave unt
 
 
 def curvature_latent(source: LayerSource, measured: CheckpointMeasurement, x: Tensor,
-                     targets: Tensor, rope_dim: int = 0, quiet: bool = True
+                     targets: Tensor, rope_dim: int = 0, quiet: bool = True,
+                     moments: Sequence[LayerCurvature] | None = None,
+                     orders: PairOrders | None = None
                      ) -> tuple[CheckpointMeasurement, LatentFits]:
     """``measured`` (the model's spectra, ``workers.measure.measure_layers`` without data) with
     every mhsa layer's ``latent_losses`` estimated to second order on ids ``x`` against
     ``targets``, its RoPE pairs ranked for a decoupled RoPE part of ``rope_dim`` per key/value
-    head, and the latent maps of every layer at its full rank."""
+    head, and the latent maps of every layer at its full rank. ``moments`` and ``orders``:
+    the curvature and the pair rankings already measured on that sample (else measured
+    here)."""
     arch = source.arch
-    orders: PairOrders = {}
     if rope_dim:
-        orders = derotation_orders(source, x[:DEROTATION_WINDOWS], quiet)
+        orders = orders or derotation_orders(source, x[:DEROTATION_WINDOWS], quiet)
         measured = _with_orders(measured, orders)
-    curvature = {c.index: c for c in layer_curvature(source, x, targets, quiet=quiet)}
+    orders = orders if rope_dim and orders else {}
+    curvature = {c.index: c for c in moments or layer_curvature(source, x, targets, quiet=quiet)}
     fits: dict[int, tuple[Tensor, Tensor]] = {}
     losses: dict[int, dict[int, float]] = {}
     student = _latent_arch(arch, rope_dim)

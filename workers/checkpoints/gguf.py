@@ -161,6 +161,11 @@ class GGUFTensors:
         layers = int(self.config.get("num_hidden_layers") or 0)
         return [*_TOP, *(f"model.layers.{i}.{name}" for i in range(layers) for name in _BLOCK)]
 
+    @property
+    def has_tokenizer(self) -> bool:
+        """Whether the file carries a tokenizer (its vocabulary and kind in the metadata)."""
+        return _field(self.reader, "tokenizer.ggml.model") is not None
+
     def __enter__(self) -> GGUFTensors:
         return self
 

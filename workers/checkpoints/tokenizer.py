@@ -10,7 +10,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from workers.checkpoints.gguf import gguf_file
+from workers.checkpoints.gguf import GGUFTensors, gguf_file
 
 # The files transformers' tokenizers read from a model folder
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -23,6 +23,8 @@ def tokenizer_writer(checkpoint: Path) -> Callable[[Path], None] | None:
     checkpoints, folders without tokenizer files)."""
     gguf = gguf_file(checkpoint)
     if gguf is not None:
+        if not GGUFTensors(gguf, str(gguf)).has_tokenizer:
+            return None
         return lambda folder: _from_gguf(gguf, folder)
     if not checkpoint.is_dir():
         return None

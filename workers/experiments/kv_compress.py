@@ -1,36 +1,22 @@
-"""python -m workers.experiments.kv_compress [--smoke-test] [--out DIR] [--seeds 0 1]
+"""python -m workers.experiments.kv_compress --teacher PATH --data TOKENS --eval DIR [DIR ...]
 
-Five ways to shrink a trained GQA Llama's KV cache, side by side at 50%, 25% and 12.5% of what
-its teacher caches per token (docs/theory.md §10): the teacher of ``llama_compress`` (a byte LM
-with RoPE, RMSNorm, SwiGLU, 8 query heads reading 2 key/value heads, trained here on Python's
-standard-library sources, written as a stock Llama folder and read back), one per ``--seeds``
-value, each cut by
+The published ways to shrink a trained GQA Llama's KV cache side by side with ours, at 50%,
+25% and 12.5% of what its teacher caches per token (docs/theory.md §10, the methods of
+``kv_methods``: ``svd``, ``asvd``, ``palu``, ``mha2mla``, ``ours``, ``ours-latent``,
+``ours-mla``), on any Llama-family teacher: a ``transformers`` folder, a GGUF file or our
+checkpoint (``--teacher``; without it, the small Llama of ``llama_compress`` is trained here on
+Python's standard library and used). Each calibration seed (``--seeds``) draws its own sample
+of ``--data`` (``--sample-tokens``, windows of ``--seq-len``), which every method calibrates
+on; the fine-tuning (``--finetune-steps``, at the ``--finetune`` fractions) trains on
+``--data`` too. Every student is scored by its perplexity on each ``--eval`` source (held-out
+text the calibration never saw; ``--eval-tokens`` of each, in windows of ``--seq-len``), right
+after the cut and after fine-tuning, with a 95% interval of its mean loss against the best
+other method, paired by window (bootstrap over windows).
 
-- ``svd``: every layer's keys and values rebuilt from one latent of equal width per layer, the
-  truncated SVD of the stacked key and value maps; keys turned by RoPE after they are rebuilt
-  (a latent layer with ``rotate_latent``, §10.5). One SVD of all of a layer's key/value heads
-  is at least as close to the maps as one per head at the same cache;
-- ``asvd``: the same, weighted by the sample's input RMS per feature (Yuan et al., 2023);
-- ``palu``: as ``asvd``, with the latent widths allocated across layers in proportion to the
-  Fisher information of each layer's key and value maps on the sample (Palu's rank
-  allocation; Chang et al., 2025);
-- ``mha2mla``: each key/value head keeps the RoPE pairs whose query and key norms on the
-  sample are largest (MHA2MLA's 2-norm choice; Ji et al., 2025) as a decoupled RoPE part of a
-  quarter of the head; the rest of the keys and the values in one input-weighted latent,
-  without RoPE;
-- ``ours``: the loss plan of ``workers.profile --rule loss --kv-cache F``: each layer's RoPE
-  pairs and value dims cut where the sample's loss rises least (§10.3-§10.4), as a compact
-  student;
-- ``ours-latent``: the latent plan of ``workers.profile --rule loss --latent --kv-cache F``:
-  the same loss rule choosing each layer's latent width for the ``asvd`` latent (every layer's
-  latent cut alone to each candidate width, multiples of 8, its loss increase on the sample
-  measured; the widths within the budget with the least summed increase chosen by dynamic
-  programming), built by ``workers.compress``'s code.
-
-Every student is evaluated right after the cut and after the same fine-tuning. Writes
-``kv_compress.csv`` (every student, after each; a second run on the same ``--out`` computes
-only the rows it lacks), ``kv_compress_summary.csv`` (per size and method: the mean
-over teachers and each teacher's value) and ``kv_compress.png``.
+Writes ``kv_compress.csv`` (per seed, size, method and source: loss and perplexity after the
+cut and fine-tuned), ``kv_compress_windows.csv`` (every window's loss: the intervals are
+recomputed from it), ``kv_compress_summary.csv`` and ``kv_compress.png``. A second run on the
+same ``--out`` computes only the rows it lacks.
 """
 
 from __future__ import annotations
@@ -38,364 +24,413 @@ from __future__ import annotations
 import argparse
 import csv
 import math
-import statistics
 import sys
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
-from alloc.compression import (
-    CheckpointMeasurement,
-    CompressionError,
-    CompressionPlan,
-    plan_compression,
-    plan_for_kv_cache,
-)
-from arch import ArchConfig, TrainConfig, param_count
-from common.cli import int_in, render_table
+from alloc.compression import plan_compression
+from arch import TrainConfig, param_count
+from common.cli import int_in, number, render_table
+from common.errors import UsageError
 from common.files import write_csv
 from common.plots import new_figure, write_figure
-from userdata import DataSpec
-from workers.attention import MultiHeadAttention
+from common.stats import paired_bootstrap
+from userdata import DataSpec, open_tokens
 from workers.experiments import harness
-from workers.experiments.llama_compress import EVAL, FULL, SMOKE, Sizes, teacher
-from workers.latent_students import latent_arch, latent_student
-from workers.loss_rule import IGNORE, latent_sensitivity
-from workers.measure import SAMPLE_BATCH, measure_model
+from workers.experiments.kv_methods import METHODS, Calibration, calibrate, layer_units
+from workers.measure import measure_model
 from workers.model import Model
-from workers.students import PairOrders, build_student, pair_orders
-from workers.tasks import Batch, Task, make_data_task
-from workers.trainer import Trainer, evaluate
+from workers.tasks import make_data_task
+from workers.trainer import Trainer
 
 NAME = "kv_compress"
 FRACTIONS = (0.5, 0.25, 0.125)  # of the teacher's KV cache per token
-METHODS = ("svd", "asvd", "palu", "mha2mla", "ours", "ours-latent")
-LATENT_STEP = 8  # the candidate latent widths of ours-latent
-GOAL_GAP = 0.05  # nats: "within this of its teacher" after fine-tuning
+BASELINE = "svd"  # the baseline to beat
+COMPARISONS = ("best_other", "vs_best_other", "vs_best_other_low", "vs_best_other_high",
+               "vs_svd", "vs_svd_low", "vs_svd_high")
 
 
-def layer_units(model: Model, fraction: float) -> int:
-    """Each layer's share of a ``fraction`` of the teacher's KV cache, in cached units."""
-    return max(1, round(fraction * model.arch.kv_width / model.arch.n_layers))
+@dataclass(frozen=True)
+class Sizes:
+    seq_len: int
+    sample_tokens: int
+    eval_tokens: int
+    finetune_steps: int
+    finetune_batch: int
+    align: int
+    ours_tokens: int  # the compact loss plan's sample (one forward per cut)
 
 
-def fisher_information(model: Model, batch: Batch) -> list[float]:
-    """Per layer, the Fisher information of its key and value rows on the sample (their
-    summed squared gradients of the loss): what Palu allocates the latent widths by."""
-    model.zero_grad()
-    logits = model(batch.x)
-    targets = batch.y.masked_fill(~batch.mask, IGNORE)
-    torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(),
-                                      ignore_index=IGNORE).backward()
-    info = []
-    for i in range(model.arch.n_layers):
-        attn = mhsa(model, i)
-        grad = attn.qkv.weight.grad
-        assert grad is not None
-        info.append(float(grad[attn.qk_width:].square().sum()))  # key and value rows
-    model.zero_grad()
-    return info
+FULL = Sizes(512, 16384, 16384, 100, 2, 8, 512)
+SMOKE = Sizes(32, 256, 512, 3, 4, 2, 64)
 
 
-def full_rank(model: Model) -> int:
-    """The widest latent any layer can use: the rank bound of its stacked key and value
-    maps."""
-    return min(model.arch.d_model,
-               *(mhsa(model, i).k_width + mhsa(model, i).v_width
-                 for i in range(model.arch.n_layers)))
+@dataclass(frozen=True)
+class Setup:
+    """The teacher, its calibration source (also the fine-tuning data), the held-out
+    sources' token streams and the sizes."""
+
+    teacher: Model
+    data: DataSpec
+    evals: dict[str, np.ndarray]
+    sizes: Sizes
 
 
-def mhsa(model: Model, i: int) -> MultiHeadAttention:
-    """The teacher's attention of layer ``i`` (every layer is mhsa)."""
-    attn = model.block(i).attn
-    assert isinstance(attn, MultiHeadAttention)
-    return attn
+def windows(tokens: np.ndarray, length: int, limit: int) -> torch.Tensor:
+    """Consecutive windows of ``length + 1`` ids (inputs and next tokens) from the start of
+    ``tokens``, ``limit`` tokens in all at most (at least one window)."""
+    count = max(1, min(limit // length, (len(tokens) - 1) // length))
+    ids = torch.from_numpy(np.asarray(tokens[:count * length + 1], dtype=np.int64))
+    return torch.stack([ids[i * length:(i + 1) * length + 1] for i in range(count)])
 
 
-def allocate(weights: list[float], total: int, cap: int) -> list[int]:
-    """``total`` units split in proportion to ``weights`` by largest remainders, each layer in
-    ``[1, cap]``; what a capped layer cannot take goes to the others."""
-    widths = [1] * len(weights)
-    while True:
-        left = total - sum(widths)
-        open_ = [i for i, w in enumerate(widths) if w < cap]
-        if left <= 0 or not open_:
-            return widths
-        mass = sum(weights[i] for i in open_)
-        share = {i: left * (weights[i] / mass if mass > 0 else 1 / len(open_)) for i in open_}
-        add = {i: min(cap - widths[i], math.floor(share[i])) for i in open_}
-        rest = left - sum(add.values())
-        for i in sorted(open_, key=lambda i: share[i] - math.floor(share[i]), reverse=True):
-            if rest > 0 and widths[i] + add[i] < cap:
-                add[i], rest = add[i] + 1, rest - 1
-        if not any(add.values()):
-            return widths
-        for i, extra in add.items():
-            widths[i] += extra
+@torch.no_grad()
+def window_losses(model: Model, ids: torch.Tensor, batch: int = 4) -> np.ndarray:
+    """Each window's mean next-token loss (nats)."""
+    out = []
+    for chunk in ids.split(batch):
+        logits = model(chunk[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), chunk[:, 1:],
+                                                 reduction="none")
+        out.append(loss.double().mean(dim=1).numpy())
+    return np.concatenate(out)
 
 
-def norm_orders(model: Model, x: torch.Tensor) -> dict[tuple[int, int, int], tuple[int, ...]]:
-    """MHA2MLA's 2-norm ranking: each key/value head's RoPE pairs by the mean, over the
-    sample and the query heads reading it, of ``|q_i| |k_i|`` (a pair's two dims together;
-    RoPE turns a pair without changing its norm)."""
-    inputs: dict[int, torch.Tensor] = {}
-    hooks = [mhsa(model, i).register_forward_pre_hook(
-        lambda _m, args, i=i: inputs.__setitem__(i, args[0])) for i in range(model.arch.n_layers)]
-    with torch.no_grad():
-        model(x)
-        for hook in hooks:
-            hook.remove()
-        orders: dict[tuple[int, int, int], tuple[int, ...]] = {}
-        for i in range(model.arch.n_layers):
-            q, k, _ = mhsa(model, i).project(inputs[i])
-            g = model.arch.layers[i].heads[0]
-            half = g.qk_dim // 2
-            qn = pair_norms(q, g.count, half)  # (count, half)
-            kn = pair_norms(k, g.kv_heads, half)  # (kv, half)
-            share = g.count // g.kv_heads
-            for h in range(g.kv_heads):
-                score = qn[h * share:(h + 1) * share].mean(0) * kn[h]
-                orders[(i, 0, h)] = tuple(int(p) for p in score.argsort(descending=True))
-    return orders
+def calibration(setup: Setup, seed: int, methods: list[str], quiet: bool) -> Calibration:
+    """The sample of ``seed``: random windows of the calibration source's training split."""
+    sizes = setup.sizes
+    tokens = open_tokens(setup.data, sizes.seq_len + 1).train
+    rng = np.random.default_rng(seed)
+    count = max(1, sizes.sample_tokens // sizes.seq_len)
+    starts = rng.integers(0, len(tokens) - sizes.seq_len - 1, size=count)
+    ids = torch.stack([torch.from_numpy(np.asarray(tokens[s:s + sizes.seq_len + 1],
+                                                   dtype=np.int64)) for s in starts])
+    x, targets = ids[:, :-1], ids[:, 1:]
+    cal = calibrate(setup.teacher, x, targets, seed, sizes.align, quiet)
+    if "ours" in methods:  # the compact loss plan: one forward per cut, on a smaller sample
+        small = max(1, sizes.ours_tokens // sizes.seq_len)
+        measured = measure_model(setup.teacher, x[:small], sizes.seq_len, sizes.align,
+                                 sample="calibration", targets=targets[:small], quiet=quiet)
+        cal = Calibration(**{**cal.__dict__,
+                             "loss_plan": plan_compression(measured, 1.0, rule="loss")})
+    return cal
 
 
-def pair_norms(rows: torch.Tensor, heads: int, half: int) -> torch.Tensor:
-    """(B, T, heads * 2 half) -> (heads, half): each pair's mean norm over the sample."""
-    r = rows.reshape(*rows.shape[:2], heads, 2, half)
-    return r.square().sum(3).sqrt().mean((0, 1))
-
-
-def latent_for(method: str, model: Model, fraction: float, orders: PairOrders,
-               scales: dict[int, tuple[float, ...]], widths: dict[str, list[int]]) -> Model:
-    """The latent student of ``method`` at ``fraction`` of the teacher's KV cache
-    (``widths``: the per-layer latent widths of ``palu``)."""
-    units, arch = layer_units(model, fraction), model.arch
-    if method == "mha2mla":
-        g = arch.layers[0].heads[0]
-        rope = max(0, min(g.qk_dim // 4, (units // 2) // g.kv_heads) // 2 * 2)
-        rest = [units - g.kv_heads * rope] * arch.n_layers  # the latent: what RoPE leaves
-        return latent_student(model, latent_arch(arch, rest, rope), orders, scales)
-    chosen = widths.get(method, [units] * arch.n_layers)
-    return latent_student(model, latent_arch(arch, chosen, 0, rotate_latent=True), {},
-                          None if method == "svd" else scales)
-
-
-def latent_plan(model: Model, measured: CheckpointMeasurement, sample: Batch,
-                scales: dict[int, tuple[float, ...]], args: argparse.Namespace
-                ) -> CompressionPlan:
-    """The latent plan of ``workers.profile --rule loss --latent`` (widths in steps of
-    ``LATENT_STEP``), at no cut yet: ``ours_for`` chooses its widths under each budget."""
-    targets = sample.y.masked_fill(~sample.mask, IGNORE)
-    layers = latent_sensitivity(model, sample.x, targets, list(measured.layers), LATENT_STEP,
-                                scales, args.quiet)
-    return plan_compression(replace(measured, layers=tuple(layers)), 1.0, rule="loss")
-
-
-def ours_for(model: Model, plan: CompressionPlan, fraction: float) -> Model | None:
-    """The loss plan's student at ``fraction`` (compact, or latent for a latent plan; None
-    below what it can reach)."""
-    try:
-        budget = plan_for_kv_cache(plan, fraction)
-    except CompressionError:
-        return None
-    return build_student(model, budget.student, pair_orders(plan), plan.input_scales())
-
-
-def finetune(student: Model, task: Task, sizes: Sizes, seed: int) -> float:
-    """The validation loss of ``student`` after ``sizes.finetune`` steps on ``task``."""
+def finetuned(student: Model, setup: Setup, seed: int) -> Model:
+    """``student`` after ``finetune_steps`` steps on the calibration source."""
+    sizes = setup.sizes
+    task = make_data_task(setup.data, length=sizes.seq_len)
     trainer = Trainer(student.arch, task, TrainConfig(
-        steps=sizes.finetune, lr=3e-4, batch_size=sizes.batch, eval_every=sizes.finetune,
-        device="cpu", seed=seed))
+        steps=sizes.finetune_steps, lr=1e-4, batch_size=sizes.finetune_batch,
+        eval_every=sizes.finetune_steps, eval_batches=1, device="cpu", seed=seed,
+        warmup=0.1))
     trainer.model.load_state_dict(student.state_dict())
     trainer.run()
-    return evaluate(trainer.model.eval(), task, EVAL, "cpu")[0]
+    return trainer.model.eval()
 
 
-def describe(arch: ArchConfig) -> str:
-    """Per layer: ``c24+r8`` for a latent layer, ``k16/v8`` for a compact one."""
+def describe(student: Model) -> str:
+    """Per layer ``c24+r8`` (latent with a RoPE part), ``c24`` or ``k16/v8`` (compact)."""
     out = []
-    for layer in arch.layers:
+    for layer in student.arch.layers:
         g = layer.heads[0]
         out.append(f"c{layer.latent_dim}" + (f"+r{layer.rope_dim}" if layer.rope_dim else "")
                    if layer.attention == "latent" else f"k{g.qk_dim}/v{g.v_dim}")
     return " ".join(out)
 
 
-def teacher_rows(model: Model, task: Task, sizes: Sizes, seed: int, args: argparse.Namespace,
-                 bar: Any, done: set[tuple[int, float, str]],
-                 keep: Callable[[dict[str, Any]], None]) -> None:
-    """Every method at every size on one teacher, but those ``done`` (seed, fraction,
-    method), each row handed to ``keep`` as it is measured."""
-    sample = task.batch("val", SAMPLE_BATCH, 32)  # not the evaluation batches
-    measured = measure_model(model, sample.x, sizes.length, align=sizes.align, sample="corpus",
-                             targets=sample.y.masked_fill(~sample.mask, IGNORE),
-                             quiet=args.quiet)
-    plan = plan_compression(measured, 1.0, rule="loss")
-    scales, orders = plan.input_scales(), norm_orders(model, sample.x)
-    plans = {"ours": plan, "ours-latent": latent_plan(model, measured, sample, scales, args)}
-    fisher = fisher_information(model, sample)
-    teacher_loss = evaluate(model, task, EVAL, "cpu")[0]
-    for fraction in FRACTIONS:
-        total = layer_units(model, fraction) * model.arch.n_layers
-        widths = {"palu": allocate(fisher, total, full_rank(model))}
-        for method in METHODS:
-            if (seed, fraction, method) in done:
-                continue
-            student = (ours_for(model, plans[method], fraction) if method in plans else
-                       latent_for(method, model, fraction, orders, scales, widths))
-            row: dict[str, Any] = {"seed": seed, "fraction": fraction, "method": method,
-                                   "teacher_loss": teacher_loss}
-            if student is None:
-                row |= {"layers": "below the floor", "kv_units": "", "params": "",
-                        "reduced_loss": math.nan, "finetuned_loss": math.nan}
-            else:
-                row |= {"layers": describe(student.arch), "kv_units": student.arch.kv_width,
-                        "params": param_count(student.arch).total,
-                        "reduced_loss": evaluate(student, task, EVAL, "cpu")[0],
-                        "finetuned_loss": finetune(student, task, sizes, seed)}
-            keep(row)
+class Store:
+    """The rows and window losses measured so far, on disk as each is measured."""
+
+    def __init__(self, out: Path) -> None:
+        self.rows_path, self.windows_path = out / f"{NAME}.csv", out / f"{NAME}_windows.csv"
+        self.rows = _read(self.rows_path)
+        self.windows = _read(self.windows_path)
+
+    def done(self, seed: int, fraction: float, method: str) -> bool:
+        return any(int(r["seed"]) == seed and float(r["fraction"]) == fraction
+                   and r["method"] == method for r in self.rows)
+
+    def add(self, rows: list[dict[str, Any]], windows: list[dict[str, Any]]) -> None:
+        self.rows += rows
+        self.windows += windows
+        write_csv(self.windows_path, self.windows)
+        write_csv(self.rows_path, self.rows)
+
+    def losses(self, seed: int, fraction: float, method: str, stage: str, source: str
+               ) -> np.ndarray:
+        return np.array([float(w["loss"]) for w in self.windows
+                         if int(w["seed"]) == seed and float(w["fraction"]) == fraction
+                         and w["method"] == method and w["stage"] == stage
+                         and w["source"] == source])
+
+
+def _read(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    with path.open(newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def scored(model: Model | None, setup: Setup, key: dict[str, Any], stage: str
+           ) -> Iterator[tuple[dict[str, Any], list[dict[str, Any]]]]:
+    """Per held-out source: the row entries and the window losses of ``model`` (None: a
+    method below its floor at this size)."""
+    for source, tokens in setup.evals.items():
+        if model is None:
+            yield {**key, "stage": stage, "source": source, "loss": math.nan,
+                   "perplexity": math.nan}, []
+            continue
+        losses = window_losses(model, windows(tokens, setup.sizes.seq_len,
+                                              setup.sizes.eval_tokens))
+        loss = float(losses.mean())
+        yield ({**key, "stage": stage, "source": source, "loss": loss,
+                "perplexity": math.exp(loss)},
+               [{**key, "stage": stage, "source": source, "window": w, "loss": float(v)}
+                for w, v in enumerate(losses)])
+
+
+def measure(setup: Setup, store: Store, args: argparse.Namespace, bar: Any) -> None:
+    """Every method at every size for every calibration seed, but those already stored."""
+    for seed in args.seeds:
+        todo = [(f, m) for f in args.fractions for m in args.methods
+                if not store.done(seed, f, m)]
+        if not todo:
+            continue
+        cal = calibration(setup, seed, args.methods, args.quiet)
+        teacher_key = {"seed": seed, "fraction": 1.0, "method": "teacher"}
+        if not store.done(seed, 1.0, "teacher"):
+            _store(store, scored(setup.teacher, setup, teacher_key, "cut"), teacher_key,
+                   describe(setup.teacher), param_count(setup.teacher.arch).total,
+                   setup.teacher.arch.kv_width)
+        for fraction, method in todo:
+            student = METHODS[method](setup.teacher, cal, fraction)
+            key = {"seed": seed, "fraction": fraction, "method": method}
+            results = list(scored(student, setup, key, "cut"))
+            if student is not None and fraction in args.finetune and setup.sizes.finetune_steps:
+                results += list(scored(finetuned(student, setup, seed), setup, key,
+                                       "finetuned"))
+            _store(store, iter(results), key, describe(student) if student else "below floor",
+                   param_count(student.arch).total if student else 0,
+                   student.arch.kv_width if student else 0)
             bar.update(1)
-            bar.event(f"teacher {seed}, {fraction:.1%} of the KV cache, {method}: loss "
-                      f"{row['reduced_loss']:.4f} after the cut, {row['finetuned_loss']:.4f} "
-                      "fine-tuned")
+            cut = [r["perplexity"] for r, _ in results if r["stage"] == "cut"]
+            bar.event(f"seed {seed}, {fraction:.1%} of the KV cache, {method}: perplexity "
+                      f"{', '.join(f'{p:.2f}' for p in cut)} after the cut")
 
 
-def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per size and method: the mean over teachers of each loss, its range, and the gap to the
-    teachers' mean loss."""
+def _store(store: Store, results: Iterator[tuple[dict[str, Any], list[dict[str, Any]]]],
+           key: dict[str, Any], layers: str, params: int, kv_units: int) -> None:
+    rows, windows_ = [], []
+    for row, wins in results:
+        rows.append({**row, "layers": layers, "params": params, "kv_units": kv_units})
+        windows_ += wins
+    store.add(rows, windows_)
+
+
+def summarise(store: Store, args: argparse.Namespace, sources: list[str]
+              ) -> list[dict[str, Any]]:
+    """Per size, stage, source and method: the mean loss over seeds, its perplexity, and its
+    mean difference from the best other method and from ``svd`` with 95% intervals, paired by
+    seed and window."""
     out = []
-    for fraction in FRACTIONS:
-        for method in METHODS:
-            mine = [r for r in rows if r["fraction"] == fraction and r["method"] == method
-                    and not math.isnan(r["reduced_loss"])]
-            if not mine:
-                out.append({"fraction": fraction, "method": method, "teachers": 0})
-                continue
-            entry: dict[str, Any] = {"fraction": fraction, "method": method,
-                                     "teachers": len(mine)}
-            for key in ("reduced_loss", "finetuned_loss"):
-                values = [r[key] for r in mine]
-                entry |= {key: statistics.fmean(values), f"{key}_low": min(values),
-                          f"{key}_high": max(values)}
-            entry["gap"] = entry["finetuned_loss"] - statistics.fmean(
-                r["teacher_loss"] for r in mine)
-            out.append(entry)
+    for fraction in args.fractions:
+        for stage in ("cut", "finetuned"):
+            for source in sources:
+                means = {}
+                for method in args.methods:
+                    per_seed = [store.losses(s, fraction, method, stage, source)
+                                for s in args.seeds]
+                    if all(len(x) for x in per_seed):
+                        means[method] = np.concatenate(per_seed)
+                teacher = np.concatenate([store.losses(s, 1.0, "teacher", "cut", source)
+                                          for s in args.seeds])
+                for method, losses in means.items():
+                    entry = {"fraction": fraction, "stage": stage, "source": source,
+                             "method": method, "loss": float(losses.mean()),
+                             "perplexity": math.exp(float(losses.mean())),
+                             "teacher_perplexity": math.exp(float(teacher.mean())),
+                             **dict.fromkeys(COMPARISONS)}
+                    others = {m: v for m, v in means.items() if m != method}
+                    if others:  # (a row without one keeps None: one CSV header for all)
+                        best = min(others, key=lambda m: float(others[m].mean()))
+                        diff, low, high = paired_bootstrap(losses, others[best])
+                        entry |= {"best_other": best, "vs_best_other": diff,
+                                  "vs_best_other_low": low, "vs_best_other_high": high}
+                    if method != BASELINE and BASELINE in means:
+                        diff, low, high = paired_bootstrap(losses, means[BASELINE])
+                        entry |= {"vs_svd": diff, "vs_svd_low": low, "vs_svd_high": high}
+                    out.append(entry)
     return out
 
 
 def verdicts(summary: list[dict[str, Any]]) -> list[str]:
-    """One line per size: the best method after fine-tuning and right after the cut, and
-    where ours stands."""
+    """Per size, stage and source: the lowest perplexity, and whether its lead over the next
+    is outside the interval."""
     lines = []
-    for fraction in FRACTIONS:
-        mine = [s for s in summary if s["fraction"] == fraction and s["teachers"]]
-        if not mine:
-            continue
-        tuned = min(mine, key=lambda s: s["finetuned_loss"])
-        cut = min(mine, key=lambda s: s["reduced_loss"])
-        ours = next((s for s in mine if s["method"] == "ours"), None)
-        where = ("ours is below its floor here" if ours is None else
-                 f"ours {ours['finetuned_loss']:.4f} fine-tuned ({ours['gap']:+.4f} from the "
-                 f"teachers), {ours['reduced_loss']:.4f} right after the cut")
-        lines.append(f"{fraction:.1%} of the KV cache: best fine-tuned {tuned['method']} "
-                     f"{tuned['finetuned_loss']:.4f}, best right after the cut {cut['method']} "
-                     f"{cut['reduced_loss']:.4f}; {where}")
+    keys = sorted({(s["fraction"], s["stage"], s["source"]) for s in summary},
+                  key=lambda k: (-k[0], k[1], k[2]))
+    for fraction, stage, source in keys:
+        mine = [s for s in summary if (s["fraction"], s["stage"], s["source"]) ==
+                (fraction, stage, source)]
+        best = min(mine, key=lambda s: s["loss"])
+        lead = ""
+        if best["best_other"] is not None:
+            holds = best["vs_best_other_high"] < 0
+            lead = (f", {best['vs_best_other']:+.4f} nats vs {best['best_other']} "
+                    f"[{best['vs_best_other_low']:+.4f}, {best['vs_best_other_high']:+.4f}]: "
+                    + ("lower beyond the interval" if holds else "inconclusive"))
+        lines.append(f"{fraction:.1%} {stage} on {source}: lowest {best['method']} "
+                     f"(perplexity {best['perplexity']:.2f}, teacher "
+                     f"{best['teacher_perplexity']:.2f}){lead}")
     return lines
 
 
-def read_rows(path: Path) -> list[dict[str, Any]]:
-    """The rows an earlier run on this ``--out`` wrote (none without the file), typed."""
-    if not path.exists():
-        return []
-    with path.open(newline="") as handle:
-        rows = list(csv.DictReader(handle))
-    for r in rows:
-        r |= {"seed": int(r["seed"]), "fraction": float(r["fraction"]),
-              **{k: float(r[k]) for k in ("teacher_loss", "reduced_loss", "finetuned_loss")},
-              **{k: int(r[k]) for k in ("kv_units", "params") if r[k]}}
-    return rows
+def setup_for(args: argparse.Namespace) -> Setup:
+    """The teacher and the sources the flags name (the small Llama of ``llama_compress``,
+    trained here on the standard library, without ``--teacher``)."""
+    from workers.checkpoints import load
+
+    sizes = SMOKE if args.smoke_test else FULL
+    sizes = Sizes(args.seq_len or sizes.seq_len, args.sample_tokens or sizes.sample_tokens,
+                  args.eval_tokens or sizes.eval_tokens,
+                  sizes.finetune_steps if args.finetune_steps is None else args.finetune_steps,
+                  sizes.finetune_batch, sizes.align, sizes.ours_tokens)
+    if args.teacher is None:
+        if args.data is not None or args.eval:
+            raise UsageError("--data and --eval: give --teacher too (without it, the teacher "
+                             "and its data are the standard library's)")
+        teacher, data = own_teacher(args)
+        return Setup(teacher, data, {"stdlib (val)": open_tokens(data, 2).val}, sizes)
+    if args.data is None or not args.eval:
+        raise UsageError("--teacher: give --data (the calibration text, as tokens of the "
+                         "teacher's vocabulary) and --eval (held-out sources)")
+    loaded = load(args.teacher)
+    teacher = loaded.model.eval()
+    vocab = teacher.arch.vocab_size
+    data = DataSpec(str(args.data), vocab_size=vocab)
+    evals = {}
+    for path in args.eval:
+        tokens = open_tokens(DataSpec(str(path), vocab_size=vocab), sizes.seq_len + 1)
+        evals[Path(path).name] = np.concatenate([tokens.train, tokens.val])
+    return Setup(teacher, data, evals, sizes)
+
+
+def own_teacher(args: argparse.Namespace) -> tuple[Model, DataSpec]:
+    """The small GQA Llama of ``llama_compress``, trained here (seed 0) on the standard
+    library's sources, and its data."""
+    from workers.experiments.llama_compress import FULL as LLAMA
+    from workers.experiments.llama_compress import SMOKE as LLAMA_SMOKE
+    from workers.experiments.llama_compress import teacher
+
+    sizes = LLAMA_SMOKE if args.smoke_test else LLAMA
+    corpus = harness.write_corpus(args.out / "corpus", sizes.megabytes)
+    data = DataSpec(str(corpus))
+    task = make_data_task(data, length=sizes.length)
+    folder = args.out / "teacher0"
+    folder.mkdir(parents=True, exist_ok=True)
+    return teacher(sizes, task, sizes.steps, 0, folder, args), data
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    sizes = SMOKE if args.smoke_test else FULL
+    unknown = [m for m in args.methods if m not in METHODS]
+    if unknown:
+        raise UsageError(f"--methods {unknown[0]}: must be one of {', '.join(METHODS)}")
     harness.prepare(args)
-    corpus = harness.write_corpus(args.out / "corpus", sizes.megabytes)
-    task = make_data_task(DataSpec(str(corpus)), length=sizes.length)
-    path = args.out / "kv_compress.csv"
-    rows = read_rows(path)
-    done = {(r["seed"], r["fraction"], r["method"]) for r in rows}
-
-    def keep(row: dict[str, Any]) -> None:  # every row on disk as soon as it is measured
-        rows.append(row)
-        write_csv(path, rows)
-
-    todo = [(seed, fraction, method) for seed in args.seeds for fraction in FRACTIONS
-            for method in METHODS if (seed, fraction, method) not in done]
-    with harness.runs(args, NAME, len(todo), "students",
-                      start=f"cut and fine-tune ({sizes.finetune} steps) every method at "
-                            f"{', '.join(f'{f:.1%}' for f in FRACTIONS)} of the KV cache") as bar:
-        for seed in sorted({seed for seed, _, _ in todo}):
-            folder = args.out / f"teacher{seed}"
-            folder.mkdir(parents=True, exist_ok=True)
-            model = teacher(sizes, task, args.steps or sizes.steps, seed, folder, args)
-            teacher_rows(model, task, sizes, seed, args, bar, done, keep)
-    rows = [r for r in rows if r["seed"] in args.seeds]
-    summary = summarise(rows)
-    write_csv(args.out / "kv_compress_summary.csv", summary)
-    plot(summary, statistics.fmean(r["teacher_loss"] for r in rows), args.out / "kv_compress.png")
-    return {"rows": rows, "summary": summary, "verdicts": verdicts(summary),
-            "teacher_losses": sorted({r["teacher_loss"] for r in rows}), "out": str(args.out)}
+    setup = setup_for(args)
+    if setup.teacher.arch.positional != "rope" or any(
+            layer.attention != "mhsa" for layer in setup.teacher.arch.layers):
+        raise UsageError(f"--teacher {args.teacher}: the methods cut a RoPE model's mhsa "
+                         "layers (a Llama-family teacher)")
+    store = Store(args.out)
+    todo = sum(not store.done(s, f, m) for s in args.seeds for f in args.fractions
+               for m in args.methods)
+    units = {f: layer_units(setup.teacher.arch, f) for f in args.fractions}
+    with harness.runs(args, NAME, todo, "students",
+                      start=f"every method at {', '.join(f'{f:.1%}' for f in args.fractions)} "
+                            f"of the KV cache ({', '.join(map(str, units.values()))} units "
+                            f"per layer), {len(args.seeds)} calibration seed(s)") as bar:
+        measure(setup, store, args, bar)
+    sources = list(setup.evals)
+    summary = summarise(store, args, sources)
+    write_csv(args.out / f"{NAME}_summary.csv", summary)
+    plot(summary, sources, args.out / f"{NAME}.png")
+    return {"summary": summary, "verdicts": verdicts(summary), "out": str(args.out),
+            "teacher": str(args.teacher or "llama_compress's, trained here"),
+            "seeds": args.seeds}
 
 
-def plot(summary: list[dict[str, Any]], teacher_loss: float, path: Path) -> None:
-    """Loss after the cut and after fine-tuning against the KV cache fraction, per method,
-    with the teachers' range as error bars."""
-    fig, axes = new_figure(2, (11, 4.2))
-    for ax, key, title in ((axes[0], "reduced_loss", "right after the cut"),
-                           (axes[1], "finetuned_loss", "after fine-tuning")):
-        for k, method in enumerate(METHODS):
-            mine = [s for s in summary if s["method"] == method and s["teachers"]]
-            shift = 1 + 0.04 * (k - len(METHODS) / 2)  # methods side by side at each size
-            err = [[s[key] - s[f"{key}_low"] for s in mine],
-                   [s[f"{key}_high"] - s[key] for s in mine]]
-            ax.errorbar([s["fraction"] * shift for s in mine], [s[key] for s in mine],
-                        yerr=err, fmt="o-", color=f"C{k}", label=method, capsize=3)
-        ax.axhline(teacher_loss, color="k", lw=0.8, ls=":", label="teachers (mean)")
+def plot(summary: list[dict[str, Any]], sources: list[str], path: Path) -> None:
+    """Perplexity against the KV cache fraction per method, one panel per source and stage."""
+    stages = [s for s in ("cut", "finetuned") if any(x["stage"] == s for x in summary)]
+    fig, axes = new_figure(len(sources) * len(stages), (5.5 * len(sources) * len(stages), 4.2))
+    axes = list(np.atleast_1d(axes))
+    for ax, (stage, source) in zip(axes, [(s, o) for s in stages for o in sources]):
+        mine = [x for x in summary if x["stage"] == stage and x["source"] == source]
+        for k, method in enumerate(sorted({x["method"] for x in mine})):
+            rows = sorted((x for x in mine if x["method"] == method),
+                          key=lambda x: x["fraction"])
+            ax.plot([x["fraction"] for x in rows], [x["perplexity"] for x in rows], "o-",
+                    color=f"C{k}", label=method)
+        if mine:
+            ax.axhline(mine[0]["teacher_perplexity"], color="k", lw=0.8, ls=":",
+                       label="teacher")
         ax.set_xscale("log", base=2)
-        ax.set_xticks(FRACTIONS, [f"{f:.1%}" for f in FRACTIONS])
-        ax.set_xlabel("KV cache per token (of the teacher's); bars: the teachers' range")
-        ax.set_ylabel("validation loss (nats per byte)")
-        ax.set_title(f"GQA Llama students: {title}")
-        ax.legend(fontsize=8)
+        ax.set_yscale("log")
+        ax.set_xlabel("KV cache per token (of the teacher's)")
+        ax.set_ylabel("perplexity")
+        ax.set_title(f"{source}: {'right after the cut' if stage == 'cut' else 'fine-tuned'}")
+        ax.legend(fontsize=7)
     write_figure(fig, path)
 
 
 def render(result: dict[str, Any]) -> str:
     table = render_table(
-        ["KV", "method", "teachers", "loss (cut)", "range", "loss (fine-tuned)", "range",
-         "gap"],
-        [[f"{s['fraction']:.1%}", s["method"], s["teachers"],
-          *((f"{s['reduced_loss']:.4f}", f"{s['reduced_loss_low']:.4f}-"
-             f"{s['reduced_loss_high']:.4f}", f"{s['finetuned_loss']:.4f}",
-             f"{s['finetuned_loss_low']:.4f}-{s['finetuned_loss_high']:.4f}",
-             f"{s['gap']:+.4f}") if s["teachers"] else ("below floor", "", "", "", ""))]
+        ["KV", "stage", "source", "method", "perplexity", "teacher", "vs best other (95%)"],
+        [[f"{s['fraction']:.1%}", s["stage"], s["source"], s["method"],
+          f"{s['perplexity']:.3f}", f"{s['teacher_perplexity']:.3f}",
+          f"{s['vs_best_other']:+.4f} [{s['vs_best_other_low']:+.4f}, "
+          f"{s['vs_best_other_high']:+.4f}] {s['best_other']}" if s["best_other"] else ""]
          for s in result["summary"]],
-        right=[True, False, True, True, True, True, True, True])
-    losses = ", ".join(f"{v:.4f}" for v in result["teacher_losses"])
-    return "\n".join([f"teachers' validation loss: {losses}", table, *result["verdicts"],
-                      f"wrote {result['out']}/kv_compress.csv, kv_compress_summary.csv, "
-                      "kv_compress.png"])
+        right=[True, False, False, False, True, True, False])
+    return "\n".join([f"teacher: {result['teacher']}; calibration seeds "
+                      f"{', '.join(map(str, result['seeds']))}", table, *result["verdicts"],
+                      f"wrote {result['out']}/{NAME}.csv, {NAME}_windows.csv, "
+                      f"{NAME}_summary.csv, {NAME}.png"])
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = harness.build_parser(NAME, __doc__)
-    parser.add_argument("--steps", type=int_in(1), help="teacher training steps (default: 1500;"
-                                                        " 30 with --smoke-test)")
+    parser.add_argument("--teacher", type=Path,
+                        help="a Llama-family teacher: a transformers folder, a GGUF file or a "
+                             "workers.train checkpoint (default: llama_compress's small "
+                             "Llama, trained here on the standard library)")
+    parser.add_argument("--data", type=Path,
+                        help="with --teacher: the calibration and fine-tuning text, as tokens "
+                             "of the teacher's vocabulary (a nanoGPT train.bin/val.bin folder)")
+    parser.add_argument("--eval", type=Path, nargs="+", default=[],
+                        help="with --teacher: held-out token folders, each scored on its "
+                             "first --eval-tokens")
+    parser.add_argument("--methods", nargs="+", default=list(METHODS),
+                        help=f"which methods (default: all of {', '.join(METHODS)})")
+    parser.add_argument("--fractions", type=number(0, strict=True), nargs="+",
+                        default=list(FRACTIONS), help="KV cache sizes, of the teacher's")
+    parser.add_argument("--finetune", type=number(0, strict=True), nargs="*",
+                        default=[0.25], help="the fractions whose students are fine-tuned")
     parser.add_argument("--seeds", type=int_in(0), nargs="+", default=[0, 1],
-                        help="one teacher per seed, each from its own initialisation")
+                        help="calibration seeds: each draws its own sample of --data")
+    parser.add_argument("--seq-len", type=int_in(2), help="window (default 512)")
+    parser.add_argument("--sample-tokens", type=int_in(1),
+                        help="calibration sample per seed (default 16,384)")
+    parser.add_argument("--eval-tokens", type=int_in(1),
+                        help="tokens scored per held-out source (default 16,384)")
+    parser.add_argument("--finetune-steps", type=int_in(0),
+                        help="fine-tuning steps of two windows (default 100; 0: none)")
     return harness.main(parser, argv, run, render)
 
 
