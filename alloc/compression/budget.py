@@ -114,8 +114,11 @@ def _latent_for_kv_cache(plan: CompressionPlan, fraction: float) -> CompressionP
     teacher's units per token (the other layers are kept whole)."""
     latent = [layer for layer in plan.layers if layer.latent_dim]
     choices = [(1, dict(layer.latent_losses or {})) for layer in latent]
+    # what no choice changes: the layers kept whole, and the latent layers' RoPE parts
     fixed = plan.student.kv_width - sum(layer.latent_dim for layer in latent)
-    teacher_kv = fixed + sum(layer.teacher_kv_units for layer in latent)
+    whole = plan.student.kv_width - sum(plan.student.layers[layer.index].kv_width
+                                        for layer in latent)
+    teacher_kv = whole + sum(layer.teacher_kv_units for layer in latent)
     budget = _units(fraction, choices, fixed, teacher_kv, _kept(False, True))
     widths = dict(zip((layer.index for layer in latent),
                       _budget_choice(choices, budget, "loss")))

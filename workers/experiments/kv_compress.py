@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import math
 import sys
 from collections.abc import Iterator
@@ -33,16 +34,22 @@ from typing import Any
 import numpy as np
 import torch
 
-from alloc.compression import plan_compression
+from alloc.compression import CompressionPlan, plan_compression
 from arch import TrainConfig, param_count
 from common.cli import int_in, number, render_table
 from common.errors import UsageError
-from common.files import write_csv
+from common.files import write_atomic, write_csv
 from common.plots import new_figure, write_figure
 from common.stats import paired_bootstrap
 from userdata import DataSpec, open_tokens
 from workers.experiments import harness
-from workers.experiments.kv_methods import METHODS, Calibration, calibrate, layer_units
+from workers.experiments.kv_methods import (
+    METHODS,
+    Calibration,
+    calibrate,
+    calibration_state,
+    layer_units,
+)
 from workers.measure import measure_model
 from workers.model import Model
 from workers.tasks import make_data_task
@@ -66,7 +73,7 @@ class Sizes:
     ours_tokens: int  # the compact loss plan's sample (one forward per cut)
 
 
-FULL = Sizes(512, 16384, 16384, 100, 2, 8, 512)
+FULL = Sizes(512, 16384, 8192, 100, 2, 8, 512)
 SMOKE = Sizes(32, 256, 512, 3, 4, 2, 64)
 
 
@@ -101,8 +108,10 @@ def window_losses(model: Model, ids: torch.Tensor, batch: int = 4) -> np.ndarray
     return np.concatenate(out)
 
 
-def calibration(setup: Setup, seed: int, methods: list[str], quiet: bool) -> Calibration:
-    """The sample of ``seed``: random windows of the calibration source's training split."""
+def calibration(setup: Setup, seed: int, methods: list[str], quiet: bool, out: Path
+                ) -> Calibration:
+    """The sample of ``seed``: random windows of the calibration source's training split,
+    measured once (kept in ``out``)."""
     sizes = setup.sizes
     tokens = open_tokens(setup.data, sizes.seq_len + 1).train
     rng = np.random.default_rng(seed)
@@ -111,13 +120,22 @@ def calibration(setup: Setup, seed: int, methods: list[str], quiet: bool) -> Cal
     ids = torch.stack([torch.from_numpy(np.asarray(tokens[s:s + sizes.seq_len + 1],
                                                    dtype=np.int64)) for s in starts])
     x, targets = ids[:, :-1], ids[:, 1:]
-    cal = calibrate(setup.teacher, x, targets, seed, sizes.align, quiet)
+    cache = out / f"calibration{seed}.pt"  # a re-run (or a crash) does not measure it again
+    saved = torch.load(cache, weights_only=True) if cache.exists() else None
+    cal = calibrate(setup.teacher, x, targets, seed, sizes.align, quiet, saved)
+    if saved is None:
+        torch.save(calibration_state(cal), cache)
     if "ours" in methods:  # the compact loss plan: one forward per cut, on a smaller sample
-        small = max(1, sizes.ours_tokens // sizes.seq_len)
-        measured = measure_model(setup.teacher, x[:small], sizes.seq_len, sizes.align,
-                                 sample="calibration", targets=targets[:small], quiet=quiet)
-        cal = Calibration(**{**cal.__dict__,
-                             "loss_plan": plan_compression(measured, 1.0, rule="loss")})
+        path = out / f"loss_plan{seed}.yaml"
+        if path.exists():
+            plan = CompressionPlan.from_yaml(path.read_text())
+        else:
+            small = max(1, sizes.ours_tokens // sizes.seq_len)
+            measured = measure_model(setup.teacher, x[:small], sizes.seq_len, sizes.align,
+                                     sample="calibration", targets=targets[:small], quiet=quiet)
+            plan = plan_compression(measured, 1.0, rule="loss")
+            write_atomic(path, plan.to_yaml())
+        cal = dataclasses.replace(cal, loss_plan=plan)
     return cal
 
 
@@ -157,6 +175,11 @@ class Store:
                    and r["method"] == method for r in self.rows)
 
     def add(self, rows: list[dict[str, Any]], windows: list[dict[str, Any]]) -> None:
+        """One student's rows and window losses (replacing any windows of it left by a run
+        that stopped before its rows were written)."""
+        keys = {(str(r["seed"]), str(r["fraction"]), r["method"]) for r in rows}
+        self.windows = [w for w in self.windows
+                        if (str(w["seed"]), str(w["fraction"]), w["method"]) not in keys]
         self.rows += rows
         self.windows += windows
         write_csv(self.windows_path, self.windows)
@@ -202,7 +225,7 @@ def measure(setup: Setup, store: Store, args: argparse.Namespace, bar: Any) -> N
                 if not store.done(seed, f, m)]
         if not todo:
             continue
-        cal = calibration(setup, seed, args.methods, args.quiet)
+        cal = calibration(setup, seed, args.methods, args.quiet, args.out)
         teacher_key = {"seed": seed, "fraction": 1.0, "method": "teacher"}
         if not store.done(seed, 1.0, "teacher"):
             _store(store, scored(setup.teacher, setup, teacher_key, "cut"), teacher_key,
@@ -428,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample-tokens", type=int_in(1),
                         help="calibration sample per seed (default 16,384)")
     parser.add_argument("--eval-tokens", type=int_in(1),
-                        help="tokens scored per held-out source (default 16,384)")
+                        help="tokens scored per held-out source (default 8,192)")
     parser.add_argument("--finetune-steps", type=int_in(0),
                         help="fine-tuning steps of two windows (default 100; 0: none)")
     return harness.main(parser, argv, run, render)

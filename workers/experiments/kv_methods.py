@@ -33,6 +33,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -257,19 +258,36 @@ def allocate(weights: list[float], total: int, cap: int) -> list[int]:
 
 
 def calibrate(teacher: Model, x: Tensor, targets: Tensor, seed: int, align: int,
-              quiet: bool = True) -> Calibration:
+              quiet: bool = True, saved: Mapping[str, Any] | None = None) -> Calibration:
     """Everything the methods read of the sample ``x`` (but the compact loss plan, which
-    ``kv_compress`` measures when ``ours`` is asked for)."""
+    ``kv_compress`` measures when ``ours`` is asked for); ``saved``: the measurements of an
+    earlier ``Calibration.state()`` of the same sample, not measured again."""
     from workers.curvature import layer_curvature
     from workers.latent_measure import DEROTATION_WINDOWS, derotation_orders
 
     source = WholeModel(teacher)
-    spectra = measure_layers(source, None, x.shape[1], align, None, quiet)
+    spectra = dataclasses.replace(measure_layers(source, None, x.shape[1], align, None, quiet),
+                                  sample="calibration")
+    if saved is not None:
+        return Calibration(seed, x, targets, tuple(
+            LayerCurvature(int(i), c, g, int(n)) for i, c, g, n in saved["curvature"]),
+            spectra, _orders(saved["norm_orders"]), _orders(saved["derotation"]))
     return Calibration(seed, x, targets,
-                       tuple(layer_curvature(source, x, targets, quiet=quiet)),
-                       dataclasses.replace(spectra, sample="calibration"),
+                       tuple(layer_curvature(source, x, targets, quiet=quiet)), spectra,
                        norm_orders(teacher, x[:DEROTATION_WINDOWS]),
                        derotation_orders(source, x[:DEROTATION_WINDOWS], quiet))
+
+
+def calibration_state(cal: Calibration) -> dict[str, Any]:
+    """What ``calibrate`` measured, as tensors and lists (``torch.save`` with
+    ``weights_only`` reads it back)."""
+    return {"curvature": [(c.index, c.inputs, c.grads, c.tokens) for c in cal.curvature],
+            "norm_orders": [[*key, *order] for key, order in cal.norm_orders.items()],
+            "derotation": [[*key, *order] for key, order in cal.derotation.items()]}
+
+
+def _orders(rows: list[list[int]]) -> dict[tuple[int, int, int], tuple[int, ...]]:
+    return {(int(r[0]), int(r[1]), int(r[2])): tuple(int(p) for p in r[3:]) for r in rows}
 
 
 @torch.no_grad()
