@@ -354,3 +354,26 @@ def assert_finalists_state_their_noise(result: dict, out: Path) -> None:  # type
             assert (final["top_quartile"] is not None) == in_grid
             if in_grid:
                 assert final["seeds"] == 2 and final["low"] <= final["loss"] <= final["high"]
+
+
+def test_qk_depth_cuts_each_layer_and_each_third(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """Every layer alone, then each third, cut to --dim query-key dims and scored on each
+    held-out source; a verdict per source from the rank correlation and the paired thirds."""
+    from tests.test_llama import build, saved, token_folder
+    from workers.experiments import qk_depth
+
+    teacher = saved(build("llama", num_key_value_heads=2, num_hidden_layers=3),
+                    tmp_path / "teacher")
+    folders = [str(token_folder(tmp_path / name)) for name in ("cal", "a", "b")]
+    assert qk_depth.main(["--teacher", str(teacher), "--data", folders[0], "--eval",
+                          *folders[1:], "--dim", "4", "--seq-len", "24", "--sample-tokens",
+                          "240", "--eval-tokens", "480", "--out", str(tmp_path / "out"),
+                          "--format", "json", "--quiet"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    cuts = {(r["cut"], r["source"]) for r in result["rows"]}
+    assert cuts == {(c, s) for c in ("layer 0", "layer 1", "layer 2", "first third",
+                                     "middle third", "last third") for s in ("a", "b")}
+    assert len(result["verdicts"]) == 2 and all("Spearman" in v for v in result["verdicts"])
+    assert qk_depth.main(["--teacher", str(teacher), "--data", folders[0], "--eval",
+                          folders[1], "--dim", "16"]) == 2  # not below the heads' 16

@@ -29,7 +29,7 @@ from workers.checkpoints.stream import LayerSource
 from workers.loss_rule import IGNORE
 from workers.model import Block
 
-HEAD_TOKENS = 1024  # positions whose output logits are formed at once in the backward pass
+HEAD_TOKENS = 256  # positions whose output logits are formed at once in the backward pass
 
 
 @dataclass(frozen=True)
