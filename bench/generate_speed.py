@@ -1,4 +1,4 @@
-"""python -m bench.generate_speed --teacher DIR --student DIR [--context 2048] [--batch 8]
+"""python -m bench.generate_speed --teacher DIR --student [NAME=]DIR ... [--context 2048]
 
 What a compressed student buys at inference: tokens per second of a teacher folder (any
 ``transformers`` causal LM) and its student (``workers.compress --out DIR``, loaded with
@@ -66,39 +66,48 @@ def kv_bytes(model: Any, ids: Any) -> int:
     return total
 
 
-def run(teacher: Path, student: Path, context: int, batch: int, new_tokens: int, runs: int,
-        device: str) -> dict[str, Any]:
+def run(teacher: Path, students: dict[str, Path], context: int, batch: int, new_tokens: int,
+        runs: int, device: str, dtype: str = "float32") -> dict[str, Any]:
+    """Each model's prefill seconds, decode tokens/s (median of ``runs``, the models taking
+    turns within each run so that a busy machine slows them alike) and KV cache bytes."""
     import torch
     import transformers
 
     # typed Any: transformers' stubs type .to() on the class, not on a loaded model
-    models: dict[str, Any] = {
-        "teacher": transformers.AutoModelForCausalLM.from_pretrained(teacher),
-        "student": transformers.AutoModelForCausalLM.from_pretrained(student,
-                                                                     trust_remote_code=True)}
+    models: dict[str, Any] = {"teacher": transformers.AutoModelForCausalLM.from_pretrained(
+        teacher, dtype=getattr(torch, dtype))}
+    for name, folder in students.items():
+        models[name] = transformers.AutoModelForCausalLM.from_pretrained(
+            folder, trust_remote_code=True, dtype=getattr(torch, dtype))
     vocab = models["teacher"].config.vocab_size
     ids = torch.randint(0, vocab, (batch, context), generator=torch.Generator().manual_seed(0))
     result: dict[str, Any] = {"context": context, "batch": batch, "new_tokens": new_tokens,
-                              "device": device, "threads": torch.get_num_threads()}
-    for name, model in models.items():
+                              "device": device, "dtype": dtype,
+                              "threads": torch.get_num_threads()}
+    prompt = ids.to(device)
+    for model in models.values():
         model.to(torch.device(device)).eval()
         model.generation_config.pad_token_id = 0
-        prompt = ids.to(device)
-        times = [timed(model, prompt, new_tokens) for _ in range(runs)]
-        result[f"{name}_prefill_s"] = statistics.median(t[0] for t in times)
-        result[f"{name}_decode_tokens_per_s"] = statistics.median(t[1] for t in times)
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in models}
+    for _ in range(runs):
+        for name, model in models.items():
+            times[name].append(timed(model, prompt, new_tokens))
+    for name, model in models.items():
+        result[f"{name}_prefill_s"] = statistics.median(t[0] for t in times[name])
+        result[f"{name}_decode_tokens_per_s"] = statistics.median(t[1] for t in times[name])
         result[f"{name}_kv_cache_bytes"] = kv_bytes(model, prompt)
-    result["decode_speedup"] = (result["student_decode_tokens_per_s"]
-                                / result["teacher_decode_tokens_per_s"])
+    for name in students:
+        result[f"{name}_decode_speedup"] = (result[f"{name}_decode_tokens_per_s"]
+                                            / result["teacher_decode_tokens_per_s"])
     return result
 
 
-def longer_than_positions(teacher: Path, student: Path, length: int) -> str | None:
+def longer_than_positions(teacher: Path, students: dict[str, Path], length: int) -> str | None:
     """Which model cannot hold ``length`` positions (its config's ``max_position_embeddings``),
-    read before any weights; None if both can."""
+    read before any weights; None if all can."""
     import transformers
 
-    for name, folder in (("teacher", teacher), ("student", student)):
+    for name, folder in (("teacher", teacher), *students.items()):
         config = transformers.AutoConfig.from_pretrained(folder, trust_remote_code=True)
         limit = getattr(config, "max_position_embeddings", None)
         if isinstance(limit, int) and length > limit:
@@ -128,10 +137,23 @@ def smoke_models(folder: Path) -> tuple[Path, Path]:
     return teacher, student
 
 
+def named_students(values: list[str]) -> dict[str, Path]:
+    """``--student [NAME=]DIR`` values by name."""
+    out = {}
+    for k, value in enumerate(values):
+        name, _, folder = value.rpartition("=")
+        out[name or ("student" if k == 0 else f"student{k + 1}")] = Path(folder)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = Parser(prog="python -m bench.generate_speed", description=__doc__.split("\n\n")[1])
     p.add_argument("--teacher", type=Path)
-    p.add_argument("--student", type=Path)
+    p.add_argument("--student", action="append", default=[], metavar="[NAME=]DIR",
+                   help="a student folder (repeatable; NAME labels it, default student, "
+                        "student2, ...)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="the models' weights and cache on the device")
     p.add_argument("--context", type=int_in(1, 1 << 20), default=2048)
     p.add_argument("--batch", type=int_in(1, 4096), default=8)
     p.add_argument("--new-tokens", type=int_in(2, 1 << 16), default=32)
@@ -141,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="a tiny Llama and its half-cache student made here; brief timings")
     add_format(p)
     args = p.parse_args(argv)
-    if not args.smoke_test and (args.teacher is None or args.student is None):
+    if not args.smoke_test and (args.teacher is None or not args.student):
         p.error("--teacher and --student: both needed (or --smoke-test)")
     import torch
 
@@ -150,14 +172,15 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         if args.smoke_test:
             teacher, student = smoke_models(Path(tmp))
-            result = run(teacher, student, 64, 2, 4, 1, device)
+            result = run(teacher, {"student": student}, 64, 2, 4, 1, device)
         else:
-            too_long = longer_than_positions(args.teacher, args.student,
+            students = named_students(args.student)
+            too_long = longer_than_positions(args.teacher, students,
                                              args.context + args.new_tokens)
             if too_long:
                 p.error(f"--context {args.context} + --new-tokens {args.new_tokens}: {too_long}")
-            result = run(args.teacher, args.student, args.context, args.batch, args.new_tokens,
-                         args.runs, device)
+            result = run(args.teacher, students, args.context, args.batch, args.new_tokens,
+                         args.runs, device, args.dtype)
     if args.format == "table":
         print(render_table(["", "value"], [[k, f"{v:.4g}" if isinstance(v, float) else v]
                                            for k, v in result.items()], right=[False, True]))
