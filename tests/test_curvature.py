@@ -154,6 +154,7 @@ def test_the_estimated_widths_end_no_worse_than_measured_ones(tmp_path: Path) ->
     new = build_student(teacher, estimated.student, pair_orders(estimated),
                         estimated.input_scales(), fits)
     assert estimated.student.kv_width <= 0.25 * teacher.arch.kv_width
-    new_loss, old_loss = evaluate(new, task, config, "cpu")[0], evaluate(old, task, config, "cpu")[0]
+    new_loss = evaluate(new, task, config, "cpu")[0]
+    old_loss = evaluate(old, task, config, "cpu")[0]
     assert new_loss <= old_loss + 1e-3  # measured: 2.2919 against 2.3016 (teacher 2.2909)
 
