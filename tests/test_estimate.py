@@ -27,7 +27,7 @@ def simulate(prune: set[int]) -> tuple[list[float], list[float], list[str]]:
         work.report(str(trial), running[trial], 0, now)
         said.append(work.left(now) or 0.0)
         events.append(now)
-        if not told and (line := estimate.measured(work, 2, now)):
+        if not told and (line := estimate.measured(work, 2)):
             told.append(line)
         if running[trial] == 2000 or (trial in prune and running[trial] == 700):
             work.finish(str(trial))

@@ -95,18 +95,18 @@ def at_once(cpus_per_trial: float, gpus_per_trial: float, max_concurrent: int | 
     return max(1, min(count, max_concurrent or count, trials))
 
 
-def measured(work: Work, concurrent: int, now: float) -> str | None:
-    """What the first trials measured, once each of the first ``concurrent`` has trained past
-    its first evaluation: the time per step at this concurrency, per trial, and for the search
-    (``~4 min per trial at 120 ms/step ...``); None before."""
-    running = [s - work.base.get(t, 0) for t, s in work.at.items()]
-    rate = work.rate(now)
-    if rate is None or len(running) < min(concurrent, work.trials) or min(running) <= 0:
+def measured(work: Work, concurrent: int) -> str | None:
+    """What the first trials measured, once each of the first ``concurrent`` has two
+    evaluations: the time per step between them at this concurrency (the workers' start-up
+    left out), per trial, and for the search (``~4 min per trial at 120 ms/step ...``); None
+    before."""
+    timed = work.step_time()
+    if timed is None or timed[1] < min(concurrent, work.trials):
         return None
-    per_step = len(running) / rate  # seconds per step of one trial, as many running
+    per_step, count = timed
     trial = per_step * work.steps
     total = math.ceil(work.trials / concurrent) * trial
-    return (f"measured on its first {len(running)} trial(s) at {len(running)} at once: "
+    return (f"measured on its first {count} trial(s) at {count} at once: "
             f"{per_step * 1000:,.0f} ms/step, ~{duration(trial)} per trial; at most "
             f"~{duration(total)} for {work.trials} trial(s)")
 
@@ -140,6 +140,10 @@ class Work:
     base: dict[str, int] = dataclasses.field(default_factory=dict)  # its step when it started
     trained: int = 0  # steps trained by finished trials in this run
     ended: list[int] = dataclasses.field(default_factory=list)  # steps each finished trial had
+    # a running trial's first evaluation and its latest (time, step): its time per step, past
+    # the worker's start-up
+    first: dict[str, tuple[float, int]] = dataclasses.field(default_factory=dict)
+    latest: dict[str, tuple[float, int]] = dataclasses.field(default_factory=dict)
 
     def start(self, now: float) -> None:
         """A trial started training (the rate counts from the first)."""
@@ -151,12 +155,25 @@ class Work:
         self.start(now)
         self.base.setdefault(trial, resumed)
         self.at[trial] = max(step, self.at.get(trial, 0))
+        self.first.setdefault(trial, (now, step))
+        self.latest[trial] = (now, step)
+
+    def step_time(self) -> tuple[float, int] | None:
+        """(seconds per step of one trial, trials it is measured on): each running trial's
+        time between its first and its latest evaluation over the steps between them, averaged;
+        None before a trial has two evaluations."""
+        times = [(t1 - t0) / (s1 - s0) for trial, (t0, s0) in self.first.items()
+                 if trial in self.latest and (t1 := self.latest[trial][0]) > t0
+                 and (s1 := self.latest[trial][1]) > s0]
+        return (sum(times) / len(times), len(times)) if times else None
 
     def finish(self, trial: str, counted: bool = True) -> None:
         """A trial ended (``counted``: it counts as one of ``trials``; a failed one that is
         retried does not)."""
         step = self.at.pop(trial, 0)
         self.trained += max(0, step - self.base.pop(trial, step))
+        self.first.pop(trial, None)
+        self.latest.pop(trial, None)
         if counted:
             self.ended.append(step)
 

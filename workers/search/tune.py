@@ -370,7 +370,7 @@ class _Monitor(tune.Callback):
         now = time.monotonic()
         self.work.report(trial.trial_id, int(step), resumed, now)
         if not self.announced:
-            said = estimate.measured(self.work, self.concurrent, now)
+            said = estimate.measured(self.work, self.concurrent)
             if said is not None:
                 self.announced = True
                 self.bar.write(f"search {self.name}: {said}")
