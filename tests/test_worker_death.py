@@ -29,7 +29,12 @@ from search_spaces import load_space
 from studies.storage import open_storage
 from tests.helpers.search import SMOKE, check_consistent, launch, load, run, wait_for
 from workers.search.protocol import RESUMED, TRIAL_KEY, TrialReport, TrialSpec
-from workers.search.searcher import StudySearcher, finished_count, retried_numbers
+from workers.search.searcher import (
+    StudySearcher,
+    finished_count,
+    requeue_ray_failures,
+    retried_numbers,
+)
 from workers.search.seeding import BoundPredictor
 from workers.search.trial import PIDS_ENV
 
@@ -165,7 +170,7 @@ def test_the_searcher_retries_a_dead_worker_once_and_never_runs_too_many(
     assert s.suggest("y", 2) == "wait"
     a, _, retry = s.study.get_trials()
     assert a.state == TrialState.FAIL and "worker died" in a.user_attrs["error"]
-    assert a.user_attrs["restarts"] == 1 and a.user_attrs["status"] == "failed"
+    assert a.user_attrs["restarts"] == 1 and a.user_attrs["status"] == "ray_failed"
     assert retry.system_attrs["failed_trial"] == 0 and retry.user_attrs["status"] == "running"
     assert all(retry.user_attrs.get(k) is None for k in ("error", "restarts", RESUMED))
     s.complete("c", None, error=True)  # the retry's worker died too: not retried again
@@ -175,6 +180,11 @@ def test_the_searcher_retries_a_dead_worker_once_and_never_runs_too_many(
     assert s.suggest("z", 2) == "end"
     assert len(s.study.trials) == 3 and finished_count(s.study) == 2
     assert s.counts == {"COMPLETE": 1, "PRUNED": 0, "FAIL": 1}  # the retried one not counted
+    # --resume retries what failed for the machine, not for its point, without counting it
+    assert s.study.trials[2].user_attrs["error"] == (
+        "its worker died; its retries are spent; --resume retries it")
+    assert requeue_ray_failures(s.study) == [2] and requeue_ray_failures(s.study) == []
+    assert finished_count(s.study) == 1
 
 
 def _states(trials: list[FrozenTrial]) -> list[tuple[int, str, object]]:

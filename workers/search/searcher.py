@@ -51,6 +51,7 @@ PredictError = Callable[[ArchConfig], float | None]
 CHECKPOINT = "checkpoint"  # trial user attr: the last checkpoint directory
 ORPHAN = "orphan"  # asked as a connection dropped, then asked again (workers.search.guard)
 DISK_FULL = "disk_full"  # failed for a full results disk: retried by --resume, not counted
+RAY_FAILED = "ray_failed"  # Ray failed it (its worker died, ...): --resume retries it, uncounted
 WARM_START_FROM = "warm_start_from"  # trial user attr: copied from this study (--warm-start)
 # A trial whose worker died after Ray's own in-place restart (``FailureConfig``) is retried this
 # many more times by the study, each time as a new trial from the chain's last checkpoint.
@@ -301,8 +302,8 @@ class StudySearcher:
             return {rec.STATUS: DISK_FULL, ERROR: f"{failure.describe()}; the search stopped "
                     f"and --resume retries it from {start} (not counted against --trials)"}
         then = (f"retried as a new trial from {start}" if len(chain) <= WORKER_RETRIES
-                else "its retries are spent")
-        return {rec.STATUS: "failed", ERROR: f"{failure.describe()}; {then}"}
+                else "its retries are spent; --resume retries it")
+        return {rec.STATUS: RAY_FAILED, ERROR: f"{failure.describe()}; {then}"}
 
     def _checkpoint_step(self, numbers: set[int]) -> int | None:
         """The step of the last checkpoint among these trials: where a retry continues."""
@@ -412,6 +413,19 @@ def retried_numbers(trials: list[FrozenTrial]) -> set[int]:
     """Numbers of failed trials that have a retry copy (they do not count as finished): every
     trial in some trial's retry history, so each link of a chain of retries is counted."""
     return {n for t in trials for n in retry_history(t)}
+
+
+def requeue_ray_failures(study: optuna.Study) -> list[int]:
+    """Retry (``--resume``) every trial that failed for the machine, not for its point (Ray
+    failed it, or the results disk was full) and has no retry yet: the retry, not it, counts
+    against ``--trials``. Returns their numbers."""
+    trials = study.get_trials(deepcopy=False)
+    retried = retried_numbers(trials)
+    failed = [t.number for t in trials if t.state == TrialState.FAIL and t.number not in retried
+              and t.user_attrs.get(rec.STATUS) in (RAY_FAILED, DISK_FULL)]
+    for number in failed:
+        retry_failed(study, number)
+    return failed
 
 
 def finished_count(study: optuna.Study) -> int:

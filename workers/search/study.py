@@ -20,6 +20,7 @@ from studies import records as rec
 from studies.storage import reap_trials, redact
 from workers.errors import SearchError
 from workers.search.request import SearchRequest
+from workers.search.searcher import requeue_ray_failures
 from workers.search.seeding import plan_anchor, seeds
 from workers.search.warmstart import WarmStart, copy_trials, open_source
 from workers.tasks import Task, describe_task
@@ -105,6 +106,10 @@ def open_search_study(request: SearchRequest,
         if reaped:
             print(f"--resume: trials {reaped} of the last driver were still running: marked "
                   "interrupted and retried", file=sys.stderr)
+        again = requeue_ray_failures(study)
+        if again:
+            print(f"--resume: trials {again} failed for the machine (Ray, a full disk), not "
+                  "their point: retried", file=sys.stderr)
     return OpenedStudy(study, settings, warm)
 
 
