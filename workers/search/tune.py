@@ -90,8 +90,11 @@ def quiet_ray_advice() -> None:
     # A full results disk: the search stops and says so in one line; Ray's traceback of the
     # experiment state it could not save goes (a search resumes from its study, not from it).
     _drop("ray.tune.execution.experiment_state", "Saving experiment state to storage")
-    # A failed trial reports the worst metric, inf: Tune's TensorBoard logger warns of it
+    # A failed trial reports the worst metric, inf: Tune's TensorBoard logger warns of it; and
+    # on a busy machine Tune times its own loop ("The `on_step_begin` operation took 1.763 s,
+    # which may be a performance bottleneck"): neither is the user's to act on
     logging.getLogger("tensorboardX.x2num").setLevel(logging.ERROR)
+    _drop("ray.tune.utils.util", "may be a performance bottleneck")
 
 
 def start(address: str | None = None) -> None:
