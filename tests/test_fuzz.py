@@ -356,7 +356,7 @@ def test_workers_search_command_lines_up_to_ray(tmp_path_factory: object,
     # The driver (torch with it) is imported before sys.modules is patched: leaving the patch
     # drops every module imported inside it, and torch cannot be imported a second time.
     stub = types.ModuleType("workers.search.tune")
-    stub.start = mock.Mock(side_effect=_RayWouldStart)  # type: ignore[attr-defined]
+    stub.session = mock.Mock(side_effect=_RayWouldStart)  # type: ignore[attr-defined]
 
     def search(args: list[str]) -> int:
         try:

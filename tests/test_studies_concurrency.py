@@ -136,10 +136,11 @@ def test_killed_worker_leaves_a_consistent_study(storage_url: str, study_name: s
         time.sleep(0.2)
     else:
         pytest.fail("the worker never reached its third trial")
-    worker.send_signal(signal.SIGKILL)
-    worker.wait(timeout=30)
+    # opened before the kill: on a loaded machine opening took longer than the grace period
     settings = StorageSettings(heartbeat_interval=1, grace_period=2, retries=1)
     study = optuna.load_study(study_name=study_name, storage=open_storage(storage_url, settings))
+    worker.send_signal(signal.SIGKILL)
+    worker.wait(timeout=30)
     assert fail_stale_trials(study) == []  # still inside the grace period: nothing is failed early
     time.sleep(3.0)
     assert fail_stale_trials(study) == [2]
