@@ -15,7 +15,10 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
 
 Key = TypeVar("Key", bound=Hashable)
 ALPHA = 0.05  # the verdicts' significance level
@@ -167,7 +170,7 @@ def not_worse_than_kth(losses: Mapping[Key, Sequence[float]], k: int,
     return not_worse(losses, kth_best({p: mean(v) for p, v in losses.items()}, k), alpha)
 
 
-def paired_bootstrap(values: Sequence[float], reference: Sequence[float],
+def paired_bootstrap(values: ArrayLike, reference: ArrayLike,
                      confidence: float = CONFIDENCE, resamples: int = 2000, seed: int = 0
                      ) -> tuple[float, float, float]:
     """The mean of ``values - reference``, paired element by element (the same windows scored

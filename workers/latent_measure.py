@@ -50,11 +50,11 @@ def curvature_latent(source: LayerSource, measured: CheckpointMeasurement, x: Te
     student = _latent_arch(arch, rope_dim)
     with Progress("fit", total=len(curvature), unit="layers", quiet=quiet,
                   start="each layer's latent maps to second order") as bar:
-        for i, moments in curvature.items():
+        for i, layer in curvature.items():
             with source.block(i) as block:
                 weight = _weight(block.attn)
-            up, down, spectrum = curvature_fit(weight, student, i, orders, moments.inputs,
-                                               moments.grads)
+            up, down, spectrum = curvature_fit(weight, student, i, orders, layer.inputs,
+                                               layer.grads)
             fits[i] = (up, down)
             losses[i] = width_losses(spectrum, latent_widths(arch.layers[i], arch.d_model,
                                                              measured.align, rope_dim))
