@@ -39,8 +39,10 @@ def run_suite(ctx: Context, result: PartResult, budget: Budget,
     """``pytest`` on ``SUITE`` (``-k SUITE_FILTER``) in a child process with the part's
     budget as its timeout; one row of counts, each failure's name in the notes."""
     report = ctx.work / "suite.xml"
-    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", SUITE_FILTER,
-            f"--junitxml={report}", *SUITE]
+    # the project's addopts left out: its pytest-xdist workers would each import torch for
+    # the dozen tests selected
+    argv = [sys.executable, "-m", "pytest", "-q", "-o", "addopts=", "-p", "no:cacheprovider",
+            "-k", SUITE_FILTER, f"--junitxml={report}", *SUITE]
     try:
         done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True,
                               timeout=max(budget.left(), 1.0))
