@@ -109,7 +109,8 @@ def test_the_smoke_run_in_the_gpu_image_measures_every_part(image_python: Path,
         assert all(r["tokens_per_s"] > 0 and r["warm_s"] > 0 for r in rows)
     checks = parts["checks"]["rows"]
     assert all(r["passed"] for r in checks)
-    assert {r["kind"] for r in checks if r["check"].startswith("bf16")} == set(ATTENTION_KINDS)
+    assert {r["kind"] for r in checks if r["check"] == "cpu (float32) vs cpu"} == set(
+        ATTENTION_KINDS)
     suite = parts["suite"]["rows"][0]
     assert suite["passed"] > 0 and suite["failed"] == 0
     parity = parts["parity"]["rows"]

@@ -155,10 +155,12 @@ def run_checks(ctx: Context, result: PartResult, budget: Budget,
     compile, each started only while the budget lasts."""
     steps = ctx.sizes.check_steps
     tolerance = BF16_TOLERANCE if ctx.device == "cuda" else FP32_TOLERANCE
+    # the trainer uses bf16 autocast on CUDA only: on the CPU both runs are float32
+    label = f"{ctx.device} ({'bf16 autocast' if ctx.device == 'cuda' else 'float32'}) vs cpu"
     for kind in ATTENTION_KINDS:
         budget.check(f"the autocast check of {kind}")
         arch = small_arch(kind)
-        result.rows.append(compare("bf16 autocast vs cpu float32", kind,
+        result.rows.append(compare(label, kind,
                                    losses(arch, steps, ctx.device), losses(arch, steps, "cpu"),
                                    tolerance))
         say(f"checks: {kind} autocast max rel diff {result.rows[-1]['max_rel_diff']:.2e}")
