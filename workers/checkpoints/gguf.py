@@ -44,6 +44,11 @@ _BLOCK = {
     "mlp.down_proj.weight": "ffn_down.weight"}
 _TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
         "lm_head.weight": "output.weight"}
+DEQUANTIZE_VALUES = 1 << 22  # values dequantized at once (16 MB as float32)
+# metadata fields a reader no longer needs once the config is read (the tokenizer's vocabulary
+# and merges: ~150 MB of Python objects for a 49,152-token vocabulary)
+_TOKENIZER_FIELDS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges",
+                     "tokenizer.ggml.token_type", "tokenizer.ggml.scores")
 _LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")
 # metadata key (after "<architecture>.") -> config.json field
 _CONFIG = {"block_count": "num_hidden_layers", "context_length": "max_position_embeddings",
@@ -149,6 +154,9 @@ class GGUFTensors:
         self.path, self.source = path, source
         self.reader = _reader(path, source)
         self.config = gguf_config(self.reader, source)
+        self.has_tokenizer = _field(self.reader, "tokenizer.ggml.model") is not None
+        for key in _TOKENIZER_FIELDS:  # read by transformers' tokenizer conversion, not here
+            self.reader.fields.pop(key, None)
         self.permuted = self.reader.fields and _field(
             self.reader, "general.architecture") == "llama"
         self._tensors = {t.name: t for t in self.reader.tensors}
@@ -160,11 +168,6 @@ class GGUFTensors:
     def _stock_names(self) -> list[str]:
         layers = int(self.config.get("num_hidden_layers") or 0)
         return [*_TOP, *(f"model.layers.{i}.{name}" for i in range(layers) for name in _BLOCK)]
-
-    @property
-    def has_tokenizer(self) -> bool:
-        """Whether the file carries a tokenizer (its vocabulary and kind in the metadata)."""
-        return _field(self.reader, "tokenizer.ggml.model") is not None
 
     def __enter__(self) -> GGUFTensors:
         return self
@@ -204,8 +207,16 @@ class GGUFTensors:
             raise CheckpointError(f"{self.source}: tensor {name!r} has shape {found}, its "
                                   f"metadata makes it {shape}")
         tensor = self._tensor(name)
-        array = np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
-        out = torch.from_numpy(array.reshape(shape).copy())
+        out = torch.empty(shape, dtype=torch.float32)
+        rows = out.view(-1, shape[-1])
+        data = tensor.data.reshape(rows.shape[0], -1)  # (rows, bytes or values per row)
+        # a few rows at a time: the dequantizer's temporaries are a chunk's, not the tensor's
+        step = max(1, DEQUANTIZE_VALUES // shape[-1])
+        for a in range(0, rows.shape[0], step):
+            chunk = dequantize(data[a:a + step], tensor.tensor_type)
+            # (a copy: an unquantized file's rows come back as read-only views of the map)
+            rows[a:a + step] = torch.from_numpy(np.array(chunk, dtype=np.float32).reshape(
+                -1, shape[-1]))
         if self.permuted and (".q_proj." in name or ".k_proj." in name):
             heads = self.config["num_attention_heads" if ".q_proj." in name
                                 else "num_key_value_heads"]
