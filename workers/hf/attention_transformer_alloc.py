@@ -318,15 +318,16 @@ class AllocLatentAttention(nn.Module):
         b, _, t, _ = q.shape
         total, c, share = latent.shape[1], latent.shape[2], g.count // g.kv
         k_rows, v_rows, _, v_bias = self.up_rows(j)
+        q = q / math.sqrt(g.qk)  # the logits' scale, on the few new queries
         q_lat = q[..., r:].reshape(b, g.kv, share * t, g.qk - r)
         # (B, kv, share t, qk - r) @ (kv, qk - r, c): every query in the latent space
         q_abs = q_lat @ k_rows.view(g.kv, g.qk - r, c)
         logits = q_abs.reshape(b, g.count * t, c) @ latent.transpose(1, 2)  # (B, count t, T)
         if r:
             rope_keys = split_heads(rope, g.kv)  # (B, kv, T, r), turned when cached
-            logits = logits + (q[..., :r].reshape(b, g.kv, share * t, r)
-                               @ rope_keys.transpose(-1, -2)).reshape(b, g.count * t, total)
-        logits = logits.view(b, g.count, t, total) / math.sqrt(g.qk)
+            logits += (q[..., :r].reshape(b, g.kv, share * t, r)
+                       @ rope_keys.transpose(-1, -2)).view(b, g.count * t, total)
+        logits = logits.view(b, g.count, t, total)
         if t > 1:  # new queries see every cached key and the new ones up to their own
             hidden = torch.ones(t, total, dtype=torch.bool, device=q.device).triu(total - t + 1)
             logits = logits.masked_fill(hidden, float("-inf"))
