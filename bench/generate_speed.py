@@ -26,28 +26,37 @@ from common.cli import Parser, add_format, dump, int_in, render_table
 
 
 def timed(model: Any, ids: Any, new_tokens: int) -> tuple[float, float]:
-    """(prefill seconds, decode tokens per second) of one greedy ``generate``."""
+    """(prefill seconds, decode tokens per second) of one greedy ``generate``, clocked at each
+    step inside it: the prefill is the time to the first token's logits, the decode the time
+    from there to the last (two separate calls, one of a single token, would leave the decode
+    as the small difference of two long prefills, which at a long context on a CPU is noise)."""
     import torch
+    import transformers
 
-    def sync() -> None:
+    def now() -> float:
         if ids.device.type == "cuda":
             torch.cuda.synchronize()
+        return time.perf_counter()
 
+    class Clock(transformers.LogitsProcessor):
+        """Called once per generated token, as its logits are ready."""
+
+        def __init__(self) -> None:
+            self.times: list[float] = []
+
+        def __call__(self, input_ids: Any, scores: Any) -> Any:
+            self.times.append(now())
+            return scores
+
+    clock = Clock()
     with torch.no_grad():
-        sync()
-        start = time.perf_counter()
         mask = torch.ones_like(ids)  # unpadded: random ids may hold the pad id
-        model.generate(ids, attention_mask=mask, max_new_tokens=1, min_new_tokens=1,
-                       do_sample=False)
-        sync()
-        prefill = time.perf_counter() - start
-        start = time.perf_counter()
+        start = now()
         model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens,
-                       min_new_tokens=new_tokens, do_sample=False)
-        sync()
-        total = time.perf_counter() - start
-    decode = max(total - prefill, 1e-9)
-    return prefill, ids.shape[0] * (new_tokens - 1) / decode
+                       min_new_tokens=new_tokens, do_sample=False,
+                       logits_processor=transformers.LogitsProcessorList([clock]))
+    first, last = clock.times[0], clock.times[-1]
+    return first - start, ids.shape[0] * (len(clock.times) - 1) / max(last - first, 1e-9)
 
 
 def kv_bytes(model: Any, ids: Any) -> int:

@@ -31,6 +31,7 @@ def plan_and_compress(teacher: Path, data: Path, folder: Path, fraction: float, 
                       sample_tokens: int, seq_len: int) -> dict[str, Any]:
     """Profile and compress in processes of their own: seconds and peaks of each."""
     plan, student = folder / "plan.yaml", folder / "student"
+    folder.mkdir(parents=True, exist_ok=True)
     stages = {
         "profile": ["-m", "workers.profile", "--checkpoint", str(teacher), "--data", str(data),
                     "--seq-len", str(seq_len), "--sample-tokens", str(sample_tokens), "--rule",
@@ -78,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     p.add_argument("--no-decode", action="store_true", help="profile and compress only")
     p.add_argument("--cache", type=Path, help="the fixtures' folder (bench.fixtures)")
+    p.add_argument("--keep", type=Path, metavar="DIR",
+                   help="write the plans and students under DIR and keep them (default: a "
+                        "temporary folder, removed at the end)")
     add_format(p)
     args = p.parse_args(argv)
     fixture = ensure(args.cache)
@@ -91,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for name, rope_dim in layouts.items():
             got = plan_and_compress(fixture.gguf, fixture.tokens(CALIBRATION),
-                                    Path(tmp) / name, args.fraction, rope_dim,
+                                    (args.keep or Path(tmp)) / name, args.fraction, rope_dim,
                                     args.sample_tokens, args.seq_len)
             students[name] = Path(got.pop("student"))
             result |= {f"{name}_{k}": v for k, v in got.items()}

@@ -205,8 +205,9 @@ def test_kv_compress_puts_every_method_at_every_size_on_any_teacher(
     """A teacher folder given by --teacher (a tiny Llama written by transformers), its
     calibration tokens and two held-out sources: every method at every size and calibration
     seed, each student caching exactly what its size says (the planned ones at most that), each
-    scored per source with an interval against the best other method; a second run measures
-    nothing again."""
+    scored per source with an interval against the best other method; a run that asks for
+    fine-tuning after one that did not adds only the fine-tuned rows; a third measures nothing
+    again."""
     from tests.test_llama import build, saved, token_folder
 
     teacher = saved(build("llama", num_key_value_heads=2), tmp_path / "teacher")
@@ -214,10 +215,14 @@ def test_kv_compress_puts_every_method_at_every_size_on_any_teacher(
     evals = [token_folder(tmp_path / name) for name in ("held-a", "held-b")]
     argv = ["--teacher", str(teacher), "--data", str(data), "--eval", *map(str, evals),
             "--smoke-test", "--seq-len", "24", "--out", str(tmp_path / "out")]
+    methods, fractions = kv_compress.METHODS, kv_compress.FRACTIONS
+    assert kv_compress.main([*argv, "--finetune", "--quiet"]) == 0
+    cut_only = (tmp_path / "out" / "kv_compress.csv").read_text()
+    assert len(cut_only.splitlines()) == 1 + 2 * 2 + 2 * 2 * len(fractions) * len(methods)
     assert kv_compress.main([*argv, "--format", "json"]) == 0
     result = json.loads(capsys.readouterr().out)
+    assert (tmp_path / "out" / "kv_compress.csv").read_text().startswith(cut_only)
     rows = read_csv(tmp_path / "out" / "kv_compress.csv")
-    methods, fractions = kv_compress.METHODS, kv_compress.FRACTIONS
     students = [r for r in rows if r["method"] != "teacher"]
     # two seeds x sizes x methods, each scored on both sources, fine-tuned at 25% too
     assert len(students) == 2 * 2 * len(fractions) * len(methods) + 2 * 2 * len(methods)

@@ -170,16 +170,18 @@ class Store:
         self.rows = _read(self.rows_path)
         self.windows = _read(self.windows_path)
 
-    def done(self, seed: int, fraction: float, method: str) -> bool:
-        return any(int(r["seed"]) == seed and float(r["fraction"]) == fraction
-                   and r["method"] == method for r in self.rows)
+    def stages(self, seed: int, fraction: float, method: str) -> set[str]:
+        """The stages (``cut``, ``finetuned``) measured for this student."""
+        return {r["stage"] for r in self.rows if int(r["seed"]) == seed
+                and float(r["fraction"]) == fraction and r["method"] == method}
 
     def add(self, rows: list[dict[str, Any]], windows: list[dict[str, Any]]) -> None:
         """One student's rows and window losses (replacing any windows of it left by a run
         that stopped before its rows were written)."""
-        keys = {(str(r["seed"]), str(r["fraction"]), r["method"]) for r in rows}
-        self.windows = [w for w in self.windows
-                        if (str(w["seed"]), str(w["fraction"]), w["method"]) not in keys]
+        def key(r: dict[str, Any]) -> tuple[str, ...]:
+            return str(r["seed"]), str(r["fraction"]), r["method"], r["stage"]
+        keys = {key(r) for r in rows}
+        self.windows = [w for w in self.windows if key(w) not in keys]
         self.rows += rows
         self.windows += windows
         write_csv(self.windows_path, self.windows)
@@ -218,33 +220,43 @@ def scored(model: Model | None, setup: Setup, key: dict[str, Any], stage: str
                 for w, v in enumerate(losses)])
 
 
+def missing_stages(store: Store, setup: Setup, args: argparse.Namespace, seed: int,
+                   fraction: float, method: str) -> set[str]:
+    """The stages this student still lacks: ``cut``, and ``finetuned`` at the
+    ``--finetune`` fractions."""
+    tuned = fraction in args.finetune and setup.sizes.finetune_steps
+    return ({"cut", "finetuned"} if tuned else {"cut"}) - store.stages(seed, fraction, method)
+
+
 def measure(setup: Setup, store: Store, args: argparse.Namespace, bar: Any) -> None:
     """Every method at every size for every calibration seed, but those already stored."""
     for seed in args.seeds:
-        todo = [(f, m) for f in args.fractions for m in args.methods
-                if not store.done(seed, f, m)]
+        todo = [(f, m, missing) for f in args.fractions for m in args.methods
+                if (missing := missing_stages(store, setup, args, seed, f, m))]
         if not todo:
             continue
         cal = calibration(setup, seed, args.methods, args.quiet, args.out)
         teacher_key = {"seed": seed, "fraction": 1.0, "method": "teacher"}
-        if not store.done(seed, 1.0, "teacher"):
+        if not store.stages(seed, 1.0, "teacher"):
             _store(store, scored(setup.teacher, setup, teacher_key, "cut"), teacher_key,
                    describe(setup.teacher), param_count(setup.teacher.arch).total,
                    setup.teacher.arch.kv_width)
-        for fraction, method in todo:
+        for fraction, method, missing in todo:
             student = METHODS[method](setup.teacher, cal, fraction)
             key = {"seed": seed, "fraction": fraction, "method": method}
-            results = list(scored(student, setup, key, "cut"))
-            if student is not None and fraction in args.finetune and setup.sizes.finetune_steps:
+            # a student fine-tuned in a later run than its cut was scored is cut again (the
+            # cut is deterministic given the seed's sample) but not scored again
+            results = list(scored(student, setup, key, "cut")) if "cut" in missing else []
+            if student is not None and "finetuned" in missing:
                 results += list(scored(finetuned(student, setup, seed), setup, key,
                                        "finetuned"))
             _store(store, iter(results), key, describe(student) if student else "below floor",
                    param_count(student.arch).total if student else 0,
                    student.arch.kv_width if student else 0)
             bar.update(1)
-            cut = [r["perplexity"] for r, _ in results if r["stage"] == "cut"]
+            scores = ", ".join(f'{r["stage"]} {r["perplexity"]:.2f}' for r, _ in results)
             bar.event(f"seed {seed}, {fraction:.1%} of the KV cache, {method}: perplexity "
-                      f"{', '.join(f'{p:.2f}' for p in cut)} after the cut")
+                      f"{scores}")
 
 
 def _store(store: Store, results: Iterator[tuple[dict[str, Any], list[dict[str, Any]]]],
@@ -371,8 +383,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise UsageError(f"--teacher {args.teacher}: the methods cut a RoPE model's mhsa "
                          "layers (a Llama-family teacher)")
     store = Store(args.out)
-    todo = sum(not store.done(s, f, m) for s in args.seeds for f in args.fractions
-               for m in args.methods)
+    todo = sum(bool(missing_stages(store, setup, args, s, f, m)) for s in args.seeds
+               for f in args.fractions for m in args.methods)
     units = {f: layer_units(setup.teacher.arch, f) for f in args.fractions}
     with harness.runs(args, NAME, todo, "students",
                       start=f"every method at {', '.join(f'{f:.1%}' for f in args.fractions)} "
