@@ -254,7 +254,8 @@ def measure(setup: Setup, store: Store, args: argparse.Namespace, bar: Any) -> N
                    param_count(student.arch).total if student else 0,
                    student.arch.kv_width if student else 0)
             bar.update(1)
-            scores = ", ".join(f'{r["stage"]} {r["perplexity"]:.2f}' for r, _ in results)
+            scores = ", ".join(f'{r["source"]} {r["perplexity"]:.2f} ({r["stage"]})'
+                               for r, _ in results)
             bar.event(f"seed {seed}, {fraction:.1%} of the KV cache, {method}: perplexity "
                       f"{scores}")
 
