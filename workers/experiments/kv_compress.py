@@ -271,38 +271,54 @@ def _store(store: Store, results: Iterator[tuple[dict[str, Any], list[dict[str, 
 
 def summarise(store: Store, args: argparse.Namespace, sources: list[str]
               ) -> list[dict[str, Any]]:
-    """Per size, stage, source and method: the mean loss over seeds, its perplexity, and its
-    mean difference from the best other method and from ``svd`` with 95% intervals, paired by
-    seed and window."""
+    """Per size, stage, source and method: the mean loss over the seeds measured (``seeds``:
+    how many; a stage run for some seeds only is summarised over those), its perplexity, and
+    its mean difference from the best other method and from ``svd`` with 95% intervals, paired
+    by seed and window over the seeds both have."""
     out = []
     for fraction in args.fractions:
         for stage in ("cut", "finetuned"):
             for source in sources:
-                means = {}
-                for method in args.methods:
-                    per_seed = [store.losses(s, fraction, method, stage, source)
-                                for s in args.seeds]
-                    if all(len(x) for x in per_seed):
-                        means[method] = np.concatenate(per_seed)
+                per_seed = {m: {s: x for s in args.seeds
+                                if len(x := store.losses(s, fraction, m, stage, source))}
+                            for m in args.methods}
+                per_seed = {m: v for m, v in per_seed.items() if v}
                 teacher = np.concatenate([store.losses(s, 1.0, "teacher", "cut", source)
                                           for s in args.seeds])
-                for method, losses in means.items():
+                for method, seeds in per_seed.items():
+                    losses = np.concatenate(list(seeds.values()))
                     entry = {"fraction": fraction, "stage": stage, "source": source,
-                             "method": method, "loss": float(losses.mean()),
+                             "method": method, "seeds": len(seeds),
+                             "loss": float(losses.mean()),
                              "perplexity": math.exp(float(losses.mean())),
                              "teacher_perplexity": math.exp(float(teacher.mean())),
                              **dict.fromkeys(COMPARISONS)}
-                    others = {m: v for m, v in means.items() if m != method}
+                    others = {m: v for m, v in per_seed.items() if m != method}
                     if others:  # (a row without one keeps None: one CSV header for all)
-                        best = min(others, key=lambda m: float(others[m].mean()))
-                        diff, low, high = paired_bootstrap(losses, others[best])
-                        entry |= {"best_other": best, "vs_best_other": diff,
-                                  "vs_best_other_low": low, "vs_best_other_high": high}
-                    if method != BASELINE and BASELINE in means:
-                        diff, low, high = paired_bootstrap(losses, means[BASELINE])
-                        entry |= {"vs_svd": diff, "vs_svd_low": low, "vs_svd_high": high}
+                        best = min(others, key=lambda m: float(
+                            np.concatenate(list(others[m].values())).mean()))
+                        compared = _paired(seeds, others[best])
+                        if compared is not None:
+                            entry |= {"best_other": best, **dict(zip(
+                                ("vs_best_other", "vs_best_other_low", "vs_best_other_high"),
+                                compared))}
+                    if method != BASELINE and BASELINE in per_seed:
+                        compared = _paired(seeds, per_seed[BASELINE])
+                        if compared is not None:
+                            entry |= dict(zip(("vs_svd", "vs_svd_low", "vs_svd_high"),
+                                              compared))
                     out.append(entry)
     return out
+
+
+def _paired(ours: dict[int, np.ndarray], theirs: dict[int, np.ndarray]
+            ) -> tuple[float, float, float] | None:
+    """The paired bootstrap of two methods' window losses over the seeds both have."""
+    common = [s for s in ours if s in theirs]
+    if not common:
+        return None
+    return paired_bootstrap(np.concatenate([ours[s] for s in common]),
+                            np.concatenate([theirs[s] for s in common]))
 
 
 def verdicts(summary: list[dict[str, Any]]) -> list[str]:
