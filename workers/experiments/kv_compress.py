@@ -53,7 +53,7 @@ from workers.experiments.kv_methods import (
 from workers.measure import measure_model
 from workers.model import Model
 from workers.tasks import make_data_task
-from workers.trainer import Trainer
+from workers.trainer import Trainer, describe_run, run_with_progress
 
 NAME = "kv_compress"
 FRACTIONS = (0.5, 0.25, 0.125)  # of the teacher's KV cache per token
@@ -139,8 +139,9 @@ def calibration(setup: Setup, seed: int, methods: list[str], quiet: bool, out: P
     return cal
 
 
-def finetuned(student: Model, setup: Setup, seed: int) -> Model:
-    """``student`` after ``finetune_steps`` steps on the calibration source."""
+def finetuned(student: Model, setup: Setup, seed: int, quiet: bool) -> Model:
+    """``student`` after ``finetune_steps`` steps on the calibration source (its progress on
+    stderr unless ``quiet``: minutes per student at a real model's size)."""
     sizes = setup.sizes
     task = make_data_task(setup.data, length=sizes.seq_len)
     trainer = Trainer(student.arch, task, TrainConfig(
@@ -148,7 +149,7 @@ def finetuned(student: Model, setup: Setup, seed: int) -> Model:
         eval_every=sizes.finetune_steps, eval_batches=1, device="cpu", seed=seed,
         warmup=0.1))
     trainer.model.load_state_dict(student.state_dict())
-    trainer.run()
+    run_with_progress(trainer, "fine-tune", quiet, describe_run(trainer))
     return trainer.model.eval()
 
 
@@ -248,7 +249,7 @@ def measure(setup: Setup, store: Store, args: argparse.Namespace, bar: Any) -> N
             # cut is deterministic given the seed's sample) but not scored again
             results = list(scored(student, setup, key, "cut")) if "cut" in missing else []
             if student is not None and "finetuned" in missing:
-                results += list(scored(finetuned(student, setup, seed), setup, key,
+                results += list(scored(finetuned(student, setup, seed, args.quiet), setup, key,
                                        "finetuned"))
             _store(store, iter(results), key, describe(student) if student else "below floor",
                    param_count(student.arch).total if student else 0,
