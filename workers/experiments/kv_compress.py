@@ -474,7 +474,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fractions", type=number(0, strict=True), nargs="+",
                         default=list(FRACTIONS), help="KV cache sizes, of the teacher's")
     parser.add_argument("--finetune", type=number(0, strict=True), nargs="*",
-                        default=[0.25], help="the fractions whose students are fine-tuned")
+                        default=[0.25],
+                        help="the fractions whose students are fine-tuned (the flag alone: "
+                             "none; a later run fine-tunes those it lacks)")
     parser.add_argument("--seeds", type=int_in(0), nargs="+", default=[0, 1],
                         help="calibration seeds: each draws its own sample of --data")
     parser.add_argument("--seq-len", type=int_in(2), help="window (default 512)")
