@@ -284,21 +284,21 @@ def summarise(store: Store, args: argparse.Namespace, sources: list[str]
                                 if len(x := store.losses(s, fraction, m, stage, source))}
                             for m in args.methods}
                 per_seed = {m: v for m, v in per_seed.items() if v}
+                pooled = {m: np.concatenate(list(v.values())) for m, v in per_seed.items()}
                 teacher = np.concatenate([store.losses(s, 1.0, "teacher", "cut", source)
                                           for s in args.seeds])
                 for method, seeds in per_seed.items():
-                    losses = np.concatenate(list(seeds.values()))
+                    losses = pooled[method]
                     entry = {"fraction": fraction, "stage": stage, "source": source,
                              "method": method, "seeds": len(seeds),
                              "loss": float(losses.mean()),
                              "perplexity": math.exp(float(losses.mean())),
                              "teacher_perplexity": math.exp(float(teacher.mean())),
                              **dict.fromkeys(COMPARISONS)}
-                    others = {m: v for m, v in per_seed.items() if m != method}
+                    others = [m for m in per_seed if m != method]
                     if others:  # (a row without one keeps None: one CSV header for all)
-                        best = min(others, key=lambda m: float(
-                            np.concatenate(list(others[m].values())).mean()))
-                        compared = _paired(seeds, others[best])
+                        best = min(others, key=lambda m: float(pooled[m].mean()))
+                        compared = _paired(seeds, per_seed[best])
                         if compared is not None:
                             entry |= {"best_other": best, **dict(zip(
                                 ("vs_best_other", "vs_best_other_low", "vs_best_other_high"),
