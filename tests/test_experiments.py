@@ -201,7 +201,8 @@ def test_llama_compress_plan_and_uniform_students_at_equal_kv_cache(
 
 
 def test_kv_compress_puts_every_method_at_every_size_on_any_teacher(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """A teacher folder given by --teacher (a tiny Llama written by transformers), its
     calibration tokens and two held-out sources: every method at every size and calibration
     seed, each student caching exactly what its size says (the planned ones at most that), each
@@ -244,6 +245,11 @@ def test_kv_compress_puts_every_method_at_every_size_on_any_teacher(
     assert {s["stage"] for s in summary} == {"cut", "finetuned"}
     assert (tmp_path / "out" / "kv_compress.png").stat().st_size > 10_000
     before = (tmp_path / "out" / "kv_compress.csv").read_text()
+
+    def measured_again(*args: object) -> None:
+        raise AssertionError("a run with every row stored calibrated again")
+
+    monkeypatch.setattr(kv_compress, "calibration", measured_again)
     assert kv_compress.main([*argv, "--quiet"]) == 0
     assert (tmp_path / "out" / "kv_compress.csv").read_text() == before
 

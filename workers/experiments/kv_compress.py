@@ -248,9 +248,9 @@ def measure(setup: Setup, store: Store, args: argparse.Namespace, bar: Any) -> N
             # a student fine-tuned in a later run than its cut was scored is cut again (the
             # cut is deterministic given the seed's sample) but not scored again
             results = list(scored(student, setup, key, "cut")) if "cut" in missing else []
-            if student is not None and "finetuned" in missing:
-                results += list(scored(finetuned(student, setup, seed, args.quiet), setup, key,
-                                       "finetuned"))
+            if "finetuned" in missing:  # (a student below its floor is stored as such)
+                tuned = None if student is None else finetuned(student, setup, seed, args.quiet)
+                results += list(scored(tuned, setup, key, "finetuned"))
             _store(store, iter(results), key, describe(student) if student else "below floor",
                    param_count(student.arch).total if student else 0,
                    student.arch.kv_width if student else 0)
