@@ -221,7 +221,7 @@ def _parse_kv_heads(problems: list[str], key: str, value: Any,
         return None
     choices = need_choices(problems, key, value, lambda v: is_int(v) and v >= 1,
                             "must be key/value head counts per head group (integers >= 1)")
-    single = kinds_where(lambda t: not t.grouped_kv, attention)
+    single = [kind for kind in attention if not kind_traits(kind).grouped_kv]
     if choices and single:
         grouped = kinds_text(lambda t: t.grouped_kv)
         add(problems, key, value, f"grouped key/value heads are for {grouped} layers; "

@@ -48,10 +48,12 @@ def test_kv_cache_is_the_hand_count() -> None:
               LayerSpec("frozen_qk", (HeadGroup(4, 16),)),
               LayerSpec("mixit", (HeadGroup(2, 32),)),
               LayerSpec("mssa", (HeadGroup(2, 16), HeadGroup(1, 8)), tied_output=True),
-              LayerSpec("latent", (HeadGroup(4, 16, 8, 2),), latent_dim=24, rope_dim=4))
-    arch = ArchConfig(d_model=64, layers=layers, max_seq_len=8, input_dim=4, positional="rope")
-    per_layer = [2 * (16 + 16) + 1 * (8 + 16), 4 * (16 + 16), 2 * 32, 2 * 16 + 8, 24 + 2 * 4]
+              LayerSpec("latent", (HeadGroup(4, 16, 8, 2),), latent_dim=24))
+    arch = ArchConfig(d_model=64, layers=layers, max_seq_len=8, input_dim=4)
+    per_layer = [2 * (16 + 16) + 1 * (8 + 16), 4 * (16 + 16), 2 * 32, 2 * 16 + 8, 24]
     assert [layer.kv_width for layer in layers] == per_layer
+    with_rope = LayerSpec("latent", (HeadGroup(4, 16, 8, 2),), latent_dim=24, rope_dim=4)
+    assert with_rope.kv_width == 24 + 2 * 4  # and its 2 key/value heads' RoPE parts
     units = sum(per_layer)
     assert arch.kv_width == units
     assert kv_cache_bytes(arch) == 4 * units and kv_cache_bytes(arch, "bfloat16") == 2 * units
@@ -191,7 +193,7 @@ def test_a_layers_groups_share_key_value_heads_in_proportion() -> None:
 
 # --- one figure per kind, equal to what the built modules cache --------------------------------
 
-D_MODEL, T = 48, 6  # wider than any layer's cache below, so its null space is not empty
+D_MODEL, T = 80, 6  # wider than any layer's cache below, so its null space is not empty
 
 
 def kind_layers(positional: str) -> list[LayerSpec]:
@@ -222,6 +224,13 @@ CASES = [(positional, layer) for positional in ("learned", "rope")
          for layer in kind_layers(positional)]
 
 
+def case_id(positional: str, layer: LayerSpec) -> str:
+    """``rope-latent-4x8-c10r2``, ``learned-mssa-4x8-tied``: a case's test id."""
+    latent = f"-c{layer.latent_dim}r{layer.rope_dim}" if layer.kind.latent else ""
+    return (f"{positional}-{layer.attention}-{layer.heads_str}{latent}"
+            + ("-tied" if layer.tied_output else "") + ("-rotated" if layer.rotate_latent else ""))
+
+
 def one_layer(layer: LayerSpec, positional: str) -> ArchConfig:
     return ArchConfig(d_model=D_MODEL, layers=(layer,), max_seq_len=T, positional=positional,
                       input_dim=4)
@@ -231,8 +240,7 @@ def test_the_cases_cover_every_kind() -> None:
     assert {layer.attention for _, layer in CASES} == set(KINDS)
 
 
-@pytest.mark.parametrize(("positional", "layer"), CASES,
-                         ids=[f"{p}-{x.attention}-{x.heads_str}" for p, x in CASES])
+@pytest.mark.parametrize(("positional", "layer"), CASES, ids=[case_id(*c) for c in CASES])
 def test_every_kinds_module_caches_the_one_figure(positional: str, layer: LayerSpec) -> None:
     """The built module's cache per token has ``LayerSpec.kv_width`` units (= ``ArchConfig``'s,
     = the kind's ``kv_units``, = the KV cache bytes over 4): no unit repeats another (its map
@@ -243,7 +251,7 @@ def test_every_kinds_module_caches_the_one_figure(positional: str, layer: LayerS
     arch = one_layer(layer, positional)
     attn = make_attention(arch, layer, 0).double()
     figure = layer.kind.kv_units(layer.heads, layer.latent_dim, layer.rope_dim)
-    assert layer.kv_width == arch.kv_width == figure == kv_cache_bytes(arch) // 4
+    assert layer.kv_width == arch.kv_width == figure == kv_cache_bytes(arch) // 4 < D_MODEL
     x = torch.randn(1, T, D_MODEL, dtype=torch.float64)
     with torch.no_grad():
         cache, out = attn.cached(x), attn(x)
@@ -270,8 +278,8 @@ def test_a_transformers_decode_caches_the_one_figure(positional: str, tmp_path: 
     from transformers import AutoModelForCausalLM
     from transformers.cache_utils import DynamicCache
 
-    from workers.hf.export import ATTENTION_KINDS as EXPORTED
     from workers.hf.export import save_student
+    from workers.hf.modeling_transformer_alloc import ATTENTION_KINDS as EXPORTED
 
     layers = tuple(x for x in kind_layers(positional) if x.attention in EXPORTED)
     arch = ArchConfig(d_model=D_MODEL, layers=layers, max_seq_len=T, positional=positional,
@@ -286,10 +294,8 @@ def test_a_transformers_decode_caches_the_one_figure(positional: str, tmp_path: 
     assert sum(x.keys.numel() + x.values.numel() for x in cache.layers) == T * arch.kv_width
 
 
-@pytest.mark.parametrize(("positional", "layer"),
-                         [(p, x) for p, x in CASES if x.kind.cut_keys],
-                         ids=[f"{p}-{x.attention}-{x.heads_str}" for p, x in CASES
-                              if x.kind.cut_keys])
+@pytest.mark.parametrize(("positional", "layer"), [c for c in CASES if c[1].kind.cut_keys],
+                         ids=[case_id(*c) for c in CASES if c[1].kind.cut_keys])
 def test_the_compression_plans_count_the_one_figure(positional: str, layer: LayerSpec) -> None:
     """A plan's teacher and student units per layer are ``LayerSpec.kv_width`` of the teacher's
     and the student's layers; a latent student's, its latent and RoPE parts."""
