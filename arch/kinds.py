@@ -131,16 +131,16 @@ class KindTraits:
         return sum(g.count * g.v_dim for g in heads)
 
 
-# One row per kind, in ``ATTENTION_KINDS``' order (tests/test_kinds.py checks both lists).
+# One row per kind, in ``ATTENTION_KINDS``' order (tests/test_attention.py checks it).
 KINDS: Mapping[str, KindTraits] = {t.name: t for t in (
     KindTraits("mhsa", "standard multi-head attention (Vaswani et al., 2017)", "qkv",
                cut_keys=True, cut_values=True, to_latent=True),
-    KindTraits("frozen_qk", "mhsa whose query/key maps stay at initialisation (Dong et al., "
-               "2025)", "qkv", frozen_qk=True, cut_keys=True),
     KindTraits("mssa", "multi-head subspace self-attention: one basis per head is query, key "
                "and value (Wang et al., 2025)", "shared"),
     KindTraits("mixit", "random static attention A = I + W - rowmean(W) (Dong et al., 2025)",
                "values"),
+    KindTraits("frozen_qk", "mhsa whose query/key maps stay at initialisation (Dong et al., "
+               "2025)", "qkv", frozen_qk=True, cut_keys=True),
     KindTraits("latent", "keys and values rebuilt from one cached low-rank latent per token "
                "(DeepSeek-AI, 2024)", "latent", planned=False),
 )}
