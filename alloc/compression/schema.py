@@ -125,7 +125,8 @@ class LayerPlan:
     @property
     def student_kv_units(self) -> int:
         """Units the student's query-key groups of this layer cache per token, at the planned
-        ``qk_dim`` and ``v_dim`` (a latent layer's are ``latent_dim`` and its RoPE parts)."""
+        ``qk_dim`` and ``v_dim`` (where the plan makes the layer latent, it caches its
+        ``latent_dim`` and RoPE parts instead: ``LayerSpec.kv_width`` of the student's)."""
         return self.kind.kv_units(g.student for g in self.groups)
 
     @property
@@ -262,8 +263,8 @@ def _layer_from_dict(data: Mapping[str, Any]) -> LayerPlan:
                     for s in data.get("spectra", ()))
     stats = tuple(HeadStats(float(s["logit_bound"]), float(s["entropy"]))
                   for s in data.get("head_stats", ()))
-    return LayerPlan(int(data["index"]), kind_traits(str(data["attention"])).name,
-                     str(data["heads"]),
+    kind = kind_traits(str(data["attention"]))  # a kind the vocabulary knows
+    return LayerPlan(int(data["index"]), kind.name, str(data["heads"]),
                      float(data["token_norm"]), groups, spectra, stats,
                      tuple(float(v) for v in data.get("input_scale", ())),
                      int(data.get("latent_dim", 0)), by_rank(data.get("latent_losses")),
