@@ -35,13 +35,13 @@ from alloc.saturation import (
     reduced_qk_dim,
     teacher_spectrum,
 )
-from alloc.settings import PlanSettings
+from alloc.settings import GROUPED_KV_PLANNED, PlanSettings
 from arch import (
-    SINGLE_WIDTH_KINDS,
     ArchConfig,
     HeadGroup,
     LayerSpec,
     attention_params,
+    kind_traits,
     merge_groups,
     param_count,
 )
@@ -91,7 +91,7 @@ def _later_heads(settings: PlanSettings, heads: tuple[HeadGroup, ...], logit_bou
                  ) -> tuple[tuple[HeadGroup, ...], float]:
     """Reduced heads of a later layer whose logits are bounded by ``logit_bound``, and their
     worst per-head attention-error bound."""
-    if settings.attention in SINGLE_WIDTH_KINDS:  # qk_dim == v_dim: nothing to reduce
+    if kind_traits(settings.attention).single_width:  # qk_dim == v_dim: nothing to reduce
         return heads, 0.0
     spectrum = parse_spectrum(settings.spectrum)
     reduced, worst = [], 0.0
@@ -114,9 +114,9 @@ def _extract_heads(settings: PlanSettings, exact: Allocation,
         heads = merge_groups([HeadGroup(g.count, g.dim) for g in exact.groups])
     if settings.kv_heads is None:
         return heads
-    if settings.attention in SINGLE_WIDTH_KINDS:
-        raise PlanError(f"kv_heads = {settings.kv_heads}: grouped key/value heads are for mhsa "
-                        f"and frozen_qk layers, not {settings.attention}")
+    if not kind_traits(settings.attention).grouped_kv:
+        raise PlanError(f"kv_heads = {settings.kv_heads}: grouped key/value heads are for "
+                        f"{GROUPED_KV_PLANNED} layers, not {settings.attention}")
     return merge_groups(share_kv_heads(heads, settings.kv_heads))
 
 
@@ -216,7 +216,7 @@ def layer_bound(settings: PlanSettings, index: int, layer: LayerSpec) -> float:
     if index < settings.extract_layers or layer.role == "extract":
         return math.log(max(predicted_error(settings, layer), 1e-300))
     cost = pattern_cost(settings, index, layer)
-    if layer.attention in SINGLE_WIDTH_KINDS:
+    if layer.kind.single_width:
         return cost
     errors = (saturation_error(settings, index, g) for g in layer.heads)
     return cost + sum(math.log(e / settings.tolerance) for e in errors if e > settings.tolerance)
@@ -250,8 +250,8 @@ def baseline_arch(plan: Plan) -> ArchConfig:
     allocations, not the sharing of keys and values)."""
     head = baseline_head(plan.settings.budget)
     kv = plan.settings.kv_heads
-    if kv is not None and head.count % kv == 0 and plan.settings.attention not in \
-            SINGLE_WIDTH_KINDS:
+    if kv is not None and head.count % kv == 0 and \
+            kind_traits(plan.settings.attention).grouped_kv:
         head = HeadGroup(head.count, head.qk_dim, head.v_dim, kv)
     layers = tuple(LayerSpec(layer.attention, (head,), layer.mlp_ratio, layer.role)
                    for layer in plan.arch.layers)

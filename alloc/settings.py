@@ -14,7 +14,7 @@ import numpy as np
 from alloc.errors import PlanError
 from alloc.extract import ErrorModel
 from alloc.saturation import parse_spectrum
-from arch import ATTENTION_KINDS, POSITIONALS, SINGLE_WIDTH_KINDS, AttentionKind, Positional
+from arch import POSITIONALS, AttentionKind, Positional, kind_traits, kinds_text, kinds_where
 from arch.checks import is_number, need_bool, need_choice, need_int, need_number
 from arch.errors import KernelError
 from arch.kernels import parse_kernel
@@ -24,7 +24,9 @@ MLP_PRODUCT_ORDER = 2  # an MLP after the attention multiplies pairs of extracte
 
 # The kinds the allocator plans: a latent layer's latent width is not a head split but a
 # compression's choice (workers.latent_students).
-PLANNED_KINDS: tuple[AttentionKind, ...] = tuple(k for k in ATTENTION_KINDS if k != "latent")
+PLANNED_KINDS: tuple[AttentionKind, ...] = kinds_where(lambda t: t.planned)
+# The planned kinds whose query heads may share key/value heads, for messages.
+GROUPED_KV_PLANNED = kinds_text(lambda t: t.grouped_kv, PLANNED_KINDS)
 
 
 @dataclass(frozen=True)
@@ -155,12 +157,13 @@ def settings_problems(s: PlanSettings) -> list[str]:
     if abs(hidden - round(hidden)) > 1e-9:
         problems.append(f"--mlp-ratio {s.mlp_ratio:g}: mlp-ratio * budget = {hidden:g} must be "
                         "a whole number of units")
-    if s.kv_heads is not None and s.attention in SINGLE_WIDTH_KINDS:
-        problems.append(f"--kv-heads {s.kv_heads}: grouped key/value heads are for mhsa and "
-                        f"frozen_qk layers, not --attention {s.attention}")
-    if s.positional == "rope" and s.attention == "mixit":
-        problems.append("--positional rope: not offered for --attention mixit (no queries or "
-                        "keys); use learned or sinusoidal")
+    kind = kind_traits(s.attention)
+    if s.kv_heads is not None and not kind.grouped_kv:
+        problems.append(f"--kv-heads {s.kv_heads}: grouped key/value heads are for "
+                        f"{GROUPED_KV_PLANNED} layers, not --attention {s.attention}")
+    if s.positional == "rope" and not kind.queries_keys:
+        problems.append(f"--positional rope: not offered for --attention {s.attention} (no "
+                        "queries or keys); use learned or sinusoidal")
     problems += _named_input_problems(s)
     return problems or _size_problems(s)
 

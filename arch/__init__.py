@@ -1,11 +1,13 @@
 """The project's vocabulary: what a model is (``ArchConfig`` of ``LayerSpec`` of ``HeadGroup``),
-how it is trained (``TrainConfig``), its analytic parameter counts, the flat parameter names a
-study records (``codec``) and the memory kernels of the allocator. Frozen, typed, validated
-dataclasses that own their serialisation; imports no torch or Ray."""
+what each attention kind has (``KINDS``), how it is trained (``TrainConfig``), its analytic
+parameter counts, the flat parameter names a study records (``codec``) and the memory kernels
+of the allocator. Frozen, typed, validated dataclasses that own their serialisation; imports no
+torch or Ray."""
 
 from arch import codec
 from arch.config import ArchConfig, ModelIO
 from arch.errors import ConfigError
+from arch.kinds import KINDS, KindTraits, kind_traits, kinds_text, kinds_where
 from arch.layers import HeadGroup, LayerSpec, merge_groups
 from arch.names import (
     ATTENTION_KINDS,
@@ -16,7 +18,6 @@ from arch.names import (
     POSITIONALS,
     ROLES,
     SCHEMA_VERSION,
-    SINGLE_WIDTH_KINDS,
     AttentionKind,
     Positional,
 )
@@ -25,6 +26,7 @@ from arch.training import OPTIMIZERS, TrainConfig
 
 __all__ = [
     "ATTENTION_KINDS",
+    "KINDS",
     "MAX_DEPTH",
     "MAX_WIDTH",
     "MLP_KINDS",
@@ -33,11 +35,11 @@ __all__ = [
     "POSITIONALS",
     "ROLES",
     "SCHEMA_VERSION",
-    "SINGLE_WIDTH_KINDS",
     "ArchConfig",
     "AttentionKind",
     "ConfigError",
     "HeadGroup",
+    "KindTraits",
     "LayerSpec",
     "ModelIO",
     "ParamCount",
@@ -45,6 +47,9 @@ __all__ = [
     "TrainConfig",
     "attention_params",
     "codec",
+    "kind_traits",
+    "kinds_text",
+    "kinds_where",
     "layer_params",
     "merge_groups",
     "param_count",

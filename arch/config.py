@@ -36,13 +36,13 @@ from arch.checks import (
     parse_items,
 )
 from arch.errors import ConfigError
+from arch.kinds import kinds_text
 from arch.layers import LayerSpec
 from arch.names import (
     MLP_KINDS,
     NORMS,
     POSITIONALS,
     SCHEMA_VERSION,
-    SINGLE_WIDTH_KINDS,
     MlpKind,
     Norm,
     Positional,
@@ -127,9 +127,8 @@ class ArchConfig:
             for flag in ("bias", "qkv_bias"):
                 if v[flag] is True:
                     problems += [f"layers[{i}].attention = {x.attention!r}: {flag} = true is "
-                                 "for mhsa, frozen_qk and latent layers"
-                                 for i, x in enumerate(layers)
-                                 if x.attention in SINGLE_WIDTH_KINDS]
+                                 f"for {_BIASED_KINDS} layers"
+                                 for i, x in enumerate(layers) if not x.kind.input_biases]
         return problems
 
     @property
@@ -147,9 +146,10 @@ class ArchConfig:
 
     @property
     def kv_width(self) -> int:
-        """Key plus value units a decoder caches per token, summed over layers (MixiT layers
-        cache values only; MSSA's one projection serves as key and value)."""
-        return sum(_layer_kv_width(layer) for layer in self.layers)
+        """Units a decoder caches per token, summed over layers (``LayerSpec.kv_width``: keys
+        and values; MSSA's one projection, which serves as key and value; MixiT's values; a
+        latent layer's latent and keys' RoPE parts)."""
+        return sum(layer.kv_width for layer in self.layers)
 
     def mlp_hidden(self, layer: LayerSpec) -> int:
         """MLP hidden units of ``layer`` (0 for an attention-only layer)."""
@@ -209,6 +209,8 @@ class ArchConfig:
         return cls.from_dict(data)
 
 
+# Kinds whose query/key/value maps may have biases, for messages.
+_BIASED_KINDS = kinds_text(lambda t: t.input_biases)
 # Fields added to ArchConfig after its canonical form (and so every arch_id) was fixed: left
 # out of the canonical dict at their default.
 _LATER_FIELDS: dict[str, Any] = {"bias": False, "qkv_bias": False, "rope_theta": 10000.0,
@@ -240,14 +242,10 @@ class ModelIO:
 
 def _latent_str(layer: LayerSpec) -> str:
     """`` c24 rope8`` for a latent layer (latent units, RoPE dims), else nothing."""
-    if layer.attention != "latent":
+    if not layer.kind.latent:
         return ""
     return (f" c{layer.latent_dim}" + (f" rope{layer.rope_dim}" if layer.rope_dim else "")
             + (" rotated" if layer.rotate_latent else ""))
-
-
-def _layer_kv_width(layer: LayerSpec) -> int:
-    return layer.width if layer.attention in SINGLE_WIDTH_KINDS else layer.kv_width
 
 
 def _io_problems(v: dict[str, Any]) -> list[str]:
@@ -277,10 +275,11 @@ def _cross_layer_problems(d_model: Any, positional: Any,
         if abs(hidden - round(hidden)) > 1e-9:
             problems.append(f"layers[{i}].mlp_ratio = {layer.mlp_ratio!r}: mlp_ratio * "
                             f"d_model = {hidden:g} must be a whole number of units")
-        if positional == "rope" and layer.attention == "mixit":
-            problems.append(f"layers[{i}].attention = 'mixit': RoPE is not offered for mixit "
-                            "(it has no queries or keys); use positional: learned")
-        if positional == "rope" and layer.attention != "latent" and any(
+        if positional == "rope" and not layer.kind.queries_keys:
+            problems.append(f"layers[{i}].attention = {layer.attention!r}: RoPE is not offered "
+                            f"for {layer.attention} (it has no queries or keys); use "
+                            "positional: learned")
+        if positional == "rope" and not layer.kind.latent and any(
                 g.qk_dim % 2 for g in layer.heads):
             problems.append(f"layers[{i}].heads = {layer.heads_str}: RoPE needs even qk_dim")
         if positional != "rope" and (layer.rope_dim or layer.rotate_latent):

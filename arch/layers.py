@@ -23,7 +23,8 @@ from arch.checks import (
     parse_items,
 )
 from arch.errors import ConfigError
-from arch.names import ATTENTION_KINDS, MAX_WIDTH, ROLES, SINGLE_WIDTH_KINDS, AttentionKind, Role
+from arch.kinds import KINDS, KindTraits, kind_traits, kinds_text
+from arch.names import ATTENTION_KINDS, MAX_WIDTH, ROLES, AttentionKind, Role
 
 _SHORTHAND = re.compile(r"^\s*(\d+)\s*x\s*(\d+)\s*(?:/\s*(\d+))?\s*(?:kv\s*(\d+))?\s*$")
 
@@ -68,11 +69,6 @@ class HeadGroup:
     def grouped(self) -> bool:
         """True when key/value heads are shared (fewer than query heads)."""
         return self.kv_heads < self.count
-
-    @property
-    def kv_width(self) -> int:
-        """Key plus value units per token: what a decoder caches, ``kv_heads (qk_dim + v_dim)``."""
-        return self.kv_heads * (self.qk_dim + self.v_dim)
 
     def __str__(self) -> str:
         dims = f"{self.qk_dim}" if self.qk_dim == self.v_dim else f"{self.qk_dim}/{self.v_dim}"
@@ -169,6 +165,7 @@ class LayerSpec:
         """Problems of the field values ``v``; ``v["heads"] is None`` when already reported."""
         problems: list[str] = []
         need_choice(problems, "attention", v["attention"], ATTENTION_KINDS)
+        kind = KINDS.get(v["attention"]) if isinstance(v["attention"], str) else None
         heads = v["heads"]
         if heads is None:
             pass
@@ -176,15 +173,15 @@ class LayerSpec:
             problems.append(f"heads = {heads!r}: must be a non-empty list of head groups")
         elif not all(isinstance(g, HeadGroup) for g in heads):
             problems.append("heads: every entry must be a HeadGroup")
-        elif v["attention"] in SINGLE_WIDTH_KINDS:
+        elif kind is not None and kind.single_width:
             for j, g in enumerate(heads):
                 if g.qk_dim != g.v_dim:
                     problems.append(f"heads[{j}] = {g}: {v['attention']} heads have one width, "
                                     "so qk_dim must equal v_dim")
                 if g.grouped:
-                    problems.append(f"heads[{j}] = {g}: grouped key/value heads are for mhsa "
-                                    f"and frozen_qk layers ({v['attention']} has no separate "
-                                    "keys and values)")
+                    problems.append(f"heads[{j}] = {g}: grouped key/value heads are for "
+                                    f"{GROUPED_KV_KINDS} layers ({v['attention']} has no "
+                                    "separate keys and values)")
         ratio = v["mlp_ratio"]
         if not is_number(ratio) or ratio < 0:
             problems.append(f"mlp_ratio = {ratio!r}: must be a number >= 0 (0 = no MLP)")
@@ -193,11 +190,13 @@ class LayerSpec:
         need_bool(problems, "tied_output", v["tied_output"])
         if v["freeze_mlp"] is True and ratio == 0:
             problems.append("freeze_mlp = True: needs an MLP (mlp_ratio > 0)")
-        if v["tied_output"] is True and v["attention"] != "mssa":
-            problems.append(f"tied_output = True: only valid for mssa, not {v['attention']!r}")
+        if v["tied_output"] is True and not (kind is not None and kind.ties_output):
+            problems.append(f"tied_output = True: only valid for "
+                            f"{kinds_text(lambda t: t.ties_output)}, not "
+                            f"{v['attention']!r}")
         if not is_number(v["eta"]) or v["eta"] <= 0:
             problems.append(f"eta = {v['eta']!r}: must be a number > 0")
-        return problems + _latent_problems(v)
+        return problems + _latent_problems(v, kind)
 
     @property
     def width(self) -> int:
@@ -218,12 +217,16 @@ class LayerSpec:
         return sum(g.kv_heads for g in self.heads)
 
     @property
+    def kind(self) -> KindTraits:
+        """What the layer's attention kind has (``arch.kinds``)."""
+        return kind_traits(self.attention)
+
+    @property
     def kv_width(self) -> int:
-        """Key plus value units a decoder caches per token for this layer (a latent layer: its
-        latent and its keys' RoPE parts)."""
-        if self.attention == "latent":
-            return self.latent_dim + self.kv_heads * self.rope_dim
-        return sum(g.kv_width for g in self.heads)
+        """Units a decoder caches per token for this layer: keys and values, MSSA's one
+        projection, MixiT's values, or a latent layer's latent and keys' RoPE parts (the
+        kind's ``KindTraits.kv_units``)."""
+        return self.kind.kv_units(self.heads, self.latent_dim, self.rope_dim)
 
     @property
     def heads_str(self) -> str:
@@ -258,15 +261,17 @@ class LayerSpec:
             raise ConfigError([f"{path}.{p}" for p in err.problems]) from None
 
 
+# Kinds whose query heads may share key/value heads, for messages.
+GROUPED_KV_KINDS = kinds_text(lambda t: t.grouped_kv)
 # Fields added to LayerSpec after its canonical form was fixed: left out at their default.
 _LATER_FIELDS: dict[str, Any] = {"latent_dim": 0, "rope_dim": 0, "rotate_latent": False}
 
 
-def _latent_problems(v: dict[str, Any]) -> list[str]:
+def _latent_problems(v: dict[str, Any], kind: KindTraits | None) -> list[str]:
     """Problems of a layer's latent fields: set on latent layers only, with a latent of at
     least one unit and a RoPE part that fits every head in whole pairs."""
     problems: list[str] = []
-    latent = v["attention"] == "latent"
+    latent = kind is not None and kind.latent
     need_int(problems, "latent_dim", v["latent_dim"], 1 if latent else 0, MAX_WIDTH)
     need_int(problems, "rope_dim", v["rope_dim"], 0)
     need_bool(problems, "rotate_latent", v["rotate_latent"])

@@ -65,7 +65,8 @@ def training_dtype(device: str) -> str:
 
 
 def kv_cache_bytes(arch: ArchConfig, dtype: str = "float32") -> int:
-    """Bytes a decoder caches per token of context: per layer, each head group's ``kv_heads``
-    key/value heads store ``qk_dim + v_dim`` values (``arch.kv_width`` summed over layers;
-    grouped-query attention shrinks it by the query heads each key/value head serves)."""
+    """Bytes a decoder caches per token of context: ``arch.kv_width`` units (per layer, what
+    its kind caches, ``arch.kinds.KindTraits.kv_units``: e.g. each head group's ``kv_heads``
+    key/value heads store ``qk_dim + v_dim`` values, so grouped-query attention shrinks it by
+    the query heads each key/value head serves) at ``dtype``."""
     return arch.kv_width * dtype_bytes(dtype)

@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import Literal, get_args
 
 SCHEMA_VERSION = 1
-# The vocabulary: each name set is a Literal type, and its tuple is derived from it.
+# The vocabulary: each name set is a Literal type, and its tuple is derived from it. What each
+# attention kind has is the table ``arch.kinds.KINDS``.
 AttentionKind = Literal["mhsa", "mssa", "mixit", "frozen_qk", "latent"]
 Role = Literal["extract", "process"]
 Positional = Literal["learned", "sinusoidal", "rope"]
@@ -18,10 +19,6 @@ ROLES: tuple[Role, ...] = get_args(Role)
 POSITIONALS: tuple[Positional, ...] = get_args(Positional)
 NORMS: tuple[Norm, ...] = get_args(Norm)
 MLP_KINDS: tuple[MlpKind, ...] = get_args(MlpKind)
-# Attention kinds whose heads have one width: MSSA uses one basis as query, key and value;
-# MixiT has no query/key at all. Their groups must have qk_dim == v_dim, so the allocator never
-# reduces their qk_dim.
-SINGLE_WIDTH_KINDS: frozenset[AttentionKind] = frozenset({"mssa", "mixit"})
 # The widest model and the deepest the tools take (every size read from a file or a flag is
 # bounded): d_model and depth.
 MAX_WIDTH, MAX_DEPTH = 65_536, 1_024

@@ -68,23 +68,20 @@ def attention_params(layer: LayerSpec, d_model: int, bias: bool = False,
     (both for mhsa and frozen_qk only). Keys and values have ``kv_heads`` heads per group."""
     count = _free(d_model) if bias else ZERO  # the output map's bias
     in_bias = bias or qkv_bias
-    if layer.attention == "latent":
+    kind = layer.kind
+    if kind.latent:
         return count + _latent_params(layer, d_model, in_bias)
     for g in layer.heads:
         q = (d_model + in_bias) * g.count * g.qk_dim  # W_Q (and its bias)
         k = (d_model + in_bias) * g.kv_heads * g.qk_dim  # W_K
         v = (d_model + in_bias) * g.kv_heads * g.v_dim  # W_V
         o = d_model * g.count * g.v_dim  # W_O
-        if layer.attention == "mhsa":
-            count += _free(q + k + v + o)
-        elif layer.attention == "frozen_qk":
-            count += _free(v + o) + _frozen(q + k)
-        elif layer.attention == "mssa":
+        if kind.projections == "qkv":
+            count += _free(v + o) + (_frozen(q + k) if kind.frozen_qk else _free(q + k))
+        elif kind.projections == "shared":  # one basis U (d x count*v), then O unless tied
             count += _free(o if layer.tied_output else 2 * o)
-        elif layer.attention == "mixit":
-            count += _free(2 * o)
-        else:  # unreachable: LayerSpec validates the kind
-            raise ValueError(f"unknown attention kind {layer.attention!r}")
+        else:  # "values": V and O (single width: v = d * count * v_dim = o)
+            count += _free(v + o)
     return count
 
 

@@ -42,11 +42,13 @@ from arch import (
     ATTENTION_KINDS,
     MAX_DEPTH,
     MAX_WIDTH,
-    SINGLE_WIDTH_KINDS,
     ArchConfig,
     HeadGroup,
     LayerSpec,
     TrainConfig,
+    kind_traits,
+    kinds_text,
+    kinds_where,
 )
 from arch.checks import add, is_int, is_number, need_choices, need_int, need_keys
 from arch.errors import ConfigError
@@ -197,7 +199,7 @@ def _parse_latent(problems: list[str], where: str, item: dict[str, Any],
                   attention: tuple[Any, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """A rule's latent widths (required with ``attention: latent``) and RoPE parts (default
     none); both refused by name without latent layers."""
-    if "latent" not in attention:
+    if not kinds_where(lambda t: t.latent, attention):
         for key in ("latent_dim", "rope_dim"):
             if key in item:
                 add(problems, f"{where}.{key}", item[key], "only with attention latent")
@@ -219,9 +221,10 @@ def _parse_kv_heads(problems: list[str], key: str, value: Any,
         return None
     choices = need_choices(problems, key, value, lambda v: is_int(v) and v >= 1,
                             "must be key/value head counts per head group (integers >= 1)")
-    single = [kind for kind in attention if kind in SINGLE_WIDTH_KINDS]
+    single = [kind for kind in attention if not kind_traits(kind).grouped_kv]
     if choices and single:
-        add(problems, key, value, f"grouped key/value heads are for mhsa and frozen_qk layers; "
+        grouped = kinds_text(lambda t: t.grouped_kv)
+        add(problems, key, value, f"grouped key/value heads are for {grouped} layers; "
                   f"attention also allows {', '.join(single)} (no separate keys and values)")
         return None
     return tuple(sorted(set(choices))) or None
@@ -326,7 +329,7 @@ def _check_constructible(space: SearchSpace) -> None:
         dim = rule.v_dims(count)[0]
         for kind in rule.attention:  # the rest is ArchConfig's own validation, on extremes
             for ratio in rule.mlp_ratio:
-                latent = kind == "latent"  # at its widest latent and RoPE part
+                latent = kind_traits(kind).latent  # at its widest latent and RoPE part
                 sizes = (max(rule.latent_dim, default=0) * latent, max(rule.rope_dim) * latent)
                 try:
                     layer = LayerSpec(kind, (HeadGroup(count, dim),), ratio, rule.role,
@@ -341,10 +344,11 @@ def _check_constructible(space: SearchSpace) -> None:
 
 def _latent_problems(space: SearchSpace, rule: LayerRule, where: str) -> list[str]:
     """A latent rule's RoPE parts must fit the narrowest head it samples, and need RoPE."""
-    if "latent" not in rule.attention or not any(rule.rope_dim):
+    latent = kinds_where(lambda t: t.latent, rule.attention)
+    if not latent or not any(rule.rope_dim):
         return []
     dims = rule.head_dim or tuple(d for count in rule.heads for d in rule.v_dims(count))
-    narrowest = min(rule.qk.range("latent", d)[0] for d in dims)
+    narrowest = min(rule.qk.range(latent[0], d)[0] for d in dims)
     widest = max(rule.rope_dim)
     if space.model.get("positional") != "rope":
         return [f"{where}.rope_dim = {widest}: needs model positional: rope"]

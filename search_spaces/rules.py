@@ -9,8 +9,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from arch import HeadGroup, LayerSpec, codec
-from arch.names import SINGLE_WIDTH_KINDS, AttentionKind, Role
+from arch import HeadGroup, LayerSpec, codec, kind_traits
+from arch.names import AttentionKind, Role
 from search_spaces.suggest import Suggester
 
 
@@ -24,7 +24,7 @@ class QkRule:
 
     def range(self, kind: str, v_dim: int) -> tuple[int, int, int]:
         """``(low, high, step)`` of the integer param; one point when the kind has one width."""
-        if not self.reduced or kind in SINGLE_WIDTH_KINDS or v_dim <= self.low:
+        if not self.reduced or kind_traits(kind).single_width or v_dim <= self.low:
             return v_dim, v_dim, 1
         return self.low, self.low + (v_dim - self.low) // self.step * self.step, self.step
 
@@ -84,7 +84,7 @@ class LayerRule:
         for name, value in fixed.items():  # recorded, so the params decode to this layer
             if value != codec.DEFAULTS[name]:
                 trial.suggest_categorical(codec.layer_key(layers, name), (value,))
-        latent, rope = self._sample_latent(layers, trial) if kind == "latent" else (0, 0)
+        latent, rope = self._sample_latent(layers, trial) if kind_traits(kind).latent else (0, 0)
         return LayerSpec(kind, tuple(heads), mlp_ratio=float(mlp_ratio), **fixed,
                          latent_dim=latent, rope_dim=rope)
 
@@ -140,7 +140,7 @@ class LayerRule:
                      if getattr(layer, k) != v]
         if layer.tied_output:
             problems.append(f"{where}.tied_output = True: the space samples untied outputs")
-        if layer.attention == "latent":
+        if layer.kind.latent:
             problems += [f"{where}.{name} = {value}: allowed {list(allowed)}"
                          for name, value, allowed in (
                              ("latent_dim", layer.latent_dim, self.latent_dim),

@@ -197,7 +197,7 @@ class SearchSpace:
             if rule.kv_heads is not None:  # sampled, so recorded even when not grouped
                 params.update({codec.group_key(names, j, "kv_heads"): g.kv_heads
                                for j, g in enumerate(layer.heads)})
-            if layer.attention == "latent":  # sampled, so recorded even at its default
+            if layer.kind.latent:  # sampled, so recorded even at its default
                 params[codec.layer_key(names, "rope_dim")] = layer.rope_dim
         params.update({f"train.{key}": value for key, value in (train or {}).items()})
         if problems:

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from arch import ATTENTION_KINDS, ArchConfig, HeadGroup, LayerSpec
+from arch import ATTENTION_KINDS, KINDS, ArchConfig, HeadGroup, LayerSpec
 from workers.attention import (
     LogitRecorder,
     MixiTAttention,
@@ -80,11 +80,29 @@ def test_rope_depends_only_on_relative_position() -> None:
 
 def test_registry_lists_choices() -> None:
     assert set(ATTENTION) == set(ATTENTION_KINDS)
+    assert tuple(KINDS) == ATTENTION_KINDS  # the table: one row per kind, in order
     arch = single_layer("mhsa", 16, (HeadGroup(2, 8),), 10)
     bogus = LayerSpec.__new__(LayerSpec)
     object.__setattr__(bogus, "attention", "linear")
     with pytest.raises(ValueError, match="unknown attention 'linear'; choices: mhsa"):
         make_attention(arch, bogus, 0)
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_the_kinds_table_says_what_each_module_has(kind: str) -> None:
+    """``arch.KINDS``' row of each kind against its built module: logits from queries and
+    keys exactly where it says so, frozen maps where it says so, a latent where it says so."""
+    traits = KINDS[kind]
+    latent = {"latent_dim": 4} if traits.latent else {}
+    arch = single_layer(kind, 16, (HeadGroup(2, 8),), 5, **latent)
+    recorder = LogitRecorder()
+    attn = make_attention(arch, arch.layers[0], 0, recorder)
+    attn(torch.randn(1, 5, 16))
+    assert bool(recorder.logits) == traits.queries_keys
+    assert any(not p.requires_grad for p in attn.parameters()) == traits.frozen_qk
+    assert hasattr(attn, "down") == traits.latent
+    assert isinstance(attn, MultiHeadAttention) == (traits.projections == "qkv")
+    assert isinstance(attn, SubspaceAttention) == (traits.projections == "shared")
 
 
 # --- Theory checks (docs/theory.md §7) ------------------------------------------------------------

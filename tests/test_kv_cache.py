@@ -1,6 +1,8 @@
-"""The KV cache per token: counted from the architecture, recorded on every trial at the dtype
-it trained in, read back for studies that never recorded it, and ``studies pareto --x
-kv_cache`` (the front of value vs KV cache) equal to brute force."""
+"""The KV cache per token: counted from the architecture (one figure, the kind's
+``arch.kinds.KindTraits.kv_units``, equal to what every kind's built module caches and to what
+a ``transformers`` decode holds), recorded on every trial at the dtype it trained in, read back
+for studies that never recorded it, and ``studies pareto --x kv_cache`` (the front of value vs
+KV cache) equal to brute force."""
 
 from __future__ import annotations
 
@@ -11,15 +13,20 @@ from pathlib import Path
 
 import optuna
 import pytest
+import torch
+from torch.autograd.functional import jacobian
 
+from alloc.compression import GroupPlan, LayerPlan, latent_spec
 from alloc.settings import PlanSettings
-from arch import ArchConfig, ConfigError, HeadGroup, LayerSpec, ModelIO
+from arch import KINDS, ArchConfig, ConfigError, HeadGroup, LayerSpec, ModelIO
 from arch.memory import dtype_bytes, kv_cache_bytes, training_dtype
 from search_spaces import load_space
 from studies import add_record, open_storage, set_study_attrs
 from studies import query as q
 from studies import records as rec
 from studies.cli import main
+from workers.kinds import make_attention
+from workers.model import build_model
 from workers.search.searcher import StudySearcher
 from workers.search.seeding import BoundPredictor, fit_layer
 
@@ -35,12 +42,19 @@ def arch_kv(count: int, kv: int, layers: int = 2) -> ArchConfig:
 
 def test_kv_cache_is_the_hand_count() -> None:
     """Per layer and group: kv_heads x (qk_dim + v_dim) values; MSSA and MixiT layers cache
-    their width (one projection, or values only)."""
+    their width (one projection serving as key and value, or values only); a latent layer its
+    latent and its keys' RoPE parts."""
     layers = (LayerSpec("mhsa", (HeadGroup(8, 16, kv_heads=2), HeadGroup(4, 8, 16, 1))),
               LayerSpec("frozen_qk", (HeadGroup(4, 16),)),
-              LayerSpec("mixit", (HeadGroup(2, 32),)))
+              LayerSpec("mixit", (HeadGroup(2, 32),)),
+              LayerSpec("mssa", (HeadGroup(2, 16), HeadGroup(1, 8)), tied_output=True),
+              LayerSpec("latent", (HeadGroup(4, 16, 8, 2),), latent_dim=24))
     arch = ArchConfig(d_model=64, layers=layers, max_seq_len=8, input_dim=4)
-    units = 2 * (16 + 16) + 1 * (8 + 16) + 4 * (16 + 16) + 2 * 32
+    per_layer = [2 * (16 + 16) + 1 * (8 + 16), 4 * (16 + 16), 2 * 32, 2 * 16 + 8, 24]
+    assert [layer.kv_width for layer in layers] == per_layer
+    with_rope = LayerSpec("latent", (HeadGroup(4, 16, 8, 2),), latent_dim=24, rope_dim=4)
+    assert with_rope.kv_width == 24 + 2 * 4  # and its 2 key/value heads' RoPE parts
+    units = sum(per_layer)
     assert arch.kv_width == units
     assert kv_cache_bytes(arch) == 4 * units and kv_cache_bytes(arch, "bfloat16") == 2 * units
     assert kv_cache_bytes(arch, "float16") == 2 * units
@@ -175,3 +189,124 @@ def test_a_layers_groups_share_key_value_heads_in_proportion() -> None:
         with pytest.raises(PlanError, match=f"kv_heads = {n}: the plan's layer has heads "
                                             r"4x64\+2x32 \(6 query heads\)"):
             share_kv_heads(heads, n)
+
+
+# --- one figure per kind, equal to what the built modules cache --------------------------------
+
+D_MODEL, T = 80, 6  # wider than any layer's cache below, so its null space is not empty
+
+
+def kind_layers(positional: str) -> list[LayerSpec]:
+    """A few layers of every kind in ``arch.KINDS`` that ``positional`` allows: one group and
+    several, grouped key/value heads and qk_dim != v_dim where the kind has separate keys and
+    values, a tied and an untied output where it may tie, a latent with and without RoPE
+    parts."""
+    rope = positional == "rope"
+    layers = []
+    for name, kind in KINDS.items():
+        if rope and not kind.queries_keys:
+            continue
+        shapes: list[tuple[HeadGroup, ...]] = [(HeadGroup(4, 8),)]
+        shapes.append((HeadGroup(2, 8), HeadGroup(2, 4)) if kind.single_width else
+                      (HeadGroup(4, 8, 4, kv_heads=2), HeadGroup(2, 4, 6, 1)))
+        for heads in shapes:
+            if kind.latent:
+                layers += [LayerSpec(name, heads, latent_dim=10, rope_dim=2 if rope else 0),
+                           LayerSpec(name, heads, latent_dim=7, rotate_latent=rope)]
+            elif kind.ties_output:
+                layers += [LayerSpec(name, heads, tied_output=tied) for tied in (False, True)]
+            else:
+                layers.append(LayerSpec(name, heads))
+    return layers
+
+
+CASES = [(positional, layer) for positional in ("learned", "rope")
+         for layer in kind_layers(positional)]
+
+
+def case_id(positional: str, layer: LayerSpec) -> str:
+    """``rope-latent-4x8-c10r2``, ``learned-mssa-4x8-tied``: a case's test id."""
+    latent = f"-c{layer.latent_dim}r{layer.rope_dim}" if layer.kind.latent else ""
+    return (f"{positional}-{layer.attention}-{layer.heads_str}{latent}"
+            + ("-tied" if layer.tied_output else "") + ("-rotated" if layer.rotate_latent else ""))
+
+
+def one_layer(layer: LayerSpec, positional: str) -> ArchConfig:
+    return ArchConfig(d_model=D_MODEL, layers=(layer,), max_seq_len=T, positional=positional,
+                      input_dim=4)
+
+
+def test_the_cases_cover_every_kind() -> None:
+    assert {layer.attention for _, layer in CASES} == set(KINDS)
+
+
+@pytest.mark.parametrize(("positional", "layer"), CASES, ids=[case_id(*c) for c in CASES])
+def test_every_kinds_module_caches_the_one_figure(positional: str, layer: LayerSpec) -> None:
+    """The built module's cache per token has ``LayerSpec.kv_width`` units (= ``ArchConfig``'s,
+    = the kind's ``kv_units``, = the KV cache bytes over 4): no unit repeats another (its map
+    from a token has full rank: MSSA's projection counted as key and as value would not), and
+    none is missing (moving earlier tokens where their cache does not see leaves the last
+    token's output as it is, while moving them elsewhere changes it)."""
+    torch.manual_seed(0)
+    arch = one_layer(layer, positional)
+    attn = make_attention(arch, layer, 0).double()
+    figure = layer.kind.kv_units(layer.heads, layer.latent_dim, layer.rope_dim)
+    assert layer.kv_width == arch.kv_width == figure == kv_cache_bytes(arch) // 4 < D_MODEL
+    x = torch.randn(1, T, D_MODEL, dtype=torch.float64)
+    with torch.no_grad():
+        cache, out = attn.cached(x), attn(x)
+    assert cache.shape == (1, T, figure)
+    # each token's cache is an affine map of that token alone: its linear part (units, d)
+    maps = jacobian(lambda token: attn.cached(token[None, None])[0, 0], x[0, 0])
+    assert int(torch.linalg.matrix_rank(maps)) == figure
+    unseen = torch.linalg.svd(maps).Vh[figure:]  # (d - units, d): directions the cache ignores
+    moved = x.clone()
+    moved[0, :-1] += torch.randn(T - 1, len(unseen), dtype=torch.float64) @ unseen
+    elsewhere = x.clone()
+    elsewhere[0, :-1] += torch.randn(T - 1, D_MODEL, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(attn.cached(moved), cache)
+        torch.testing.assert_close(attn(moved)[0, -1], out[0, -1], atol=1e-10, rtol=1e-10)
+        assert not torch.allclose(attn(elsewhere)[0, -1], out[0, -1], atol=1e-6)
+
+
+@pytest.mark.usefixtures("remote_code_cache")
+@pytest.mark.parametrize("positional", ["learned", "rope"])
+def test_a_transformers_decode_caches_the_one_figure(positional: str, tmp_path: Path) -> None:
+    """Every exportable kind's layers in one exported model: after a prompt of T tokens, each
+    layer's ``DynamicCache`` holds ``T`` tokens of ``LayerSpec.kv_width`` units."""
+    from transformers import AutoModelForCausalLM
+    from transformers.cache_utils import DynamicCache
+
+    from workers.hf.export import save_student
+    from workers.hf.modeling_transformer_alloc import ATTENTION_KINDS as EXPORTED
+
+    layers = tuple(x for x in kind_layers(positional) if x.attention in EXPORTED)
+    arch = ArchConfig(d_model=D_MODEL, layers=layers, max_seq_len=T, positional=positional,
+                      vocab_size=11)
+    save_student(build_model(arch), tmp_path / "student")
+    student = AutoModelForCausalLM.from_pretrained(tmp_path / "student", trust_remote_code=True)
+    cache = DynamicCache(config=student.config)
+    with torch.no_grad():
+        student(torch.arange(T)[None] % 11, past_key_values=cache, use_cache=True)
+    held = [(x.keys.shape[:3], x.keys.shape[-1] + x.values.shape[-1]) for x in cache.layers]
+    assert held == [((1, 1, T), layer.kv_width) for layer in layers]
+    assert sum(x.keys.numel() + x.values.numel() for x in cache.layers) == T * arch.kv_width
+
+
+@pytest.mark.parametrize(("positional", "layer"), [c for c in CASES if c[1].kind.cut_keys],
+                         ids=[case_id(*c) for c in CASES if c[1].kind.cut_keys])
+def test_the_compression_plans_count_the_one_figure(positional: str, layer: LayerSpec) -> None:
+    """A plan's teacher and student units per layer are ``LayerSpec.kv_width`` of the teacher's
+    and the student's layers; a latent student's, its latent and RoPE parts."""
+    groups = tuple(GroupPlan(g.count, g.qk_dim, g.v_dim, g.qk_dim // 2, {}, kv_heads=g.kv_heads,
+                             reduced_v_dim=g.v_dim - 2 if layer.kind.cut_values else 0)
+                   for g in layer.heads)
+    plan = LayerPlan(0, layer.attention, layer.heads_str, 1.0, groups)
+    student = LayerSpec(layer.attention, tuple(g.student for g in groups))
+    assert plan.teacher_kv_units == layer.kv_width
+    assert plan.student_kv_units == student.kv_width < layer.kv_width
+    if layer.kind.to_latent:
+        rope = 2 if positional == "rope" else 0
+        latent = latent_spec(layer, 5, positional, rope)
+        assert latent.kv_width == 5 + layer.kv_heads * rope

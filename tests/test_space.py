@@ -337,8 +337,8 @@ def test_spaces_without_kv_heads_sample_and_record_what_they_did() -> None:
     ({"heads": [2, 4], "kv_heads": [4]},
      "layers[0].kv_heads = 4: must divide every head count the rule samples (heads = 2)"),
     ({"heads": [4], "kv_heads": [2], "attention": ["mhsa", "mixit"]},
-     "layers[0].kv_heads = [2]: grouped key/value heads are for mhsa and frozen_qk layers; "
-     "attention also allows mixit"),
+     "layers[0].kv_heads = [2]: grouped key/value heads are for mhsa, frozen_qk and latent "
+     "layers; attention also allows mixit"),
     ({"heads": [4], "kv_heads": [0]}, "layers[0].kv_heads = 0: must be key/value head counts"),
     ({"groups": {"max": 2}, "head_dim": [32], "kv_heads": [2]},
      "head_dim 32 x 2 (the kv_heads choices' least common multiple) does not divide"),

@@ -143,7 +143,7 @@ class GroupedAttention(nn.Module):
         super().__init__()
         self.groups = [(g.count, g.qk_dim, g.v_dim, g.kv_heads) for g in layer.heads]
         # Dims of each head turned by RoPE, from its first: all of them but in latent layers
-        self.rope_dims = [layer.rope_dim if layer.attention == "latent" else g.qk_dim
+        self.rope_dims = [layer.rope_dim if layer.kind.latent else g.qk_dim
                           for g in layer.heads]
         self.causal = arch.causal
         self.attention_fn = attention_fn
@@ -154,6 +154,12 @@ class GroupedAttention(nn.Module):
             for j, freqs in enumerate(self.standard_frequencies()):
                 self.register_buffer(f"inv_freq{j}", freqs)
             self.register_load_state_dict_pre_hook(self._fill_frequencies)
+
+    def cached(self, x: Tensor) -> Tensor:
+        """(B, T, d_model) -> (B, T, units): what a decoder keeps of each token for the later
+        ones, which read the earlier tokens through it alone: ``LayerSpec.kv_width`` units
+        (the kind's ``arch.kinds.KindTraits.kv_units``)."""
+        raise NotImplementedError(f"{type(self).__name__} does not say what it caches")
 
     def standard_frequencies(self) -> list[Tensor]:
         """Per group, RoPE's standard frequencies (of a head of its turned dims) in every
@@ -317,6 +323,12 @@ class MultiHeadAttention(GroupedAttention):
         q, k, v = self.qkv(x).split([self.qk_width, self.k_width, self.v_width], dim=-1)
         return q, k, v
 
+    def cached(self, x: Tensor) -> Tensor:
+        """Keys (B, T, k_width), here before RoPE turns them by position, then values (B, T,
+        v_width): ``kv_heads (qk_dim + v_dim)`` per group."""
+        _, k, v = self.project(x)
+        return torch.cat([k, v], dim=-1)
+
     def forward(self, x: Tensor) -> Tensor:
         return self.out(self.attend(*self.project(x)))
 
@@ -354,6 +366,11 @@ class SubspaceAttention(GroupedAttention):
         self.basis = init_linear(arch.d_model, self.width)  # weight = [U_1 .. U_K]^T
         self.out = None if layer.tied_output else init_linear(self.width, arch.d_model,
                                                           out_std(arch))
+
+    def cached(self, x: Tensor) -> Tensor:
+        """``p`` (B, T, width): the one projection, each token's key and value at once."""
+        p: Tensor = self.basis(x)
+        return p
 
     def forward(self, x: Tensor) -> Tensor:
         p = self.basis(x)  # (B, T, width): every head's coordinates in its subspace
@@ -410,6 +427,11 @@ class MixiTAttention(GroupedAttention):
         if self.causal:  # the causal rows only mix earlier positions: the block is exact
             return mix[:, :t, :t]
         return block - block.mean(-1, keepdim=True) + torch.eye(t, device=mix.device)
+
+    def cached(self, x: Tensor) -> Tensor:
+        """Values (B, T, width): the mixing is fixed, so no keys."""
+        v: Tensor = self.v(x)
+        return v
 
     def forward(self, x: Tensor) -> Tensor:
         t = x.shape[1]

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from alloc.compression import CompressionError, CompressionPlan
-from arch import ArchConfig, LayerSpec, TrainConfig, param_count
+from arch import ArchConfig, LayerSpec, TrainConfig, kinds_text, param_count
 from arch.memory import DTYPE_BYTES, kv_cache_bytes
 from common.cli import check_writable
 from common.errors import UsageError
@@ -106,15 +106,15 @@ def reduced_dims_only(teacher: ArchConfig, student: ArchConfig) -> str | None:
     if len(student.layers) != len(teacher.layers):
         return f"has {len(student.layers)} layers, the teacher {len(teacher.layers)}"
     for i, (old, new) in enumerate(zip(teacher.layers, student.layers)):
-        if new.attention == "latent":
+        if new.kind.latent:
             problem = _latent_of(old, new, teacher.d_model)
             if problem is not None:
                 return f"layer {i} {problem}"
             continue
         shape = [(g.count, g.kv_heads) for g in old.heads]
-        values = "mhsa" if old.attention == "mhsa" else None
         if [(g.count, g.kv_heads) for g in new.heads] != shape or any(
-                n.qk_dim > o.qk_dim or n.v_dim > o.v_dim or (n.v_dim < o.v_dim and not values)
+                n.qk_dim > o.qk_dim or n.v_dim > o.v_dim
+                or (n.v_dim < o.v_dim and not old.kind.cut_values)
                 for o, n in zip(old.heads, new.heads)):
             return f"layer {i} has heads {new.heads_str}, the teacher {old.heads_str}"
         if dataclasses.replace(new, heads=old.heads) != old:
@@ -127,8 +127,9 @@ def reduced_dims_only(teacher: ArchConfig, student: ArchConfig) -> str | None:
 def _latent_of(old: LayerSpec, new: LayerSpec, d_model: int) -> str | None:
     """None if latent layer ``new`` is mhsa layer ``old`` made latent within the rank of its
     stacked key and value maps, else what differs."""
-    if old.attention != "mhsa":
-        return f"is latent, the teacher's {old.attention!r}: only mhsa layers are made latent"
+    if not old.kind.to_latent:
+        return (f"is latent, the teacher's {old.attention!r}: only "
+                f"{kinds_text(lambda t: t.to_latent)} layers are made latent")
     full = min(d_model, old.kv_width)
     if new.latent_dim > full:
         return (f"caches a latent of {new.latent_dim}, above the rank of its keys and values "
@@ -180,7 +181,7 @@ def check_output(request: CompressRequest, loaded: Loaded, student: ArchConfig) 
         if out.exists():
             raise UsageError(f"--out {str(out)!r}: exists; the stock layout is written to a "
                              "new folder")
-        if any(x.attention == "latent" for x in student.layers):
+        if any(x.kind.latent for x in student.layers):
             raise UsageError("--layout stock: the plan makes layers latent, which the "
                              "teacher's stock layout cannot hold; use --layout compact")
         if [g.v_dim for x in student.layers for g in x.heads] != [
@@ -351,8 +352,7 @@ def describe(request: CompressRequest, loaded: Loaded, plan: CompressionPlan, ta
 
 def _heads(layer: LayerSpec) -> str:
     """A student layer's heads as the report shows them (a latent layer: with its width)."""
-    return layer.heads_str + (f" latent {layer.latent_dim}" if layer.attention == "latent"
-                              else "")
+    return layer.heads_str + (f" latent {layer.latent_dim}" if layer.kind.latent else "")
 
 
 def weights_dtype(loaded: Loaded) -> str:

@@ -56,7 +56,7 @@ def layer_curvature(source: LayerSource, x: Tensor, targets: Tensor, windows: in
     ``IGNORE`` where a position does not count), ``windows`` windows at a time; progress on
     stderr unless ``quiet`` (two passes over the layers per chunk)."""
     arch = source.arch
-    layers = [i for i, layer in enumerate(arch.layers) if layer.attention == "mhsa"]
+    layers = [i for i, layer in enumerate(arch.layers) if layer.kind.to_latent]
     sums = {i: _Moments(arch.d_model, arch.layers[i].kv_width) for i in layers}
     chunks = list(zip(x.split(windows), targets.split(windows)))
     with Progress("curvature", total=2 * arch.n_layers * len(chunks), unit="layers",

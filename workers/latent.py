@@ -79,6 +79,12 @@ class LatentAttention(GroupedAttention):
             heads.append(torch.cat(pair, dim=-1).view(b, t, kv * qk))
         return torch.cat(heads, dim=-1) if len(heads) > 1 else heads[0], v
 
+    def cached(self, x: Tensor) -> Tensor:
+        """The latent (B, T, latent_dim), then every key/value head's RoPE part (B, T, sum
+        kv * rope_dim), here before RoPE turns it: keys and values are rebuilt from these."""
+        latent = self.down(x)
+        return latent if self.k_rope is None else torch.cat([latent, self.k_rope(x)], dim=-1)
+
     def forward(self, x: Tensor) -> Tensor:
         k, v = self.keys_values(x, self.down(x))
         return self.out(self.attend(self.q(x), k, v))

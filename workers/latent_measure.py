@@ -83,7 +83,7 @@ def _weight(attn: torch.nn.Module) -> Tensor:
 def _latent_arch(arch: ArchConfig, rope_dim: int) -> ArchConfig:
     """``arch`` with every mhsa layer latent at its full rank: the row layout the fits use."""
     layers = tuple(latent_spec(layer, latent_widths(layer, arch.d_model, 1, rope_dim)[-1],
-                               arch.positional, rope_dim) if layer.attention == "mhsa"
+                               arch.positional, rope_dim) if layer.kind.to_latent
                    else layer for layer in arch.layers)
     return dataclasses.replace(arch, layers=layers)
 
@@ -104,7 +104,7 @@ def derotation_orders(source: LayerSource, x: Tensor, quiet: bool = True) -> Pai
                 inputs = block.attn_norm(h)
                 if bias:
                     inputs = torch.cat([inputs, inputs.new_ones(*inputs.shape[:-1], 1)], -1)
-                maps = layer_maps(block.attn, i) if arch.layers[i].attention == "mhsa" else []
+                maps = layer_maps(block.attn, i) if arch.layers[i].kind.to_latent else []
                 for j, kv in sorted({(m.group, m.kv) for m in maps}):
                     readers = [m for m in maps if (m.group, m.kv) == (j, kv)]
                     orders[(i, j, kv)] = derotation_order(readers, inputs, arch.causal)

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from alloc.compression import CompressionError
-from arch import ArchConfig
+from arch import ArchConfig, kinds_text
 from workers.attention import QKVLayout
 from workers.model import Model, build_model
 from workers.students import InputScales, LatentFits, PairOrders
@@ -31,9 +31,10 @@ def latent_arch(teacher: ArchConfig, latent_dims: Sequence[int], rope_dim: int,
         raise CompressionError(f"latent_dims: {len(latent_dims)} values for "
                           f"{teacher.n_layers} layers")
     for i, layer in enumerate(teacher.layers):
-        if layer.attention != "mhsa":
+        if not layer.kind.to_latent:
+            sources = kinds_text(lambda t: t.to_latent)
             raise CompressionError(f"layers[{i}].attention = {layer.attention!r}: a latent "
-                              "student is cut from mhsa layers")
+                                   f"student is cut from {sources} layers")
     layers = tuple(dataclasses.replace(layer, attention="latent", latent_dim=c,
                                        rope_dim=rope_dim, rotate_latent=rotate_latent)
                    for layer, c in zip(teacher.layers, latent_dims))

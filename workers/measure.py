@@ -137,7 +137,7 @@ def measure_layers(source: LayerSource, x: Tensor | None, seq_len: int, align: i
                     bounds = [float(b) for g, _ in record.groups for b in g]
                     entropy = [float(e) for _, g in record.groups for e in g]
                     stats = tuple(HeadStats(b, e) for b, e in zip(bounds, entropy))
-                    if scales is not None and layer.attention == "mhsa":
+                    if scales is not None and (layer.kind.cut_values or layer.kind.to_latent):
                         scales[i] = input_scale(inputs)
                 heads, ranked_stats = _head_measurements(layer_maps(block.attn, i), layer,
                                                          inputs, arch.causal, align)

@@ -46,6 +46,7 @@ from alloc.profilecli import (
     required_data,
     show_profile,
 )
+from arch import kinds_text
 from common.cli import Parser, dump, fail, int_in, number, parse_task_params, wrote
 from common.errors import TransformerAllocError, UsageError
 from common.files import write_atomic
@@ -153,8 +154,9 @@ def plan_checkpoint(request: PlanRequest) -> PlannedCheckpoint:
     latent = request.measure.latent
     if latent or request.kv_cache is not None:  # from the sizes alone: before measuring
         teacher = read_arch(request.measure.checkpoint)
-        if latent and not any(layer.attention == "mhsa" for layer in teacher.layers):
-            raise CompressionError("--latent: the model has no mhsa layer to make latent")
+        if latent and not any(layer.kind.to_latent for layer in teacher.layers):
+            raise CompressionError(f"--latent: the model has no "
+                                   f"{kinds_text(lambda t: t.to_latent)} layer to make latent")
         if latent and request.measure.rope_dim:
             check_rope_dim(teacher, request.measure.rope_dim)
         if request.kv_cache is not None:

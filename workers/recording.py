@@ -85,9 +85,9 @@ def _record_pass(model: Model, x: Tensor, reduce: Callable[[Tensor], Any]) -> At
             block.attn.attention_fn = attention_fn
         for hook in hooks:
             hook.remove()
-    # MixiT layers compute no logits: every other layer calls attention_fn once per head group.
-    counts = [0 if layer.attention == "mixit" else len(layer.heads)
-              for layer in model.arch.layers]
+    # Layers without queries and keys (MixiT) compute no logits: every other layer calls
+    # attention_fn once per head group.
+    counts = [len(layer.heads) if layer.kind.queries_keys else 0 for layer in model.arch.layers]
     groups, cursor = [], 0
     for count in counts:
         groups.append(recorder.logits[cursor:cursor + count])

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from alloc.compression import CompressionError, CompressionPlan
-from arch import SINGLE_WIDTH_KINDS, ArchConfig, LayerSpec
+from arch import ArchConfig, LayerSpec, kinds_text
 from workers.attention import QKVLayout
 from workers.checkpoints.stream import StreamedFolder
 from workers.heads import HeadMap, layer_maps
@@ -145,16 +145,16 @@ def cut_layer(state: dict[str, Tensor], teacher: ArchConfig, student: ArchConfig
     module of the layer) or the RoPE pair ranking, values by ``value_factors``; or, where the
     student's layer is latent, by its latent layer's (``latent_layer``)."""
     old, new = teacher.layers[i], student.layers[i]
-    if old.attention in SINGLE_WIDTH_KINDS or new == old:  # nothing cut: the teacher's rows
+    if old.kind.single_width or new == old:  # nothing cut: the teacher's rows
         return
-    if new.attention == "latent":
+    if new.kind.latent:
         from workers.latent_students import latent_layer  # it builds on this module
 
         scale = None if scales is None or i not in scales else torch.tensor(
             scales[i][:teacher.d_model])
         latent_layer(state, student, i, pairs or {}, scale, (fits or {}).get(i))
         return
-    name = "qk" if old.attention == "frozen_qk" else "qkv"
+    name = "qk" if old.kind.frozen_qk else "qkv"  # frozen query/key maps are held apart
     if [g.qk_dim for g in new.heads] != [g.qk_dim for g in old.heads]:
         if teacher.positional == "rope":
             state.update(_pair_rows(state, i, name, old, new, pairs or {}))
@@ -170,8 +170,10 @@ def _value_rows(state: dict[str, Tensor], i: int, old: LayerSpec, new: LayerSpec
                 scale: Tensor | None) -> dict[str, Tensor]:
     """Layer ``i``'s value rows (the last block of its fused ``qkv``, query and key rows
     already the student's) and output columns cut to the student's ``v_dim`` per group."""
-    if old.attention != "mhsa":
-        raise CompressionError(f"layer {i} ({old.attention}): only mhsa layers' values are cut")
+    if not old.kind.cut_values:
+        raise CompressionError(f"layer {i} ({old.attention}): only "
+                               f"{kinds_text(lambda t: t.cut_values)} layers' "
+                               "values are cut")
     prefix = f"blocks.{i}.attn."
     weight, bias = state[prefix + "qkv.weight"], state.get(prefix + "qkv.bias")
     v_width = QKVLayout.of(old).widths[2]

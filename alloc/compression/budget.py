@@ -10,11 +10,10 @@ import math
 import operator
 from collections.abc import Callable, Mapping, Sequence
 
-from alloc.compression.planner import candidate_dims, latent_widths, student_arch
+from alloc.compression.planner import candidate_dims, latent_spec, latent_widths, student_arch
 from alloc.compression.schema import CompressionPlan, Rule
 from alloc.errors import CompressionError
-from arch import ArchConfig
-from arch.names import SINGLE_WIDTH_KINDS
+from arch import ArchConfig, HeadGroup, LayerSpec
 
 
 def kv_cache_floor(teacher: ArchConfig, align: int, values: bool = False,
@@ -25,20 +24,27 @@ def kv_cache_floor(teacher: ArchConfig, align: int, values: bool = False,
     ``latent`` plan, every mhsa layer at its smallest latent width (beside a decoupled RoPE
     part of ``rope_dim`` per key/value head) and the others whole. It
     follows from the architecture alone, so a budget below it is refused before measuring."""
-    cut = 0
-    for layer in teacher.layers:
-        if latent:
-            if layer.attention == "mhsa":
-                smallest = latent_widths(layer, teacher.d_model, align, rope_dim)[0]
-                cut += layer.kv_width - smallest - layer.kv_heads * rope_dim
-            continue
-        if layer.attention in SINGLE_WIDTH_KINDS:
-            continue
-        for g in layer.heads:
-            cut += g.kv_heads * (g.qk_dim - candidate_dims(g.qk_dim, align)[0])
-            if values and layer.attention == "mhsa":
-                cut += g.kv_heads * (g.v_dim - candidate_dims(g.v_dim, align)[0])
-    return (teacher.kv_width - cut) / teacher.kv_width
+    smallest = [_smallest(teacher, layer, align, values, latent, rope_dim)
+                for layer in teacher.layers]
+    return sum(x.kv_width for x in smallest) / teacher.kv_width
+
+
+def _smallest(teacher: ArchConfig, layer: LayerSpec, align: int, values: bool, latent: bool,
+              rope_dim: int) -> LayerSpec:
+    """``teacher``'s ``layer`` as the smallest plan at ``align`` makes it
+    (``kv_cache_floor``)."""
+    kind = layer.kind
+    if latent:
+        if not kind.to_latent:
+            return layer
+        width = latent_widths(layer, teacher.d_model, align, rope_dim)[0]
+        return latent_spec(layer, width, teacher.positional, rope_dim)
+    if not kind.cut_keys:
+        return layer
+    heads = tuple(HeadGroup(g.count, candidate_dims(g.qk_dim, align)[0],
+                            candidate_dims(g.v_dim, align)[0] if values and kind.cut_values
+                            else g.v_dim, g.kv_heads) for g in layer.heads)
+    return dataclasses.replace(layer, heads=heads)
 
 
 def check_kv_cache(teacher: ArchConfig, align: int, fraction: float, values: bool = False,

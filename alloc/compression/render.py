@@ -96,8 +96,7 @@ def _plot_dims(ax: Any, plan: CompressionPlan) -> None:
     ax.set_xticks([layer.index for layer in plan.layers])
     ax.set_xlabel("layer")
     ax.set_ylabel("qk_dim per head (outline: teacher, filled: chosen)")
-    cut = sum(g.key_heads * (g.qk_dim + g.v_dim) - g.kv_units for layer in plan.layers
-              for g in layer.groups)
+    cut = sum(layer.teacher_kv_units - layer.student_kv_units for layer in plan.layers)
     kept = kv_cache_bytes(plan.student, "float32")
     ax.set_title(f"qk_dim per head group\n(the student caches {kept / (kept + 4 * cut):.0%} "
                  "of the teacher's keys and values)")

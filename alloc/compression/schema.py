@@ -15,7 +15,7 @@ import yaml
 
 from alloc.compression.measurement import HeadStats
 from alloc.errors import CompressionError
-from arch import ArchConfig, ConfigError
+from arch import ArchConfig, ConfigError, HeadGroup, KindTraits, kind_traits
 from common.files import dump_yaml, load_yaml
 
 Rule = Literal["bound", "measured", "loss"]
@@ -48,9 +48,14 @@ class GroupPlan:
         return None if self.value_losses is None else self.value_losses[self.student_v_dim]
 
     @property
-    def kv_units(self) -> int:
-        """Key plus value units the group's student caches per token."""
-        return self.key_heads * (self.reduced_qk_dim + self.student_v_dim)
+    def teacher(self) -> HeadGroup:
+        """The teacher's head group."""
+        return HeadGroup(self.count, self.qk_dim, self.v_dim, self.key_heads)
+
+    @property
+    def student(self) -> HeadGroup:
+        """The student's head group: the chosen ``qk_dim`` and ``v_dim``."""
+        return HeadGroup(self.count, self.reduced_qk_dim, self.student_v_dim, self.key_heads)
 
     @property
     def key_heads(self) -> int:
@@ -108,9 +113,21 @@ class LayerPlan:
             self.latent_losses[self.latent_dim]
 
     @property
+    def kind(self) -> KindTraits:
+        """What the teacher layer's attention kind has."""
+        return kind_traits(self.attention)
+
+    @property
     def teacher_kv_units(self) -> int:
-        """Key plus value units the teacher's query-key groups of this layer cache per token."""
-        return sum(g.key_heads * (g.qk_dim + g.v_dim) for g in self.groups)
+        """Units the teacher's query-key groups of this layer cache per token."""
+        return self.kind.kv_units(g.teacher for g in self.groups)
+
+    @property
+    def student_kv_units(self) -> int:
+        """Units the student's query-key groups of this layer cache per token, at the planned
+        ``qk_dim`` and ``v_dim`` (where the plan makes the layer latent, it caches its
+        ``latent_dim`` and RoPE parts instead: ``LayerSpec.kv_width`` of the student's)."""
+        return self.kind.kv_units(g.student for g in self.groups)
 
     @property
     def logit_bound(self) -> float | None:
@@ -246,7 +263,8 @@ def _layer_from_dict(data: Mapping[str, Any]) -> LayerPlan:
                     for s in data.get("spectra", ()))
     stats = tuple(HeadStats(float(s["logit_bound"]), float(s["entropy"]))
                   for s in data.get("head_stats", ()))
-    return LayerPlan(int(data["index"]), str(data["attention"]), str(data["heads"]),
+    kind = kind_traits(str(data["attention"]))  # a kind the vocabulary knows
+    return LayerPlan(int(data["index"]), kind.name, str(data["heads"]),
                      float(data["token_norm"]), groups, spectra, stats,
                      tuple(float(v) for v in data.get("input_scale", ())),
                      int(data.get("latent_dim", 0)), by_rank(data.get("latent_losses")),

@@ -159,7 +159,7 @@ def describe(student: Model) -> str:
     for layer in student.arch.layers:
         g = layer.heads[0]
         out.append(f"c{layer.latent_dim}" + (f"+r{layer.rope_dim}" if layer.rope_dim else "")
-                   if layer.attention == "latent" else f"k{g.qk_dim}/v{g.v_dim}")
+                   if layer.kind.latent else f"k{g.qk_dim}/v{g.v_dim}")
     return " ".join(out)
 
 
