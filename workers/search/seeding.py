@@ -79,13 +79,14 @@ def profile_for(task: Task, profile: Path | None, out_dir: Path,
     depth, MLP ratio)``, the profile's defaults without one, for ``pilot_steps``), written to
     ``out_dir`` for the record; else None (the task's own inputs). Its progress goes to
     stderr unless ``quiet``."""
-    from alloc.profilefile import read_allocator_inputs, section_inputs, write_profile
-
     if profile is not None:
+        from alloc.profilefile import read_allocator_inputs  # SciPy only when asked for
+
         return DataProfile(profile, read_allocator_inputs(profile))
     if not isinstance(task, TextTask | ArrayTask):
         return None
     from alloc.pilot import MAX_PILOT_WIDTH, PilotRequest
+    from alloc.profilefile import section_inputs, write_profile
     from workers.profile import profile_data
 
     out_dir.mkdir(parents=True, exist_ok=True)
