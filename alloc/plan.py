@@ -161,6 +161,24 @@ def make_plan(settings: PlanSettings) -> Plan:
     one_offset = exact if settings.max_block == 1 else solve_exact(
         dataclasses.replace(problem, max_block=1))
     continuous = solve_continuous(problem)  # relaxes the one-offset problem (§3.2)
+    return _assemble(settings, problem, exact, continuous, uniform, one_offset)
+
+
+def uniform_plan(plan: Plan) -> Plan:
+    """``plan`` with ``uniform`` set: its extraction layers the best uniform layer. What
+    ``make_plan`` gives for those settings, from ``plan``'s solved problem (``uniform`` only
+    picks among its solutions) instead of solving it again."""
+    if plan.settings.uniform:
+        return plan
+    return _assemble(dataclasses.replace(plan.settings, uniform=True), plan.problem,
+                     plan.exact, plan.continuous, plan.uniform, plan.one_offset)
+
+
+def _assemble(settings: PlanSettings, problem: ExtractProblem, exact: Allocation,
+              continuous: ContinuousAllocation, uniform: UniformAllocation,
+              one_offset: Allocation) -> Plan:
+    """The per-layer plan from the solved early-layer problem: the extraction layers' heads
+    (the exact optimum, or the uniform layer), the later layers' counts and ``qk_dim``."""
     chosen = uniform.allocation if settings.uniform or not exact.groups else exact
     heads = _extract_heads(settings, exact, uniform)
     layers, errors, reasons = [], [], []

@@ -4,7 +4,8 @@
 ``write_profile`` writes the profile as YAML, with the per-offset kernel and the spectrum (and
 with a pilot, the first layer's input variances) as one-value-per-line files beside it that
 ``alloc.solve --kernel file:``, ``--spectrum file:`` and ``--input-spectrum file:`` accept; its
-``allocator`` section is all of it at once, read back by ``read_allocator_inputs``. ``render``
+``allocator`` section is all of it at once, read back as ``AllocatorInputs`` by
+``read_allocator_inputs`` (``section_inputs`` for the section just written). ``render``
 shows a profile as the commands' table, ``plot`` as a PNG.
 """
 
@@ -20,8 +21,10 @@ import yaml
 from alloc.datastats import Profile, fit_kernel
 from alloc.errors import ProfileError
 from alloc.pilot import PilotMeasurement
+from alloc.settings import AllocatorInputs
 from alloc.spectra import ENERGY
 from arch import MAX_DEPTH
+from arch.checks import is_int
 from arch.kernels import kernel_shape
 from common.cli import render_table
 from common.files import dump_yaml, read_yaml, write_atomic
@@ -115,27 +118,39 @@ def _write_values(path: Path, what: str, source: str, values: np.ndarray) -> Non
                  + "".join(f"{v:.8g}\n" for v in values))
 
 
-def read_allocator_inputs(path: Path) -> dict[str, Any]:
-    """The ``allocator`` section of a profile, file paths made absolute (``ProfileError``)."""
+def read_allocator_inputs(path: Path) -> AllocatorInputs:
+    """The ``allocator`` section of a profile file (``ProfileError`` if unreadable)."""
     try:
         data = read_yaml(path)
     except (OSError, yaml.YAMLError) as err:
         raise ProfileError(f"--profile {str(path)!r}: cannot read ({err})".splitlines()[0]) \
             from None
-    inputs = data.get("allocator") if isinstance(data, dict) else None
+    return section_inputs(data.get("allocator") if isinstance(data, dict) else None, path)
+
+
+def section_inputs(section: Any, path: Path) -> AllocatorInputs:
+    """A profile's ``allocator`` section (``to_dict``'s) as the record, its file names made
+    paths beside the profile file ``path`` (``ProfileError`` naming it if malformed)."""
     keys = {"kernel", "input_dim", "seq_len", "spectrum"}
-    if not isinstance(inputs, dict) or not keys <= set(inputs) \
-            or not set(inputs) <= keys | OPTIONAL_INPUTS:
+    if not isinstance(section, dict) or not keys <= set(section) \
+            or not set(section) <= keys | OPTIONAL_INPUTS:
         raise ProfileError(f"--profile {str(path)!r}: needs an allocator section with "
                            f"{', '.join(sorted(keys))} (python -m workers.profile --out writes it)")
-    inputs = {k: v for k, v in inputs.items() if k != "sources"}
+    inputs = {k: v for k, v in section.items() if k != "sources"}
     for key in ("kernel", "spectrum", "input_spectrum"):
+        if key in inputs and not isinstance(inputs[key], str):
+            raise ProfileError(f"--profile {str(path)!r}: allocator.{key} = {inputs[key]!r}: "
+                               "must be text (a spec or file:NAME)")
         if str(inputs.get(key)).startswith("file:"):
             inputs[key] = f"file:{path.parent / str(inputs[key])[5:]}"
+    for key in ("input_dim", "seq_len"):
+        if not (is_int(inputs[key]) and inputs[key] >= 1):
+            raise ProfileError(f"--profile {str(path)!r}: allocator.{key} = {inputs[key]!r}: "
+                               "must be a positive integer")
     for key in ("logit_bounds", "patterns"):
         if key in inputs:
             inputs[key] = _per_layer(path, key, inputs[key])
-    return dict(inputs)
+    return AllocatorInputs(**inputs)
 
 
 def _per_layer(path: Path, key: str, value: Any) -> tuple[float, ...]:

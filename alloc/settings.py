@@ -1,12 +1,14 @@
 """Every input of the allocator (``PlanSettings``), validated on construction like
 ``ArchConfig``: every rule that ties the inputs together is checked here, and only here; a
 broken one raises ``PlanError`` naming the input as the ``alloc.solve`` flag that sets it
-(``--align 24: must divide --budget 512``)."""
+(``--align 24: must divide --budget 512``). What a profile measures of them
+(``AllocatorInputs``) becomes settings in one place, ``AllocatorInputs.settings``, for
+``alloc.solve --profile`` and the search alike."""
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -15,7 +17,7 @@ from alloc.errors import PlanError
 from alloc.extract import ErrorModel
 from alloc.saturation import parse_spectrum
 from arch import POSITIONALS, AttentionKind, Positional, kind_traits, kinds_text, kinds_where
-from arch.checks import is_number, need_bool, need_choice, need_int, need_number
+from arch.checks import is_int, is_number, need_bool, need_choice, need_int, need_number
 from arch.errors import KernelError
 from arch.kernels import parse_kernel
 from common.errors import TransformerAllocError
@@ -113,6 +115,47 @@ class PlanSettings:
         variance = None if self.input_spectrum is None else input_variance(self.input_spectrum)
         return ErrorModel(self.input_dim, self.c_proj, self.c_head, self.order, self.alpha,
                           self.norm_bound, self.compression_order, variance)
+
+
+@dataclass(frozen=True)
+class AllocatorInputs:
+    """What a profile measures for the allocator (a profile file's ``allocator`` section,
+    ``alloc.profilefile.read_allocator_inputs``), or what a task declares of it: the inputs
+    that are the data's, not the plan's shape. ``settings`` is their one way into
+    ``PlanSettings``."""
+
+    kernel: str  # ngram:K, exp:LAMBDA, poly:P or file:PATH
+    input_dim: int
+    seq_len: int
+    spectrum: str  # power:BETA or file:PATH
+    input_spectrum: str | None = None  # file:PATH, a pilot's first-layer input variances
+    # Per later layer, as many as the pilot that measured them had (possibly more than a plan).
+    logit_bounds: tuple[float, ...] | None = None
+    patterns: tuple[float, ...] | None = None
+
+    def settings(self, **given: Any) -> PlanSettings:
+        """The plan's settings: these inputs, under the ``given`` ``PlanSettings`` fields (the
+        plan's shape, and any input given explicitly, which wins; an explicit ``input_dim``
+        also replaces the measured input spectrum). The per-later-layer measurements are cut
+        to the plan's later layers (``layers - extract_layers``): a deeper pilot measured more
+        layers than the plan has, and theirs go unused.
+
+        Raises:
+            PlanError: a rule of ``PlanSettings`` broken.
+        """
+        layers = given.get("layers", PlanSettings.layers)
+        extract = given.get("extract_layers", PlanSettings.extract_layers)
+        later = max(0, layers - extract) if is_int(layers) and is_int(extract) else 0
+        measured = {**asdict(self), "logit_bounds": _first(self.logit_bounds, later),
+                    "patterns": _first(self.patterns, later)}
+        if "input_dim" in given:
+            del measured["input_spectrum"]
+        return PlanSettings(**{**measured, **given})
+
+
+def _first(values: tuple[float, ...] | None, count: int) -> tuple[float, ...] | None:
+    """The first ``count`` of ``values`` (None when none are left)."""
+    return None if values is None else values[:count] or None
 
 
 # (offset, heads, dim) choices of the exact solver above which it would take seconds and

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Collection
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from alloc.constants import read_constants
 from alloc.errors import PlanError
 from alloc.plan import Plan, make_plan, report
-from alloc.settings import MAX_BLOCK, PLANNED_KINDS, PlanSettings
+from alloc.settings import MAX_BLOCK, PLANNED_KINDS, AllocatorInputs, PlanSettings
 from arch import MAX_DEPTH, MAX_WIDTH, POSITIONALS, HeadGroup
 from common.cli import (
     Parser,
@@ -26,6 +28,7 @@ from common.cli import (
     check_writable,
     dump,
     fail,
+    given_dests,
     int_in,
     number,
     render_table,
@@ -37,6 +40,8 @@ from common.files import write_atomic
 PROG = "alloc.solve"
 MAX_SEQ_LEN = 16384
 MAX_PRODUCT_ORDER = 8
+# The settings a --profile measures: their flags, when given, win over its values.
+MEASURED = frozenset(f.name for f in fields(AllocatorInputs))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -145,23 +150,19 @@ def bounds_list(text: str) -> tuple[float, ...]:
                                          "commas, one per later layer") from None
 
 
-def settings_from_args(args: argparse.Namespace) -> PlanSettings:
-    """The settings the flags give (``PlanSettings`` checks the rules that tie them together).
+def settings_from_args(args: argparse.Namespace, measured: AllocatorInputs | None = None,
+                       given: Collection[str] = ()) -> PlanSettings:
+    """The settings the flags give, over ``measured`` inputs (a ``--profile``'s) where a flag
+    of theirs is not in ``given`` (``PlanSettings`` checks the rules that tie them together).
 
     Raises:
         PlanError: a rule broken, naming the flags.
     """
-    return PlanSettings(
-        budget=args.budget, layers=args.layers, extract_layers=args.extract_layers,
-        seq_len=args.seq_len, input_dim=args.input_dim, kernel=args.kernel, align=args.align,
-        c_proj=args.c_proj, c_head=args.c_head, order=args.order, alpha=args.alpha,
-        norm_bound=args.norm_bound, tolerance=args.tolerance, logit_bound=args.logit_bound,
-        logit_bounds=None if args.logit_bounds is None else tuple(args.logit_bounds),
-        spectrum=args.spectrum, attention=args.attention, mlp_ratio=args.mlp_ratio,
-        uniform=args.uniform, vocab_size=args.vocab_size, positional=args.positional,
-        product_order=args.product_order, input_spectrum=args.input_spectrum,
-        kv_heads=args.kv_heads, max_block=args.max_block,
-        patterns=None if args.patterns is None else tuple(args.patterns))
+    values = {f.name: getattr(args, f.name) for f in fields(PlanSettings)}
+    if measured is None:
+        return PlanSettings(**values)
+    return measured.settings(**{k: v for k, v in values.items()
+                                if k in given or k not in MEASURED})
 
 
 def _num(x: float) -> str:
@@ -231,40 +232,29 @@ def _head(g: dict[str, int]) -> str:
     return str(HeadGroup.from_dict(g))
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    """Parse ``argv``; ``--constants`` and ``--profile`` files supply defaults that explicit
-    flags override."""
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, PlanSettings]:
+    """The flags of ``argv`` and the settings they give: a ``--constants`` file supplies
+    defaults and a ``--profile`` file the inputs it measured, which explicit flags override.
+
+    Raises:
+        TransformerAllocError: a file unreadable, or a rule of the settings broken.
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
-    defaults: dict[str, Any] = {}
+    measured = None
     if args.profile is not None:
         from alloc.profilefile import read_allocator_inputs  # SciPy only when asked for
 
-        defaults.update(read_allocator_inputs(args.profile))
+        measured = read_allocator_inputs(args.profile)
     if args.constants is not None:
-        defaults.update(read_constants(args.constants).as_flags())
-    given = argv if argv is not None else sys.argv[1:]
-    if any(a == "--input-dim" or a.startswith("--input-dim=") for a in given):
-        defaults.pop("input_spectrum", None)  # an explicit d_in replaces the measured spectrum
-    if defaults:
-        parser.set_defaults(**defaults)
+        parser.set_defaults(**read_constants(args.constants).as_flags())
         args = parser.parse_args(argv)
-    later = max(0, args.layers - args.extract_layers)
-    for name in ("logit_bounds", "patterns"):
-        measured = defaults.get(name)
-        if measured is not None and getattr(args, name) is measured:
-            # A deeper pilot measured more later layers than this plan has: theirs go unused.
-            setattr(args, name, measured[:later] or None)
-    return args
+    return args, settings_from_args(args, measured, given_dests(parser, argv))
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        args = parse_args(argv)
-    except TransformerAllocError as err:
-        return fail(PROG, str(err))
-    try:
-        settings = settings_from_args(args)
+        args, settings = parse_args(argv)
         if args.out is not None:
             check_writable("--out", args.out, force=args.force)
         if args.plot is not None:

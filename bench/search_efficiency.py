@@ -237,10 +237,10 @@ def allocator_starts(case: Case) -> tuple[list[dict[str, Any]], dict[str, Any] |
     """The launcher's starting points for ``case`` (what seeded TPE enqueues), and the one that
     breaks the allocator prior's ties, as the launcher's prior sampler takes it
     (``plan_anchor``)."""
-    from workers.search.seeding import plan_anchor
+    from workers.search.seeding import SearchPlan, plan_anchor
     from workers.search.seeding import seeds as allocator_seeds
 
-    seeded = allocator_seeds(case.space, case.settings)
+    seeded = allocator_seeds(case.space, SearchPlan.make(case.settings))
     anchor = plan_anchor(seeded)
     return [dict(s.params) for s in seeded], None if anchor is None else dict(anchor)
 
@@ -447,12 +447,7 @@ def cases(args: argparse.Namespace) -> list[Case]:
     from workers.experiments import harness
     from workers.search.cli import SMOKE_PILOT_STEPS
     from workers.search.options import training_budget
-    from workers.search.seeding import (
-        measured_inputs,
-        plan_settings,
-        profile_for,
-        space_mlp_ratio,
-    )
+    from workers.search.seeding import plan_settings, profile_for, space_mlp_ratio
     from workers.taskargs import task_from_args
     from workers.tasks import make_task
     from workers.tasks.data import make_data_task
@@ -488,12 +483,10 @@ def cases(args: argparse.Namespace) -> list[Case]:
             raise UsageError(f"--space: {err} (the benchmark needs a finite space)") from None
         task = make()
         shape = (space.budget, space.depth, space_mlp_ratio(space))
+        profile = profile_for(profiled[name]() if name in profiled else task, None, args.out,
+                              shape, SMOKE_PILOT_STEPS if args.smoke_test else None)
         settings = plan_settings(space.budget, space.depth, task,
-                                 measured_inputs(profile_for(
-                                     profiled[name]() if name in profiled else task, None,
-                                     args.out, shape,
-                                     SMOKE_PILOT_STEPS if args.smoke_test else None)),
-                                 shape[2])
+                                 None if profile is None else profile.inputs, shape[2])
         out.append(Case(name, space, task, settings))
     return out
 

@@ -57,6 +57,16 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+def given_dests(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> frozenset[str]:
+    """The destinations ``argv``'s flags set explicitly (a default, whatever its value, is not
+    given): ``argv`` parsed again into a namespace holding a marker for every destination,
+    which argparse leaves where no flag is given. ``argv`` must parse (parse it first)."""
+    unset = object()
+    dests = vars(parser.parse_args(argv))
+    parsed = parser.parse_args(argv, argparse.Namespace(**dict.fromkeys(dests, unset)))
+    return frozenset(d for d, value in vars(parsed).items() if value is not unset)
+
+
 def fail(prog: str, message: str) -> int:
     """Print one error line for ``prog`` and return the bad-input exit code."""
     print(f"{prog}: error: {message}", file=sys.stderr)

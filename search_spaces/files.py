@@ -14,7 +14,7 @@ from arch.checks import is_int, is_number
 from common.files import read_yaml
 from search_spaces.errors import SpaceError
 from search_spaces.loader import parse_data, parse_space, raise_if_any
-from search_spaces.schema import SPACES_DIR, TOP_KEYS, Planner
+from search_spaces.schema import SPACES_DIR, TOP_KEYS, Planner, layer_indices
 from search_spaces.space import SearchSpace
 from userdata import DataSpec
 
@@ -82,6 +82,24 @@ class SpaceFile:
         if not (is_int(width) and is_int(depth) and all(is_number(v) for v in flat)):
             return None
         return int(width), int(depth), float(max(flat, default=0))
+
+    def plan_mlp_ratio(self) -> float | None:
+        """The largest MLP ratio layer 0's rule allows: the MLP the allocator's plan for the
+        space is made for, known before the space is loaded (its ``allocator`` placeholders
+        take that plan); None where the rules are not plain (the space's own checks report it
+        when it is loaded)."""
+        depth, rules = self.data.get("depth"), self.data.get("layers")
+        if not isinstance(depth, int) or not is_int(depth) or not isinstance(rules, list):
+            return None
+        for rule in rules:
+            if isinstance(rule, dict) and 0 in layer_indices([], "layers",
+                                                             rule.get("layers", "all"), depth):
+                ratios = rule.get("mlp_ratio", [0])  # the loader's default
+                values = ratios if isinstance(ratios, list) else [ratios]
+                if not values or not all(is_number(v) for v in values):
+                    return None
+                return float(max(values))
+        return None
 
 
 def load_space(name: str | Path, budget: int | None = None,

@@ -163,3 +163,41 @@ def test_settings_from_a_recorded_dict() -> None:
     assert PlanSettings.from_dict(dataclasses.asdict(settings)) == settings
     with pytest.raises(PlanError, match="unknown key 'budgett'; valid keys: budget, layers"):
         PlanSettings.from_dict({"budgett": 256})
+
+
+@pytest.mark.parametrize("fields", [
+    {}, {"kv_heads": 2}, {"max_block": 1, "patterns": (3.0,)},
+    {"budget": 256, "layers": 3, "kernel": "exp:0.3", "mlp_ratio": 0.0},
+])
+def test_the_uniform_plan_from_a_plan_is_the_uniform_plan_made_anew(
+        fields: dict[str, object]) -> None:
+    """``uniform_plan`` reuses the plan's solved problem: its report (arch, per-layer rows,
+    the extraction's choice, the inputs) is ``make_plan``'s with ``uniform`` set."""
+    from alloc.plan import uniform_plan
+
+    settings = dataclasses.replace(PlanSettings(), **fields)  # type: ignore[arg-type]
+    made = make_plan(dataclasses.replace(settings, uniform=True))
+    assert report(uniform_plan(make_plan(settings))) == report(made)
+    assert uniform_plan(made) is made
+
+
+def test_measured_inputs_become_settings_cut_to_the_plan_s_later_layers() -> None:
+    """``AllocatorInputs.settings``: a deeper pilot's extra later layers go unused, the fields
+    given win over the measured ones, and an explicit input dimension replaces the measured
+    input spectrum."""
+    from alloc.settings import AllocatorInputs
+
+    inputs = AllocatorInputs(kernel="exp:0.5", input_dim=32, seq_len=16, spectrum="power:2",
+                             input_spectrum=None, logit_bounds=(2.0, 3.0, 4.0),
+                             patterns=(2.0, 4.0, 8.0))
+    settings = inputs.settings(budget=64, layers=3)
+    assert settings == PlanSettings(budget=64, layers=3, kernel="exp:0.5", input_dim=32,
+                                    seq_len=16, spectrum="power:2", logit_bounds=(2.0, 3.0),
+                                    patterns=(2.0, 4.0))
+    assert inputs.settings(budget=64, layers=3, extract_layers=2).logit_bounds == (2.0,)
+    one = inputs.settings(budget=64, layers=1)
+    assert one.logit_bounds is None and one.patterns is None  # no later layer
+    given = inputs.settings(budget=64, layers=4, seq_len=8, logit_bounds=(5.0,))
+    assert (given.seq_len, given.logit_bounds, given.patterns) == (8, (5.0,), (2.0, 4.0, 8.0))
+    with pytest.raises(PlanError, match="--logit-bounds: 2 values for 1 later layer"):
+        inputs.settings(budget=64, layers=2, logit_bounds=(5.0, 6.0))

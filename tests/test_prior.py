@@ -213,12 +213,12 @@ def test_a_plan_the_space_cannot_hold_breaks_the_prior_s_ties_by_its_uniform_pla
     holds, gives the mode the plan's MLP."""
     from pathlib import Path
 
-    from workers.search.seeding import plan_anchor, seeds
+    from workers.search.seeding import SearchPlan, plan_anchor, seeds
 
     space = load_space(Path(__file__).resolve().parents[1] / "bench" / "tables" / "stdlib.yaml")
     settings = PlanSettings(budget=64, layers=2, seq_len=64, input_dim=15, mlp_ratio=2.0, align=4)
     assert make_plan(settings).arch.layers[0].n_heads == 5
-    starts = seeds(space, settings)
+    starts = seeds(space, SearchPlan.make(settings))
     assert [s.label for s in starts] == ["allocator-uniform", "baseline-64"]
     assert plan_anchor(starts) == starts[0].params
     cands = candidates(space)
@@ -239,10 +239,11 @@ def test_the_mode_is_the_bound_s_best_with_the_plan_s_choices_where_the_bound_is
     learning rate, so the mode's is a random one of the space's."""
     from pathlib import Path
 
-    from workers.search.seeding import seeds
+    from workers.search.seeding import SearchPlan, seeds
 
     space = load_space(Path(__file__).resolve().parents[1] / "bench" / "tables" / "ngram.yaml")
-    plan = next(s.params for s in seeds(space, NGRAM) if s.label == "allocator")
+    plan = next(s.params for s in seeds(space, SearchPlan.make(NGRAM))
+                if s.label == "allocator")
     cands = candidates(space)
     prior = allocator_prior(cands, NGRAM, plan=plan)
     modes = {cands.archs[i].describe() + f" lr {cands.params[i]['train.lr']}"

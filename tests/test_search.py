@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
@@ -298,3 +299,53 @@ def test_resume_of_a_finished_study_answers_before_ray_starts(
     assert search_main([*argv, "--resume"]) == 0
     assert "already has its 1 trials" in capsys.readouterr().err
     started.assert_not_called()
+
+
+@pytest.mark.parametrize(("space", "task", "sampler"),
+                         [("aot_vs_standard.yaml", "modadd", "tpe"),
+                          ("allocator_neighbourhood.yaml", "ngram", "prior")])
+def test_a_search_makes_one_plan_and_reads_its_space_once(
+        space: str, task: str, sampler: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole driver in process, Tune answering at once: the allocator's plan is made once
+    (the plan, its uniform plan and the baseline are the seeds, the prior's anchor, the
+    placeholders' neighbourhood and the predictor's settings), the space file read and parsed
+    once."""
+    import contextlib
+    import types
+
+    import alloc.plan
+    import search_spaces.files
+    import workers.search
+    import workers.search.seeding
+    from workers.search.cli import main as search_main
+
+    calls: dict[str, int] = {"make_plan": 0, "read_yaml": 0, "parse_space": 0}
+
+    def counted(name: str, original: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            calls[name] += 1
+            return original(*args, **kwargs)
+        return wrapper
+
+    plan = counted("make_plan", alloc.plan.make_plan)
+    monkeypatch.setattr(alloc.plan, "make_plan", plan)
+    monkeypatch.setattr(workers.search.seeding, "make_plan", plan)
+    for name in ("read_yaml", "parse_space"):
+        monkeypatch.setattr(search_spaces.files, name,
+                            counted(name, getattr(search_spaces.files, name)))
+    ran: list[int] = []
+    stub = types.ModuleType("workers.search.tune")
+    stub.session = lambda address=None: contextlib.nullcontext()  # type: ignore[attr-defined]
+    stub.TuneRun = lambda **kw: types.SimpleNamespace(**kw)  # type: ignore[attr-defined]
+    stub.capacity = lambda cpus, gpus: 1  # type: ignore[attr-defined]
+    stub.run_tuner = (  # type: ignore[attr-defined]
+        lambda searcher, job, run, stop=None: ran.append(run.trials) or "completed")
+    monkeypatch.setitem(sys.modules, "workers.search.tune", stub)
+    monkeypatch.setattr(workers.search, "tune", stub, raising=False)
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    assert search_main(["--space", space, "--task", task, "--smoke-test", "--sampler", sampler,
+                        "--trials", "2", "--storage", url, "--study", "once", "--quiet",
+                        "--storage-path", str(tmp_path / "results")]) == 0
+    assert ran == [2]  # the driver went as far as running the trials
+    assert calls == {"make_plan": 1, "read_yaml": 1, "parse_space": 1}

@@ -196,12 +196,12 @@ def test_given_points_are_the_only_starts_and_must_be_in_the_space() -> None:
     (the sampler's own starting points are not); a point outside the space is refused."""
     from workers.errors import SearchError
     from workers.search.checks import check_points
-    from workers.search.seeding import starting_points
+    from workers.search.seeding import SearchPlan, starting_points
 
     space = load_space("mixit_grid")
     grid = space.grid()
     chosen = (grid[3], grid[0])
-    settings = PlanSettings(budget=space.budget, layers=space.depth, seq_len=8)
+    settings = SearchPlan.make(PlanSettings(budget=space.budget, layers=space.depth, seq_len=8))
     assert [s.params for s in starting_points(space, settings, "grid", chosen)] == list(chosen)
     assert len(starting_points(space, settings, "grid")) == len(grid)
     check_points(space, chosen)
@@ -229,11 +229,11 @@ def test_a_search_whose_every_trial_failed_exits_non_zero() -> None:
 def test_a_seed_the_space_cannot_build_is_skipped_not_raised() -> None:
     """The plan is built for vector inputs; a space that ties embeddings cannot hold it."""
     from search_spaces import parse_space
-    from workers.search.seeding import seeds
+    from workers.search.seeding import SearchPlan, seeds
 
     space = parse_space({"budget": 64, "depth": 2, "model": {"tie_embeddings": True},
                          "layers": [{"heads": [1, 2, 4, 8]}]})
-    assert seeds(space, PlanSettings(budget=64, layers=2, seq_len=8)) == []
+    assert seeds(space, SearchPlan.make(PlanSettings(budget=64, layers=2, seq_len=8))) == []
 
 
 def test_no_point_is_trained_twice_and_an_exhausted_space_ends_the_search(

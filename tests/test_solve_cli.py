@@ -200,3 +200,29 @@ def test_impossible_kv_heads_are_one_line(argv: list[str], message: str, tmp_pat
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1, err
     assert not out.exists()
+
+
+def test_a_profile_s_inputs_are_kept_unless_a_flag_gives_them(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--profile``: a deeper pilot's later layers are cut to the plan's; a flag given wins
+    (abbreviated too), and a given input dimension replaces the measured input spectrum."""
+    (tmp_path / "p.input.txt").write_text("".join(f"{0.8 ** i:.6g}\n" for i in range(16)))
+    profile = tmp_path / "p.yaml"
+    profile.write_text(yaml.safe_dump({"allocator": {
+        "kernel": "exp:0.5", "input_dim": 16, "seq_len": 32, "spectrum": "power:1",
+        "input_spectrum": "file:p.input.txt", "logit_bounds": [2.0, 3.0, 4.0, 5.0],
+        "patterns": [2, 4, 4, 2]}}))
+
+    def inputs(*argv: str) -> dict[str, object]:
+        assert main(["--budget", "64", "--layers", "3", "--profile", str(profile),
+                     "--format", "json", *argv]) == 0
+        return dict(json.loads(capsys.readouterr().out)["inputs"])
+
+    measured = inputs()
+    assert (measured["logit_bounds"], measured["patterns"]) == ([2.0, 3.0], [2.0, 4.0])
+    assert measured["input_spectrum"] == f"file:{tmp_path / 'p.input.txt'}"
+    assert (measured["kernel"], measured["seq_len"], measured["input_dim"]) == ("exp:0.5", 32,
+                                                                                16)
+    given = inputs("--logit-bounds", "7", "--seq-len", "16", "--input-d", "8")
+    assert (given["logit_bounds"], given["patterns"]) == ([7.0], [2.0, 4.0])
+    assert (given["seq_len"], given["input_dim"], given["input_spectrum"]) == (16, 8, None)

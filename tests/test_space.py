@@ -422,3 +422,24 @@ def test_bad_latent_rules_are_one_line(change: dict[str, object], message: str) 
 def test_rope_parts_need_a_rope_model() -> None:
     with pytest.raises(SpaceError, match=r"rope_dim = 4: needs model positional: rope"):
         parse_space({**LATENT, "model": {"positional": "learned"}})
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_the_plan_s_mlp_is_known_before_the_space_loads(name: str) -> None:
+    """``SpaceFile.plan_mlp_ratio`` (what a space's ``allocator`` placeholders are planned
+    with) is the largest MLP ratio the loaded space's layer 0 allows."""
+    from search_spaces import SpaceFile
+
+    file = SpaceFile.read(name)
+    assert file.plan_mlp_ratio() == max(file.load().rule(0).mlp_ratio)
+
+
+def test_the_plan_s_mlp_is_layer_0_s_where_a_later_layer_allows_a_wider_one() -> None:
+    from search_spaces import SpaceFile
+
+    later_wider = SpaceFile({"budget": 64, "depth": 3, "layers": [
+        {"layers": "1-2", "mlp_ratio": [4], "heads": [1, 2]},
+        {"layers": 0, "mlp_ratio": [0, 2], "heads": [1, 2]}]}, "<t>")
+    assert later_wider.plan_mlp_ratio() == 2.0 == max(later_wider.load().rule(0).mlp_ratio)
+    assert later_wider.shape() == (64, 3, 4.0)  # the data's pilot: the widest MLP
+    assert SpaceFile({"budget": 64, "depth": "3", "layers": []}, "<t>").plan_mlp_ratio() is None

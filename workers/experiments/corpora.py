@@ -40,7 +40,7 @@ import numpy as np
 
 from alloc.datastats import Profile
 from alloc.pilot import PilotRequest
-from alloc.plan import make_plan
+from alloc.plan import make_plan, uniform_plan
 from alloc.profilefile import read_allocator_inputs, write_profile
 from alloc.settings import PlanSettings
 from common.cli import int_in
@@ -215,10 +215,9 @@ def plan_point(label: str, profile: Profile, path: Path, sizes: Sizes, task: Tas
     settings = dataclasses.replace(
         plan_settings(sizes.budget, sizes.depth, task, read_allocator_inputs(path), MLP_RATIO),
         **rules)
-    uniform = make_plan(dataclasses.replace(settings, uniform=True)).arch
-    counts = [layer.n_heads for layer in uniform.layers]
-    return PlanPoint(label, profile, settings, make_plan(settings).arch.describe(),
-                     (counts[0], counts[1]))
+    plan = make_plan(settings)
+    counts = [layer.n_heads for layer in uniform_plan(plan).arch.layers]
+    return PlanPoint(label, profile, settings, plan.arch.describe(), (counts[0], counts[1]))
 
 
 def plans(sizes: Sizes, folder: Path, out: Path, quiet: bool = False

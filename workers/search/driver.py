@@ -27,7 +27,6 @@ from typing import Any, cast
 
 import optuna
 
-from alloc.settings import PlanSettings
 from arch.memory import training_dtype
 from common.errors import shell_word
 from common.progress import say
@@ -53,7 +52,7 @@ from workers.search.searcher import (
     not_trained,
     retried_numbers,
 )
-from workers.search.seeding import BoundPredictor, starting_points
+from workers.search.seeding import BoundPredictor, SearchPlan, starting_points
 from workers.search.study import make_sampler, open_search_study
 from workers.tasks import Task, describe_task
 
@@ -152,13 +151,13 @@ def _execute(request: SearchRequest, probe: optuna.storages.RDBStorage, lease: L
     opts, url = request.options, request.storage
     opened = guarded(lambda: open_search_study(request, probe), url, opts.storage_patience)
     remaining = request.trials - finished_count(opened.study)
+    starts = starting_points(request.space, opened.plan, request.sampler, opts.points)
     if remaining <= 0:  # nothing to run: answer before Ray starts
         print(f"study {request.study} already has its {request.trials} trials",
               file=sys.stderr)
-        return summarise(_searcher(request, opened.study, probe, opened.settings),
+        return summarise(_searcher(request, opened.study, probe, opened.plan, starts),
                          request.study, url, "completed")
-    announce_estimate(request, starting_points(request.space, opened.settings,
-                                               request.sampler, opts.points), remaining)
+    announce_estimate(request, starts, remaining)
     from workers.search import tune  # Ray starts here
 
     # Ray stops at the end of the search (unless the caller had started it): its last words
@@ -166,23 +165,23 @@ def _execute(request: SearchRequest, probe: optuna.storages.RDBStorage, lease: L
     with tune.session(opts.address):
         url = secure_url(url)  # after Ray started its processes, so they never inherit it
         rdb = open_storage(url, heartbeats, patience=opts.storage_patience)
-        sampler = make_sampler(request, opened.settings, opened.warm)
+        sampler = make_sampler(request, opened.plan, opened.warm)
         study = optuna.load_study(study_name=request.study, storage=rdb, sampler=sampler)
-        searcher = GuardedSearcher(_searcher(request, study, rdb, opened.settings), url, lease,
-                                   patience=opts.storage_patience)
+        searcher = GuardedSearcher(_searcher(request, study, rdb, opened.plan, starts), url,
+                                   lease, patience=opts.storage_patience)
         status = _run(searcher, request, url, remaining)
         return guarded(lambda: summarise(searcher.inner, request.study, url, status), url,
                        opts.storage_patience)
 
 
 def _searcher(request: SearchRequest, study: optuna.Study,
-              storage: optuna.storages.RDBStorage, settings: PlanSettings) -> StudySearcher:
+              storage: optuna.storages.RDBStorage, planned: SearchPlan,
+              starts: list[Start]) -> StudySearcher:
     space, task = request.space, request.task
     return StudySearcher(space, io=task.io, study=study, storage=storage, metric=task.metric,
                          mode="max" if task.higher_is_better else "min",
-                         steps=int(space.fixed_train("steps")), predict=BoundPredictor(settings),
-                         starts=starting_points(space, settings, request.sampler,
-                                                request.options.points),
+                         steps=int(space.fixed_train("steps")),
+                         predict=BoundPredictor(planned.settings), starts=starts,
                          kv_dtype=training_dtype(trial_device(request.options)))
 
 

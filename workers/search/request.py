@@ -4,23 +4,25 @@
 and the options from its flags) and by ``run_search`` (which accepts a space file or a
 ``SearchSpace``, a task or its name). The space file is read once (``SpaceFile``): its data
 source, its shape (for the data's pilot profile) and the space itself come from that one
-reading; the profile's allocator inputs are read once too. Everything that can be refused is
-refused here, in an order that writes nothing before the names and paths are checked: the study
-name, the result directory, the data's profile (it writes there), the space, the GPU, the trial
-memory, the warm start. A refusal is a ``SearchError`` (or the task's, data's or profile's own
-error), one line.
+reading. The profile's allocator inputs are read once (a profile made now is kept as it is
+written), and the allocator's plan is made once (``SearchPlan``: as a file's ``allocator``
+placeholders take it, else last); the request carries both on. Everything that can be refused
+is refused here, in an order that writes nothing before the names and paths are checked: the
+study name, the result directory, the data's profile (it writes there), the space, the GPU, the
+trial memory, the warm start, the plan. A refusal is a ``SearchError`` (or the task's, data's,
+profile's or plan's own error), one line.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from alloc.settings import PlanSettings
+from alloc.settings import AllocatorInputs, PlanSettings
+from arch import ArchConfig
 from common.errors import excerpt
 from search_spaces import SearchSpace, SpaceError, SpaceFile
 from studies.storage import resolve_url
@@ -35,13 +37,7 @@ from workers.search.checks import (
     check_writable_dir,
 )
 from workers.search.options import SearchOptions, training_budget
-from workers.search.seeding import (
-    measured_inputs,
-    plan_settings,
-    planner,
-    profile_for,
-    space_mlp_ratio,
-)
+from workers.search.seeding import SearchPlan, plan_settings, profile_for, space_mlp_ratio
 from workers.tasks import Task, TaskError, make_task
 
 DEFAULT_TRIALS = 20  # trials in a study when neither --trials nor a grid says how many
@@ -58,17 +54,13 @@ class SearchRequest:
     trials: int  # finished trials the study should hold
     resume: bool  # continue an existing study
     options: SearchOptions  # its ``profile``: the one planned with (given, or made now)
-    measured: Mapping[str, Any] | None = None  # the profile's allocator inputs
+    plan: SearchPlan  # the allocator's, for this space on this task (before any warm start)
+    measured: AllocatorInputs | None = None  # the profile's allocator inputs
 
     @property
     def sampler(self) -> str:
         """tpe | random | grid | prior: the options', else the space's."""
         return self.options.sampler or self.space.sampler
-
-    def plan_settings(self) -> PlanSettings:
-        """The allocator's inputs for this space on this task (before any warm start)."""
-        return plan_settings(self.space.budget, self.space.depth, self.task, self.measured,
-                             space_mlp_ratio(self.space))
 
 
 @contextlib.contextmanager
@@ -103,7 +95,8 @@ def prepare(space: SearchSpace | SpaceFile | str | Path, task: Task | str, *,
         pilot_steps: the data's pilot profile's training steps (default: the profile's).
 
     Raises:
-        SearchError: bad input (one line); the task's, data's or profile's error likewise.
+        SearchError: bad input (one line); the task's, data's, profile's or plan's error
+        likewise.
     """
     opts = options or SearchOptions()
     task = _task(task, opts.seed)
@@ -111,11 +104,12 @@ def prepare(space: SearchSpace | SpaceFile | str | Path, task: Task | str, *,
     if study is not None:  # before profiling the data writes into --storage-path
         check_study_name(study)
     check_writable_dir("--storage-path", opts.storage_path)
-    profile = profile_for(task, opts.profile, opts.storage_path, _shape(source, budget),
-                          pilot_steps, opts.quiet)
-    opts = dataclasses.replace(opts, profile=profile)
-    measured = measured_inputs(profile)
-    loaded = training_budget(_load(source, task, measured, budget), smoke_test, steps)
+    profiled = profile_for(task, opts.profile, opts.storage_path, _shape(source, budget),
+                           pilot_steps, opts.quiet)
+    opts = dataclasses.replace(opts, profile=None if profiled is None else profiled.path)
+    measured = None if profiled is None else profiled.inputs
+    found, planned = _load(source, task, measured, budget)
+    loaded = training_budget(found, smoke_test, steps)
     check_gpus(opts)
     name = study if study is not None else f"{loaded.name}-{task.name}"
     if study is None:
@@ -127,8 +121,10 @@ def prepare(space: SearchSpace | SpaceFile | str | Path, task: Task | str, *,
     check_points(loaded, opts.points)
     total = trials or len(opts.points) or (len(loaded.grid()) if kind == "grid"
                                            else DEFAULT_TRIALS)
-    return SearchRequest(loaded, task, resolve_url(storage), name, total, resume, opts,
-                         measured)
+    url = resolve_url(storage)
+    if planned is None:  # last: the checks above refuse a space too large to plan quickly
+        planned = _plan(task, measured, loaded.budget, loaded.depth, space_mlp_ratio(loaded))
+    return SearchRequest(loaded, task, url, name, total, resume, opts, planned, measured)
 
 
 def _shape(source: SearchSpace | SpaceFile, budget: int | None
@@ -139,15 +135,27 @@ def _shape(source: SearchSpace | SpaceFile, budget: int | None
     return source.budget, source.depth, space_mlp_ratio(source)
 
 
-def _load(source: SearchSpace | SpaceFile, task: Task, measured: Mapping[str, Any] | None,
-          budget: int | None) -> SearchSpace:
-    """The space: a file's, loaded with the allocator's plan for ``task`` as its planner."""
+def _load(source: SearchSpace | SpaceFile, task: Task, measured: AllocatorInputs | None,
+          budget: int | None) -> tuple[SearchSpace, SearchPlan | None]:
+    """The space, and the allocator's plan if a file's ``allocator`` placeholders took it as
+    it loaded (made for the MLP of its layer 0, ``SpaceFile.plan_mlp_ratio``)."""
     if isinstance(source, SearchSpace):
-        return source
-    shape = source.shape(budget)
+        return source, None
+    made: list[SearchPlan] = []
+    mlp = source.plan_mlp_ratio()
+
+    def planner(width: int, depth: int) -> ArchConfig:  # asked once, for the space's shape
+        made.append(_plan(task, measured, width, depth,
+                          PlanSettings.mlp_ratio if mlp is None else mlp))
+        return made[-1].plan.arch
+
     with space_errors():
-        return source.load(budget, planner(task, measured,
-                                           shape[2] if shape else PlanSettings.mlp_ratio))
+        return source.load(budget, planner), made[0] if made else None
+
+
+def _plan(task: Task, measured: AllocatorInputs | None, budget: int, depth: int,
+          mlp_ratio: float) -> SearchPlan:
+    return SearchPlan.make(plan_settings(budget, depth, task, measured, mlp_ratio))
 
 
 def _task(task: Task | str, seed: int) -> Task:

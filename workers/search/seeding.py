@@ -1,18 +1,18 @@
-"""The allocator's answer as a search's starting points: the inputs it takes from a task, its
-plan as the space's params (or the whole grid of a grid space), and its predicted error of any
+"""The allocator's answer as a search's starting points: the inputs it takes from a task or its
+data's profile (``AllocatorInputs``), its plan made once per search (``SearchPlan``), that plan
+as the space's params (or the whole grid of a grid space), and its predicted error of any
 sampled architecture (recorded on every trial)."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from alloc.plan import baseline_arch, make_plan, predicted_error
-from alloc.settings import PlanSettings, fitting_align
+from alloc.plan import Plan, baseline_arch, make_plan, predicted_error, uniform_plan
+from alloc.settings import AllocatorInputs, PlanSettings, fitting_align
 from arch import ArchConfig, ConfigError, HeadGroup, LayerSpec
 from common.progress import duration, say
 from search_spaces import SearchSpace, SpaceError
@@ -22,28 +22,39 @@ from workers.tasks import ArrayTask, Task, TextTask
 log = logging.getLogger(__name__)
 
 
+def task_inputs(task: Task, budget: int) -> AllocatorInputs:
+    """What ``task`` declares of the allocator's inputs (the ngram/kernel tasks give their
+    kernel and input dimension; tokens without one are as wide as the budget)."""
+    return AllocatorInputs(kernel=getattr(task, "kernel", PlanSettings.kernel),
+                           input_dim=task.input_dim or budget, seq_len=task.seq_len,
+                           spectrum=PlanSettings.spectrum)
+
 
 def plan_settings(budget: int, depth: int, task: Task,
-                  measured: Mapping[str, Any] | None = None,
+                  measured: AllocatorInputs | None = None,
                   mlp_ratio: float = PlanSettings.mlp_ratio) -> PlanSettings:
     """Allocator inputs for a space of this budget, depth and MLP on ``task``: ``measured``
-    ones (a profile of the task's data: kernel, input dimension, spectrum, later layers' logit
-    bounds), else what the task declares (the ngram/kernel tasks give their kernel and input
-    dimension)."""
-    kernel = getattr(task, "kernel", PlanSettings.kernel)
-    input_dim, spectrum = task.input_dim or budget, PlanSettings.spectrum
-    bounds, variance, patterns = None, None, None
-    if measured is not None:
-        kernel, input_dim, spectrum = (measured["kernel"], measured["input_dim"],
-                                       measured["spectrum"])
-        variance = measured.get("input_spectrum")
-        # A deeper pilot's extra later layers are never read (``layer_logit_bound``).
-        bounds = tuple(measured["logit_bounds"]) if measured.get("logit_bounds") else None
-        patterns = tuple(measured.get("patterns") or ())[:depth - 1] or None
-    return PlanSettings(budget=budget, layers=depth, seq_len=task.seq_len, input_dim=input_dim,
-                        kernel=kernel, spectrum=spectrum, align=fitting_align(budget, input_dim),
-                        logit_bounds=bounds, mlp_ratio=mlp_ratio, input_spectrum=variance,
-                        patterns=patterns)
+    ones (a profile of the task's data: kernel, input dimension, spectrum, later layers'
+    logit bounds and patterns), else what the task declares; at the task's length, in the
+    largest head-dim unit that fits."""
+    inputs = measured or task_inputs(task, budget)
+    return inputs.settings(budget=budget, layers=depth, seq_len=task.seq_len,
+                           align=fitting_align(budget, inputs.input_dim), mlp_ratio=mlp_ratio)
+
+
+@dataclass(frozen=True)
+class SearchPlan:
+    """The allocator's answer for a search, made once (``make``) and passed on: its settings,
+    its plan and its uniform plan (derived from the plan, not solved again)."""
+
+    settings: PlanSettings
+    plan: Plan
+    uniform: Plan
+
+    @classmethod
+    def make(cls, settings: PlanSettings) -> SearchPlan:
+        plan = make_plan(settings)
+        return cls(settings, plan, uniform_plan(plan))
 
 
 def space_mlp_ratio(space: SearchSpace) -> float:
@@ -51,25 +62,31 @@ def space_mlp_ratio(space: SearchSpace) -> float:
     return float(max(space.rule(0).mlp_ratio))
 
 
-def planner(task: Task, measured: Mapping[str, Any] | None = None,
-            mlp_ratio: float = PlanSettings.mlp_ratio) -> Callable[[int, int], ArchConfig]:
-    """The allocator's plan for (budget, depth) on ``task``: resolves ``allocator`` in spaces."""
-    return lambda budget, depth: make_plan(plan_settings(budget, depth, task, measured,
-                                                         mlp_ratio)).arch
+@dataclass(frozen=True)
+class DataProfile:
+    """The profile of the data a search plans with: its file and the allocator inputs in it."""
+
+    path: Path
+    inputs: AllocatorInputs
 
 
 def profile_for(task: Task, profile: Path | None, out_dir: Path,
                 shape: tuple[int, int, float] | None = None,
-                pilot_steps: int | None = None, quiet: bool = False) -> Path | None:
-    """The profile of allocator inputs to plan with: ``profile`` if given; for a task on the
-    user's data without one, the data profiled now (``workers.profile``; token data with a pilot
-    of the search's ``shape``, ``(budget, depth, MLP ratio)``, the profile's defaults without
-    one, for ``pilot_steps``), written to ``out_dir``; else None (the task's own inputs).
-    Its progress goes to stderr unless ``quiet``."""
-    if profile is not None or not isinstance(task, TextTask | ArrayTask):
-        return profile
+                pilot_steps: int | None = None, quiet: bool = False) -> DataProfile | None:
+    """The profile of allocator inputs to plan with: ``profile`` if given (``ProfileError``
+    if unreadable); for a task on the user's data without one, the data profiled now
+    (``workers.profile``; token data with a pilot of the search's ``shape``, ``(budget,
+    depth, MLP ratio)``, the profile's defaults without one, for ``pilot_steps``), written to
+    ``out_dir`` for the record; else None (the task's own inputs). Its progress goes to
+    stderr unless ``quiet``."""
+    if profile is not None:
+        from alloc.profilefile import read_allocator_inputs  # SciPy only when asked for
+
+        return DataProfile(profile, read_allocator_inputs(profile))
+    if not isinstance(task, TextTask | ArrayTask):
+        return None
     from alloc.pilot import MAX_PILOT_WIDTH, PilotRequest
-    from alloc.profilefile import write_profile
+    from alloc.profilefile import section_inputs, write_profile
     from workers.profile import profile_data
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -85,19 +102,10 @@ def profile_for(task: Task, profile: Path | None, out_dir: Path,
             f"{depth} layer(s), {pilot.steps} steps", quiet=quiet)
     # DataError if unusable
     measured = profile_data(spec, seq_len=task.seq_len, pilot=pilot)
-    inputs = write_profile(measured, path)[0]["allocator"]
-    say(f"profiled {task.path}: kernel {inputs['kernel']}, input dim {inputs['input_dim']} "
+    section = write_profile(measured, path)[0]["allocator"]
+    say(f"profiled {task.path}: kernel {section['kernel']}, input dim {section['input_dim']} "
         f"in {duration(measured.wall_s)} ({path})", quiet=quiet)
-    return path
-
-
-def measured_inputs(profile: Path | None) -> dict[str, Any] | None:
-    """The ``allocator`` section of a profile (``ProfileError`` if unreadable), or None."""
-    if profile is None:
-        return None
-    from alloc.profilefile import read_allocator_inputs
-
-    return read_allocator_inputs(profile)
+    return DataProfile(path, section_inputs(section, path))
 
 
 def fit_layer(space: SearchSpace, i: int, layer: LayerSpec) -> LayerSpec:
@@ -122,15 +130,13 @@ def _fit_kv_heads(choices: tuple[int, ...] | None, group: HeadGroup) -> int:
     return min(fitting, key=lambda c: (abs(c - group.kv_heads), c))
 
 
-def seeds(space: SearchSpace, settings: PlanSettings) -> list[Start]:
+def seeds(space: SearchSpace, planned: SearchPlan) -> list[Start]:
     """The allocator's plan, its uniform plan and the 64-dim baseline, as the space's params.
 
     A seed the space cannot express (e.g. two head groups in a layer) is skipped with a warning.
     """
-    plan = make_plan(settings)
-    uniform = make_plan(dataclasses.replace(settings, uniform=True))
-    candidates = [("allocator", plan.arch), ("allocator-uniform", uniform.arch),
-                  ("baseline-64", baseline_arch(plan))]
+    candidates = [("allocator", planned.plan.arch), ("allocator-uniform", planned.uniform.arch),
+                  ("baseline-64", baseline_arch(planned.plan))]
     out: list[Start] = []
     for label, arch in candidates:
         layers = tuple(fit_layer(space, i, layer) for i, layer in enumerate(arch.layers))
@@ -152,7 +158,7 @@ def plan_anchor(starts: Sequence[Start]) -> Mapping[str, Any] | None:
     return by_label.get("allocator", by_label.get("allocator-uniform"))
 
 
-def starting_points(space: SearchSpace, settings: PlanSettings, sampler: str,
+def starting_points(space: SearchSpace, planned: SearchPlan, sampler: str,
                     points: Sequence[Mapping[str, Any]] = ()) -> list[Start]:
     """``points`` when given (``SearchOptions.points``); else every point for the grid (the
     seeds it can express are among them); none for the prior sampler (its first proposal is the
@@ -161,7 +167,7 @@ def starting_points(space: SearchSpace, settings: PlanSettings, sampler: str,
         return [Start("point", dict(p)) for p in points]
     if sampler == "grid":
         return [Start("grid", params) for params in space.grid()]
-    return [] if sampler == "prior" else seeds(space, settings)
+    return [] if sampler == "prior" else seeds(space, planned)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from studies.storage import reap_trials, redact
 from workers.errors import SearchError
 from workers.search.request import SearchRequest
 from workers.search.searcher import requeue_ray_failures
-from workers.search.seeding import plan_anchor, seeds
+from workers.search.seeding import SearchPlan, plan_anchor, seeds
 from workers.search.warmstart import WarmStart, copy_trials, open_source
 from workers.tasks import Task, describe_task
 
@@ -71,7 +71,7 @@ class OpenedStudy:
     """The study of a search, ready for its trials."""
 
     study: optuna.Study
-    settings: PlanSettings  # the allocator's inputs, with a warm start's constants
+    plan: SearchPlan  # the allocator's, from its inputs with a warm start's constants
     warm: WarmStart | None  # what ``--warm-start`` carried over
 
 
@@ -84,12 +84,11 @@ def open_search_study(request: SearchRequest,
     Raises:
         SearchError: the study is not this search's.
     """
-    opts = request.options
-    settings = request.plan_settings()
+    opts, planned = request.options, request.plan
     warm = None if opts.warm_start is None else open_source(opts.warm_start, storage)
-    if warm is not None and warm.constants is not None:
-        settings = with_constants(settings, warm.constants)
-    description = describe_search(request.space, request.task, settings, opts.seed)
+    if warm is not None and warm.constants is not None:  # other inputs: the plan made again
+        planned = SearchPlan.make(with_constants(planned.settings, warm.constants))
+    description = describe_search(request.space, request.task, planned.settings, opts.seed)
     study = open_study(request.study, storage, request.storage, description,
                        request.task.higher_is_better, request.resume)
     if warm is not None:
@@ -110,10 +109,10 @@ def open_search_study(request: SearchRequest,
         if again:
             print(f"--resume: trials {again} failed for the machine (Ray, a full disk), not "
                   "their point: retried", file=sys.stderr)
-    return OpenedStudy(study, settings, warm)
+    return OpenedStudy(study, planned, warm)
 
 
-def make_sampler(request: SearchRequest, settings: PlanSettings, warm: WarmStart | None
+def make_sampler(request: SearchRequest, planned: SearchPlan, warm: WarmStart | None
                  ) -> optuna.samplers.BaseSampler:
     """The Optuna sampler the request names (a grid's points are enqueued; TPE samples past
     them)."""
@@ -123,7 +122,8 @@ def make_sampler(request: SearchRequest, settings: PlanSettings, warm: WarmStart
     if kind == "prior":
         fitted = warm is not None and warm.constants is not None
         return PriorSampler.for_space(
-            request.space, settings, temperature=opts.prior_temperature, seed=opts.seed,
+            request.space, planned.settings, temperature=opts.prior_temperature,
+            seed=opts.seed,
             source=f"calibrated by study {warm.study}" if fitted and warm else None,
-            plan=plan_anchor(seeds(request.space, settings)))
+            plan=plan_anchor(seeds(request.space, planned)))
     return optuna.samplers.TPESampler(seed=opts.seed, constant_liar=True)
