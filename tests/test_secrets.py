@@ -22,7 +22,7 @@ from sqlalchemy.engine import make_url
 from arch import ArchConfig, HeadGroup, LayerSpec
 from studies import StorageError, add_record, open_storage, set_study_attrs
 from studies.cli import main as studies_main
-from studies.storage import SECRET_HINT, has_secret, redact, scrub, secure_url, unmask
+from studies.urls import SECRET_HINT, has_secret, redact, scrub, secure_url, unmask
 from tests.helpers.search import SMOKE, ray_tmp, run
 from tests.helpers.storage import postgres_url
 from workers.search.trial import FAULTS_ENV

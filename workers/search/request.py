@@ -23,7 +23,7 @@ from typing import Any
 from alloc.settings import PlanSettings
 from common.errors import excerpt
 from search_spaces import SearchSpace, SpaceError, SpaceFile
-from studies.storage import resolve_url
+from studies.urls import resolve_url
 from userdata import DataSpec
 from workers.errors import SearchError
 from workers.search.checks import (
