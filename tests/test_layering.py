@@ -291,6 +291,15 @@ def test_no_product_module_imports_the_tests() -> None:
     assert not users, users
 
 
+def test_the_product_holds_no_test_hook() -> None:
+    """The tests' hooks in a trial (faults, a worker held to be killed) live in
+    ``tests/helpers/trial_hooks/``: no product module reads their variables."""
+    users = sorted(str(path.relative_to(ROOT)) for package in sorted(OURS)
+                   for path in (ROOT / package).rglob("*.py")
+                   if "TRANSFORMER_ALLOC_TEST" in path.read_text())
+    assert not users, users
+
+
 def test_no_test_module_imports_another() -> None:
     """A module under ``tests/`` imports of the tests only ``tests.helpers`` (shared helpers;
     ``conftest.py`` reaches tests as fixtures, not imports): never a test module, whose
