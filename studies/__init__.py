@@ -2,7 +2,8 @@
 
 from studies.errors import StorageError
 from studies.records import add_record, read_arch, set_study_attrs, trial_attrs
-from studies.storage import StorageSettings, fail_stale_trials, open_storage, redact, resolve_url
+from studies.storage import StorageSettings, fail_stale_trials, open_storage
+from studies.urls import redact, resolve_url
 
 __all__ = [
     "StorageError",

@@ -37,8 +37,9 @@ from common.plots import new_figure, write_figure
 from studies import query
 from studies import records as rec
 from studies.errors import StorageFaultError
-from studies.storage import command_note, engine, open_storage, redact, resolve_url, unmask
+from studies.storage import engine, open_storage
 from studies.tables import allocation_table, training
+from studies.urls import command_note, redact, resolve_url, unmask
 
 PROG = "studies"
 # Seconds a query waits out a fault that passes while it opens the database (a server with no

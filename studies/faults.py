@@ -25,7 +25,7 @@ import optuna
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from studies.errors import StorageFaultError
-from studies.storage import redact, scrub
+from studies.urls import redact, scrub
 
 PATIENCE_S = 60.0  # how long a passing fault (a server restart) is waited out
 BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0)  # then every 8 s until PATIENCE_S

@@ -1,5 +1,6 @@
 """Shared fixtures: the storage every study test runs on (SQLite and PostgreSQL), fresh study
-names, the remote-code cache of the transformers tests."""
+names, the remote-code cache of the transformers tests; the product's long functions named at
+the end of a run (``tests.helpers.sizes``: a smell to review, never a failure)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import workers  # noqa: F401  (first: it sets OpenMP's wait policy before torch loads)
+from tests.helpers.sizes import LONG_FUNCTION, long_functions, product_modules
 from tests.helpers.storage import postgres_url
 
 # --- storage fixtures: every study test runs on SQLite and on PostgreSQL ----------------------
@@ -51,3 +53,14 @@ def remote_code_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path
     forget_modules()
     if str(cache) in sys.path:  # transformers appends it to import the modules
         sys.path.remove(str(cache))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Name the product's functions over ``LONG_FUNCTION`` lines, for review; the run's result
+    is not touched."""
+    found = long_functions(product_modules())
+    if found:
+        terminalreporter.write_sep("-", f"functions over {LONG_FUNCTION} lines (to review: "
+                                        "one job each?)")
+        for line in found:
+            terminalreporter.write_line(line)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.test_llama import build, ids, saved
+from tests.helpers.llama import build, ids, saved
 from workers.attention import MultiHeadAttention
 from workers.checkpoints import load
 from workers.checkpoints.stream import StreamedFolder, WholeModel

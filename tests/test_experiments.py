@@ -209,7 +209,7 @@ def test_kv_compress_puts_every_method_at_every_size_on_any_teacher(
     scored per source with an interval against the best other method; a run that asks for
     fine-tuning after one that did not adds only the fine-tuned rows; a third measures nothing
     again."""
-    from tests.test_llama import build, saved, token_folder
+    from tests.helpers.llama import build, saved, token_folder
 
     teacher = saved(build("llama", num_key_value_heads=2), tmp_path / "teacher")
     data = token_folder(tmp_path / "calibration")
@@ -258,7 +258,7 @@ def test_the_svd_baseline_is_the_separate_truncated_svd_of_keys_and_values(
         tmp_path: Path) -> None:
     """``svd``: each layer's key rows and value rows rebuilt as their own rank-``r``
     truncated SVDs (Eckart-Young), half the layer's units each."""
-    from tests.test_llama import build, saved
+    from tests.helpers.llama import build, saved
     from workers.experiments.kv_methods import layer_units, mhsa, svd
 
     teacher = load(saved(build("llama", num_key_value_heads=2), tmp_path / "t")).model
@@ -372,7 +372,7 @@ def test_qk_depth_cuts_each_layer_and_each_third(tmp_path: Path,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     """Every layer alone, then each third, cut to --dim query-key dims and scored on each
     held-out source; a verdict per source from the rank correlation and the paired thirds."""
-    from tests.test_llama import build, saved, token_folder
+    from tests.helpers.llama import build, saved, token_folder
     from workers.experiments import qk_depth
 
     teacher = saved(build("llama", num_key_value_heads=2, num_hidden_layers=3),

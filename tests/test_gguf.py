@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.test_llama import SEQ, VOCAB, build, ids
+from tests.helpers.llama import SEQ, VOCAB, build, ids
 from workers.checkpoints import CheckpointError, load, read_arch
 from workers.checkpoints.gguf import permute, stock_to_gguf, unpermute
 
@@ -99,7 +99,7 @@ def test_a_latent_student_of_a_gguf_file(tmp_path: Path) -> None:
     """Profiled and compressed from the file alone: the student folder computes what the
     in-memory student of the same plan computes, and carries no model hub."""
     from alloc.compression import CompressionPlan
-    from tests.test_llama import token_folder
+    from tests.helpers.llama import token_folder
     from workers.compress import main as compress_main
     from workers.fits import read_fits
     from workers.profile import main as profile_main

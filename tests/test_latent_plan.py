@@ -27,7 +27,7 @@ from alloc.compression import (
     student_arch,
 )
 from arch import ArchConfig
-from tests.test_llama import CASES, SEQ, VOCAB, build, ids, saved, token_folder
+from tests.helpers.llama import CASES, SEQ, VOCAB, build, ids, saved, token_folder
 from workers.checkpoints import load
 from workers.model import Model, count_params
 

@@ -5,7 +5,9 @@ which reads studies to calibrate); alloc/ never imports workers/ and no torch or
 workers/ may use both. What is checked is what is really imported: every import statement, no
 call path around them (entry points, imports by a computed name), every torch-free module
 imported in a fresh interpreter, and the profile commands run from a plain checkout with no
-package metadata installed. No module shadows the standard library."""
+package metadata installed. No module shadows the standard library. Within and across the
+packages the modules' imports form no cycle, lazy imports included; no product module imports
+the tests, and no test module imports another (shared helpers live in ``tests/helpers/``)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import site
 import subprocess
 import sys
 import tomllib
+from collections.abc import Container, Iterable, Mapping
 from pathlib import Path
 
 import pytest
@@ -178,3 +181,134 @@ def test_ray_is_imported_by_the_driver_and_the_trial_runner_only() -> None:
     users = sorted(str(path.relative_to(ROOT)) for path in (ROOT / "workers").rglob("*.py")
                    if "ray" in imports(path))
     assert users == ["workers/search/tune.py"], users
+
+
+# --- module cycles and the tests' imports ------------------------------------------------------
+
+def module_name(path: Path, root: Path) -> str:
+    """``a/b/c.py`` -> ``a.b.c``; ``a/b/__init__.py`` -> ``a.b``."""
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules_of(root: Path, packages: Iterable[str]) -> dict[str, Path]:
+    """Every module of ``packages`` under ``root``, by its dotted name."""
+    return {module_name(path, root): path for package in packages
+            for path in sorted((root / package).rglob("*.py"))}
+
+
+def imported(path: Path, name: str, modules: Container[str]) -> set[str]:
+    """The ``modules`` that module ``name`` (at ``path``) imports, anywhere in it (lazily too),
+    relative imports resolved: ``import a.b`` is ``a.b``; ``from a import b`` is the submodule
+    ``a.b`` when there is one, else ``a`` (its ``__init__``, which binds ``b``). Importing
+    ``a.b`` runs ``a/__init__`` first, but that is Python loading the package, not a use of
+    what ``a/__init__`` binds: it is no edge to ``a``. So a package's ``__init__`` that
+    re-exports its submodules has edges to them, and a submodule that imports a name from its
+    own package's ``__init__`` closes a cycle (``a`` -> ``a.b`` -> ``a``)."""
+    package = (name if path.name == "__init__.py" else name.rpartition(".")[0]).split(".")
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(package[:len(package) - node.level + 1]) if node.level else ""
+            module = ".".join(p for p in (base, node.module) if p)
+            for alias in node.names:
+                found.add(f"{module}.{alias.name}" if f"{module}.{alias.name}" in modules
+                          else module)
+    return {m for m in found if m in modules and m != name}
+
+
+def import_graph(root: Path, packages: Iterable[str]) -> dict[str, set[str]]:
+    """Each module of ``packages`` -> the modules of theirs it imports (``imported``)."""
+    modules = modules_of(root, packages)
+    return {name: imported(path, name, modules) for name, path in modules.items()}
+
+
+def find_cycle(graph: Mapping[str, Iterable[str]]) -> list[str]:
+    """A cycle of ``graph`` as the path around it (``[a, b, a]``), or ``[]`` if it has none."""
+    done: set[str] = set()
+    path: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        if node in path:
+            return [*path[path.index(node):], node]
+        if node in done:
+            return []
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            cycle = visit(nxt)
+            if cycle:
+                return cycle
+        path.pop()
+        done.add(node)
+        return []
+
+    for start in sorted(graph):
+        cycle = visit(start)
+        if cycle:
+            return cycle
+    return []
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    """Across every product module's imports, lazy ones included, there is no cycle: a cycle
+    hidden by a function-level import is one still (two modules that need each other are one
+    job, or share a piece that belongs below both)."""
+    cycle = find_cycle(import_graph(ROOT, OURS))
+    assert not cycle, "module cycle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_check_finds_lazy_relative_and_package_cycles(tmp_path: Path) -> None:
+    """The check above sees what it must: a cycle closed by a lazy relative import, one closed
+    by a submodule importing a name from its own package's ``__init__``, and none where a
+    submodule imports a sibling or a package re-exports its submodules."""
+    files = {"p/__init__.py": "from p.a import A\n",  # p -> p.a
+             "p/a.py": "from p import b\nA = 1\n",  # p.a -> p.b (a submodule)
+             "p/b.py": "def f():\n    from . import c\n",  # p.b -> p.c, lazily and relative
+             "p/c.py": "import p.d\n",  # p.c -> p.d (no edge to p)
+             "p/d.py": ""}
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert import_graph(tmp_path, ["p"]) == {"p": {"p.a"}, "p.a": {"p.b"}, "p.b": {"p.c"},
+                                             "p.c": {"p.d"}, "p.d": set()}
+    assert find_cycle(import_graph(tmp_path, ["p"])) == []
+    (tmp_path / "p/d.py").write_text("def g():\n    from .b import f\n")  # lazy, relative
+    assert find_cycle(import_graph(tmp_path, ["p"])) == ["p.b", "p.c", "p.d", "p.b"]
+    (tmp_path / "p/d.py").write_text("from p import A\n")  # a name p/__init__ binds
+    assert find_cycle(import_graph(tmp_path, ["p"])) == ["p", "p.a", "p.b", "p.c", "p.d", "p"]
+
+
+TESTS = ROOT / "tests"
+
+
+def test_no_product_module_imports_the_tests() -> None:
+    """The product (and the benchmarks) never import ``tests``: what a test needs the product
+    to do is product code, and test code never ships."""
+    users = sorted(str(path.relative_to(ROOT)) for package in sorted(OURS | {"bench"})
+                   for path in (ROOT / package).rglob("*.py") if "tests" in imports(path))
+    assert not users, users
+
+
+def test_the_product_holds_no_test_hook() -> None:
+    """The tests' hooks in a trial (faults, a worker held to be killed) live in
+    ``tests/helpers/trial_hooks/``: no product module reads their variables."""
+    users = sorted(str(path.relative_to(ROOT)) for package in sorted(OURS)
+                   for path in (ROOT / package).rglob("*.py")
+                   if "TRANSFORMER_ALLOC_TEST" in path.read_text())
+    assert not users, users
+
+
+def test_no_test_module_imports_another() -> None:
+    """A module under ``tests/`` imports of the tests only ``tests.helpers`` (shared helpers;
+    ``conftest.py`` reaches tests as fixtures, not imports): never a test module, whose
+    collection would then run its tests twice and tie one file's tests to another's."""
+    modules = modules_of(ROOT, ["tests"])
+    found = []
+    for name, path in modules.items():
+        for target in sorted(imported(path, name, modules) | (
+                {"tests." + m for m in imports(path)} & set(modules))):  # ``import test_x``
+            if target != "tests" and not target.startswith("tests.helpers"):
+                found.append(f"{path.relative_to(ROOT)} imports {target}")
+    assert not found, found

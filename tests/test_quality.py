@@ -1,4 +1,6 @@
-"""Lint and type checks run with the suite, so CI enforces the configured ruff and mypy rules."""
+"""Lint and type checks run with the suite, so CI enforces the configured ruff and mypy rules.
+Sizes are not checked: a module holds one job, which review judges (docs/architecture.md); long
+functions are named at the end of a run, never failing it (``tests.helpers.sizes``)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers.sizes import LONG_FUNCTION, long_functions, product_modules
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,31 +28,16 @@ def test_tool_passes(command: list[str]) -> None:
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
 
 
-PRODUCT = ("alloc", "arch", "common", "search_spaces", "studies", "userdata", "workers")
-MAX_MODULE_LINES, MAX_FUNCTION_LINES = 450, 60
-
-
-def product_modules() -> list[Path]:
-    """Product code: the packages, without the papers' experiments (scripts that run one study
-    each, read top to bottom)."""
-    return [f for package in PRODUCT for f in sorted((ROOT / package).rglob("*.py"))
-            if "experiments" not in f.parts]
-
-
-def test_modules_and_functions_stay_small() -> None:
-    """One job per module and per function: no product module over 450 lines, no function
-    over 60 (docs/architecture.md)."""
-    import ast
-
-    too_long = []
-    for path in product_modules():
-        text = path.read_text()
-        name = path.relative_to(ROOT)
-        if text.count("\n") > MAX_MODULE_LINES:
-            too_long.append(f"{name}: {text.count(chr(10))} lines")
-        for node in ast.walk(ast.parse(text)):
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                length = (node.end_lineno or node.lineno) - node.lineno + 1
-                if length > MAX_FUNCTION_LINES:
-                    too_long.append(f"{name}:{node.lineno} {node.name}(): {length} lines")
-    assert not too_long, too_long
+def test_the_size_report_names_each_function_over_the_limit(tmp_path: Path) -> None:
+    """The end-of-run report (``tests.helpers.sizes``, never a failure) names a function one
+    line over the limit, with its place and length, and not one at the limit; the product's own
+    modules are all read."""
+    body = "".join(f"    x{i} = {i}\n" for i in range(LONG_FUNCTION - 2))
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "m.py").write_text(f"def fits():\n{body}    return 0\n\n\n"
+                                           f"async def long():\n{body}    x = 1\n    return x\n")
+    found = long_functions(product_modules(tmp_path, ["pkg"]), tmp_path)
+    assert found == [f"pkg/m.py:{LONG_FUNCTION + 3} long(): {LONG_FUNCTION + 1} lines"]
+    modules = product_modules()
+    assert ROOT / "workers" / "search" / "searcher.py" in modules
+    assert all("experiments" not in path.parts for path in modules)

@@ -31,9 +31,9 @@ from tests.helpers.search import (
     run,
     wait_for,
 )
+from tests.helpers.trial_hooks import hooked_env
 from workers.search.protocol import RESUMED
 from workers.search.searcher import CHECKPOINT, finished_count
-from workers.search.trial import FAULTS_ENV
 
 
 @pytest.mark.parametrize(("task", "space"), [("ngram", "heads_vs_dim.yaml"),
@@ -94,7 +94,7 @@ def test_failed_trials_are_recorded_and_the_search_goes_on(tmp_path: Path) -> No
     url = f"sqlite:///{tmp_path / 's.db'}"
     faults = [{"kind": "raise", "match": '"mixit"'}, {"kind": "nan", "match": '"mssa"'}]
     proc = run(tmp_path, *SMOKE, "--storage", url, "--study", "f", "--trials", "8",
-               "--scheduler", "fifo", env={**os.environ, FAULTS_ENV: json.dumps(faults)})
+               "--scheduler", "fifo", env=hooked_env(faults=faults))
     assert proc.returncode == 0, proc.stderr[-3000:]
     study = load(url, "f")
     check_consistent(study, 8)

@@ -7,7 +7,6 @@ on PostgreSQL, and every line they print and every file under the run's folders 
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import uuid
@@ -22,10 +21,10 @@ from sqlalchemy.engine import make_url
 from arch import ArchConfig, HeadGroup, LayerSpec
 from studies import StorageError, add_record, open_storage, set_study_attrs
 from studies.cli import main as studies_main
-from studies.storage import SECRET_HINT, has_secret, redact, scrub, secure_url, unmask
+from studies.urls import SECRET_HINT, has_secret, redact, scrub, secure_url, unmask
 from tests.helpers.search import SMOKE, ray_tmp, run
 from tests.helpers.storage import postgres_url
-from workers.search.trial import FAULTS_ENV
+from tests.helpers.trial_hooks import hooked_env
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 SECRET_ENV = ("PGPASSWORD", "PGPASSFILE")
@@ -196,7 +195,7 @@ def test_a_search_leaves_no_secret_anywhere(form: str, tmp_path: Path, study_nam
         faults = []
     env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
     proc = run(tmp_path, *SMOKE, "--trials", "2", "--scheduler", "fifo", "--storage", url,
-               "--study", study_name, env={**env, FAULTS_ENV: json.dumps(faults)})
+               "--study", study_name, env=hooked_env(env, faults=faults))
     secrets = secrets_of(url, secret) + ([secret + "u"] if faults == [] else [])
     assert_nowhere(secrets, proc.stdout + proc.stderr)
     assert not files_holding(secrets, [tmp_path, ray_tmp(tmp_path)], tmp_path / "pgpass")

@@ -31,7 +31,8 @@ from studies import (
 )
 from studies import query as q
 from studies.cli import main
-from studies.storage import engine_kwargs, secure_url
+from studies.storage import engine_kwargs
+from studies.urls import secure_url
 
 ROOT = Path(__file__).resolve().parents[1]
 FROZEN = ROOT / "tests" / "data" / "study_v1.db"

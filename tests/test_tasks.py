@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from arch import ArchConfig, HeadGroup, LayerSpec
+from userdata import DATA_FORMATS
 from workers.tasks import (
     DATA_TASKS,
     TASKS,
@@ -214,4 +215,4 @@ def test_the_task_flags_name_every_registered_task() -> None:
     from workers.taskargs import GENERATED_TASKS
 
     assert list(GENERATED_TASKS) == sorted(set(TASKS) - set(DATA_TASKS))
-    assert set(DATA_TASKS) <= set(TASKS)
+    assert set(DATA_TASKS) <= set(TASKS) and sorted(DATA_TASKS) == sorted(DATA_FORMATS)

@@ -7,9 +7,9 @@ from its last checkpoint: both attempts stay in the study, the search counts the
 exits 0, and the user reads one line of ours per worker death, none of Tune's tracebacks.
 Ray's own words of a death never reach stdout: ``--format json`` prints one document. A trial
 Ray fails for another reason (a reused worker that could not be reset) is named as such.
-The workers are found, and held at the chosen moment, through ``workers.search.trial``'s
-``$TRANSFORMER_ALLOC_TEST_PIDS`` hook. The searcher's side of it (what Tune runs next, the retry
-and its record) is also checked without Ray.
+The workers are found, and held at the chosen moment, through the tests' own
+``$TRANSFORMER_ALLOC_TEST_PIDS`` hook (``tests.helpers.trial_hooks``). The searcher's side of
+it (what Tune runs next, the retry and its record) is also checked without Ray.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from arch import ModelIO
 from search_spaces import load_space
 from studies.storage import open_storage
 from tests.helpers.search import SMOKE, check_consistent, launch, load, run, wait_for
+from tests.helpers.trial_hooks import hooked_env
 from workers.search.protocol import RESUMED, TRIAL_KEY, TrialReport, TrialSpec
 from workers.search.searcher import (
     StudySearcher,
@@ -36,7 +37,6 @@ from workers.search.searcher import (
     retried_numbers,
 )
 from workers.search.seeding import BoundPredictor
-from workers.search.trial import PIDS_ENV
 
 FIRST_REPORT = 10  # the smoke space's eval_every: the step of a trial's first report
 
@@ -66,7 +66,7 @@ def test_a_worker_killed_before_and_after_its_first_report_is_retried(tmp_path: 
         (pids / f"hold-{moment}").touch()
     proc = launch(tmp_path, *SMOKE, "--storage", url, "--study", "w", "--trials", "2",
                   "--max-concurrent", "2", "--scheduler", "fifo", "--format", "json",
-                  env={**os.environ, PIDS_ENV: str(pids)})
+                  env=hooked_env(pids=pids))
     try:
         first = held(pids, "start", 2, set())
         kill(first, pids, "start")  # before any report: Ray restarts both in place

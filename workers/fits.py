@@ -13,7 +13,7 @@ from torch import Tensor
 
 from alloc.compression import CompressionError, CompressionPlan
 from common.files import write_atomic
-from workers.students import LatentFits
+from workers.student_inputs import LatentFits
 
 
 def write_fits(path: Path, fits: Mapping[int, tuple[Tensor, Tensor]]) -> None:

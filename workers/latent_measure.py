@@ -23,7 +23,7 @@ from workers.curvature import LayerCurvature, layer_curvature
 from workers.heads import layer_maps
 from workers.latent_students import curvature_fit
 from workers.pairs import derotation_order
-from workers.students import LatentFits, PairOrders
+from workers.student_inputs import LatentFits, PairOrders
 
 DEROTATION_WINDOWS = 4  # windows of the sample that rank the pairs to leave unturned
 

@@ -20,7 +20,7 @@ from alloc.compression import CompressionError
 from arch import ArchConfig, kinds_text
 from workers.attention import QKVLayout
 from workers.model import Model, build_model
-from workers.students import InputScales, LatentFits, PairOrders
+from workers.student_inputs import InputScales, LatentFits, PairOrders
 
 
 def latent_arch(teacher: ArchConfig, latent_dims: Sequence[int], rope_dim: int,

@@ -38,7 +38,7 @@ from workers.loss_rule import IGNORE, input_scale, latent_sensitivity, loss_sens
 from workers.model import Block, Model
 from workers.pairs import rank_pairs
 from workers.recording import record_block
-from workers.students import LatentFits
+from workers.student_inputs import LatentFits
 from workers.taskargs import check_fits, task_for_model
 
 

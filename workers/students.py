@@ -9,7 +9,7 @@ product, scaled by the sample's input RMS (§10.4); everything else copied.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Protocol
 
 import torch
@@ -20,7 +20,9 @@ from arch import ArchConfig, LayerSpec, kinds_text
 from workers.attention import QKVLayout
 from workers.checkpoints.stream import StreamedFolder
 from workers.heads import HeadMap, layer_maps
+from workers.latent_students import latent_layer
 from workers.model import Model, build_model
+from workers.student_inputs import InputScales, LatentFits, PairOrders
 
 
 def svd_factors(a: Tensor, b: Tensor, rank: int) -> tuple[Tensor, Tensor]:
@@ -52,15 +54,6 @@ def value_factors(values: Tensor, outputs: Sequence[Tensor], scale: Tensor | Non
     f = torch.linalg.pinv(rc) @ (u[:, :rank] * root)
     e = (root[:, None] * wh[:rank]) @ torch.linalg.pinv(ry.T)
     return e.to(values.dtype), f.to(values.dtype)
-
-
-# (layer, group, key/value head) -> the frequency pairs a RoPE student keeps, in rank order
-PairOrders = Mapping[tuple[int, int, int], Sequence[int]]
-# layer -> the RMS of each input feature of its attention on the sample (d [+ 1] with biases)
-InputScales = Mapping[int, Sequence[float]]
-# layer -> its latent maps (up, down) fitted by the plan (workers.latent_students.curvature_fit),
-# at least as wide as the student's latent: their leading columns of up and rows of down are used
-LatentFits = Mapping[int, tuple[Tensor, Tensor]]
 
 
 class RankedHead(Protocol):
@@ -148,8 +141,6 @@ def cut_layer(state: dict[str, Tensor], teacher: ArchConfig, student: ArchConfig
     if old.kind.single_width or new == old:  # nothing cut: the teacher's rows
         return
     if new.kind.latent:
-        from workers.latent_students import latent_layer  # it builds on this module
-
         scale = None if scales is None or i not in scales else torch.tensor(
             scales[i][:teacher.d_model])
         latent_layer(state, student, i, pairs or {}, scale, (fits or {}).get(i))

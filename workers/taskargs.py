@@ -4,8 +4,8 @@ user's own data), with ``--task-param KEY=VALUE`` overrides; shared by ``workers
 ``workers.profile --checkpoint`` and ``workers.compress``.
 
 Outside ``workers.tasks`` and free of torch until a task is built, so that the commands' flags
-(and ``--help``) need no torch: the task names are listed here, and ``workers.tasks`` registers
-its classes under them.
+(and ``--help``) need no torch: the generated tasks' names are listed here (a test checks them
+against ``workers.tasks.TASKS``), and ``workers.tasks`` is imported only to build a task.
 """
 
 from __future__ import annotations
@@ -19,15 +19,14 @@ from arch import ArchConfig
 from common.cli import parse_task_params
 from common.errors import UsageError
 from userdata import DataError, DataSpec, add_data_args, data_spec
+from workers.errors import TaskError
 
 if TYPE_CHECKING:
     from workers.tasks import Task
 
-# The generated tasks (``make_task``) and the tasks on the user's data (``make_data_task``,
-# ``--data``): the names ``workers.tasks.TASKS`` registers its classes under.
+# The generated tasks (``make_task``, ``--task``): names ``workers.tasks.TASKS`` registers.
 GENERATED_TASKS = ("addition", "denoise", "dyck", "icl_linear", "induction", "kernel", "lm",
                    "memorize", "modadd", "ngram", "retrieval")
-DATA_TASKS = ("text", "bin", "npy")
 
 
 def add_task_args(p: argparse.ArgumentParser, required: bool = True,
@@ -49,7 +48,7 @@ def task_from_args(args: argparse.Namespace, size: str, data: DataSpec | None = 
     Raises:
         UsageError: one line naming the flag, the value and the rule.
     """
-    from workers.tasks import TaskError, make_data_task, make_task
+    from workers.tasks import make_data_task, make_task  # torch: only once a task is built
 
     params = parse_task_params(args.task_param)
     if args.data is not None:
@@ -82,7 +81,7 @@ def task_for_model(arch: ArchConfig, *, data: DataSpec | None = None, task: str 
     Raises:
         TaskError, DataError: an unknown task or parameter, or unusable data.
     """
-    from workers.tasks import TaskError, make_data_task, make_task
+    from workers.tasks import make_data_task, make_task  # torch: only once a task is built
 
     params = dict(params or {})
     window = min(seq_len or arch.max_seq_len, arch.max_seq_len)
@@ -117,8 +116,6 @@ def check_fits(task: Task, arch: ArchConfig, trains: bool, source: str) -> None:
     Raises:
         TaskError: naming ``source`` (the flag that chose the task) and the mismatch.
     """
-    from workers.tasks import TaskError
-
     io = task.io
     for name, want in (("vocab_size", arch.vocab_size), ("input_dim", arch.input_dim),
                        ("output_dim", arch.output_dim)):

@@ -53,7 +53,8 @@ from workers.latent_measure import curvature_latent
 from workers.latent_students import latent_arch, latent_student
 from workers.measure import measure_layers
 from workers.model import Model
-from workers.students import PairOrders, build_student, pair_orders
+from workers.student_inputs import PairOrders
+from workers.students import build_student, pair_orders
 
 ASVD_ALPHA = 0.5  # ASVD's scaling exponent
 

@@ -218,7 +218,7 @@ INTERRUPTED = {"interrupted": 130, "terminated": 143}  # Ctrl-C, SIGTERM: 128 + 
 def outcome(summary: SearchSummary) -> tuple[int, str | None]:
     """The exit code of a search (130 interrupted, 1 when every trial that ran failed) and
     what to say of its failures."""
-    from studies.storage import SECRET_HINT, has_secret
+    from studies.urls import SECRET_HINT, has_secret
 
     failed = summary.counts.get("FAIL", 0) - len(summary.retried)  # a retried one ran again
     ran = sum(summary.counts.values()) - len(summary.retried) - sum(

@@ -36,7 +36,8 @@ from studies import records as rec
 from studies.errors import QueryError, StorageFaultError
 from studies.faults import STORAGE_ERRORS, guarded
 from studies.lease import Lease
-from studies.storage import StorageSettings, command_note, open_storage, redact, secure_url
+from studies.storage import StorageSettings, open_storage
+from studies.urls import command_note, redact, secure_url
 from workers.errors import SearchFaultError
 from workers.search import estimate
 from workers.search.checks import trial_device

@@ -26,7 +26,8 @@ from optuna.trial import TrialState
 from studies.errors import LeaseLostError, StorageFaultError
 from studies.faults import PATIENCE_S, guarded
 from studies.lease import Lease
-from studies.storage import fail_marked, redact
+from studies.storage import fail_marked
+from studies.urls import redact
 from workers.search.searcher import ORPHAN, StudySearcher
 
 log = logging.getLogger(__name__)

@@ -14,13 +14,9 @@ searcher records it as FAIL. Torch state is released before the next trial reuse
 from __future__ import annotations
 
 import gc
-import json
-import os
-import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -30,40 +26,8 @@ from workers.tasks import task_from_description
 from workers.trainer import EvalRecord, Trainer
 
 CHECKPOINT_FILE = "trainer.pt"
-# Fault injection for the tests, never set by the product: a JSON list of {"kind": "raise" |
-# "nan", "match": TEXT}; a trial whose architecture JSON contains TEXT raises, or trains with a
-# learning rate of 1e30 so that its weights and then its loss really become non-finite.
-FAULTS_ENV = "TRANSFORMER_ALLOC_TEST_FAULTS"
-# Test and operator hook, never set by the product: a directory in which a trial's process
-# writes an empty file ``<pid>-start`` when the trial starts and ``<pid>-<step>`` after each
-# report, then waits while a file ``hold-start`` / ``hold-<step>`` exists there (at most
-# ``HOLD_LIMIT`` seconds): a test finds the worker to kill, and kills it at a chosen moment.
-PIDS_ENV = "TRANSFORMER_ALLOC_TEST_PIDS"
-HOLD_LIMIT = 120.0
 # report(what the trial reports, its checkpoint directory or None)
 Report = Callable[[TrialReport, Path | None], None]
-
-
-def mark_pid(moment: str) -> None:
-    """The ``$TRANSFORMER_ALLOC_TEST_PIDS`` hook at ``moment`` (``start`` or a step)."""
-    folder = os.environ.get(PIDS_ENV)
-    if not folder:
-        return
-    (Path(folder) / f"{os.getpid()}-{moment}").touch()
-    deadline = time.monotonic() + HOLD_LIMIT
-    while (Path(folder) / f"hold-{moment}").exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
-
-
-def injected_faults(arch: ArchConfig) -> dict[str, Any]:
-    """Training overrides (or an exception) for ``arch`` from ``$TRANSFORMER_ALLOC_TEST_FAULTS``."""
-    arch_json = arch.to_json()
-    for rule in json.loads(os.environ.get(FAULTS_ENV) or "[]"):
-        if rule["match"] in arch_json:
-            if rule["kind"] == "raise":
-                raise RuntimeError(f"injected failure (architecture contains {rule['match']!r})")
-            return {"lr": 1e30}
-    return {}
 
 
 def check_recorded(arch: ArchConfig, trainer: Trainer) -> None:
@@ -78,7 +42,7 @@ def check_recorded(arch: ArchConfig, trainer: Trainer) -> None:
 def build_trainer(job: TrialJob, spec: TrialSpec, workdir: Path,
                   callback: Callable[[EvalRecord], None]) -> Trainer:
     """The trainer of a trial, saving its checkpoint in ``workdir``."""
-    config = spec.train_config(job).replace(**injected_faults(spec.arch))
+    config = spec.train_config(job)
     trainer = Trainer(spec.arch, task_from_description(dict(job.task)), config,
                       checkpoint=workdir / CHECKPOINT_FILE if job.checkpoints else None,
                       callbacks=[callback])
@@ -106,7 +70,6 @@ def train_trial(job: TrialJob, spec: TrialSpec,
     ``workdir``; continue from ``restore`` (this trial's own last checkpoint) or
     ``spec.resume_from`` (that of the failed trial it retries)."""
     torch.set_num_threads(max(1, job.threads))
-    mark_pid("start")
     resumed = 0
 
     def on_eval(record: EvalRecord, checkpoint: bool = True) -> None:
@@ -114,7 +77,6 @@ def train_trial(job: TrialJob, spec: TrialSpec,
                            record.train_loss, record.tokens_per_s, resumed,
                            val_loss_se=record.val_loss_se),
                workdir if job.checkpoints and checkpoint else None)
-        mark_pid(str(record.step))
 
     trainer: Trainer | None = None
     error, step = None, None

@@ -14,9 +14,8 @@ from typing import Any
 
 from arch import ArchConfig
 from workers.errors import TaskError
-from workers.taskargs import DATA_TASKS  # tasks on the user's data: made by make_data_task
 from workers.tasks.base import Batch, Task, generator
-from workers.tasks.data import ArrayTask, BinTask, TextTask, make_data_task
+from workers.tasks.data import DATA_TASKS, ArrayTask, BinTask, TextTask, make_data_task
 from workers.tasks.text import LMTask, corpus
 from workers.tasks.tokens import (
     AdditionTask,

@@ -125,6 +125,10 @@ class ArrayTask(Task):
                      torch.ones(size, t, dtype=torch.bool))
 
 
+# The tasks on the user's data (``--data``), one per format, made by ``make_data_task``.
+DATA_TASKS = (TextTask.name, BinTask.name, ArrayTask.name)
+
+
 def make_data_task(spec: DataSpec, size: str = "paper", seed: int = 0,
                    length: int | None = None) -> Task:
     """The task of ``spec``, its data opened and checked now (``DataError`` if unusable).
