@@ -36,7 +36,7 @@ from common.files import write_atomic
 from common.plots import new_figure, write_figure
 from studies import query
 from studies.errors import StorageFaultError
-from studies.records import TrialRecord
+from studies.records import Direction, TrialRecord
 from studies.storage import command_note, engine, open_storage, redact, resolve_url, unmask
 from studies.tables import allocation_table, training
 
@@ -251,7 +251,7 @@ def _plot_front(front: list[TrialRecord], direction: str, study: str, path: Path
     for t, at in zip(front, xs):
         ax.annotate(f"#{t.number}", (at, t.value or 0), fontsize=8)
     ax.set_xlabel(_axis_name(front, x))
-    better = "higher" if direction.upper() == "MAXIMIZE" else "lower"
+    better = "higher" if Direction.from_storage(direction) is Direction.MAXIMIZE else "lower"
     ax.set_ylabel(f"{metric} ({better} is better)")
     ax.set_title(f"Pareto front of {study}")
     write_figure(fig, path)

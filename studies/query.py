@@ -26,7 +26,7 @@ from arch.memory import dtype_bytes
 from common.errors import printable
 from studies import records as rec
 from studies.errors import QueryError
-from studies.records import OLD_KV_DTYPE, TrialRecord
+from studies.records import OLD_KV_DTYPE, Direction, TrialRecord
 
 _studies = sa.table("studies", sa.column("study_id"), sa.column("study_name"))
 _directions = sa.table("study_directions", sa.column("study_id"), sa.column("direction"),
@@ -115,7 +115,12 @@ def _best_values(conn: sa.Connection, directions: dict[int, str]) -> dict[int, f
                         .where(_STATE == "COMPLETE", _values.c.objective == 0,
                                _VALUE_TYPE == "FINITE")
                         .group_by(_trials.c.study_id))
-    return {sid: (hi if directions.get(sid) == "MAXIMIZE" else lo) for sid, lo, hi in rows}
+    return {sid: (hi if _maximized(directions.get(sid)) else lo) for sid, lo, hi in rows}
+
+
+def _maximized(direction: str | None) -> bool:
+    """Whether Optuna's stored direction (a ``StudyDirection`` name) maximises."""
+    return Direction.from_storage(direction) is Direction.MAXIMIZE
 
 
 def _study(conn: sa.Connection, name: str) -> tuple[int, str]:
@@ -239,7 +244,7 @@ def top(engine: sa.Engine, study: str, k: int) -> tuple[str, list[TrialRecord]]:
     """The ``k`` best eligible trials (ties: earlier trial first), ordered in SQL."""
     with engine.connect() as conn:
         sid, direction = _study(conn, study)
-        value = _values.c.value.desc() if direction == "MAXIMIZE" else _values.c.value.asc()
+        value = _values.c.value.desc() if _maximized(direction) else _values.c.value.asc()
         rows = conn.execute(_eligible_rows(conn, sid).order_by(value, _trials.c.number)
                             .limit(k)).all()
     if not rows:
@@ -263,7 +268,7 @@ def pareto(engine: sa.Engine, study: str, x: str = "params") -> tuple[str, list[
         rows = conn.execute(_eligible_rows(conn, sid, *keys)).all()
     sizes = ({tid: json.loads(p) if p else 0 for tid, _, _, p in rows} if x == "params"
              else _kv_units(engine, rows))
-    sign = -1.0 if direction == "MAXIMIZE" else 1.0
+    sign = -1.0 if _maximized(direction) else 1.0
     points = sorted((sizes[tid], sign * v, number, tid) for tid, number, v, *_ in rows)
     front, best_so_far = [], float("inf")
     for _, score, number, tid in points:  # fewest params first: keep strict improvements
