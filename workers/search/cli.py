@@ -93,12 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--heartbeat-interval", type=int_in(1), default=d.heartbeat_interval,
                    help="seconds between the driver's trial heartbeats")
     add_fault_args(p, d)
-    # store_false flags: their default is the option's (True: reuse, checkpoint)
-    p.add_argument("--no-reuse-actors", dest="reuse_actors", action="store_false",
-                   default=d.reuse_actors, help="a new worker per trial")
-    p.add_argument("--no-checkpoints", dest="checkpoints", action="store_false",
-                   default=d.checkpoints,
-                   help="no checkpoint per evaluation (a trial hit by a fault restarts at step 0)")
+    add_worker_args(p, d)
     p.add_argument("--quiet", action="store_true", default=d.quiet,
                    help="no progress on stderr (the time estimate, then a bar on a terminal, "
                         "else a line per finished trial); errors, the interrupt's advice and "
@@ -115,6 +110,16 @@ def add_fault_args(p: argparse.ArgumentParser, d: SearchOptions) -> None:
     p.add_argument("--storage-patience", type=int_in(0, 3600), default=d.storage_patience,
                    help="seconds a lost database connection is retried before the search "
                    "stops (exit 1; --resume continues it)")
+
+
+def add_worker_args(p: argparse.ArgumentParser, d: SearchOptions) -> None:
+    """What a worker keeps between trials and between evaluations (store_false flags: the
+    option's default is on)."""
+    p.add_argument("--no-reuse-actors", dest="reuse_actors", action="store_false",
+                   default=d.reuse_actors, help="a new worker per trial")
+    p.add_argument("--no-checkpoints", dest="checkpoints", action="store_false",
+                   default=d.checkpoints,
+                   help="no checkpoint per evaluation (a trial hit by a fault restarts at step 0)")
 
 
 def setup(args: argparse.Namespace) -> SearchRequest:
