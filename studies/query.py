@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -156,7 +156,7 @@ def load_trials(engine: sa.Engine, study: str, states: tuple[str, ...] | None = 
                        for tid, row in rows.items()]
 
 
-def _attrs_by_trial(rows: Any) -> dict[int, dict[str, Any]]:
+def _attrs_by_trial(rows: Iterable[Any]) -> dict[int, dict[str, Any]]:
     """``(trial_id, key, value_json)`` rows as each trial's user attrs."""
     found: dict[int, dict[str, Any]] = {}
     for tid, key, value in rows:
