@@ -144,6 +144,7 @@ def observations_from_study(url: str | None, study: str) -> tuple[PlanSettings,
                                                                    list[Observation]]:
     """The allocator inputs the search recorded and the best loss of each architecture."""
     from studies import query
+    from studies.records import TrialRecord
     from studies.storage import engine, open_storage
 
     eng = engine(open_storage(url, read_only=True))
@@ -165,7 +166,7 @@ def observations_from_study(url: str | None, study: str) -> tuple[PlanSettings,
                                f"({err})") from None
     _, trials = query.load_trials(eng, study)
     done = query.attach_archs(eng, query.eligible(trials))
-    groups: dict[str, list[query.TrialRecord]] = {}
+    groups: dict[str, list[TrialRecord]] = {}
     for t in done:
         if t.arch is not None and t.value is not None and math.isfinite(t.value):
             groups.setdefault(t.arch.arch_id, []).append(t)

@@ -26,6 +26,11 @@ Optimizer = Literal["adamw", "lion"]
 OPTIMIZERS: tuple[Optimizer, ...] = get_args(Optimizer)
 # "auto" picks CUDA when there is one; "cuda:N" names a device.
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
+# ``--smoke-test`` sizes (TrainConfig fields over its defaults): a training run that checks the
+# code in seconds, and a search trial, twice as long and as wide so that the scheduler's
+# rungs (every ``eval_every``) have four evaluations to judge.
+SMOKE_TRAIN = {"steps": 20, "batch_size": 8, "eval_every": 10, "eval_batches": 2}
+SMOKE_TRIAL = {**SMOKE_TRAIN, "steps": 40, "batch_size": 16}
 
 
 @dataclass(frozen=True)

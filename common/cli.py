@@ -23,8 +23,8 @@ FORMATS = ("table", "json", "yaml")
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """Appends ``(default: X)`` to a flag's help unless the help already states its default or
-    there is none worth showing (``None``, ``False``, suppressed); a flag without help text
-    still shows its default."""
+    there is none worth showing (``None``, ``False``, suppressed, a switch's); a flag without
+    help text still shows its default."""
 
     def _format_action(self, action: argparse.Action) -> str:
         if not action.help and _shows_default(action):
@@ -42,7 +42,8 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 def _shows_default(action: argparse.Action) -> bool:
     default = action.default
     return not (default is None or default is False or default == argparse.SUPPRESS
-                or action.option_strings == [] or (isinstance(default, list) and not default))
+                or action.option_strings == [] or (isinstance(default, list) and not default)
+                or action.nargs == 0)  # a switch (store_true/false): its default is its absence
 
 
 class Parser(argparse.ArgumentParser):

@@ -35,8 +35,8 @@ from common.errors import TransformerAllocError, UsageError, printable, shell_wo
 from common.files import write_atomic
 from common.plots import new_figure, write_figure
 from studies import query
-from studies import records as rec
 from studies.errors import StorageFaultError
+from studies.records import Direction, TrialRecord
 from studies.storage import engine, open_storage
 from studies.tables import allocation_table, training
 from studies.urls import command_note, redact, resolve_url, unmask
@@ -88,10 +88,10 @@ def _study_name(args: argparse.Namespace, summaries: list[query.StudySummary]) -
                      f"studies: {names}")
 
 
-def _trial_dict(t: query.TrialRecord) -> dict[str, Any]:
+def _trial_dict(t: TrialRecord) -> dict[str, Any]:
     return {"number": t.number, "value": t.value, "params_trainable": t.params_trainable,
             "kv_cache": t.kv_cache, "kv_cache_dtype": t.kv_cache_dtype,
-            "steps_reached": t.steps_reached, "arch_id": t.attrs.get("arch_id"),
+            "steps_reached": t.steps_reached, "arch_id": t.arch_id,
             "train": t.train, "arch": t.arch.to_dict() if t.arch else None}
 
 
@@ -199,7 +199,7 @@ def _export(q: _Query) -> str | Any:
     return text if args.format == "table" else trial.arch.to_dict()
 
 
-def _trained_with(trial: query.TrialRecord) -> str:
+def _trained_with(trial: TrialRecord) -> str:
     """A YAML comment over an exported architecture: the training fields its trial sampled,
     as ``workers.train`` flags (an ``ArchConfig`` holds the model, not its training)."""
     if not trial.train:
@@ -212,8 +212,8 @@ def _trained_with(trial: query.TrialRecord) -> str:
 def _errors(q: _Query) -> str | Any:
     """The study's failed trials and why each failed (its ``error`` attr)."""
     failed = query.failed_trials(q.eng, q.study)
-    data = [{"number": t.number, "status": t.attrs.get(rec.STATUS),
-             "steps_reached": t.steps_reached, "error": t.attrs.get(rec.ERROR)} for t in failed]
+    data = [{"number": t.number, "status": None if t.status is None else str(t.status),
+             "steps_reached": t.steps_reached, "error": t.error} for t in failed]
     if q.args.format != "table":
         return data
     if not data:
@@ -231,12 +231,12 @@ _COMMANDS: dict[str, Callable[[_Query], str | Any]] = {
     "export": _export, "errors": _errors}
 
 
-def _axis_value(t: query.TrialRecord, x: str) -> int:
+def _axis_value(t: TrialRecord, x: str) -> int:
     """The trial's x coordinate on a Pareto front along ``x``."""
     return (t.params_trainable if x == "params" else t.kv_cache) or 0
 
 
-def _axis_name(front: list[query.TrialRecord], x: str) -> str:
+def _axis_name(front: list[TrialRecord], x: str) -> str:
     """The x axis's name, with the dtype(s) the KV cache bytes are counted in."""
     if x == "params":
         return "trainable parameters"
@@ -244,7 +244,7 @@ def _axis_name(front: list[query.TrialRecord], x: str) -> str:
     return f"KV cache per token (bytes, {dtypes})"
 
 
-def _plot_front(front: list[query.TrialRecord], direction: str, study: str, path: Path,
+def _plot_front(front: list[TrialRecord], direction: str, study: str, path: Path,
                 x: str = "params", metric: str = "value") -> None:
     fig, ax = new_figure(1, (6, 4.2))
     xs = [_axis_value(t, x) for t in front]
@@ -252,7 +252,7 @@ def _plot_front(front: list[query.TrialRecord], direction: str, study: str, path
     for t, at in zip(front, xs):
         ax.annotate(f"#{t.number}", (at, t.value or 0), fontsize=8)
     ax.set_xlabel(_axis_name(front, x))
-    better = "higher" if direction.upper() == "MAXIMIZE" else "lower"
+    better = "higher" if Direction.from_storage(direction) is Direction.MAXIMIZE else "lower"
     ax.set_ylabel(f"{metric} ({better} is better)")
     ax.set_title(f"Pareto front of {study}")
     write_figure(fig, path)

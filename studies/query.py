@@ -11,20 +11,22 @@ trained one, whatever its partial value.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
 
 from arch import ArchConfig
-from arch.memory import dtype_bytes, kv_cache_bytes
+from arch.memory import dtype_bytes
 from common.errors import printable
 from studies import records as rec
 from studies.errors import QueryError
+from studies.records import OLD_KV_DTYPE, Direction, TrialRecord
 
 _studies = sa.table("studies", sa.column("study_id"), sa.column("study_name"))
 _directions = sa.table("study_directions", sa.column("study_id"), sa.column("direction"),
@@ -51,7 +53,6 @@ _DIRECTION = sa.cast(_directions.c.direction, sa.String)
 
 # The x axes of a Pareto front: trainable parameters, or KV cache bytes per token.
 PARETO_AXES = ("params", "kv_cache")
-OLD_KV_DTYPE = "float32"  # what a trial recorded without a KV cache is counted in
 
 
 @dataclass(frozen=True)
@@ -63,41 +64,6 @@ class StudySummary:
     attrs: dict[str, Any]
     created: datetime | None
     updated: datetime | None
-
-
-@dataclass
-class TrialRecord:
-    """One trial as the queries see it; ``arch`` is filled only for returned trials."""
-
-    trial_id: int
-    number: int
-    state: str
-    value: float | None
-    attrs: dict[str, Any] = field(default_factory=dict)
-    arch: ArchConfig | None = None
-    train: dict[str, Any] = field(default_factory=dict)  # sampled training fields: {"lr": ...}
-
-    @property
-    def params_trainable(self) -> int | None:
-        return self.attrs.get(rec.PARAMS_TRAINABLE)
-
-    @property
-    def steps_reached(self) -> int | None:
-        return self.attrs.get(rec.STEPS_REACHED)
-
-    @property
-    def kv_cache(self) -> int | None:
-        """KV cache bytes per token: as recorded, else (a trial recorded before it was) from
-        the architecture at ``kv_cache_dtype``; None when neither is known."""
-        recorded = self.attrs.get(rec.KV_CACHE)
-        if recorded is not None or self.arch is None:
-            return recorded
-        return kv_cache_bytes(self.arch, self.kv_cache_dtype)
-
-    @property
-    def kv_cache_dtype(self) -> str:
-        """The dtype ``kv_cache`` counts in (float32 for trials that did not record one)."""
-        return str(self.attrs.get(rec.KV_CACHE_DTYPE) or OLD_KV_DTYPE)
 
 
 def _value(value: float | None, kind: str | None) -> float | None:
@@ -149,7 +115,12 @@ def _best_values(conn: sa.Connection, directions: dict[int, str]) -> dict[int, f
                         .where(_STATE == "COMPLETE", _values.c.objective == 0,
                                _VALUE_TYPE == "FINITE")
                         .group_by(_trials.c.study_id))
-    return {sid: (hi if directions.get(sid) == "MAXIMIZE" else lo) for sid, lo, hi in rows}
+    return {sid: (hi if _maximized(directions.get(sid)) else lo) for sid, lo, hi in rows}
+
+
+def _maximized(direction: str | None) -> bool:
+    """Whether Optuna's stored direction (a ``StudyDirection`` name) maximises."""
+    return Direction.from_storage(direction) is Direction.MAXIMIZE
 
 
 def _study(conn: sa.Connection, name: str) -> tuple[int, str]:
@@ -175,39 +146,50 @@ def load_trials(engine: sa.Engine, study: str, states: tuple[str, ...] | None = 
                  .where(_trials.c.study_id == sid).order_by(_trials.c.number))
         if states is not None:
             query = query.where(_STATE.in_(states))
-        trials = {tid: TrialRecord(tid, number, state, _value(value, kind))
-                  for tid, number, state, value, kind in conn.execute(query)}
+        rows = {tid: (number, state, _value(value, kind))
+                for tid, number, state, value, kind in conn.execute(query)}
         attrs = (sa.select(_trial_attrs.c.trial_id, _trial_attrs.c.key, _trial_attrs.c.value_json)
                  .join(_trials, _trials.c.trial_id == _trial_attrs.c.trial_id)
                  .where(_trials.c.study_id == sid, _trial_attrs.c.key.in_(_SMALL_ATTRS)))
-        for tid, key, value in conn.execute(attrs):
-            if tid in trials:
-                trials[tid].attrs[key] = json.loads(value)
-    return direction, list(trials.values())
+        found = _attrs_by_trial(conn.execute(attrs))
+    return direction, [TrialRecord.from_attrs(tid, *row, found.get(tid, {}))
+                       for tid, row in rows.items()]
+
+
+def _attrs_by_trial(rows: Iterable[Any]) -> dict[int, dict[str, Any]]:
+    """``(trial_id, key, value_json)`` rows as each trial's user attrs."""
+    found: dict[int, dict[str, Any]] = {}
+    for tid, key, value in rows:
+        found.setdefault(tid, {})[key] = json.loads(value)
+    return found
 
 
 def attach_archs(engine: sa.Engine, trials: list[TrialRecord]) -> list[TrialRecord]:
-    """Fill ``arch`` and ``train`` (the sampled training fields, which tell apart trials of one
-    architecture) of the given trials (two queries)."""
+    """The given trials with ``arch`` and ``train`` (the sampled training fields, which tell
+    apart trials of one architecture) filled in (two queries)."""
     from optuna.distributions import json_to_distribution
 
-    by_id = {t.trial_id: t for t in trials}
-    if not by_id:
+    ids = [t.trial_id for t in trials if t.trial_id is not None]
+    if not ids:
         return trials
+    archs: dict[int, ArchConfig] = {}
+    train: dict[int, dict[str, Any]] = {}
     with engine.connect() as conn:
         rows = conn.execute(sa.select(_trial_attrs.c.trial_id, _trial_attrs.c.value_json)
                             .where(_trial_attrs.c.key == rec.ARCH,
-                                   _trial_attrs.c.trial_id.in_(list(by_id))))
+                                   _trial_attrs.c.trial_id.in_(ids)))
         for tid, value in rows:
-            by_id[tid].arch = ArchConfig.from_json(json.loads(value))
+            archs[tid] = ArchConfig.from_json(json.loads(value))
         params = conn.execute(sa.select(_params.c.trial_id, _params.c.param_name,
                                         _params.c.param_value, _params.c.distribution_json)
-                              .where(_params.c.trial_id.in_(list(by_id)),
+                              .where(_params.c.trial_id.in_(ids),
                                      _params.c.param_name.startswith(TRAIN_PREFIX)))
         for tid, name, value, distribution in params:
             shown = json_to_distribution(distribution).to_external_repr(value)
-            by_id[tid].train[name.removeprefix(TRAIN_PREFIX)] = shown
-    return trials
+            train.setdefault(tid, {})[name.removeprefix(TRAIN_PREFIX)] = shown
+    return [t if t.trial_id is None else dataclasses.replace(
+                t, arch=archs.get(t.trial_id, t.arch), train=train.get(t.trial_id, t.train))
+            for t in trials]
 
 
 def eligible(trials: list[TrialRecord]) -> list[TrialRecord]:
@@ -245,30 +227,29 @@ def _eligible_rows(conn: sa.Connection, sid: int, *extra: str) -> sa.Select[Any]
     return query
 
 
-def _fill(engine: sa.Engine, sid: int, trials: list[TrialRecord]) -> list[TrialRecord]:
-    """Small attrs and the architecture of the given trials (two queries)."""
-    by_id = {t.trial_id: t for t in trials}
+def _fill(engine: sa.Engine, rows: Sequence[tuple[int, int, float]]) -> list[TrialRecord]:
+    """The COMPLETE trials ``(trial_id, number, value)`` with their small attrs and their
+    architecture (three queries)."""
     with engine.connect() as conn:
-        rows = conn.execute(sa.select(_trial_attrs.c.trial_id, _trial_attrs.c.key,
-                                      _trial_attrs.c.value_json)
-                            .where(_trial_attrs.c.trial_id.in_(list(by_id)),
-                                   _trial_attrs.c.key.in_(_SMALL_ATTRS)))
-        for tid, key, value in rows:
-            by_id[tid].attrs[key] = json.loads(value)
-    return attach_archs(engine, trials)
+        found = _attrs_by_trial(conn.execute(
+            sa.select(_trial_attrs.c.trial_id, _trial_attrs.c.key, _trial_attrs.c.value_json)
+            .where(_trial_attrs.c.trial_id.in_([tid for tid, _, _ in rows]),
+                   _trial_attrs.c.key.in_(_SMALL_ATTRS))))
+    return attach_archs(engine, [TrialRecord.from_attrs(tid, number, "COMPLETE", value,
+                                                        found.get(tid, {}))
+                                 for tid, number, value in rows])
 
 
 def top(engine: sa.Engine, study: str, k: int) -> tuple[str, list[TrialRecord]]:
     """The ``k`` best eligible trials (ties: earlier trial first), ordered in SQL."""
     with engine.connect() as conn:
         sid, direction = _study(conn, study)
-        value = _values.c.value.desc() if direction == "MAXIMIZE" else _values.c.value.asc()
+        value = _values.c.value.desc() if _maximized(direction) else _values.c.value.asc()
         rows = conn.execute(_eligible_rows(conn, sid).order_by(value, _trials.c.number)
                             .limit(k)).all()
     if not rows:
         raise QueryError(f"--study {study!r}: no complete trial yet")
-    winners = [TrialRecord(tid, number, "COMPLETE", v) for tid, number, v in rows]
-    return direction, _fill(engine, sid, winners)
+    return direction, _fill(engine, [(tid, number, v) for tid, number, v in rows])
 
 
 def pareto(engine: sa.Engine, study: str, x: str = "params") -> tuple[str, list[TrialRecord]]:
@@ -287,16 +268,16 @@ def pareto(engine: sa.Engine, study: str, x: str = "params") -> tuple[str, list[
         rows = conn.execute(_eligible_rows(conn, sid, *keys)).all()
     sizes = ({tid: json.loads(p) if p else 0 for tid, _, _, p in rows} if x == "params"
              else _kv_units(engine, rows))
-    sign = -1.0 if direction == "MAXIMIZE" else 1.0
+    sign = -1.0 if _maximized(direction) else 1.0
     points = sorted((sizes[tid], sign * v, number, tid) for tid, number, v, *_ in rows)
     front, best_so_far = [], float("inf")
     for _, score, number, tid in points:  # fewest params first: keep strict improvements
         if score < best_so_far:
-            front.append(TrialRecord(tid, number, "COMPLETE", sign * score))
+            front.append((tid, number, sign * score))
             best_so_far = score
     if not front:
         raise QueryError(f"--study {study!r}: no complete trial yet")
-    return direction, _fill(engine, sid, front)
+    return direction, _fill(engine, front)
 
 
 def _kv_units(engine: sa.Engine, rows: Sequence[Any]) -> dict[int, int]:
@@ -312,6 +293,7 @@ def _kv_units(engine: sa.Engine, rows: Sequence[Any]) -> dict[int, int]:
         else:
             units[tid] = int(size) // dtype_bytes(str(dtype or OLD_KV_DTYPE))
     for trial in attach_archs(engine, old):
+        assert trial.trial_id is not None  # read from the storage
         units[trial.trial_id] = trial.arch.kv_width if trial.arch is not None else 0
     return units
 
@@ -337,8 +319,8 @@ def layer_summary(trials: list[TrialRecord]) -> list[dict[str, Any]]:
 def theory(engine: sa.Engine, study: str) -> dict[str, Any]:
     """Allocator's predicted error vs measured value per eligible trial, with rank correlation."""
     _, trials = load_trials(engine, study)
-    points = [(t.number, t.attrs.get(rec.PREDICTED_ERROR), t.value) for t in eligible(trials)
-              if t.attrs.get(rec.PREDICTED_ERROR) is not None]
+    points = [(t.number, t.predicted_error, t.value) for t in eligible(trials)
+              if t.predicted_error is not None]
     if len(points) < 2:
         raise QueryError(f"--study {study!r}: needs at least two complete trials with a "
                          "predicted_error")
@@ -366,14 +348,13 @@ def failed_trials(engine: sa.Engine, study: str) -> list[TrialRecord]:
         rows = conn.execute(sa.select(_trials.c.trial_id, _trials.c.number)
                             .where(_trials.c.study_id == sid, _STATE == "FAIL")
                             .order_by(_trials.c.number)).all()
-        trials = {tid: TrialRecord(tid, number, "FAIL", None) for tid, number in rows}
         attrs = (sa.select(_trial_attrs.c.trial_id, _trial_attrs.c.key, _trial_attrs.c.value_json)
                  .join(_trials, _trials.c.trial_id == _trial_attrs.c.trial_id)
                  .where(_trials.c.study_id == sid, _STATE == "FAIL",
                         _trial_attrs.c.key.in_(FAILURE_ATTRS)))
-        for tid, key, value in conn.execute(attrs):
-            trials[tid].attrs[key] = json.loads(value)
-    return list(trials.values())
+        found = _attrs_by_trial(conn.execute(attrs))
+    return [TrialRecord.from_attrs(tid, number, "FAIL", None, found.get(tid, {}))
+            for tid, number in rows]
 
 
 def find_trial(engine: sa.Engine, study: str, number: int | None) -> TrialRecord:
@@ -381,10 +362,9 @@ def find_trial(engine: sa.Engine, study: str, number: int | None) -> TrialRecord
     if number is None:
         return top(engine, study, 1)[1][0]
     _, trials = load_trials(engine, study, states=None)
-    match = [t for t in trials if t.number == number]
+    match = attach_archs(engine, [t for t in trials if t.number == number])
     if not match:
         raise QueryError(f"--trial {number}: study {study!r} has no such trial")
-    attach_archs(engine, match)
     if match[0].arch is None:
         raise QueryError(f"--trial {number}: has no recorded architecture")
     return match[0]

@@ -222,14 +222,15 @@ def reap_trials(study: optuna.Study, storage: RDBStorage) -> list[int]:
     """
     failed = []
     for trial in _running(study):
-        if fail_marked(storage, study, trial.number, "interrupted", INTERRUPTED):
+        if fail_marked(storage, study, trial.number, rec.TrialStatus.INTERRUPTED,
+                       INTERRUPTED):
             retry_failed(study, trial.number)
             failed.append(trial.number)
     return failed
 
 
-def fail_marked(storage: RDBStorage, study: optuna.Study, number: int, status: str,
-                error: str) -> bool:
+def fail_marked(storage: RDBStorage, study: optuna.Study, number: int,
+                status: rec.TrialStatus, error: str) -> bool:
     """FAIL the RUNNING trial ``number`` after recording its ``status`` and ``error``, so it is
     never failed unmarked; False if it had finished meanwhile (it keeps its state)."""
     trial_id = _mark(storage, study, number, status, error)
@@ -243,12 +244,12 @@ def fail_marked(storage: RDBStorage, study: optuna.Study, number: int, status: s
 INTERRUPTED = "its driver stopped while it ran; failed, and retried when the search resumed"
 
 
-def _mark(storage: RDBStorage, study: optuna.Study, number: int, status: str,
+def _mark(storage: RDBStorage, study: optuna.Study, number: int, status: rec.TrialStatus,
           error: str | None) -> int:
     """Record a RUNNING trial's status and error (a finished trial takes no attrs)."""
     trial_id = storage.get_trial_id_from_study_id_trial_number(
         storage.get_study_id_from_name(study.study_name), number)
     with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
-        storage.set_trial_user_attr(trial_id, rec.STATUS, status)
+        storage.set_trial_user_attr(trial_id, rec.STATUS, str(status))
         storage.set_trial_user_attr(trial_id, rec.ERROR, error)
     return trial_id

@@ -25,6 +25,7 @@ from studies import add_record, open_storage, set_study_attrs
 from studies import query as q
 from studies import records as rec
 from studies.cli import main
+from studies.records import Direction
 from workers.kinds import make_attention
 from workers.model import build_model
 from workers.search.searcher import StudySearcher
@@ -74,7 +75,7 @@ def test_the_searcher_records_the_kv_cache_of_each_trial(tmp_path: Path) -> None
     storage = open_storage(f"sqlite:///{tmp_path / 's.db'}")
     study = optuna.create_study(study_name="s", storage=storage, direction="maximize")
     searcher = StudySearcher(load_space("kv_heads"), io=ModelIO(3, vocab_size=14), study=study,
-                             storage=storage, metric="acc", mode="max", steps=10,
+                             storage=storage, metric="acc", direction=Direction.MAXIMIZE, steps=10,
                              predict=BoundPredictor(PlanSettings(budget=128, layers=2, seq_len=3)),
                              kv_dtype="bfloat16")
     for key in ("a", "b", "c"):

@@ -14,11 +14,11 @@ from optuna.trial import TrialState
 from alloc.prior import point_key
 from alloc.sampler import CALIBRATION_ATTR, PRIOR_ATTR
 from common.files import write_yaml
+from studies.records import WARM_START_FROM, TrialStatus
 from tests.helpers.search import check_consistent, ray_tmp
 from workers.search import tune
-from workers.search.asking import DUPLICATE
 from workers.search.cli import main as search_main
-from workers.search.searcher import WARM_START_FROM, finished_count
+from workers.search.searcher import finished_count
 from workers.search.warmstart import WARM_START_ATTR
 
 
@@ -54,7 +54,7 @@ def test_prior_search_warm_start_and_a_space_smaller_than_the_trials(
     assert finished_count(second) == 3  # the copies do not count against --trials
 
     small = optuna.load_study(study_name="t", storage=url)
-    trained = [t for t in small.trials if t.user_attrs.get("status") != DUPLICATE]
+    trained = [t for t in small.trials if t.user_attrs.get("status") != TrialStatus.DUPLICATE]
     assert sorted(t.params["L0.g0.count"] for t in trained) == [1, 2, 4]
     assert all(t.state == TrialState.COMPLETE for t in trained)
 

@@ -18,8 +18,9 @@ import yaml
 from optuna.trial import TrialState
 
 from arch import ArchConfig, TrainConfig
+from studies.records import RESUMED, Direction
 from tests.helpers.search import launch, load, wait_for
-from workers.search.protocol import RESUMED, TrialJob, TrialReport, TrialSpec
+from workers.search.protocol import TrialJob, TrialReport, TrialSpec
 from workers.tasks import make_task
 from workers.trainer import Trainer
 
@@ -92,8 +93,8 @@ def test_a_trial_reports_every_evaluation_with_its_checkpoint(checkpoints: bool,
 
     layer = LayerSpec("mhsa", (HeadGroup(2, 8),))
     arch = ArchConfig(d_model=16, layers=(layer,), max_seq_len=16, input_dim=8)
-    job = TrialJob(task=describe_task(make_task("ngram", "smoke")), metric="mse", mode="min",
-                   checkpoints=checkpoints)
+    job = TrialJob(task=describe_task(make_task("ngram", "smoke")), metric="mse",
+                   direction=Direction.MINIMIZE, checkpoints=checkpoints)
     spec = TrialSpec(arch, {"steps": 30, "eval_every": 10, "batch_size": 8})
     reports: list[tuple[dict[str, object], bool]] = []
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from arch import ArchConfig, HeadGroup, LayerSpec
+from studies.records import Direction
 from workers.search.protocol import STEP, TrialJob, TrialReport, TrialSpec
 from workers.search.schedule import FULL_TRIALS, Halving, Rungs
 from workers.search.trial import train_trial
@@ -49,7 +50,8 @@ def test_a_retried_trial_meets_the_milestones_with_the_values_measured_there(
         tmp_path: Path) -> None:
     layer = LayerSpec("mhsa", (HeadGroup(2, 8),))
     arch = ArchConfig(d_model=16, layers=(layer,), max_seq_len=16, input_dim=8)
-    job = TrialJob(task=describe_task(make_task("ngram", "smoke")), metric="mse", mode="min")
+    job = TrialJob(task=describe_task(make_task("ngram", "smoke")), metric="mse",
+                   direction=Direction.MINIMIZE)
     train = {"steps": 30, "eval_every": 10, "batch_size": 8}
     first: list[TrialReport] = []
 

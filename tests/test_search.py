@@ -4,6 +4,7 @@ apart, resume after Ctrl-C and after a SIGKILLed driver, and no password on disk
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -21,6 +22,7 @@ from arch import ArchConfig, HeadGroup, LayerSpec
 from search_spaces import load_space
 from studies import add_record
 from studies.cli import main as studies_main
+from studies.records import CHECKPOINT, RESUMED
 from tests.helpers.search import (
     SMOKE,
     assert_records_are_the_trained_models,
@@ -32,8 +34,8 @@ from tests.helpers.search import (
     wait_for,
 )
 from tests.helpers.trial_hooks import hooked_env
-from workers.search.protocol import RESUMED
-from workers.search.searcher import CHECKPOINT, finished_count
+from workers.search.options import SearchOptions
+from workers.search.searcher import finished_count
 
 
 @pytest.mark.parametrize(("task", "space"), [("ngram", "heads_vs_dim.yaml"),
@@ -201,6 +203,20 @@ def test_ray_says_nothing_a_search_must_not_follow_or_need_not_read() -> None:
                   authentication_token_setup._warn_token_auth_enabled) == []
     analysis = logging.getLogger("ray.tune.analysis.experiment_analysis")
     assert logged(analysis.name, lambda: analysis.warning("Failed to fetch metrics")) == []
+
+
+def test_the_flags_default_to_the_search_options() -> None:
+    """One set of defaults: every ``SearchOptions`` field but ``points`` (Python only) has its
+    flag under its name, and the flags left out give ``SearchOptions()``."""
+    from workers.search.cli import build_parser
+
+    args = build_parser().parse_args(["--space", "x.yaml"])
+    names = {f.name for f in dataclasses.fields(SearchOptions)} - {"points"}
+    assert names <= set(vars(args))
+    assert SearchOptions(**{name: getattr(args, name) for name in names}) == SearchOptions()
+    flipped = build_parser().parse_args(["--space", "x.yaml", "--no-reuse-actors",
+                                         "--no-checkpoints", "--quiet"])
+    assert (flipped.reuse_actors, flipped.checkpoints, flipped.quiet) == (False, False, True)
 
 
 def test_cli_errors_are_one_line_and_touch_nothing(tmp_path: Path) -> None:

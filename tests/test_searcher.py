@@ -14,11 +14,11 @@ from optuna.trial import TrialState
 from alloc.settings import PlanSettings
 from arch import ArchConfig, ModelIO
 from search_spaces import load_space
+from studies.records import CHECKPOINT, Direction, TrialStatus
 from studies.storage import StorageSettings, open_storage, reap_trials
-from workers.search.protocol import TRIAL_KEY, Status, TrialReport, TrialSpec
+from workers.search.protocol import TRIAL_KEY, TrialReport, TrialSpec
 from workers.search.searcher import (
-    CHECKPOINT,
-    Outcome,
+    Best,
     Start,
     StudySearcher,
     finished_count,
@@ -38,7 +38,7 @@ def make(tmp_path: Path, starts: list[Start] | None = None, space: str = "aot_vs
                               sampler=optuna.samplers.RandomSampler(seed=0))
     loaded = load_space(space).with_train(steps=STEPS, eval_every=10)
     return StudySearcher(loaded, io=ModelIO(3, vocab_size=14), study=study, storage=storage,
-                         metric="acc", mode="max", steps=STEPS,
+                         metric="acc", direction=Direction.MAXIMIZE, steps=STEPS,
                          predict=BoundPredictor(PlanSettings(budget=128, layers=2, seq_len=3)),
                          starts=starts or [])
 
@@ -48,7 +48,7 @@ def searcher(tmp_path: Path) -> StudySearcher:
     return make(tmp_path)
 
 
-def report(step: int | None, acc: float, status: Status = "running", **extra: Any
+def report(step: int | None, acc: float, status: TrialStatus = TrialStatus.RUNNING, **extra: Any
            ) -> TrialReport:
     return TrialReport(status, acc, "node", step, **extra)
 
@@ -59,17 +59,23 @@ def result(step: int | None, acc: float, **extra: Any) -> dict[str, Any]:
 
 
 def test_classify(searcher: StudySearcher) -> None:
-    assert searcher.classify(report(STEPS, 0.5), False)[:2] == (TrialState.COMPLETE, 0.5)
-    assert searcher.classify(report(10, 0.9), False)[0] == TrialState.PRUNED  # ASHA stopped it
-    assert searcher.classify(report(STEPS, float("nan")), False)[0] == TrialState.FAIL
-    state, _, attrs = searcher.classify(report(7, float("-inf"), status="failed",
-                                               error="boom"), False)
-    assert state == TrialState.FAIL and attrs["error"] == "boom"
+    def classify(report: TrialReport | None, error: bool) -> tuple[str, float | None,
+                                                                    dict[str, Any]]:
+        """(state, value, the user attrs telling writes) of trial 0."""
+        told = searcher.classify(report, error, 0)
+        return told.state, told.value, told.told_attrs()
+
+    assert classify(report(STEPS, 0.5), False)[:2] == ("COMPLETE", 0.5)
+    assert classify(report(10, 0.9), False)[0] == "PRUNED"  # ASHA stopped it
+    assert classify(report(STEPS, float("nan")), False)[0] == "FAIL"
+    state, _, attrs = classify(report(7, float("-inf"), status=TrialStatus.FAILED,
+                                      error="boom"), False)
+    assert state == "FAIL" and attrs["error"] == "boom"
     assert attrs["steps_reached"] == 7  # where a diverged trial stopped is recorded
-    assert searcher.classify(report(10, 0.9), True)[0] == TrialState.FAIL
-    assert searcher.classify(None, False)[0] == TrialState.FAIL
+    assert classify(report(10, 0.9), True)[0] == "FAIL"
+    assert classify(None, False)[0] == "FAIL"
     # The evaluation's noise travels with the trial: its loss and that loss's standard error.
-    attrs = searcher.classify(report(STEPS, 0.5, val_loss=1.25, val_loss_se=0.01), False)[2]
+    attrs = classify(report(STEPS, 0.5, val_loss=1.25, val_loss_se=0.01), False)[2]
     assert (attrs["val_loss"], attrs["val_loss_se"]) == (1.25, 0.01)
 
 
@@ -87,11 +93,12 @@ def test_trials_record_arch_curve_and_state(searcher: StudySearcher, tmp_path: P
     for step in (10, 20, STEPS):
         searcher.report("a", result(step, step / 100, tokens_per_s=5.0))
     told = searcher.complete("a", result(STEPS, STEPS / 100, tokens_per_s=5.0))
-    assert told == Outcome(0, TrialState.COMPLETE, 0.3)
+    assert told is not None and (told.number, told.state, told.value) == (0, "COMPLETE", 0.3)
     searcher.ask("b")
     searcher.report("b", result(10, 0.05))
     # stopped: Tune skipped on_trial_result
-    assert searcher.complete("b", result(20, 0.06)) == Outcome(1, TrialState.PRUNED, None)
+    told = searcher.complete("b", result(20, 0.06))
+    assert told is not None and (told.number, told.state, told.value) == (1, "PRUNED", None)
     a, b = searcher.study.trials
     assert a.state == TrialState.COMPLETE and a.value == 0.3
     assert a.intermediate_values == {10: 0.1, 20: 0.2, STEPS: 0.3}
@@ -106,12 +113,12 @@ def test_trials_record_arch_curve_and_state(searcher: StudySearcher, tmp_path: P
     # maximised: the higher of the two complete trials).
     searcher.ask("c")
     searcher.complete("c", result(STEPS, 0.2))
-    assert searcher.best_so_far() == (0.3, 0, ArchConfig.from_json(a.user_attrs["arch"]
-                                                                   ).describe())
+    assert searcher.best_so_far() == Best(0.3, 0, ArchConfig.from_json(a.user_attrs["arch"]))
     assert searcher.best == searcher.best_so_far()
     searcher.ask("d")
     searcher.complete("d", result(STEPS, 0.7))
-    assert searcher.best_so_far()[:2] == (0.7, 3)  # type: ignore[index]
+    best = searcher.best_so_far()
+    assert best is not None and (best.value, best.number) == (0.7, 3)
     assert searcher.best == searcher.best_so_far()
     assert make(tmp_path, name="s2").best is None  # a new study has no best yet
 
@@ -185,8 +192,9 @@ def test_starting_points_are_enqueued_one_at_a_time(tmp_path: Path) -> None:
     assert not searcher.study.get_trials(states=(TrialState.WAITING,))
     assert searcher.not_run() == len(grid) - 3
     again = StudySearcher(searcher.space, io=searcher.io, study=searcher.study,
-                          storage=searcher.storage, metric="acc", mode="max", steps=STEPS,
-                          predict=searcher.predict, starts=[Start("grid", p) for p in grid])
+                          storage=searcher.storage, metric="acc",
+                          direction=Direction.MAXIMIZE, steps=STEPS, predict=searcher.predict,
+                          starts=[Start("grid", p) for p in grid])
     again.ask("d")  # the first three are in the study already
     assert searcher.study.trials[3].params == grid[3]
 
@@ -242,7 +250,7 @@ def test_no_point_is_trained_twice_and_an_exhausted_space_ends_the_search(
     trained and re-asked (an untried point after three in a row), none counts against the
     trials, and once every point has a trial ``ask`` says the search is over."""
     from search_spaces import parse_space
-    from workers.search.asking import DUPLICATE, DUPLICATE_OF
+    from studies.records import DUPLICATE_OF
 
     searcher = make(tmp_path)
     searcher.space = parse_space({
@@ -260,7 +268,7 @@ def test_no_point_is_trained_twice_and_an_exhausted_space_ends_the_search(
     for t in searcher.study.trials:
         if t.state == TrialState.FAIL:
             twin = searcher.study.trials[t.user_attrs[DUPLICATE_OF]]
-            assert t.user_attrs["status"] == DUPLICATE and twin.params == t.params
+            assert t.user_attrs["status"] == TrialStatus.DUPLICATE and twin.params == t.params
 
 
 def test_a_tell_whose_connection_drops_is_retried_and_lands(searcher: StudySearcher,
@@ -288,7 +296,8 @@ def test_a_tell_whose_connection_drops_is_retried_and_lands(searcher: StudySearc
         return tell(*args, **kwargs)
 
     monkeypatch.setattr(searcher.study, "tell", dropping)
-    assert guarded.complete("a", result(STEPS, 0.3)) == Outcome(0, TrialState.COMPLETE, 0.3)
+    told = guarded.complete("a", result(STEPS, 0.3))
+    assert told is not None and (told.number, told.state, told.value) == (0, "COMPLETE", 0.3)
     assert guarded.fault is None and not drops
     (trial,) = searcher.study.trials
     assert trial.state == TrialState.COMPLETE and trial.value == 0.3

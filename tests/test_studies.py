@@ -16,6 +16,7 @@ from wsgiref.util import setup_testing_defaults
 
 import optuna
 import pytest
+import sqlalchemy as sa
 from optuna.trial import TrialState
 
 from arch import ArchConfig, HeadGroup, LayerSpec, codec
@@ -30,7 +31,9 @@ from studies import (
     set_study_attrs,
 )
 from studies import query as q
+from studies import records as rec
 from studies.cli import main
+from studies.records import Direction, TrialRecord, TrialStatus
 from studies.storage import engine_kwargs
 from studies.urls import secure_url
 
@@ -63,6 +66,50 @@ def test_record_round_trip(storage_url: str, study_name: str) -> None:
     assert json.loads(loaded.user_attrs["alloc_inputs"]) == {"D": 64}
     assert loaded.user_attrs["record_schema"] == 2
     assert loaded.metric_names == ["mse"]  # what optuna-dashboard and `optuna` show
+
+
+def test_a_told_record_reads_back_as_written(storage_url: str, study_name: str) -> None:
+    """What the search writes when it tells a trial (``TrialRecord.told_attrs``) reads back
+    field for field, through the database and the queries; the status is stored as its word."""
+    study = optuna.create_study(storage=open_storage(storage_url), study_name=study_name)
+    told = TrialRecord(None, 0, "FAIL", None, status=TrialStatus.RAY_FAILED, steps_reached=20,
+                       tokens_per_s=900.0, val_loss=1.5, val_loss_se=0.02, node="n1",
+                       resumed_from=10, restarts=1, error="its worker died; retried")
+    trial = study.ask()
+    for key, value in told.told_attrs().items():
+        trial.set_user_attr(key, value)
+    study.tell(trial, state=TrialState.FAIL)
+    storage = open_storage(storage_url)
+    (stored,) = optuna.load_study(study_name=study_name, storage=storage).trials
+    with storage.engine.connect() as conn:  # the bytes Optuna stored: the word, as before
+        raw = conn.execute(sa.text("SELECT value_json FROM trial_user_attributes WHERE key = "
+                                   ":key AND trial_id = :trial"),
+                           {"key": rec.STATUS, "trial": stored._trial_id}).scalar()
+    assert raw == '"ray_failed"'
+    assert TrialRecord.from_attrs(None, 0, "FAIL", None, stored.user_attrs) == told
+    (failed,) = q.failed_trials(storage.engine, study_name)
+    assert (failed.number, failed.status, failed.steps_reached, failed.error) == (
+        0, TrialStatus.RAY_FAILED, 20, told.error)
+
+
+def test_trial_status_words_are_the_stored_ones() -> None:
+    """The words old databases hold: a status reads back as its member, and a word this code
+    does not know stays as it was written."""
+    assert [s.value for s in TrialStatus] == [
+        "running", "completed", "stopped", "failed", "duplicate", "orphan", "ray_failed",
+        "disk_full", "interrupted", "terminated"]
+    assert TrialStatus.read("stopped") is TrialStatus.STOPPED
+    assert TrialStatus.read("w0") == "w0" and TrialStatus.read(None) is None
+
+
+@pytest.mark.parametrize("higher", [True, False])
+def test_direction_speaks_optuna_and_ray_at_the_edges(higher: bool) -> None:
+    direction = Direction.of(higher)
+    study = optuna.create_study(direction=direction.value)
+    assert Direction.from_storage(study.direction.name) is direction
+    assert direction.mode == ("max" if higher else "min")
+    assert direction.better(2.0, 1.0) is higher and not direction.better(1.0, 1.0)
+    assert direction.better(0.0, direction.worst) and not direction.better(direction.worst, 0.0)
 
 
 def fill(storage_url: str, name: str, direction: str = "minimize") -> optuna.Study:

@@ -26,10 +26,11 @@ from optuna.trial import FrozenTrial, TrialState
 from alloc.settings import PlanSettings
 from arch import ModelIO
 from search_spaces import load_space
+from studies.records import RESUMED, Direction
 from studies.storage import open_storage
 from tests.helpers.search import SMOKE, check_consistent, launch, load, run, wait_for
 from tests.helpers.trial_hooks import hooked_env
-from workers.search.protocol import RESUMED, TRIAL_KEY, TrialReport, TrialSpec
+from workers.search.protocol import TRIAL_KEY, TrialReport, TrialSpec
 from workers.search.searcher import (
     StudySearcher,
     finished_count,
@@ -136,7 +137,7 @@ def searcher(tmp_path: Path) -> StudySearcher:
                                 sampler=optuna.samplers.RandomSampler(seed=0))
     return StudySearcher(load_space("aot_vs_standard").with_train(steps=30, eval_every=10),
                          io=ModelIO(3, vocab_size=14), study=study, storage=storage, metric="acc",
-                         mode="max", steps=30, predict=BoundPredictor(
+                         direction=Direction.MAXIMIZE, steps=30, predict=BoundPredictor(
                              PlanSettings(budget=128, layers=2, seq_len=3)))
 
 

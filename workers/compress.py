@@ -37,10 +37,8 @@ from common.cli import (
 )
 from common.errors import TransformerAllocError
 from userdata import DataSpec
-from workers.compress_types import CompressRequest, CompressResult
+from workers.compress_types import PROG, CompressRequest, CompressResult
 from workers.taskargs import add_task_args
-
-PROG = "workers.compress"
 
 
 def render(result: CompressResult) -> str:

@@ -15,6 +15,7 @@ from typing import Any, Literal, get_args
 from common.errors import UsageError
 from userdata import DataSpec
 
+PROG = "workers.compress"  # the command's name: its errors' and its progress lines' prefix
 Layout = Literal["compact", "stock"]
 LAYOUTS: tuple[Layout, ...] = get_args(Layout)
 

@@ -41,6 +41,7 @@ from workers.checkpoints.llama import sliding_window
 from workers.checkpoints.stream import StreamedFolder
 from workers.checkpoints.tokenizer import tokenizer_writer
 from workers.compress_types import (
+    PROG,
     CompressRequest,
     CompressResult,
     Evaluation,
@@ -55,8 +56,6 @@ from workers.students import build_student, pair_orders, streamed_student
 from workers.taskargs import check_fits, task_for_model
 from workers.tasks import Task, task_from_description
 from workers.trainer import Trainer, evaluate, run_with_progress
-
-PROG = "workers.compress"
 
 
 def read_plan(path: Path, teacher: ArchConfig) -> CompressionPlan:

@@ -270,7 +270,7 @@ def _add_checkpoint_args(p: argparse.ArgumentParser) -> None:
     c.add_argument("--tolerance", type=number(0, strict=True),
                    help=f"--checkpoint: allowed error per head group under --rule (default "
                         f"{DEFAULT_TOLERANCE}; with --rule loss, nats per token)")
-    c.add_argument("--align", type=int_in(1), default=8,
+    c.add_argument("--align", type=int_in(1), default=MeasureRequest.align,
                    help="--checkpoint: reduced qk_dim are multiples of this")
     c.add_argument("--rule", choices=RULES,
                    help="--checkpoint: what decides each reduced qk_dim: the saturation rule's "

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from arch import OPTIMIZERS, ArchConfig, ConfigError, TrainConfig
+from arch.training import SMOKE_TRAIN
 from common.cli import (
     Parser,
     add_force,
@@ -38,7 +39,6 @@ if TYPE_CHECKING:
     from workers.trainer import TrainResult
 
 PROG = "workers.train"
-SMOKE = {"steps": 20, "batch_size": 8, "eval_every": 10, "eval_batches": 2}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,8 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, kind in (("--steps", int_in(1)), ("--batch-size", int_in(1)),
                        ("--eval-every", int_in(1)), ("--eval-batches", int_in(1))):
         key = flag[2:].replace("-", "_")
-        p.add_argument(flag, type=kind, help=f"(default: {getattr(d, key)}; {SMOKE[key]} with "
-                                             "--smoke-test)")
+        p.add_argument(flag, type=kind, help=f"(default: {getattr(d, key)}; "
+                                             f"{SMOKE_TRAIN[key]} with --smoke-test)")
     p.add_argument("--lr", type=number(0, strict=True), default=d.lr)
     p.add_argument("--optimizer", choices=OPTIMIZERS, default=d.optimizer)
     p.add_argument("--weight-decay", type=number(0), default=d.weight_decay)
@@ -70,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_force(p, "--out checkpoint (start over)")
     p.add_argument("--checkpoint", type=Path, help=argparse.SUPPRESS)  # refused: see setup()
     p.add_argument("--smoke-test", action="store_true",
-                   help="the task at its smoke size, 20 steps of batch 8: runs in seconds "
+                   help=f"the task at its smoke size, {SMOKE_TRAIN['steps']} steps of batch "
+                        f"{SMOKE_TRAIN['batch_size']}: runs in seconds "
                         "(flags you give win over it)")
     p.add_argument("--quiet", action="store_true",
                    help="no progress on stderr (a bar on a terminal, else a line per "
@@ -114,9 +115,9 @@ def setup(args: argparse.Namespace) -> tuple[ArchConfig, Task, TrainConfig]:
                          "it; give one")
     if args.out is not None:
         check_writable("--out", args.out, force=args.force or args.resume)
-    d, smoke = TrainConfig(), SMOKE if args.smoke_test else {}
+    d, smoke = TrainConfig(), SMOKE_TRAIN if args.smoke_test else {}
     sized = {key: getattr(args, key) if getattr(args, key) is not None
-             else smoke.get(key, getattr(d, key)) for key in SMOKE}
+             else smoke.get(key, getattr(d, key)) for key in SMOKE_TRAIN}
     config = TrainConfig(**sized, lr=args.lr, optimizer=args.optimizer,
                          weight_decay=args.weight_decay, warmup=args.warmup,
                          grad_clip=args.grad_clip, seed=args.seed, device=args.device,

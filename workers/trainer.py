@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -26,7 +26,9 @@ from workers.model import build_model, count_params, maybe_compile
 from workers.tasks import Task, describe_task, fit_arch
 
 log = logging.getLogger(__name__)
-STATUSES = ("completed", "stopped", "diverged", "interrupted")
+# How a training run ended (a search trial's status is ``studies.records.TrialStatus``: a run
+# that diverged is a trial that failed).
+RunStatus = Literal["completed", "stopped", "diverged", "interrupted"]
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,7 @@ class EvalRecord:
 
 @dataclass
 class TrainResult:
-    status: str
+    status: RunStatus
     steps: int
     metric: float | None
     val_loss: float | None
@@ -243,7 +245,8 @@ class Trainer:
 
     def run(self, progress: Callable[[int, EvalRecord | None], None] | None = None
             ) -> TrainResult:
-        start, status, error = time.perf_counter(), "completed", None
+        start, error = time.perf_counter(), None
+        status: RunStatus = "completed"
         try:
             while self.step < self.config.steps:
                 tick = time.perf_counter()
@@ -265,7 +268,7 @@ class Trainer:
             self.save()
         return self.result(status, error, time.perf_counter() - start)
 
-    def result(self, status: str, error: str | None, wall: float) -> TrainResult:
+    def result(self, status: RunStatus, error: str | None, wall: float) -> TrainResult:
         last = self.history[-1] if self.history else None
         metric = last.metric if last else None
         extra = self.task.extra(metric, self.params[0]) if metric is not None else {}

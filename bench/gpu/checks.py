@@ -111,9 +111,11 @@ def memory_rows(ctx: Context) -> list[dict[str, Any]]:
     """Two search trials in a row on the device: the memory it holds after each against
     before the first, allocated (live tensors) and reserved (what the caching allocator keeps
     from other processes: a trial empties its cache for the next); not measured on the CPU."""
+    from studies.records import Direction, TrialStatus
     from workers.search.protocol import TrialJob, TrialSpec
 
-    job = TrialJob(task=describe_task(LMTask(length=64)), metric="loss", mode="min",
+    job = TrialJob(task=describe_task(LMTask(length=64)), metric="loss",
+                   direction=Direction.MINIMIZE,
                    device=ctx.device, checkpoints=False)
     spec = TrialSpec(small_arch("mhsa"), {"steps": 2 * ctx.sizes.check_steps, "batch_size": 8,
                                           "eval_every": ctx.sizes.check_steps})
@@ -124,7 +126,7 @@ def memory_rows(ctx: Context) -> list[dict[str, Any]]:
         after = cuda_memory(ctx.device)
         held = {k: None if before is None or after is None else after[i] - before[i]
                 for i, k in enumerate(("held_allocated", "held_reserved"))}
-        ok = len(reports) == 2 and all(r.status == "running" for r in reports)
+        ok = len(reports) == 2 and all(r.status == TrialStatus.RUNNING for r in reports)
         rows.append({"check": "memory released", "kind": f"trial {trial}", **held,
                      "reports": len(reports),
                      "passed": ok and all(v is None or v <= MEMORY_SLACK for v in held.values())})

@@ -15,11 +15,10 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 
 from alloc.prior import point_key
 from studies import records as rec
-from workers.search.protocol import ERROR
+from studies.records import TrialStatus
 
 log = logging.getLogger(__name__)
 Sampled = TypeVar("Sampled")
-DUPLICATE, DUPLICATE_OF = "duplicate", "duplicate_of"  # a proposal not trained: a finished twin
 MAX_REDRAWS = 3  # proposals of finished points in a row before an untried point is enqueued
 
 
@@ -39,7 +38,7 @@ def ask_new(study: optuna.Study, ask: Callable[[], tuple[Trial, Sampled]],
     points = untried()
     if not points:
         return ask()
-    study.enqueue_trial(rng.choice(points), user_attrs={"seed": "untried"})
+    study.enqueue_trial(rng.choice(points), user_attrs={rec.SEED: "untried"})
     return ask()
 
 
@@ -54,8 +53,8 @@ def finished_twin(study: optuna.Study, params: Mapping[str, Any]) -> FrozenTrial
 def skip_duplicate(study: optuna.Study, trial: Trial, twin: FrozenTrial) -> None:
     """Record ``trial`` (the same point as the finished ``twin``) as not trained."""
     tell(study, trial, TrialState.FAIL, None, {
-        rec.STATUS: DUPLICATE, DUPLICATE_OF: twin.number,
-        ERROR: f"the same point as trial {twin.number}: not trained, the sampler asked again"})
+        rec.STATUS: str(TrialStatus.DUPLICATE), rec.DUPLICATE_OF: twin.number,
+        rec.ERROR: f"the same point as trial {twin.number}: not trained, the sampler asked again"})
 
 
 def tell(study: optuna.Study, trial: Trial, state: TrialState, value: float | None,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import io
 import logging
 import os
@@ -26,10 +27,11 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from arch import MAX_WIDTH
+from arch.training import SMOKE_TRIAL
 from common.cli import Parser, add_format, dump, fail, int_in, number
 from common.errors import TransformerAllocError, shell_word
 from search_spaces.schema import SAMPLERS
-from workers.search.options import SMOKE_TRAIN, SearchOptions
+from workers.search.options import DEFAULT_TRIALS, SearchOptions
 from workers.taskargs import add_task_args, task_from_args
 
 if TYPE_CHECKING:
@@ -47,27 +49,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--space", required=True,
                    help="search-space YAML: a path or a file shipped in search_spaces/")
     add_task_args(p, required=False)  # a space's data: stands in for them
-    p.add_argument("--profile", type=Path,
+    p.add_argument("--profile", type=Path, default=d.profile,
                    help="allocator inputs measured from the data (python -m workers.profile "
                         "--out); default with --data: the data profiled now")
     p.add_argument("--study", help="study name (default: SPACE-TASK)")
     p.add_argument("--storage", help="SQLAlchemy URL (default: $OPTUNA_STORAGE, then "
                                      "sqlite:///studies.db)")
     p.add_argument("--trials", type=int_in(1),
-                   help="trials in the study in all (default: 20; the grid size for grid "
-                        f"spaces; {SMOKE_TRIALS} with --smoke-test)")
+                   help=f"trials in the study in all (default: {DEFAULT_TRIALS}; the grid "
+                        f"size for grid spaces; {SMOKE_TRIALS} with --smoke-test)")
     p.add_argument("--budget", type=int_in(1, MAX_WIDTH),
                    help="width budget D (default: the space's)")
     p.add_argument("--steps", type=int_in(1), help="training steps per trial (default: the "
                                                    "space's)")
-    p.add_argument("--address", help="Ray cluster: auto or ray://host:port (default: a local "
-                                     "Ray instance)")
+    p.add_argument("--address", default=d.address,
+                   help="Ray cluster: auto or ray://host:port (default: a local Ray instance)")
     p.add_argument("--cpus-per-trial", type=number(0, strict=True), default=d.cpus_per_trial)
     p.add_argument("--gpus-per-trial", type=number(0), default=d.gpus_per_trial,
                    help="fractions share a GPU; > 0 trains on CUDA")
-    p.add_argument("--max-concurrent", type=int_in(1),
+    p.add_argument("--max-concurrent", type=int_in(1), default=d.max_concurrent,
                    help="trials at once (default: as many as the resources allow)")
-    p.add_argument("--sampler", choices=SAMPLERS,
+    p.add_argument("--sampler", choices=SAMPLERS, default=d.sampler,
                    help="tpe (after the allocator's seeds), random, grid (every point, then "
                         "TPE), or prior (the allocator's bound as a prior that learns from the "
                         "trials: docs/guide/search.md); default: the space's sampler")
@@ -75,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
                    default=d.prior_temperature,
                    help="--sampler prior: the prior's spread (its best point is e^(1/T) times "
                         "as likely as its worst)")
-    p.add_argument("--warm-start", metavar="STUDY",
+    p.add_argument("--warm-start", metavar="STUDY", default=d.warm_start,
                    help="start from another study of --storage: its calibrated constants, and "
                         "its finished trials when it measured the same task")
     p.add_argument("--scheduler", choices=("asha", "fifo"), default=d.scheduler,
@@ -84,17 +86,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true",
                    help="continue the study: retry trials that were running, run the rest")
     p.add_argument("--smoke-test", action="store_true",
-                   help=f"smoke-size task, {SMOKE_TRAIN['steps']} steps per trial, "
+                   help=f"smoke-size task, {SMOKE_TRIAL['steps']} steps per trial, "
                         f"{SMOKE_TRIALS} trials: runs in about a minute")
     p.add_argument("--storage-path", type=Path, default=d.storage_path,
                    help="Ray's experiment directory")
     p.add_argument("--heartbeat-interval", type=int_in(1), default=d.heartbeat_interval,
                    help="seconds between the driver's trial heartbeats")
     add_fault_args(p, d)
-    p.add_argument("--no-reuse-actors", action="store_true", help="a new worker per trial")
-    p.add_argument("--no-checkpoints", action="store_true",
-                   help="no checkpoint per evaluation (a trial hit by a fault restarts at step 0)")
-    p.add_argument("--quiet", action="store_true",
+    add_worker_args(p, d)
+    p.add_argument("--quiet", action="store_true", default=d.quiet,
                    help="no progress on stderr (the time estimate, then a bar on a terminal, "
                         "else a line per finished trial); errors, the interrupt's advice and "
                         "the result still print")
@@ -112,22 +112,25 @@ def add_fault_args(p: argparse.ArgumentParser, d: SearchOptions) -> None:
                    "stops (exit 1; --resume continues it)")
 
 
+def add_worker_args(p: argparse.ArgumentParser, d: SearchOptions) -> None:
+    """What a worker keeps between trials and between evaluations (store_false flags: the
+    option's default is on)."""
+    p.add_argument("--no-reuse-actors", dest="reuse_actors", action="store_false",
+                   default=d.reuse_actors, help="a new worker per trial")
+    p.add_argument("--no-checkpoints", dest="checkpoints", action="store_false",
+                   default=d.checkpoints,
+                   help="no checkpoint per evaluation (a trial hit by a fault restarts at step 0)")
+
+
 def setup(args: argparse.Namespace) -> SearchRequest:
     """The search the flags describe, checked once (``SearchError`` or ``UsageError`` if bad)."""
     from workers.search.request import prepare, read_space
 
     space, data = read_space(args.space)
     task = task_from_args(args, "smoke" if args.smoke_test else "paper", data=data)
-    options = SearchOptions(
-        scheduler=args.scheduler, seed=args.seed, cpus_per_trial=args.cpus_per_trial,
-        gpus_per_trial=args.gpus_per_trial, max_concurrent=args.max_concurrent,
-        address=args.address, storage_path=args.storage_path, profile=args.profile,
-        sampler=args.sampler, prior_temperature=args.prior_temperature,
-        warm_start=args.warm_start,
-        heartbeat_interval=args.heartbeat_interval, grace_period=args.grace_period,
-        storage_patience=args.storage_patience,
-        reuse_actors=not args.no_reuse_actors, checkpoints=not args.no_checkpoints,
-        quiet=args.quiet)
+    # every option has its flag, under the field's name (``points`` has none: Python only)
+    options = SearchOptions(**{f.name: getattr(args, f.name)
+                               for f in dataclasses.fields(SearchOptions) if f.name in args})
     return prepare(space, task, storage=args.storage, study=args.study,
                    trials=args.trials or (SMOKE_TRIALS if args.smoke_test else None),
                    resume=args.resume, options=options, budget=args.budget,
@@ -212,22 +215,22 @@ def stdout_aside() -> Iterator[None]:
         os.close(saved)
 
 
-INTERRUPTED = {"interrupted": 130, "terminated": 143}  # Ctrl-C, SIGTERM: 128 + the signal
-
-
 def outcome(summary: SearchSummary) -> tuple[int, str | None]:
     """The exit code of a search (130 interrupted, 1 when every trial that ran failed) and
     what to say of its failures."""
+    from studies.records import NOT_TRAINED, TrialStatus
     from studies.urls import SECRET_HINT, has_secret
 
+    interrupted = {TrialStatus.INTERRUPTED: 130, TrialStatus.TERMINATED: 143}  # 128 + signal
     failed = summary.counts.get("FAIL", 0) - len(summary.retried)  # a retried one ran again
     ran = sum(summary.counts.values()) - len(summary.retried) - sum(
-        summary.counts.get(k, 0) for k in ("WAITING", "DUPLICATE", "ORPHAN", "WARM_START"))
+        summary.counts.get(k, 0) for k in ("WAITING", "WARM_START",
+                                           *(status.name for status in NOT_TRAINED)))
     where = (f"their errors: python -m studies errors --storage {shell_word(summary.storage)} "
              f"--study {shell_word(summary.study)}"
              + (f"; {SECRET_HINT}" if has_secret(summary.storage) else ""))
-    if summary.status in INTERRUPTED:
-        return INTERRUPTED[summary.status], None  # reported when it happened
+    if summary.status in interrupted:  # Ctrl-C, SIGTERM
+        return interrupted[summary.status], None  # reported when it happened
     if failed and failed == ran:
         return 1, f"all {failed} trials failed ({where})"
     return 0, f"{failed} of {ran} trials failed ({where})" if failed else None

@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import optuna
 
@@ -36,6 +36,7 @@ from studies import records as rec
 from studies.errors import QueryError, StorageFaultError
 from studies.faults import STORAGE_ERRORS, guarded
 from studies.lease import Lease
+from studies.records import WARM_START_FROM, Direction, TrialRecord, TrialStatus
 from studies.storage import StorageSettings, open_storage
 from studies.urls import command_note, redact, secure_url
 from workers.errors import SearchFaultError
@@ -46,7 +47,6 @@ from workers.search.options import SearchOptions
 from workers.search.protocol import TrialJob
 from workers.search.request import SearchRequest, prepare
 from workers.search.searcher import (
-    WARM_START_FROM,
     Start,
     StudySearcher,
     finished_count,
@@ -66,11 +66,11 @@ class SearchSummary:
 
     study: str
     storage: str  # password redacted
-    status: str  # completed | interrupted (Ctrl-C) | terminated (SIGTERM)
+    status: TrialStatus  # COMPLETED, INTERRUPTED (Ctrl-C), TERMINATED (SIGTERM), STOPPED
     counts: dict[str, int]  # trials by Optuna state
     retried: list[int]  # failed trials that were re-run
     not_run: int  # starting points (e.g. grid points) never enqueued
-    best: query.TrialRecord | None = field(default=None, compare=False)
+    best: TrialRecord | None = field(default=None, compare=False)
     metric: str = "value"  # the task's metric, the study's objective
 
     @property
@@ -86,7 +86,7 @@ class SearchSummary:
 
     def to_dict(self) -> dict[str, Any]:
         best = self.best
-        return {"study": self.study, "storage": self.storage, "status": self.status,
+        return {"study": self.study, "storage": self.storage, "status": str(self.status),
                 "trials": self.counts, "retried": self.retried, "not_run": self.not_run,
                 "metric": self.metric,
                 "best": None if best is None else {
@@ -157,7 +157,7 @@ def _execute(request: SearchRequest, probe: optuna.storages.RDBStorage, lease: L
         print(f"study {request.study} already has its {request.trials} trials",
               file=sys.stderr)
         return summarise(_searcher(request, opened.study, probe, opened.plan, starts),
-                         request.study, url, "completed")
+                         request.study, url, TrialStatus.COMPLETED)
     announce_estimate(request, starts, remaining)
     from workers.search import tune  # Ray starts here
 
@@ -180,33 +180,28 @@ def _searcher(request: SearchRequest, study: optuna.Study,
               starts: list[Start]) -> StudySearcher:
     space, task = request.space, request.task
     return StudySearcher(space, io=task.io, study=study, storage=storage, metric=task.metric,
-                         mode="max" if task.higher_is_better else "min",
+                         direction=Direction.of(task.higher_is_better),
                          steps=int(space.fixed_train("steps")),
                          predict=BoundPredictor(planned.settings), starts=starts,
                          kv_dtype=training_dtype(trial_device(request.options)))
 
 
-def _run(searcher: GuardedSearcher, request: SearchRequest, url: str, remaining: int) -> str:
+def _run(searcher: GuardedSearcher, request: SearchRequest, url: str, remaining: int
+         ) -> TrialStatus:
     """Run the ``remaining`` trials the study still lacks; returns how the run ended."""
     from workers.search import tune
 
     space, task, opts, name = request.space, request.task, request.options, request.study
     steps = int(space.fixed_train("steps"))
-    run = tune.TuneRun(name=f"{name}-{time.strftime('%Y%m%d-%H%M%S')}",
-                       storage_path=opts.storage_path, trials=remaining, steps=steps,
-                       eval_every=int(space.fixed_train("eval_every")), scheduler=opts.scheduler,
-                       cpus_per_trial=opts.cpus_per_trial, gpus_per_trial=opts.gpus_per_trial,
-                       max_concurrent=opts.max_concurrent,
-                       concurrent=_concurrency(opts, remaining),
-                       reuse_actors=opts.reuse_actors,
-                       heartbeat_interval=opts.heartbeat_interval, quiet=opts.quiet)
+    run = tune.TuneRun(name=f"{name}-{time.strftime('%Y%m%d-%H%M%S')}", trials=remaining,
+                       steps=steps, eval_every=int(space.fixed_train("eval_every")),
+                       options=opts, concurrent=_concurrency(opts, remaining))
     say(f"search {name}: {remaining} trial(s) of {space.name} on {task.name} ({steps} steps "
         f"each), study in {redact(url)}, Ray results in {opts.storage_path / run.name}",
         quiet=opts.quiet)
     with terminated_as_interrupted() as signals:
-        status = tune.run_tuner(cast(StudySearcher, searcher), trial_job(task, opts), run,
-                                stop=searcher.should_stop)
-    how = "terminated" if signals.terminated else "interrupted"
+        status = tune.run_tuner(searcher, trial_job(task, opts), run, stop=searcher.should_stop)
+    how = TrialStatus.TERMINATED if signals.terminated else TrialStatus.INTERRUPTED
     if searcher.inner.halt is not None:
         _stop_on_full_disk(searcher, opts.storage_path / run.name)
     failed = None if searcher.fault else searcher.abandon(how)
@@ -235,7 +230,7 @@ def _concurrency(opts: SearchOptions, trials: int) -> int:
 def _stop_on_full_disk(searcher: GuardedSearcher, folder: Path) -> None:
     """After a trial found the results disk full: the running trials marked interrupted and
     re-enqueued, then the fault in one line (every trial it failed runs again on --resume)."""
-    searcher.abandon("interrupted")
+    searcher.abandon(TrialStatus.INTERRUPTED)
     raise SearchFaultError(f"the Ray results folder {str(folder)!r} (--storage-path) is on a "
                            "full disk (No space left on device): the search stopped and its "
                            "failed trials are not counted; free space there, then continue "
@@ -248,7 +243,7 @@ def _stop_on_fault(searcher: GuardedSearcher) -> None:
     fault = searcher.fault
     assert fault is not None
     try:
-        failed = guarded(lambda: searcher.inner.abandon("interrupted"), searcher.url,
+        failed = guarded(lambda: searcher.inner.abandon(TrialStatus.INTERRUPTED), searcher.url,
                          patience=0)
         if failed:
             print(f"trials {failed} marked interrupted and re-enqueued", file=sys.stderr)
@@ -287,7 +282,7 @@ class _Signals:
 def trial_job(task: Task, opts: SearchOptions) -> TrialJob:
     """What every trial of the search shares."""
     return TrialJob(task=describe_task(task), metric=task.metric,
-                    mode="max" if task.higher_is_better else "min", seed=opts.seed,
+                    direction=Direction.of(task.higher_is_better), seed=opts.seed,
                     device=trial_device(opts), threads=max(1, int(opts.cpus_per_trial)),
                     checkpoints=opts.checkpoints)
 
@@ -310,7 +305,8 @@ def announce_estimate(request: SearchRequest, starts: list[Start], trials: int) 
     say(f"search {request.study}: {estimate.describe(timed, trials, concurrent, opts.scheduler)}")
 
 
-def summarise(searcher: StudySearcher, name: str, url: str, status: str) -> SearchSummary:
+def summarise(searcher: StudySearcher, name: str, url: str, status: TrialStatus
+              ) -> SearchSummary:
     """What the study ``name`` holds after a search that ended as ``status``."""
     trials = searcher.study.get_trials(deepcopy=False)
     counts: dict[str, int] = {}

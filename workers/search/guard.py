@@ -18,40 +18,65 @@ driver took over (this one looked dead) stops the run the same way.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, Protocol, TypeVar
 
-from optuna.trial import TrialState
+from optuna.trial import Trial, TrialState
 
 from studies.errors import LeaseLostError, StorageFaultError
 from studies.faults import PATIENCE_S, guarded
 from studies.lease import Lease
+from studies.records import Direction, TrialRecord, TrialStatus
 from studies.storage import fail_marked
 from studies.urls import redact
-from workers.search.searcher import ORPHAN, StudySearcher
+from workers.search.failures import Death, RayFailure
+from workers.search.protocol import TrialSpec
+from workers.search.searcher import Best, StudySearcher
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+Suggestion = dict[str, TrialSpec] | Literal["wait", "end"]
+
+
+class TuneSearcher(Protocol):
+    """What the Tune side (``workers.search.tune``) calls: a ``StudySearcher``, or the guard
+    over one."""
+
+    @property
+    def metric(self) -> str: ...
+    @property
+    def direction(self) -> Direction: ...
+    @property
+    def trials(self) -> Mapping[str, Trial]: ...  # every trial asked, by Tune's id
+    @property
+    def done(self) -> set[str]: ...  # the trials told
+    @property
+    def deaths(self) -> Mapping[str, Death]: ...
+    @property
+    def counts(self) -> Mapping[str, int]: ...
+    @property
+    def best(self) -> Best | None: ...
+
+    def suggest(self, key: str, total: int) -> Suggestion: ...
+    def report(self, key: str, result: Mapping[str, Any]) -> None: ...
+    def record_checkpoint(self, key: str, path: str) -> None: ...
+    def recovered(self, key: str) -> str | None: ...
+    def complete(self, key: str, result: Mapping[str, Any] | None, error: bool = False,
+                 failure: RayFailure | None = None) -> TrialRecord | None: ...
+    def beat(self) -> None: ...
+    def stop_for(self, failure: RayFailure) -> None: ...
 
 
 class GuardedSearcher:
-    """``StudySearcher`` with every method call guarded against storage faults (same
-    attributes; a method returns None once the storage has failed)."""
+    """``StudySearcher`` with every call that reaches the study guarded against storage faults
+    (each returns None once the storage has failed); what it holds in memory is read as is."""
 
     def __init__(self, inner: StudySearcher, url: str, lease: Lease | None = None,
                  patience: float = PATIENCE_S) -> None:
         self.inner, self.url, self.lease, self.patience = inner, url, lease, patience
         self.fault: StorageFaultError | None = None
 
-    def __getattr__(self, name: str) -> Any:
-        value = getattr(self.inner, name)
-        if not callable(value):
-            return value
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            return self.call(lambda: value(*args, **kwargs))
-        return call
-
-    def call(self, action: Callable[[], Any]) -> Any:
+    def call(self, action: Callable[[], T]) -> T | None:
         """``action()`` under the guard; None once the storage has failed."""
         if self.fault is not None:
             return None
@@ -62,12 +87,67 @@ class GuardedSearcher:
             log.debug("storage fault: %s", fault)
             return None
 
-    def suggest(self, key: str, total: int) -> Any:
+    # --- the searcher's memory: no storage behind it ---------------------------------------
+
+    @property
+    def metric(self) -> str:
+        return self.inner.metric
+
+    @property
+    def direction(self) -> Direction:
+        return self.inner.direction
+
+    @property
+    def trials(self) -> Mapping[str, Trial]:
+        return self.inner.trials
+
+    @property
+    def done(self) -> set[str]:
+        return self.inner.done
+
+    @property
+    def deaths(self) -> Mapping[str, Death]:
+        return self.inner.deaths
+
+    @property
+    def counts(self) -> Mapping[str, int]:
+        return self.inner.counts
+
+    @property
+    def best(self) -> Best | None:
+        return self.inner.best
+
+    # --- calls that reach the study ---------------------------------------------------------
+
+    def suggest(self, key: str, total: int) -> Suggestion:
         """The searcher's next trial for Tune, and the end of the search once the storage has
         failed (Tune consults its stopper only when a trial reports: with none running, it
         would ask for a trial forever)."""
         config = self.call(lambda: self.inner.suggest(key, total))
-        return "end" if self.fault is not None else config
+        return "end" if self.fault is not None or config is None else config
+
+    def ask(self, key: str) -> dict[str, TrialSpec] | None:
+        return self.call(lambda: self.inner.ask(key))
+
+    def report(self, key: str, result: Mapping[str, Any]) -> None:
+        self.call(lambda: self.inner.report(key, result))
+
+    def record_checkpoint(self, key: str, path: str) -> None:
+        self.call(lambda: self.inner.record_checkpoint(key, path))
+
+    def recovered(self, key: str) -> str | None:
+        return self.call(lambda: self.inner.recovered(key))
+
+    def complete(self, key: str, result: Mapping[str, Any] | None, error: bool = False,
+                 failure: RayFailure | None = None) -> TrialRecord | None:
+        return self.call(lambda: self.inner.complete(key, result, error, failure))
+
+    def stop_for(self, failure: RayFailure) -> None:
+        self.call(lambda: self.inner.stop_for(failure))
+
+    def abandon(self, status: TrialStatus) -> list[int] | None:
+        """The searcher's ``abandon``; None once the storage has failed."""
+        return self.call(lambda: self.inner.abandon(status))
 
     def fail_orphans(self) -> list[int]:
         """FAIL the RUNNING trials this driver asked but never handed out: an ask whose
@@ -79,7 +159,7 @@ class GuardedSearcher:
         orphans = [t.number for t in inner.study.get_trials(
             deepcopy=False, states=(TrialState.RUNNING,)) if t.number not in handed_out]
         for number in orphans:
-            fail_marked(inner.storage, inner.study, number, ORPHAN,
+            fail_marked(inner.storage, inner.study, number, TrialStatus.ORPHAN,
                         "asked as the database connection dropped, then asked again; not run")
         return orphans
 

@@ -10,11 +10,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from alloc.prior import DEFAULT_TEMPERATURE
+from arch.training import SMOKE_TRIAL
 
 if TYPE_CHECKING:
     from search_spaces import SearchSpace
 
-SMOKE_TRAIN = {"steps": 40, "eval_every": 10, "batch_size": 16, "eval_batches": 2}
+DEFAULT_TRIALS = 20  # trials in a study when neither --trials nor a grid says how many
 
 
 @dataclass(frozen=True)
@@ -45,9 +46,9 @@ class SearchOptions:
 
 def training_budget(space: SearchSpace, smoke_test: bool = False,
                     steps: int | None = None) -> SearchSpace:
-    """``space`` at smoke size (``SMOKE_TRAIN``) and/or with ``steps`` per trial."""
+    """``space`` at smoke size (``SMOKE_TRIAL``) and/or with ``steps`` per trial."""
     if smoke_test:
-        space = space.with_train(**SMOKE_TRAIN)
+        space = space.with_train(**SMOKE_TRIAL)
     if steps:
         space = space.with_train(steps=steps, eval_every=min(int(space.fixed_train(
             "eval_every")), steps))

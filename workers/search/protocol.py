@@ -4,25 +4,36 @@ The driver sends every trial a ``TrialJob`` (the same for the whole search) and 
 (what this trial trains, from the searcher); a trial answers with a ``TrialReport`` per
 evaluation, and one on failure. Ray Tune carries them: the job and spec travel pickled inside
 Tune's config dict, and a report travels as the flat result dict Tune's schedulers read
-(``to_result``), parsed back on the driver (``from_result``). No torch and no Ray here.
+(``to_result``), parsed back on the driver (``from_result``); what a finished trial records
+in the study follows from its last report (``told_record``). No torch and no Ray here.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from arch import ArchConfig, TrainConfig
+from studies.records import (
+    ERROR,
+    NODE,
+    RESUMED,
+    STATUS,
+    TOKENS_PER_S,
+    VAL_LOSS,
+    VAL_LOSS_SE,
+    Direction,
+    TrialRecord,
+    TrialStatus,
+)
 
-Mode = Literal["min", "max"]
-Status = Literal["running", "failed"]
-# Keys of a report's result dict besides the task's metric (the scheduler reads ``step``).
-STEP, STATUS, ERROR, NODE, RESUMED = "step", "status", "error", "node", "resumed_from"
-VAL_LOSS, TRAIN_LOSS, TOKENS_PER_S = "val_loss", "train_loss", "tokens_per_s"
-VAL_LOSS_SE = "val_loss_se"  # the standard error of val_loss (``workers.trainer.Evaluation``)
+# Keys of a report's result dict besides the task's metric (the scheduler reads ``step``); a
+# fact the study records too is under the study's key (``studies.records``).
+STEP, TRAIN_LOSS = "step", "train_loss"
 # Keys of Tune's config dict.
 JOB_KEY, TRIAL_KEY = "job", "spec"
 
@@ -33,7 +44,7 @@ class TrialJob:
 
     task: Mapping[str, Any]  # ``workers.tasks.describe_task``: the worker rebuilds the task
     metric: str  # the task's metric, reported under this key
-    mode: Mode  # min: lower metric is better
+    direction: Direction  # which way the metric improves
     seed: int = 0  # training seed unless the space samples ``train.seed``
     device: str = "cpu"
     threads: int = 1  # torch threads of the worker (its CPUs)
@@ -41,7 +52,7 @@ class TrialJob:
 
     def worst(self) -> float:
         """The metric reported with a failure (the key must be present in every result)."""
-        return -math.inf if self.mode == "max" else math.inf
+        return self.direction.worst
 
 
 @dataclass(frozen=True)
@@ -60,9 +71,9 @@ class TrialSpec:
 
 @dataclass(frozen=True)
 class TrialReport:
-    """One evaluation of a running trial, or its failure."""
+    """One evaluation of a running trial (``RUNNING``), or its failure (``FAILED``)."""
 
-    status: Status
+    status: TrialStatus
     value: float  # the job's metric (``TrialJob.worst()`` on failure)
     node: str  # Ray node id of the worker
     step: int | None = None
@@ -75,7 +86,7 @@ class TrialReport:
 
     def to_result(self, metric: str) -> dict[str, Any]:
         """The flat dict Tune reports (``None`` fields left out)."""
-        result = {metric: self.value, STATUS: self.status, NODE: self.node, STEP: self.step,
+        result = {metric: self.value, STATUS: str(self.status), NODE: self.node, STEP: self.step,
                   VAL_LOSS: self.val_loss, TRAIN_LOSS: self.train_loss,
                   TOKENS_PER_S: self.tokens_per_s, RESUMED: self.resumed_from,
                   ERROR: self.error, VAL_LOSS_SE: self.val_loss_se}
@@ -87,9 +98,36 @@ class TrialReport:
         results, e.g. of a trial that died before reporting)."""
         if metric not in result or STATUS not in result:
             return None
-        return cls(status=result[STATUS], value=float(result[metric]),
+        return cls(status=TrialStatus(result[STATUS]), value=float(result[metric]),
                    node=str(result.get(NODE, "")), step=result.get(STEP),
                    val_loss=result.get(VAL_LOSS), train_loss=result.get(TRAIN_LOSS),
                    tokens_per_s=result.get(TOKENS_PER_S),
                    resumed_from=int(result.get(RESUMED) or 0), error=result.get(ERROR),
                    val_loss_se=result.get(VAL_LOSS_SE))
+
+
+def told_record(report: TrialReport | None, number: int, *, steps: int, metric: str,
+                error: bool = False) -> TrialRecord:
+    """What finished trial ``number`` records from its last ``report`` (None: it reported
+    nothing): COMPLETE with its value once it reached ``steps``, PRUNED before (the scheduler
+    stopped it), FAIL when it failed or its ``metric`` is not finite. ``error``: Ray failed it
+    (a FAIL whose caller records what failed)."""
+    told = TrialRecord(None, number, "FAIL", None)
+    if report is not None:
+        told = dataclasses.replace(
+            told, steps_reached=report.step, tokens_per_s=report.tokens_per_s,
+            node=report.node or None, resumed_from=report.resumed_from or None,
+            val_loss=report.val_loss, val_loss_se=report.val_loss_se)
+    if error:
+        return told
+    failed = TrialStatus.FAILED
+    if report is None:
+        return dataclasses.replace(told, status=failed, error=f"no {metric} reported")
+    if report.status == TrialStatus.FAILED:
+        return dataclasses.replace(told, status=failed, error=report.error)
+    if not math.isfinite(report.value):
+        return dataclasses.replace(told, status=failed, error=f"no finite {metric} reported")
+    if report.step is None or report.step < steps:
+        return dataclasses.replace(told, state="PRUNED", status=TrialStatus.STOPPED)
+    return dataclasses.replace(told, state="COMPLETE", value=report.value,
+                               status=TrialStatus.COMPLETED)

@@ -36,11 +36,9 @@ from workers.search.checks import (
     check_warm_start,
     check_writable_dir,
 )
-from workers.search.options import SearchOptions, training_budget
+from workers.search.options import DEFAULT_TRIALS, SearchOptions, training_budget
 from workers.search.seeding import SearchPlan, plan_settings, profile_for, space_mlp_ratio
 from workers.tasks import Task, TaskError, make_task
-
-DEFAULT_TRIALS = 20  # trials in a study when neither --trials nor a grid says how many
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ ways a stock ``OptunaSearch`` on an SQL study loses or corrupts trials:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import random
@@ -40,25 +41,30 @@ from alloc.prior import MAX_CANDIDATES, point_key
 from arch import ArchConfig, ModelIO
 from search_spaces import SearchSpace, SpaceError
 from studies import records as rec
+from studies.records import (
+    CHECKPOINT,
+    CHECKPOINT_STEP,
+    RESTARTS,
+    WARM_START_FROM,
+    Direction,
+    TrialRecord,
+    TrialStatus,
+)
 from studies.storage import retry_failed
-from workers.search.asking import DUPLICATE, ask_new, tell
+from workers.search.asking import ask_new, tell
 from workers.search.failures import Death, RayFailure, ray_failure
-from workers.search.protocol import ERROR, NODE, RESUMED, TRIAL_KEY, Mode, TrialReport, TrialSpec
+from workers.search.protocol import TRIAL_KEY, TrialReport, TrialSpec, told_record
 
 log = logging.getLogger(__name__)
 # The allocator's predicted error of a sampled architecture (recorded on its trial), or None.
 PredictError = Callable[[ArchConfig], float | None]
-CHECKPOINT = "checkpoint"  # trial user attr: the last checkpoint directory
-ORPHAN = "orphan"  # asked as a connection dropped, then asked again (workers.search.guard)
-DISK_FULL = "disk_full"  # failed for a full results disk: retried by --resume, not counted
-RAY_FAILED = "ray_failed"  # Ray failed it (its worker died, ...): --resume retries it, uncounted
-WARM_START_FROM = "warm_start_from"  # trial user attr: copied from this study (--warm-start)
 # A trial whose worker died after Ray's own in-place restart (``FailureConfig``) is retried this
 # many more times by the study, each time as a new trial from the chain's last checkpoint.
 WORKER_RETRIES = 1
-RESTARTS = "restarts"  # trial user attr: in-place restarts Ray made after the worker died
-ENDED_ATTRS = (ERROR, NODE, RESUMED, RESTARTS)  # how a retry's original ended (copied to it)
-CHECKPOINT_STEP = "checkpoint_step"  # trial user attr: the step of its last checkpoint
+# How a retry's original ended (Optuna's retry copies its attrs: the retry starts without these).
+ENDED_ATTRS = (rec.ERROR, rec.NODE, rec.RESUMED, RESTARTS)
+
+
 @dataclass(frozen=True)
 class Start:
     """A starting point: the params of an architecture to evaluate before sampling."""
@@ -68,12 +74,12 @@ class Start:
 
 
 @dataclass(frozen=True)
-class Outcome:
-    """A finished trial as the study recorded it (``StudySearcher.complete``)."""
+class Best:
+    """The best fully trained trial so far: what a progress line shows."""
 
+    value: float
     number: int
-    state: TrialState  # COMPLETE, PRUNED or FAIL
-    value: float | None  # the metric of a COMPLETE trial
+    arch: ArchConfig
 
 
 class StudySearcher:
@@ -88,11 +94,12 @@ class StudySearcher:
     """
 
     def __init__(self, space: SearchSpace, *, io: ModelIO, study: optuna.Study,
-                 storage: RDBStorage, metric: str, mode: Mode, steps: int, predict: PredictError,
-                 starts: Sequence[Start] = (), kv_dtype: str = "float32") -> None:
+                 storage: RDBStorage, metric: str, direction: Direction, steps: int,
+                 predict: PredictError, starts: Sequence[Start] = (),
+                 kv_dtype: str = "float32") -> None:
         self.space, self.io, self.study, self.storage = space, io, study, storage
         self.kv_dtype = kv_dtype
-        self.metric, self.mode, self.steps, self.predict = metric, mode, steps, predict
+        self.metric, self.direction, self.steps, self.predict = metric, direction, steps, predict
         self.starts = list(starts)
         self.trials: dict[str, Trial] = {}
         self.done: set[str] = set()
@@ -137,7 +144,8 @@ class StudySearcher:
             return None
         trial, (arch, train) = ask_new(self.study, self._ask, self._untried, self._rng)
         for name, value in rec.trial_attrs(arch, predicted_error=self.predict(arch),
-                                           status="running", kv_dtype=self.kv_dtype).items():
+                                           status=TrialStatus.RUNNING,
+                                           kv_dtype=self.kv_dtype).items():
             trial.set_user_attr(name, value)
         chain = self._chain(trial.number)
         if chain:  # a retry: it starts with no error, and no outcome, of the trial it copies
@@ -180,7 +188,7 @@ class StudySearcher:
         while self.starts and not self.study.get_trials(deepcopy=False,
                                                         states=(TrialState.WAITING,)):
             start = self.starts.pop(0)
-            self.study.enqueue_trial(dict(start.params), user_attrs={"seed": start.label},
+            self.study.enqueue_trial(dict(start.params), user_attrs={rec.SEED: start.label},
                                      skip_if_exists=True)
 
     def _chain(self, number: int) -> set[int]:
@@ -250,12 +258,13 @@ class StudySearcher:
         return earlier + 1 + self.restarts.get(key, 0)
 
     def complete(self, key: str, result: Mapping[str, Any] | None, error: bool = False,
-                 failure: RayFailure | None = None) -> Outcome | None:
+                 failure: RayFailure | None = None) -> TrialRecord | None:
         """Tell the trial's final state (once; later completions are ignored) and count it.
         ``error``: Ray failed the trial (``failure`` says how; default: its worker died).
 
         Returns:
-            What the study recorded; None when nothing was told (an unknown or finished trial).
+            What the study recorded when it told the trial (its state, value, status and
+            measurements); None when nothing was told (an unknown or finished trial).
         """
         trial = self.trials.get(key)
         if trial is None or key in self.done:
@@ -267,16 +276,17 @@ class StudySearcher:
         report = final or last
         if error:
             failure = failure or RayFailure("died")
-        elif report is not None and report.status == "failed":
+        elif report is not None and report.status == TrialStatus.FAILED:
             disk = ray_failure(report.error)  # the trial's own report of a full results disk
             failure = disk if disk.kind == "disk" else None
-        state, value, attrs = self.classify(report, failure is not None)
-        attrs[RESTARTS] = self.restarts.get(key)
+        record = dataclasses.replace(self.classify(report, failure is not None, trial.number),
+                                     restarts=self.restarts.get(key))
         attempt = self._attempt(key)
         chain = self._chain(trial.number) if failure else set()
         if failure is not None:
-            attrs.update(self._failure_attrs(failure, chain | {trial.number}))
-        told = tell(self.study, trial, state, value, attrs)  # a dropped write: retried whole
+            record = self._failed(record, failure, chain | {trial.number})
+        state, value = TrialState[record.state], record.value
+        told = tell(self.study, trial, state, value, record.told_attrs())  # retried whole
         self.done.add(key)  # only once told, so that the guard's retry tells it again
         self.last.pop(key, None)
         if not told:
@@ -284,26 +294,30 @@ class StudySearcher:
         if failure is not None:
             self.deaths[key] = self._retry(trial.number, chain, failure, attempt)
             if self.deaths[key].retry is not None or failure.kind == "disk":
-                return Outcome(trial.number, state, value)  # the retry is the trial that counts
+                return record  # the retry is the trial that counts
         self.counts[state.name] += 1
-        if value is not None and (self.best is None or self.better(value, self.best[0])):
-            self.best = (value, trial.number, self.archs[key].describe())
-        return Outcome(trial.number, state, value)
+        if value is not None and (self.best is None or
+                                  self.direction.better(value, self.best.value)):
+            self.best = Best(value, trial.number, self.archs[key])
+        return record
 
     def stop_for(self, failure: RayFailure) -> None:
         """Stop the search for ``failure`` (a full results disk): no trial starts any more."""
         self.halt = failure
 
-    def _failure_attrs(self, failure: RayFailure, chain: set[int]) -> dict[str, Any]:
-        """The status and error a trial Ray failed records: what failed, what happens next."""
+    def _failed(self, record: TrialRecord, failure: RayFailure, chain: set[int]) -> TrialRecord:
+        """``record`` of a trial Ray failed, with its status and error: what failed, what
+        happens next."""
         step = self._checkpoint_step(chain)
         start = "scratch" if step is None else f"step {step}"
         if failure.kind == "disk":
-            return {rec.STATUS: DISK_FULL, ERROR: f"{failure.describe()}; the search stopped "
-                    f"and --resume retries it from {start} (not counted against --trials)"}
+            return dataclasses.replace(
+                record, status=TrialStatus.DISK_FULL, error=f"{failure.describe()}; the search "
+                f"stopped and --resume retries it from {start} (not counted against --trials)")
         then = (f"retried as a new trial from {start}" if len(chain) <= WORKER_RETRIES
                 else "its retries are spent; --resume retries it")
-        return {rec.STATUS: RAY_FAILED, ERROR: f"{failure.describe()}; {then}"}
+        return dataclasses.replace(record, status=TrialStatus.RAY_FAILED,
+                                   error=f"{failure.describe()}; {then}")
 
     def _checkpoint_step(self, numbers: set[int]) -> int | None:
         """The step of the last checkpoint among these trials: where a retry continues."""
@@ -328,42 +342,20 @@ class StudySearcher:
             deepcopy=False, states=(TrialState.WAITING,)) if number in retry_history(t))
         return Death(number, attempt, retry, self._checkpoint_step(chain | {number}), failure)
 
-    def classify(self, report: TrialReport | None, error: bool
-                 ) -> tuple[TrialState, float | None, dict[str, Any]]:
-        """(state, value, user attrs) of a finished trial from its last report."""
-        attrs: dict[str, Any] = {}
-        if report is not None:
-            attrs = {rec.STEPS_REACHED: report.step, rec.TOKENS_PER_S: report.tokens_per_s,
-                     NODE: report.node or None, RESUMED: report.resumed_from or None,
-                     rec.VAL_LOSS: report.val_loss, rec.VAL_LOSS_SE: report.val_loss_se}
-        if error:  # the caller records what failed (``_failure_attrs``)
-            return TrialState.FAIL, None, attrs
-        if report is None:
-            return TrialState.FAIL, None, {rec.STATUS: "failed",
-                                           ERROR: f"no {self.metric} reported"}
-        if report.status == "failed":
-            return TrialState.FAIL, None, {**attrs, rec.STATUS: "failed", ERROR: report.error}
-        if not math.isfinite(report.value):
-            return TrialState.FAIL, None, {**attrs, rec.STATUS: "failed",
-                                           ERROR: f"no finite {self.metric} reported"}
-        if report.step is None or report.step < self.steps:
-            return TrialState.PRUNED, None, {**attrs, rec.STATUS: "stopped"}
-        return TrialState.COMPLETE, report.value, {**attrs, rec.STATUS: "completed"}
+    def classify(self, report: TrialReport | None, error: bool, number: int) -> TrialRecord:
+        """What finished trial ``number`` records from its last report (``told_record``)."""
+        return told_record(report, number, steps=self.steps, metric=self.metric, error=error)
 
-    def best_so_far(self) -> tuple[float, int, str] | None:
-        """(value, number, architecture) of the study's best fully trained trial, this run's or
-        an earlier one's (a resumed search), or None."""
+    def best_so_far(self) -> Best | None:
+        """The study's best fully trained trial, this run's or an earlier one's (a resumed
+        search), or None."""
         done = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
                 if t.value is not None and rec.ARCH in t.user_attrs]
         if not done:
             return None
-        best = (max if self.mode == "max" else min)(  # the first of equals, as better() ranks
-            done, key=lambda t: float(t.value))  # type: ignore[arg-type]
-        arch = ArchConfig.from_json(best.user_attrs[rec.ARCH])
-        return float(best.value), best.number, arch.describe()  # type: ignore[arg-type]
-
-    def better(self, value: float, than: float) -> bool:
-        return value > than if self.mode == "max" else value < than
+        best = min(done, key=lambda t: self.direction.rank(t.value))  # type: ignore[arg-type]
+        return Best(float(best.value), best.number,  # type: ignore[arg-type]  # first of equals
+                    ArchConfig.from_json(best.user_attrs[rec.ARCH]))
 
     # --- liveness and cleanup -------------------------------------------------------------
 
@@ -378,7 +370,7 @@ class StudySearcher:
             if key not in self.done:
                 self._beat(trial.number)
 
-    def abandon(self, status: str) -> list[int]:
+    def abandon(self, status: TrialStatus) -> list[int]:
         """FAIL every trial still open (the search was interrupted) and re-enqueue its params.
 
         Returns:
@@ -389,8 +381,8 @@ class StudySearcher:
             if key in self.done:
                 continue
             self.done.add(key)
-            attrs = {rec.STATUS: status, ERROR: f"the search was {status} while it ran; "
-                     "re-enqueued (python -m workers.search --resume runs it again)"}
+            attrs = {rec.STATUS: str(status), rec.ERROR: f"the search was {status} while it "
+                     "ran; re-enqueued (python -m workers.search --resume runs it again)"}
             if tell(self.study, trial, TrialState.FAIL, None, attrs):
                 retry_failed(self.study, trial.number)
                 failed.append(trial.number)
@@ -399,7 +391,7 @@ class StudySearcher:
 
 def not_trained(trial: FrozenTrial) -> bool:
     """Recorded but never trained: a duplicate proposal or an orphan."""
-    return trial.user_attrs.get(rec.STATUS) in (DUPLICATE, ORPHAN)
+    return TrialStatus.read(trial.user_attrs.get(rec.STATUS)) in rec.NOT_TRAINED
 
 
 def retry_history(trial: FrozenTrial) -> list[int]:
@@ -422,7 +414,7 @@ def requeue_ray_failures(study: optuna.Study) -> list[int]:
     trials = study.get_trials(deepcopy=False)
     retried = retried_numbers(trials)
     failed = [t.number for t in trials if t.state == TrialState.FAIL and t.number not in retried
-              and t.user_attrs.get(rec.STATUS) in (RAY_FAILED, DISK_FULL)]
+              and TrialStatus.read(t.user_attrs.get(rec.STATUS)) in rec.MACHINE_FAILURES]
     for number in failed:
         retry_failed(study, number)
     return failed

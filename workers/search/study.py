@@ -17,6 +17,7 @@ from alloc.sampler import PriorSampler
 from alloc.settings import PlanSettings
 from search_spaces import SearchSpace
 from studies import records as rec
+from studies.records import Direction
 from studies.storage import reap_trials
 from studies.urls import redact
 from workers.errors import SearchError
@@ -37,7 +38,7 @@ def describe_search(space: SearchSpace, task: Task, settings: PlanSettings,
 
 
 def open_study(name: str, storage: optuna.storages.BaseStorage, url: str,
-               description: dict[str, Any], maximize: bool, resume: bool) -> optuna.Study:
+               description: dict[str, Any], direction: Direction, resume: bool) -> optuna.Study:
     """Create the study, or load it for ``resume`` after checking it is the same search."""
     try:
         study = optuna.load_study(study_name=name, storage=storage)
@@ -45,8 +46,7 @@ def open_study(name: str, storage: optuna.storages.BaseStorage, url: str,
         if resume:
             raise SearchError(f"--resume: no study {name!r} in {redact(url)}; run without "
                              "--resume to start it") from None
-        study = optuna.create_study(study_name=name, storage=storage,
-                                    direction="maximize" if maximize else "minimize")
+        study = optuna.create_study(study_name=name, storage=storage, direction=direction.value)
         rec.set_study_attrs(study, **description)
         return study
     if not resume and study.trials:
@@ -91,7 +91,7 @@ def open_search_study(request: SearchRequest,
         planned = SearchPlan.make(with_constants(planned.settings, warm.constants))
     description = describe_search(request.space, request.task, planned.settings, opts.seed)
     study = open_study(request.study, storage, request.storage, description,
-                       request.task.higher_is_better, request.resume)
+                       Direction.of(request.task.higher_is_better), request.resume)
     if warm is not None:
         note = copy_trials(warm, study, request.space, request.task.io,
                            rec.study_attrs(**description))

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from arch import ArchConfig, param_count
+from studies.records import TrialStatus
 from workers.search.protocol import TrialJob, TrialReport, TrialSpec
 from workers.tasks import task_from_description
 from workers.trainer import EvalRecord, Trainer
@@ -73,7 +74,7 @@ def train_trial(job: TrialJob, spec: TrialSpec,
     resumed = 0
 
     def on_eval(record: EvalRecord, checkpoint: bool = True) -> None:
-        report(TrialReport("running", record.metric, node, record.step, record.val_loss,
+        report(TrialReport(TrialStatus.RUNNING, record.metric, node, record.step, record.val_loss,
                            record.train_loss, record.tokens_per_s, resumed,
                            val_loss_se=record.val_loss_se),
                workdir if job.checkpoints and checkpoint else None)
@@ -104,5 +105,5 @@ def train_trial(job: TrialJob, spec: TrialSpec,
         if torch.cuda.is_available():
             torch.cuda.empty_cache()  # the next trial on this worker gets the memory back
     if error is not None:
-        report(TrialReport("failed", job.worst(), node, step=step, resumed_from=resumed,
+        report(TrialReport(TrialStatus.FAILED, job.worst(), node, step=step, resumed_from=resumed,
                            error=error), None)

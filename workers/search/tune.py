@@ -27,11 +27,14 @@ from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 from ray.tune.search import Searcher
 
 from common.progress import Progress, duration
+from studies.records import RESUMED, Direction, TrialStatus
 from workers.search import estimate
 from workers.search.failures import RayFailure, disk_full, ray_failure
-from workers.search.protocol import JOB_KEY, RESUMED, STEP, TRIAL_KEY, TrialJob, TrialReport
+from workers.search.guard import TuneSearcher
+from workers.search.options import SearchOptions
+from workers.search.protocol import JOB_KEY, STEP, TRIAL_KEY, TrialJob, TrialReport
 from workers.search.schedule import Halving, Rungs
-from workers.search.searcher import WORKER_RETRIES, StudySearcher
+from workers.search.searcher import WORKER_RETRIES
 from workers.search.trial import train_trial
 
 log = logging.getLogger(__name__)
@@ -141,48 +144,46 @@ def session(address: str | None = None) -> Iterator[None]:
 
 @dataclass(frozen=True)
 class TuneRun:
-    """How Tune runs a search's trials."""
+    """How Tune runs a search's trials: the search's ``options`` (their one set of defaults),
+    and what this run adds to them."""
 
-    name: str  # the experiment's folder under ``storage_path``
-    storage_path: Path
+    name: str  # the experiment's folder under ``options.storage_path``
     trials: int  # trials to run now
     steps: int  # the scheduler's full budget
     eval_every: int
-    scheduler: str = "asha"  # asha | fifo
-    cpus_per_trial: float = 1.0
-    gpus_per_trial: float = 0.0
-    max_concurrent: int | None = None
+    options: SearchOptions
     concurrent: int = 1  # trials that run at once (what the resources allow, at most max)
-    reuse_actors: bool = True
-    heartbeat_interval: float = 10.0
-    quiet: bool = False  # no progress on stderr
 
 
-def run_tuner(searcher: StudySearcher, job: TrialJob, run: TuneRun,
-              stop: Callable[[], bool] | None = None) -> str:
-    """Run ``run.trials`` trials; returns ``completed`` or ``interrupted`` (Ctrl-C). ``stop``:
-    checked at every step, True stops every trial (e.g. the storage failed).
+def run_tuner(searcher: TuneSearcher, job: TrialJob, run: TuneRun,
+              stop: Callable[[], bool] | None = None) -> TrialStatus:
+    """Run ``run.trials`` trials; returns ``COMPLETED``, ``INTERRUPTED`` (Ctrl-C) or
+    ``STOPPED`` (a full results disk). ``stop``: checked at every step, True stops every trial
+    (e.g. the storage failed).
 
     Ray restarts a trial whose worker died once in place (``max_failures=1``); if that fails
     too, the searcher retries it as a new Tune trial (``WORKER_RETRIES``): Tune may run that
     many more trials, and the searcher's ``suggest`` decides when the search ends.
     """
+    opts = run.options
     scheduler = (_Halving(Halving(Rungs.for_training(run.steps, run.eval_every),
-                                  maximize=searcher.mode == "max"), searcher.metric)
-                 if run.scheduler == "asha" else FIFOScheduler())
+                                  maximize=searcher.direction is Direction.MAXIMIZE),
+                          searcher.metric)
+                 if opts.scheduler == "asha" else FIFOScheduler())
     monitor = _Monitor(searcher, run, Progress("search", total=run.trials, unit="trials",
-                                               quiet=run.quiet))
+                                               quiet=opts.quiet))
     tuner = tune.Tuner(
-        tune.with_resources(_trainable, {"cpu": run.cpus_per_trial, "gpu": run.gpus_per_trial}),
+        tune.with_resources(_trainable, {"cpu": opts.cpus_per_trial,
+                                         "gpu": opts.gpus_per_trial}),
         param_space={JOB_KEY: job},
         tune_config=tune.TuneConfig(search_alg=_Adapter(searcher, run.trials,
-                                                        run.max_concurrent),
+                                                        opts.max_concurrent),
                                     scheduler=scheduler,
                                     num_samples=run.trials * (1 + WORKER_RETRIES),
-                                    reuse_actors=run.reuse_actors,
+                                    reuse_actors=opts.reuse_actors,
                                     trial_dirname_creator=lambda trial: f"trial_{trial.trial_id}"),
         run_config=tune.RunConfig(
-            name=run.name, storage_path=str(run.storage_path.resolve()), verbose=0,
+            name=run.name, storage_path=str(opts.storage_path.resolve()), verbose=0,
             callbacks=[monitor], stop=None if stop is None else _StopWhen(stop),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
             failure_config=tune.FailureConfig(max_failures=1)))
@@ -190,15 +191,15 @@ def run_tuner(searcher: StudySearcher, job: TrialJob, run: TuneRun,
         tuner.fit()  # its ResultGrid is not read: the study is the record, failed trials too
     except KeyboardInterrupt:  # a second Ctrl-C; the first one Tune handles itself, stopping
         monitor.bar.abandon()  # the run and returning, and the searcher's abandon() finds
-        return "interrupted"   # the trials it left open (workers.search reports that)
+        return TrialStatus.INTERRUPTED  # the trials it left open (workers.search reports that)
     except Exception as err:  # Tune's own writes (experiment state, error files) on a full disk
         if not disk_full(err):
             raise
         searcher.stop_for(RayFailure("disk", "No space left on device"))
         monitor.bar.abandon()
-        return "stopped"
+        return TrialStatus.STOPPED
     monitor.bar.close("done" if monitor.finished >= run.trials else "stopped")
-    return "completed"
+    return TrialStatus.COMPLETED
 
 
 class _Halving(FIFOScheduler):
@@ -268,10 +269,10 @@ class _Adapter(Searcher):
     URL. Resuming goes through the study (``workers.search --resume``), never Tune's state.
     """
 
-    def __init__(self, inner: StudySearcher, total: int, max_concurrent: int | None = None
+    def __init__(self, inner: TuneSearcher, total: int, max_concurrent: int | None = None
                  ) -> None:
-        super().__init__(metric=inner.metric, mode=inner.mode)
-        self.inner: StudySearcher | None = inner
+        super().__init__(metric=inner.metric, mode=inner.direction.mode)
+        self.inner: TuneSearcher | None = inner
         self.total = total  # trials to finish in this run
         # the concurrency limit is ours, not Tune's ConcurrencyLimiter: a trial Tune ends
         # without telling its search algorithm (``_Monitor._tell_untold``) would hold one of
@@ -332,9 +333,9 @@ class _Monitor(tune.Callback):
     trial). The counts by state and the best are the searcher's, which classified each trial
     when it told the study (Tune tells the searcher before its callbacks)."""
 
-    def __init__(self, searcher: StudySearcher, run: TuneRun, bar: Progress) -> None:
+    def __init__(self, searcher: TuneSearcher, run: TuneRun, bar: Progress) -> None:
         self.searcher, self.total, self.bar = searcher, run.trials, bar
-        self.interval = run.heartbeat_interval / 2
+        self.interval = run.options.heartbeat_interval / 2
         self.finished = 0  # trials finished in this run (not one failed and retried)
         self.last_beat = 0.0
         self.work = estimate.Work(run.steps, run.trials)
@@ -435,8 +436,8 @@ class _Monitor(tune.Callback):
         stopped, failed = counts["PRUNED"], counts["FAIL"]
         best = "no full-budget trial yet"
         if top is not None:
-            best = f"best {self.searcher.metric} {top[0]:.4g} (trial {top[1]}"
-            best += ")" if self.bar.tty else f": {top[2]})"
+            best = f"best {self.searcher.metric} {top.value:.4g} (trial {top.number}"
+            best += ")" if self.bar.tty else f": {top.arch.describe()})"
         if self.bar.tty:
             return f"{best}, {running} running, {stopped} stopped early, {failed} failed"
         return (f"{counts['COMPLETE']} complete, {stopped} stopped early, {failed} failed, "

@@ -27,8 +27,9 @@ from alloc.sampler import CALIBRATION_ATTR
 from arch import ModelIO
 from common.errors import excerpt, printable
 from search_spaces import SearchSpace
+from studies.records import WARM_START_FROM, WARM_START_TRIAL
 from workers.errors import WarmStartError
-from workers.search.searcher import WARM_START_FROM, not_trained
+from workers.search.searcher import not_trained
 
 WARM_START_ATTR = "warm_start"  # study user attr: what was carried over, from where
 MEASURE_KEYS = ("task", "task_fields", "steps")  # study attrs: same measurement
@@ -133,4 +134,4 @@ def _copy(trial: FrozenTrial, name: str, space: SearchSpace, io: ModelIO) -> Fro
         state=trial.state, value=trial.value,  # a pruned trial's: its last reported value
         params=replay.params, distributions=replay.distributions,
         intermediate_values=dict(trial.intermediate_values),
-        user_attrs={**trial.user_attrs, WARM_START_FROM: name, "warm_start_trial": trial.number})
+        user_attrs={**trial.user_attrs, WARM_START_FROM: name, WARM_START_TRIAL: trial.number})
