@@ -25,7 +25,7 @@ from common.errors import TransformerAllocError
 MLP_PRODUCT_ORDER = 2  # an MLP after the attention multiplies pairs of extracted tokens (§2.1)
 
 # The kinds the allocator plans: a latent layer's latent width is not a head split but a
-# compression's choice (workers.latent_students).
+# compression's choice (workers.compression.latent_students).
 PLANNED_KINDS: tuple[AttentionKind, ...] = kinds_where(lambda t: t.planned)
 # The planned kinds whose query heads may share key/value heads, for messages.
 GROUPED_KV_PLANNED = kinds_text(lambda t: t.grouped_kv, PLANNED_KINDS)

@@ -4,7 +4,7 @@ token (``KindTraits.kv_units``, the one statement of the KV cache width), whethe
 whether its heads have one width, and which tools plan or cut it.
 
 Every question about a kind is asked of this table (``kind_traits(name)``, or
-``LayerSpec.kind``), not of its name; the kind's torch module is ``workers.kinds.ATTENTION``.
+``LayerSpec.kind``), not of its name; the kind's torch module is ``workers.models.kinds.ATTENTION``.
 Adding a kind is its name in ``AttentionKind``, its row here and its module there.
 """
 

@@ -65,7 +65,7 @@ def write_checkpoint(folder: Path, shape: dict[str, int], layers: int,
               "tie_word_embeddings": False, "dtype": dtype, **shape}
     arch = llama_arch(config)
     with torch.device("meta"):
-        from workers.model import build_model
+        from workers.models.model import build_model
 
         shapes = {k: tuple(v.shape) for k, v in build_model(arch).state_dict().items()}
     folder.mkdir(parents=True, exist_ok=True)
@@ -176,7 +176,8 @@ def run(folder: Path, shape_name: str, layers: int, dtype: str, sample_tokens: i
     model, plan = str(folder / "model"), str(folder / "plan.yaml")
     data = ["--data", str(tokens), "--seq-len", str(seq_len)]
     # the interpreter with torch and our modules imported: what every stage holds before work
-    base = measured(["-c", "import torch, workers.compressor, workers.measure, workers.profile"])
+    base = measured(["-c", "import torch, workers.compression.compressor, "
+                     "workers.compression.measure, workers.profile"])
     result["baseline_anon_bytes"] = base["peak_anon"]
     stages = {
         "load": ["-c", LOAD, model],

@@ -85,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     add_format(p)
     args = p.parse_args(argv)
     fixture = ensure(args.cache)
-    base = measured(["-c", "import torch, workers.compressor, workers.measure, workers.profile"])
+    base = measured(["-c", "import torch, workers.compression.compressor, "
+                     "workers.compression.measure, workers.profile"])
     result: dict[str, Any] = {"fraction": args.fraction, "sample_tokens": args.sample_tokens,
                               "baseline_anon_bytes": base["peak_anon"]}
     layouts = {f"latent-rope{args.rope_dim}": args.rope_dim}

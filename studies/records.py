@@ -40,7 +40,7 @@ STEPS_REACHED, STATUS, ERROR = "steps_reached", "status", "error"
 # before it existed lack both; queries compute them from the architecture (at float32).
 KV_CACHE, KV_CACHE_DTYPE = "kv_cache", "kv_cache_dtype"
 # The validation loss of a trained trial and its standard error over the evaluation's batches
-# (the evaluation's noise, ``workers.trainer.Evaluation``), when it reported them; not in
+# (the evaluation's noise, ``workers.training.trainer.Evaluation``), when it reported them; not in
 # TRIAL_ATTRS: records added by hand and older trials lack them.
 VAL_LOSS, VAL_LOSS_SE = "val_loss", "val_loss_se"
 TRIAL_ATTRS = (ARCH, ARCH_ID, PARAMS_TRAINABLE, PARAMS_TOTAL, PREDICTED_ERROR, TOKENS_PER_S,
@@ -152,7 +152,8 @@ class TrialRecord:
     steps_reached: int | None = None
     tokens_per_s: float | None = None
     val_loss: float | None = None
-    val_loss_se: float | None = None  # the evaluation's noise (``workers.trainer.Evaluation``)
+    # the evaluation's noise (``workers.training.trainer.Evaluation``)
+    val_loss_se: float | None = None
     node: str | None = None
     resumed_from: int | None = None
     restarts: int | None = None

@@ -1,4 +1,4 @@
-"""workers.attention: MixiT properties, RoPE, and the theory checks of docs/theory.md §7."""
+"""workers.models.attention: MixiT properties, RoPE, and the theory checks of docs/theory.md §7."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from arch import ATTENTION_KINDS, KINDS, ArchConfig, HeadGroup, LayerSpec
-from workers.attention import (
+from workers.models.attention import (
     LogitRecorder,
     MixiTAttention,
     MultiHeadAttention,
@@ -20,8 +20,8 @@ from workers.attention import (
     rotate,
     thresholded_softmax,
 )
-from workers.kinds import ATTENTION, make_attention
-from workers.model import Block
+from workers.models.kinds import ATTENTION, make_attention
+from workers.models.model import Block
 
 
 def single_layer(kind: str, d: int, heads: tuple[HeadGroup, ...], t: int, causal: bool = True,
@@ -246,7 +246,7 @@ def test_a_rope_checkpoint_written_before_saved_frequencies_loads_with_the_stand
 ) -> None:
     """RoPE frequencies are saved buffers now; a state dict without them (an older checkpoint)
     still loads strictly and computes with RoPE's standard frequencies."""
-    from workers.model import build_model
+    from workers.models.model import build_model
 
     layer = LayerSpec("mhsa", (HeadGroup(4, 8, kv_heads=2),))
     arch = ArchConfig(d_model=16, layers=(layer,), max_seq_len=12, vocab_size=11,

@@ -128,7 +128,7 @@ def test_the_smoke_run_in_the_gpu_image_measures_every_part(image_python: Path,
     assert cli.main(["--render", str(out / "gpu.json"), "--docs", str(docs), "--quiet"]) == 0
     assert docs.read_text() == before
     modules = json.loads(loaded.read_text())
-    assert "workers.trainer" in modules and "bench.gpu.students" in modules
+    assert "workers.training.trainer" in modules and "bench.gpu.students" in modules
     assert outside_the_image(modules) == {
         m: p for m, p in OFF_THE_GPU_PATH.items() if m in modules}
 

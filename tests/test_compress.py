@@ -20,18 +20,18 @@ from arch import ArchConfig, HeadGroup, LayerSpec, TrainConfig, param_count
 from common.errors import UsageError
 from common.files import dump_yaml
 from userdata import DataSpec
-from workers.attention import future_mask
 from workers.checkpoints import CheckpointError, gpt2_arch, load
 from workers.compress import main as compress_main
-from workers.compressor import CompressRequest, compress
-from workers.heads import head_maps
-from workers.measure import measure_checkpoint, measure_model
-from workers.model import Model, build_model
+from workers.compression.compressor import CompressRequest, compress
+from workers.compression.heads import head_maps
+from workers.compression.measure import measure_checkpoint, measure_model
+from workers.compression.recording import record_attention
+from workers.compression.students import build_student, svd_factors
+from workers.models.attention import future_mask
+from workers.models.model import Model, build_model
 from workers.profile import main as profile_main
-from workers.recording import record_attention
-from workers.students import build_student, svd_factors
 from workers.tasks import make_data_task
-from workers.trainer import Trainer, evaluate
+from workers.training.trainer import Trainer, evaluate
 
 
 @functools.cache
@@ -470,14 +470,14 @@ def test_the_kv_cache_floor_follows_from_the_architecture() -> None:
 def test_a_kv_cache_below_the_floor_is_refused_before_measuring(
         teacher: tuple[Model, Path, torch.Tensor], monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
-    import workers.measure
+    import workers.compression.measure
 
     _, folder, _ = teacher
 
     def measured(*_: object) -> None:
         raise AssertionError("measured before the budget was checked")
 
-    monkeypatch.setattr(workers.measure, "measure_for_plan", measured)
+    monkeypatch.setattr(workers.compression.measure, "measure_for_plan", measured)
     argv = ["--checkpoint", str(folder / "lm.pt"), "--task", "lm", "--smoke-test",
             "--rule", "loss", "--align", "4", "--kv-cache"]
     # the loss rule cuts keys and values: 4 heads x (4 + 4) of 4 x (16 + 16) units per layer
@@ -495,7 +495,7 @@ def test_the_values_svd_is_the_best_rank_r_map_of_the_weighted_product() -> None
     """``value_factors``: ``C F E Y`` is the truncated SVD of ``C Y`` (its error the tail of
     the singular values, Eckart-Young), and at full rank ``F E`` is the identity; a value
     dim the sample never excites (scale 0) costs nothing to drop."""
-    from workers.students import value_factors
+    from workers.compression.students import value_factors
 
     g = torch.Generator().manual_seed(0)
     v, d = 8, 20
@@ -575,8 +575,8 @@ def test_head_statistics_are_the_float64_definition() -> None:
     """Each head's logit bound and mean entropy over ``ln N`` (rows with at least two keys),
     computed in float32 from log-probabilities, equal the float64 definition to 1e-6, from
     flat to sharp (logits up to 1e3) attention."""
-    from workers.attention import future_mask
-    from workers.recording import head_statistics
+    from workers.compression.recording import head_statistics
+    from workers.models.attention import future_mask
 
     gen = torch.Generator().manual_seed(0)
     scales = torch.tensor([0.01, 1.0, 30.0, 1000.0])[None, :, None, None]

@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from tests.helpers.llama import build, ids, saved
-from workers.attention import MultiHeadAttention
 from workers.checkpoints import load
 from workers.checkpoints.stream import StreamedFolder, WholeModel
-from workers.curvature import layer_curvature
-from workers.latent_measure import width_losses
-from workers.latent_students import curvature_factors, curvature_spectrum
-from workers.model import Model
+from workers.compression.curvature import layer_curvature
+from workers.compression.latent_measure import width_losses
+from workers.compression.latent_students import curvature_factors, curvature_spectrum
+from workers.models.attention import MultiHeadAttention
+from workers.models.model import Model
 
 transformers = pytest.importorskip("transformers")
 
@@ -100,8 +100,8 @@ def test_the_fit_is_the_best_of_its_rank_in_the_curvature_norm() -> None:
 def test_the_pairs_left_unturned_cost_least_to_unturn(tmp_path: Path) -> None:
     """A pair whose frequency is ~0 turns nothing: unturning it is free, and it ranks last,
     however large its query and key norms."""
-    from workers.heads import layer_maps
-    from workers.pairs import derotation_order
+    from workers.compression.heads import layer_maps
+    from workers.compression.pairs import derotation_order
 
     model = load(saved(build("llama", num_key_value_heads=2), tmp_path / "m")).model
     attn = model.block(0).attn
@@ -126,13 +126,13 @@ def test_the_estimated_widths_end_no_worse_than_measured_ones(tmp_path: Path) ->
     from alloc.compression import plan_compression, plan_for_kv_cache
     from arch import TrainConfig
     from userdata import DataSpec
+    from workers.compression.latent_measure import curvature_latent
+    from workers.compression.measure import SAMPLE_BATCH, measure_layers, measure_model
+    from workers.compression.students import build_student, pair_orders
     from workers.experiments import harness
     from workers.experiments.llama_compress import SMOKE, teacher_arch
-    from workers.latent_measure import curvature_latent
-    from workers.measure import SAMPLE_BATCH, measure_layers, measure_model
-    from workers.students import build_student, pair_orders
     from workers.tasks import make_data_task
-    from workers.trainer import Trainer, evaluate
+    from workers.training.trainer import Trainer, evaluate
 
     sizes = dataclasses.replace(SMOKE, d_model=64, heads=4, kv_heads=2)
     task = make_data_task(DataSpec(str(harness.write_corpus(tmp_path / "corpus", 0.3))),

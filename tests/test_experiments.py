@@ -31,7 +31,7 @@ from workers.experiments import (
     mixit,
     saturation,
 )
-from workers.model import build_model, count_params
+from workers.models.model import build_model, count_params
 from workers.tasks import fit_arch, make_task
 
 ROOT = Path(__file__).resolve().parents[1]

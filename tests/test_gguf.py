@@ -101,9 +101,9 @@ def test_a_latent_student_of_a_gguf_file(tmp_path: Path) -> None:
     from alloc.compression import CompressionPlan
     from tests.helpers.llama import token_folder
     from workers.compress import main as compress_main
-    from workers.fits import read_fits
+    from workers.compression.fits import read_fits
+    from workers.compression.students import build_student, pair_orders
     from workers.profile import main as profile_main
-    from workers.students import build_student, pair_orders
 
     path = write_gguf(build("llama", num_key_value_heads=2), tmp_path / NAME)
     token_folder(tmp_path / "tokens")

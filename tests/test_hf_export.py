@@ -25,7 +25,7 @@ from arch import ArchConfig, HeadGroup, LayerSpec, param_count
 from tests.helpers.copies import copies, drifted
 from workers.errors import ExportError
 from workers.hf.export import save_student
-from workers.model import Model, build_model
+from workers.models.model import Model, build_model
 
 OURS = {"alloc", "arch", "common", "search_spaces", "studies", "userdata", "workers", "bench"}
 
@@ -364,14 +364,14 @@ def test_the_student_model_type_is_the_one_the_reader_knows() -> None:
     assert export.MODEL_TYPE == STUDENT_TYPE
 
 
-# What the modelling file repeats of workers.attention: the head split and merge, RoPE.
+# What the modelling file repeats of workers.models.attention: the head split and merge, RoPE.
 COPIED = {"split_heads", "merge_heads", "rope_frequencies", "rope_tables", "turn", "rotate"}
 
 
 def test_the_modelling_files_copies_are_their_sources() -> None:
-    """Each ``# Copied from workers.attention.NAME`` function of the standalone modelling file is
-    its source, text for text (as ``transformers``' check_copies): a fix made on one side only
-    fails here."""
+    """Each ``# Copied from workers.models.attention.NAME`` function of the standalone modelling
+    file is its source, text for text (as ``transformers``' check_copies): a fix made on one side
+    only fails here."""
     attention = export.REMOTE_CODE[1]
     assert {name for name, *_ in copies(attention.read_text())} >= COPIED
     assert all(drifted(source) == [] for source in export.REMOTE_CODE)
@@ -381,17 +381,18 @@ def test_a_copy_that_drifts_is_found(tmp_path: Path) -> None:
     text = export.REMOTE_CODE[1].read_text()
     changed = tmp_path / "changed.py"
     changed.write_text(text.replace("x1 * cos - x2 * sin", "x1 * cos + x2 * sin"))
-    assert drifted(changed) == ["turn: differs from workers.attention.turn"]
+    assert drifted(changed) == ["turn: differs from workers.models.attention.turn"]
     # ``with OLD->NEW`` renames in the source before comparing, as transformers' marks do
     renamed = tmp_path / "renamed.py"
-    renamed.write_text("# Copied from workers.attention.merge_heads with merge_heads->merge\n"
+    renamed.write_text("# Copied from workers.models.attention.merge_heads "
+                       "with merge_heads->merge\n"
                        "def merge(x: Tensor) -> Tensor:\n"
                        '    """(B, H, T, dim) -> (B, T, H * dim)"""\n'
                        "    b, h, t, d = x.shape\n"
                        "    return x.transpose(1, 2).reshape(b, t, h * d)\n")
     assert drifted(renamed) == []
     renamed.write_text(renamed.read_text().replace("h * d", "d * h"))
-    assert drifted(renamed) == ["merge: differs from workers.attention.merge_heads"]
+    assert drifted(renamed) == ["merge: differs from workers.models.attention.merge_heads"]
 
 
 @pytest.mark.parametrize("qkv_bias", [False, True])

@@ -26,8 +26,8 @@ from studies import query as q
 from studies import records as rec
 from studies.cli import main
 from studies.records import Direction
-from workers.kinds import make_attention
-from workers.model import build_model
+from workers.models.kinds import make_attention
+from workers.models.model import build_model
 from workers.search.searcher import StudySearcher
 from workers.search.seeding import BoundPredictor, fit_layer
 

@@ -1,7 +1,7 @@
-"""Latent attention (workers.latent) and latent students (workers.latent_students): what a
-decoder caches equals the vocabulary's count, a student at full rank is its teacher (through
-``transformers`` too), the latent is the weighted SVD's best, and the vocabulary refuses what
-the layer cannot be."""
+"""Latent attention (workers.models.latent) and latent students
+(workers.compression.latent_students): what a decoder caches equals the vocabulary's count, a
+student at full rank is its teacher (through ``transformers`` too), the latent is the weighted
+SVD's best, and the vocabulary refuses what the layer cannot be."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from transformers import AutoModelForCausalLM
 
 from alloc.compression import CompressionError
 from arch import ArchConfig, ConfigError, HeadGroup, LayerSpec, param_count
+from workers.compression.latent_students import latent_arch, latent_factors, latent_student
 from workers.hf.export import save_student
-from workers.latent import LatentAttention
-from workers.latent_students import latent_arch, latent_factors, latent_student
-from workers.model import Model, build_model, count_params
+from workers.models.latent import LatentAttention
+from workers.models.model import Model, build_model, count_params
 
 pytestmark = pytest.mark.usefixtures("remote_code_cache")
 

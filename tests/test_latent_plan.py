@@ -29,7 +29,7 @@ from alloc.compression import (
 from arch import ArchConfig
 from tests.helpers.llama import CASES, SEQ, VOCAB, build, ids, saved, token_folder
 from workers.checkpoints import load
-from workers.model import Model, count_params
+from workers.models.model import Model, count_params
 
 transformers = pytest.importorskip("transformers")
 
@@ -50,8 +50,8 @@ def latent_at(arch: ArchConfig, i: int, width: int) -> ArchConfig:
 
 
 def test_each_layers_latent_losses_are_its_latent_students(tmp_path: Path) -> None:
-    from workers.measure import measure_model
-    from workers.students import build_student
+    from workers.compression.measure import measure_model
+    from workers.compression.students import build_student
 
     teacher = load(saved(build("llama", num_key_value_heads=2), tmp_path / "m"))
     x = ids()
@@ -120,9 +120,9 @@ def test_a_latent_plan_under_a_kv_budget_is_the_least_summed_increase() -> None:
 def test_profile_and_compress_a_latent_student(case: str, tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     from workers.compress import main as compress_main
-    from workers.fits import read_fits
+    from workers.compression.fits import read_fits
+    from workers.compression.students import build_student, pair_orders
     from workers.profile import main as profile_main
-    from workers.students import build_student, pair_orders
 
     kind, overrides = CASES[case]
     teacher = load(saved(build(kind, **overrides), tmp_path / "teacher"))
@@ -168,7 +168,7 @@ def test_profile_and_compress_a_latent_student(case: str, tmp_path: Path,
 def test_latent_flags_and_plans_that_cannot_work_are_refused(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from workers.compress import main as compress_main
-    from workers.measure import measure_model
+    from workers.compression.measure import measure_model
     from workers.profile import main as profile_main
 
     folder = saved(build("llama", num_key_value_heads=2), tmp_path / "teacher")

@@ -134,9 +134,9 @@ def test_a_rope_student_keeps_the_measured_pairs_and_stock_layout_reads_it(
     layout (cut pairs as zeros) stock transformers computes the student's logits."""
     from alloc.compression import plan_compression
     from workers.checkpoints import save_llama
-    from workers.measure import measure_model
-    from workers.recording import record_attention
-    from workers.students import build_student, pair_orders
+    from workers.compression.measure import measure_model
+    from workers.compression.recording import record_attention
+    from workers.compression.students import build_student, pair_orders
 
     kind, overrides = CASES[case]  # Qwen2: biases on queries and keys; Llama 3.1 frequencies
     theirs = build(kind, **overrides)
@@ -172,7 +172,7 @@ def test_a_model_trained_here_is_written_as_a_llama_transformers_reads(tmp_path:
     layout is a ``LlamaForCausalLM`` with our logits, and reads back as the same arch."""
     from arch import ArchConfig, HeadGroup, LayerSpec
     from workers.checkpoints import llama_config, save_llama
-    from workers.model import build_model
+    from workers.models.model import build_model
 
     layer = LayerSpec("mhsa", (HeadGroup(4, 8, kv_heads=2),), mlp_ratio=1.5)
     arch = ArchConfig(d_model=32, layers=(layer, layer), max_seq_len=SEQ, vocab_size=VOCAB,
@@ -199,8 +199,8 @@ def test_profile_and_compress_a_llama_folder_into_a_smaller_student(
 
     from alloc.compression import CompressionPlan
     from workers.compress import main as compress_main
+    from workers.compression.students import build_student, pair_orders
     from workers.profile import main as profile_main
-    from workers.students import build_student, pair_orders
 
     teacher = load(saved(build("llama", num_key_value_heads=2), tmp_path / "llama"))
     token_folder(tmp_path / "tokens")
@@ -264,8 +264,8 @@ def test_pair_ranking_is_the_same_one_window_at_a_time(monkeypatch: pytest.Monke
                                                          tmp_path: Path) -> None:
     """The pair terms are formed in chunks of windows (a long sample must not hold every pair's
     T x T map): the ranking and the errors do not depend on the chunk."""
-    import workers.chunks as chunks
-    import workers.measure as measure_module
+    import workers.compression.chunks as chunks
+    import workers.compression.measure as measure_module
 
     loaded = load(saved(build("llama", num_key_value_heads=2), tmp_path / "m"))
     whole = measure_module.measure_model(loaded.model, ids(), SEQ, 4, "ids")
@@ -286,9 +286,9 @@ def test_loss_rule_and_a_kv_cache_budget(llama_folder: Path, tmp_path: Path,
     import dataclasses
 
     from alloc.compression import CompressionPlan
-    from workers.measure import measure_model
+    from workers.compression.measure import measure_model
+    from workers.compression.students import build_student, pair_orders
     from workers.profile import main as profile_main
-    from workers.students import build_student, pair_orders
 
     teacher = load(llama_folder)
     x = ids()
@@ -412,8 +412,8 @@ def test_logit_statistics_are_the_same_one_window_at_a_time(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The statistics pass runs a long sample a few windows at a time (every head's T x T map
     of a whole sample would not fit): bounds, entropies, inputs and norms do not change."""
-    import workers.chunks as chunks
-    import workers.recording as recording
+    import workers.compression.chunks as chunks
+    import workers.compression.recording as recording
 
     loaded = load(saved(build("llama", num_key_value_heads=2), tmp_path / "m"))
     whole = recording.record_attention(loaded.model, ids())
@@ -461,11 +461,11 @@ def test_the_pair_ranking_equals_its_definition(causal: bool, row_block: int, tm
     the largest attention-weight change of keeping the leading pairs, and gives each query
     head's largest |logit| and mean normalised entropy (``head_statistics``' definition):
     computed here the direct way, one (T, T) term per pair."""
-    from workers import pairs as pairs_module
-    from workers.attention import future_mask, rotate
-    from workers.heads import head_maps
-    from workers.pairs import rank_pairs
-    from workers.recording import head_statistics
+    from workers.compression import pairs as pairs_module
+    from workers.compression.heads import head_maps
+    from workers.compression.pairs import rank_pairs
+    from workers.compression.recording import head_statistics
+    from workers.models.attention import future_mask, rotate
 
     monkeypatch.setattr(pairs_module, "ROW_BLOCK", row_block)
 
@@ -519,10 +519,10 @@ def test_values_are_cut_with_the_keys_under_one_kv_budget(case: str, tmp_path: P
 
     from alloc.compression import CompressionPlan
     from workers.compress import main as compress_main
-    from workers.measure import measure_model
-    from workers.model import count_params
+    from workers.compression.measure import measure_model
+    from workers.compression.students import build_student, pair_orders
+    from workers.models.model import count_params
     from workers.profile import main as profile_main
-    from workers.students import build_student, pair_orders
 
     kind, overrides = CASES[case]
     teacher = load(saved(build(kind, **overrides), tmp_path / "teacher"))
@@ -573,7 +573,7 @@ def test_a_streamed_profile_equals_the_whole_models(dtype: torch.dtype, tmp_path
     safetensors (``StreamedFolder``), gives the measurement of the whole float32 model in
     memory, and holds one block's weights at a time, in the dtype the file stores."""
     from workers.checkpoints.stream import StreamedFolder, WholeModel
-    from workers.measure import measure_layers
+    from workers.compression.measure import measure_layers
 
     folder = saved(build("qwen2", num_key_value_heads=2).to(dtype), tmp_path / "m")
     x = ids()
@@ -608,8 +608,8 @@ def test_a_streamed_compress_writes_the_whole_models_student(dtype: torch.dtype,
     float32 arithmetic)."""
     from alloc.compression import CompressionPlan
     from workers.compress import main as compress_main
+    from workers.compression.students import build_student, pair_orders
     from workers.profile import main as profile_main
-    from workers.students import build_student, pair_orders
 
     teacher = load(saved(build("llama", num_key_value_heads=2).to(dtype), tmp_path / "teacher"))
     token_folder(tmp_path / "tokens")

@@ -1,4 +1,5 @@
-"""workers.model: exact parameter counts, reference parity, frozen weights, causality, I/O."""
+"""workers.models.model: exact parameter counts, reference parity, frozen weights, causality,
+I/O."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from torch import Tensor
 
 from arch import ArchConfig, HeadGroup, LayerSpec, param_count
 from tests.helpers.strategies import arch_configs
-from workers.attention import FrozenQKAttention, MultiHeadAttention, SubspaceAttention
-from workers.model import build_model, count_params
+from workers.models.attention import FrozenQKAttention, MultiHeadAttention, SubspaceAttention
+from workers.models.model import build_model, count_params
 from workers.tasks import DATA_TASKS, TASKS, fit_arch, make_task
 
 KINDS = ["mhsa", "frozen_qk", "mssa", "mixit", "latent"]

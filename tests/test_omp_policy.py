@@ -13,7 +13,7 @@ import pytest
 CHILD = """
 import os, sys
 assert "torch" not in sys.modules
-import workers.model  # imports torch through the package
+import workers.models.model  # imports torch through the package
 assert "torch" in sys.modules
 print(os.environ.get("OMP_WAIT_POLICY"))
 """

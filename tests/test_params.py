@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from arch import ArchConfig, HeadGroup, LayerSpec, ParamCount, attention_params, param_count
 from arch.params import io_params, layer_params
 from tests.helpers.strategies import arch_configs
-from workers.model import build_model, count_params
+from workers.models.model import build_model, count_params
 
 D = 32
 GROUPS = (HeadGroup(2, 8, 16), HeadGroup(3, 4))

@@ -14,7 +14,7 @@ from alloc.plan import layer_bound, make_plan, report
 from alloc.settings import PlanSettings
 from arch import HeadGroup, LayerSpec
 from common.errors import TransformerAllocError
-from workers.pilot import head_similarity
+from workers.training.pilot import head_similarity
 
 
 @pytest.mark.parametrize("patterns", [1, 2, 3, 4, 8, 16])

@@ -22,7 +22,7 @@ from studies.records import RESUMED, Direction
 from tests.helpers.search import launch, load, wait_for
 from workers.search.protocol import TrialJob, TrialReport, TrialSpec
 from workers.tasks import make_task
-from workers.trainer import Trainer
+from workers.training.trainer import Trainer
 
 SPACE = """name: one
 budget: 32

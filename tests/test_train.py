@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from arch import ArchConfig, HeadGroup, LayerSpec, TrainConfig, param_count
-from workers.model import build_model, count_params
+from workers.models.model import build_model, count_params
 from workers.tasks import DATA_TASKS, TASKS, Batch, NgramTask, fit_arch, make_task
 from workers.train import main
-from workers.trainer import EvalRecord, Trainer, measure, train
+from workers.training.trainer import EvalRecord, Trainer, measure, train
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -254,7 +254,7 @@ def test_the_evaluation_a_window_at_a_time_is_the_whole_batchs(
     whole batch would not fit): loss, metric and standard error do not depend on the chunk,
     for a token loss, a vector loss with per-sequence side information, and a per-sequence
     metric."""
-    import workers.chunks
+    import workers.compression.chunks
 
     made = make_task(task, "smoke")
     layer = LayerSpec("mhsa", (HeadGroup(2, 8),), mlp_ratio=1.0)
@@ -264,7 +264,7 @@ def test_the_evaluation_a_window_at_a_time_is_the_whole_batchs(
     model = build_model(arch)
     config = TrainConfig(eval_batches=3, batch_size=8)
     whole = measure(model, made, config, "cpu")
-    monkeypatch.setattr(workers.chunks, "CHUNK_BYTES", 1)  # one window per chunk
+    monkeypatch.setattr(workers.compression.chunks, "CHUNK_BYTES", 1)  # one window per chunk
     chunked = measure(model, made, config, "cpu")
     assert chunked.loss == pytest.approx(whole.loss, rel=1e-6)
     assert chunked.metric == pytest.approx(whole.metric, rel=1e-6)

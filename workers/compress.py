@@ -13,8 +13,8 @@ student's architecture as YAML beside it, for ``--arch`` and ``--resume``); a fo
 own modelling file, ``--layout stock`` in the GPT-2 or Llama teacher's padded layout.
 
 This module reads the flags into a ``CompressRequest`` and prints the ``CompressResult``; the
-work is ``workers.compressor.compress``, imported once the flags are read, so that ``--help``
-needs no torch.
+work is ``workers.compression.compressor.compress``, imported once the flags are read, so that
+``--help`` needs no torch.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from common.cli import (
 )
 from common.errors import TransformerAllocError
 from userdata import DataSpec
-from workers.compress_types import PROG, CompressRequest, CompressResult
-from workers.taskargs import add_task_args
+from workers.compression.types import PROG, CompressRequest, CompressResult
+from workers.tasks.args import add_task_args
 
 
 def render(result: CompressResult) -> str:
@@ -113,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from workers.compressor import compress
+    from workers.compression.compressor import compress
 
     try:
         result = compress(request_from_args(args))

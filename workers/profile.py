@@ -3,11 +3,11 @@
 Profile your data or your trained model, running a model with torch. ``--data``: the allocator's
 inputs measured from a bounded sample (docs/theory.md §9, as ``python -m alloc.profile`` measures
 them) and, for token data, by default a short pilot training of the uniform baseline at your
-width that measures them as a model sees them (§9.2, ``workers.pilot``; ``--no-pilot``: the
+width that measures them as a model sees them (§9.2, ``workers.training.pilot``; ``--no-pilot``: the
 statistics alone); ``--out`` writes the profile ``alloc.solve --profile`` reads. ``--checkpoint``:
 a trained model's compression plan (§10): per head the spectrum of its query-key map and, on a
 sample of ``--data`` or of ``--task`` (the trainer's task flags), its logit bound and attention
-entropy (``workers.measure``), and the per-layer plan of reduced ``qk_dim``
+entropy (``workers.compression.measure``), and the per-layer plan of reduced ``qk_dim``
 (``alloc.compression``) that ``python -m workers.compress`` builds. Torch is imported once the
 flags are read.
 """
@@ -68,8 +68,8 @@ def profile_data(spec: DataSpec, seq_len: int | None = None, sample: int | None 
                  seed: int = 0, pilot: PilotRequest | None = None,
                  on_pilot: Callable[[PilotRequest], None] | None = None) -> Profile:
     """The data's statistics (``alloc.datastats.data_statistics``) and, with ``pilot`` (token
-    data only), the pilot trained and measured (``workers.pilot``) in windows of the profile's
-    ``seq_len``, calling ``on_pilot`` once the statistics are measured.
+    data only), the pilot trained and measured (``workers.training.pilot``) in windows of the
+    profile's ``seq_len``, calling ``on_pilot`` once the statistics are measured.
 
     Raises:
         DataError: the data cannot be used; PilotError: the pilot cannot run.
@@ -77,7 +77,7 @@ def profile_data(spec: DataSpec, seq_len: int | None = None, sample: int | None 
     start = time.perf_counter()
     profile = data_statistics(spec, seq_len, sample, seed)
     if pilot is not None and profile.format != "npy":
-        from workers.pilot import run_pilot  # torch: once the statistics are measured
+        from workers.training.pilot import run_pilot  # torch: once the statistics are measured
 
         request = dataclasses.replace(pilot, data=spec.resolved(), seq_len=profile.seq_len,
                                       seed=seed)
@@ -143,13 +143,13 @@ class PlannedCheckpoint:
 
 
 def plan_checkpoint(request: PlanRequest) -> PlannedCheckpoint:
-    """Measure the checkpoint (``workers.measure``) and plan its compression.
+    """Measure the checkpoint (``workers.compression.measure``) and plan its compression.
 
     Raises:
         CheckpointError, TaskError, DataError, CompressionError: one line each.
     """
     from workers.checkpoints import read_arch  # torch: once the flags are read
-    from workers.measure import measure_for_plan
+    from workers.compression.measure import measure_for_plan
 
     latent = request.measure.latent
     if latent or request.kv_cache is not None:  # from the sizes alone: before measuring
@@ -226,7 +226,7 @@ def show_plan(planned: PlannedCheckpoint, args: argparse.Namespace) -> None:
               "R to assume them)", file=sys.stderr)
     if args.out is not None:
         if planned.fits:
-            from workers.fits import write_fits  # torch: a fitted plan only
+            from workers.compression.fits import write_fits  # torch: a fitted plan only
 
             factors = fits_path(args.out)
             write_fits(factors, planned.fits)

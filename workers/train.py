@@ -6,8 +6,8 @@ decay, gradient clipping, evaluation every k steps, checkpoints that resume the 
 tokens/s, and a non-finite loss or gradient ends the run with status ``diverged`` instead of a
 crash.
 
-This module reads the flags; the training is ``workers.trainer``, imported once they are read,
-so that ``--help`` needs no torch.
+This module reads the flags; the training is ``workers.training.trainer``, imported once they are
+read, so that ``--help`` needs no torch.
 """
 
 from __future__ import annotations
@@ -32,11 +32,11 @@ from common.cli import (
     wrote,
 )
 from common.errors import TransformerAllocError, UsageError
-from workers.taskargs import add_task_args, task_from_args
+from workers.tasks.args import add_task_args, task_from_args
 
 if TYPE_CHECKING:
     from workers.tasks import Task
-    from workers.trainer import TrainResult
+    from workers.training.trainer import TrainResult
 
 PROG = "workers.train"
 
@@ -143,7 +143,7 @@ def render(result: TrainResult) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s", stream=sys.stderr)
-    from workers.trainer import Trainer, describe_run, run_with_progress
+    from workers.training.trainer import Trainer, describe_run, run_with_progress
 
     try:
         arch, task, config = setup(args)

@@ -15,8 +15,8 @@ One job per module, the public names imported from here:
 - ``render``: ``render_plan`` and ``plot_plan``;
 - ``errors``: ``CompressionError``.
 
-The measurement itself runs the model, so it lives with torch (``workers.measure``, asked for
-with a ``MeasureRequest``); it reaches this package as a ``CheckpointMeasurement``, which
+The measurement itself runs the model, so it lives with torch (``workers.compression.measure``,
+asked for with a ``MeasureRequest``); it reaches this package as a ``CheckpointMeasurement``, which
 ``workers.profile`` hands to ``plan_compression``. Planning is pure: numpy and the saturation
 bound of ``alloc.saturation``.
 """

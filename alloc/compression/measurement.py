@@ -1,5 +1,5 @@
 """What the torch side measures of a trained model, as typed records: ``workers.profile`` asks
-``workers.measure.measure_checkpoint`` with a ``MeasureRequest`` and gets a
+``workers.compression.measure.measure_checkpoint`` with a ``MeasureRequest`` and gets a
 ``CheckpointMeasurement``, which the planner (torch-free) reads."""
 
 from __future__ import annotations

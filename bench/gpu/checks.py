@@ -3,8 +3,8 @@ checked against a reference (each row a check with the numbers it compared and w
 held).
 
 - ``suite``: ``pytest`` on the suite's CUDA and bf16 tests (``SUITE``), in a child process.
-- ``checks``: for every attention kind, ``workers.trainer``'s loss curve on the device (bf16
-  autocast on CUDA) against the same run in float32 on the CPU; ``torch.compile`` (the
+- ``checks``: for every attention kind, ``workers.training.trainer``'s loss curve on the device
+  (bf16 autocast on CUDA) against the same run in float32 on the CPU; ``torch.compile`` (the
   trainer's ``compile`` on CUDA, for mhsa) against eager on the device; two search trials in a row
   (``workers.search.trial``, no Ray) returning the device's memory to what it held before.
 """
@@ -24,7 +24,7 @@ import torch
 from arch import ATTENTION_KINDS, ArchConfig, HeadGroup, LayerSpec, TrainConfig
 from bench.gpu.plan import Budget, Context, PartResult
 from workers.tasks import LMTask, describe_task
-from workers.trainer import Trainer
+from workers.training.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[2]
 SUITE = ("tests/test_model.py",)
@@ -85,8 +85,8 @@ def small_arch(kind: str) -> ArchConfig:
 
 def losses(arch: ArchConfig, steps: int, device: str, backend: str | None = None
            ) -> list[float]:
-    """``workers.trainer``'s training loss at each of ``steps`` steps of the byte LM (the same
-    seed and batches wherever it runs); compiled with ``backend`` when given (the trainer's
+    """``workers.training.trainer``'s training loss at each of ``steps`` steps of the byte LM (the
+    same seed and batches wherever it runs); compiled with ``backend`` when given (the trainer's
     own ``compile`` flag for inductor, the default backend)."""
     config = TrainConfig(steps=steps, batch_size=8, eval_every=1, eval_batches=1, lr=3e-3,
                          warmup=0.0, device=device, compile=backend == "inductor")

@@ -1,5 +1,5 @@
 """A short training of a searched or planned architecture at the throughput shape, beside the
-uniform baseline of the same width and depth: ``workers.trainer`` on the byte-level ``lm``
+uniform baseline of the same width and depth: ``workers.training.trainer`` on the byte-level ``lm``
 task at the shape's length, the same seed and batches for both (one seed: a check that the
 architecture trains at scale and how fast, not a verdict on which is better).
 
@@ -22,7 +22,7 @@ from bench.gpu.plan import Budget, Context, PartResult
 from bench.throughput import Shape
 from common.files import read_yaml
 from workers.tasks import LMTask, fit_arch
-from workers.trainer import Trainer
+from workers.training.trainer import Trainer
 
 VOCAB = 256  # bytes
 
@@ -54,7 +54,7 @@ def architectures(shape: Shape, arch_file: Path | None) -> dict[str, ArchConfig]
 
 
 def train_one(ctx: Context, arch: ArchConfig, length: int) -> dict[str, Any]:
-    """``workers.trainer`` on the byte LM: the result's losses, speed and size."""
+    """``workers.training.trainer`` on the byte LM: the result's losses, speed and size."""
     s = ctx.sizes
     config = TrainConfig(steps=s.train_steps, batch_size=s.train_batch, lr=1e-3, warmup=0.1,
                          eval_every=s.train_steps, eval_batches=1 if ctx.smoke else 4,

@@ -39,7 +39,7 @@ from workers.checkpoints.llama import (
     tensors_into,
 )
 from workers.errors import CheckpointError
-from workers.model import Model, build_model
+from workers.models.model import Model, build_model
 
 Layout = Literal["ours", "gpt2", "llama"]
 STUDENT_TYPE = "transformer_alloc"  # the model_type of our students' folders (workers.hf)

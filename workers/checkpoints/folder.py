@@ -23,7 +23,7 @@ from torch import Tensor
 
 from arch import ArchConfig, param_count
 from workers.errors import CheckpointError
-from workers.model import Model, build_model
+from workers.models.model import Model, build_model
 
 SAFETENSORS = "model.safetensors"
 INDEX = "model.safetensors.index.json"

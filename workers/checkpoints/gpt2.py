@@ -20,10 +20,10 @@ from torch import Tensor
 
 from arch import ArchConfig, ConfigError, HeadGroup, LayerSpec
 from common.files import write_atomic
-from workers.attention import QKVLayout
 from workers.checkpoints.folder import SAFETENSORS, TensorFolder, empty_model
 from workers.errors import CheckpointError
-from workers.model import Model
+from workers.models.attention import QKVLayout
+from workers.models.model import Model
 
 # --- GPT-2 layout -----------------------------------------------------------------------------
 

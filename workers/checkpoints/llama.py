@@ -26,11 +26,11 @@ from torch import Tensor
 
 from arch import MAX_DEPTH, MAX_WIDTH, ArchConfig, ConfigError, HeadGroup, LayerSpec
 from common.files import write_atomic
-from workers.attention import MultiHeadAttention, QKVLayout, rope_frequencies
 from workers.checkpoints.folder import SAFETENSORS, TensorFolder, empty_model
 from workers.checkpoints.gguf import GGUFTensors
 from workers.errors import CheckpointError
-from workers.model import Model
+from workers.models.attention import MultiHeadAttention, QKVLayout, rope_frequencies
+from workers.models.model import Model
 
 FAMILIES = ("llama", "mistral", "qwen2")
 Tensors = TensorFolder | GGUFTensors  # a Llama-family checkpoint's tensors by stock name

@@ -33,7 +33,7 @@ from workers.checkpoints.llama import (
     stock_pairs,
     stock_row_split,
 )
-from workers.model import Block, Model, build_model
+from workers.models.model import Block, Model, build_model
 
 
 class LayerSource(Protocol):

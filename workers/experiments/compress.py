@@ -25,12 +25,12 @@ from common.cli import int_in, render_table
 from common.files import write_csv
 from common.plots import new_figure, write_figure
 from userdata import DataSpec
+from workers.compression.measure import SAMPLE_BATCH, measure_model
+from workers.compression.students import build_student
 from workers.experiments import harness
-from workers.measure import SAMPLE_BATCH, measure_model
-from workers.model import Model
-from workers.students import build_student
+from workers.models.model import Model
 from workers.tasks import Task, make_data_task
-from workers.trainer import Trainer, evaluate
+from workers.training.trainer import Trainer, evaluate
 
 NAME = "compress"
 

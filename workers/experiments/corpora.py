@@ -19,11 +19,11 @@ the grid's layers are uniform); each gets its rank in the grid, its layer-0 head
 among the five (mean over layer 1: the extraction layer is what the bound decides), its mean
 and 95% interval over the finalists' seeds, and the one-sided Welch test's p-value against the
 reference (``common.stats``; docs/results/corpora/NOISE.md states the rule). Every table states
-its noise: the seeds' SD, the evaluation's mean standard error (``workers.trainer.measure``) and
-their ratio. The studies (``corpora-CORPUS`` and ``corpora-CORPUS-finalists``) are resumed on a
-re-run, so only the profiles and plans are redone. Writes ``corpora.csv`` (one row per grid point
-and corpus), ``corpora_finalists.csv``, ``corpora_plans.csv``, ``corpora.png`` and each
-corpus's profiles.
+its noise: the seeds' SD, the evaluation's mean standard error
+(``workers.training.trainer.measure``) and their ratio. The studies (``corpora-CORPUS`` and
+``corpora-CORPUS-finalists``) are resumed on a re-run, so only the profiles and plans are redone.
+Writes ``corpora.csv`` (one row per grid point and corpus), ``corpora_finalists.csv``,
+``corpora_plans.csv``, ``corpora.png`` and each corpus's profiles.
 """
 
 from __future__ import annotations

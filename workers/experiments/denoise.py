@@ -28,9 +28,9 @@ from arch import ArchConfig, HeadGroup, LayerSpec
 from common.cli import int_in, number, render_table
 from common.files import write_csv
 from common.plots import new_figure, write_figure
-from workers.attention import LogitRecorder, SubspaceAttention
 from workers.experiments import harness
-from workers.model import Model, build_model
+from workers.models.attention import LogitRecorder, SubspaceAttention
+from workers.models.model import Model, build_model
 from workers.tasks import DenoiseTask, make_task
 from workers.tasks.vectors import cluster_snr
 

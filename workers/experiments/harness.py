@@ -18,7 +18,7 @@ from search_spaces import SearchSpace
 if TYPE_CHECKING:
     from workers.search.driver import SearchSummary
     from workers.tasks import Task
-    from workers.trainer import Trainer, TrainResult
+    from workers.training.trainer import Trainer, TrainResult
 
 RESULTS = Path("results")
 
@@ -76,7 +76,7 @@ def runs(args: argparse.Namespace, name: str, total: int, what: str = "runs",
 
 def train(trainer: Trainer, desc: str, args: argparse.Namespace) -> TrainResult:
     """``trainer.run()`` (resumed where its checkpoint was) with the trainer's progress."""
-    from workers.trainer import describe_run, run_with_progress
+    from workers.training.trainer import describe_run, run_with_progress
 
     return run_with_progress(trainer, desc, args.quiet, start=describe_run(trainer))
 

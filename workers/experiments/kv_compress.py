@@ -42,6 +42,7 @@ from common.files import write_atomic, write_csv
 from common.plots import new_figure, write_figure
 from common.stats import paired_bootstrap
 from userdata import DataSpec, open_tokens
+from workers.compression.measure import measure_model
 from workers.experiments import harness
 from workers.experiments.kv_methods import (
     METHODS,
@@ -50,10 +51,9 @@ from workers.experiments.kv_methods import (
     calibration_state,
     layer_units,
 )
-from workers.measure import measure_model
-from workers.model import Model
+from workers.models.model import Model
 from workers.tasks import make_data_task
-from workers.trainer import Trainer, describe_run, run_with_progress
+from workers.training.trainer import Trainer, describe_run, run_with_progress
 
 NAME = "kv_compress"
 FRACTIONS = (0.5, 0.25, 0.125)  # of the teacher's KV cache per token

@@ -46,15 +46,15 @@ from alloc.compression import (
     plan_for_kv_cache,
 )
 from arch import ArchConfig
-from workers.attention import MultiHeadAttention
 from workers.checkpoints.stream import WholeModel
-from workers.curvature import LayerCurvature
-from workers.latent_measure import curvature_latent
-from workers.latent_students import latent_arch, latent_student
-from workers.measure import measure_layers
-from workers.model import Model
-from workers.student_inputs import PairOrders
-from workers.students import build_student, pair_orders
+from workers.compression.curvature import LayerCurvature
+from workers.compression.latent_measure import curvature_latent
+from workers.compression.latent_students import latent_arch, latent_student
+from workers.compression.measure import measure_layers
+from workers.compression.student_inputs import PairOrders
+from workers.compression.students import build_student, pair_orders
+from workers.models.attention import MultiHeadAttention
+from workers.models.model import Model
 
 ASVD_ALPHA = 0.5  # ASVD's scaling exponent
 
@@ -66,7 +66,7 @@ class Calibration:
     Attributes:
         seed: which sample.
         x: its windows (B, T) and ``targets`` their next tokens.
-        curvature: per mhsa layer, the second moments of ``workers.curvature``.
+        curvature: per mhsa layer, the second moments of ``workers.compression.curvature``.
         spectra: the teacher's spectra (no data), the base of the latent plans.
         norm_orders: MHA2MLA's ranking of each key/value head's pairs by query and key norms.
         derotation: each key/value head's pairs, costliest to leave unturned first.
@@ -263,8 +263,8 @@ def calibrate(teacher: Model, x: Tensor, targets: Tensor, seed: int, align: int,
     """Everything the methods read of the sample ``x`` (but the compact loss plan, which
     ``kv_compress`` measures when ``ours`` is asked for); ``saved``: the measurements of an
     earlier ``Calibration.state()`` of the same sample, not measured again."""
-    from workers.curvature import layer_curvature
-    from workers.latent_measure import DEROTATION_WINDOWS, derotation_orders
+    from workers.compression.curvature import layer_curvature
+    from workers.compression.latent_measure import DEROTATION_WINDOWS, derotation_orders
 
     source = WholeModel(teacher)
     spectra = dataclasses.replace(measure_layers(source, None, x.shape[1], align, None, quiet),

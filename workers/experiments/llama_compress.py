@@ -32,13 +32,13 @@ from common.files import write_csv
 from common.plots import new_figure, write_figure
 from userdata import DataSpec
 from workers.checkpoints import llama_config, load, save_llama
+from workers.compression.loss_rule import IGNORE
+from workers.compression.measure import SAMPLE_BATCH, measure_model
+from workers.compression.students import build_student, pair_orders
 from workers.experiments import harness
-from workers.loss_rule import IGNORE
-from workers.measure import SAMPLE_BATCH, measure_model
-from workers.model import Model
-from workers.students import build_student, pair_orders
+from workers.models.model import Model
 from workers.tasks import Task, make_data_task
-from workers.trainer import Trainer, evaluate
+from workers.training.trainer import Trainer, evaluate
 
 NAME = "llama_compress"
 KV_DTYPE = "bfloat16"  # the KV cache is reported at the dtype a Llama is served in

@@ -32,12 +32,12 @@ from common.cli import int_in, render_table
 from common.files import write_csv
 from common.plots import new_figure, write_figure
 from userdata import DataSpec
-from workers.attention import MultiHeadAttention, future_mask
+from workers.compression.recording import record_attention
 from workers.experiments import harness
-from workers.model import Model, build_model
-from workers.recording import record_attention
+from workers.models.attention import MultiHeadAttention, future_mask
+from workers.models.model import Model, build_model
 from workers.tasks import LMTask, Task, make_data_task, make_task
-from workers.trainer import Trainer
+from workers.training.trainer import Trainer
 
 NAME = "saturation"
 FLOOR = 1e-16  # full-rank students are exact up to rounding: plot them at this floor

@@ -18,9 +18,9 @@ model width.
   T, latent_dim)) and the keys' turned RoPE parts (its values, (B, 1, T, sum of kv_heads *
   rope_dim)).
 
-Copies. Being standalone, this file repeats some of ``workers.attention``: the head split and
+Copies. Being standalone, this file repeats some of ``workers.models.attention``: the head split and
 merge and the RoPE rotation. Each repeated function is marked ``# Copied from
-workers.attention.NAME`` and must stay identical to its source, text for text (docstring
+workers.models.attention.NAME`` and must stay identical to its source, text for text (docstring
 included), which ``tests/test_hf_export.py`` checks, as ``transformers`` checks its own ``#
 Copied from`` functions (``utils/check_copies.py``): a change made in one place and not the
 other fails the tests.
@@ -61,14 +61,14 @@ def parse_groups(heads: list[Any]) -> list[Group]:
     return groups
 
 
-# Copied from workers.attention.rope_frequencies
+# Copied from workers.models.attention.rope_frequencies
 def rope_frequencies(dim: int, theta: float) -> Tensor:
     """RoPE's ``dim / 2`` angular frequencies, pair ``i`` turning ``theta ** (-2i / dim)`` per
     position (computed as ``transformers`` does, so angles agree to the last bit)."""
     return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
 
 
-# Copied from workers.attention.rope_tables
+# Copied from workers.models.attention.rope_tables
 def rope_tables(t: int, inv_freq: Tensor, dtype: torch.dtype, start: int = 0
                 ) -> tuple[Tensor, Tensor]:
     """``cos`` and ``sin`` of ``position * inv_freq[h, i]`` for the ``t`` positions from
@@ -78,7 +78,7 @@ def rope_tables(t: int, inv_freq: Tensor, dtype: torch.dtype, start: int = 0
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
-# Copied from workers.attention.turn
+# Copied from workers.models.attention.turn
 def turn(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """RoPE in rotate-half form: pair ``i`` of a head is dims ``(i, i + dim/2)``, turned by the
     angles of ``rope_tables``. ``x``: (B, H, T, dim)."""
@@ -87,21 +87,21 @@ def turn(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
 
-# Copied from workers.attention.rotate
+# Copied from workers.models.attention.rotate
 def rotate(x: Tensor, inv_freq: Tensor, start: int = 0) -> Tensor:
     """``x`` (B, H, T, dim) at positions ``start ..`` turned by RoPE with frequencies
     ``inv_freq`` (H, dim/2)."""
     return turn(x, *rope_tables(x.shape[-2], inv_freq, x.dtype, start))
 
 
-# Copied from workers.attention.split_heads
+# Copied from workers.models.attention.split_heads
 def split_heads(x: Tensor, count: int) -> Tensor:
     """(B, T, count * dim) -> (B, count, T, dim)"""
     b, t, _ = x.shape
     return x.view(b, t, count, -1).transpose(1, 2)
 
 
-# Copied from workers.attention.merge_heads
+# Copied from workers.models.attention.merge_heads
 def merge_heads(x: Tensor) -> Tensor:
     """(B, H, T, dim) -> (B, T, H * dim)"""
     b, h, t, d = x.shape

@@ -35,7 +35,7 @@ from workers.hf.modeling_transformer_alloc import (
     TransformerAllocConfig,
     TransformerAllocForCausalLM,
 )
-from workers.model import Model
+from workers.models.model import Model
 
 MODELING_FILE = Path(__file__).with_name("modeling_transformer_alloc.py")
 # What a student folder's remote code is: the modelling file and the attention it imports

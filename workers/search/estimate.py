@@ -50,7 +50,7 @@ def probe(space: SearchSpace, task: Task, job: TrialJob, starts: Sequence[Start]
     """Time a few training steps of the first starting point (see the module docstring)."""
     import torch
 
-    from workers.trainer import Trainer, evaluate
+    from workers.training.trainer import Trainer, evaluate
 
     if starts:
         arch, train = space.sample(FixedSuggester(starts[0].params, job.seed), task.io)

@@ -24,7 +24,7 @@ from arch import ArchConfig, param_count
 from studies.records import TrialStatus
 from workers.search.protocol import TrialJob, TrialReport, TrialSpec
 from workers.tasks import task_from_description
-from workers.trainer import EvalRecord, Trainer
+from workers.training.trainer import EvalRecord, Trainer
 
 CHECKPOINT_FILE = "trainer.pt"
 # report(what the trial reports, its checkpoint directory or None)

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from arch import ArchConfig, LayerSpec
-from workers.attention import (
+from workers.models.attention import (
     AttentionFn,
     FrozenQKAttention,
     GroupedAttention,
@@ -13,7 +13,7 @@ from workers.attention import (
     SubspaceAttention,
     sdpa,
 )
-from workers.latent import LatentAttention
+from workers.models.latent import LatentAttention
 
 ATTENTION: dict[str, type[GroupedAttention]] = {
     "mhsa": MultiHeadAttention,

@@ -17,12 +17,12 @@ from torch import Tensor, nn
 
 from alloc.compression import CompressionError, CompressionPlan
 from arch import ArchConfig, LayerSpec, kinds_text
-from workers.attention import QKVLayout
 from workers.checkpoints.stream import StreamedFolder
-from workers.heads import HeadMap, layer_maps
-from workers.latent_students import latent_layer
-from workers.model import Model, build_model
-from workers.student_inputs import InputScales, LatentFits, PairOrders
+from workers.compression.heads import HeadMap, layer_maps
+from workers.compression.latent_students import latent_layer
+from workers.compression.student_inputs import InputScales, LatentFits, PairOrders
+from workers.models.attention import QKVLayout
+from workers.models.model import Model, build_model
 
 
 def svd_factors(a: Tensor, b: Tensor, rank: int) -> tuple[Tensor, Tensor]:

@@ -1,5 +1,5 @@
 """Attention kinds (their registry, ``ATTENTION[name](arch, layer, index)``, is
-``workers.kinds``), each ``forward(x) -> x``.
+``workers.models.kinds``), each ``forward(x) -> x``.
 
 Every kind maps ``(B, T, d_model) -> (B, T, d_model)`` and supports head groups of different
 ``qk_dim`` / ``v_dim`` in one layer: one fused projection for the whole layer, then one attention
@@ -13,7 +13,7 @@ call per group over all of its heads (no Python loop over heads).
 - ``mixit``     random static attention ``A = I + W - rowmean(W)``, frozen, input independent
                 (Dong et al., 2025, eq. 2.3).
 - ``latent``    keys and values rebuilt from one cached low-rank latent per token
-                (``workers.latent``).
+                (``workers.models.latent``).
 
 The attention function is separate from the projections (``attention_fn`` argument, an
 ``AttentionFn``): ``sdpa`` by default, or e.g. ``thresholded_softmax(tau)``, the one of Thm 3.1 of

@@ -19,13 +19,13 @@ from alloc.pilot import PilotMeasurement, PilotRequest
 from alloc.plan import baseline_head
 from arch import ArchConfig, HeadGroup, LayerSpec, TrainConfig
 from common.progress import duration, say
-from workers.chunks import window_chunks
-from workers.heads import head_maps
-from workers.measure import SAMPLE_BATCH
-from workers.model import Model
-from workers.recording import head_statistics, record_attention
+from workers.compression.chunks import window_chunks
+from workers.compression.heads import head_maps
+from workers.compression.measure import SAMPLE_BATCH
+from workers.compression.recording import head_statistics, record_attention
+from workers.models.model import Model
 from workers.tasks import Task, TaskError, make_data_task, make_task
-from workers.trainer import Trainer, run_with_progress
+from workers.training.trainer import Trainer, run_with_progress
 
 
 def baseline(request: PilotRequest, task: Task) -> ArchConfig:

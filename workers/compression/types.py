@@ -1,7 +1,7 @@
-"""What ``workers.compressor.compress`` is asked and what it reports: ``CompressRequest`` in,
-``CompressResult`` out (frozen and typed; ``CompressResult.to_dict`` is the JSON report of
-``python -m workers.compress --format json``). No torch: the command builds its request from
-its flags with these alone."""
+"""What ``workers.compression.compressor.compress`` is asked and what it reports:
+``CompressRequest`` in, ``CompressResult`` out (frozen and typed; ``CompressResult.to_dict`` is the
+JSON report of ``python -m workers.compress --format json``). No torch: the command builds its
+request from its flags with these alone."""
 
 from __future__ import annotations
 

@@ -18,8 +18,8 @@ import torch
 from torch import Tensor, nn
 
 from arch import ArchConfig, LayerSpec
-from workers.attention import INIT_STD, AttentionFn, init_linear, out_std, sdpa
-from workers.kinds import make_attention
+from workers.models.attention import INIT_STD, AttentionFn, init_linear, out_std, sdpa
+from workers.models.kinds import make_attention
 
 
 def make_norm(arch: ArchConfig) -> nn.Module:

@@ -29,17 +29,17 @@ from alloc.compression import (
 )
 from arch import ArchConfig, LayerSpec
 from common.progress import Progress, duration, say
-from workers.attention import MultiHeadAttention
 from workers.checkpoints import Loaded, is_family_folder, load, read_arch
 from workers.checkpoints.stream import LayerSource, StreamedFolder, WholeModel
-from workers.heads import HeadMap, layer_maps
-from workers.latent_measure import curvature_latent
-from workers.loss_rule import IGNORE, input_scale, latent_sensitivity, loss_sensitivity
-from workers.model import Block, Model
-from workers.pairs import rank_pairs
-from workers.recording import record_block
-from workers.student_inputs import LatentFits
-from workers.taskargs import check_fits, task_for_model
+from workers.compression.heads import HeadMap, layer_maps
+from workers.compression.latent_measure import curvature_latent
+from workers.compression.loss_rule import IGNORE, input_scale, latent_sensitivity, loss_sensitivity
+from workers.compression.pairs import rank_pairs
+from workers.compression.recording import record_block
+from workers.compression.student_inputs import LatentFits
+from workers.models.attention import MultiHeadAttention
+from workers.models.model import Block, Model
+from workers.tasks.args import check_fits, task_for_model
 
 
 @torch.no_grad()
@@ -47,7 +47,7 @@ def measured_errors(head: HeadMap, x: Tensor, ranks: Sequence[int], causal: bool
                     ) -> dict[int, float]:
     """Per rank: the largest change of an attention weight on the inputs ``x`` (B, T, d [+ 1])
     when the head's query-key map is truncated to that rank (everything upstream unchanged)."""
-    from workers.attention import future_mask
+    from workers.models.attention import future_mask
 
     xd = x.double()
     matrix = torch.from_numpy(head.matrix)

@@ -24,10 +24,10 @@ import torch
 from torch import Tensor
 
 from common.progress import Progress
-from workers.attention import MultiHeadAttention
 from workers.checkpoints.stream import LayerSource
-from workers.loss_rule import IGNORE
-from workers.model import Block
+from workers.compression.loss_rule import IGNORE
+from workers.models.attention import MultiHeadAttention
+from workers.models.model import Block
 
 HEAD_TOKENS = 256  # positions whose output logits are formed at once in the backward pass
 

@@ -1,8 +1,9 @@
 """A plan's fitted latent maps on disk: ``<plan>.factors.safetensors`` beside a latent plan fitted
 to second order (docs/theory.md §10.6), written by ``workers.profile`` and read by
 ``workers.compress``. Per latent layer ``i``: ``layers.{i}.up`` (rows, latent_dim) and
-``layers.{i}.down`` (latent_dim, d_model), the rows in the order ``workers.latent_students``
-stacks them (every key head's latent part, then every value row)."""
+``layers.{i}.down`` (latent_dim, d_model), the rows in the order
+``workers.compression.latent_students`` stacks them (every key head's latent part, then every value
+row)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from torch import Tensor
 
 from alloc.compression import CompressionError, CompressionPlan
 from common.files import write_atomic
-from workers.student_inputs import LatentFits
+from workers.compression.student_inputs import LatentFits
 
 
 def write_fits(path: Path, fits: Mapping[int, tuple[Tensor, Tensor]]) -> None:

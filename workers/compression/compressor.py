@@ -7,7 +7,7 @@ layout.
 ``python -m workers.compress`` reads its flags into a ``CompressRequest`` (``workers.compress``)
 and prints the ``CompressResult``; Python calls ``compress`` the same way::
 
-    from workers.compressor import CompressRequest, compress
+    from workers.compression.compressor import CompressRequest, compress
     result = compress(CompressRequest(Path("run.pt"), Path("plan.yaml"), Path("student.pt"),
                                       task="lm", smoke_test=True))
 """
@@ -40,7 +40,9 @@ from workers.checkpoints import (
 from workers.checkpoints.llama import sliding_window
 from workers.checkpoints.stream import StreamedFolder
 from workers.checkpoints.tokenizer import tokenizer_writer
-from workers.compress_types import (
+from workers.compression.fits import read_fits
+from workers.compression.students import build_student, pair_orders, streamed_student
+from workers.compression.types import (
     PROG,
     CompressRequest,
     CompressResult,
@@ -50,12 +52,10 @@ from workers.compress_types import (
     LayerHeads,
     ParamCounts,
 )
-from workers.fits import read_fits
-from workers.model import Model
-from workers.students import build_student, pair_orders, streamed_student
-from workers.taskargs import check_fits, task_for_model
+from workers.models.model import Model
 from workers.tasks import Task, task_from_description
-from workers.trainer import Trainer, evaluate, run_with_progress
+from workers.tasks.args import check_fits, task_for_model
+from workers.training.trainer import Trainer, evaluate, run_with_progress
 
 
 def read_plan(path: Path, teacher: ArchConfig) -> CompressionPlan:

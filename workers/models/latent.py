@@ -11,7 +11,8 @@ other rows of ``W_up c``. Query heads use the same layout, and attention then ru
 group exactly as in ``mhsa``.
 
 At full rank (``latent_dim`` at least the rank of the stacked key and value maps) a latent
-layer computes what the ``mhsa`` layer it is cut from computes (``workers.latent_students``).
+layer computes what the ``mhsa`` layer it is cut from computes
+(``workers.compression.latent_students``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 from torch import Tensor
 
 from arch import ArchConfig, LayerSpec
-from workers.attention import (
+from workers.models.attention import (
     AttentionFn,
     GroupedAttention,
     init_linear,

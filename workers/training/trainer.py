@@ -21,8 +21,8 @@ from arch import ArchConfig, TrainConfig
 from common import stats
 from common.progress import Progress
 from workers.checkpoints import CheckpointError
-from workers.chunks import chunk_windows
-from workers.model import build_model, count_params, maybe_compile
+from workers.compression.chunks import chunk_windows
+from workers.models.model import build_model, count_params, maybe_compile
 from workers.tasks import Task, describe_task, fit_arch
 
 log = logging.getLogger(__name__)
@@ -123,8 +123,8 @@ class Evaluation:
 def measure(model: nn.Module, task: Task, config: TrainConfig, device: str) -> Evaluation:
     """The model's validation loss, its standard error and the task's metric over
     ``eval_batches`` fixed validation batches (the same batches for every model and seed).
-    Each batch runs a few windows at a time (``workers.chunks``): a batch of 32 windows of
-    2,048 tokens over a 32,000-token vocabulary would be 8.4 GB of logits at once."""
+    Each batch runs a few windows at a time (``workers.compression.chunks``): a batch of 32 windows
+    of 2,048 tokens over a 32,000-token vocabulary would be 8.4 GB of logits at once."""
     model.eval()
     losses, total, count = [], 0.0, 0
     for i in range(config.eval_batches):

@@ -18,9 +18,9 @@ from torch import Tensor
 
 from alloc.compression import CompressionError
 from arch import ArchConfig, kinds_text
-from workers.attention import QKVLayout
-from workers.model import Model, build_model
-from workers.student_inputs import InputScales, LatentFits, PairOrders
+from workers.compression.student_inputs import InputScales, LatentFits, PairOrders
+from workers.models.attention import QKVLayout
+from workers.models.model import Model, build_model
 
 
 def latent_arch(teacher: ArchConfig, latent_dims: Sequence[int], rope_dim: int,
@@ -97,8 +97,8 @@ def curvature_factors(rows: Tensor, inputs: Tensor, grads: Tensor, rank: int
     """``(up, down)`` with ``up @ down`` the rank-``rank`` approximation of ``rows`` (n, d)
     that raises the loss least to second order (docs/theory.md §10.6): the truncated SVD of
     ``G^(1/2) rows C^(1/2)``, ``C`` (d, d) the second moment of the inputs and ``G`` (n, n)
-    that of the loss gradient at the rows' outputs (``workers.curvature``), mapped back. Its
-    squared singular values beyond ``rank``, halved, are the loss increase it predicts
+    that of the loss gradient at the rows' outputs (``workers.compression.curvature``), mapped
+    back. Its squared singular values beyond ``rank``, halved, are the loss increase it predicts
     (``curvature_spectrum``)."""
     u, s, vh, root_c, inv_root_g = _curvature_svd(rows, inputs, grads)
     k = min(rank, s.shape[0])
@@ -166,8 +166,8 @@ def latent_rows(weight: Tensor, student: ArchConfig, i: int, orders: PairOrders
                 ) -> tuple[Tensor, Tensor]:
     """The rows of layer ``i``'s fused ``qkv`` ``weight`` that its latent replaces (every key
     head's latent part, then every value row, as ``latent_layer`` stacks them) and, for each,
-    its index among the teacher's key and value outputs (keys first: ``workers.curvature``'s
-    order)."""
+    its index among the teacher's key and value outputs (keys first:
+    ``workers.compression.curvature``'s order)."""
     layer = student.layers[i]
     layout, splits = QKVLayout.of(layer), pair_splits(student, i, orders)
     _, _, rest, values = gather(layout, splits, weight)
@@ -178,8 +178,8 @@ def latent_rows(weight: Tensor, student: ArchConfig, i: int, orders: PairOrders
 def curvature_fit(weight: Tensor, student: ArchConfig, i: int, orders: PairOrders,
                   inputs: Tensor, grads: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Layer ``i``'s latent maps at its full rank, ``(up, down)``, fitted to second order
-    (``curvature_factors``: ``inputs`` and ``grads`` are its ``workers.curvature`` moments),
-    and the singular values that price each width (docs/theory.md §10.6)."""
+    (``curvature_factors``: ``inputs`` and ``grads`` are its ``workers.compression.curvature``
+    moments), and the singular values that price each width (docs/theory.md §10.6)."""
     rows, at = latent_rows(weight, student, i, orders)
     sub = grads[at][:, at]
     spectrum = curvature_spectrum(rows, inputs, sub)

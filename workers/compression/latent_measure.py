@@ -3,7 +3,7 @@
 candidate latent width (its curvature spectrum's tail) and its latent maps fitted to second
 order, reading the model one decoder layer at a time when it is streamed. With a decoupled RoPE
 part (``rope_dim > 0``), each key/value head first keeps the pairs whose RoPE costs most to
-drop (``workers.pairs.derotation_order``), measured on a few windows of the sample.
+drop (``workers.compression.pairs.derotation_order``), measured on a few windows of the sample.
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ from torch import Tensor
 from alloc.compression import CheckpointMeasurement, latent_spec, latent_widths
 from arch import ArchConfig
 from common.progress import Progress
-from workers.attention import MultiHeadAttention
 from workers.checkpoints.stream import LayerSource
-from workers.curvature import LayerCurvature, layer_curvature
-from workers.heads import layer_maps
-from workers.latent_students import curvature_fit
-from workers.pairs import derotation_order
-from workers.student_inputs import LatentFits, PairOrders
+from workers.compression.curvature import LayerCurvature, layer_curvature
+from workers.compression.heads import layer_maps
+from workers.compression.latent_students import curvature_fit
+from workers.compression.pairs import derotation_order
+from workers.compression.student_inputs import LatentFits, PairOrders
+from workers.models.attention import MultiHeadAttention
 
 DEROTATION_WINDOWS = 4  # windows of the sample that rank the pairs to leave unturned
 
@@ -33,8 +33,8 @@ def curvature_latent(source: LayerSource, measured: CheckpointMeasurement, x: Te
                      moments: Sequence[LayerCurvature] | None = None,
                      orders: PairOrders | None = None
                      ) -> tuple[CheckpointMeasurement, LatentFits]:
-    """``measured`` (the model's spectra, ``workers.measure.measure_layers`` without data) with
-    every mhsa layer's ``latent_losses`` estimated to second order on ids ``x`` against
+    """``measured`` (the model's spectra, ``workers.compression.measure.measure_layers`` without
+    data) with every mhsa layer's ``latent_losses`` estimated to second order on ids ``x`` against
     ``targets``, its RoPE pairs ranked for a decoupled RoPE part of ``rope_dim`` per key/value
     head, and the latent maps of every layer at its full rank. ``moments`` and ``orders``:
     the curvature and the pair rankings already measured on that sample (else measured

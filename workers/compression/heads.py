@@ -1,7 +1,7 @@
 """A trained model's query-key heads as matrices: ``HeadMap`` (one query head's query map and
 the key map of the key/value head it reads, biases folded in, RoPE frequencies attached) and
-``head_maps(model)``, shared by the measurement (``workers.measure``) and the students
-(``workers.students``)."""
+``head_maps(model)``, shared by the measurement (``workers.compression.measure``) and the students
+(``workers.compression.students``)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import numpy as np
 import torch
 
 from alloc.compression import CompressionError
-from workers.attention import FrozenQKAttention, MultiHeadAttention
-from workers.model import Model
+from workers.models.attention import FrozenQKAttention, MultiHeadAttention
+from workers.models.model import Model
 
 
 @dataclass(frozen=True)

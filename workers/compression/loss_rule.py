@@ -15,10 +15,10 @@ from torch import Tensor
 from alloc.compression import LayerMeasurement, candidate_dims, latent_spec, latent_widths
 from arch import ArchConfig, LayerSpec
 from common.progress import Progress
-from workers.chunks import window_chunks
-from workers.kinds import make_attention
-from workers.latent_students import latent_layer
-from workers.model import Model
+from workers.compression.chunks import window_chunks
+from workers.compression.latent_students import latent_layer
+from workers.models.kinds import make_attention
+from workers.models.model import Model
 
 IGNORE = -100  # a target that does not count
 
@@ -54,7 +54,7 @@ def loss_sensitivity(model: Model, x: Tensor, targets: Tensor, layers: list[Laye
     each mhsa layer's input RMS; a layer without one keeps its values). One forward of the
     model on the sample per group and candidate, the slow part of a profile: counted on stderr
     unless ``quiet``."""
-    from workers.students import build_student, rankings
+    from workers.compression.students import build_student, rankings
 
     cuts = [(m, j, side, dim) for m in layers if m.heads
             for j, g in enumerate(model.arch.layers[m.index].heads)

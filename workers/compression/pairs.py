@@ -2,8 +2,8 @@
 one key/value head's pairs by what the logits receive from each, and for every query head
 reading it measures, in one pass over its attention maps, the largest attention-weight change
 of keeping each candidate number of leading pairs, its largest |logit| and its mean attention
-entropy (the statistics ``workers.recording`` would otherwise compute from a second copy of
-the same maps).
+entropy (the statistics ``workers.compression.recording`` would otherwise compute from a second
+copy of the same maps).
 
 The maps are formed a block of query rows at a time against the keys those rows may see: a
 block fits in cache, and a causal head skips the half of its (T, T) map that is hidden.
@@ -20,9 +20,9 @@ import torch
 from torch import Tensor
 
 from alloc.compression import HeadStats
-from workers.attention import rotate
-from workers.chunks import CHUNK_BYTES, window_chunks
-from workers.heads import HeadMap
+from workers.compression.chunks import CHUNK_BYTES, window_chunks
+from workers.compression.heads import HeadMap
+from workers.models.attention import rotate
 
 ROW_BLOCK = 32  # query rows whose attention maps are formed at once (a few blocks fit in cache)
 

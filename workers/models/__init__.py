@@ -1,0 +1,2 @@
+"""The model an ``ArchConfig`` describes: attention kinds, latent attention,
+``build_model``."""
