@@ -416,7 +416,7 @@ def _yes(ok: bool) -> str:
 def add_table_args(p: argparse.ArgumentParser) -> None:
     """The flags that name the tables (``cases``): a space file and its task, or the shipped
     ones; the task seed; the smoke size."""
-    from workers.tasks.args import add_task_args
+    from workers.taskargs import add_task_args
 
     p.add_argument("--space", type=Path,
                    help="a finite search space (YAML) to benchmark; default: the shipped tables")
@@ -448,8 +448,8 @@ def cases(args: argparse.Namespace) -> list[Case]:
     from workers.search.cli import SMOKE_PILOT_STEPS
     from workers.search.options import training_budget
     from workers.search.seeding import plan_settings, profile_for, space_mlp_ratio
+    from workers.taskargs import task_from_args
     from workers.tasks import make_task
-    from workers.tasks.args import task_from_args
     from workers.tasks.data import make_data_task
 
     size = "smoke" if args.smoke_test else "paper"

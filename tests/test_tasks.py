@@ -198,7 +198,7 @@ def test_a_trained_models_task_keeps_short_vector_sequences(tmp_path: Path) -> N
 
     from arch import ArchConfig, HeadGroup, LayerSpec
     from userdata import DataError, DataSpec
-    from workers.tasks.args import check_fits, task_for_model
+    from workers.taskargs import check_fits, task_for_model
 
     np.save(tmp_path / "x.npy", np.random.default_rng(0).normal(size=(20, 8, 3)))
     arch = ArchConfig(d_model=16, layers=(LayerSpec("mhsa", (HeadGroup(2, 8),)),),
@@ -211,8 +211,8 @@ def test_a_trained_models_task_keeps_short_vector_sequences(tmp_path: Path) -> N
 
 
 def test_the_task_flags_name_every_registered_task() -> None:
-    """``workers.tasks.args`` lists the task names without torch; the registry must agree."""
-    from workers.tasks.args import GENERATED_TASKS
+    """``workers.taskargs`` lists the task names without torch; the registry must agree."""
+    from workers.taskargs import GENERATED_TASKS
 
     assert list(GENERATED_TASKS) == sorted(set(TASKS) - set(DATA_TASKS))
     assert set(DATA_TASKS) <= set(TASKS) and sorted(DATA_TASKS) == sorted(DATA_FORMATS)

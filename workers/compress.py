@@ -37,8 +37,8 @@ from common.cli import (
 )
 from common.errors import TransformerAllocError
 from userdata import DataSpec
-from workers.compression.types import PROG, CompressRequest, CompressResult
-from workers.tasks.args import add_task_args
+from workers.compression.records import PROG, CompressRequest, CompressResult
+from workers.taskargs import add_task_args
 
 
 def render(result: CompressResult) -> str:

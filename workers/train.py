@@ -32,7 +32,7 @@ from common.cli import (
     wrote,
 )
 from common.errors import TransformerAllocError, UsageError
-from workers.tasks.args import add_task_args, task_from_args
+from workers.taskargs import add_task_args, task_from_args
 
 if TYPE_CHECKING:
     from workers.tasks import Task

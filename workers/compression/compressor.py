@@ -41,8 +41,7 @@ from workers.checkpoints.llama import sliding_window
 from workers.checkpoints.stream import StreamedFolder
 from workers.checkpoints.tokenizer import tokenizer_writer
 from workers.compression.fits import read_fits
-from workers.compression.students import build_student, pair_orders, streamed_student
-from workers.compression.types import (
+from workers.compression.records import (
     PROG,
     CompressRequest,
     CompressResult,
@@ -52,9 +51,10 @@ from workers.compression.types import (
     LayerHeads,
     ParamCounts,
 )
+from workers.compression.students import build_student, pair_orders, streamed_student
 from workers.models.model import Model
+from workers.taskargs import check_fits, task_for_model
 from workers.tasks import Task, task_from_description
-from workers.tasks.args import check_fits, task_for_model
 from workers.training.trainer import Trainer, evaluate, run_with_progress
 
 

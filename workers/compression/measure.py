@@ -39,7 +39,7 @@ from workers.compression.recording import record_block
 from workers.compression.student_inputs import LatentFits
 from workers.models.attention import MultiHeadAttention
 from workers.models.model import Block, Model
-from workers.tasks.args import check_fits, task_for_model
+from workers.taskargs import check_fits, task_for_model
 
 
 @torch.no_grad()

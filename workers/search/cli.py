@@ -32,7 +32,7 @@ from common.cli import Parser, add_format, dump, fail, int_in, number
 from common.errors import TransformerAllocError, shell_word
 from search_spaces.schema import SAMPLERS
 from workers.search.options import DEFAULT_TRIALS, SearchOptions
-from workers.tasks.args import add_task_args, task_from_args
+from workers.taskargs import add_task_args, task_from_args
 
 if TYPE_CHECKING:
     from workers.search.driver import SearchSummary
