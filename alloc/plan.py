@@ -27,7 +27,7 @@ from alloc.extract import (
     solve_uniform,
     solve_with_dims,
 )
-from alloc.patterns import later_head_count
+from alloc.profiling.patterns import later_head_count
 from alloc.saturation import (
     attention_error,
     jacobian_bound,

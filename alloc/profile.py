@@ -1,12 +1,12 @@
 """python -m alloc.profile --data PATH [--out profile.yaml] [--no-pilot]
 
 Measure, from a bounded sample of your data, what the allocator takes as inputs, from the data's
-statistics alone (docs/theory.md §9; ``alloc.datastats``): the memory kernel rho(s) for offsets
-s = 1..N, its best parametric fit (ngram:K, exp:LAMBDA, poly:P) with its goodness of fit, the
-input dimension d_in and the teacher spectrum with its rank at 90% energy. Tokens: bias-corrected
-mutual information and the offset-1 PMI matrix; vector sequences (.npy): a ridge regression on
-the lagged inputs. ``--out`` writes the profile as YAML, with the kernel and the spectrum as
-files beside it that ``alloc.solve --kernel file:`` and ``--spectrum file:`` accept;
+statistics alone (docs/theory.md §9; ``alloc.profiling.datastats``): the memory kernel rho(s) for
+offsets s = 1..N, its best parametric fit (ngram:K, exp:LAMBDA, poly:P) with its goodness of fit,
+the input dimension d_in and the teacher spectrum with its rank at 90% energy. Tokens:
+bias-corrected mutual information and the offset-1 PMI matrix; vector sequences (.npy): a ridge
+regression on the lagged inputs. ``--out`` writes the profile as YAML, with the kernel and the
+spectrum as files beside it that ``alloc.solve --kernel file:`` and ``--spectrum file:`` accept;
 ``alloc.solve --profile profile.yaml`` takes all of it at once. This module imports no torch:
 token data gets a pilot training by default (the allocator's inputs as a model sees them, and
 later layers' measurements), which this command hands, with the same flags, to
@@ -21,8 +21,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from alloc.datastats import data_statistics
-from alloc.profilecli import (
+from alloc.profiling.datastats import data_statistics
+from alloc.profiling.flags import (
     PILOT_FLAGS,
     add_output_args,
     add_profile_args,

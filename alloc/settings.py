@@ -120,7 +120,7 @@ class PlanSettings:
 @dataclass(frozen=True)
 class AllocatorInputs:
     """What a profile measures for the allocator (a profile file's ``allocator`` section,
-    ``alloc.profilefile.read_allocator_inputs``), or what a task declares of it: the inputs
+    ``alloc.profiling.files.read_allocator_inputs``), or what a task declares of it: the inputs
     that are the data's, not the plan's shape. ``settings`` is their one way into
     ``PlanSettings``."""
 

@@ -243,7 +243,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, PlanSettings
     args = parser.parse_args(argv)
     measured = None
     if args.profile is not None:
-        from alloc.profilefile import read_allocator_inputs  # SciPy only when asked for
+        from alloc.profiling.files import read_allocator_inputs  # SciPy only when asked for
 
         measured = read_allocator_inputs(args.profile)
     if args.constants is not None:

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import optuna
 
-from alloc.prior import (
+from alloc.prior.bound import (
     DEFAULT_TEMPERATURE,
     Candidates,
     allocator_prior,
@@ -40,7 +40,7 @@ from alloc.prior import (
     centred_prior,
     point_key,
 )
-from alloc.sampler import Calibration, PriorSampler
+from alloc.prior.sampler import Calibration, PriorSampler
 from alloc.settings import PlanSettings
 from arch import ModelIO
 from common.cli import Parser, add_format, dump, fail, int_in, number, render_table

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import optuna
 
-from alloc.prior import Candidates, allocator_prior, candidates, point_key
+from alloc.prior.bound import Candidates, allocator_prior, candidates, point_key
 from arch import ArchConfig
 from bench.search_efficiency import (
     TARGETS,

@@ -17,7 +17,7 @@ import numpy as np
 import optuna
 import pytest
 
-from alloc.prior import candidates, point_key
+from alloc.prior.bound import candidates, point_key
 from alloc.settings import PlanSettings
 from arch import ModelIO
 from bench.search_efficiency import (

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from alloc.patterns import distinct_patterns, head_counts, later_head_count
 from alloc.plan import layer_bound, make_plan, report
+from alloc.profiling.patterns import distinct_patterns, head_counts, later_head_count
 from alloc.settings import PlanSettings
 from arch import HeadGroup, LayerSpec
 from common.errors import TransformerAllocError

@@ -14,11 +14,11 @@ import pytest
 import yaml
 
 from alloc.extract import ErrorModel
-from alloc.pilot import PilotRequest
 from alloc.plan import make_plan
+from alloc.profiling.pilot import PilotRequest
+from alloc.profiling.spectra import participation_ratio, signal_dim, variance_rank
 from alloc.settings import PlanSettings
 from alloc.solve import main as solve_main
-from alloc.spectra import participation_ratio, signal_dim, variance_rank
 from userdata import DataSpec
 from workers.profile import main
 from workers.training.pilot import run_pilot

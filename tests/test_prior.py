@@ -19,8 +19,8 @@ from scipy.stats import rankdata
 from alloc.calibrate import with_constants
 from alloc.constants import Constants
 from alloc.plan import layer_bound, make_plan
-from alloc.prior import allocator_prior, candidates, centred_prior, point_key
-from alloc.sampler import CALIBRATION_ATTR, PRIOR_ATTR, PriorSampler
+from alloc.prior.bound import allocator_prior, candidates, centred_prior, point_key
+from alloc.prior.sampler import CALIBRATION_ATTR, PRIOR_ATTR, PriorSampler
 from alloc.settings import PlanSettings
 from arch import ModelIO
 from search_spaces import PROBE_IO, FixedSuggester, SearchSpace, load_space, parse_space

@@ -11,8 +11,8 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from alloc.prior import point_key
-from alloc.sampler import CALIBRATION_ATTR, PRIOR_ATTR
+from alloc.prior.bound import point_key
+from alloc.prior.sampler import CALIBRATION_ATTR, PRIOR_ATTR
 from common.files import write_yaml
 from studies.records import WARM_START_FROM, TrialStatus
 from tests.helpers.search import check_consistent, ray_tmp

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import yaml
 
-from alloc.datastats import data_statistics, fit_kernel, mutual_information
 from alloc.profile import main as statistics_main
+from alloc.profiling.datastats import data_statistics, fit_kernel, mutual_information
+from alloc.profiling.spectra import variance_rank
 from alloc.solve import main as solve_main
-from alloc.spectra import variance_rank
 from userdata import DataSpec
 from workers.profile import main
 from workers.tasks import make_task

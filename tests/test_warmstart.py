@@ -11,7 +11,7 @@ import optuna
 import pytest
 
 from alloc.constants import Constants
-from alloc.sampler import CALIBRATION_ATTR
+from alloc.prior.sampler import CALIBRATION_ATTR
 from search_spaces import PROBE_IO, load_space
 from workers.search.warmstart import (
     MIN_ARCHITECTURES,

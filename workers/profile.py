@@ -35,9 +35,8 @@ from alloc.compression import (
     plot_plan,
     render_plan,
 )
-from alloc.datastats import Profile, data_statistics
-from alloc.pilot import MAX_PILOT_MLP_RATIO, PilotRequest
-from alloc.profilecli import (
+from alloc.profiling.datastats import Profile, data_statistics
+from alloc.profiling.flags import (
     PILOT_FLAGS,
     add_output_args,
     add_profile_args,
@@ -46,6 +45,7 @@ from alloc.profilecli import (
     required_data,
     show_profile,
 )
+from alloc.profiling.pilot import MAX_PILOT_MLP_RATIO, PilotRequest
 from arch import kinds_text
 from common.cli import Parser, dump, fail, int_in, number, parse_task_params, wrote
 from common.errors import TransformerAllocError, UsageError
@@ -67,8 +67,8 @@ ESTIMATES = ("curvature", "forwards")  # how a latent plan's loss increases are 
 def profile_data(spec: DataSpec, seq_len: int | None = None, sample: int | None = None,
                  seed: int = 0, pilot: PilotRequest | None = None,
                  on_pilot: Callable[[PilotRequest], None] | None = None) -> Profile:
-    """The data's statistics (``alloc.datastats.data_statistics``) and, with ``pilot`` (token
-    data only), the pilot trained and measured (``workers.training.pilot``) in windows of the
+    """The data's statistics (``alloc.profiling.datastats.data_statistics``) and, with ``pilot``
+    (token data only), the pilot trained and measured (``workers.training.pilot``) in windows of the
     profile's ``seq_len``, calling ``on_pilot`` once the statistics are measured.
 
     Raises:

@@ -38,10 +38,10 @@ from typing import Any
 
 import numpy as np
 
-from alloc.datastats import Profile
-from alloc.pilot import PilotRequest
 from alloc.plan import make_plan, uniform_plan
-from alloc.profilefile import read_allocator_inputs, write_profile
+from alloc.profiling.datastats import Profile
+from alloc.profiling.files import read_allocator_inputs, write_profile
+from alloc.profiling.pilot import PilotRequest
 from alloc.settings import PlanSettings
 from common.cli import int_in
 from common.errors import UsageError

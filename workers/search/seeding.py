@@ -80,13 +80,13 @@ def profile_for(task: Task, profile: Path | None, out_dir: Path,
     ``out_dir`` for the record; else None (the task's own inputs). Its progress goes to
     stderr unless ``quiet``."""
     if profile is not None:
-        from alloc.profilefile import read_allocator_inputs  # SciPy only when asked for
+        from alloc.profiling.files import read_allocator_inputs  # SciPy only when asked for
 
         return DataProfile(profile, read_allocator_inputs(profile))
     if not isinstance(task, TextTask | ArrayTask):
         return None
-    from alloc.pilot import MAX_PILOT_WIDTH, PilotRequest
-    from alloc.profilefile import section_inputs, write_profile
+    from alloc.profiling.files import section_inputs, write_profile
+    from alloc.profiling.pilot import MAX_PILOT_WIDTH, PilotRequest
     from workers.profile import profile_data
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -150,7 +150,7 @@ def seeds(space: SearchSpace, planned: SearchPlan) -> list[Start]:
 
 
 def plan_anchor(starts: Sequence[Start]) -> Mapping[str, Any] | None:
-    """What breaks the prior's ties (``alloc.prior.allocator_prior``'s ``plan``): the
+    """What breaks the prior's ties (``alloc.prior.bound.allocator_prior``'s ``plan``): the
     allocator's plan as params of the space, else its uniform plan (a space of one head group
     per layer cannot hold a plan of mixed groups, but holds its MLP, kinds and training choices
     the bound is silent on), else None."""

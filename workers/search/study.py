@@ -13,7 +13,7 @@ from typing import Any
 import optuna
 
 from alloc.calibrate import with_constants
-from alloc.sampler import PriorSampler
+from alloc.prior.sampler import PriorSampler
 from alloc.settings import PlanSettings
 from search_spaces import SearchSpace
 from studies import records as rec

@@ -23,7 +23,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from alloc.constants import Constants
-from alloc.sampler import CALIBRATION_ATTR
+from alloc.prior.sampler import CALIBRATION_ATTR
 from arch import ModelIO
 from common.errors import excerpt, printable
 from search_spaces import SearchSpace

@@ -1,6 +1,6 @@
 """The pilot training behind ``python -m workers.profile --data`` on token data (docs/theory.md
 §9.2), with torch: train the uniform baseline briefly, then measure what its attention reads and
-where it looks. The typed request and result (``run_pilot``'s) live in ``alloc.pilot``.
+where it looks. The typed request and result (``run_pilot``'s) live in ``alloc.profiling.pilot``.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import torch
 from torch import Tensor
 
 from alloc.errors import PilotError
-from alloc.patterns import distinct_patterns
-from alloc.pilot import PilotMeasurement, PilotRequest
 from alloc.plan import baseline_head
+from alloc.profiling.patterns import distinct_patterns
+from alloc.profiling.pilot import PilotMeasurement, PilotRequest
 from arch import ArchConfig, HeadGroup, LayerSpec, TrainConfig
 from common.progress import duration, say
 from workers.compression.chunks import window_chunks
@@ -150,7 +150,7 @@ def later_spectra(model: Model) -> tuple[tuple[float, ...], ...]:
 
 
 def run_pilot(request: PilotRequest) -> PilotMeasurement:
-    """Train the baseline on ``request.data`` and measure it (see ``alloc.pilot``).
+    """Train the baseline on ``request.data`` and measure it (see ``alloc.profiling.pilot``).
 
     Raises:
         DataError: the data cannot be used; PilotError: an unknown task, or training failed.

@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from alloc.datastats import TOKEN_SAMPLE, TOKEN_SEQ_LEN, VECTOR_SAMPLE, Profile
-from alloc.pilot import MAX_PILOT_STEPS, MAX_PILOT_WIDTH, PilotRequest
-from alloc.profilefile import plot, render, to_dict, write_profile
+from alloc.profiling.datastats import TOKEN_SAMPLE, TOKEN_SEQ_LEN, VECTOR_SAMPLE, Profile
+from alloc.profiling.files import plot, render, to_dict, write_profile
+from alloc.profiling.pilot import MAX_PILOT_STEPS, MAX_PILOT_WIDTH, PilotRequest
 from arch import MAX_DEPTH
 from common.cli import add_format, check_writable, dump, int_in, number, wrote
 from common.errors import UsageError

@@ -4,7 +4,7 @@ On Optuna's public ``BaseSampler`` API, so it works with stock ``study.optimize`
 ``python -m workers.search --sampler prior``::
 
     from alloc.settings import PlanSettings
-    from alloc.sampler import PriorSampler
+    from alloc.prior.sampler import PriorSampler
     from search_spaces import load_space
 
     space = load_space("heads_vs_dim.yaml")
@@ -56,7 +56,7 @@ from optuna.trial import FrozenTrial, TrialState
 from alloc.calibrate import Observation, fit, with_constants
 from alloc.constants import Constants
 from alloc.errors import CalibrationError
-from alloc.prior import (
+from alloc.prior.bound import (
     DEFAULT_TEMPERATURE,
     Prior,
     allocator_prior,

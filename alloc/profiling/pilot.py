@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from alloc.spectra import ENERGY, participation_ratio, signal_dim, variance_rank
+from alloc.profiling.spectra import ENERGY, participation_ratio, signal_dim, variance_rank
 from userdata import DataSpec
 
 MAX_PILOT_STEPS = 100_000
@@ -57,8 +57,8 @@ class PilotMeasurement:
     sample, and the mean over its heads of the query-key singular values (each head's scaled to
     a largest value of 1).
     ``patterns``: per later layer, the distinct attention patterns its heads use
-    (``alloc.patterns.distinct_patterns``), measured on a second pilot whose later layers have
-    ``pattern_heads`` narrow heads, room for as many patterns as the data asks for."""
+    (``alloc.profiling.patterns.distinct_patterns``), measured on a second pilot whose later layers
+    have ``pattern_heads`` narrow heads, room for as many patterns as the data asks for."""
 
     arch: str
     steps: int
@@ -85,7 +85,8 @@ class PilotMeasurement:
 
     @property
     def signal_dim(self) -> int:
-        """The dimension of a signal standing above a floor (``alloc.spectra.signal_dim``)."""
+        """The dimension of a signal standing above a floor
+        (``alloc.profiling.spectra.signal_dim``)."""
         return signal_dim(self.input_variance, ENERGY)
 
     @property

@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 
-from alloc.spectra import participation_ratio
+from alloc.profiling.spectra import participation_ratio
 
 
 def distinct_patterns(similarity: np.ndarray) -> float:

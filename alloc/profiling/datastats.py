@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from alloc.pilot import PilotMeasurement
-from alloc.spectra import ENERGY, participation_ratio, variance_rank
+from alloc.profiling.pilot import PilotMeasurement
+from alloc.profiling.spectra import ENERGY, participation_ratio, variance_rank
 from arch.kernels import kernel_shape
 from userdata import DataError, DataSpec, open_arrays, open_tokens
 

@@ -1,7 +1,7 @@
 """Summaries of a spectrum (docs/theory.md §9): how many directions hold a share of the variance,
 how many it effectively spreads over, and where a signal stands above its floor. One owner for
-the data statistics (``alloc.datastats``: the PMI matrix, a vector covariance) and the pilot
-(``alloc.pilot``: its first layer's input covariance)."""
+the data statistics (``alloc.profiling.datastats``: the PMI matrix, a vector covariance) and the
+pilot (``alloc.profiling.pilot``: its first layer's input covariance)."""
 
 from __future__ import annotations
 

@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 import yaml
 
-from alloc.datastats import Profile, fit_kernel
 from alloc.errors import ProfileError
-from alloc.pilot import PilotMeasurement
+from alloc.profiling.datastats import Profile, fit_kernel
+from alloc.profiling.pilot import PilotMeasurement
+from alloc.profiling.spectra import ENERGY
 from alloc.settings import AllocatorInputs
-from alloc.spectra import ENERGY
 from arch import MAX_DEPTH
 from arch.checks import is_int
 from arch.kernels import kernel_shape
