@@ -37,6 +37,7 @@ SPACE = "attention_kinds.yaml"
 RETRIEVAL = "retrieval_kinds.yaml"
 KINDS = ("mhsa", "frozen_qk", "mixit", "mssa")
 SMOKE_BUDGET = 32
+SMOKE_RETRIEVAL = (4,)  # m_max of the smoke run's retrieval search
 
 
 @dataclass(frozen=True)
@@ -73,9 +74,11 @@ def searches(smoke: bool) -> list[Search]:
     """Every search of the experiment, smoke or full size."""
     memorize = memorize_space()
     if smoke:
+        # One retrieval size (the full run sweeps m_max over 5, 10, 20): each search costs Ray
+        # seconds that the tiny trials do not, and a second m tests no other code.
         return ([Search("kinds-modadd", "modadd", budget=SMOKE_BUDGET)]
                 + [Search(f"kinds-retrieval-m{m}", "retrieval", {"m_max": m, "queries": m},
-                          SMOKE_BUDGET, space=RETRIEVAL) for m in (2, 4)]
+                          SMOKE_BUDGET, space=RETRIEVAL) for m in SMOKE_RETRIEVAL]
                 + [Search(f"memorize-d{d}", "memorize", budget=d, space=memorize)
                    for d in (8, 16)])
     retrieval = {5: {"queries": 10}, 10: {"queries": 10},
