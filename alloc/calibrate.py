@@ -144,8 +144,8 @@ def observations_from_study(url: str | None, study: str) -> tuple[PlanSettings,
                                                                    list[Observation]]:
     """The allocator inputs the search recorded and the best loss of each architecture."""
     from studies import query
-    from studies.records import TrialRecord
     from studies.storage import engine, open_storage
+    from studies.trials import TrialRecord
 
     eng = engine(open_storage(url, read_only=True))
     summaries = {s.name: s for s in query.list_studies(eng)}

@@ -36,9 +36,9 @@ from common.files import write_atomic
 from common.plots import new_figure, write_figure
 from studies import query
 from studies.errors import StorageFaultError
-from studies.records import Direction, TrialRecord
 from studies.storage import engine, open_storage
 from studies.tables import allocation_table, training
+from studies.trials import Direction, TrialRecord
 from studies.urls import command_note, redact, resolve_url, unmask
 
 PROG = "studies"

@@ -26,7 +26,7 @@ from arch.memory import dtype_bytes
 from common.errors import printable
 from studies import records as rec
 from studies.errors import QueryError
-from studies.records import OLD_KV_DTYPE, Direction, TrialRecord
+from studies.trials import OLD_KV_DTYPE, Direction, TrialRecord
 
 _studies = sa.table("studies", sa.column("study_id"), sa.column("study_name"))
 _directions = sa.table("study_directions", sa.column("study_id"), sa.column("direction"),

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from common.cli import render_table
-from studies.records import TrialRecord
+from studies.trials import TrialRecord
 
 
 def allocation_table(t: TrialRecord, metric: str = "value") -> str:

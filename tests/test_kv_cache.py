@@ -25,7 +25,7 @@ from studies import add_record, open_storage, set_study_attrs
 from studies import query as q
 from studies import records as rec
 from studies.cli import main
-from studies.records import Direction
+from studies.trials import Direction
 from workers.models.kinds import make_attention
 from workers.models.model import build_model
 from workers.search.searcher import StudySearcher

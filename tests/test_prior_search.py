@@ -14,7 +14,7 @@ from optuna.trial import TrialState
 from alloc.prior.bound import point_key
 from alloc.prior.sampler import CALIBRATION_ATTR, PRIOR_ATTR
 from common.files import write_yaml
-from studies.records import WARM_START_FROM, TrialStatus
+from studies.trials import WARM_START_FROM, TrialStatus
 from tests.helpers.search import check_consistent, ray_tmp
 from workers.search import tune
 from workers.search.cli import main as search_main

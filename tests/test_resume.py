@@ -18,7 +18,7 @@ import yaml
 from optuna.trial import TrialState
 
 from arch import ArchConfig, TrainConfig
-from studies.records import RESUMED, Direction
+from studies.trials import RESUMED, Direction
 from tests.helpers.search import launch, load, wait_for
 from workers.search.protocol import TrialJob, TrialReport, TrialSpec
 from workers.tasks import make_task

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from arch import ArchConfig, HeadGroup, LayerSpec
-from studies.records import Direction
+from studies.trials import Direction
 from workers.search.protocol import STEP, TrialJob, TrialReport, TrialSpec
 from workers.search.schedule import FULL_TRIALS, Halving, Rungs
 from workers.search.trial import train_trial

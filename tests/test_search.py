@@ -22,7 +22,7 @@ from arch import ArchConfig, HeadGroup, LayerSpec
 from search_spaces import load_space
 from studies import add_record
 from studies.cli import main as studies_main
-from studies.records import CHECKPOINT, RESUMED
+from studies.trials import CHECKPOINT, RESUMED
 from tests.helpers.search import (
     SMOKE,
     assert_records_are_the_trained_models,

@@ -14,8 +14,8 @@ from optuna.trial import TrialState
 from alloc.settings import PlanSettings
 from arch import ArchConfig, ModelIO
 from search_spaces import load_space
-from studies.records import CHECKPOINT, Direction, TrialStatus
 from studies.storage import StorageSettings, open_storage, reap_trials
+from studies.trials import CHECKPOINT, Direction, TrialStatus
 from workers.search.protocol import TRIAL_KEY, TrialReport, TrialSpec
 from workers.search.searcher import (
     Best,
@@ -250,7 +250,7 @@ def test_no_point_is_trained_twice_and_an_exhausted_space_ends_the_search(
     trained and re-asked (an untried point after three in a row), none counts against the
     trials, and once every point has a trial ``ask`` says the search is over."""
     from search_spaces import parse_space
-    from studies.records import DUPLICATE_OF
+    from studies.trials import DUPLICATE_OF
 
     searcher = make(tmp_path)
     searcher.space = parse_space({

@@ -58,3 +58,14 @@ def test_reading_a_study_imports_optuna_only(query: str, tmp_path: Path) -> None
         arch = ArchConfig(d_model=64, layers=(layer,) * 2, max_seq_len=16, input_dim=8)
         add_record(study, arch, 1.0 / heads, steps_reached=10)
     assert heavy_modules("studies", query, "--storage", url) == ["optuna"]
+
+
+def test_a_trial_imports_no_storage_library() -> None:
+    """What a search's trial runs (a Ray worker; the GPU image, which has no Optuna or
+    SQLAlchemy) reads the trial's vocabulary (``studies.trials``) without loading the storage."""
+    code = ("import sys, workers.search.trial, workers.search.protocol, studies.trials; "
+            "print(sorted(m for m in ('optuna', 'sqlalchemy') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"

@@ -33,8 +33,8 @@ from studies import (
 from studies import query as q
 from studies import records as rec
 from studies.cli import main
-from studies.records import Direction, TrialRecord, TrialStatus
 from studies.storage import engine_kwargs
+from studies.trials import Direction, TrialRecord, TrialStatus
 from studies.urls import secure_url
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -26,8 +26,8 @@ from optuna.trial import FrozenTrial, TrialState
 from alloc.settings import PlanSettings
 from arch import ModelIO
 from search_spaces import load_space
-from studies.records import RESUMED, Direction
 from studies.storage import open_storage
+from studies.trials import RESUMED, Direction
 from tests.helpers.search import SMOKE, check_consistent, launch, load, run, wait_for
 from tests.helpers.trial_hooks import hooked_env
 from workers.search.protocol import TRIAL_KEY, TrialReport, TrialSpec

@@ -111,7 +111,7 @@ def memory_rows(ctx: Context) -> list[dict[str, Any]]:
     """Two search trials in a row on the device: the memory it holds after each against
     before the first, allocated (live tensors) and reserved (what the caching allocator keeps
     from other processes: a trial empties its cache for the next); not measured on the CPU."""
-    from studies.records import Direction, TrialStatus
+    from studies.trials import Direction, TrialStatus
     from workers.search.protocol import TrialJob, TrialSpec
 
     job = TrialJob(task=describe_task(LMTask(length=64)), metric="loss",

@@ -15,7 +15,7 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 
 from alloc.prior.bound import point_key
 from studies import records as rec
-from studies.records import TrialStatus
+from studies.trials import TrialStatus
 
 log = logging.getLogger(__name__)
 Sampled = TypeVar("Sampled")

@@ -218,7 +218,7 @@ def stdout_aside() -> Iterator[None]:
 def outcome(summary: SearchSummary) -> tuple[int, str | None]:
     """The exit code of a search (130 interrupted, 1 when every trial that ran failed) and
     what to say of its failures."""
-    from studies.records import NOT_TRAINED, TrialStatus
+    from studies.trials import NOT_TRAINED, TrialStatus
     from studies.urls import SECRET_HINT, has_secret
 
     interrupted = {TrialStatus.INTERRUPTED: 130, TrialStatus.TERMINATED: 143}  # 128 + signal

@@ -36,8 +36,8 @@ from studies import records as rec
 from studies.errors import QueryError, StorageFaultError
 from studies.faults import STORAGE_ERRORS, guarded
 from studies.lease import Lease
-from studies.records import WARM_START_FROM, Direction, TrialRecord, TrialStatus
 from studies.storage import StorageSettings, open_storage
+from studies.trials import WARM_START_FROM, Direction, TrialRecord, TrialStatus
 from studies.urls import command_note, redact, secure_url
 from workers.errors import SearchFaultError
 from workers.search import estimate

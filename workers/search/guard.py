@@ -26,8 +26,8 @@ from optuna.trial import Trial, TrialState
 from studies.errors import LeaseLostError, StorageFaultError
 from studies.faults import PATIENCE_S, guarded
 from studies.lease import Lease
-from studies.records import Direction, TrialRecord, TrialStatus
 from studies.storage import fail_marked
+from studies.trials import Direction, TrialRecord, TrialStatus
 from studies.urls import redact
 from workers.search.failures import Death, RayFailure
 from workers.search.protocol import TrialSpec

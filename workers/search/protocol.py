@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from arch import ArchConfig, TrainConfig
-from studies.records import (
+from studies.trials import (
     ERROR,
     NODE,
     RESUMED,

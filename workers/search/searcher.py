@@ -41,7 +41,8 @@ from alloc.prior.bound import MAX_CANDIDATES, point_key
 from arch import ArchConfig, ModelIO
 from search_spaces import SearchSpace, SpaceError
 from studies import records as rec
-from studies.records import (
+from studies.storage import retry_failed
+from studies.trials import (
     CHECKPOINT,
     CHECKPOINT_STEP,
     RESTARTS,
@@ -50,7 +51,6 @@ from studies.records import (
     TrialRecord,
     TrialStatus,
 )
-from studies.storage import retry_failed
 from workers.search.asking import ask_new, tell
 from workers.search.failures import Death, RayFailure, ray_failure
 from workers.search.protocol import TRIAL_KEY, TrialReport, TrialSpec, told_record

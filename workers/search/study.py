@@ -17,8 +17,8 @@ from alloc.prior.sampler import PriorSampler
 from alloc.settings import PlanSettings
 from search_spaces import SearchSpace
 from studies import records as rec
-from studies.records import Direction
 from studies.storage import reap_trials
+from studies.trials import Direction
 from studies.urls import redact
 from workers.errors import SearchError
 from workers.search.request import SearchRequest

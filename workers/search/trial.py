@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from arch import ArchConfig, param_count
-from studies.records import TrialStatus
+from studies.trials import TrialStatus
 from workers.search.protocol import TrialJob, TrialReport, TrialSpec
 from workers.tasks import task_from_description
 from workers.training.trainer import EvalRecord, Trainer

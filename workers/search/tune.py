@@ -27,7 +27,7 @@ from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 from ray.tune.search import Searcher
 
 from common.progress import Progress, duration
-from studies.records import RESUMED, Direction, TrialStatus
+from studies.trials import RESUMED, Direction, TrialStatus
 from workers.search import estimate
 from workers.search.failures import RayFailure, disk_full, ray_failure
 from workers.search.guard import TuneSearcher

@@ -27,7 +27,7 @@ from alloc.prior.sampler import CALIBRATION_ATTR
 from arch import ModelIO
 from common.errors import excerpt, printable
 from search_spaces import SearchSpace
-from studies.records import WARM_START_FROM, WARM_START_TRIAL
+from studies.trials import WARM_START_FROM, WARM_START_TRIAL
 from workers.errors import WarmStartError
 from workers.search.searcher import not_trained
 
