@@ -36,7 +36,7 @@ from common.cli import (
     wrote,
 )
 from common.errors import TransformerAllocError
-from userdata import DataSpec
+from userdata.cli import data_spec
 from workers.compression.records import PROG, CompressRequest, CompressResult
 from workers.taskargs import add_task_args
 
@@ -136,8 +136,7 @@ def request_from_args(args: argparse.Namespace) -> CompressRequest:
     Raises:
         UsageError: a malformed ``--task-param``.
     """
-    data = None if args.data is None else DataSpec(str(args.data), args.data_format,
-                                                   args.data_dtype, args.vocab_size)
+    data = data_spec(args)
     return CompressRequest(
         checkpoint=args.checkpoint, plan=args.plan, out=args.out, layout=args.layout, data=data,
         task=args.task, task_params=parse_task_params(args.task_param),
