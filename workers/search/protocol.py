@@ -50,10 +50,6 @@ class TrialJob:
     threads: int = 1  # torch threads of the worker (its CPUs)
     checkpoints: bool = True  # save the trainer at every evaluation (retries resume from it)
 
-    def worst(self) -> float:
-        """The metric reported with a failure (the key must be present in every result)."""
-        return self.direction.worst
-
 
 @dataclass(frozen=True)
 class TrialSpec:
@@ -74,7 +70,7 @@ class TrialReport:
     """One evaluation of a running trial (``RUNNING``), or its failure (``FAILED``)."""
 
     status: TrialStatus
-    value: float  # the job's metric (``TrialJob.worst()`` on failure)
+    value: float  # the job's metric (its direction's ``worst`` on failure)
     node: str  # Ray node id of the worker
     step: int | None = None
     val_loss: float | None = None

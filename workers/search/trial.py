@@ -105,5 +105,5 @@ def train_trial(job: TrialJob, spec: TrialSpec,
         if torch.cuda.is_available():
             torch.cuda.empty_cache()  # the next trial on this worker gets the memory back
     if error is not None:
-        report(TrialReport(TrialStatus.FAILED, job.worst(), node, step=step, resumed_from=resumed,
-                           error=error), None)
+        report(TrialReport(TrialStatus.FAILED, job.direction.worst, node, step=step,
+                           resumed_from=resumed, error=error), None)
