@@ -179,18 +179,19 @@ class _Parametrisation:
         return np.array([*logs, c.order])
 
 
-def fit(settings: PlanSettings, observations: Sequence[Observation]
-        ) -> tuple[ConstantsFit, ConstantsFit]:
+def fit(settings: PlanSettings, observations: Sequence[Observation],
+        design: WidthDesign | None = None) -> tuple[ConstantsFit, ConstantsFit]:
     """(raw, calibrated): the settings' own constants with only the scale fitted, and the least
     squares constants. The calibrated fit nests the raw one, so its R² is never lower; ``n``
-    and ``m`` as ``width_design`` says the observations identify them."""
+    and ``m`` as ``width_design`` says the observations identify them, or as ``design`` says
+    ("order": ``m`` held at the settings' value, the bound before §2.3)."""
     from scipy.optimize import least_squares
 
     if len(observations) < 4:
         raise CalibrationError("calibration needs at least 4 architectures with a full-budget "
                                f"loss (3 constants + the scale); the study has {len(observations)}")
     log_y = np.log([o.loss for o in observations])
-    form = _Parametrisation(width_design([o.layer for o in observations]),
+    form = _Parametrisation(design or width_design([o.layer for o in observations]),
                             settings.width_order)
 
     def residuals(theta: np.ndarray) -> np.ndarray:

@@ -14,6 +14,7 @@ import yaml
 from alloc import calibrate
 from alloc.calibrate import Observation, fit, with_constants
 from alloc.constants import Constants, read_constants
+from alloc.errors import ConstantsError
 from alloc.plan import make_plan, predicted_error
 from alloc.settings import PlanSettings
 from alloc.solve import main as solve_main
@@ -253,7 +254,7 @@ def test_constants_without_a_width_order_read_as_zero(tmp_path: Path) -> None:
     path.write_text(to_yaml(WIDE))
     assert read_constants(path) == WIDE
     path.write_text("c_proj: 1\nc_head: 2\norder: 3\nwidth_order: -1\n")
-    with pytest.raises(calibrate.TransformerAllocError, match="width_order = -1: must be a finite"):
+    with pytest.raises(ConstantsError, match="width_order = -1: must be a finite"):
         read_constants(path)
 
 
