@@ -47,6 +47,7 @@ _LOG_C_GRID = [(p, h) for p in (-4.0, -1.0, 2.0) for h in (-4.0, -1.0, 2.0)]
 # The observed first layers' (log heads, log head dim) must spread in two directions, the
 # smaller at least this share of the larger (singular values), for n and m to be fitted apart.
 MIN_SPREAD = 0.05
+BOTH_MIN = 5  # observations to fit n and m apart: c_proj, c_head, n, m and the scale
 
 # What the observed first layers identify of the extraction exponents (docs/theory.md §6):
 # "both" n and m; "difference" only n - m (every layer one width: H heads of D/H extract at
@@ -119,7 +120,8 @@ def width_design(layers: Sequence[LayerSpec]) -> WidthDesign:
     the extraction term of ``H`` heads of dimension ``d`` is ``K H^-n (d/d_in)^-m``, so in logs
     ``-n log H - m log d``. Both are identified when the layers' ``(log H, log d)`` spread in
     two directions; where every layer has one width ``D`` (``log d = log D - log H``) only ``n -
-    m``; otherwise (one head count, or points on another line) ``m`` is held."""
+    m``; otherwise (one head count, points on another line, or fewer than ``BOTH_MIN``
+    observations for four constants and the scale) ``m`` is held."""
     points = sorted({(layer.n_heads, layer.width) for layer in layers})
     if len({h for h, _ in points}) < 2:
         return "order"
@@ -127,7 +129,8 @@ def width_design(layers: Sequence[LayerSpec]) -> WidthDesign:
         return "difference"
     x = np.log([[h, w / h] for h, w in points])
     spread = np.linalg.svd(x - x.mean(axis=0), compute_uv=False)
-    return "both" if spread[1] >= MIN_SPREAD * spread[0] else "order"
+    apart = spread[1] >= MIN_SPREAD * spread[0] and len(layers) >= BOTH_MIN
+    return "both" if apart else "order"
 
 
 @dataclass(frozen=True)

@@ -187,6 +187,8 @@ def uniform_heads(constants: Constants) -> tuple[int, int]:
 def test_width_design_says_what_the_layers_identify() -> None:
     assert calibrate.width_design([layer(h) for h in HEADS]) == "difference"
     assert calibrate.width_design([layer(h, w) for w in WIDTHS for h in (1, 2, 4, 8)]) == "both"
+    # Four observations cannot fit four constants and the scale: m held.
+    assert calibrate.width_design([layer(1), layer(4), layer(1, 32), layer(8, 32)]) == "order"
     assert calibrate.width_design([layer(4, w) for w in (16, 32, 64)]) == "order"
     # Width and head count growing together: a line other than one width's, m held.
     assert calibrate.width_design([layer(1, 16), layer(2, 32), layer(4, 64)]) == "order"
