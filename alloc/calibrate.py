@@ -1,13 +1,15 @@
 """python -m alloc.calibrate --storage URL --study NAME [--out constants.yaml] [--plot fit.png]
 
-Fit the bound's constants ``c_proj``, ``c_head`` and the order ``n`` to the losses a study measured
-(docs/theory.md §6): least squares on log-loss, ``log y = log k + log E(arch; c_proj, c_head, n)``,
-with the constants kept positive (fitted as logs), ``n`` in [1, 6] and the scale ``k`` (loss units
-per unit of bound) solved in closed form. Each architecture counts once, with its best fully trained
-loss over learning rates and seeds (the paper's estimate of the approximation error). Prints the fit
-(R² of log-loss, Spearman rank correlation) next to the raw constants' fit, and the allocation
-re-solved with the fitted constants next to the raw one; ``--out`` writes the constants for ``python
--m alloc.solve --constants``.
+Fit the bound's constants ``c_proj``, ``c_head``, the order ``n`` and the width order ``m`` to the
+losses a study measured (docs/theory.md §6): least squares on log-loss, ``log y = log k + log
+E(arch; c_proj, c_head, n, m)``, with the constants kept positive (fitted as logs), ``n`` in [1, 6],
+``m`` in [0, 6] and the scale ``k`` (loss units per unit of bound) solved in closed form; ``n`` and
+``m`` apart only where the observed first layers identify them (``width_design``). Each
+architecture counts once, with its best fully trained loss over learning rates and seeds (the
+paper's estimate of the approximation error). Prints the fit (R² of log-loss, Spearman rank
+correlation) next to the raw constants' fit, and the allocation re-solved with the fitted
+constants next to the raw one; ``--out`` writes the constants for ``python -m alloc.solve
+--constants``.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -37,10 +39,20 @@ PROG = "alloc.calibrate"
 
 
 ORDER_RANGE = (1.0, 6.0)
+WIDTH_ORDER_RANGE = (0.0, 6.0)
 LOG_C_RANGE = (-12.0, 12.0)  # c in [6e-6, 1.6e5]: wide, but keeps the optimiser finite
-# Coarse grid over (log c_proj, log c_head, n) whose best points start the local fits.
-_GRID = [(p, h, n) for p in (-4.0, -1.0, 2.0) for h in (-4.0, -1.0, 2.0)
-         for n in (1.0, 2.0, 4.0)]
+# Coarse grid over (log c_proj, log c_head) whose best points, with each design's exponents,
+# start the local fits.
+_LOG_C_GRID = [(p, h) for p in (-4.0, -1.0, 2.0) for h in (-4.0, -1.0, 2.0)]
+# The observed first layers' (log heads, log head dim) must spread in two directions, the
+# smaller at least this share of the larger (singular values), for n and m to be fitted apart.
+MIN_SPREAD = 0.05
+BOTH_MIN = 5  # observations to fit n and m apart: c_proj, c_head, n, m and the scale
+
+# What the observed first layers identify of the extraction exponents (docs/theory.md §6):
+# "both" n and m; "difference" only n - m (every layer one width: H heads of D/H extract at
+# K (D/d_in)^-m H^(m-n)); "order" only n (m held at the settings' value).
+WidthDesign = Literal["both", "difference", "order"]
 
 
 @dataclass(frozen=True)
@@ -61,6 +73,7 @@ class ConstantsFit:
     r2: float  # of log-loss
     spearman: float
     bound: tuple[float, ...]  # E per observation under ``constants`` (unscaled)
+    design: WidthDesign = "order"  # what the observations identified of n and m
 
     @property
     def predicted(self) -> tuple[float, ...]:
@@ -70,7 +83,7 @@ class ConstantsFit:
 
 def with_constants(settings: PlanSettings, constants: Constants) -> PlanSettings:
     return dataclasses.replace(settings, c_proj=constants.c_proj, c_head=constants.c_head,
-                               order=constants.order)
+                               order=constants.order, width_order=constants.width_order)
 
 
 def bounds(settings: PlanSettings, observations: Sequence[Observation],
@@ -102,39 +115,106 @@ def _score(settings: PlanSettings, observations: Sequence[Observation],
                tuple(e.tolist()))
 
 
-def _constants(theta: np.ndarray) -> Constants:
-    return Constants(math.exp(theta[0]), math.exp(theta[1]), float(theta[2]))
+def width_design(layers: Sequence[LayerSpec]) -> WidthDesign:
+    """What the observed first layers identify of the extraction exponents ``n`` and ``m``:
+    the extraction term of ``H`` heads of dimension ``d`` is ``K H^-n (d/d_in)^-m``, so in logs
+    ``-n log H - m log d``. Both are identified when the layers' ``(log H, log d)`` spread in
+    two directions; where every layer has one width ``D`` (``log d = log D - log H``) only ``n -
+    m``; otherwise (one head count, points on another line, or fewer than ``BOTH_MIN``
+    observations for four constants and the scale) ``m`` is held."""
+    points = sorted({(layer.n_heads, layer.width) for layer in layers})
+    if len({h for h, _ in points}) < 2:
+        return "order"
+    if len({w for _, w in points}) == 1:
+        return "difference"
+    x = np.log([[h, w / h] for h, w in points])
+    spread = np.linalg.svd(x - x.mean(axis=0), compute_uv=False)
+    apart = spread[1] >= MIN_SPREAD * spread[0] and len(layers) >= BOTH_MIN
+    return "both" if apart else "order"
 
 
-def fit(settings: PlanSettings, observations: Sequence[Observation]
-        ) -> tuple[ConstantsFit, ConstantsFit]:
+@dataclass(frozen=True)
+class _Parametrisation:
+    """The fitted vector of one design: ``(log c_proj, log c_head, ...)`` with ``n, m`` for
+    "both", ``q = n - m`` for "difference" (read as the smallest ``m`` that fits: ``n =
+    max(q, 1)``, ``m = n - q``), ``n`` alone for "order" (``m`` held)."""
+
+    design: WidthDesign
+    held_width_order: float
+
+    @property
+    def box(self) -> tuple[list[float], list[float]]:
+        logs = ([LOG_C_RANGE[0]] * 2, [LOG_C_RANGE[1]] * 2)
+        if self.design == "both":
+            return (logs[0] + [ORDER_RANGE[0], WIDTH_ORDER_RANGE[0]],
+                    logs[1] + [ORDER_RANGE[1], WIDTH_ORDER_RANGE[1]])
+        if self.design == "difference":  # q from n = 1, m = 6 up to n = 6, m = 0
+            return (logs[0] + [ORDER_RANGE[0] - WIDTH_ORDER_RANGE[1]], logs[1] + [ORDER_RANGE[1]])
+        return logs[0] + [ORDER_RANGE[0]], logs[1] + [ORDER_RANGE[1]]
+
+    @property
+    def exponents(self) -> list[tuple[float, ...]]:
+        """The exponents of the coarse grid's starting points."""
+        # n - m = 0 is where fewer heads start to win: a fit started far from it stays in the
+        # flat region of a bound that truncates everything (measured on the ngram table).
+        if self.design == "both":
+            return [(1.0, 0.0), (2.0, 0.0), (4.0, 0.0), (1.0, 1.0), (2.0, 2.0), (2.0, 1.0),
+                    (1.0, 2.0), (2.0, 4.0)]
+        if self.design == "difference":
+            return [(q,) for q in (-1.0, 0.0, 1.0, 2.0, 4.0)]
+        return [(n,) for n in (1.0, 2.0, 4.0)]
+
+    def constants(self, theta: np.ndarray) -> Constants:
+        c_proj, c_head = math.exp(theta[0]), math.exp(theta[1])
+        if self.design == "both":
+            return Constants(c_proj, c_head, float(theta[2]), float(theta[3]))
+        if self.design == "difference":
+            order = max(float(theta[2]), ORDER_RANGE[0])
+            return Constants(c_proj, c_head, order, order - float(theta[2]))
+        return Constants(c_proj, c_head, float(theta[2]), self.held_width_order)
+
+    def theta(self, c: Constants) -> np.ndarray:
+        logs = [math.log(c.c_proj), math.log(c.c_head)]
+        if self.design == "both":
+            return np.array([*logs, c.order, c.width_order])
+        if self.design == "difference":
+            return np.array([*logs, c.order - c.width_order])
+        return np.array([*logs, c.order])
+
+
+def fit(settings: PlanSettings, observations: Sequence[Observation],
+        design: WidthDesign | None = None) -> tuple[ConstantsFit, ConstantsFit]:
     """(raw, calibrated): the settings' own constants with only the scale fitted, and the least
-    squares constants. The calibrated fit nests the raw one, so its R² is never lower."""
+    squares constants. The calibrated fit nests the raw one, so its R² is never lower; ``n``
+    and ``m`` as ``width_design`` says the observations identify them, or as ``design`` says
+    ("order": ``m`` held at the settings' value, the bound before §2.3)."""
     from scipy.optimize import least_squares
 
     if len(observations) < 4:
         raise CalibrationError("calibration needs at least 4 architectures with a full-budget "
                                f"loss (3 constants + the scale); the study has {len(observations)}")
     log_y = np.log([o.loss for o in observations])
+    form = _Parametrisation(design or width_design([o.layer for o in observations]),
+                            settings.width_order)
 
     def residuals(theta: np.ndarray) -> np.ndarray:
-        gap = log_y - np.log(bounds(settings, observations, _constants(theta)))
+        gap = log_y - np.log(bounds(settings, observations, form.constants(theta)))
         return gap - gap.mean()
 
-    raw = _score(settings, observations, Constants(settings.c_proj, settings.c_head,
-                                                   settings.order))
-    starts = sorted(_GRID, key=lambda t: float((residuals(np.array(t)) ** 2).sum()))[:3]
-    starts.append((math.log(settings.c_proj), math.log(settings.c_head), settings.order))
-    low = [LOG_C_RANGE[0], LOG_C_RANGE[0], ORDER_RANGE[0]]
-    high = [LOG_C_RANGE[1], LOG_C_RANGE[1], ORDER_RANGE[1]]
+    given = Constants(settings.c_proj, settings.c_head, settings.order, settings.width_order)
+    raw = _score(settings, observations, given)
+    low, high = form.box
+    grid = [np.array([*c, *e]) for c in _LOG_C_GRID for e in form.exponents]
+    starts = sorted(grid, key=lambda t: float((residuals(t) ** 2).sum()))[:3]
+    starts.append(form.theta(given))
     best = raw
     for start in starts:
-        x0 = np.clip(np.array(start, float), low, high)
+        x0 = np.clip(start, low, high)
         result = least_squares(residuals, x0, bounds=(low, high), diff_step=1e-3)
-        candidate = _score(settings, observations, _constants(result.x))
+        candidate = _score(settings, observations, form.constants(result.x))
         if candidate.r2 > best.r2:
             best = candidate
-    return raw, best
+    return raw, dataclasses.replace(best, design=form.design)
 
 
 # --- reading the study -----------------------------------------------------------------------
@@ -185,7 +265,7 @@ def observations_from_study(url: str | None, study: str) -> tuple[PlanSettings,
 def write_constants(path: Path, study: str, architectures: int, fitted: ConstantsFit) -> None:
     """The fitted constants for ``alloc.solve --constants``, with the fit's provenance."""
     meta = {"study": study, "architectures": architectures, "r2": fitted.r2,
-            "spearman": fitted.spearman}
+            "spearman": fitted.spearman, "width_design": fitted.design}
     write_atomic(path, to_yaml(fitted.constants, fitted.scale, meta))
 
 
@@ -206,6 +286,14 @@ def _fit_dict(f: ConstantsFit) -> dict[str, Any]:
     return {**f.constants.as_flags(), "scale": f.scale, "r2": f.r2, "spearman": f.spearman}
 
 
+DESIGN_NOTE = {
+    "both": "n and m fitted apart (the first layers vary heads and head dimension apart)",
+    "difference": "every first layer has one width, so only n - m is identified: the fit "
+                  "reports the smallest m that fits (m = 0 unless n - m < 1)",
+    "order": "m held (the first layers do not vary heads and head dimension apart)",
+}
+
+
 def calibration_report(study: str, settings: PlanSettings, observations: Sequence[Observation],
                        raw: ConstantsFit, calibrated: ConstantsFit) -> dict[str, Any]:
     rows = [{"architecture": o.label, "trial": o.trial, "trials": o.trials, "loss": o.loss,
@@ -214,6 +302,7 @@ def calibration_report(study: str, settings: PlanSettings, observations: Sequenc
     return {
         "study": study, "observations": rows, "raw": _fit_dict(raw),
         "calibrated": _fit_dict(calibrated),
+        "width_design": {"design": calibrated.design, "note": DESIGN_NOTE[calibrated.design]},
         "allocation": {"raw": _plan_summary(make_plan(settings)),
                        "calibrated": _plan_summary(make_plan(
                            with_constants(settings, calibrated.constants)))},
@@ -229,11 +318,12 @@ def render(rep: dict[str, Any]) -> str:
                           "calibrated pred."], rows,
                          right=[False, True, True, True, True, True])
     fits = render_table(
-        ["constants", "c_proj", "c_head", "n", "scale", "R² (log)", "Spearman"],
+        ["constants", "c_proj", "c_head", "n", "m", "scale", "R² (log)", "Spearman"],
         [[name, f"{f['c_proj']:.4g}", f"{f['c_head']:.4g}", f"{f['order']:.3g}",
-          f"{f['scale']:.4g}", f"{f['r2']:.3f}", f"{f['spearman']:.3f}"]
+          f"{f['width_order']:.3g}", f"{f['scale']:.4g}", f"{f['r2']:.3f}",
+          f"{f['spearman']:.3f}"]
          for name, f in (("raw", rep["raw"]), ("calibrated", rep["calibrated"]))],
-        right=[False] + [True] * 6)
+        right=[False] + [True] * 7)
     alloc = render_table(
         ["constants", "extraction layer", "exact heads", "uniform layer"],
         [[name, a["extract_layer"], a["exact"]["heads"],
@@ -245,7 +335,7 @@ def render(rep: dict[str, Any]) -> str:
     inp = rep["inputs"]
     return "\n".join([
         f"{PROG}: study {rep['study']} ({len(rows)} architectures, best loss of each)", "",
-        table, "", fits, "",
+        table, "", fits, f"width order: {rep['width_design']['note']}", "",
         f"re-solved allocation (D={inp['budget']}, kernel {inp['kernel']}, d_in "
         f"{inp['input_dim']}, N {inp['seq_len']})", alloc])
 

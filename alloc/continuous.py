@@ -5,9 +5,12 @@ Each group then answers independently (the Lagrangian separates):
 
 * for fixed ``H`` the error is concave in ``d`` (the compression term
   ``sqrt(d_in (1 - (d/d_in)^k))`` is, for every order k), so ``d`` sits at a corner, ``align``
-  or ``d_max`` (with a measured input spectrum it is searched over the aligned dims);
-* for fixed ``d`` it is convex in ``H``; stationarity ``n w K H^{-(n+1)} = lam d`` gives
-  the trade-off law ``H* = (n w K / (lam d))^{1/(n+1)}``: heads grow like
+  or ``d_max`` (with a measured input spectrum, or a width order ``m > 0`` whose
+  ``(d/d_in)^-m`` is convex in ``d``, it need not be, and ``d`` is searched over the aligned
+  dims);
+* for fixed ``d`` it is convex in ``H``; stationarity ``n w K_d H^{-(n+1)} = lam d`` with
+  ``K_d = K (d/d_in)^-m`` gives the trade-off law ``H* = (n w K_d / (lam d))^{1/(n+1)}``: heads
+  grow like
   ``(|rho_m| e^{alpha (n+1) s_m})^{1/(n+1)}``: with the weight of an offset, and exponentially
   with its distance;
 * or the group is skipped (truncation).
@@ -70,38 +73,43 @@ class _Responses:
 
 
 def group_error(problem: ExtractProblem, count: np.ndarray, dim: np.ndarray) -> np.ndarray:
-    """Per-group error for real ``count``/``dim``; ``count == 0`` means skipped."""
+    """Per-group error for real ``count``/``dim`` (broadcast against the groups' axis, the
+    last); ``count == 0`` means skipped."""
     m, w = problem.model, problem.weights
     safe = np.where(count > 0, count, 1.0)
-    inside = w * (m.compression(dim) + m.extraction(problem.offsets, safe))
+    inside = w * (m.compression(dim) + m.extraction(problem.offsets, safe, dim))
     return np.where(count > 0, inside, w * m.bound)
 
 
 def corner_dims(problem: ExtractProblem) -> tuple[float, ...]:
     """The candidate head dimensions of the relaxation: ``align`` and ``d_max`` (the error is
-    concave in ``d`` for isotropic tokens); every aligned one for a measured input spectrum,
-    where it need not be (the relaxation then keeps ``d`` on the aligned grid)."""
-    if problem.model.input_variance is not None:
+    concave in ``d`` for isotropic tokens and ``m = 0``); every aligned one for a measured input
+    spectrum or a width order ``m > 0``, where it need not be (the relaxation then keeps ``d``
+    on the aligned grid)."""
+    if problem.model.input_variance is not None or problem.model.width_order > 0:
         return tuple(float(d) for d in problem.dims)
     return float(problem.dims[0]), float(problem.dims[-1])
 
 
-def stationary_count(problem: ExtractProblem, lam: float, dim: float) -> np.ndarray:
-    """``H*(lam, d) = max(1, (n w K / (lam d))^{1/(n+1)})`` per group."""
+def stationary_count(problem: ExtractProblem, lam: float, dim: np.ndarray | float) -> np.ndarray:
+    """``H*(lam, d) = max(1, (n w K_d / (lam d))^{1/(n+1)})`` per group: (groups,) for one
+    ``dim``, (dims, groups) for a column of dims (dims, 1)."""
     m = problem.model
-    wk = problem.weights * m.head_constant(problem.offsets)
-    return np.maximum(1.0, (m.order * wk / (lam * dim)) ** (1.0 / (m.order + 1.0)))
+    wk = problem.weights * m.head_constant(problem.offsets) * m.width_factor(dim)
+    return np.maximum(1.0, (m.order * wk / (lam * np.asarray(dim, float))) ** (1.0 / (m.order
+                                                                                      + 1.0)))
 
 
 def best_responses(problem: ExtractProblem, lam: float) -> _Responses:
-    """Each group's minimiser of ``error + lam * width`` over skip and both corner dims."""
+    """Each group's minimiser of ``error + lam * width`` over skip and the corner dims (every
+    corner at once: with a width order all aligned dims up to the budget are corners)."""
     n = len(problem.offsets)
-    counts, dims, errors = [np.zeros(n)], [np.zeros(n)], [problem.weights * problem.model.bound]
-    for corner in corner_dims(problem):
-        counts.append(stationary_count(problem, lam, corner))
-        dims.append(np.full(n, corner))
-        errors.append(group_error(problem, counts[-1], dims[-1]))
-    count, dim, error = np.array(counts), np.array(dims), np.array(errors)
+    corners = np.array(corner_dims(problem))[:, None]  # (dims, 1)
+    stationary = stationary_count(problem, lam, corners)  # (dims, groups)
+    count = np.vstack([np.zeros(n), stationary])  # row 0: skip
+    dim = np.vstack([np.zeros(n), np.broadcast_to(corners, stationary.shape)])
+    error = np.vstack([problem.weights * problem.model.bound,
+                       group_error(problem, stationary, corners)])
     pick = np.argmin(error + lam * count * dim, axis=0)  # ties: skip, then the small corner
     cols = np.arange(n)
     return _Responses(count[pick, cols], dim[pick, cols], error[pick, cols])

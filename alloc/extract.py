@@ -5,12 +5,15 @@ The layer extracts offsets ``s`` of the kernel ``rho``; group ``m`` gives ``H_m`
 skips it. The error bound, per group, in units of token norm::
 
     |rho_m| * (c_proj * sqrt(d_in) * sqrt(1 - min(d_m/d_in, 1)^k)   # compression
-               + c_head * B * exp(alpha*(n+1)*s_m) * H_m^-n)          # position extraction
+               + c_head * B * exp(alpha*(n+1)*s_m)
+                 * H_m^-n * (d_m/d_in)^-m)                          # position extraction
     B * |rho_m|                                                     # if skipped (truncation)
 
 where ``k`` is the order of the products of extracted tokens the layer's output feeds: 1 for an
 attention-only layer (the compression term is then ``c_proj * sqrt(max(d_in - d_m, 0))``), 2
-when an MLP follows (§2.1).
+when an MLP follows (§2.1); ``m >= 0`` (``width_order``) prices a wider query-key map's sharper
+positional score (§2.3): 0 is the paper's bound, where head dimensions above ``d_in`` only spend
+width and are never offered; with ``m > 0`` they are, up to the budget.
 
 ``solve_exact`` is the integer optimum (min-plus DP over groups and budget), ``solve_uniform`` the
 best layer of equal heads, ``solve_brute_force`` the enumeration the tests compare them with.
@@ -40,6 +43,9 @@ class ErrorModel:
     product_order: int = 1
     # The measured covariance eigenvalues of the tokens (decreasing; §9.2); None: isotropic.
     input_variance: tuple[float, ...] | None = None
+    # m of the extraction term's (d / d_in)^-m (§2.3): what a wider query-key map buys in
+    # positional selectivity; 0: nothing (the paper's bound).
+    width_order: float = 0.0
 
     @property
     def bound(self) -> float:
@@ -72,9 +78,25 @@ class ErrorModel:
         s = np.asarray(offset, float)
         return self.c_head * self.bound * np.exp(self.alpha * (self.order + 1) * s)
 
-    def extraction(self, offset: np.ndarray | int, count: np.ndarray | float) -> np.ndarray:
-        """Error of ``count`` heads approximating a delta at ``offset``, per unit weight."""
-        return self.head_constant(offset) * np.asarray(count, float) ** -self.order
+    def width_factor(self, dim: np.ndarray | float) -> np.ndarray:
+        """``(dim / d_in)^-m``: the extraction rate of heads of dimension ``dim`` relative to
+        heads as wide as a token (§2.3); 1 everywhere at ``m = 0``."""
+        if self.width_order == 0:
+            return np.ones_like(np.asarray(dim, float))
+        return (np.asarray(dim, float) / self.input_dim) ** -self.width_order
+
+    def extraction(self, offset: np.ndarray | int, count: np.ndarray | float,
+                   dim: np.ndarray | float) -> np.ndarray:
+        """Error of ``count`` heads of dimension ``dim`` approximating a delta at ``offset``, per
+        unit weight: ``K(s) H^-n (d / d_in)^-m``."""
+        return (self.head_constant(offset) * np.asarray(count, float) ** -self.order
+                * self.width_factor(dim))
+
+
+def max_head_dim(input_dim: int, budget: int, width_order: float) -> int:
+    """The widest head dimension the solvers offer: ``min(d_in, D)`` when a wider head buys
+    nothing (``m = 0``: compression is already zero at ``d_in``), else the whole budget."""
+    return budget if width_order > 0 else min(input_dim, budget)
 
 
 @dataclass(frozen=True)
@@ -134,10 +156,11 @@ class BlockTerms:
              ) -> np.ndarray:
         """(blocks, pairs): each block's error with ``count`` heads of ``dim`` (arrays of the
         pairs, or one pair): §2.2's ``E_ab``."""
-        count, dim = np.atleast_1d(count), np.atleast_1d(dim)
+        count, dim = np.atleast_1d(count).astype(float), np.atleast_1d(dim)
+        rate = count ** -model.order * model.width_factor(dim)  # (pairs,)
         return self.weight[:, None] * (model.compression(dim)[None, :]
                                        + model.head_constant(self.last)[:, None]
-                                       * count[None, :] ** -model.order) + self.averaging[:, None]
+                                       * rate[None, :]) + self.averaging[:, None]
 
 
 @dataclass(frozen=True, eq=False)
@@ -166,8 +189,9 @@ class ExtractProblem:
 
     @cached_property
     def dims(self) -> np.ndarray:
-        """Allowed head dimensions: multiples of ``align`` up to ``min(d_in, budget)``."""
-        top = min(self.model.input_dim, self.budget)
+        """Allowed head dimensions: multiples of ``align`` up to ``max_head_dim`` (``min(d_in,
+        budget)``, or the budget when wider heads extract better, ``m > 0``)."""
+        top = max_head_dim(self.model.input_dim, self.budget, self.model.width_order)
         return np.arange(self.align, top + 1, self.align)
 
     @cached_property
@@ -202,7 +226,7 @@ class ExtractProblem:
             block = np.asarray(self.rho[g.offset - 1:g.last], float)
             weight = abs(float(block.sum()))
             comp += weight * float(self.model.compression(g.dim))
-            extr += weight * float(self.model.extraction(g.last, g.count))
+            extr += weight * float(self.model.extraction(g.last, g.count, g.dim))
             avg += self.model.bound * float(np.abs(block - block.mean()).sum())
         trunc = sum(w * self.model.bound for s, w in zip(self.offsets.tolist(),
                                                          self.weights.tolist()) if s not in covered)

@@ -83,7 +83,7 @@ def plot_calibration(rep: dict[str, Any], path: Path) -> None:
         f = rep[key]
         ax.plot(x, [r[key] for r in rows], style,
                 label=f"{key} bound x scale (c_proj {f['c_proj']:.3g}, c_head {f['c_head']:.3g},"
-                      f" n {f['order']:.2g}; R² {f['r2']:.2f})")
+                      f" n {f['order']:.2g}, m {f['width_order']:.2g}; R² {f['r2']:.2f})")
     ax.set_xticks(x, [r["architecture"] for r in rows], rotation=30, ha="right", fontsize=8)
     ax.set_yscale("log")
     ax.set_xlabel("architecture (heads x head dim per layer)")

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from alloc.errors import PlanError
-from alloc.extract import ErrorModel
+from alloc.extract import ErrorModel, max_head_dim
 from alloc.saturation import parse_spectrum
 from arch import POSITIONALS, AttentionKind, Positional, kind_traits, kinds_text, kinds_where
 from arch.checks import is_int, is_number, need_bool, need_choice, need_int, need_number
@@ -50,6 +50,8 @@ class PlanSettings:
     c_proj: float = 1.0
     c_head: float = 1.0
     order: float = 2.0
+    # m of the extraction term's (d / d_in)^-m (docs/theory.md §2.3); 0: the paper's bound.
+    width_order: float = 0.0
     alpha: float = 0.01
     norm_bound: float | None = None
     tolerance: float = 0.05
@@ -114,7 +116,7 @@ class PlanSettings:
         """The early-layer bound's error model (its order: ``compression_order``)."""
         variance = None if self.input_spectrum is None else input_variance(self.input_spectrum)
         return ErrorModel(self.input_dim, self.c_proj, self.c_head, self.order, self.alpha,
-                          self.norm_bound, self.compression_order, variance)
+                          self.norm_bound, self.compression_order, variance, self.width_order)
 
 
 @dataclass(frozen=True)
@@ -217,7 +219,7 @@ def _value_problems(s: PlanSettings) -> list[str]:
         need_int(problems, _flag(name), getattr(s, name), 1)
     need_int(problems, "--extract-layers", s.extract_layers, 0)
     need_int(problems, "--max-block", s.max_block, 1, MAX_BLOCK)
-    for name in ("c_proj", "c_head", "alpha", "mlp_ratio"):
+    for name in ("c_proj", "c_head", "alpha", "mlp_ratio", "width_order"):
         need_number(problems, _flag(name), getattr(s, name), 0.0)
     need_number(problems, "--order", s.order, 1.0)
     for name in ("tolerance", "logit_bound"):
@@ -263,14 +265,17 @@ def _size_problems(s: PlanSettings) -> list[str]:
     """The bound's terms stay finite, and the exact solver's table stays small."""
     model = s.model
     with np.errstate(over="ignore"):  # an overflow is what is being checked
-        largest = max(float(model.head_constant(s.seq_len)), float(model.compression(0)))
+        largest = max(float(model.head_constant(s.seq_len) * model.width_factor(s.align)),
+                      float(model.compression(0)))
     if not largest <= MAX_ERROR_TERM:  # also catches an overflow to inf
         return [f"--c-proj {s.c_proj:g} / --c-head {s.c_head:g} / --order {s.order:g} / "
-                f"--alpha {s.alpha:g} at --seq-len {s.seq_len}: the bound's terms reach "
-                f"{largest:.3g} (c_head * B * exp(alpha (n + 1) N), c_proj * sqrt(d_in)); they "
+                f"--width-order {s.width_order:g} / --alpha {s.alpha:g} at --seq-len "
+                f"{s.seq_len}: the bound's terms reach {largest:.3g} (c_head * B * exp(alpha "
+                "(n + 1) N) * (align / d_in)^-m, c_proj * sqrt(d_in)); they "
                 f"must stay <= {MAX_ERROR_TERM:g} for the solvers to stay finite "
                 "(docs/theory.md §2)"]
-    pairs = sum(s.budget // d for d in range(s.align, min(s.input_dim, s.budget) + 1, s.align))
+    top = max_head_dim(s.input_dim, s.budget, s.width_order)
+    pairs = sum(s.budget // d for d in range(s.align, top + 1, s.align))
     choices = s.seq_len * pairs * min(s.max_block, s.seq_len)
     if choices > MAX_TABLE:
         return [f"--seq-len {s.seq_len}: with --budget {s.budget}, --align {s.align} and "

@@ -95,13 +95,17 @@ def _add_bound_flags(p: argparse.ArgumentParser, d: PlanSettings) -> None:
                    help="extraction constant c_head (docs/theory.md §2)")
     p.add_argument("--order", type=number(1), default=d.order,
                    help="smoothness order n (docs/theory.md §2)")
+    p.add_argument("--width-order", type=number(0), default=d.width_order,
+                   help="width order m: H heads of dimension d extract at the rate "
+                        "H^-n (d/input-dim)^-m; m > n makes fewer, wider heads win (default 0: "
+                        "the paper's bound; docs/theory.md §2.3)")
     p.add_argument("--profile", type=Path,
                    help="kernel, input dimension, sequence length and spectrum measured from "
                         "your data (python -m workers.profile --out; docs/theory.md §9); flags "
                         "given explicitly win")
     p.add_argument("--constants", type=Path,
-                   help="c_proj, c_head and order from a YAML file (python -m alloc.calibrate "
-                        "--out; docs/theory.md §6); flags given explicitly win")
+                   help="c_proj, c_head, order and width order from a YAML file (python -m "
+                        "alloc.calibrate --out; docs/theory.md §6); flags given explicitly win")
     p.add_argument("--alpha", type=number(0), default=d.alpha, help="positional decay alpha")
     p.add_argument("--norm-bound", type=number(0, strict=True), default=None,
                    help="token norm bound B (default: sqrt(input-dim))")

@@ -14,6 +14,7 @@ import yaml
 from alloc import calibrate
 from alloc.calibrate import Observation, fit, with_constants
 from alloc.constants import Constants, read_constants
+from alloc.errors import ConstantsError
 from alloc.plan import make_plan, predicted_error
 from alloc.settings import PlanSettings
 from alloc.solve import main as solve_main
@@ -156,3 +157,115 @@ def test_constants_round_trip(tmp_path: Path) -> None:
     path.write_text(to_yaml(TRUE, 0.5, {"study": "x"}))
     assert read_constants(path) == TRUE
     assert yaml.safe_load(path.read_text())["scale"] == 0.5
+
+
+# --- the width order m (docs/theory.md §2.3, §6) -------------------------------------------------
+
+# Losses generated where one wide head wins (m > n) or many heads do (m = 0 < n).
+WIDE = Constants(c_proj=0.3, c_head=2.5, order=1.5, width_order=3.0)
+NARROW = TRUE
+WIDTHS = (64, 32)  # a second width separates n from m
+
+
+def layer(heads: int, width: int = 64) -> LayerSpec:
+    return LayerSpec("mhsa", (HeadGroup(heads, width // heads),), mlp_ratio=4.0)
+
+
+def noisy(constants: Constants, layers: list[LayerSpec], seed: int,
+          noise: float = 0.02) -> list[Observation]:
+    """Observations whose log-losses are the bound's plus Gaussian noise of SD ``noise``."""
+    s, rng = with_constants(SETTINGS, constants), np.random.default_rng(seed)
+    return [Observation(x.heads_str, x, 0.01 * predicted_error(s, x) * float(
+        np.exp(rng.normal(0, noise))), i, 1) for i, x in enumerate(layers)]
+
+
+def uniform_heads(constants: Constants) -> tuple[int, int]:
+    plan = make_plan(with_constants(SETTINGS, constants))
+    return plan.uniform.count, plan.uniform.dim
+
+
+def test_width_design_says_what_the_layers_identify() -> None:
+    assert calibrate.width_design([layer(h) for h in HEADS]) == "difference"
+    assert calibrate.width_design([layer(h, w) for w in WIDTHS for h in (1, 2, 4, 8)]) == "both"
+    # Four observations cannot fit four constants and the scale: m held.
+    assert calibrate.width_design([layer(1), layer(4), layer(1, 32), layer(8, 32)]) == "order"
+    assert calibrate.width_design([layer(4, w) for w in (16, 32, 64)]) == "order"
+    # Width and head count growing together: a line other than one width's, m held.
+    assert calibrate.width_design([layer(1, 16), layer(2, 32), layer(4, 64)]) == "order"
+
+
+def test_the_generating_constants_put_the_plan_where_the_test_says() -> None:
+    # The premise of the two tests below: under WIDE one head of the full width is the bound's
+    # best uniform layer, under NARROW (m = 0) several narrower heads are.
+    assert uniform_heads(WIDE) == (1, 64)
+    assert uniform_heads(NARROW)[0] > 1
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_one_width_recovers_m_minus_n_and_the_wide_head(seed: int) -> None:
+    raw, cal = fit(SETTINGS, noisy(WIDE, [layer(h) for h in HEADS], seed))
+    c = cal.constants
+    assert cal.design == "difference"
+    assert c.width_order > c.order  # fewer, wider heads win
+    assert c.width_order - c.order == pytest.approx(WIDE.width_order - WIDE.order, abs=0.3)
+    assert c.order == 1.0  # the smallest m that fits: n at its floor
+    assert cal.r2 > 0.95 and raw.r2 < cal.r2
+    assert uniform_heads(c) == (1, 64)
+
+
+def two_widths() -> list[LayerSpec]:
+    return [layer(h, w) for w in WIDTHS for h in HEADS if h <= w // SETTINGS.align]
+
+
+def test_two_widths_recover_n_and_m_apart() -> None:
+    _, cal = fit(SETTINGS, noisy(WIDE, two_widths(), 0))
+    assert cal.design == "both"
+    assert cal.constants.order == pytest.approx(WIDE.order, abs=0.3)
+    assert cal.constants.width_order == pytest.approx(WIDE.width_order, abs=0.3)
+    assert uniform_heads(cal.constants) == (1, 64)
+
+
+def many_heads(constants: Constants) -> bool:
+    """The bound's uniform layer has several heads, none wider than a token."""
+    count, dim = uniform_heads(constants)
+    return count > 1 and dim <= SETTINGS.input_dim
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_when_many_heads_win_one_width_keeps_them(seed: int) -> None:
+    _, one = fit(SETTINGS, noisy(NARROW, [layer(h) for h in HEADS], seed))
+    assert one.constants.width_order == 0.0  # n - m >= 1: no width order needed
+    assert one.constants.order > 1.0
+    assert many_heads(one.constants)
+
+
+def test_when_many_heads_win_two_widths_keep_them() -> None:
+    _, both = fit(SETTINGS, noisy(NARROW, two_widths(), 0))
+    assert both.design == "both"
+    assert both.constants.width_order == pytest.approx(0.0, abs=0.3)
+    assert both.constants.width_order < both.constants.order
+    assert many_heads(both.constants)
+
+
+def test_constants_without_a_width_order_read_as_zero(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("c_proj: 1\nc_head: 2\norder: 3\n")  # a file written before m existed
+    assert read_constants(path) == Constants(1.0, 2.0, 3.0, 0.0)
+    from alloc.constants import to_yaml
+
+    path.write_text(to_yaml(WIDE))
+    assert read_constants(path) == WIDE
+    path.write_text("c_proj: 1\nc_head: 2\norder: 3\nwidth_order: -1\n")
+    with pytest.raises(ConstantsError, match="width_order = -1: must be a finite"):
+        read_constants(path)
+
+
+def test_solve_width_order_flag_gives_one_wide_head(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["--budget", "256", "--layers", "1", "--input-dim", "64", "--kernel", "ngram:4",
+            "--seq-len", "64", "--uniform", "--mlp-ratio", "2", "--format", "json"]
+    assert solve_main(base) == 0
+    assert json.loads(capsys.readouterr().out)["layers"][0]["heads"] == [
+        {"count": 4, "qk_dim": 64, "v_dim": 64}]
+    assert solve_main([*base, "--order", "1", "--width-order", "1.5"]) == 0
+    assert json.loads(capsys.readouterr().out)["layers"][0]["heads"] == [
+        {"count": 1, "qk_dim": 256, "v_dim": 256}]

@@ -18,7 +18,8 @@ def lagrangian(problem: ExtractProblem, lam: float, w: float, k: float, count: f
                dim: float) -> float:
     m = problem.model
     comp = float(m.compression(dim))  # c_proj sqrt(d_in - d) for isotropic linear tokens
-    return w * (comp + k * count**-m.order) + lam * count * dim
+    rate = count**-m.order * float(m.width_factor(dim))  # (d / d_in)^-m: 1 at m = 0
+    return w * (comp + k * rate) + lam * count * dim
 
 
 def check_kkt(problem: ExtractProblem) -> None:
@@ -31,17 +32,18 @@ def check_kkt(problem: ExtractProblem) -> None:
     for g in cont.groups:
         w = weights[g.offset]
         k = m.c_head * m.bound * math.exp(m.alpha * (n + 1) * g.offset)
-        grad = -n * w * k * g.count ** -(n + 1) + lam * g.dim  # d/dH of the Lagrangian
+        k_d = k * float(m.width_factor(g.dim))  # the extraction constant of heads of g.dim
+        grad = -n * w * k_d * g.count ** -(n + 1) + lam * g.dim  # d/dH of the Lagrangian
         if g.count > 1 + 1e-9:
             assert abs(grad) <= 1e-6 * (lam * g.dim + 1e-12), g  # stationarity in H
         else:
             assert grad >= -1e-9 * (lam * g.dim + 1e-12), g  # H at its lower bound
-        assert g.dim in corners  # concave in d: a corner
+        assert g.dim in corners  # concave in d: a corner (m > 0: every aligned dim)
         # No other answer (skip, the other corner at its stationary H) is better.
         value = lagrangian(problem, lam, w, k, g.count, g.dim)
         assert value <= w * m.bound * (1 + 1e-6) + 1e-12
         for d in corners:
-            h = max(1.0, (n * w * k / (lam * d)) ** (1 / (n + 1)))
+            h = max(1.0, (n * w * k * float(m.width_factor(d)) / (lam * d)) ** (1 / (n + 1)))
             assert value <= lagrangian(problem, lam, w, k, h, d) * (1 + 1e-6) + 1e-12
         shares[g.offset] = shares.get(g.offset, 0.0) + g.share
     assert all(s <= 1 + 1e-9 for s in shares.values())
@@ -57,6 +59,17 @@ def check_kkt(problem: ExtractProblem) -> None:
 def test_kkt_and_lower_bound_on_random_instances(seed: int, tmp_path: Path) -> None:
     check_kkt(random_problem(np.random.default_rng(500 + seed), tmp_path, max_budget=64,
                              max_seq_len=12))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_kkt_and_lower_bound_with_a_width_order(seed: int, tmp_path: Path) -> None:
+    # m > 0 makes the error convex in d through (d/d_in)^-m: no corner argument, every aligned
+    # dim is searched, and the KKT conditions and the lower bound still hold.
+    problem = random_problem(np.random.default_rng(800 + seed), tmp_path, max_budget=64,
+                             max_seq_len=12, width_order=True)
+    if problem.model.width_order > 0:
+        assert corner_dims(problem) == tuple(float(d) for d in problem.dims)
+    check_kkt(problem)
 
 
 @pytest.mark.parametrize("kernel", ["poly:1.0", "exp:0.1", "ngram:4"])

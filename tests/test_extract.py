@@ -28,7 +28,7 @@ def close(a: float, b: float) -> bool:
 
 
 def feasible(problem: ExtractProblem, groups: tuple[GroupChoice, ...]) -> bool:
-    dims_ok = all(g.dim % problem.align == 0 and 1 <= g.dim <= problem.model.input_dim
+    dims_ok = all(g.dim % problem.align == 0 and 1 <= g.dim <= problem.dims[-1]
                   and g.count >= 1 for g in groups)
     return dims_ok and sum(g.count * g.dim for g in groups) <= problem.budget
 
@@ -189,3 +189,68 @@ def test_a_flat_block_is_averaged_by_one_group() -> None:
     # A decaying kernel is not averaged where its variation costs more than a head saves.
     steep = ExtractProblem(parse_kernel("exp:2.0", 64), 256, 8, ErrorModel(64), max_block=8)
     assert all(g.span == 1 for g in solve_exact(steep).groups)
+
+
+# --- what a wider head buys: the width order m (docs/theory.md §2.3) ----------------------------
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_exact_with_width_order_equals_brute_force(seed: int, tmp_path: Path) -> None:
+    problem = random_problem(np.random.default_rng(9000 + seed), tmp_path, max_budget=12,
+                             max_seq_len=3, max_block=3, width_order=True)
+    exact, brute = solve_exact(problem), solve_brute_force(problem)
+    assert feasible(problem, exact.groups)
+    assert close(exact.objective, brute.objective), (exact, brute)
+    assert close(exact.objective, problem.evaluate(exact.groups).objective)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_uniform_with_width_order_equals_brute_force(seed: int, tmp_path: Path) -> None:
+    problem = random_problem(np.random.default_rng(9500 + seed), tmp_path, aligned_budget=True,
+                             max_budget=12, max_seq_len=3, max_block=3, width_order=True)
+    divisors = [d for d in problem.dims.tolist() if problem.budget % d == 0]
+    brute = min(solve_brute_force(problem, np.array([d])).objective for d in divisors)
+    assert close(solve_uniform(problem).objective, brute)
+    assert close(min(o.objective for o in uniform_options(problem)),
+                 solve_uniform(problem).objective)
+
+
+def test_width_order_term_matches_the_formula() -> None:
+    model = ErrorModel(16, c_proj=0.5, c_head=2.0, order=2.0, alpha=0.1, norm_bound=3.0,
+                       width_order=1.5)
+    rho = np.array([0.0, -2.0, 0.5])
+    problem = ExtractProblem(rho, 64, 4, model)
+    alloc = problem.evaluate([GroupChoice(2, 3, 8)])
+    assert close(alloc.extraction, 2.0 * 2.0 * 3.0 * math.exp(0.1 * 3 * 2) / 3**2
+                 * (8 / 16) ** -1.5)
+    wide = problem.evaluate([GroupChoice(2, 1, 32)])  # wider than d_in: no compression
+    assert wide.compression == 0
+    assert close(wide.extraction, 2.0 * 2.0 * 3.0 * math.exp(0.1 * 3 * 2) * 2.0 ** -1.5)
+    assert problem.dims[-1] == 64  # m > 0: dims up to the budget
+    assert ExtractProblem(rho, 64, 4, ErrorModel(16)).dims[-1] == 16  # m = 0: up to d_in
+
+
+@pytest.mark.parametrize("kernel", ["poly:1.0", "exp:0.3", "ngram:4"])
+@pytest.mark.parametrize("budget", [64, 256, 512])
+def test_width_order_zero_is_the_bound_without_it(kernel: str, budget: int) -> None:
+    # m = 0 exactly: the same dims offered, the same allocations (the default changes nothing).
+    base = ExtractProblem(parse_kernel(kernel, 64), budget, 8, ErrorModel(64), max_block=8)
+    zero = dataclasses.replace(base, model=dataclasses.replace(base.model, width_order=0.0))
+    assert list(zero.dims) == list(base.dims)
+    assert solve_exact(zero) == solve_exact(base)
+    assert solve_uniform(zero) == solve_uniform(base)
+
+
+@pytest.mark.parametrize(("order", "width_order", "heads"), [
+    (2.0, 0.0, 4), (2.0, 1.0, 4), (1.0, 1.5, 1), (2.0, 3.0, 1), (1.0, 0.5, 4)])
+def test_ngram_uniform_layer_follows_the_sign_of_m_minus_n(order: float, width_order: float,
+                                                          heads: int) -> None:
+    # ngram:4 at D = 256, d_in 64 (the ngram table): every layer with heads of at least d_in has
+    # no compression and H heads of D/H extract the block at K (D/d_in)^-m H^(m-n), so the
+    # uniform layer is 4x64 (the widest heads that compress nothing, no fewer) while m < n
+    # and one head of 256 once m > n.
+    model = ErrorModel(64, c_proj=0.1, c_head=0.5, order=order, width_order=width_order,
+                       product_order=2)
+    problem = ExtractProblem(parse_kernel("ngram:4", 64), 256, 8, model, max_block=8)
+    best = solve_uniform(problem)
+    assert (best.count, best.dim) == (heads, 256 // heads)

@@ -291,7 +291,8 @@ class PriorSampler(optuna.samplers.BaseSampler):
         if self.calibration is not None:
             s = self.calibration.settings
             _append(study, CALIBRATION_ATTR, {
-                "c_proj": s.c_proj, "c_head": s.c_head, "order": s.order, "from_trial": 0,
+                "c_proj": s.c_proj, "c_head": s.c_head, "order": s.order,
+                "width_order": s.width_order, "from_trial": 0,
                 "architectures": 0, "r2": None, "spearman": None,
                 "source": self.calibration.source})
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -25,11 +26,15 @@ def random_kernel(rng: np.random.Generator, tmp: Path, seq_len: int) -> str:
     return f"file:{path}"
 
 
+WIDTH_ORDERS = (0.0, 0.5, 1.0, 2.0, 3.0)  # m of docs/theory.md §2.3: below, at and above n
+
+
 def random_problem(rng: np.random.Generator, tmp: Path, aligned_budget: bool = False,
-                   max_budget: int = 16, max_seq_len: int = 3, max_block: int = 1
-                   ) -> ExtractProblem:
+                   max_budget: int = 16, max_seq_len: int = 3, max_block: int = 1,
+                   width_order: bool = False) -> ExtractProblem:
     """A random instance small enough for brute-force enumeration; blocks of up to
-    ``max_block`` offsets (a random cap of 1..max_block)."""
+    ``max_block`` offsets (a random cap of 1..max_block); with ``width_order`` a random width
+    order m (drawn last, so the other draws are those of the same seed without it)."""
     seq_len = int(rng.integers(1, max_seq_len + 1))
     input_dim = int(rng.integers(1, 9))
     align = int(rng.choice([a for a in (1, 2, 3, 4) if a <= input_dim]))
@@ -43,4 +48,8 @@ def random_problem(rng: np.random.Generator, tmp: Path, aligned_budget: bool = F
                        input_variance=None if rng.random() < 0.5 else tuple(
                            np.sort(rng.exponential(size=input_dim))[::-1].tolist()))
     rho = parse_kernel(random_kernel(rng, tmp, seq_len), seq_len)
-    return ExtractProblem(rho, budget, align, model, int(rng.integers(1, max_block + 1)))
+    problem = ExtractProblem(rho, budget, align, model, int(rng.integers(1, max_block + 1)))
+    if not width_order:
+        return problem
+    m = float(rng.choice(WIDTH_ORDERS))
+    return dataclasses.replace(problem, model=dataclasses.replace(model, width_order=m))

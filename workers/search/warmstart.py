@@ -75,7 +75,8 @@ def open_source(name: str, storage: optuna.storages.BaseStorage) -> WarmStart:
         return WarmStart(name, None, source, f"study {name}'s constants ignored ({ignored})")
     constants = None
     with contextlib.suppress(KeyError, TypeError, ValueError):
-        constants = Constants(float(last["c_proj"]), float(last["c_head"]), float(last["order"]))
+        constants = Constants(float(last["c_proj"]), float(last["c_head"]), float(last["order"]),
+                              float(last.get("width_order", 0.0)))  # absent before §2.3: 0
     return WarmStart(name, constants, source)
 
 
