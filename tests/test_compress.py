@@ -19,7 +19,7 @@ from alloc.compression import CompressionError, CompressionPlan, MeasureRequest,
 from arch import ArchConfig, HeadGroup, LayerSpec, TrainConfig, param_count
 from common.errors import UsageError
 from common.files import dump_yaml
-from userdata import DataSpec
+from userdata import DataSpec, TaskSpec
 from workers.checkpoints import CheckpointError, gpt2_arch, load
 from workers.compress import main as compress_main
 from workers.compression.compressor import CompressRequest, compress
@@ -148,11 +148,12 @@ def test_compress_from_python_is_the_command(teacher: tuple[Model, Path, torch.T
     out of the flags' ranges is refused in one line naming every field."""
     _, folder, _ = teacher
     data = DataSpec(str(corpus(str(folder))))
-    measured = measure_checkpoint(MeasureRequest(folder / "lm.pt", align=4, data=data,
+    sample = TaskSpec(data=data)
+    measured = measure_checkpoint(MeasureRequest(folder / "lm.pt", align=4, task=sample,
                                                  sample_tokens=2048, quiet=True))
     (tmp_path / "plan.yaml").write_text(plan_compression(measured, tolerance=0.02).to_yaml())
     out = tmp_path / "student.pt"
-    result = compress(CompressRequest(folder / "lm.pt", tmp_path / "plan.yaml", out, data=data,
+    result = compress(CompressRequest(folder / "lm.pt", tmp_path / "plan.yaml", out, task=sample,
                                       finetune_steps=2, quiet=True))
     assert result.reduces and result.params.student_total < result.params.teacher_total
     assert result.written == (out, out.with_suffix(".arch.yaml"))

@@ -100,7 +100,7 @@ def setup(args: argparse.Namespace) -> tuple[ArchConfig, Task, TrainConfig]:
                          "checkpoint with --out PATH (--checkpoint names the checkpoint that "
                          "workers.profile and workers.compress read)")
     arch = load_arch(args.arch)
-    task = task_from_args(args, args.size or ("smoke" if args.smoke_test else "paper"))
+    task = task_from_args(args)
     try:
         fit_arch(arch, task)
     except ConfigError as err:

@@ -7,9 +7,10 @@ layout.
 ``python -m workers.compress`` reads its flags into a ``CompressRequest`` (``workers.compress``)
 and prints the ``CompressResult``; Python calls ``compress`` the same way::
 
+    from userdata import TaskSpec
     from workers.compression.compressor import CompressRequest, compress
     result = compress(CompressRequest(Path("run.pt"), Path("plan.yaml"), Path("student.pt"),
-                                      task="lm", smoke_test=True))
+                                      task=TaskSpec("lm", size="smoke")))
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ from workers.compression.records import (
 )
 from workers.compression.students import build_student, pair_orders, streamed_student
 from workers.models.model import Model
-from workers.taskargs import check_fits, task_for_model
+from workers.taskargs import check_fits, resolve_task, source
 from workers.tasks import Task, task_from_description
 from workers.training.trainer import Trainer, evaluate, run_with_progress
 
@@ -138,17 +139,14 @@ def _latent_of(old: LayerSpec, new: LayerSpec, d_model: int) -> str | None:
     return None if kept == old else "differs from the teacher's beyond its latent"
 
 
-def resolve_task(request: CompressRequest, loaded: Loaded) -> tuple[Task | None, str]:
+def teacher_task(request: CompressRequest, loaded: Loaded) -> tuple[Task | None, str]:
     """The data or task to measure and fine-tune on: ``data``, ``task`` (in windows of the
     model's length), else the task our checkpoint was trained on (None for a GPT-2 checkpoint
     without either), and where it came from, for error messages."""
-    task, source = task_for_model(loaded.arch, data=request.data, task=request.task,
-                                  params=request.task_params,
-                                  size="smoke" if request.smoke_test else "paper",
-                                  seed=request.seed, seq_len=request.seq_len)
+    task = resolve_task(request.task, loaded.arch, request.seq_len)
     if task is None and loaded.task is not None:
         return task_from_description(loaded.task), "the checkpoint's task"
-    return task, source
+    return task, source(request.task)
 
 
 def evaluate_loss(model: Model, task: Task, batches: int) -> Evaluation:
@@ -207,18 +205,18 @@ def compact_export() -> Any:
 
 
 def sample_task(request: CompressRequest, loaded: Loaded) -> Task | None:
-    """The task to evaluate and fine-tune on, checked to feed the teacher (``resolve_task``).
+    """The task to evaluate and fine-tune on, checked to feed the teacher (``teacher_task``).
 
     Raises:
         UsageError: a ``.pt`` out without a task; TaskError, DataError: a task that does not fit.
     """
     as_pt = request.out.suffix == ".pt"
-    task, source = resolve_task(request, loaded)
+    task, named = teacher_task(request, loaded)
     if task is None and as_pt:
         raise UsageError("--out *.pt: a workers.train checkpoint needs the task it trains on; "
                          "give --data or --task")
     if task is not None:
-        check_fits(task, loaded.arch, as_pt or request.finetune_steps > 0, source)
+        check_fits(task, loaded.arch, as_pt or request.finetune_steps > 0, named)
     return task
 
 
@@ -272,7 +270,7 @@ def streams(request: CompressRequest) -> bool:
     """Whether the student is built one decoder layer at a time (``compress_streamed``): a
     Llama-family folder written as a compact folder, with nothing to evaluate or fine-tune
     (those run the whole model)."""
-    return (request.data is None and request.task is None and request.out.suffix != ".pt"
+    return (not request.task.given and request.out.suffix != ".pt"
             and request.layout in (None, "compact") and is_family_folder(request.checkpoint))
 
 
@@ -307,7 +305,7 @@ def student_trainer(request: CompressRequest, student_arch: ArchConfig, task: Ta
     config = TrainConfig(steps=max(1, request.finetune_steps), lr=request.lr,
                          batch_size=request.batch_size,
                          eval_every=max(1, request.finetune_steps),
-                         eval_batches=request.eval_batches, seed=request.seed, device="cpu")
+                         eval_batches=request.eval_batches, seed=request.task.seed, device="cpu")
     as_pt = request.out.suffix == ".pt"
     trainer = Trainer(student_arch, task, config, checkpoint=request.out if as_pt else None)
     trainer.model.load_state_dict(student.state_dict())

@@ -39,7 +39,7 @@ from workers.compression.recording import record_block
 from workers.compression.student_inputs import LatentFits
 from workers.models.attention import MultiHeadAttention
 from workers.models.model import Block, Model
-from workers.taskargs import check_fits, task_for_model
+from workers.taskargs import check_fits, resolve_task, source
 
 
 @torch.no_grad()
@@ -239,13 +239,10 @@ def _sample(request: MeasureRequest, arch: ArchConfig
             ) -> tuple[Tensor | None, Tensor | None, int, str | None]:
     """The sample's windows, their targets (with the loss rule; ``IGNORE`` where a position
     does not count), the window (the model's length without a sample) and what was sampled."""
-    task, source = task_for_model(
-        arch, data=request.data, task=request.task, params=request.task_params,
-        size="smoke" if request.smoke_test else "paper", seed=request.seed,
-        seq_len=request.seq_len)
+    task = resolve_task(request.task, arch, request.seq_len)
     if task is None:
-        return None, None, min(request.seq_len or arch.max_seq_len, arch.max_seq_len), source
-    check_fits(task, arch, trains=False, source=source)
+        return None, None, min(request.seq_len or arch.max_seq_len, arch.max_seq_len), None
+    check_fits(task, arch, trains=False, source=(named := source(request.task)))
     windows = max(1, (request.sample_tokens or WINDOW_TOKENS) // task.seq_len)
     batch = task.batch("val", SAMPLE_BATCH, windows)
     targets = None
@@ -253,7 +250,7 @@ def _sample(request: MeasureRequest, arch: ArchConfig
         if arch.vocab_size is None:
             raise CompressionError("--rule loss: needs a token model (this one reads vectors)")
         targets = batch.y.masked_fill(~batch.mask, IGNORE)  # positions that count
-    return batch.x, targets, task.seq_len, source
+    return batch.x, targets, task.seq_len, named
 
 
 @contextmanager

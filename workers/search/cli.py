@@ -29,10 +29,10 @@ from typing import IO, TYPE_CHECKING
 from arch import MAX_WIDTH
 from arch.training import SMOKE_TRIAL
 from common.cli import Parser, add_format, dump, fail, int_in, number
-from common.errors import TransformerAllocError, shell_word
+from common.errors import TransformerAllocError, UsageError, shell_word
 from search_spaces.schema import SAMPLERS
 from workers.search.options import DEFAULT_TRIALS, SearchOptions
-from workers.taskargs import add_task_args, task_from_args
+from workers.taskargs import TASK_FLAGS, add_task_args, task_spec
 
 if TYPE_CHECKING:
     from workers.search.driver import SearchSummary
@@ -127,7 +127,9 @@ def setup(args: argparse.Namespace) -> SearchRequest:
     from workers.search.request import prepare, read_space
 
     space, data = read_space(args.space)
-    task = task_from_args(args, "smoke" if args.smoke_test else "paper", data=data)
+    task = task_spec(args, data)
+    if not task.given:
+        raise UsageError("--task or --data: one is required")
     # every option has its flag, under the field's name (``points`` has none: Python only)
     options = SearchOptions(**{f.name: getattr(args, f.name)
                                for f in dataclasses.fields(SearchOptions) if f.name in args})
@@ -169,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 1
     except TransformerAllocError as err:
-        return fail(PROG, str(err))
+        return fail(PROG, err.text(TASK_FLAGS))
     print(render(summary) if args.format == "table" else dump(summary.to_dict(), args.format))
     code, note = outcome(summary)
     if note:
