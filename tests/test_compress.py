@@ -431,8 +431,11 @@ def test_a_kv_cache_budget_counts_the_layers_it_cannot_cut() -> None:
     for fraction in (0.8, 0.9, 1.0):
         student = plan_for_kv_cache(plan, fraction).student
         assert student.kv_width <= fraction * teacher.kv_width
-    with pytest.raises(CompressionError, match="must be in"):
+    with pytest.raises(CompressionError, match="must be in") as err:
         plan_for_kv_cache(plan, 0.5)
+    # the library names the plan's field; workers.profile shows it as --kv-cache (below)
+    assert [p.field for p in err.value.broken] == ["kv_cache"]
+    assert str(err.value).startswith("kv_cache 0.5: must be in") and "--" not in str(err.value)
     only = ArchConfig(d_model=32, max_seq_len=8, vocab_size=16, layers=(mssa,))
     nothing = CompressionPlan("x", 8, 0.1, 4, "loss", (LayerPlan(0, "mssa", "2x16", 1.0),), only)
     with pytest.raises(CompressionError, match="no query-key heads"):

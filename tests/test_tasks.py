@@ -206,7 +206,7 @@ def test_a_trained_models_task_keeps_short_vector_sequences(tmp_path: Path) -> N
     spec = TaskSpec(data=DataSpec(str(tmp_path / "x.npy")))
     task = resolve_task(spec, arch)
     assert task is not None and task.seq_len == 7  # next-step prediction over 8 steps
-    check_fits(task, arch, trains=False, source="--data")
+    check_fits(task, arch, trains=False, spec=spec)
     with pytest.raises(DataError, match="length=12: the sequences"):
         resolve_task(TaskSpec(data=spec.data, params={"length": 12}), arch)
 

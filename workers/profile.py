@@ -318,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
         profile = profile_data(spec, args.seq_len, args.sample_tokens, args.seed,
                                pilot_request(args, spec), announce)
     except TransformerAllocError as err:
-        return fail(PROG, err.text(flag_names(parser, **TASK_FLAGS)))
+        return fail(PROG, err.text(flag_names(parser, **TASK_FLAGS,
+                                              loss_sensitivity="--rule loss")))
     show_profile(PROG, profile, args)
     return 0
 

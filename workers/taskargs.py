@@ -115,31 +115,43 @@ def resolve_task(spec: TaskSpec, model: ArchConfig | None = None,
 
 
 def source(spec: TaskSpec) -> str:
-    """The flag that chose the task, for messages (``--data 'x'``, ``--task lm``)."""
+    """What was sampled, as a plan records it (``--data 'x'``, ``--task lm``)."""
     if spec.data is not None:
         return f"--data {spec.data.path!r}"
     return f"--task {spec.name}" if spec.name is not None else "no task"
 
 
-def check_fits(task: Task, arch: ArchConfig, trains: bool, source: str) -> None:
+def chosen_by(spec: TaskSpec | None) -> tuple[str, str]:
+    """The field that chose the task and its value as a message shows it (``task.data``,
+    ``'x.txt'``); None: the checkpoint's own task."""
+    if spec is None or not spec.given:
+        return "the checkpoint's task", ""
+    if spec.data is not None:
+        return "task.data", repr(spec.data.path)
+    return "task.name", str(spec.name)
+
+
+def check_fits(task: Task, arch: ArchConfig, trains: bool, spec: TaskSpec | None) -> None:
     """``task`` feeds ``arch`` as it is: the same vocabulary (or input/output widths), windows
     no longer than its positions, and, where a student is trained or saved as a ``workers.train``
     checkpoint (``trains``), exactly its length (the trainer wires the model to the task).
 
     Raises:
-        TaskError: naming ``source`` (the flag that chose the task) and the mismatch.
+        TaskError: a problem naming the field that chose the task (``spec``'s; None: the
+            checkpoint's own) and the mismatch.
     """
+    field, shown = chosen_by(spec)
     io = task.io
     for name, want in (("vocab_size", arch.vocab_size), ("input_dim", arch.input_dim),
                        ("output_dim", arch.output_dim)):
         got = getattr(io, name)
         if got != want:
-            hint = ("; give --vocab-size" if name == "vocab_size" and source.startswith("--data")
-                    else "")
-            raise TaskError(f"{source}: {name} {got}, the checkpoint's model has {want}{hint}")
+            hint = "; give {vocab_size}" if name == "vocab_size" and field == "task.data" else ""
+            raise TaskError.of([Problem(field, shown, f"{name} {got}, the checkpoint's model "
+                                        f"has {want}{hint}")])
     if io.max_seq_len > arch.max_seq_len or (trains and io.max_seq_len != arch.max_seq_len):
         rule = ("at most" if not trains else
                 "exactly (fine-tuning and .pt students keep the model's positions)")
-        raise TaskError(f"{source}: windows of {io.max_seq_len} tokens, the checkpoint's model "
-                        f"takes {rule} {arch.max_seq_len}; leave --seq-len out (the model's "
-                        "length) or set it there")
+        raise TaskError.of([Problem(field, shown, f"windows of {io.max_seq_len} tokens, the "
+                                    f"checkpoint's model takes {rule} {arch.max_seq_len}; leave "
+                                    "{seq_len} out (the model's length) or set it there")])

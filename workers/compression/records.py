@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from common.errors import UsageError
+from common.errors import Problem, UsageError
 from userdata import TaskSpec
 
 PROG = "workers.compress"  # the command's name: its errors' and its progress lines' prefix
@@ -55,7 +55,8 @@ class CompressRequest:
     quiet: bool = False
 
     def __post_init__(self) -> None:
-        """Raises ``UsageError`` naming every field out of range (the flags' rules)."""
+        """Raises ``UsageError`` whose problems name every field out of range (the flags'
+        rules)."""
         rules = [("layout", self.layout is None or self.layout in LAYOUTS,
                   f"one of {', '.join(LAYOUTS)}"),
                  ("seq_len", self.seq_len is None or self.seq_len >= 1, "an integer >= 1"),
@@ -63,10 +64,11 @@ class CompressRequest:
                  ("lr", math.isfinite(self.lr) and self.lr > 0, "a number > 0"),
                  ("batch_size", self.batch_size >= 1, "an integer >= 1"),
                  ("eval_batches", self.eval_batches >= 1, "an integer >= 1")]
-        problems = [f"{name} = {getattr(self, name)!r}: must be {rule}"
+        problems = [Problem(name, getattr(self, name), f"must be {rule}",
+                            shown=f"= {getattr(self, name)!r}")
                     for name, ok, rule in rules if not ok]
         if problems:
-            raise UsageError(f"CompressRequest: {'; '.join(problems)}")
+            raise UsageError.of(problems, prefix="CompressRequest: ")
 
 
 @dataclass(frozen=True)
