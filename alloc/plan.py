@@ -44,8 +44,8 @@ from arch import (
     kind_traits,
     merge_groups,
     param_count,
+    parse_kernel,
 )
-from arch.kernels import parse_kernel
 from common.errors import Problem
 
 BASELINE_HEAD_DIM = 64

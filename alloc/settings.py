@@ -16,10 +16,17 @@ import numpy as np
 from alloc.errors import PlanError
 from alloc.extract import ErrorModel
 from alloc.saturation import parse_spectrum
-from arch import POSITIONALS, AttentionKind, Positional, kind_traits, kinds_text, kinds_where
+from arch import (
+    POSITIONALS,
+    AttentionKind,
+    KernelError,
+    Positional,
+    kind_traits,
+    kinds_text,
+    kinds_where,
+    parse_kernel,
+)
 from arch.checks import bool_rule, choice_rule, int_rule, is_int, is_number, number_rule
-from arch.errors import KernelError
-from arch.kernels import parse_kernel
 from common.errors import Problem, TransformerAllocError, excerpt
 
 MLP_PRODUCT_ORDER = 2  # an MLP after the attention multiplies pairs of extracted tokens (§2.1)

@@ -5,7 +5,7 @@ naming the field, the value and the rule."""
 from __future__ import annotations
 
 from common.errors import TransformerAllocError
-from userdata.errors import TaskError  # the task's error: a TaskSpec's too
+from userdata import TaskError  # the task's error: a TaskSpec's too
 
 
 class CheckpointError(TransformerAllocError):

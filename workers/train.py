@@ -18,8 +18,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from arch import OPTIMIZERS, ArchConfig, ConfigError, TrainConfig
-from arch.training import SMOKE_TRAIN
+from arch import OPTIMIZERS, SMOKE_TRAIN, ArchConfig, ConfigError, TrainConfig
 from common.cli import (
     Parser,
     add_force,

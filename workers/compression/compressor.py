@@ -24,8 +24,15 @@ from typing import Any
 import torch
 
 from alloc.compression import CompressionError, CompressionPlan
-from arch import ArchConfig, LayerSpec, TrainConfig, kinds_text, param_count
-from arch.memory import DTYPE_BYTES, kv_cache_bytes
+from arch import (
+    DTYPE_BYTES,
+    ArchConfig,
+    LayerSpec,
+    TrainConfig,
+    kinds_text,
+    kv_cache_bytes,
+    param_count,
+)
 from common.cli import check_writable
 from common.errors import Problem, UsageError
 from common.files import write_atomic

@@ -25,7 +25,7 @@ from alloc.settings import AllocatorInputs, PlanSettings
 from arch import ArchConfig
 from common.errors import excerpt
 from search_spaces import SearchSpace, SpaceError, SpaceFile
-from studies.urls import resolve_url
+from studies import resolve_url
 from userdata import DataSpec, TaskSpec
 from workers.errors import SearchError
 from workers.search.checks import (
