@@ -223,8 +223,7 @@ def fit(settings: PlanSettings, observations: Sequence[Observation],
 def observations_from_study(url: str | None, study: str) -> tuple[PlanSettings,
                                                                    list[Observation]]:
     """The allocator inputs the search recorded and the best loss of each architecture."""
-    from studies import query
-    from studies.storage import engine, open_storage
+    from studies import engine, open_storage, query
     from studies.trials import TrialRecord
 
     eng = engine(open_storage(url, read_only=True))

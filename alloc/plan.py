@@ -44,8 +44,9 @@ from arch import (
     kind_traits,
     merge_groups,
     param_count,
+    parse_kernel,
 )
-from arch.kernels import parse_kernel
+from common.errors import Problem
 
 BASELINE_HEAD_DIM = 64
 def share_kv_heads(heads: tuple[HeadGroup, ...], kv_heads: int) -> tuple[HeadGroup, ...]:
@@ -60,9 +61,10 @@ def share_kv_heads(heads: tuple[HeadGroup, ...], kv_heads: int) -> tuple[HeadGro
     per = total // kv_heads if total % kv_heads == 0 else 0
     if not per or any(g.count % per for g in heads):
         shown = "+".join(str(HeadGroup(g.count, g.qk_dim, g.v_dim)) for g in heads)
-        raise PlanError(f"kv_heads = {kv_heads}: the plan's layer has heads {shown} ({total} "
-                        f"query heads); {kv_heads} key/value heads must divide {total} and "
-                        f"the query heads per key/value head must divide every group's count")
+        raise PlanError.of([Problem(
+            "kv_heads", kv_heads, f"the plan's layer has heads {shown} ({total} query heads); "
+            f"{kv_heads} key/value heads must divide {total} and the query heads per key/value "
+            "head must divide every group's count")])
     return tuple(HeadGroup(g.count, g.qk_dim, g.v_dim, g.count // per) for g in heads)
 
 
@@ -115,8 +117,9 @@ def _extract_heads(settings: PlanSettings, exact: Allocation,
     if settings.kv_heads is None:
         return heads
     if not kind_traits(settings.attention).grouped_kv:
-        raise PlanError(f"kv_heads = {settings.kv_heads}: grouped key/value heads are for "
-                        f"{GROUPED_KV_PLANNED} layers, not {settings.attention}")
+        raise PlanError.of([Problem("kv_heads", settings.kv_heads, "grouped key/value heads "
+                                    f"are for {GROUPED_KV_PLANNED} layers, not {{attention}} "
+                                    f"{settings.attention}")])
     return merge_groups(share_kv_heads(heads, settings.kv_heads))
 
 

@@ -18,8 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from arch.errors import KernelError
-from arch.kernels import read_values
+from arch import KernelError, read_values
 
 SIGMA_FORMS = "power:BETA or file:PATH"
 

@@ -1,9 +1,9 @@
 """Every input of the allocator (``PlanSettings``), validated on construction like
 ``ArchConfig``: every rule that ties the inputs together is checked here, and only here; a
-broken one raises ``PlanError`` naming the input as the ``alloc.solve`` flag that sets it
-(``--align 24: must divide --budget 512``). What a profile measures of them
-(``AllocatorInputs``) becomes settings in one place, ``AllocatorInputs.settings``, for
-``alloc.solve --profile`` and the search alike."""
+broken one raises ``PlanError`` whose problems name the fields (``align 24: must divide budget
+512``); ``alloc.solve`` shows them as its flags (``--align 24: must divide --budget 512``).
+What a profile measures of them (``AllocatorInputs``) becomes settings in one place,
+``AllocatorInputs.settings``, for ``alloc.solve --profile`` and the search alike."""
 
 from __future__ import annotations
 
@@ -16,11 +16,18 @@ import numpy as np
 from alloc.errors import PlanError
 from alloc.extract import ErrorModel, max_head_dim
 from alloc.saturation import parse_spectrum
-from arch import POSITIONALS, AttentionKind, Positional, kind_traits, kinds_text, kinds_where
-from arch.checks import is_int, is_number, need_bool, need_choice, need_int, need_number
-from arch.errors import KernelError
-from arch.kernels import parse_kernel
-from common.errors import TransformerAllocError
+from arch import (
+    POSITIONALS,
+    AttentionKind,
+    KernelError,
+    Positional,
+    kind_traits,
+    kinds_text,
+    kinds_where,
+    parse_kernel,
+)
+from arch.checks import bool_rule, choice_rule, int_rule, is_int, is_number, number_rule
+from common.errors import Problem, TransformerAllocError, excerpt
 
 MLP_PRODUCT_ORDER = 2  # an MLP after the attention multiplies pairs of extracted tokens (§2.1)
 
@@ -36,8 +43,9 @@ class PlanSettings:
     """Every allocator input; the defaults make the bare ``--budget 512`` meaningful.
 
     Validated on construction, like ``ArchConfig``: every rule that ties the inputs together
-    is checked here (and only here), and a broken one raises ``PlanError`` naming the input as
-    the ``alloc.solve`` flag that sets it (``--align 24: must divide --budget 512``).
+    is checked here (and only here), and a broken one raises ``PlanError`` whose problems
+    (``PlanError.broken``) name the fields (``align 24: must divide budget 512``); a command
+    shows them with its flags (``--align 24: must divide --budget 512``).
     """
 
     budget: int = 512
@@ -86,7 +94,7 @@ class PlanSettings:
                 object.__setattr__(self, name, tuple(getattr(self, name)))
         problems = settings_problems(self)
         if problems:
-            raise PlanError("; ".join(problems))
+            raise PlanError.of(problems)
 
     @classmethod
     def from_dict(cls, data: Any) -> PlanSettings:
@@ -167,15 +175,15 @@ MAX_ERROR_TERM = 1e100
 MAX_BLOCK = 64  # the bound's largest term; products of a few stay finite in float64
 
 
-def align_problem(align: int, budget: int, input_dim: int) -> str | None:
+def align_problem(align: int, budget: int, input_dim: int) -> Problem | None:
     """Why head dims in multiples of ``align`` cannot fill ``budget`` for tokens of
     ``input_dim`` dimensions (None: they can)."""
     if align > min(input_dim, budget):
-        return (f"--align {align}: must be <= --input-dim ({input_dim}) and <= --budget "
-                f"({budget}) so that an aligned head dimension exists")
+        return Problem("align", align, f"must be <= {{input_dim}} ({input_dim}) and <= {{budget}} "
+                       f"({budget}) so that an aligned head dimension exists")
     if budget % align:
-        return (f"--align {align}: must divide --budget {budget} (head dims are multiples of "
-                "--align and a uniform layer must fill the budget)")
+        return Problem("align", align, f"must divide {{budget}} {budget} (head dims are multiples "
+                       "of {align} and a uniform layer must fill the budget)")
     return None
 
 
@@ -184,108 +192,118 @@ def fitting_align(budget: int, input_dim: int, choices: tuple[int, ...] = (8, 4,
     return next(a for a in choices if align_problem(a, budget, input_dim) is None)
 
 
-def settings_problems(s: PlanSettings) -> list[str]:
-    """Every broken rule of ``s``: its values' types and ranges first, then the rules that tie
-    them together (the bound's size and the exact solver's table only once those hold)."""
+def settings_problems(s: PlanSettings) -> list[Problem]:
+    """Every broken rule of ``s``, each naming its field (``extract_layers``): its values' types
+    and ranges first, then the rules that tie them together (the bound's size and the exact
+    solver's table only once those hold)."""
     problems = _value_problems(s)
     if problems:
         return problems
     problems += [p for p in (align_problem(s.align, s.budget, s.input_dim),) if p]
     if s.extract_layers > s.layers:
-        problems.append(f"--extract-layers {s.extract_layers}: must be <= --layers {s.layers}")
+        problems.append(Problem("extract_layers", s.extract_layers,
+                                f"must be <= {{layers}} {s.layers}"))
     later = s.layers - s.extract_layers
-    for flag, values in (("--logit-bounds", s.logit_bounds), ("--patterns", s.patterns)):
+    for name, values in (("logit_bounds", s.logit_bounds), ("patterns", s.patterns)):
         if values is not None and len(values) > later:
-            problems.append(f"{flag}: {len(values)} values for {later} later layer(s) "
-                            f"(--layers {s.layers} - --extract-layers {s.extract_layers})")
+            problems.append(Problem(name, values, f"{len(values)} values for {later} later "
+                                    f"layer(s) ({{layers}} {s.layers} - {{extract_layers}} "
+                                    f"{s.extract_layers})", shown=""))
     hidden = s.mlp_ratio * s.budget
     if abs(hidden - round(hidden)) > 1e-9:
-        problems.append(f"--mlp-ratio {s.mlp_ratio:g}: mlp-ratio * budget = {hidden:g} must be "
-                        "a whole number of units")
+        problems.append(Problem("mlp_ratio", f"{s.mlp_ratio:g}", f"mlp-ratio * budget = "
+                                f"{hidden:g} must be a whole number of units"))
     kind = kind_traits(s.attention)
     if s.kv_heads is not None and not kind.grouped_kv:
-        problems.append(f"--kv-heads {s.kv_heads}: grouped key/value heads are for "
-                        f"{GROUPED_KV_PLANNED} layers, not --attention {s.attention}")
+        problems.append(Problem("kv_heads", s.kv_heads, "grouped key/value heads are for "
+                                f"{GROUPED_KV_PLANNED} layers, not {{attention}} {s.attention}"))
     if s.positional == "rope" and not kind.queries_keys:
-        problems.append(f"--positional rope: not offered for --attention {s.attention} (no "
-                        "queries or keys); use learned or sinusoidal")
+        problems.append(Problem("positional", s.positional, "not offered for {attention} "
+                                f"{s.attention} (no queries or keys); use learned or sinusoidal"))
     problems += _named_input_problems(s)
     return problems or _size_problems(s)
 
 
-def _value_problems(s: PlanSettings) -> list[str]:
-    problems: list[str] = []
+def _broken(name: str, value: Any, rule: str | None) -> list[Problem]:
+    """The kit's ``rule`` broken by field ``name`` as a problem (``name = value: rule``)."""
+    return [] if rule is None else [Problem(name, value, rule, shown=f"= {excerpt(value)}")]
+
+
+def _value_problems(s: PlanSettings) -> list[Problem]:
+    problems: list[Problem] = []
     for name in ("budget", "layers", "seq_len", "input_dim", "align"):
-        need_int(problems, _flag(name), getattr(s, name), 1)
-    need_int(problems, "--extract-layers", s.extract_layers, 0)
-    need_int(problems, "--max-block", s.max_block, 1, MAX_BLOCK)
+        problems += _broken(name, getattr(s, name), int_rule(getattr(s, name), 1))
+    problems += _broken("extract_layers", s.extract_layers, int_rule(s.extract_layers, 0))
+    problems += _broken("max_block", s.max_block, int_rule(s.max_block, 1, MAX_BLOCK))
     for name in ("c_proj", "c_head", "alpha", "mlp_ratio", "width_order"):
-        need_number(problems, _flag(name), getattr(s, name), 0.0)
-    need_number(problems, "--order", s.order, 1.0)
+        problems += _broken(name, getattr(s, name), number_rule(getattr(s, name), 0.0))
+    problems += _broken("order", s.order, number_rule(s.order, 1.0))
     for name in ("tolerance", "logit_bound"):
-        need_number(problems, _flag(name), getattr(s, name), 0.0, strict=True)
+        problems += _broken(name, getattr(s, name),
+                            number_rule(getattr(s, name), 0.0, strict=True))
     if s.norm_bound is not None:
-        need_number(problems, "--norm-bound", s.norm_bound, 0.0, strict=True)
+        problems += _broken("norm_bound", s.norm_bound,
+                            number_rule(s.norm_bound, 0.0, strict=True))
     for name in ("product_order", "kv_heads", "vocab_size"):
         if getattr(s, name) is not None:
-            need_int(problems, _flag(name), getattr(s, name), 1)
+            problems += _broken(name, getattr(s, name), int_rule(getattr(s, name), 1))
     if s.logit_bounds is not None and not all(is_number(b) and b > 0 for b in s.logit_bounds):
-        problems.append(f"--logit-bounds {s.logit_bounds!r}: every value must be a number > 0")
+        problems.append(Problem("logit_bounds", s.logit_bounds,
+                                "every value must be a number > 0", shown=repr(s.logit_bounds)))
     if s.patterns is not None and not all(is_number(p) and 1 <= p <= s.budget
                                           for p in s.patterns):
-        problems.append(f"--patterns {s.patterns!r}: every value must be a number in [1, "
-                        f"--budget {s.budget}] (distinct patterns of a later layer)")
-    need_choice(problems, "--attention", s.attention, PLANNED_KINDS)
-    need_choice(problems, "--positional", s.positional, POSITIONALS)
-    need_bool(problems, "--uniform", s.uniform)
+        problems.append(Problem("patterns", s.patterns, f"every value must be a number in [1, "
+                                f"{{budget}} {s.budget}] (distinct patterns of a later layer)",
+                                shown=repr(s.patterns)))
+    problems += _broken("attention", s.attention, choice_rule(s.attention, PLANNED_KINDS))
+    problems += _broken("positional", s.positional, choice_rule(s.positional, POSITIONALS))
+    problems += _broken("uniform", s.uniform, bool_rule(s.uniform))
     return problems
 
 
-def _named_input_problems(s: PlanSettings) -> list[str]:
+def _named_input_problems(s: PlanSettings) -> list[Problem]:
     """The kernel, the spectrum and the measured input spectrum (a file) as given."""
-    problems: list[str] = []
-    for flag, check in (("--kernel", lambda: parse_kernel(s.kernel, s.seq_len)),
-                        ("--spectrum", lambda: parse_spectrum(s.spectrum))):
+    problems: list[Problem] = []
+    for name, check in (("kernel", lambda: parse_kernel(s.kernel, s.seq_len)),
+                        ("spectrum", lambda: parse_spectrum(s.spectrum))):
         try:
             check()
         except KernelError as err:
-            problems.append(f"{flag}: {err}")
+            problems.append(Problem(name, getattr(s, name), str(err), shown=""))
     if s.input_spectrum is not None:
         try:
             values = input_variance(s.input_spectrum)
         except TransformerAllocError as err:  # KernelError, or the file's own read error
-            return [*problems, f"--input-spectrum: {err}"]
+            return [*problems, Problem("input_spectrum", s.input_spectrum, str(err), shown="")]
         if len(values) > s.input_dim or not any(values):
-            problems.append(f"--input-spectrum {s.input_spectrum!r}: {len(values)} values; "
-                            f"needs 1 to --input-dim ({s.input_dim}) values, not all zero")
+            problems.append(Problem("input_spectrum", s.input_spectrum, f"{len(values)} values; "
+                                    f"needs 1 to {{input_dim}} ({s.input_dim}) values, not all "
+                                    "zero", shown=repr(s.input_spectrum)))
     return problems
 
 
-def _size_problems(s: PlanSettings) -> list[str]:
+def _size_problems(s: PlanSettings) -> list[Problem]:
     """The bound's terms stay finite, and the exact solver's table stays small."""
     model = s.model
     with np.errstate(over="ignore"):  # an overflow is what is being checked
         largest = max(float(model.head_constant(s.seq_len) * model.width_factor(s.align)),
                       float(model.compression(0)))
     if not largest <= MAX_ERROR_TERM:  # also catches an overflow to inf
-        return [f"--c-proj {s.c_proj:g} / --c-head {s.c_head:g} / --order {s.order:g} / "
-                f"--width-order {s.width_order:g} / --alpha {s.alpha:g} at --seq-len "
-                f"{s.seq_len}: the bound's terms reach {largest:.3g} (c_head * B * exp(alpha "
-                "(n + 1) N) * (align / d_in)^-m, c_proj * sqrt(d_in)); they "
-                f"must stay <= {MAX_ERROR_TERM:g} for the solvers to stay finite "
-                "(docs/theory.md §2)"]
+        return [Problem("c_proj", f"{s.c_proj:g}", f"with {{c_head}} {s.c_head:g}, {{order}} "
+                        f"{s.order:g}, {{width_order}} {s.width_order:g} and {{alpha}} "
+                        f"{s.alpha:g} at {{seq_len}} {s.seq_len}, the bound's terms reach "
+                        f"{largest:.3g} (c_head * B * exp(alpha (n + 1) N) * (align / d_in)^-m, "
+                        f"c_proj * sqrt(d_in)); they must stay <= {MAX_ERROR_TERM:g} for the "
+                        "solvers to stay finite (docs/theory.md §2)")]
     top = max_head_dim(s.input_dim, s.budget, s.width_order)
     pairs = sum(s.budget // d for d in range(s.align, top + 1, s.align))
     choices = s.seq_len * pairs * min(s.max_block, s.seq_len)
     if choices > MAX_TABLE:
-        return [f"--seq-len {s.seq_len}: with --budget {s.budget}, --align {s.align} and "
-                f"--max-block {s.max_block} the instance has {choices:,} (block, heads, dim) "
-                f"choices, over {MAX_TABLE:,}; lower --seq-len or --max-block, or raise --align"]
+        return [Problem("seq_len", s.seq_len, f"with {{budget}} {s.budget}, {{align}} {s.align} "
+                        f"and {{max_block}} {s.max_block} the instance has {choices:,} (block, "
+                        f"heads, dim) choices, over {MAX_TABLE:,}; lower {{seq_len}} or "
+                        "{max_block}, or raise {align}")]
     return []
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
 
 
 @functools.cache

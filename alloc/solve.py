@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from alloc.constants import read_constants
-from alloc.errors import PlanError
 from alloc.plan import Plan, make_plan, report
 from alloc.settings import MAX_BLOCK, PLANNED_KINDS, AllocatorInputs, PlanSettings
 from arch import MAX_DEPTH, MAX_WIDTH, POSITIONALS, HeadGroup
@@ -28,6 +27,7 @@ from common.cli import (
     check_writable,
     dump,
     fail,
+    flag_names,
     given_dests,
     int_in,
     number,
@@ -160,7 +160,7 @@ def settings_from_args(args: argparse.Namespace, measured: AllocatorInputs | Non
     of theirs is not in ``given`` (``PlanSettings`` checks the rules that tie them together).
 
     Raises:
-        PlanError: a rule broken, naming the flags.
+        PlanError: a rule broken, its problems naming the settings' fields.
     """
     values = {f.name: getattr(args, f.name) for f in fields(PlanSettings)}
     if measured is None:
@@ -257,18 +257,16 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, PlanSettings
 
 
 def main(argv: list[str] | None = None) -> int:
+    flags = flag_names(build_parser())  # the settings' problems shown as these flags
     try:
         args, settings = parse_args(argv)
         if args.out is not None:
             check_writable("--out", args.out, force=args.force)
         if args.plot is not None:
             check_writable("--plot", args.plot)
+        plan: Plan = make_plan(settings)  # or key/value heads its head groups cannot share
     except TransformerAllocError as err:
-        return fail(PROG, str(err))
-    try:
-        plan: Plan = make_plan(settings)
-    except PlanError as err:  # key/value heads the plan's head groups cannot share
-        return fail(PROG, f"--kv-heads {settings.kv_heads}: {str(err).split(': ', 1)[-1]}")
+        return fail(PROG, err.text(flags))
     rep = report(plan)
     if args.out is not None:
         write_atomic(args.out, plan.arch.to_yaml())

@@ -1,10 +1,12 @@
 """The project's one validation kit: problems collected as ``path = value: rule`` lines into a
 list, so that everything wrong with an input is reported at once (``ArchConfig``,
-``TrainConfig``, ``PlanSettings`` and the search-space loader all use it); and the serialised
-fields of a vocabulary dataclass.
+``TrainConfig`` and the search-space loader use it); and the serialised fields of a vocabulary
+dataclass.
 
-Each ``need_*`` appends a line when ``value`` breaks its rule and returns whether it holds, so
-a caller can skip the checks that depend on it."""
+Each ``*_rule`` says the rule a value breaks (None when it holds): the rules' one wording, for
+these lines and for the ``common.errors.Problem`` records that ``PlanSettings`` collects. Each
+``need_*`` appends a line when ``value`` breaks its rule and returns whether it holds, so a
+caller can skip the checks that depend on it."""
 
 from __future__ import annotations
 
@@ -32,38 +34,59 @@ def add(problems: list[str], path: str, value: Any, rule: str) -> None:
     problems.append(f"{path} = {excerpt(value)}: {rule}")
 
 
+def int_rule(value: Any, minimum: int, maximum: int | None = None) -> str | None:
+    """The rule ``value`` breaks if it is not an integer ``>= minimum`` (``<= maximum``)."""
+    if is_int(value) and value >= minimum and (maximum is None or value <= maximum):
+        return None
+    return (f"must be an integer >= {minimum}" if maximum is None else
+            f"must be an integer between {minimum} and {maximum:,}")
+
+
+def number_rule(value: Any, low: float, high: float = math.inf,
+                strict: bool = False) -> str | None:
+    """The rule ``value`` breaks if it is not a finite number in ``[low, high]`` (``(low,
+    high]`` when ``strict``)."""
+    if is_number(value) and (value > low if strict else value >= low) and value <= high:
+        return None
+    rule = f"{'>' if strict else '>='} {low:g}" + ("" if high == math.inf else f" and <= {high:g}")
+    return f"must be a number {rule}"
+
+
+def choice_rule(value: Any, choices: tuple[str, ...]) -> str | None:
+    """The rule ``value`` breaks if it is not one of ``choices``."""
+    return None if value in choices else f"must be one of {', '.join(choices)}"
+
+
+def bool_rule(value: Any) -> str | None:
+    """The rule ``value`` breaks if it is not a bool."""
+    return None if isinstance(value, bool) else "must be true or false"
+
+
+def _need(problems: list[str], path: str, value: Any, rule: str | None) -> bool:
+    if rule is None:
+        return True
+    add(problems, path, value, rule)
+    return False
+
+
 def need_int(problems: list[str], path: str, value: Any, minimum: int,
              maximum: int | None = None) -> bool:
     """An integer ``>= minimum`` (and ``<= maximum``)."""
-    if is_int(value) and value >= minimum and (maximum is None or value <= maximum):
-        return True
-    add(problems, path, value, f"must be an integer >= {minimum}" if maximum is None else
-        f"must be an integer between {minimum} and {maximum:,}")
-    return False
+    return _need(problems, path, value, int_rule(value, minimum, maximum))
 
 
 def need_number(problems: list[str], path: str, value: Any, low: float,
                 high: float = math.inf, strict: bool = False) -> bool:
     """A finite number in ``[low, high]`` (``(low, high]`` when ``strict``)."""
-    if is_number(value) and (value > low if strict else value >= low) and value <= high:
-        return True
-    rule = f"{'>' if strict else '>='} {low:g}" + ("" if high == math.inf else f" and <= {high:g}")
-    add(problems, path, value, f"must be a number {rule}")
-    return False
+    return _need(problems, path, value, number_rule(value, low, high, strict))
 
 
 def need_choice(problems: list[str], path: str, value: Any, choices: tuple[str, ...]) -> bool:
-    if value in choices:
-        return True
-    add(problems, path, value, f"must be one of {', '.join(choices)}")
-    return False
+    return _need(problems, path, value, choice_rule(value, choices))
 
 
 def need_bool(problems: list[str], path: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return True
-    add(problems, path, value, "must be true or false")
-    return False
+    return _need(problems, path, value, bool_rule(value))
 
 
 def need_keys(problems: list[str], data: Any, valid: tuple[str, ...], path: str) -> bool:

@@ -30,7 +30,7 @@ from alloc.extract import (
     solve_brute_force,
     solve_exact,
 )
-from arch.kernels import parse_kernel
+from arch import parse_kernel
 from common.cli import Parser, add_format, dump, render_table
 
 # (kernel, seq_len, budget, align, input_dim, brute force feasible)

@@ -458,7 +458,7 @@ def cases(args: argparse.Namespace) -> list[Case]:
         if args.task is None and args.data is None:
             raise UsageError("--space: give the task of its table (--task T or --data PATH)")
         specs: list[tuple[str, Path, Callable[[], Any]]] = [
-            (args.space.stem, args.space, lambda: task_from_args(args, size))]
+            (args.space.stem, args.space, lambda: task_from_args(args))]
     elif args.task is not None or args.data is not None:
         raise UsageError("--task/--data: only with --space (the shipped tables have theirs)")
     else:

@@ -28,9 +28,8 @@ from typing import Any
 import optuna
 
 from common.cli import Parser, add_format, dump, render_table
-from studies import open_storage
+from studies import check_sqlite_file, open_storage
 from studies import query as q
-from studies.integrity import check_sqlite_file
 
 ROOT = Path(__file__).resolve().parents[1]
 WRITER = """

@@ -43,8 +43,7 @@ from common.cli import Parser, add_format, dump, fail, int_in, render_table
 from common.errors import TransformerAllocError, UsageError
 from common.files import write_csv
 from common.stats import interval, kth_best, noise, not_worse
-from search_spaces import SearchSpace
-from search_spaces.loader import parse_space
+from search_spaces import SearchSpace, parse_space
 
 SEED = "train.seed"
 SHIPPED = ("ngram", "lm", "stdlib")  # bench.search_efficiency's tables, in its order
@@ -79,8 +78,8 @@ def prior_mode(case: Case, cands: Candidates, table: dict[str, Any]) -> str | No
 def retrain(case: Case, out: Path, seeds: int, chosen: list[str]) -> TableNoise:
     """Every ``chosen`` point with training seeds 1..seeds, trained (or resumed) into
     ``noise-NAME``; seed 0 is the table's."""
+    from studies import open_storage
     from studies import records as rec
-    from studies.storage import open_storage
     from workers.experiments import harness
 
     url, study = table_url(out), f"noise-{case.name}"

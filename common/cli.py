@@ -58,6 +58,16 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+def flag_names(parser: argparse.ArgumentParser, **fields: str) -> dict[str, str]:
+    """The flag that sets each field, for showing a library's problems in the command's words
+    (``TransformerAllocError.text``): each option's destination -> its long name
+    (``extract_layers`` -> ``--extract-layers``), and ``fields`` (a nested field's flag,
+    ``task.params`` -> ``--task-param``) over them."""
+    names = {a.dest: max(a.option_strings, key=len) for a in parser._actions
+             if a.option_strings and a.dest != "help"}
+    return {**names, **fields}
+
+
 def given_dests(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> frozenset[str]:
     """The destinations ``argv``'s flags set explicitly (a default, whatever its value, is not
     given): ``argv`` parsed again into a namespace holding a marker for every destination,

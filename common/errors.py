@@ -10,9 +10,62 @@ exception is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Self
+
+# a field named inside a rule: ``{layers}``
+_FIELD = re.compile(r"\{([a-z_][a-z0-9_.]*)\}")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One broken rule, in the library's words: the field (a record's field, ``extract_layers``,
+    ``task.params``), its value, and the rule it breaks, which may name other fields as
+    ``{field}``. A command shows it with its flags' names instead (``line(flags)``), so the
+    Python API speaks of fields and the command line of flags.
+
+    Attributes:
+        shown: how the line shows ``value`` (None: ``str(value)``; "": not at all).
+    """
+
+    field: str
+    value: object
+    rule: str
+    shown: str | None = None
+
+    def line(self, names: Mapping[str, str] | None = None) -> str:
+        """``field value: rule``, each field written as ``names`` calls it (a flag), else as
+        itself."""
+        names = names or {}
+        rule = _FIELD.sub(lambda m: names.get(m.group(1), m.group(1)), self.rule)
+        shown = str(self.value) if self.shown is None else self.shown
+        return f"{names.get(self.field, self.field)}{' ' if shown else ''}{shown}: {rule}"
+
 
 class TransformerAllocError(Exception):
-    """Root of every error the project raises on purpose; the message is one line."""
+    """Root of every error the project raises on purpose; the message is one line.
+
+    Raised with problems (``of``), the message joins their lines in the library's words and
+    ``broken`` keeps them, so that a command shows them with its flags' names (``text``)."""
+
+    broken: tuple[Problem, ...] = ()
+    prefix: str = ""  # before the problems' lines: e.g. the record's name
+
+    @classmethod
+    def of(cls, problems: Sequence[Problem], prefix: str = "") -> Self:
+        """The error for ``problems`` (at least one): their lines joined by ``"; "``."""
+        err = cls(prefix + "; ".join(p.line() for p in problems))
+        err.broken, err.prefix = tuple(problems), prefix
+        return err
+
+    def text(self, names: Mapping[str, str]) -> str:
+        """The message with each problem's fields written as ``names`` calls them (a command's
+        flags); a message raised without problems as it is."""
+        if not self.broken:
+            return str(self)
+        return self.prefix + "; ".join(p.line(names) for p in self.broken)
 
 
 class UsageError(TransformerAllocError):

@@ -1,14 +1,18 @@
 """Search spaces over the vocabulary (``arch``): ``SearchSpace`` and its suggesters, the YAML
-loader and the shipped ``*.yaml`` spaces; imports no torch or Ray."""
+loader and the shipped ``*.yaml`` spaces; imports no torch or Ray. The public names are those
+of ``__all__``, imported from here; every module is private to the package (tests/test_layering
+checks)."""
 
 from search_spaces.errors import SpaceError
 from search_spaces.files import SpaceFile, load_space, shipped_spaces
 from search_spaces.loader import parse_space
+from search_spaces.schema import SAMPLERS
 from search_spaces.space import PROBE_IO, SearchSpace
 from search_spaces.suggest import FixedSuggester, RandomSuggester, Suggester
 
 __all__ = [
     "PROBE_IO",
+    "SAMPLERS",
     "FixedSuggester",
     "RandomSuggester",
     "SearchSpace",

@@ -43,6 +43,7 @@ from arch import (
     MAX_DEPTH,
     MAX_WIDTH,
     ArchConfig,
+    ConfigError,
     HeadGroup,
     LayerSpec,
     TrainConfig,
@@ -51,7 +52,6 @@ from arch import (
     kinds_where,
 )
 from arch.checks import add, is_int, is_number, need_choices, need_int, need_keys
-from arch.errors import ConfigError
 from search_spaces.errors import SpaceError
 from search_spaces.placeholders import resolve_allocator, uses_allocator
 from search_spaces.rules import LayerRule, QkRule, TrainParam, min_group_widths

@@ -9,8 +9,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from arch import HeadGroup, LayerSpec, codec, kind_traits
-from arch.names import AttentionKind, Role
+from arch import AttentionKind, HeadGroup, LayerSpec, Role, codec, kind_traits
 from search_spaces.suggest import Suggester
 
 

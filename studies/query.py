@@ -21,8 +21,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from arch import ArchConfig
-from arch.memory import dtype_bytes
+from arch import ArchConfig, dtype_bytes
 from common.errors import printable
 from studies import records as rec
 from studies.errors import QueryError

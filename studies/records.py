@@ -25,8 +25,7 @@ from optuna.distributions import (
 )
 from optuna.trial import FrozenTrial, TrialState
 
-from arch import ATTENTION_KINDS, ROLES, ArchConfig, codec, param_count
-from arch.memory import kv_cache_bytes
+from arch import ATTENTION_KINDS, ROLES, ArchConfig, codec, kv_cache_bytes, param_count
 
 # The trial's vocabulary (no Optuna) is studies.trials'; this module writes and reads it through
 # Optuna, and the queries read it from here too (its __all__ names every one).

@@ -11,8 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from arch import ArchConfig
-from arch.memory import kv_cache_bytes
+from arch import ArchConfig, kv_cache_bytes
 
 __all__ = [
     "ARCH",

@@ -19,7 +19,7 @@ from alloc.compression import CompressionError, CompressionPlan, MeasureRequest,
 from arch import ArchConfig, HeadGroup, LayerSpec, TrainConfig, param_count
 from common.errors import UsageError
 from common.files import dump_yaml
-from userdata import DataSpec
+from userdata import DataSpec, TaskSpec
 from workers.checkpoints import CheckpointError, gpt2_arch, load
 from workers.compress import main as compress_main
 from workers.compression.compressor import CompressRequest, compress
@@ -148,11 +148,12 @@ def test_compress_from_python_is_the_command(teacher: tuple[Model, Path, torch.T
     out of the flags' ranges is refused in one line naming every field."""
     _, folder, _ = teacher
     data = DataSpec(str(corpus(str(folder))))
-    measured = measure_checkpoint(MeasureRequest(folder / "lm.pt", align=4, data=data,
+    sample = TaskSpec(data=data)
+    measured = measure_checkpoint(MeasureRequest(folder / "lm.pt", align=4, task=sample,
                                                  sample_tokens=2048, quiet=True))
     (tmp_path / "plan.yaml").write_text(plan_compression(measured, tolerance=0.02).to_yaml())
     out = tmp_path / "student.pt"
-    result = compress(CompressRequest(folder / "lm.pt", tmp_path / "plan.yaml", out, data=data,
+    result = compress(CompressRequest(folder / "lm.pt", tmp_path / "plan.yaml", out, task=sample,
                                       finetune_steps=2, quiet=True))
     assert result.reduces and result.params.student_total < result.params.teacher_total
     assert result.written == (out, out.with_suffix(".arch.yaml"))
@@ -430,8 +431,11 @@ def test_a_kv_cache_budget_counts_the_layers_it_cannot_cut() -> None:
     for fraction in (0.8, 0.9, 1.0):
         student = plan_for_kv_cache(plan, fraction).student
         assert student.kv_width <= fraction * teacher.kv_width
-    with pytest.raises(CompressionError, match="must be in"):
+    with pytest.raises(CompressionError, match="must be in") as err:
         plan_for_kv_cache(plan, 0.5)
+    # the library names the plan's field; workers.profile shows it as --kv-cache (below)
+    assert [p.field for p in err.value.broken] == ["kv_cache"]
+    assert str(err.value).startswith("kv_cache 0.5: must be in") and "--" not in str(err.value)
     only = ArchConfig(d_model=32, max_seq_len=8, vocab_size=16, layers=(mssa,))
     nothing = CompressionPlan("x", 8, 0.1, 4, "loss", (LayerPlan(0, "mssa", "2x16", 1.0),), only)
     with pytest.raises(CompressionError, match="no query-key heads"):

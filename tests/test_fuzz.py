@@ -333,19 +333,14 @@ def test_workers_compress_command_lines(tmp_path_factory: object, argv: list[str
                             "--force", *argv], folder)
 
 
-REACHED_RAY: list[list[str]] = []  # command lines whose every check passed
-
-
 class _RayWouldStart(Exception):
     """Raised where the search would start Ray: every check before it has passed."""
 
 
-@SMALL
-@given(flags(options(search_parser())))
-def test_workers_search_command_lines_up_to_ray(tmp_path_factory: object,
-                                                argv: list[str]) -> None:
-    """Everything ``python -m workers.search`` does before Ray starts runs for real (flags,
-    task, space, study name, memory bound, storage, study); Ray itself is stubbed out."""
+def _search_up_to_ray(folder: Path, argv: list[str]) -> bool:
+    """``python -m workers.search`` on the fuzz's base command line and ``argv``, run for real
+    up to where Ray would start (flags, task, space, study name, memory bound, storage, study;
+    ``run``'s checks: exit 0, or one line and nothing written); whether it got there."""
     import sys
     import types
     from unittest import mock
@@ -357,27 +352,37 @@ def test_workers_search_command_lines_up_to_ray(tmp_path_factory: object,
     # drops every module imported inside it, and torch cannot be imported a second time.
     stub = types.ModuleType("workers.search.tune")
     stub.session = mock.Mock(side_effect=_RayWouldStart)  # type: ignore[attr-defined]
+    reached = []
 
     def search(args: list[str]) -> int:
         try:
             return search_main(args)
         except _RayWouldStart:
-            REACHED_RAY.append(args)
+            reached.append(args)
             return 0
 
     with mock.patch.dict(sys.modules, {"workers.search.tune": stub}), \
             mock.patch.object(workers.search, "tune", stub, create=True):
-        if not _big(argv, 64):
-            run(search, ["--space", "aot_vs_standard", "--task", "modadd", "--smoke-test",
-                         "--storage", "sqlite:///search.db", *argv], _folder(tmp_path_factory))
+        run(search, ["--space", "aot_vs_standard", "--task", "modadd", "--smoke-test",
+                     "--storage", "sqlite:///search.db", *argv], folder)
+    return bool(reached)
 
 
-def test_the_search_fuzz_reaches_ray(tmp_path_factory: object) -> None:
-    """The fuzz above is not only made of refusals: some command lines pass every check."""
-    if not REACHED_RAY:  # run alone: try the plain command line once
-        test_workers_search_command_lines_up_to_ray.hypothesis.inner_test(  # type: ignore[attr-defined]
-            tmp_path_factory, [])
-    assert REACHED_RAY
+@SMALL
+@given(flags(options(search_parser())))
+def test_workers_search_command_lines_up_to_ray(tmp_path_factory: object,
+                                                argv: list[str]) -> None:
+    """Everything ``python -m workers.search`` does before Ray starts runs for real; Ray
+    itself is stubbed out."""
+    if not _big(argv, 64):
+        _search_up_to_ray(_folder(tmp_path_factory), argv)
+
+
+def test_the_search_fuzz_reaches_ray(tmp_path: Path) -> None:
+    """The fuzz above is not only made of refusals: its base command line passes every check
+    and reaches Ray, and a flag that breaks a rule stops it before."""
+    assert _search_up_to_ray(tmp_path, [])
+    assert not _search_up_to_ray(tmp_path, ["--trials", "0"])
 
 
 # --- checkpoints that lie: links leaving the folder, non-finite weights, absurd sizes --------

@@ -187,9 +187,10 @@ def test_a_layers_groups_share_key_value_heads_in_proportion() -> None:
     assert share_kv_heads(heads, 3) == (HeadGroup(4, 64, kv_heads=2), HeadGroup(2, 32, 0, 1))
     assert share_kv_heads(heads, 6) == heads  # one per query head: not grouped
     for n in (2, 4, 5, 12):  # 6 / n query heads per key/value head must divide 4 and 2
-        with pytest.raises(PlanError, match=f"kv_heads = {n}: the plan's layer has heads "
-                                            r"4x64\+2x32 \(6 query heads\)"):
+        with pytest.raises(PlanError, match=f"kv_heads {n}: the plan's layer has heads "
+                                            r"4x64\+2x32 \(6 query heads\)") as err:
             share_kv_heads(heads, n)
+        assert [p.field for p in err.value.broken] == ["kv_heads"]  # alloc.solve: --kv-heads
 
 
 # --- one figure per kind, equal to what the built modules cache --------------------------------

@@ -312,3 +312,70 @@ def test_no_test_module_imports_another() -> None:
             if target != "tests" and not target.startswith("tests.helpers"):
                 found.append(f"{path.relative_to(ROOT)} imports {target}")
     assert not found, found
+
+
+# --- public surfaces ------------------------------------------------------------------------------
+
+# The packages whose API others use through their ``__init__``: outside the package, a module
+# imports the names of its ``__all__`` from the package, and only the submodules ``__all__``
+# lists (``arch.checks``, ``studies.query``); every other module is private to it.
+SURFACES = ("arch", "search_spaces", "studies", "userdata")
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def public_names(package: str, root: Path = ROOT) -> set[str]:
+    """The names the package's ``__init__`` lists in ``__all__`` (read, not imported)."""
+    tree = ast.parse((root / package / "__init__.py").read_text())
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__"
+                                                 for t in node.targets)):
+            return {ast.literal_eval(item) for item in node.value.elts}  # type: ignore[attr-defined]
+    return set()
+
+
+def private_imports(source: str, where: str, inside: str = "") -> list[str]:
+    """Each import in ``source`` of a surface package's private module or unlisted name, by
+    a module outside that package (``inside``: the importing module's dotted name)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            pairs = [(alias.name, None) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            pairs = [(node.module, alias.name) for alias in node.names]
+        else:
+            continue
+        for module, name in pairs:
+            package, _, rest = module.partition(".")
+            if package not in SURFACES or inside == package or inside.startswith(package + "."):
+                continue
+            public = public_names(package)
+            head = rest.partition(".")[0]
+            if (rest and head not in public) or (not rest and name and name not in public):
+                found.append(f"{where}: {module}{'' if rest else '.' + str(name)}")
+    return found
+
+
+def test_outside_a_package_only_its_public_surface_is_imported() -> None:
+    """``arch``, ``search_spaces``, ``studies`` and ``userdata`` keep private modules behind a
+    public ``__init__``: every product module (benchmarks included) and every Python block of
+    the docs imports from the package, or a module its ``__all__`` lists."""
+    modules = modules_of(ROOT, [*OURS, "bench"])
+    found = [hit for name, path in modules.items()
+             for hit in private_imports(path.read_text(), name, inside=name)]
+    for doc in DOCS:
+        for i, block in enumerate(doc.read_text().split("```python")[1:]):
+            code = block.split("```")[0]
+            try:
+                found += private_imports(code, f"{doc.name} block {i}")
+            except SyntaxError:
+                continue
+    assert not found, "private modules imported from outside their package:\n" + "\n".join(found)
+
+
+def test_the_surface_check_finds_private_modules_and_unlisted_names() -> None:
+    text = ("from arch.memory import gib\nfrom arch import checks, kv_cache_bytes\n"
+            "import studies.storage\nfrom studies import query, storage\n"
+            "from studies.trials import Direction\nfrom userdata import readers\n")
+    assert private_imports(text, "m", inside="workers.x") == [
+        "m: arch.memory", "m: studies.storage", "m: studies.storage", "m: userdata.readers"]
+    assert private_imports(text, "m", inside="arch.memory")[0] == "m: studies.storage"

@@ -94,11 +94,11 @@ def test_the_prior_energy_is_least_at_the_rules_count() -> None:
 
 
 @pytest.mark.parametrize(("change", "words"), [
-    ({"patterns": (0.5,)}, "--patterns"),
-    ({"patterns": (2.0, 2.0)}, "--patterns: 2 values for 1 later layer"),
-    ({"max_block": 0}, "--max-block"),
-    ({"max_block": 65}, "--max-block"),
+    ({"patterns": (0.5,)}, "patterns"),
+    ({"patterns": (2.0, 2.0)}, "patterns: 2 values for 1 later layer"),
+    ({"max_block": 0}, "max_block"),
+    ({"max_block": 65}, "max_block"),
 ])
-def test_bad_measurements_are_refused_by_flag(change: dict, words: str) -> None:
+def test_bad_measurements_are_refused_by_field(change: dict, words: str) -> None:
     with pytest.raises(TransformerAllocError, match=words):
         PlanSettings(budget=128, layers=2, **change)

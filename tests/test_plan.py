@@ -144,18 +144,22 @@ def test_measured_logit_bounds_per_later_layer() -> None:
 
 
 @pytest.mark.parametrize(("fields", "message"), [
-    ({"align": 24}, "--align 24: must divide --budget 512"),
-    ({"extract_layers": 7}, "--extract-layers 7: must be <= --layers 6"),
-    ({"attention": "mixit", "positional": "rope"}, "--positional rope: not offered"),
-    ({"kernel": "gauss:2"}, "--kernel: unknown kernel 'gauss:2'"),
-    ({"budget": 0}, "--budget = 0: must be an integer >= 1"),
+    ({"align": 24}, "align 24: must divide budget 512"),
+    ({"extract_layers": 7}, "extract_layers 7: must be <= layers 6"),
+    ({"attention": "mixit", "positional": "rope"}, "positional rope: not offered"),
+    ({"kernel": "gauss:2"}, "kernel: unknown kernel 'gauss:2'"),
+    ({"budget": 0}, "budget = 0: must be an integer >= 1"),
     ({"alpha": 10.0}, "the bound's terms reach"),
 ])
 def test_settings_validate_themselves(fields: dict[str, object], message: str) -> None:
     """Every caller (the command, the search's seeding, calibration from a study) gets the
-    same rules: built from Python, broken settings are refused with the rule."""
-    with pytest.raises(PlanError, match=re.escape(message)):
+    same rules: built from Python, broken settings are refused with the rule, in the
+    library's words: each problem names the field, never a command's flag."""
+    with pytest.raises(PlanError, match=re.escape(message)) as err:
         PlanSettings(**fields)  # type: ignore[arg-type]
+    assert "--" not in str(err.value)
+    assert {p.field for p in err.value.broken} <= {f.name for f in dataclasses.fields(
+        PlanSettings)}
 
 
 def test_settings_from_a_recorded_dict() -> None:
@@ -199,5 +203,5 @@ def test_measured_inputs_become_settings_cut_to_the_plan_s_later_layers() -> Non
     assert one.logit_bounds is None and one.patterns is None  # no later layer
     given = inputs.settings(budget=64, layers=4, seq_len=8, logit_bounds=(5.0,))
     assert (given.seq_len, given.logit_bounds, given.patterns) == (8, (5.0,), (2.0, 4.0, 8.0))
-    with pytest.raises(PlanError, match="--logit-bounds: 2 values for 1 later layer"):
+    with pytest.raises(PlanError, match="logit_bounds: 2 values for 1 later layer"):
         inputs.settings(budget=64, layers=2, logit_bounds=(5.0, 6.0))

@@ -48,3 +48,23 @@ def test_a_deeper_pilot_s_profile_plans_the_search_as_alloc_solve_does(
     assert solved["inputs"]["logit_bounds"] == [2.0, 6.0]
     assert request.plan.plan.arch.arch_id == solved["arch_id"]
     assert request.plan.plan.arch.to_dict() == solved["arch"]
+
+
+def test_a_profile_the_plan_refuses_is_named_by_field_in_the_search_and_by_flag_in_solve(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The settings' rules speak of fields (``input_spectrum``), so the search, which has no
+    ``--input-spectrum``, names none; ``alloc.solve`` shows the same problem with its flag."""
+    from alloc.errors import PlanError
+
+    task = make_task("ngram", "smoke", 0)
+    profile = deeper_pilot_profile(tmp_path, task.seq_len)
+    (tmp_path / "p.input.txt").write_text("1\n" * 40)  # more dimensions than the data's 32
+    space = parse_space({"name": "deep", "budget": 64, "depth": 3,
+                         "layers": [{"heads": [1, 2, 4, 8], "mlp_ratio": [0, 2]}]})
+    with pytest.raises(PlanError) as err:
+        prepare(space, task, storage=f"sqlite:///{tmp_path / 's.db'}", study="deep",
+                options=SearchOptions(profile=profile, storage_path=tmp_path / "r"))
+    assert [p.field for p in err.value.broken] == ["input_spectrum"]
+    assert "--" not in str(err.value) and "40 values; needs 1 to input_dim (32)" in str(err.value)
+    assert solve_main(["--budget", "64", "--layers", "3", "--profile", str(profile)]) == 2
+    assert "--input-spectrum 'file:" in capsys.readouterr().err

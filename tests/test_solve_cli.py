@@ -11,15 +11,28 @@ import pytest
 import yaml
 
 from alloc.solve import main
-from arch import ArchConfig
+from arch import ArchConfig, HeadGroup
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_table_is_the_default(capsys: pytest.CaptureFixture[str]) -> None:
+    """Without ``--format`` the command prints ``--format table``: the table of the very report
+    ``--format json`` prints, a row per layer with its heads."""
+    from alloc.solve import render
+
     assert main(["--budget", "512"]) == 0
-    out = capsys.readouterr().out
-    assert "8x64" in out and "8x8/64" in out and "saving" in out and "uniform" in out
+    default = capsys.readouterr().out
+    assert main(["--budget", "512", "--format", "table"]) == 0
+    assert capsys.readouterr().out == default
+    assert main(["--budget", "512", "--format", "json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert default == render(rep) + "\n"
+    rows = [line.split() for line in default.splitlines()]
+    for layer in rep["layers"]:
+        heads = "+".join(str(HeadGroup.from_dict(g)) for g in layer["heads"])
+        assert [str(layer["index"]), layer["role"], layer["attention"], heads] in [
+            row[:4] for row in rows], heads
 
 
 @pytest.mark.parametrize("fmt", ["json", "yaml"])

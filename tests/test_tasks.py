@@ -197,22 +197,100 @@ def test_a_trained_models_task_keeps_short_vector_sequences(tmp_path: Path) -> N
     import numpy as np
 
     from arch import ArchConfig, HeadGroup, LayerSpec
-    from userdata import DataError, DataSpec
-    from workers.taskargs import check_fits, task_for_model
+    from userdata import DataError, DataSpec, TaskSpec
+    from workers.taskargs import check_fits, resolve_task
 
     np.save(tmp_path / "x.npy", np.random.default_rng(0).normal(size=(20, 8, 3)))
     arch = ArchConfig(d_model=16, layers=(LayerSpec("mhsa", (HeadGroup(2, 8),)),),
                       max_seq_len=16, input_dim=3)
-    task, source = task_for_model(arch, data=DataSpec(str(tmp_path / "x.npy")))
+    spec = TaskSpec(data=DataSpec(str(tmp_path / "x.npy")))
+    task = resolve_task(spec, arch)
     assert task is not None and task.seq_len == 7  # next-step prediction over 8 steps
-    check_fits(task, arch, trains=False, source=source)
+    check_fits(task, arch, trains=False, spec=spec)
     with pytest.raises(DataError, match="length=12: the sequences"):
-        task_for_model(arch, data=DataSpec(str(tmp_path / "x.npy")), params={"length": 12})
+        resolve_task(TaskSpec(data=spec.data, params={"length": 12}), arch)
 
 
 def test_the_task_flags_name_every_registered_task() -> None:
-    """``workers.taskargs`` lists the task names without torch; the registry must agree."""
-    from workers.taskargs import GENERATED_TASKS
+    """``userdata.task`` lists the task names without torch; the registry must agree."""
+    from userdata import GENERATED_TASKS
 
     assert list(GENERATED_TASKS) == sorted(set(TASKS) - set(DATA_TASKS))
     assert set(DATA_TASKS) <= set(TASKS) and sorted(DATA_TASKS) == sorted(DATA_FORMATS)
+
+
+# Each command that runs a task, and the flags it requires besides the task's.
+COMMANDS = {"workers.train": ["--arch", "a.yaml"], "workers.search": ["--space", "s.yaml"],
+            "workers.profile": ["--checkpoint", "m.pt"],
+            "workers.compress": ["--checkpoint", "m.pt", "--plan", "p.yaml", "--out", "s.pt"]}
+
+
+def _spec(command: str, flags: list[str]):  # type: ignore[no-untyped-def]
+    import importlib
+
+    from workers.taskargs import task_spec
+
+    module = importlib.import_module("workers.search.cli" if command == "workers.search"
+                                     else command)
+    return task_spec(module.build_parser().parse_args([*COMMANDS[command], *flags]))
+
+
+@pytest.mark.parametrize("flags", [
+    ["--task", "ngram", "--task-param", "dim=8", "--seed", "3"],
+    ["--task", "lm", "--smoke-test"],
+    ["--task", "modadd", "--task-param", "p=13", "--task-param", "train=40",
+     "--task-param", "val=40"],
+    ["--data", "DIR", "--task-param", "length=16", "--seed", "1"],
+    ["--data", "DIR", "--vocab-size", "300", "--smoke-test"],
+])
+def test_the_same_flags_name_the_same_task_in_every_command(flags: list[str],
+                                                            tmp_path: Path) -> None:
+    """Every command reads its task flags into one ``TaskSpec`` (``task_spec``) and builds it
+    with one resolver (``resolve_task``): the same flags give the same spec, and the same
+    task, in the trainer, the search, the checkpoint profile and the compressor; for a trained
+    model whose length is the task's window, the model's task is that task."""
+    from workers.taskargs import resolve_task
+    from workers.tasks import describe_task
+
+    (tmp_path / "a.txt").write_text("the quick brown fox jumps over the lazy dog. " * 200)
+    flags = [str(tmp_path) if a == "DIR" else a for a in flags]
+    specs = {command: _spec(command, flags) for command in COMMANDS}
+    assert len({repr(spec) for spec in specs.values()}) == 1, specs
+    spec = specs["workers.train"]
+    task = resolve_task(spec)
+    assert task is not None
+    arch = ArchConfig(d_model=16, layers=(LayerSpec("mhsa", (HeadGroup(2, 8),)),),
+                      max_seq_len=task.seq_len, **{
+                          "vocab_size": task.io.vocab_size} if task.io.vocab_size else {
+                          "input_dim": task.io.input_dim, "output_dim": task.io.output_dim})
+    assert describe_task(resolve_task(spec, arch)) == describe_task(task)  # type: ignore[arg-type]
+
+
+def test_a_bad_task_field_is_one_error_naming_the_field_then_the_flag(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A ``TaskSpec`` that breaks a rule is one ``TaskError`` naming each field as the library
+    calls it (``task.params``), never a flag; every command shows the same problem with its
+    flag (``--task-param``)."""
+    from userdata import DataSpec, TaskSpec
+    from workers.compress import main as compress_main
+    from workers.train import main as train_main
+
+    (tmp_path / "a.txt").write_text("some text " * 100)
+    with pytest.raises(TaskError) as err:
+        TaskSpec(data=DataSpec(str(tmp_path)), params={"m_max": 3, "length": 8}, size="big",
+                 seed=-1)
+    text = str(err.value)
+    assert "\n" not in text and "--" not in text
+    assert [p.field for p in err.value.broken] == ["task.params", "task.size", "task.seed"]
+    assert text.startswith("task.params m_max: a task.data task takes only length=N")
+    with pytest.raises(TaskError, match=r"task\.name: unknown task 'sort'; choices: addition"):
+        TaskSpec("sort")
+    bad = ["--data", str(tmp_path), "--task-param", "m_max=3"]
+    (tmp_path / "a.yaml").write_text(ArchConfig(d_model=8, layers=(
+        LayerSpec("mhsa", (HeadGroup(2, 4),)),), max_seq_len=1, vocab_size=2).to_yaml())
+    for main, argv in ((train_main, ["--arch", str(tmp_path / "a.yaml"), *bad]),
+                       (compress_main, [*COMMANDS["workers.compress"], *bad])):
+        assert main(argv) == 2
+        err_text = capsys.readouterr().err
+        assert err_text.count("\n") == 1
+        assert "--task-param m_max: a --data task takes only length=N" in err_text

@@ -9,3 +9,7 @@ from common.errors import TransformerAllocError
 
 class DataError(TransformerAllocError):
     """Data that cannot be used; the message is one line naming the file and the rule."""
+
+
+class TaskError(TransformerAllocError):
+    """Unknown task, size or parameter; the message lists the valid ones."""

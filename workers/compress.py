@@ -29,16 +29,15 @@ from common.cli import (
     add_format,
     dump,
     fail,
+    flag_names,
     int_in,
     number,
-    parse_task_params,
     render_table,
     wrote,
 )
 from common.errors import TransformerAllocError
-from userdata.cli import data_spec
 from workers.compression.records import PROG, CompressRequest, CompressResult
-from workers.taskargs import add_task_args
+from workers.taskargs import TASK_FLAGS, add_task_args, task_spec
 
 
 def render(result: CompressResult) -> str:
@@ -112,13 +111,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     from workers.compression.compressor import compress
 
     try:
         result = compress(request_from_args(args))
     except TransformerAllocError as err:
-        return fail(PROG, str(err))
+        return fail(PROG, err.text(flag_names(parser, **TASK_FLAGS)))
     if not result.reduces:
         print(f"{PROG}: the plan lowers no qk_dim: the student is as large as the teacher "
               f"({result.params.teacher_total:,} parameters)" + (
@@ -134,15 +134,13 @@ def request_from_args(args: argparse.Namespace) -> CompressRequest:
     """The ``CompressRequest`` the flags describe.
 
     Raises:
-        UsageError: a malformed ``--task-param``.
+        UsageError: a malformed ``--task-param``; TaskError: a task that breaks a rule.
     """
-    data = data_spec(args)
     return CompressRequest(
-        checkpoint=args.checkpoint, plan=args.plan, out=args.out, layout=args.layout, data=data,
-        task=args.task, task_params=parse_task_params(args.task_param),
-        smoke_test=args.smoke_test, seq_len=args.seq_len, finetune_steps=args.finetune_steps,
-        lr=args.lr, batch_size=args.batch_size, eval_batches=args.eval_batches, seed=args.seed,
-        force=args.force, quiet=args.quiet)
+        checkpoint=args.checkpoint, plan=args.plan, out=args.out, layout=args.layout,
+        task=task_spec(args), seq_len=args.seq_len,
+        finetune_steps=args.finetune_steps, lr=args.lr, batch_size=args.batch_size,
+        eval_batches=args.eval_batches, force=args.force, quiet=args.quiet)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ naming the field, the value and the rule."""
 from __future__ import annotations
 
 from common.errors import TransformerAllocError
+from userdata import TaskError  # the task's error: a TaskSpec's too
 
 
 class CheckpointError(TransformerAllocError):
@@ -27,6 +28,5 @@ class SearchFaultError(TransformerAllocError):
 class WarmStartError(TransformerAllocError):
     """A ``--warm-start`` study that cannot be used."""
 
-
-class TaskError(TransformerAllocError):
-    """Unknown task, size or parameter; the message lists the valid ones."""
+__all__ = ["CheckpointError", "ExportError", "SearchError", "SearchFaultError", "TaskError",
+           "WarmStartError"]

@@ -47,11 +47,12 @@ from alloc.profiling.flags import (
 )
 from alloc.profiling.pilot import MAX_PILOT_MLP_RATIO, PilotRequest
 from arch import kinds_text
-from common.cli import Parser, dump, fail, int_in, number, parse_task_params, wrote
+from common.cli import Parser, dump, fail, flag_names, int_in, number, wrote
 from common.errors import TransformerAllocError, UsageError
 from common.files import write_atomic
 from common.progress import say
-from userdata import DataSpec, data_spec
+from userdata import DataSpec
+from workers.taskargs import TASK_FLAGS, task_spec
 
 PROG = "workers.profile"
 DEFAULT_TOLERANCE = 0.05  # --checkpoint: the allowed error per head group
@@ -205,10 +206,8 @@ def checkpoint_request(args: argparse.Namespace) -> PlanRequest:
     if given:
         raise UsageError(f"{given[0]}: the pilot profiles data (--data without --checkpoint); "
                          "a --checkpoint profile measures the trained model itself")
-    measure = MeasureRequest(args.checkpoint, args.align, data=data_spec(args), task=args.task,
-                             task_params=parse_task_params(args.task_param),
-                             smoke_test=args.smoke_test, seq_len=args.seq_len,
-                             sample_tokens=args.sample_tokens, seed=args.seed,
+    measure = MeasureRequest(args.checkpoint, args.align, task_spec(args), seq_len=args.seq_len,
+                             sample_tokens=args.sample_tokens,
                              loss_sensitivity=args.rule == "loss", latent=args.latent,
                              estimate=args.estimate or "curvature", rope_dim=args.rope_dim or 0,
                              quiet=args.quiet)
@@ -304,7 +303,8 @@ def _add_checkpoint_args(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     try:
         check_outputs(args)
         if args.checkpoint is not None:
@@ -318,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
         profile = profile_data(spec, args.seq_len, args.sample_tokens, args.seed,
                                pilot_request(args, spec), announce)
     except TransformerAllocError as err:
-        return fail(PROG, str(err))
+        return fail(PROG, err.text(flag_names(parser, **TASK_FLAGS,
+                                              loss_sensitivity="--rule loss")))
     show_profile(PROG, profile, args)
     return 0
 

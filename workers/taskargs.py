@@ -1,32 +1,31 @@
 """How a command names its task: ``--task NAME`` (a generated task) or ``--data PATH`` (the
-user's own data), with ``--task-param KEY=VALUE`` overrides; shared by ``workers.train`` and
-``workers.search``, and (``task_for_model``) by the commands that run a trained model:
-``workers.profile --checkpoint`` and ``workers.compress``.
+user's own data), with ``--task-param KEY=VALUE`` overrides, read once into a ``TaskSpec``
+(``task_spec``) by ``workers.train``, ``workers.search``, ``workers.profile --checkpoint`` and
+``workers.compress``; and the one resolver that builds the task a ``TaskSpec`` names
+(``resolve_task``), for a trained model in windows of its length.
 
 Outside ``workers.tasks`` and free of torch until a task is built, so that the commands' flags
-(and ``--help``) need no torch: the generated tasks' names are listed here (a test checks them
-against ``workers.tasks.TASKS``), and ``workers.tasks`` is imported only to build a task.
+(and ``--help``) need no torch: ``workers.tasks`` is imported only to build a task.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from arch import ArchConfig
 from common.cli import parse_task_params
-from common.errors import UsageError
-from userdata import DataError, DataSpec, add_data_args, data_spec
+from common.errors import Problem, UsageError
+from userdata import GENERATED_TASKS, DataError, DataSpec, TaskSpec, add_data_args, data_spec
 from workers.errors import TaskError
 
 if TYPE_CHECKING:
     from workers.tasks import Task
 
-# The generated tasks (``make_task``, ``--task``): names ``workers.tasks.TASKS`` registers.
-GENERATED_TASKS = ("addition", "denoise", "dyck", "icl_linear", "induction", "kernel", "lm",
-                   "memorize", "modadd", "ngram", "retrieval")
+# The flag that sets each field of a ``TaskSpec`` (the commands show its problems so).
+TASK_FLAGS = {"task.name": "--task", "task.data": "--data", "task.params": "--task-param",
+              "task.seed": "--seed"}
 
 
 def add_task_args(p: argparse.ArgumentParser, required: bool = True,
@@ -42,91 +41,117 @@ def add_task_args(p: argparse.ArgumentParser, required: bool = True,
                         "(repeatable)")
 
 
-def task_from_args(args: argparse.Namespace, size: str, data: DataSpec | None = None) -> Task:
-    """The task the flags name (``data``: a default source, e.g. a search space's).
+def task_spec(args: argparse.Namespace, data: DataSpec | None = None) -> TaskSpec:
+    """The ``TaskSpec`` the flags name, the same in every command: at ``--size`` if the command
+    has it and it is given, else the smoke size with ``--smoke-test``, else the paper size
+    (``data``: the default source without ``--task`` or ``--data``, e.g. a search space's).
 
     Raises:
-        UsageError: one line naming the flag, the value and the rule.
+        UsageError: a malformed ``--task-param``, or ``--data-format``/``--vocab-size``
+            without ``--data``; TaskError: a field that breaks its rule.
     """
-    from workers.tasks import make_data_task, make_task  # torch: only once a task is built
-
     params = parse_task_params(args.task_param)
     if args.data is not None:
         data = data_spec(args)
     elif args.data_format or args.vocab_size:
         raise UsageError("--data-format/--vocab-size: only with --data")
-    if args.task is not None:
-        try:
-            return make_task(args.task, size, args.seed, **params)
-        except (TaskError, TypeError) as err:
-            raise UsageError(f"--task: {err}") from None
-    if data is None:
-        raise UsageError("--task or --data: one is required")
-    unknown = sorted(set(params) - {"length"})
-    if unknown:
-        raise UsageError(f"--task-param {unknown[0]}: a --data task takes only length=N")
-    try:
-        return make_data_task(data, size, args.seed, params.get("length"))
-    except (DataError, ValueError) as err:
-        raise UsageError(str(err)) from None
+    size = vars(args).get("size") or ("smoke" if args.smoke_test else "paper")
+    return TaskSpec(args.task, None if args.task is not None else data, params, size, args.seed)
 
 
-def task_for_model(arch: ArchConfig, *, data: DataSpec | None = None, task: str | None = None,
-                   params: Mapping[str, Any] | None = None, size: str = "paper", seed: int = 0,
-                   seq_len: int | None = None) -> tuple[Task | None, str]:
-    """The task a trained model runs on, and the flag that chose it (for messages): ``data`` or
-    the generated ``task``, in windows of the model's length (``seq_len``: shorter ones) unless
-    ``params`` set ``length``; (None, "no task") when neither is given.
+def task_from_args(args: argparse.Namespace, data: DataSpec | None = None) -> Task:
+    """The task the flags name (``task_spec``, then ``resolve_task``), its problems shown with
+    the flags' names.
 
     Raises:
-        TaskError, DataError: an unknown task or parameter, or unusable data.
+        UsageError: one line naming the flag, the value and the rule.
+    """
+    try:
+        task = resolve_task(task_spec(args, data))
+    except (TaskError, DataError) as err:
+        raise UsageError(err.text(TASK_FLAGS)) from None
+    if task is None:
+        raise UsageError("--task or --data: one is required")
+    return task
+
+
+def resolve_task(spec: TaskSpec, model: ArchConfig | None = None,
+                 seq_len: int | None = None) -> Task | None:
+    """The task ``spec`` names (None when it names none). For a trained ``model``, in windows
+    of its length (``seq_len``: shorter ones) unless ``params`` set ``length``, and token data
+    without a vocabulary of its own in the model's.
+
+    Raises:
+        TaskError: an unknown parameter of the task; DataError: unusable data.
     """
     from workers.tasks import make_data_task, make_task  # torch: only once a task is built
 
-    params = dict(params or {})
-    window = min(seq_len or arch.max_seq_len, arch.max_seq_len)
-    if data is not None:
-        unknown = sorted(set(params) - {"length"})
-        if unknown:
-            raise TaskError(f"--task-param {unknown[0]}: a --data task takes only length=N")
-        # Token windows take the model's length, and token files without --vocab-size or a
-        # meta file the model's vocabulary; vector sequences keep their own length (at most
-        # the model's: ``check_fits``) unless ``length`` says otherwise.
-        default = None if data.resolved().format == "npy" else window
-        data = dataclasses.replace(data, default_vocab=arch.vocab_size)
-        return (make_data_task(data, size, seed, params.get("length", default)),
-                f"--data {data.path!r}")
-    if task is None:
-        return None, "no task"
+    window = None if model is None else min(seq_len or model.max_seq_len, model.max_seq_len)
+    params = dict(spec.params)
+    if spec.data is not None:
+        data, length = spec.data, params.get("length")
+        if model is not None:
+            # Token windows take the model's length, and token files without --vocab-size or
+            # a meta file the model's vocabulary; vector sequences keep their own length (at
+            # most the model's: ``check_fits``) unless ``length`` says otherwise.
+            if length is None and data.resolved().format != "npy":
+                length = window
+            data = dataclasses.replace(data, default_vocab=model.vocab_size)
+        try:
+            return make_data_task(data, spec.size, spec.seed, length)
+        except ValueError as err:
+            raise DataError(str(err)) from None
+    if spec.name is None:
+        return None
     try:
-        made = make_task(task, size, seed, **params)
-    except TypeError as err:
-        raise TaskError(f"--task-param: {err}") from None
-    if "length" not in params and hasattr(made, "length") and made.seq_len != window:
+        made = make_task(spec.name, spec.size, spec.seed, **params)
+    except (TaskError, TypeError) as err:
+        raise TaskError.of([Problem("task.name", spec.name, str(err), shown="")]) from None
+    if (window is not None and "length" not in params and hasattr(made, "length")
+            and made.seq_len != window):
         # Tasks whose window is their ``length`` (lm, induction, dyck) take the model's.
         made = dataclasses.replace(made, length=made.length + window - made.seq_len)  # type: ignore[call-arg]
-    return made, f"--task {task}"
+    return made
 
 
-def check_fits(task: Task, arch: ArchConfig, trains: bool, source: str) -> None:
+def source(spec: TaskSpec) -> str:
+    """What was sampled, as a plan records it (``--data 'x'``, ``--task lm``)."""
+    if spec.data is not None:
+        return f"--data {spec.data.path!r}"
+    return f"--task {spec.name}" if spec.name is not None else "no task"
+
+
+def chosen_by(spec: TaskSpec | None) -> tuple[str, str]:
+    """The field that chose the task and its value as a message shows it (``task.data``,
+    ``'x.txt'``); None: the checkpoint's own task."""
+    if spec is None or not spec.given:
+        return "the checkpoint's task", ""
+    if spec.data is not None:
+        return "task.data", repr(spec.data.path)
+    return "task.name", str(spec.name)
+
+
+def check_fits(task: Task, arch: ArchConfig, trains: bool, spec: TaskSpec | None) -> None:
     """``task`` feeds ``arch`` as it is: the same vocabulary (or input/output widths), windows
     no longer than its positions, and, where a student is trained or saved as a ``workers.train``
     checkpoint (``trains``), exactly its length (the trainer wires the model to the task).
 
     Raises:
-        TaskError: naming ``source`` (the flag that chose the task) and the mismatch.
+        TaskError: a problem naming the field that chose the task (``spec``'s; None: the
+            checkpoint's own) and the mismatch.
     """
+    field, shown = chosen_by(spec)
     io = task.io
     for name, want in (("vocab_size", arch.vocab_size), ("input_dim", arch.input_dim),
                        ("output_dim", arch.output_dim)):
         got = getattr(io, name)
         if got != want:
-            hint = ("; give --vocab-size" if name == "vocab_size" and source.startswith("--data")
-                    else "")
-            raise TaskError(f"{source}: {name} {got}, the checkpoint's model has {want}{hint}")
+            hint = "; give {vocab_size}" if name == "vocab_size" and field == "task.data" else ""
+            raise TaskError.of([Problem(field, shown, f"{name} {got}, the checkpoint's model "
+                                        f"has {want}{hint}")])
     if io.max_seq_len > arch.max_seq_len or (trains and io.max_seq_len != arch.max_seq_len):
         rule = ("at most" if not trains else
                 "exactly (fine-tuning and .pt students keep the model's positions)")
-        raise TaskError(f"{source}: windows of {io.max_seq_len} tokens, the checkpoint's model "
-                        f"takes {rule} {arch.max_seq_len}; leave --seq-len out (the model's "
-                        "length) or set it there")
+        raise TaskError.of([Problem(field, shown, f"windows of {io.max_seq_len} tokens, the "
+                                    f"checkpoint's model takes {rule} {arch.max_seq_len}; leave "
+                                    "{seq_len} out (the model's length) or set it there")])

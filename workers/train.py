@@ -18,8 +18,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from arch import OPTIMIZERS, ArchConfig, ConfigError, TrainConfig
-from arch.training import SMOKE_TRAIN
+from arch import OPTIMIZERS, SMOKE_TRAIN, ArchConfig, ConfigError, TrainConfig
 from common.cli import (
     Parser,
     add_force,
@@ -102,7 +101,7 @@ def setup(args: argparse.Namespace) -> tuple[ArchConfig, Task, TrainConfig]:
                          "checkpoint with --out PATH (--checkpoint names the checkpoint that "
                          "workers.profile and workers.compress read)")
     arch = load_arch(args.arch)
-    task = task_from_args(args, args.size or ("smoke" if args.smoke_test else "paper"))
+    task = task_from_args(args)
     try:
         fit_arch(arch, task)
     except ConfigError as err:

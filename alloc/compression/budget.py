@@ -14,6 +14,7 @@ from alloc.compression.planner import candidate_dims, latent_spec, latent_widths
 from alloc.compression.schema import CompressionPlan, Rule
 from alloc.errors import CompressionError
 from arch import ArchConfig, HeadGroup, LayerSpec
+from common.errors import Problem
 
 
 def kv_cache_floor(teacher: ArchConfig, align: int, values: bool = False,
@@ -49,15 +50,15 @@ def _smallest(teacher: ArchConfig, layer: LayerSpec, align: int, values: bool, l
 
 def check_kv_cache(teacher: ArchConfig, align: int, fraction: float, values: bool = False,
                    latent: bool = False, rope_dim: int = 0) -> None:
-    """Refuse a ``--kv-cache`` budget no plan of ``teacher`` at ``align`` can meet.
+    """Refuse a KV cache budget (``kv_cache``) no plan of ``teacher`` at ``align`` can meet.
 
     Raises:
         CompressionError: ``fraction`` outside ``[kv_cache_floor, 1]``.
     """
     floor = kv_cache_floor(teacher, align, values, latent, rope_dim)
     if not floor - 1e-12 <= fraction <= 1:
-        raise CompressionError(_outside(fraction, floor, _kept(values, latent),
-                                        f" (--align {align})"))
+        raise CompressionError.of([_outside(fraction, floor, _kept(values, latent),
+                                            f" ({{align}} {align})")])
 
 
 def _kept(values: bool, latent: bool) -> str:
@@ -68,9 +69,9 @@ def _kept(values: bool, latent: bool) -> str:
         "the values and the smallest candidate keys"
 
 
-def _outside(fraction: float, floor: float, kept: str, how: str = "") -> str:
-    return (f"--kv-cache {fraction:g}: must be in [{floor:.3g}, 1]: {kept}{how} take "
-            f"{floor:.3g} of the teacher's KV cache")
+def _outside(fraction: float, floor: float, kept: str, how: str = "") -> Problem:
+    return Problem("kv_cache", f"{fraction:g}", f"must be in [{floor:.3g}, 1]: {kept}{how} "
+                   f"take {floor:.3g} of the teacher's KV cache")
 
 
 def plan_for_kv_cache(plan: CompressionPlan, fraction: float) -> CompressionPlan:
@@ -89,8 +90,9 @@ def plan_for_kv_cache(plan: CompressionPlan, fraction: float) -> CompressionPlan
         return _latent_for_kv_cache(plan, fraction)
     groups = [g for layer in plan.layers for g in layer.groups]
     if not groups:
-        raise CompressionError(f"--kv-cache {fraction:g}: the model has no query-key heads to "
-                               "cut (mssa and mixit layers only)")
+        raise CompressionError.of([Problem("kv_cache", f"{fraction:g}", "the model has no "
+                                           "query-key heads to cut (mssa and mixit layers "
+                                           "only)")])
     # each choice: a group's keys, or its values where they were measured, with its candidates
     choices = [(g.key_heads, dict(g.errors(plan.rule))) for g in groups]
     valued = [g for g in groups if plan.rule == "loss" and g.value_losses]
@@ -149,7 +151,7 @@ def _units(fraction: float, choices: Sequence[Choice], fixed: int, teacher_kv: i
     floor = fixed + sum(cost * min(errors) for cost, errors in choices)
     budget = math.floor(fraction * teacher_kv + 1e-9) - fixed
     if not 0 < fraction <= 1 or budget + fixed < floor:
-        raise CompressionError(_outside(fraction, floor / teacher_kv, kept))
+        raise CompressionError.of([_outside(fraction, floor / teacher_kv, kept)])
     return budget
 
 

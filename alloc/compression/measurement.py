@@ -7,10 +7,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from arch import ArchConfig
-from userdata import DataSpec
+from userdata import TaskSpec
 
 
 @dataclass(frozen=True)
@@ -84,18 +83,15 @@ class CheckpointMeasurement:
 
 @dataclass(frozen=True)
 class MeasureRequest:
-    """What to measure: a checkpoint, on a sample of ``data`` or of a generated ``task`` (or on
-    none: spectra and norm bounds only)."""
+    """What to measure: a checkpoint, on a sample of the ``task`` (the user's data or a
+    generated task; naming none: spectra and norm bounds only)."""
 
     checkpoint: Path
     align: int = 8
-    data: DataSpec | None = None
-    task: str | None = None
-    task_params: Mapping[str, Any] = field(default_factory=dict)
-    smoke_test: bool = False  # the task at its smoke size
+    # the sample's task or data (naming none: spectra and norm bounds only)
+    task: TaskSpec = field(default_factory=TaskSpec)
     seq_len: int | None = None  # sample window (default: the model's max_seq_len)
     sample_tokens: int | None = None
-    seed: int = 0
     loss_sensitivity: bool = False  # also each group's loss increase at each candidate
     latent: bool = False  # with loss_sensitivity: each mhsa layer's at each latent width instead
     # a latent plan's loss increases: estimated to second order from one forward and backward

@@ -17,6 +17,7 @@ from alloc.compression.schema import CompressionPlan, GroupPlan, HeadSpectrum, L
 from alloc.errors import CompressionError
 from alloc.saturation import jacobian_bound
 from arch import ArchConfig, HeadGroup, LayerSpec
+from common.errors import Problem
 
 # Share of a head's spectrum (sum of singular values) that its effective rank may discard: a
 # description of the spectrum, separate from the attention-error tolerance that sets the plan.
@@ -109,16 +110,17 @@ def plan_compression(measured: CheckpointMeasurement, tolerance: float,
     """
     rule = rule or ("measured" if measured.measured else "bound")
     if rule == "measured" and not measured.measured:
-        raise CompressionError("--rule measured: needs a sample to measure the errors on "
-                               "(--data or --task)")
+        raise CompressionError.of([Problem("rule", rule, "needs a sample to measure the "
+                                           "errors on ({task.data} or {task.name})")])
     latent = any(layer.latent_losses for layer in measured.layers)
     if rule == "loss" and not latent and not any(layer.loss_increases
                                                  for layer in measured.layers):
-        raise CompressionError("--rule loss: needs the loss of a token model on a sample "
-                               "(--data or --task), measured with the loss sensitivity")
+        raise CompressionError.of([Problem("rule", rule, "needs the loss of a token model "
+                                           "on a sample ({task.data} or {task.name}), measured "
+                                           "with the loss sensitivity")])
     if latent and rule != "loss":
-        raise CompressionError(f"--rule {rule}: a latent student's widths are chosen by the "
-                               "loss rule; use --rule loss")
+        raise CompressionError.of([Problem("rule", rule, "a latent student's widths are "
+                                           "chosen by the loss rule; use {rule} loss")])
     layers = tuple(_layer_plan(measured, m, tolerance, rule, logit_bound)
                    for m in measured.layers)
     if latent:

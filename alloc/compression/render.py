@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from alloc.compression.schema import CompressionPlan, GroupPlan
-from arch.memory import kv_cache_bytes
+from arch import kv_cache_bytes
 from common.cli import render_table
 from common.plots import new_figure, write_figure
 

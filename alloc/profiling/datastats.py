@@ -24,7 +24,7 @@ import numpy as np
 
 from alloc.profiling.pilot import PilotMeasurement
 from alloc.profiling.spectra import ENERGY, participation_ratio, variance_rank
-from arch.kernels import kernel_shape
+from arch import kernel_shape
 from userdata import DataError, DataSpec, open_arrays, open_tokens
 
 TOP_K = 64  # symbols kept apart; the rest are one "other" symbol

@@ -23,9 +23,8 @@ from alloc.profiling.datastats import Profile, fit_kernel
 from alloc.profiling.pilot import PilotMeasurement
 from alloc.profiling.spectra import ENERGY
 from alloc.settings import AllocatorInputs
-from arch import MAX_DEPTH
+from arch import MAX_DEPTH, kernel_shape
 from arch.checks import is_int
-from arch.kernels import kernel_shape
 from common.cli import render_table
 from common.files import dump_yaml, read_yaml, write_atomic
 

@@ -16,8 +16,7 @@ from alloc.profiling.pilot import MAX_PILOT_STEPS, MAX_PILOT_WIDTH, PilotRequest
 from arch import MAX_DEPTH
 from common.cli import add_format, check_writable, dump, int_in, number, wrote
 from common.errors import UsageError
-from userdata import DataSpec, add_data_args, data_spec
-from userdata.cli import DATA_HELP
+from userdata import DATA_HELP, DataSpec, add_data_args, data_spec
 
 # The pilot's shape and length: token data, on the torch side only (``workers.profile``).
 PILOT_FLAGS = ("--pilot-steps", "--budget", "--layers", "--mlp-ratio")

@@ -7,9 +7,10 @@ layout.
 ``python -m workers.compress`` reads its flags into a ``CompressRequest`` (``workers.compress``)
 and prints the ``CompressResult``; Python calls ``compress`` the same way::
 
+    from userdata import TaskSpec
     from workers.compression.compressor import CompressRequest, compress
     result = compress(CompressRequest(Path("run.pt"), Path("plan.yaml"), Path("student.pt"),
-                                      task="lm", smoke_test=True))
+                                      task=TaskSpec("lm", size="smoke")))
 """
 
 from __future__ import annotations
@@ -23,12 +24,20 @@ from typing import Any
 import torch
 
 from alloc.compression import CompressionError, CompressionPlan
-from arch import ArchConfig, LayerSpec, TrainConfig, kinds_text, param_count
-from arch.memory import DTYPE_BYTES, kv_cache_bytes
+from arch import (
+    DTYPE_BYTES,
+    ArchConfig,
+    LayerSpec,
+    TrainConfig,
+    kinds_text,
+    kv_cache_bytes,
+    param_count,
+)
 from common.cli import check_writable
-from common.errors import UsageError
+from common.errors import Problem, UsageError
 from common.files import write_atomic
 from common.progress import Progress, duration
+from userdata import TaskSpec
 from workers.checkpoints import (
     Loaded,
     gguf_file,
@@ -53,7 +62,7 @@ from workers.compression.records import (
 )
 from workers.compression.students import build_student, pair_orders, streamed_student
 from workers.models.model import Model
-from workers.taskargs import check_fits, task_for_model
+from workers.taskargs import check_fits, resolve_task
 from workers.tasks import Task, task_from_description
 from workers.training.trainer import Trainer, evaluate, run_with_progress
 
@@ -67,21 +76,25 @@ def read_plan(path: Path, teacher: ArchConfig) -> CompressionPlan:
     try:
         text = path.read_text()
     except OSError as err:
-        raise CompressionError(f"--plan {str(path)!r}: cannot read ({err.strerror})") from None
+        raise _plan_error(path, f"cannot read ({err.strerror})") from None
     try:
         plan = CompressionPlan.from_yaml(text)
     except CompressionError as err:
-        raise CompressionError(f"--plan {str(path)!r}: {err}") from None
+        raise _plan_error(path, str(err)) from None
     if plan.arch_id != teacher.arch_id:
         plan = for_context(plan, teacher)
     if plan.arch_id != teacher.arch_id:
-        raise CompressionError(f"--plan {str(path)!r}: a plan for model {plan.arch_id}, not "
-                               f"for this checkpoint ({teacher.arch_id}); profile this one")
+        raise _plan_error(path, f"a plan for model {plan.arch_id}, not for this checkpoint "
+                                f"({teacher.arch_id}); profile this one")
     problem = reduced_dims_only(teacher, plan.student)
     if problem is not None:
-        raise CompressionError(f"--plan {str(path)!r}: its student {problem}; a plan may only "
-                               "lower qk_dim and v_dim, or make mhsa layers latent")
+        raise _plan_error(path, f"its student {problem}; a plan may only lower qk_dim and "
+                                "v_dim, or make mhsa layers latent")
     return plan
+
+
+def _plan_error(path: Path, rule: str) -> CompressionError:
+    return CompressionError.of([Problem("plan", repr(str(path)), rule)])
 
 
 def for_context(plan: CompressionPlan, teacher: ArchConfig) -> CompressionPlan:
@@ -138,17 +151,15 @@ def _latent_of(old: LayerSpec, new: LayerSpec, d_model: int) -> str | None:
     return None if kept == old else "differs from the teacher's beyond its latent"
 
 
-def resolve_task(request: CompressRequest, loaded: Loaded) -> tuple[Task | None, str]:
-    """The data or task to measure and fine-tune on: ``data``, ``task`` (in windows of the
-    model's length), else the task our checkpoint was trained on (None for a GPT-2 checkpoint
-    without either), and where it came from, for error messages."""
-    task, source = task_for_model(loaded.arch, data=request.data, task=request.task,
-                                  params=request.task_params,
-                                  size="smoke" if request.smoke_test else "paper",
-                                  seed=request.seed, seq_len=request.seq_len)
+def teacher_task(request: CompressRequest, loaded: Loaded
+                 ) -> tuple[Task | None, TaskSpec | None]:
+    """The data or task to measure and fine-tune on: the request's (in windows of the model's
+    length), else the task our checkpoint was trained on (None for a GPT-2 checkpoint without
+    either), and the ``TaskSpec`` that named it, for error messages (None: the checkpoint's)."""
+    task = resolve_task(request.task, loaded.arch, request.seq_len)
     if task is None and loaded.task is not None:
-        return task_from_description(loaded.task), "the checkpoint's task"
-    return task, source
+        return task_from_description(loaded.task), None
+    return task, request.task
 
 
 def evaluate_loss(model: Model, task: Task, batches: int) -> Evaluation:
@@ -164,31 +175,37 @@ def check_output(request: CompressRequest, loaded: Loaded, student: ArchConfig) 
     out = request.out
     if out.suffix == ".pt":
         if request.layout is not None:
-            raise UsageError(f"--layout {request.layout}: only for a folder --out (a .pt is a "
-                             "workers.train checkpoint)")
+            raise UsageError.of([Problem("layout", request.layout, "only for a folder {out} "
+                                         "(a .pt is a workers.train checkpoint)")])
         check_writable("--out", out, force=request.force)
         check_writable("--out", out.with_suffix(".arch.yaml"), force=request.force)
         return
     if not out.parent.is_dir():
-        raise UsageError(f"--out {str(out)!r}: directory {str(out.parent)!r} does not exist")
+        raise UsageError.of([Problem("out", repr(str(out)),
+                                     f"directory {str(out.parent)!r} does not exist")])
     if out.exists() and not request.force and (not out.is_dir() or any(out.iterdir())):
-        raise UsageError(f"--out {str(out)!r}: exists; pass --force to replace it")
+        raise UsageError.of([Problem("out", repr(str(out)),
+                                     "exists; pass {force} to replace it")])
     if request.layout == "stock":
         if loaded.layout not in ("gpt2", "llama"):
-            raise UsageError(f"--layout stock: keeps the teacher's transformers layout; this "
-                             f"teacher is a {loaded.layout} checkpoint (use --layout compact)")
+            raise _stock_error(f"keeps the teacher's transformers layout; this teacher is a "
+                               f"{loaded.layout} checkpoint (use {{layout}} compact)")
         if out.exists():
-            raise UsageError(f"--out {str(out)!r}: exists; the stock layout is written to a "
-                             "new folder")
+            raise UsageError.of([Problem("out", repr(str(out)), "exists; the stock layout is "
+                                         "written to a new folder")])
         if any(x.kind.latent for x in student.layers):
-            raise UsageError("--layout stock: the plan makes layers latent, which the "
-                             "teacher's stock layout cannot hold; use --layout compact")
+            raise _stock_error("the plan makes layers latent, which the teacher's stock "
+                               "layout cannot hold; use {layout} compact")
         if [g.v_dim for x in student.layers for g in x.heads] != [
                 g.v_dim for x in loaded.arch.layers for g in x.heads]:
-            raise UsageError("--layout stock: the plan cuts values (v_dim), which the "
-                             "teacher's stock layout cannot hold; use --layout compact")
+            raise _stock_error("the plan cuts values (v_dim), which the teacher's stock "
+                               "layout cannot hold; use {layout} compact")
     else:
         compact_export().check_exportable(student)
+
+
+def _stock_error(rule: str) -> UsageError:
+    return UsageError.of([Problem("layout", "stock", rule)])
 
 
 def compact_export() -> Any:
@@ -200,25 +217,25 @@ def compact_export() -> Any:
     try:
         from workers.hf import export
     except ImportError as err:
-        raise UsageError(f"--layout compact: writing a transformers folder needs the "
-                         f"transformers package ({err}); pip install 'transformer-alloc[hf]', "
-                         "or write a .pt") from None
+        raise UsageError.of([Problem(
+            "layout", "compact", f"writing a transformers folder needs the transformers "
+            f"package ({err}); pip install 'transformer-alloc[hf]', or write a .pt")]) from None
     return export
 
 
 def sample_task(request: CompressRequest, loaded: Loaded) -> Task | None:
-    """The task to evaluate and fine-tune on, checked to feed the teacher (``resolve_task``).
+    """The task to evaluate and fine-tune on, checked to feed the teacher (``teacher_task``).
 
     Raises:
         UsageError: a ``.pt`` out without a task; TaskError, DataError: a task that does not fit.
     """
     as_pt = request.out.suffix == ".pt"
-    task, source = resolve_task(request, loaded)
+    task, named = teacher_task(request, loaded)
     if task is None and as_pt:
-        raise UsageError("--out *.pt: a workers.train checkpoint needs the task it trains on; "
-                         "give --data or --task")
+        raise UsageError.of([Problem("out", "*.pt", "a workers.train checkpoint needs the "
+                                     "task it trains on; give {task.data} or {task.name}")])
     if task is not None:
-        check_fits(task, loaded.arch, as_pt or request.finetune_steps > 0, source)
+        check_fits(task, loaded.arch, as_pt or request.finetune_steps > 0, named)
     return task
 
 
@@ -272,7 +289,7 @@ def streams(request: CompressRequest) -> bool:
     """Whether the student is built one decoder layer at a time (``compress_streamed``): a
     Llama-family folder written as a compact folder, with nothing to evaluate or fine-tune
     (those run the whole model)."""
-    return (request.data is None and request.task is None and request.out.suffix != ".pt"
+    return (not request.task.given and request.out.suffix != ".pt"
             and request.layout in (None, "compact") and is_family_folder(request.checkpoint))
 
 
@@ -307,7 +324,7 @@ def student_trainer(request: CompressRequest, student_arch: ArchConfig, task: Ta
     config = TrainConfig(steps=max(1, request.finetune_steps), lr=request.lr,
                          batch_size=request.batch_size,
                          eval_every=max(1, request.finetune_steps),
-                         eval_batches=request.eval_batches, seed=request.seed, device="cpu")
+                         eval_batches=request.eval_batches, seed=request.task.seed, device="cpu")
     as_pt = request.out.suffix == ".pt"
     trainer = Trainer(student_arch, task, config, checkpoint=request.out if as_pt else None)
     trainer.model.load_state_dict(student.state_dict())

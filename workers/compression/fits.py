@@ -13,6 +13,7 @@ from pathlib import Path
 from torch import Tensor
 
 from alloc.compression import CompressionError, CompressionPlan
+from common.errors import Problem
 from common.files import write_atomic
 from workers.compression.student_inputs import LatentFits
 
@@ -39,9 +40,9 @@ def read_fits(plan: CompressionPlan, folder: Path) -> LatentFits:
         return {}
     path = folder / plan.factors
     if not plan.factors or not path.is_file():
-        raise CompressionError(f"--plan: its latent maps {str(path)!r} are missing; a latent "
-                               "plan fitted to second order keeps them beside the plan (profile "
-                               "again with --out)")
+        raise CompressionError.of([Problem(
+            "plan", "", f"its latent maps {str(path)!r} are missing; a latent plan fitted to "
+            "second order keeps them beside the plan (profile again with --out)", shown="")])
     from safetensors import safe_open
 
     fits = {}

@@ -28,6 +28,7 @@ from alloc.compression import (
     candidate_dims,
 )
 from arch import ArchConfig, LayerSpec
+from common.errors import Problem
 from common.progress import Progress, duration, say
 from workers.checkpoints import Loaded, is_family_folder, load, read_arch
 from workers.checkpoints.stream import LayerSource, StreamedFolder, WholeModel
@@ -39,7 +40,7 @@ from workers.compression.recording import record_block
 from workers.compression.student_inputs import LatentFits
 from workers.models.attention import MultiHeadAttention
 from workers.models.model import Block, Model
-from workers.taskargs import check_fits, task_for_model
+from workers.taskargs import check_fits, resolve_task, source
 
 
 @torch.no_grad()
@@ -168,8 +169,9 @@ def _head_measurements(maps: list[HeadMap], layer: LayerSpec, x: Tensor | None, 
                 m, x, candidate_dims(layer.heads[m.group].qk_dim, align), causal))
             for m in maps), ()
     if align % 2:
-        raise CompressionError(f"--align {align}: RoPE heads keep whole frequency pairs, so "
-                               "reduced qk_dims must be even; use an even --align")
+        raise CompressionError.of([Problem("align", align, "RoPE heads keep whole frequency "
+                                           "pairs, so reduced qk_dims must be even; use an "
+                                           "even {align}")])
     out: dict[tuple[int, int], HeadMeasurement] = {}
     stats: dict[tuple[int, int], HeadStats] = {}
     for (j, kv) in sorted({(m.group, m.kv) for m in maps}):
@@ -220,8 +222,9 @@ def measure_for_plan(request: MeasureRequest) -> tuple[CheckpointMeasurement, La
                   streamed=loaded is None)
         if curvature:
             if x is None or targets is None:
-                raise CompressionError("--latent: the curvature estimate needs a sample of a "
-                                       "token model (--data or --task)")
+                raise CompressionError.of([Problem(
+                    "latent", True, "the curvature estimate needs a sample of a token model "
+                    "({task.data} or {task.name})", shown="")])
             spectra = measure_layers(layers, None, seq_len, request.align, None, request.quiet)
             measured, fits = curvature_latent(layers, spectra, x, targets, request.rope_dim,
                                               request.quiet)
@@ -239,21 +242,19 @@ def _sample(request: MeasureRequest, arch: ArchConfig
             ) -> tuple[Tensor | None, Tensor | None, int, str | None]:
     """The sample's windows, their targets (with the loss rule; ``IGNORE`` where a position
     does not count), the window (the model's length without a sample) and what was sampled."""
-    task, source = task_for_model(
-        arch, data=request.data, task=request.task, params=request.task_params,
-        size="smoke" if request.smoke_test else "paper", seed=request.seed,
-        seq_len=request.seq_len)
+    task = resolve_task(request.task, arch, request.seq_len)
     if task is None:
-        return None, None, min(request.seq_len or arch.max_seq_len, arch.max_seq_len), source
-    check_fits(task, arch, trains=False, source=source)
+        return None, None, min(request.seq_len or arch.max_seq_len, arch.max_seq_len), None
+    check_fits(task, arch, trains=False, spec=request.task)
     windows = max(1, (request.sample_tokens or WINDOW_TOKENS) // task.seq_len)
     batch = task.batch("val", SAMPLE_BATCH, windows)
     targets = None
     if request.loss_sensitivity:
         if arch.vocab_size is None:
-            raise CompressionError("--rule loss: needs a token model (this one reads vectors)")
+            raise CompressionError.of([Problem("loss_sensitivity", True, "needs a token model "
+                                               "(this one reads vectors)", shown="")])
         targets = batch.y.masked_fill(~batch.mask, IGNORE)  # positions that count
-    return batch.x, targets, task.seq_len, source
+    return batch.x, targets, task.seq_len, source(request.task)
 
 
 @contextmanager

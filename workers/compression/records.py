@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from common.errors import UsageError
-from userdata import DataSpec
+from common.errors import Problem, UsageError
+from userdata import TaskSpec
 
 PROG = "workers.compress"  # the command's name: its errors' and its progress lines' prefix
 Layout = Literal["compact", "stock"]
@@ -32,9 +31,9 @@ class CompressRequest:
             folder that ``transformers`` loads.
         layout: a folder ``out``'s layout: ``compact`` (None: the default; the student at its
             real shapes) or ``stock`` (the GPT-2 or Llama teacher's, cut dims as zeros).
-        data, task, task_params, smoke_test: the sample to evaluate and fine-tune on: the
-            user's ``data`` or a generated ``task`` (at its smoke size), neither: the task the
-            checkpoint was trained on, if it says.
+        task: the sample to evaluate and fine-tune on: the user's data or a generated
+            task; naming neither, the task the checkpoint was trained on, if it says. Its seed
+            seeds the fine-tuning too (the command's one ``--seed``).
         seq_len: the window of ``data`` or ``task`` (None: the model's ``max_seq_len``).
         finetune_steps, lr, batch_size: fine-tuning of the student (0 steps: none).
         eval_batches: validation batches of each evaluation.
@@ -46,34 +45,30 @@ class CompressRequest:
     plan: Path
     out: Path
     layout: Layout | None = None
-    data: DataSpec | None = None
-    task: str | None = None
-    task_params: Mapping[str, Any] = field(default_factory=dict)
-    smoke_test: bool = False
+    task: TaskSpec = field(default_factory=TaskSpec)
     seq_len: int | None = None
     finetune_steps: int = 0
     lr: float = 3e-4
     batch_size: int = 32
     eval_batches: int = 8
-    seed: int = 0
     force: bool = False
     quiet: bool = False
 
     def __post_init__(self) -> None:
-        """Raises ``UsageError`` naming every field out of range (the flags' rules)."""
+        """Raises ``UsageError`` whose problems name every field out of range (the flags'
+        rules)."""
         rules = [("layout", self.layout is None or self.layout in LAYOUTS,
                   f"one of {', '.join(LAYOUTS)}"),
-                 ("data", self.data is None or self.task is None, "not with a task"),
                  ("seq_len", self.seq_len is None or self.seq_len >= 1, "an integer >= 1"),
                  ("finetune_steps", self.finetune_steps >= 0, "an integer >= 0"),
                  ("lr", math.isfinite(self.lr) and self.lr > 0, "a number > 0"),
                  ("batch_size", self.batch_size >= 1, "an integer >= 1"),
-                 ("eval_batches", self.eval_batches >= 1, "an integer >= 1"),
-                 ("seed", self.seed >= 0, "an integer >= 0")]
-        problems = [f"{name} = {getattr(self, name)!r}: must be {rule}"
+                 ("eval_batches", self.eval_batches >= 1, "an integer >= 1")]
+        problems = [Problem(name, getattr(self, name), f"must be {rule}",
+                            shown=f"= {getattr(self, name)!r}")
                     for name, ok, rule in rules if not ok]
         if problems:
-            raise UsageError(f"CompressRequest: {'; '.join(problems)}")
+            raise UsageError.of(problems, prefix="CompressRequest: ")
 
 
 @dataclass(frozen=True)

@@ -96,7 +96,7 @@ def storage_url(args: argparse.Namespace, name: str) -> str:
 def study_exists(url: str, study: str) -> bool:
     import optuna
 
-    from studies.storage import open_storage
+    from studies import open_storage
 
     return study in optuna.get_all_study_names(storage=open_storage(url))
 

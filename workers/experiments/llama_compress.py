@@ -25,8 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from alloc.compression import CompressionPlan, Rule, plan_compression, plan_for_kv_cache
-from arch import ArchConfig, HeadGroup, LayerSpec, TrainConfig, param_count
-from arch.memory import kv_cache_bytes
+from arch import ArchConfig, HeadGroup, LayerSpec, TrainConfig, kv_cache_bytes, param_count
 from common.cli import int_in, render_table
 from common.files import write_csv
 from common.plots import new_figure, write_figure

@@ -25,8 +25,7 @@ from common.cli import render_table
 from common.files import write_csv
 from common.plots import new_figure, write_figure
 from search_spaces import load_space, parse_space
-from studies import query
-from studies.storage import engine, open_storage
+from studies import engine, open_storage, query
 from workers.experiments import harness
 from workers.search.options import training_budget
 from workers.tasks import make_task

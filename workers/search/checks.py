@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from arch.memory import gib, training_bytes
+from arch import gib, training_bytes
 from common.errors import excerpt
 from workers.errors import SearchError
 from workers.search.options import SearchOptions

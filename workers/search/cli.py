@@ -26,13 +26,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
-from arch import MAX_WIDTH
-from arch.training import SMOKE_TRIAL
+from arch import MAX_WIDTH, SMOKE_TRIAL
 from common.cli import Parser, add_format, dump, fail, int_in, number
-from common.errors import TransformerAllocError, shell_word
-from search_spaces.schema import SAMPLERS
+from common.errors import TransformerAllocError, UsageError, shell_word
+from search_spaces import SAMPLERS
 from workers.search.options import DEFAULT_TRIALS, SearchOptions
-from workers.taskargs import add_task_args, task_from_args
+from workers.taskargs import TASK_FLAGS, add_task_args, task_spec
 
 if TYPE_CHECKING:
     from workers.search.driver import SearchSummary
@@ -127,7 +126,9 @@ def setup(args: argparse.Namespace) -> SearchRequest:
     from workers.search.request import prepare, read_space
 
     space, data = read_space(args.space)
-    task = task_from_args(args, "smoke" if args.smoke_test else "paper", data=data)
+    task = task_spec(args, data)
+    if not task.given:
+        raise UsageError("--task or --data: one is required")
     # every option has its flag, under the field's name (``points`` has none: Python only)
     options = SearchOptions(**{f.name: getattr(args, f.name)
                                for f in dataclasses.fields(SearchOptions) if f.name in args})
@@ -145,7 +146,7 @@ def render(summary: SearchSummary) -> str:
     if summary.best is None:
         lines.append("no trial reached the full training budget")
         return "\n".join(lines)
-    from studies.tables import allocation_table
+    from studies import allocation_table
 
     lines += ["best per-layer allocation:", allocation_table(summary.best, summary.metric),
               f"export: {summary.export}"]
@@ -157,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s", stream=sys.stderr)
     import optuna
 
-    from studies.errors import StorageFaultError
+    from studies import StorageFaultError
     from workers.errors import SearchFaultError
     from workers.search.driver import execute
 
@@ -169,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 1
     except TransformerAllocError as err:
-        return fail(PROG, str(err))
+        return fail(PROG, err.text(TASK_FLAGS))
     print(render(summary) if args.format == "table" else dump(summary.to_dict(), args.format))
     code, note = outcome(summary)
     if note:
@@ -218,8 +219,8 @@ def stdout_aside() -> Iterator[None]:
 def outcome(summary: SearchSummary) -> tuple[int, str | None]:
     """The exit code of a search (130 interrupted, 1 when every trial that ran failed) and
     what to say of its failures."""
+    from studies import SECRET_HINT, has_secret
     from studies.trials import NOT_TRAINED, TrialStatus
-    from studies.urls import SECRET_HINT, has_secret
 
     interrupted = {TrialStatus.INTERRUPTED: 130, TrialStatus.TERMINATED: 143}  # 128 + signal
     failed = summary.counts.get("FAIL", 0) - len(summary.retried)  # a retried one ran again

@@ -27,18 +27,25 @@ from typing import Any
 
 import optuna
 
-from arch.memory import training_dtype
+from arch import training_dtype
 from common.errors import shell_word
 from common.progress import say
 from search_spaces import SearchSpace
-from studies import query
+from studies import (
+    STORAGE_ERRORS,
+    Lease,
+    QueryError,
+    StorageFaultError,
+    StorageSettings,
+    command_note,
+    guarded,
+    open_storage,
+    query,
+    redact,
+    secure_url,
+)
 from studies import records as rec
-from studies.errors import QueryError, StorageFaultError
-from studies.faults import STORAGE_ERRORS, guarded
-from studies.lease import Lease
-from studies.storage import StorageSettings, open_storage
 from studies.trials import WARM_START_FROM, Direction, TrialRecord, TrialStatus
-from studies.urls import command_note, redact, secure_url
 from workers.errors import SearchFaultError
 from workers.search import estimate
 from workers.search.checks import trial_device

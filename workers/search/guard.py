@@ -23,12 +23,16 @@ from typing import Any, Literal, Protocol, TypeVar
 
 from optuna.trial import Trial, TrialState
 
-from studies.errors import LeaseLostError, StorageFaultError
-from studies.faults import PATIENCE_S, guarded
-from studies.lease import Lease
-from studies.storage import fail_marked
+from studies import (
+    PATIENCE_S,
+    Lease,
+    LeaseLostError,
+    StorageFaultError,
+    fail_marked,
+    guarded,
+    redact,
+)
 from studies.trials import Direction, TrialRecord, TrialStatus
-from studies.urls import redact
 from workers.search.failures import Death, RayFailure
 from workers.search.protocol import TrialSpec
 from workers.search.searcher import Best, StudySearcher

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from alloc.prior.bound import DEFAULT_TEMPERATURE
-from arch.training import SMOKE_TRIAL
+from arch import SMOKE_TRIAL
 
 if TYPE_CHECKING:
     from search_spaces import SearchSpace

@@ -25,8 +25,8 @@ from alloc.settings import AllocatorInputs, PlanSettings
 from arch import ArchConfig
 from common.errors import excerpt
 from search_spaces import SearchSpace, SpaceError, SpaceFile
-from studies.urls import resolve_url
-from userdata import DataSpec
+from studies import resolve_url
+from userdata import DataSpec, TaskSpec
 from workers.errors import SearchError
 from workers.search.checks import (
     check_gpus,
@@ -38,7 +38,8 @@ from workers.search.checks import (
 )
 from workers.search.options import DEFAULT_TRIALS, SearchOptions, training_budget
 from workers.search.seeding import SearchPlan, plan_settings, profile_for, space_mlp_ratio
-from workers.tasks import Task, TaskError, make_task
+from workers.taskargs import resolve_task
+from workers.tasks import Task
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,7 @@ def read_space(name: str | Path) -> tuple[SpaceFile, DataSpec | None]:
         return file, file.data_source()
 
 
-def prepare(space: SearchSpace | SpaceFile | str | Path, task: Task | str, *,
+def prepare(space: SearchSpace | SpaceFile | str | Path, task: Task | TaskSpec | str, *,
             storage: str | None = None, study: str | None = None, trials: int | None = None,
             resume: bool = False, options: SearchOptions | None = None,
             budget: int | None = None, smoke_test: bool = False, steps: int | None = None,
@@ -86,7 +87,8 @@ def prepare(space: SearchSpace | SpaceFile | str | Path, task: Task | str, *,
 
     Args:
         space: a ``SearchSpace``, a ``SpaceFile`` or a space file (a path or a shipped name).
-        task: a ``Task``, or a task name at its paper size (seeded by ``options.seed``).
+        task: a ``Task``, the ``TaskSpec`` of one, or a task name at its paper size (seeded
+            by ``options.seed``).
         storage, study, trials, resume, options: as ``run_search``'s.
         budget: the width budget, over a space file's (``--budget``).
         smoke_test, steps: the trials' training at smoke size, and/or for ``steps`` steps.
@@ -156,10 +158,14 @@ def _plan(task: Task, measured: AllocatorInputs | None, budget: int, depth: int,
     return SearchPlan.make(plan_settings(budget, depth, task, measured, mlp_ratio))
 
 
-def _task(task: Task | str, seed: int) -> Task:
-    if not isinstance(task, str):
+def _task(task: Task | TaskSpec | str, seed: int) -> Task:
+    """The task asked for: built by the one resolver from its ``TaskSpec`` (a name: at its
+    paper size, seeded by ``seed``)."""
+    if isinstance(task, str):
+        task = TaskSpec(task, seed=seed)
+    if not isinstance(task, TaskSpec):
         return task
-    try:
-        return make_task(task, "paper", seed)
-    except TaskError as err:
-        raise SearchError(f"--task: {err}") from None
+    made = resolve_task(task)
+    if made is None:
+        raise SearchError("task: a task or data is required")
+    return made

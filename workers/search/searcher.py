@@ -41,7 +41,7 @@ from alloc.prior.bound import MAX_CANDIDATES, point_key
 from arch import ArchConfig, ModelIO
 from search_spaces import SearchSpace, SpaceError
 from studies import records as rec
-from studies.storage import retry_failed
+from studies import retry_failed
 from studies.trials import (
     CHECKPOINT,
     CHECKPOINT_STEP,
@@ -82,6 +82,21 @@ class Best:
     arch: ArchConfig
 
 
+@dataclass
+class Asked:
+    """A trial this searcher asked, as it runs: its Optuna trial and architecture, its last
+    report, the step of its last checkpoint, Ray's in-place restarts, whether it was told, and
+    its worker's death as handled. Mutable: it changes as Tune's events arrive."""
+
+    trial: Trial
+    arch: ArchConfig
+    last: TrialReport | None = None  # dropped once told
+    saved: int | None = None  # the step of the trial's last checkpoint
+    restarts: int = 0  # Ray's in-place restarts of the trial
+    told: bool = False
+    death: Death | None = None  # its worker died, as handled
+
+
 class StudySearcher:
     """Samples ``space`` define-by-run into ``study`` and records every trial.
 
@@ -101,13 +116,7 @@ class StudySearcher:
         self.kv_dtype = kv_dtype
         self.metric, self.direction, self.steps, self.predict = metric, direction, steps, predict
         self.starts = list(starts)
-        self.trials: dict[str, Trial] = {}
-        self.done: set[str] = set()
-        self.last: dict[str, TrialReport] = {}
-        self.archs: dict[str, ArchConfig] = {}
-        self.saved: dict[str, int | None] = {}  # the step of the trial's last checkpoint
-        self.restarts: dict[str, int] = {}  # Ray's in-place restarts of the trial
-        self.deaths: dict[str, Death] = {}  # trials whose worker died, as handled
+        self.asked: dict[str, Asked] = {}  # by the caller's trial id
         self.waiting = 0  # retries of dead workers' trials enqueued and not asked yet
         self.exhausted = False  # every point of the space has a trial
         self.halt: RayFailure | None = None  # a failure that stops the search (a full disk)
@@ -118,17 +127,39 @@ class StudySearcher:
         self._study_id = storage.get_study_id_from_name(study.study_name)
         self.best = self.best_so_far()
 
+    @property
+    def trials(self) -> dict[str, Trial]:
+        """The Optuna trial of each trial asked."""
+        return {key: run.trial for key, run in self.asked.items()}
+
+    @property
+    def done(self) -> set[str]:
+        """The trials asked and told."""
+        return {key for key, run in self.asked.items() if run.told}
+
+    @property
+    def deaths(self) -> dict[str, Death]:
+        """The trials whose worker died, as handled."""
+        return {key: run.death for key, run in self.asked.items() if run.death is not None}
+
+    def _open(self, key: str) -> Asked | None:
+        """The trial ``key`` if this searcher asked it and has not told it."""
+        run = self.asked.get(key)
+        return None if run is None or run.told else run
+
     # --- asking ---------------------------------------------------------------------------
 
     def suggest(self, key: str, total: int) -> dict[str, TrialSpec] | Literal["wait", "end"]:
         """What Tune runs next to finish ``total`` trials: a new trial or a waiting retry;
         ``wait`` while the trials running make the total (one may die and need a retry); ``end``
         once none runs. Never more than ``total`` trials run or count as finished."""
-        running = len(self.trials) - len(self.done)
+        told = sum(run.told for run in self.asked.values())
+        running = len(self.asked) - told
         if self.halt is not None:
             return "wait" if running else "end"
-        retried = sum(d.retry is not None for d in self.deaths.values())
-        if self.waiting or (len(self.done) - retried + running < total and not self.exhausted):
+        retried = sum(run.death is not None and run.death.retry is not None
+                      for run in self.asked.values())
+        if self.waiting or (told - retried + running < total and not self.exhausted):
             config = self.ask(key)
             if config is not None:
                 return config
@@ -152,7 +183,7 @@ class StudySearcher:
             self.waiting = max(0, self.waiting - 1)
             for name in [n for n in ENDED_ATTRS if trial.user_attrs.get(n) is not None]:
                 trial.set_user_attr(name, None)
-        self.trials[key], self.archs[key] = trial, arch
+        self.asked[key] = Asked(trial, arch)
         self._beat(trial.number)
         source = self._last_checkpointed(chain)
         resume = None if source is None else Path(source.user_attrs[CHECKPOINT])
@@ -216,46 +247,46 @@ class StudySearcher:
     def report(self, key: str, result: Mapping[str, Any]) -> None:
         """An intermediate result (Tune's dict of a ``TrialReport``): the learning curve, at
         the trial's ``step``."""
-        report, trial = TrialReport.from_result(result, self.metric), self.trials.get(key)
-        if report is None:
+        report, run = TrialReport.from_result(result, self.metric), self._open(key)
+        if report is None or run is None:
             return
-        self.last[key] = report
-        if trial is None or key in self.done or report.step is None:
+        run.last = report
+        if report.step is None:
             return
         if math.isfinite(report.value):
             # A trial reaped while it ran (its driver looked dead) is finished: ignore the rest.
             with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
-                trial.report(report.value, report.step)
+                run.trial.report(report.value, report.step)
 
     def record_checkpoint(self, key: str, path: str) -> None:
         """Remember where the trial's last checkpoint is (a retry continues from it)."""
-        trial = self.trials.get(key)
-        if trial is not None and key not in self.done:
-            step = self.last[key].step if key in self.last else None
+        run = self._open(key)
+        if run is not None:
+            step = None if run.last is None else run.last.step
             with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
-                trial.set_user_attr(CHECKPOINT, path)
-                trial.set_user_attr(CHECKPOINT_STEP, step)
-            if key in self.last:
-                self.saved[key] = step
+                run.trial.set_user_attr(CHECKPOINT, path)
+                run.trial.set_user_attr(CHECKPOINT_STEP, step)
+            if run.last is not None:
+                run.saved = step
 
     def recovered(self, key: str) -> str | None:
         """Ray restarts the trial in place after its worker died (Tune's ``on_trial_recover``):
         counted (the user attr ``restarts`` when it is told); the line that says so."""
-        trial = self.trials.get(key)
-        if trial is None or key in self.done:
+        run = self._open(key)
+        if run is None:
             return None
-        attempt = self._attempt(key)
-        self.restarts[key] = self.restarts.get(key, 0) + 1
-        start = "scratch" if self.saved.get(key) is None else f"step {self.saved[key]}"
-        return (f"trial {trial.number}: its worker died (attempt {attempt}); Ray restarts it in "
-                f"place from {start}")
+        attempt = self._attempt(run)
+        run.restarts += 1
+        start = "scratch" if run.saved is None else f"step {run.saved}"
+        return (f"trial {run.trial.number}: its worker died (attempt {attempt}); Ray restarts it "
+                f"in place from {start}")
 
-    def _attempt(self, key: str) -> int:
+    def _attempt(self, run: Asked) -> int:
         """The run of this trial's point that is running now: every run of the failed trials
         it retries (each with Ray's restarts in place), then this trial's own."""
         earlier = sum(1 + int(self._frozen(n).user_attrs.get(RESTARTS) or 0)
-                      for n in self._chain(self.trials[key].number))
-        return earlier + 1 + self.restarts.get(key, 0)
+                      for n in self._chain(run.trial.number))
+        return earlier + 1 + run.restarts
 
     def complete(self, key: str, result: Mapping[str, Any] | None, error: bool = False,
                  failure: RayFailure | None = None) -> TrialRecord | None:
@@ -266,11 +297,12 @@ class StudySearcher:
             What the study recorded when it told the trial (its state, value, status and
             measurements); None when nothing was told (an unknown or finished trial).
         """
-        trial = self.trials.get(key)
-        if trial is None or key in self.done:
+        run = self._open(key)
+        if run is None:
             return None
+        trial = run.trial
         final = None if result is None else TrialReport.from_result(result, self.metric)
-        last = self.last.get(key)
+        last = run.last
         if final is not None and (last is None or final.step != last.step):
             self.report(key, result or {})  # Tune skips on_trial_result when a trial is stopped
         report = final or last
@@ -280,25 +312,24 @@ class StudySearcher:
             disk = ray_failure(report.error)  # the trial's own report of a full results disk
             failure = disk if disk.kind == "disk" else None
         record = dataclasses.replace(self.classify(report, failure is not None, trial.number),
-                                     restarts=self.restarts.get(key))
-        attempt = self._attempt(key)
+                                     restarts=run.restarts or None)
+        attempt = self._attempt(run)
         chain = self._chain(trial.number) if failure else set()
         if failure is not None:
             record = self._failed(record, failure, chain | {trial.number})
         state, value = TrialState[record.state], record.value
         told = tell(self.study, trial, state, value, record.told_attrs())  # retried whole
-        self.done.add(key)  # only once told, so that the guard's retry tells it again
-        self.last.pop(key, None)
+        run.told, run.last = True, None  # only once told, so that the guard's retry tells it again
         if not told:
             return None
         if failure is not None:
-            self.deaths[key] = self._retry(trial.number, chain, failure, attempt)
-            if self.deaths[key].retry is not None or failure.kind == "disk":
+            run.death = self._retry(trial.number, chain, failure, attempt)
+            if run.death.retry is not None or failure.kind == "disk":
                 return record  # the retry is the trial that counts
         self.counts[state.name] += 1
         if value is not None and (self.best is None or
                                   self.direction.better(value, self.best.value)):
-            self.best = Best(value, trial.number, self.archs[key])
+            self.best = Best(value, trial.number, run.arch)
         return record
 
     def stop_for(self, failure: RayFailure) -> None:
@@ -366,9 +397,9 @@ class StudySearcher:
 
     def beat(self) -> None:
         """Record a heartbeat for every trial this driver asked and has not told yet."""
-        for key, trial in self.trials.items():
-            if key not in self.done:
-                self._beat(trial.number)
+        for run in self.asked.values():
+            if not run.told:
+                self._beat(run.trial.number)
 
     def abandon(self, status: TrialStatus) -> list[int]:
         """FAIL every trial still open (the search was interrupted) and re-enqueue its params.
@@ -377,10 +408,10 @@ class StudySearcher:
             Numbers of the trials failed.
         """
         failed = []
-        for key, trial in self.trials.items():
-            if key in self.done:
+        for run in self.asked.values():
+            if run.told:
                 continue
-            self.done.add(key)
+            run.told, trial = True, run.trial
             attrs = {rec.STATUS: str(status), rec.ERROR: f"the search was {status} while it "
                      "ran; re-enqueued (python -m workers.search --resume runs it again)"}
             if tell(self.study, trial, TrialState.FAIL, None, attrs):

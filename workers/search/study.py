@@ -16,10 +16,9 @@ from alloc.calibrate import with_constants
 from alloc.prior.sampler import PriorSampler
 from alloc.settings import PlanSettings
 from search_spaces import SearchSpace
+from studies import reap_trials, redact
 from studies import records as rec
-from studies.storage import reap_trials
 from studies.trials import Direction
-from studies.urls import redact
 from workers.errors import SearchError
 from workers.search.request import SearchRequest
 from workers.search.searcher import requeue_ray_failures

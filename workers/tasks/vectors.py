@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from arch.kernels import parse_kernel
+from arch import parse_kernel
 from workers.tasks.base import Batch, Task, generator
 
 
