@@ -44,3 +44,26 @@ def test_the_recipe_converges_a_seed_that_the_short_warmup_leaves_on_the_plateau
     # and with 5% warmup every seed of 0-3 ends at 2.20-2.23 (a 5% default fails the second line)
     assert abs(same - sibling) < 0.05, (same, sibling)
     assert before > sibling + 0.15, (before, sibling)
+
+
+def test_a_study_is_resumed_only_under_the_recipe_that_trained_it() -> None:
+    import optuna
+    import pytest
+
+    from arch.training import RECIPE
+    from studies import records as rec
+    from studies.trials import Direction
+    from workers.errors import SearchError
+    from workers.search.study import open_study
+
+    storage = optuna.storages.InMemoryStorage()
+    mine = {"task": "lm", "metric": "loss", "space_hash": "h", "task_fields": "{}",
+            "steps": 10, "recipe": RECIPE}
+    study = optuna.create_study(study_name="s", storage=storage)
+    rec.set_study_attrs(study, **{**mine, "recipe": "warmup 0.05, lr 0.001"})
+    study.add_trial(optuna.trial.create_trial(value=1.0))
+    with pytest.raises(SearchError, match="recipe"):
+        open_study("s", storage, "memory", mine, Direction.MINIMIZE, resume=True)
+    study.set_user_attr("recipe", RECIPE)
+    assert open_study("s", storage, "memory", mine, Direction.MINIMIZE,
+                      resume=True).study_name == "s"
