@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from arch import ArchConfig, HeadGroup, LayerSpec, TrainConfig
 from arch.training import width_lr
 
@@ -48,7 +50,6 @@ def test_the_recipe_converges_a_seed_that_the_short_warmup_leaves_on_the_plateau
 
 def test_a_study_is_resumed_only_under_the_recipe_that_trained_it() -> None:
     import optuna
-    import pytest
 
     from arch.training import RECIPE
     from studies import records as rec
@@ -67,3 +68,17 @@ def test_a_study_is_resumed_only_under_the_recipe_that_trained_it() -> None:
     study.set_user_attr("recipe", RECIPE)
     assert open_study("s", storage, "memory", mine, Direction.MINIMIZE,
                       resume=True).study_name == "s"
+
+
+def test_recipe_seeds_reports_the_seed_sd_against_the_margin(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from bench import recipe_seeds
+
+    assert recipe_seeds.main(["--smoke-test", "--seeds", "0,1", "--format", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["recipe"] == "current" and len(out["losses"]) == 2
+    assert out["sd_to_margin"] == out["seed_sd"] / (0.01 * out["mean"])
+    assert recipe_seeds.main(["--heads", "3,2", "--smoke-test"]) == 2
+    assert "--heads '3,2': each count must divide 128" in capsys.readouterr().err
