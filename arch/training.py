@@ -47,6 +47,10 @@ WARMUP = 0.2
 REFERENCE_WIDTH = 256
 REFERENCE_LR = 3e-3
 LION_FACTOR = 1 / 3
+# The recipe's name, recorded on every study (``workers.search.study``): a study is resumed only
+# under the recipe that trained it, since a space that leaves these fields to the defaults
+# keeps its hash when they change. Change it with any default above.
+RECIPE = f"warmup {WARMUP:g}, lr {REFERENCE_LR:g} x min(1, {REFERENCE_WIDTH} / d_model)"
 
 
 def width_lr(d_model: int, optimizer: Optimizer = "adamw") -> float:

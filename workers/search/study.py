@@ -6,6 +6,7 @@ asks (``make_sampler``). No Ray here: all of it happens before Ray starts, excep
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -15,6 +16,7 @@ import optuna
 from alloc.calibrate import with_constants
 from alloc.prior.sampler import PriorSampler
 from alloc.settings import PlanSettings
+from arch.training import RECIPE
 from search_spaces import SearchSpace
 from studies import reap_trials, redact
 from studies import records as rec
@@ -26,6 +28,8 @@ from workers.search.seeding import SearchPlan, plan_anchor, seeds
 from workers.search.warmstart import WarmStart, copy_trials, open_source
 from workers.tasks import Task, describe_task
 
+log = logging.getLogger(__name__)
+
 
 def describe_search(space: SearchSpace, task: Task, settings: PlanSettings,
                     seed: int) -> dict[str, Any]:
@@ -33,7 +37,7 @@ def describe_search(space: SearchSpace, task: Task, settings: PlanSettings,
     return {"task": task.name, "metric": task.metric, "space_name": space.name,
             "space_hash": space.hash, "alloc_inputs": asdict(settings),
             "task_fields": json.dumps(describe_task(task), sort_keys=True),
-            "steps": space.fixed_train("steps"), "seed": seed}
+            "steps": space.fixed_train("steps"), "seed": seed, "recipe": RECIPE}
 
 
 def open_study(name: str, storage: optuna.storages.BaseStorage, url: str,
@@ -57,10 +61,14 @@ def open_study(name: str, storage: optuna.storages.BaseStorage, url: str,
                          f"{study.user_attrs.get('record_schema')!r}, this code writes "
                          f"{rec.RECORD_SCHEMA}); start a new study")
     mine = rec.study_attrs(**description)
-    for key in ("task", "space_hash", "task_fields", "steps"):
+    for key in ("task", "space_hash", "task_fields", "steps", "recipe"):
         if key in study.user_attrs and study.user_attrs[key] != mine[key]:
             raise SearchError(f"--resume: study {name!r} was run with {key} = "
                              f"{study.user_attrs[key]!r}, this command gives {mine[key]!r}")
+    if study.trials and "recipe" not in study.user_attrs:
+        log.warning("study %r predates the training recipe's record (before 2026-11-28: "
+                    "warmup 0.05, lr 1e-3 unless the space set them); trials added now train "
+                    "with %s", name, RECIPE)
     if not study.trials:  # an empty study made elsewhere: describe it as ours
         rec.set_study_attrs(study, **description)
     return study
