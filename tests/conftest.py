@@ -4,6 +4,8 @@ the end of a run (``tests.helpers.sizes``: a smell to review, never a failure)."
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +15,32 @@ import pytest
 import workers  # noqa: F401  (first: it sets OpenMP's wait policy before torch loads)
 from tests.helpers.sizes import LONG_FUNCTION, long_functions, product_modules
 from tests.helpers.storage import postgres_url
+
+# --- one Ray per test process for the searches run in it --------------------------------------
+
+@pytest.fixture(scope="session")
+def shared_ray() -> Iterator[None]:
+    """One local Ray for every in-process search of this test process (an xdist worker): the
+    searches' ``tune.session`` joins it and leaves it running, so ``ray.init`` (~7 s) and the
+    start of its idle workers are paid once per worker, not once per search. The tests that kill
+    a driver or a worker, watch Ray start or stop, or look for files in its temp dir keep their
+    own instance: they run ``python -m workers.search`` in a subprocess
+    (``tests.helpers.search.launch``), which never joins this one (its ``RAY_TMPDIR`` is the
+    test's own and no ``RAY_ADDRESS`` is set)."""
+    import ray
+
+    from workers.search import tune
+
+    temp = tempfile.mkdtemp(prefix="rs", dir="/tmp")  # socket paths stay under 108 bytes
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RAY_TMPDIR", temp)
+        tune.start()
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        shutil.rmtree(temp, ignore_errors=True)
+
 
 # --- storage fixtures: every study test runs on SQLite and on PostgreSQL ----------------------
 

@@ -8,9 +8,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
-import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -20,21 +18,21 @@ import pytest
 from alloc.prior.bound import candidates, point_key
 from alloc.settings import PlanSettings
 from arch import ModelIO
+from bench import table_noise
 from bench.search_efficiency import (
     STRATEGIES,
     Entry,
     Outcome,
     Priors,
     Strategy,
+    main,
     make_strategy,
     replay,
     to_target,
 )
 from common.files import write_yaml
 from search_spaces import SearchSpace, parse_space
-from tests.helpers.search import ray_tmp
 
-ROOT = Path(__file__).resolve().parents[1]
 IO = ModelIO(4, vocab_size=5)
 
 
@@ -44,18 +42,19 @@ def small_space() -> SearchSpace:
                         "train": {"steps": 30, "eval_every": 10}})
 
 
-def test_smoke_run_on_a_space_file_replays_every_strategy(tmp_path: Path) -> None:
+@pytest.mark.usefixtures("shared_ray")
+def test_smoke_run_on_a_space_file_replays_every_strategy(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Both benchmarks in this process, on its Ray (``shared_ray``)."""
+    monkeypatch.chdir(tmp_path)
     space = tmp_path / "six.yaml"
     write_yaml(space, {"name": "six", "budget": 16, "depth": 1, "sampler": "grid",
                        "layers": [{"layers": "all", "heads": [1, 2, 4], "mlp_ratio": [0, 2]}],
                        "train": {"lr": 3.0e-3}})
-    proc = subprocess.run([sys.executable, "-m", "bench.search_efficiency", "--replay",
-                           "--space", str(space), "--task", "ngram", "--smoke-test",
-                           "--seeds", "3", "--out", str(tmp_path / "out"), "--format", "json"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "RAY_TMPDIR": str(ray_tmp(tmp_path))})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout)
+    result = json.loads(printed(capsys, main, [
+        "--replay", "--space", str(space), "--task", "ngram", "--smoke-test", "--seeds", "3",
+        "--out", str(tmp_path / "out"), "--format", "json"]))
     assert {(s["table"], s["strategy"], s["asha"]) for s in result["summary"]} == {
         ("six", s, a) for s in STRATEGIES for a in (False, True)}
     for s in result["summary"]:  # no repeats: every strategy reaches both targets in 6 trials
@@ -68,21 +67,28 @@ def test_smoke_run_on_a_space_file_replays_every_strategy(tmp_path: Path) -> Non
     values = [t.value for t in table.get_trials(states=(optuna.trial.TrialState.COMPLETE,))]
     assert len(values) == 6 and float(rows[0]["best"]) == min(values)  # MSE is minimised
     assert (out / "search_efficiency.png").stat().st_size > 10_000
-    assert_the_table_noise_is_its_points_over_seeds(space, out, tmp_path)
+    assert_the_table_noise_is_its_points_over_seeds(space, out, capsys)
 
 
-def assert_the_table_noise_is_its_points_over_seeds(space: Path, out: Path, tmp_path: Path
+def printed(capsys: pytest.CaptureFixture[str], run: Callable[[list[str]], int],
+            argv: list[str]) -> str:
+    """What ``run(argv)`` printed on stdout; it must exit 0 (else its stderr's end is shown)."""
+    capsys.readouterr()
+    code = run(argv)
+    out, err = capsys.readouterr()
+    assert code == 0, err[-3000:]
+    return out
+
+
+def assert_the_table_noise_is_its_points_over_seeds(space: Path, out: Path,
+                                                    capsys: pytest.CaptureFixture[str]
                                                     ) -> None:
     """bench.table_noise on the trained table: its 2 best points and the allocator's mode
     retrained with seed 1; each row is the mean and interval of the table's value and that
     retraining, the pooled seed SD is theirs, the reference is the 2nd best."""
-    proc = subprocess.run([sys.executable, "-m", "bench.table_noise", "--space", str(space),
-                           "--task", "ngram", "--smoke-test", "--top", "2", "--noise-seeds",
-                           "1", "--out", str(out), "--format", "json"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "RAY_TMPDIR": str(ray_tmp(tmp_path))})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = json.loads(proc.stdout)
+    rows = json.loads(printed(capsys, table_noise.main, [
+        "--space", str(space), "--task", "ngram", "--smoke-test", "--top", "2", "--noise-seeds",
+        "1", "--out", str(out), "--format", "json"]))
     url = f"sqlite:///{out / 'tables.db'}"
     table = {point_key(t.params): t.value for t in optuna.load_study(
         study_name="table-six", storage=url).trials}

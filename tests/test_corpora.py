@@ -6,16 +6,12 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import optuna
 import pytest
 
 from studies import open_storage
-from tests.helpers.search import ray_tmp
 from workers.experiments import corpora
 from workers.experiments.corpora_stages import Stage, finalists, judge, read_grid_csv
 
@@ -101,16 +97,19 @@ def test_a_plan_is_judged_against_the_grids_kth_best_with_the_finalists_seeds() 
     assert by_point[(2, 1)]["plans"] == "one"
 
 
-def test_smoke_run_from_a_grid_csv_trains_only_the_finalists(tmp_path: Path) -> None:
+@pytest.mark.usefixtures("shared_ray")
+def test_smoke_run_from_a_grid_csv_trains_only_the_finalists(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
     grid = write_rows(tmp_path / "grid.csv", smoke_rows())
     out = tmp_path / "out"
-    env = {**os.environ, "RAY_TMPDIR": str(ray_tmp(tmp_path))}
-    proc = subprocess.run([sys.executable, "-m", "workers.experiments.corpora", "--smoke-test",
-                           "--corpus", "docs", "--grid-csv", str(grid), "--out", str(out),
-                           "--finalist-seeds", "3", "--quiet", "--format", "json"],
-                          cwd=tmp_path, env=env, text=True, capture_output=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout)["corpora"][0]
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    code = corpora.main(["--smoke-test", "--corpus", "docs", "--grid-csv", str(grid), "--out",
+                         str(out), "--finalist-seeds", "3", "--quiet", "--format", "json"])
+    printed = capsys.readouterr()
+    assert code == 0, printed.err[-3000:]
+    result = json.loads(printed.out)["corpora"][0]
     assert [r["loss"] for r in result["rows"]] == pytest.approx([5.405, 5.51])  # the CSV's
     assert result["finalists"]["reference"]["grid_point"] == [2, 1]
     names = optuna.get_all_study_names(open_storage(f"sqlite:///{out / 'corpora.db'}"))

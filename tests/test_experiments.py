@@ -17,7 +17,6 @@ import yaml
 from alloc.constants import read_constants
 from arch import ArchConfig, HeadGroup, LayerSpec, param_count
 from studies import open_storage
-from tests.helpers.search import ray_tmp
 from workers.checkpoints import load
 from workers.experiments import (
     compress,
@@ -46,9 +45,9 @@ SEARCHING = {"corpora": corpora, "mixit": mixit, "tradeoff": tradeoff}
 
 def run_experiment(tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch,
                    capsys: pytest.CaptureFixture[str]) -> dict:  # type: ignore[type-arg]
-    """``workers.experiments.NAME --smoke-test --format json`` in this process: its Ray session
-    starts and stops inside ``main`` (a subprocess cost a Python, torch and Ray import more)."""
-    monkeypatch.setenv("RAY_TMPDIR", str(ray_tmp(tmp_path)))
+    """``workers.experiments.NAME --smoke-test --format json`` in this process, on the test
+    process's Ray (``shared_ray``: a subprocess cost a Python, torch and Ray import more, and a
+    Ray of its own a ``ray.init`` more)."""
     monkeypatch.chdir(tmp_path)
     out = tmp_path / name
     capsys.readouterr()
@@ -111,6 +110,7 @@ def test_saturation_jacobian_falls_like_one_over_n_and_students_fit(tmp_path: Pa
             assert all(0 < float(r["entropy"]) <= 1 + 1e-9 for r in mine)
 
 
+@pytest.mark.usefixtures("shared_ray")
 def test_tradeoff_best_of_per_head_count_from_the_study(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
@@ -132,6 +132,7 @@ def test_tradeoff_best_of_per_head_count_from_the_study(
     read_constants(tmp_path / "tradeoff" / "constants.yaml")
 
 
+@pytest.mark.usefixtures("shared_ray")
 def test_mixit_kinds_per_task_from_the_studies(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
@@ -327,6 +328,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.Capture
     assert (tmp_path / "FILE").read_text() == "keep"
 
 
+@pytest.mark.usefixtures("shared_ray")
 def test_corpora_grid_plans_before_and_after(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:

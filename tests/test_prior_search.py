@@ -1,4 +1,4 @@
-"""The prior sampler in the launcher (real Ray, one instance for the three searches): a smoke
+"""The prior sampler in the launcher (real Ray: the test process's, ``shared_ray``): a smoke
 search records the prior and the calibration in the study; a search warm-started from it copies
 its finished trials and trains as many new ones; a space with fewer points than ``--trials``
 trains each point once and ends."""
@@ -15,16 +15,15 @@ from alloc.prior.bound import point_key
 from alloc.prior.sampler import CALIBRATION_ATTR, PRIOR_ATTR
 from common.files import write_yaml
 from studies.trials import WARM_START_FROM, TrialStatus
-from tests.helpers.search import check_consistent, ray_tmp
-from workers.search import tune
+from tests.helpers.search import check_consistent
 from workers.search.cli import main as search_main
 from workers.search.searcher import finished_count
 from workers.search.warmstart import WARM_START_ATTR
 
 
+@pytest.mark.usefixtures("shared_ray")
 def test_prior_search_warm_start_and_a_space_smaller_than_the_trials(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("RAY_TMPDIR", str(ray_tmp(tmp_path)))
     monkeypatch.chdir(tmp_path)
     url = f"sqlite:///{tmp_path / 's.db'}"
     prior = ["--space", "allocator_neighbourhood.yaml", "--task", "ngram", "--sampler", "prior",
@@ -33,12 +32,11 @@ def test_prior_search_warm_start_and_a_space_smaller_than_the_trials(
     three = tmp_path / "three.yaml"
     write_yaml(three, {"name": "three", "budget": 32, "depth": 1, "sampler": "tpe",
                        "layers": [{"layers": "all", "heads": [1, 2, 4]}]})
-    with tune.session():
-        assert search_main([*prior, "--study", "p1"]) == 0
-        assert search_main([*prior, "--study", "p2", "--warm-start", "p1"]) == 0
-        assert search_main(["--space", str(three), "--task", "modadd", "--smoke-test",
-                            "--trials", "6", "--scheduler", "fifo", "--storage", url,
-                            "--study", "t", "--storage-path", str(tmp_path / "results")]) == 0
+    assert search_main([*prior, "--study", "p1"]) == 0
+    assert search_main([*prior, "--study", "p2", "--warm-start", "p1"]) == 0
+    assert search_main(["--space", str(three), "--task", "modadd", "--smoke-test",
+                        "--trials", "6", "--scheduler", "fifo", "--storage", url,
+                        "--study", "t", "--storage-path", str(tmp_path / "results")]) == 0
 
     first = optuna.load_study(study_name="p1", storage=url)
     check_consistent(first, 3)

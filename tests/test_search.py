@@ -40,18 +40,29 @@ from workers.search.searcher import finished_count
 
 @pytest.mark.parametrize(("task", "space"), [("ngram", "heads_vs_dim.yaml"),
                                              ("memorize", "aot_vs_standard.yaml")])
-def test_study_records_the_trained_model(task: str, space: str, tmp_path: Path) -> None:
+@pytest.mark.usefixtures("shared_ray")
+def test_study_records_the_trained_model(task: str, space: str, tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """In this process, on its Ray (``shared_ray``): ``python -m workers.search`` as a
+    command is the other tests' (the smoke search, failures, resume)."""
+    from workers.search.cli import main as search_main
+
     url = f"sqlite:///{tmp_path / 's.db'}"
-    proc = run(tmp_path, "--space", space, "--task", task, "--smoke-test", "--trials", "3",
-               "--scheduler", "fifo", "--storage", url, "--study", "rec", "--format", "json")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    code = search_main(["--space", space, "--task", task, "--smoke-test", "--trials", "3",
+                        "--scheduler", "fifo", "--storage", url, "--study", "rec", "--format",
+                        "json", "--storage-path", str(tmp_path / "results")])
+    out, err = capsys.readouterr()
+    assert code == 0, err[-3000:]
     study = load(url, "rec")
     assert_records_are_the_trained_models(study, task, tmp_path)
     # A grid larger than --trials: the points not run are not left WAITING, and the summary
     # says how many there are.
     assert not study.get_trials(states=(TrialState.WAITING,))
     grid = len(load_space(space).grid()) if space == "heads_vs_dim.yaml" else 3
-    assert json.loads(proc.stdout)["not_run"] == grid - 3
+    assert json.loads(out)["not_run"] == grid - 3
 
 
 def test_smoke_search_then_studies_best(storage_url: str, study_name: str, tmp_path: Path,
