@@ -8,10 +8,15 @@ random search and the grid in random order, each with ASHA (Optuna's successive 
 recorded learning curves) and without. No strategy trains a point twice (as in the launcher).
 A tabular benchmark, as NAS-Bench-201 and HPOBench do it: every point of the space is trained
 once through ``workers.search`` into a study (the table; built if absent, resumed if
-interrupted), then each strategy is replayed against it for many seeds. Without ``--space``,
-the shipped tables (``bench/tables/*.yaml``: ngram, lm, and 100 two-layer models on the
-standard library's sources). Writes ``search_efficiency.csv`` (one row per table, strategy,
-ASHA and seed), ``search_efficiency_summary.csv`` (medians and IQR),
+interrupted), then each strategy is replayed against it for many seeds. A table holds one run
+per point (training seed 0) and, for the points ``bench.table_noise`` retrained, runs of seeds
+1..N: each replay draws one run per point with its seed (``Runs.draw``; ``--values seed0``:
+seed 0's table). Every run is written to ``table-NAME.csv`` beside ``tables.db``;
+``--from-csv DIR`` replays from those files (and the data's written profile) without training.
+Without ``--space``, the shipped tables (``bench/tables/*.yaml``: ngram, lm, and 100 two-layer
+models on the standard library's sources; ``--table`` picks some). Writes
+``search_efficiency.csv`` (one row per table, strategy, ASHA and seed),
+``search_efficiency_summary.csv`` (medians and IQR),
 ``search_efficiency.png`` (normalised regret against trials) and prints the median and IQR per
 strategy with the goals' verdict.
 """
