@@ -153,11 +153,6 @@ class Prior:
         sizes = np.array([param_count(self.candidates.archs[i]).total for i in best])
         return int(rng.choice(best[sizes == sizes.min()]))
 
-    def sample(self, among: np.ndarray, rng: np.random.Generator) -> int:
-        """A candidate of ``among`` drawn with the prior's probabilities."""
-        logits = self.log_prob[among]
-        return int(rng.choice(among, p=np.exp(logits - _logsumexp(logits))))
-
     def describe(self) -> dict[str, Any]:
         """What the study records of the prior."""
         top = self.mode(np.arange(len(self.energy)), np.random.default_rng(0))
