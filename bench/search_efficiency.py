@@ -611,7 +611,7 @@ def written_profile(task: Any, args: argparse.Namespace) -> Path | None:
     path = getattr(task, "path", None)
     if path is None:
         return None
-    for folder in (args.from_csv, args.out):
+    for folder in (getattr(args, "from_csv", None), args.out):  # table_noise has no --from-csv
         if folder is not None and (folder / f"profile-{Path(path).name}.yaml").is_file():
             return Path(folder / f"profile-{Path(path).name}.yaml")
     return None
