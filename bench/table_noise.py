@@ -30,6 +30,7 @@ import optuna
 from alloc.prior.bound import Candidates, allocator_prior, candidates, point_key
 from arch import ArchConfig
 from bench.search_efficiency import (
+    SEED,
     TARGETS,
     Case,
     add_table_args,
@@ -40,13 +41,10 @@ from bench.search_efficiency import (
     table_url,
 )
 from common.cli import Parser, add_format, dump, fail, int_in, render_table
-from common.errors import TransformerAllocError, UsageError
+from common.errors import TransformerAllocError
 from common.files import write_csv
 from common.stats import interval, kth_best, noise, not_worse
 from search_spaces import SearchSpace, parse_space
-
-SEED = "train.seed"
-SHIPPED = ("ngram", "lm", "stdlib")  # bench.search_efficiency's tables, in its order
 
 
 @dataclass(frozen=True)
@@ -167,8 +165,6 @@ def render(rows: list[dict[str, Any]]) -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="python -m bench.table_noise", description=__doc__.split("\n\n")[1])
     add_table_args(p)
-    p.add_argument("--table", action="append", choices=SHIPPED,
-                   help="only this shipped table (repeatable; default: all, or --space's)")
     p.add_argument("--noise-seeds", type=int_in(1, 9), default=2,
                    help="training seeds beside the table's own (default: 2)")
     p.add_argument("--top", type=int_in(2, 25), default=6,
@@ -188,9 +184,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         harness.prepare(args)
-        if args.table and args.space is not None:
-            raise UsageError("--table: names a shipped table; --space brings its own")
-        benchmarks = [c for c in cases(args) if not args.table or c.name in args.table]
+        benchmarks = cases(args)
         with tune.session():
             rows = [r for case in benchmarks
                     for r in measure(case, args.out, args.noise_seeds, args.top)]

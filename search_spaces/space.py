@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -147,8 +148,15 @@ class SearchSpace:
         the points. Head groups are sampled in any order, so one model can have several
         parametrisations (``2x32 + 1x64`` and ``1x64 + 2x32``, ``1x32 + 3x32`` and
         ``4x32``): only the first of each is a grid point."""
-        points: list[dict[str, Any]] = []
-        seen: set[str] = set()
+        return [params for params, _ in self.grid_chances(limit=limit, free=free)]
+
+    def grid_chances(self, *, limit: int | None = None, free: frozenset[str] = frozenset()
+                     ) -> list[tuple[dict[str, Any], float]]:
+        """``grid``'s points, each with the chance that random search (every decision uniform
+        over its options, as Optuna's ``RandomSampler`` and ``RandomSuggester`` draw) lands on
+        it: the product of ``1 / options`` over its decisions, summed over its
+        parametrisations. The chances sum to 1."""
+        points: dict[str, tuple[dict[str, Any], float]] = {}
         path: list[int] = []
         if limit is not None and self.size(limit) > limit:
             raise SpaceError(f"{self.source}: space {self.name!r} has more than {limit} points")
@@ -162,12 +170,12 @@ class SearchSpace:
                 dataclasses.replace(layer, heads=merge_groups(layer.heads))
                 for layer in arch.layers))
             key = canonical.to_json() + json.dumps(train, sort_keys=True, default=str)
-            if key not in seen:
-                seen.add(key)
-                points.append(suggester.params)
+            chance = math.prod(1 / options for _, options in suggester.decisions)
+            params, total = points.get(key, (suggester.params, 0.0))
+            points[key] = (params, total + chance)
             following = next_path(suggester.decisions)
             if following is None:
-                return points
+                return list(points.values())
             path = following
 
     def encode(self, arch: ArchConfig, train: Mapping[str, Any] | None = None) -> dict[str, Any]:

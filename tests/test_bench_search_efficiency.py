@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import random
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import optuna
 import pytest
 
 from alloc.prior.bound import candidates, point_key
+from alloc.prior.sampler import PriorSampler
 from alloc.settings import PlanSettings
 from arch import ModelIO
 from bench import table_noise
@@ -24,6 +26,7 @@ from bench.search_efficiency import (
     Entry,
     Outcome,
     Priors,
+    Runs,
     Strategy,
     main,
     make_strategy,
@@ -119,10 +122,44 @@ def test_every_strategy_tries_each_point_once_and_finds_the_best_exactly() -> No
         assert sorted(o.value for o in outcomes) == [0.0, 1.0, 2.0, 3.0], name
         first = [o.value for o in outcomes].index(0.0) + 1.0
         assert to_target(outcomes, 0.0, False, 30) == (first, first)
-    best = make_strategy("prior-best", 0, priors, [], list(table), False)
-    assert replay(space, IO, table, best, False, 1, False)[0].value == 0.0
-    worst = make_strategy("prior-worst", 0, priors, [], list(table), False)
-    assert replay(space, IO, table, worst, False, 1, False)[0].value == 3.0
+    for grade, centre in (("prior-best", 0.0), ("prior-worst", 3.0)):
+        prior = make_strategy(grade, 0, priors, [], list(table), False).sampler
+        assert isinstance(prior, PriorSampler)
+        mode = prior.prior.mode(np.arange(len(cands)), np.random.default_rng(0))
+        assert values[mode] == centre, grade
+
+
+def test_replays_draw_each_point_s_run_by_their_seed() -> None:
+    """A point with several training runs gives each replay one of them, drawn by the replay's
+    seed (the same seed, the same draw); a point with one run always gives it; the runs survive
+    the CSV that ships them."""
+    space = small_space()
+    keys = [point_key(p) for p in space.grid()]
+    runs = Runs({keys[0]: {0: Entry(1.0, {30: 1.0}), 1: Entry(2.0, {30: 2.0}),
+                           2: Entry(3.0, {30: 3.0})},
+                 keys[1]: {0: Entry(5.0, {10: 6.0, 30: 5.0})}})
+    assert runs.seed(0) == {keys[0]: Entry(1.0, {30: 1.0}), keys[1]: Entry(5.0, {10: 6.0,
+                                                                                30: 5.0})}
+    assert runs.seeds_per_point() == {1: 1, 3: 1}
+    draws = [runs.draw(random.Random(f"values {seed}")) for seed in range(60)]
+    assert {d[keys[0]].value for d in draws} == {1.0, 2.0, 3.0}
+    assert {d[keys[1]].value for d in draws} == {5.0}
+    assert draws[7] == runs.draw(random.Random("values 7"))
+
+
+def test_the_runs_csv_round_trips_and_a_bad_one_is_named(tmp_path: Path) -> None:
+    from bench.search_efficiency import read_runs, write_runs
+    from common.errors import UsageError
+
+    space = small_space()
+    keys = [point_key(p) for p in space.grid()]
+    runs = Runs({keys[0]: {0: Entry(1.5, {10: 2.0, 30: 1.5}), 2: Entry(1.25, {30: 1.25})},
+                 keys[3]: {0: Entry(0.5, {})}})
+    write_runs(tmp_path / "table-t.csv", runs)
+    assert read_runs(tmp_path / "table-t.csv") == runs
+    (tmp_path / "bad.csv").write_text("point,seed\n{},x\n")
+    with pytest.raises(UsageError, match=r"bad\.csv"):
+        read_runs(tmp_path / "bad.csv")
 
 
 def test_to_target_counts_pruned_trials_as_partial_cost() -> None:

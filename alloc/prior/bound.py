@@ -54,6 +54,7 @@ class Candidates:
     free: frozenset[str]  # params sampled apart (numeric training ranges)
     exhaustive: bool  # every point of the space (False: a random subset of a larger space)
     distance: np.ndarray  # (n, n): summed per-param distances, each in [0, 1]
+    chance: np.ndarray  # (n,): random search's probability of each point (sums to 1)
 
     def __len__(self) -> int:
         return len(self.params)
@@ -66,17 +67,23 @@ class Candidates:
 def candidates(space: SearchSpace, limit: int = MAX_CANDIDATES, seed: int = 0,
                include: Sequence[Mapping[str, Any]] = ()) -> Candidates:
     """Every point of ``space`` (its numeric training ranges aside), or ``limit`` distinct random
-    points and the ``include`` ones (e.g. the allocator's plan) when it has more."""
+    points and the ``include`` ones (e.g. the allocator's plan) when it has more. Each point's
+    ``chance`` is random search's probability of it: from the grid's decisions when every point
+    is listed; equal over a random subset (itself random search's sample)."""
     free = space.ranges
     try:
-        points, exhaustive = space.grid(limit=limit, free=free), True
+        listed = space.grid_chances(limit=limit, free=free)
+        points, exhaustive = [p for p, _ in listed], True
+        chance = np.array([c for _, c in listed])
     except SpaceError:  # too many points (the only SpaceError of a loaded space's grid)
         points, exhaustive = _random_points(space, limit, free, seed), False
         known = {point_key(p) for p in points}
         points += [dict(p) for p in include if point_key(p, free) not in known]
         points = [{k: v for k, v in p.items() if k not in free} for p in points]
+        chance = np.full(len(points), 1 / len(points))
     archs = tuple(space.sample(FixedSuggester(p), PROBE_IO)[0] for p in points)
-    return Candidates(tuple(points), archs, free, exhaustive, pairwise_distance(points))
+    return Candidates(tuple(points), archs, free, exhaustive, pairwise_distance(points),
+                      chance / chance.sum())
 
 
 def _random_points(space: SearchSpace, limit: int, free: frozenset[str],
@@ -145,11 +152,6 @@ class Prior:
             best = best[near <= near.min() + 1e-12]
         sizes = np.array([param_count(self.candidates.archs[i]).total for i in best])
         return int(rng.choice(best[sizes == sizes.min()]))
-
-    def sample(self, among: np.ndarray, rng: np.random.Generator) -> int:
-        """A candidate of ``among`` drawn with the prior's probabilities."""
-        logits = self.log_prob[among]
-        return int(rng.choice(among, p=np.exp(logits - _logsumexp(logits))))
 
     def describe(self) -> dict[str, Any]:
         """What the study records of the prior."""

@@ -13,18 +13,23 @@ On Optuna's public ``BaseSampler`` API, so it works with stock ``study.optimize`
     study = optuna.create_study(sampler=sampler)
     study.optimize(lambda trial: objective(*space.sample(trial, io)), n_trials=20)
 
-How it picks the next point (docs/theory.md §11 gives the reasons):
+How it picks the next point (docs/theory.md §11 gives the reasons and what they assume):
 
-1. The first trial is the prior's mode (the allocator's own answer among the space's points).
-2. Afterwards, with probability ``max(explore, 1 / (n + 1))`` (``n``: trials observed) a point
-   uniformly at random (PriorBand's random share: a prior that is wrong everywhere still
-   sees the rest of the space), else the point that maximises
+1. Every proposal, the first included, is the prior's with probability ``share`` and random
+   search's otherwise (PriorBand's mixture): a point drawn as ``RandomSampler`` draws (every
+   decision uniform over its options) among the untried ones. ``share = (1 - explore) *
+   belief``: ``belief`` is the probability that the prior orders results better than chance,
+   ``START_BELIEF`` before two trials have finished, then updated by a likelihood ratio on the
+   pairs of finished trials that the prior's density orders the same way as their results
+   (``belief``). A wrong prior loses its share within a few trials, and the random share keeps
+   searching, so it costs about ``sum share`` trials; a prior the results bear out gets up to
+   ``1 - explore`` of the proposals.
+2. The prior's proposal: while fewer than two trials have finished, its most probable untried
+   point (its mode first); then the point that maximises
    ``log l(x) - log g(x) + w log prior(x)``: ``l`` and ``g`` are kernel densities over the best
    quarter of the trials and the rest (TPE's density ratio; trials ASHA pruned rank below the
    completed ones, the later their last rung the higher, so a point stopped early counts as a
-   bad one), and ``w = beta / n * trust`` is piBO's decaying prior weight, times ``trust``:
-   the rank correlation (clipped at 0) between the prior and the trials' results. A prior the
-   evidence contradicts stops steering (PriorBand's point: a misleading prior costs little).
+   bad one), and ``w = beta / n * belief`` is piBO's decaying prior weight times the belief.
 3. No point is proposed twice while an untried one is left (finished and running points are
    excluded); numeric training ranges (a learning-rate range) are sampled at random.
 4. With ``calibrate``, the bound's constants are re-fitted on the trials (``alloc.calibrate``)
@@ -67,7 +72,9 @@ from alloc.settings import PlanSettings
 from search_spaces import SearchSpace
 
 DEFAULT_BETA = 10.0  # piBO's beta: the prior's weight is beta / n after n trials
-DEFAULT_EXPLORE = 0.1  # the least share of uniformly random points
+DEFAULT_EXPLORE = 0.1  # the least share of random search's proposals
+START_BELIEF = 0.2  # P(the prior orders results better than chance) before any evidence
+INFORMED = 0.75  # the share of pairs an informative prior orders as the results do
 GOOD_FRACTION = 0.25  # TPE's gamma: the best quarter of the trials make l(x)
 KERNEL_SCALE = 1.0  # kernel exp(-scale * distance): one param fully changed weighs 0.37
 MIN_CALIBRATION = 4  # 3 constants and the scale
@@ -93,7 +100,6 @@ class Observed:
     ranked: list[int]  # candidate of each finished trial, best first
     finished: set[int]
     busy: set[int]  # running or waiting (another trial's)
-    proposed: bool  # any trial of the study matched a candidate
     losses: dict[int, float]  # best completed value per candidate (calibration)
     first_new: int  # the number of the trial being sampled
 
@@ -103,10 +109,13 @@ class PriorSampler(optuna.samplers.BaseSampler):
 
     def __init__(self, prior: Prior, *, beta: float = DEFAULT_BETA,
                  explore: float = DEFAULT_EXPLORE, seed: int | None = None,
-                 calibration: Calibration | None = None) -> None:
-        if not beta >= 0 or not 0 <= explore <= 1:
-            raise ValueError(f"beta {beta} must be >= 0 and explore {explore} in [0, 1]")
+                 calibration: Calibration | None = None,
+                 start_belief: float = START_BELIEF) -> None:
+        if not beta >= 0 or not 0 <= explore <= 1 or not 0 < start_belief < 1:
+            raise ValueError(f"beta {beta} must be >= 0, explore {explore} in [0, 1] and "
+                             f"start_belief {start_belief} in (0, 1)")
         self.prior, self.beta, self.explore, self.calibration = prior, beta, explore, calibration
+        self.start_belief = start_belief
         self._rng = np.random.default_rng(seed)
         self._random = optuna.samplers.RandomSampler(seed=seed)
         self._index = prior.candidates.index()
@@ -190,13 +199,12 @@ class PriorSampler(optuna.samplers.BaseSampler):
         free = self.prior.candidates.free
         sign = -1.0 if study.direction == optuna.study.StudyDirection.MAXIMIZE else 1.0
         keyed: list[tuple[tuple[Any, ...], int]] = []
-        finished, busy, proposed = set[int](), set[int](), False
+        finished, busy = set[int](), set[int]()
         losses: dict[int, float] = {}
         for t in study.get_trials(deepcopy=False):
             index = self._index.get(point_key(t.params, free))
             if index is None or t.number == number:
                 continue
-            proposed = True
             if t.state in (TrialState.RUNNING, TrialState.WAITING):
                 busy.add(index)
             elif t.state == TrialState.COMPLETE and t.value is not None:
@@ -207,7 +215,7 @@ class PriorSampler(optuna.samplers.BaseSampler):
                 finished.add(index)
                 keyed.append((_pruned_rank(t, sign), index))
         ranked = [i for _, i in sorted(keyed, key=lambda k: k[0])]
-        return Observed(ranked, finished, busy, proposed, losses, number)
+        return Observed(ranked, finished, busy, losses, number)
 
     def _choose(self, study: optuna.Study, observed: Observed) -> int:
         n_cands = len(self.prior.candidates)
@@ -216,38 +224,31 @@ class PriorSampler(optuna.samplers.BaseSampler):
         if available.size == 0:  # every point tried: repeat one not running (new free params)
             available = np.array([i for i in range(n_cands) if i not in observed.busy]
                                  or range(n_cands))
-        n = len(observed.ranked)
-        if n == 0 and not observed.proposed:
+        belief = self.belief(observed.ranked)
+        if self._rng.random() >= (1.0 - self.explore) * belief:
+            chance = self.prior.candidates.chance[available]
+            return int(self._rng.choice(available, p=chance / chance.sum()))
+        if len(observed.ranked) < 2:  # one result tells good from bad nothing yet
             return self.prior.mode(available, self._rng)
-        if self._rng.random() < max(self.explore, 1.0 / (n + 2)):
-            return int(self._rng.choice(available))
-        if n < 2:  # one result tells good from bad nothing yet
-            return self.prior.sample(available, self._rng)
-        return self._best(available, self.acquisition(observed.ranked, available))
+        return self._best(available, self.acquisition(observed.ranked, available, belief))
 
-    def acquisition(self, ranked: list[int], available: np.ndarray) -> np.ndarray:
+    def acquisition(self, ranked: list[int], available: np.ndarray, belief: float
+                    ) -> np.ndarray:
         """``log l - log g + w log prior`` of each ``available`` candidate, given the finished
-        trials' candidates ``ranked`` best first."""
+        trials' candidates ``ranked`` best first and the prior's ``belief``."""
         n = len(ranked)
         good = max(1, round(GOOD_FRACTION * n))
         k = self._kernel[np.ix_(available, np.array(ranked))]
         lower = (k[:, :good].sum(1) + self._smoothing) / (good + 1)
         upper = (k[:, good:].sum(1) + self._smoothing) / (n - good + 1)
-        weight = self.beta / n * self.trust(ranked)
+        weight = self.beta / n * belief
         return np.log(lower) - np.log(upper) + weight * self.prior.log_prob[available]
 
-    def trust(self, ranked: list[int]) -> float:
-        """How far the trials bear the prior out: the Spearman correlation of prior and result
-        over the finished trials, clipped at 0 (1 until three trials say otherwise)."""
-        from scipy.stats import spearmanr  # 0.5 s to import: only once trials are told
-
-        if len(ranked) < 3:
-            return 1.0
-        log_prob = self.prior.log_prob[np.array(ranked)]
-        if np.ptp(log_prob) == 0:
-            return 0.0  # the prior does not tell these trials apart
-        rho = float(spearmanr(log_prob, -np.arange(len(ranked))).statistic)
-        return max(0.0, rho) if math.isfinite(rho) else 0.0
+    def belief(self, ranked: list[int]) -> float:
+        """The probability that the prior orders results better than chance, given the finished
+        trials' candidates ``ranked`` best first (``prior_belief``)."""
+        return prior_belief(self.prior.log_prob[np.array(ranked, dtype=int)],
+                            self.start_belief)
 
     def _best(self, available: np.ndarray, score: np.ndarray) -> int:
         top = available[np.flatnonzero(score >= score.max() - 1e-12)]
@@ -287,7 +288,9 @@ class PriorSampler(optuna.samplers.BaseSampler):
         if PRIOR_ATTR in study.user_attrs:
             return
         study.set_user_attr(PRIOR_ATTR, {**self.prior.describe(), "beta": self.beta,
-                                         "explore": self.explore})
+                                         "explore": self.explore,
+                                         "start_belief": self.start_belief,
+                                         "informed": INFORMED})
         if self.calibration is not None:
             s = self.calibration.settings
             _append(study, CALIBRATION_ATTR, {
@@ -295,6 +298,33 @@ class PriorSampler(optuna.samplers.BaseSampler):
                 "width_order": s.width_order, "from_trial": 0,
                 "architectures": 0, "r2": None, "spearman": None,
                 "source": self.calibration.source})
+
+
+def prior_belief(log_prob: np.ndarray, start: float = START_BELIEF,
+                 informed: float = INFORMED) -> float:
+    """P(the prior is informative) after the finished trials whose prior log-densities are
+    ``log_prob``, best result first (docs/theory.md §11).
+
+    Two hypotheses: the prior orders a pair of results as they are with probability
+    ``informed`` (it is informative) or 1/2 (it is not). Of the pairs the prior tells apart,
+    ``kappa`` are ordered as the results; they count as ``n - 1`` pairs' worth of evidence
+    (the pairs of ``n`` trials are not independent), so the odds ``start / (1 - start)`` are
+    multiplied by ``(2 informed)^(e kappa) (2 - 2 informed)^(e (1 - kappa))`` with
+    ``e = (n - 1) * (pairs told apart) / (all pairs)``."""
+    n = len(log_prob)
+    if n < 2:
+        return start
+    later = np.triu(np.ones((n, n), dtype=bool), 1)  # (n, n): i ranked above j
+    gap = (log_prob[:, None] - log_prob[None, :])[later]
+    agree, disagree = int((gap > 0).sum()), int((gap < 0).sum())
+    if agree + disagree == 0:
+        return start  # the prior does not tell these trials apart
+    evidence = (n - 1) * (agree + disagree) / (n * (n - 1) / 2)
+    kappa = agree / (agree + disagree)
+    log_ratio = evidence * (kappa * math.log(2 * informed)
+                            + (1 - kappa) * math.log(2 - 2 * informed))
+    logit = math.log(start / (1 - start)) + log_ratio
+    return 0.5 * (1 + math.tanh(logit / 2))  # the logistic of the log-odds, without overflow
 
 
 def _pruned_rank(trial: FrozenTrial, sign: float) -> tuple[Any, ...]:

@@ -161,8 +161,9 @@ def plan_anchor(starts: Sequence[Start]) -> Mapping[str, Any] | None:
 def starting_points(space: SearchSpace, planned: SearchPlan, sampler: str,
                     points: Sequence[Mapping[str, Any]] = ()) -> list[Start]:
     """``points`` when given (``SearchOptions.points``); else every point for the grid (the
-    seeds it can express are among them); none for the prior sampler (its first proposal is the
-    allocator's own answer); else the allocator's seeds."""
+    seeds it can express are among them); none for the prior sampler (it proposes the
+    allocator's own answer, its prior's mode, as far as its belief in the prior goes); else the
+    allocator's seeds."""
     if points:
         return [Start("point", dict(p)) for p in points]
     if sampler == "grid":
