@@ -6,7 +6,11 @@ of ``bench.search_efficiency`` (the shipped ones, or ``--space`` with its task) 
 with training seed 0; here its ``--top`` best points and the allocator prior's mode (the point
 the bound's energy ranks first) are retrained with training seeds 1..N into the study
 ``noise-NAME`` beside the table (``tables.db`` in ``--out``; built if absent, resumed if
-interrupted). Per point: its mean over seeds 0..N with the 95% interval, its rank in the table,
+interrupted). A table trained under another training recipe than today's
+(``arch.training.RECIPE``, recorded on its study; a table from before 2026-11-28 has none) keeps
+its ranking, and its points are retrained with seed 0 too, so that every seed compared is
+today's recipe (a ``noise-NAME`` of another recipe is refused). Per point: its mean over seeds
+0..N with the 95% interval, its rank in the table,
 and the one-sided Welch p that it is worse than the table's ``--top``-th best (a point is in
 the top group when it is not significantly worse, at 5%); per table: the seeds' SD pooled over
 the points beside the 1% and 0.5% margins and the evaluation's standard error. Writes
@@ -29,6 +33,7 @@ import optuna
 
 from alloc.prior.bound import Candidates, allocator_prior, candidates, point_key
 from arch import ArchConfig
+from arch.training import RECIPE
 from bench.search_efficiency import (
     SEED,
     TARGETS,
@@ -73,16 +78,26 @@ def prior_mode(case: Case, cands: Candidates, table: dict[str, Any]) -> str | No
     return point_key(cands.params[prior.mode(among, np.random.default_rng(0))])
 
 
+<<<<<<< HEAD
 def retrain(case: Case, out: Path, seeds: int, chosen: list[str]) -> TableNoise:
     """Every ``chosen`` point with training seeds 1..seeds, trained (or resumed) into
     ``noise-NAME``; seed 0 is the table's."""
     from studies import open_storage
+=======
+def retrain(case: Case, out: Path, seeds: int, chosen: list[str], first: int = 1
+            ) -> TableNoise:
+    """Every ``chosen`` point with training seeds ``first``..seeds, trained (or resumed) into
+    ``noise-NAME``; seed 0 is the table's unless ``first`` is 0."""
+>>>>>>> h54-recipe
     from studies import records as rec
     from workers.experiments import harness
 
     url, study = table_url(out), f"noise-{case.name}"
+    if harness.study_exists(url, study) and study_recipe(url, study) != RECIPE:
+        raise UsageError(f"study {study!r} in {str(out)!r} was trained under another training "
+                         f"recipe than today's ({RECIPE}); delete it or give another --out")
     space = seeded_space(case.space, seeds)
-    points = tuple({**json.loads(k), SEED: s} for k in chosen for s in range(1, seeds + 1))
+    points = tuple({**json.loads(k), SEED: s} for k in chosen for s in range(first, seeds + 1))
     harness.search(space, case.task, len(points), url, study, out / "ray_results",
                    points=points)
     values: dict[str, dict[int, float]] = {k: {} for k in chosen}
@@ -91,11 +106,23 @@ def retrain(case: Case, out: Path, seeds: int, chosen: list[str]) -> TableNoise:
         if t.state != optuna.trial.TrialState.COMPLETE or t.value is None:
             continue
         key = point_key({k: v for k, v in t.params.items() if k != SEED})
-        if key in values and 1 <= int(t.params[SEED]) <= seeds:
+        if key in values and first <= int(t.params[SEED]) <= seeds:
             values[key][int(t.params[SEED])] = float(t.value)
             if t.user_attrs.get(rec.VAL_LOSS_SE) is not None:
                 errors.append(float(t.user_attrs[rec.VAL_LOSS_SE]))
     return TableNoise(values, tuple(errors))
+
+
+def study_recipe(url: str, study: str) -> str | None:
+    """The training recipe ``study`` was trained under (None: before the record, or no such
+    study)."""
+    from studies.storage import open_storage
+
+    try:
+        attrs = optuna.load_study(study_name=study, storage=open_storage(url)).user_attrs
+    except KeyError:
+        return None
+    return None if attrs.get("recipe") is None else str(attrs["recipe"])
 
 
 def describe(params: Mapping[str, Any], arch: ArchConfig) -> str:
@@ -117,9 +144,12 @@ def measure(case: Case, out: Path, seeds: int, top: int) -> list[dict[str, Any]]
     names = {point_key(p): describe(p, a) for p, a in zip(cands.params, cands.archs)}
     mode = prior_mode(case, cands, table)
     chosen = list(dict.fromkeys(ranked[:top] + ([mode] if mode else [])))
-    measured = retrain(case, out, seeds, chosen)
-    by_seed = {k: [table[k].value, *(v for _, v in sorted(measured.values[k].items()))]
-               for k in chosen}
+    # A table trained under another recipe (arch.training.RECIPE) ranks the points, but its
+    # seed-0 values are not comparable with seeds trained now: seed 0 is retrained too.
+    stale = study_recipe(url, f"table-{case.name}") != RECIPE
+    measured = retrain(case, out, seeds, chosen, first=0 if stale else 1)
+    by_seed = {k: [*([] if stale else [table[k].value]),
+                   *(v for _, v in sorted(measured.values[k].items()))] for k in chosen}
     losses = {k: [sign * v for v in values] for k, values in by_seed.items()}
     reference = kth_best({k: float(np.mean(v)) for k, v in losses.items()
                           if k in ranked[:top]}, min(top, len(ranked)))
@@ -136,7 +166,7 @@ def measure(case: Case, out: Path, seeds: int, top: int) -> list[dict[str, Any]]
             "mean": sign * at.mean, "low": low, "high": high, "seeds": at.n,
             "reference": k == reference, "allocator_mode": k == mode,
             "p_worse": verdict.p_worse[k], "top_group": k in verdict.not_worse,
-            "seed_sd": spread.seed_sd, "eval_se": spread.eval_se,
+            "seed_sd": spread.seed_sd, "eval_se": spread.eval_se, "seed0_retrained": stale,
             **{f"margin_{t:g}": t * best for t in TARGETS}})
     return rows
 
