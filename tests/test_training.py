@@ -62,3 +62,39 @@ def test_an_unknown_optimizer_in_a_space_is_one_line_exit_2(tmp_path: Path) -> N
     assert proc.stderr.count("\n") == 1, proc.stderr
     assert "train.optimizer = 'sgd': must be one of adamw, lion" in proc.stderr
     assert not (tmp_path / "s.db").exists()  # refused before any work
+
+
+def test_the_width_rule_is_flat_to_the_reference_width_then_falls_as_one_over_width() -> None:
+    from arch.training import LION_FACTOR, REFERENCE_LR, REFERENCE_WIDTH, width_lr
+
+    assert width_lr(64) == width_lr(REFERENCE_WIDTH) == REFERENCE_LR
+    assert width_lr(2 * REFERENCE_WIDTH) == pytest.approx(REFERENCE_LR / 2)
+    assert width_lr(4 * REFERENCE_WIDTH) == pytest.approx(REFERENCE_LR / 4)
+    assert width_lr(512, "lion") == pytest.approx(width_lr(512) * LION_FACTOR)
+
+
+def test_an_explicit_lr_wins_over_the_width_rule() -> None:
+    from arch.training import width_lr
+
+    assert TrainConfig().lr is None
+    assert TrainConfig().for_width(1024).lr == pytest.approx(width_lr(1024))
+    assert TrainConfig(lr=3e-3).for_width(1024).lr == 3e-3
+    assert TrainConfig.from_dict({"lr": None}).lr is None  # a space may leave it to the rule
+    with pytest.raises(ConfigError, match="for_width"):
+        TrainConfig().lr_at(0)
+    schedule = TrainConfig(lr=1e-3, steps=100)
+    assert schedule.lr_at(19) == pytest.approx(1e-3)  # the peak after 20% warmup
+    assert schedule.lr_at(99) == pytest.approx(1e-3 * schedule.min_lr, rel=0.01)
+
+
+def test_the_trainer_applies_the_width_rule() -> None:
+    from arch import ArchConfig, HeadGroup, LayerSpec
+    from arch.training import width_lr
+    from workers.tasks import make_task
+    from workers.training.trainer import Trainer
+
+    arch = ArchConfig(d_model=512, max_seq_len=8, input_dim=8,
+                      layers=(LayerSpec("mhsa", (HeadGroup(2, 256),)),))
+    trainer = Trainer(arch, make_task("ngram", "smoke"), TrainConfig(steps=2, device="cpu"))
+    assert trainer.config.lr == pytest.approx(width_lr(512))
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(width_lr(512))

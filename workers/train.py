@@ -55,7 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
         key = flag[2:].replace("-", "_")
         p.add_argument(flag, type=kind, help=f"(default: {getattr(d, key)}; "
                                              f"{SMOKE_TRAIN[key]} with --smoke-test)")
-    p.add_argument("--lr", type=number(0, strict=True), default=d.lr)
+    p.add_argument("--lr", type=number(0, strict=True), default=d.lr,
+                   help="peak learning rate (default: the width rule, "
+                        "arch.training.width_lr: 3e-3 x 64 / d_model, docs/guide/train.md)")
     p.add_argument("--optimizer", choices=OPTIMIZERS, default=d.optimizer)
     p.add_argument("--weight-decay", type=number(0), default=d.weight_decay)
     p.add_argument("--warmup", type=number(0), default=d.warmup, help="fraction of steps")

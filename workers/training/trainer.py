@@ -89,14 +89,15 @@ class Lion(torch.optim.Optimizer):
 
 
 def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
-    """Weight decay on matrices only; frozen parameters are left out."""
+    """Weight decay on matrices only; frozen parameters are left out. ``config``'s ``lr`` must
+    be fixed (``TrainConfig.for_width``)."""
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": config.weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
     if config.optimizer == "lion":
-        return Lion(groups, lr=config.lr)
+        return Lion(groups, lr=config.peak_lr)
     # Fused: one kernel for all parameters, 8x faster than the default on CPU (measured).
-    return torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, 0.95), fused=True)
+    return torch.optim.AdamW(groups, lr=config.peak_lr, betas=(0.9, 0.95), fused=True)
 
 
 def resolve_device(name: str) -> str:
@@ -165,14 +166,16 @@ class Trainer:
     def __init__(self, arch: ArchConfig, task: Task, config: TrainConfig,
                  checkpoint: Path | None = None,
                  callbacks: Iterable[Callable[[EvalRecord], bool | None]] = ()) -> None:
-        self.arch, self.task, self.config = fit_arch(arch, task), task, config
+        self.arch, self.task = fit_arch(arch, task), task
+        # The width rule's lr when the config names none (arch.training.width_lr)
+        self.config = config.for_width(self.arch.d_model)
         self.device = resolve_device(config.device)
         self.checkpoint, self.callbacks = checkpoint, list(callbacks)
         torch.manual_seed(config.seed)
         self.model = build_model(self.arch).to(self.device)
         self.params = count_params(self.model)
-        self.optimizer = make_optimizer(self.model, config)
-        self.forward = maybe_compile(self.model, config.compile)
+        self.optimizer = make_optimizer(self.model, self.config)
+        self.forward = maybe_compile(self.model, self.config.compile)
         self.step, self.tokens, self.train_time = 0, 0, 0.0
         self.history: list[EvalRecord] = []
         self.last_loss: float | None = None
