@@ -188,6 +188,9 @@ def test_smoke_run_judges_each_set_apart_and_a_rerun_trains_nothing(
     again = run(tmp_path, capsys, "--corpus", "docs", "--data", str(mine))
     assert again["corpora"] == result["corpora"]
     assert (out / "docs" / "runs.csv").read_text() == ledger
+    # a third seed asked for without training: the report stays on the two every model has
+    partial = run(tmp_path, capsys, "--corpus", "docs", "--seeds", "3", "--no-train")
+    assert [c["seeds"] for c in partial["corpora"]] == [2]
 
 
 @pytest.mark.parametrize(("flags", "message"), [

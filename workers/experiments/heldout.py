@@ -7,17 +7,17 @@ makes it (``alloc.profile --data DIR --budget 64 --layers 2 --mlp-ratio 2 --seq-
 its pilot, then ``alloc.solve --budget 64 --layers 2 --mlp-ratio 2 --profile``) and trained
 beside every fixed rule of ``alloc.heuristics`` (heads of 64, one head per 32 dimensions, 1, 2,
 4 or 8 heads in every layer) at the same width, depth and MLP: 2 layers, D = 64, MLP 2x, windows
-of 64 bytes, 400 steps of 16 windows, 3 seeds. Seeds are **paired**: seed s fixes the initial
-weights, the batches' order and the validation windows of every model alike, so each
-difference is measured seed by seed. Per corpus the headline is the plan against the best fixed
-rule there (lowest mean): the mean paired difference with its 95% interval, the one-sided
-paired t-test's p that the plan is worse, and a verdict (``worse``: p < 5%; ``better``: the
-interval below 0; else ``inconclusive``), beside the seeds' SD and the 1% margin. Over the
-held-out corpora: the mean relative difference with its interval over corpora. Development and
-held-out corpora are summarised apart, and only held-out ones judge (the protocol of
-``userdata.corpora``). Every training is kept in ``CORPUS/runs.csv`` under ``--out``, so a
-re-run trains only what is missing (run corpora in parallel with ``--corpus``, then once over
-all of them for the report). Writes ``heldout.csv`` (per corpus and model),
+of 64 bytes, 400 steps of 16 windows with ``arch.training``'s recipe, 3 seeds. Seeds are
+**paired**: seed s fixes the initial weights, the batches' order and the validation windows of
+every model alike, so each difference is measured seed by seed. Per corpus the headline is the
+plan against the best fixed rule there (lowest mean): the mean paired difference with its 95%
+interval, the one-sided paired t-test's p that the plan is worse, and a verdict (``worse``: p <
+5%; ``better``: the interval below 0; else ``inconclusive``), beside the seeds' SD and the 1%
+margin. Over the held-out corpora: the mean relative difference with its interval over corpora.
+Development and held-out corpora are summarised apart, and only held-out ones judge (the
+protocol of ``userdata.corpora``). Every training is kept in ``CORPUS/runs.csv`` under
+``--out``, so a re-run trains only what is missing (run corpora in parallel with ``--corpus``,
+then ``--no-train`` over all of them for the report). Writes ``heldout.csv`` (per corpus and model),
 ``heldout_corpora.csv`` (per corpus), ``heldout_sets.csv``, ``heldout_runs.csv`` and
 ``heldout.txt``.
 """
@@ -161,15 +161,16 @@ def models(plan: ArchConfig) -> dict[str, ArchConfig]:
 
 
 def train_config(sizes: Sizes, seed: int) -> TrainConfig:
-    """The recipe every model of a run trains with (``seed``: its initial weights)."""
-    return TrainConfig(steps=sizes.steps, batch_size=sizes.batch_size, lr=3.0e-3,
-                       weight_decay=0.1, eval_every=sizes.steps,
-                       eval_batches=sizes.eval_batches, seed=seed)
+    """The recipe every model of a run trains with: ``arch.training``'s (its warmup, and the
+    width rule's learning rate at D, fixed here so the ledger records it), ``seed`` its
+    initial weights."""
+    return TrainConfig(steps=sizes.steps, batch_size=sizes.batch_size, eval_every=sizes.steps,
+                       eval_batches=sizes.eval_batches, seed=seed).for_width(sizes.budget)
 
 
 def recipe_id(sizes: Sizes) -> str:
     """What a ledger row was trained with (the recipe and the window), seed aside: a row of
-    another recipe is never read as this one's."""
+    another recipe (an earlier warmup or learning rate) is never read as this one's."""
     fields = {**train_config(sizes, 0).to_dict(), "seed": None, "length": sizes.length}
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
 
@@ -203,13 +204,13 @@ def train_one(args: argparse.Namespace, sizes: Sizes, corpus: str, task: Task, l
 def train_all(args: argparse.Namespace, sizes: Sizes, corpus: str, spec: DataSpec,
               arms: Mapping[str, ArchConfig], ledger: Path) -> list[dict[str, str]]:
     """Every distinct model of ``arms`` with every seed, those not in ``ledger`` trained and
-    added to it one by one; returns this recipe's rows."""
+    added to it one by one (none with ``--no-train``); returns this recipe's rows."""
     rows, recipe = read_ledger(ledger), recipe_id(sizes)
     done = {(r["arch_id"], int(r["seed"])) for r in rows if r["recipe"] == recipe}
     distinct: dict[str, tuple[str, ArchConfig]] = {}  # a model two rules share: trained once
     for label, arch in arms.items():
         distinct.setdefault(arch.arch_id, (label, arch))
-    for seed in range(sizes.seeds):
+    for seed in range(0 if args.no_train else sizes.seeds):
         missing = [(label, arch) for key, (label, arch) in distinct.items()
                    if (key, seed) not in done]
         task = task_for(spec, sizes, seed) if missing else None
@@ -312,6 +313,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "--smoke-test)")
     parser.add_argument("--steps", type=int_in(1), metavar="STEPS",
                         help=f"training steps of every model (default: {FULL.steps})")
+    parser.add_argument("--no-train", action="store_true",
+                        help="train nothing: the report from the ledgers alone, on the seeds "
+                             "every model of a corpus has (e.g. while other runs still train)")
     parser.add_argument("--threads", type=int_in(1), metavar="N",
                         help="torch's CPU threads (default: torch's; 1 when several runs share "
                              "the cores)")
