@@ -553,7 +553,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cases(args: argparse.Namespace) -> list[Case]:
     """The tables the flags name (``UsageError`` if bad)."""
-    from workers.experiments import harness
     from workers.search.cli import SMOKE_PILOT_STEPS
     from workers.search.options import training_budget
     from workers.search.seeding import plan_settings, profile_for, space_mlp_ratio
@@ -574,13 +573,13 @@ def cases(args: argparse.Namespace) -> list[Case]:
         raise UsageError("--task/--data: only with --space (the shipped tables have theirs)")
     else:
         from userdata import DataSpec
-        from workers.experiments.corpora import write_docs
+        from userdata.corpora import write_code, write_docs
 
         corpus = args.out / "corpus"
         specs = [("ngram", TABLES / "ngram.yaml", lambda: make_task("ngram", size, 0)),
                  ("lm", TABLES / "lm.yaml", lambda: make_task("lm", size, 0, length=64)),
                  ("stdlib", TABLES / "stdlib.yaml", lambda: make_data_task(DataSpec(str(
-                     harness.write_corpus(corpus, CORPUS_MB))), size, 0, 64))]
+                     write_code(corpus, CORPUS_MB))), size, 0, 64))]
         # lm's corpus (pydoc_data's topics, the same bytes) as a file, so that its prior is
         # profiled by the pilot as stdlib's is; the table itself trains the lm task
         profiled["lm"] = lambda: make_data_task(DataSpec(str(write_docs(

@@ -1,6 +1,7 @@
 """How sure a measurement over seeds is: a point's mean and its 95% interval over seeds
-(``interval``), the seeds' spread beside the evaluation's (``noise``), and which points are not
-significantly worse than a reference (``not_worse``, ``not_worse_than_kth``).
+(``interval``), the seeds' spread beside the evaluation's (``noise``), which points are not
+significantly worse than a reference (``not_worse``, ``not_worse_than_kth``), and a paired
+difference over shared seeds (``paired``).
 
 The rule of a verdict: a point is *not significantly worse* than the reference unless a
 one-sided Welch t-test (unequal variances) rejects "its mean loss is no higher than the
@@ -168,6 +169,40 @@ def not_worse_than_kth(losses: Mapping[Key, Sequence[float]], k: int,
     """The points not significantly worse than the ``k``-th best by mean (e.g. k = 6 of 25:
     the top quartile a point can be placed in, given the noise)."""
     return not_worse(losses, kth_best({p: mean(v) for p, v in losses.items()}, k), alpha)
+
+
+@dataclass(frozen=True)
+class Paired:
+    """The paired difference ``values - reference`` (the same seeds, or windows, on both
+    sides): its mean with its Student-t interval, and the one-sided paired t-test's p-value of
+    "the mean difference is above 0" (small: ``values`` significantly higher, i.e. worse for a
+    loss); ``p_worse`` is None with fewer than two pairs."""
+
+    difference: Interval
+    p_worse: float | None
+
+
+def paired(values: Sequence[float], reference: Sequence[float],
+           confidence: float = CONFIDENCE) -> Paired:
+    """``values`` against ``reference`` pair by pair (Student, 1908: the t-test of the
+    differences). Differences that are all equal give p 0 when above 0, else 1.
+
+    Raises:
+        ValueError: no pairs, or the two sides of different lengths.
+    """
+    if len(values) != len(reference):
+        raise ValueError(f"paired values: {len(values)} against {len(reference)}; the pairs "
+                         "need one value on each side")
+    diff = [v - r for v, r in zip(values, reference)]
+    at = interval(diff, confidence)
+    if len(diff) < 2:
+        return Paired(at, None)
+    spread = sd(diff)
+    if spread == 0:
+        return Paired(at, 0.0 if at.mean > 0 else 1.0)
+    from scipy.stats import t
+
+    return Paired(at, float(t.sf(at.mean / (spread / math.sqrt(len(diff))), len(diff) - 1)))
 
 
 def paired_bootstrap(values: ArrayLike, reference: ArrayLike,

@@ -126,16 +126,16 @@ def test_the_estimated_widths_end_no_worse_than_measured_ones(tmp_path: Path) ->
     from alloc.compression import plan_compression, plan_for_kv_cache
     from arch import TrainConfig
     from userdata import DataSpec
+    from userdata.corpora import write_code
     from workers.compression.latent_measure import curvature_latent
     from workers.compression.measure import SAMPLE_BATCH, measure_layers, measure_model
     from workers.compression.students import build_student, pair_orders
-    from workers.experiments import harness
     from workers.experiments.llama_compress import SMOKE, teacher_arch
     from workers.tasks import make_data_task
     from workers.training.trainer import Trainer, evaluate
 
     sizes = dataclasses.replace(SMOKE, d_model=64, heads=4, kv_heads=2)
-    task = make_data_task(DataSpec(str(harness.write_corpus(tmp_path / "corpus", 0.3))),
+    task = make_data_task(DataSpec(str(write_code(tmp_path / "corpus", 0.3))),
                           length=32)
     trainer = Trainer(teacher_arch(sizes), task, TrainConfig(steps=300, batch_size=16, lr=3e-3,
                                                              eval_every=300, device="cpu"))

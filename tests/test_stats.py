@@ -1,5 +1,5 @@
-"""common.stats: intervals against the t distribution by hand, Welch's test against SciPy's, and
-the verdict on points built to be inside or outside the noise."""
+"""common.stats: intervals against the t distribution by hand, Welch's and the paired test
+against SciPy's, and the verdict on points built to be inside or outside the noise."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from common.stats import (
     noise,
     not_worse,
     not_worse_than_kth,
+    paired,
     sd,
     worse_p,
 )
@@ -93,3 +94,25 @@ def test_noise_pools_the_seeds_and_averages_the_evaluations() -> None:
     assert summary.describe() == f"seed SD {summary.seed_sd:.4f}, eval SE 0.0200 " \
                                  f"({summary.ratio:.2f}x)"
     assert math.isnan(noise({"a": [1.0]}, []).ratio)
+
+
+def test_the_paired_test_is_scipys_and_pairing_removes_the_shared_noise() -> None:
+    reference = [2.0, 2.5, 1.8, 2.2]  # seeds that move both sides together
+    values = [r + d for r, d in zip(reference, [0.011, 0.009, 0.012, 0.010])]
+    got = paired(values, reference)
+    want = scipy_stats.ttest_rel(values, reference, alternative="greater")
+    assert got.p_worse == pytest.approx(want.pvalue)
+    assert got.difference == interval([v - r for v, r in zip(values, reference)])
+    assert got.p_worse is not None and got.p_worse < 0.001  # significantly worse, paired ...
+    unpaired = worse_p(values, reference)
+    assert unpaired is not None and unpaired > 0.4  # ... and lost in the seeds' spread if not
+    better = paired(reference, values)
+    assert better.p_worse is not None and better.p_worse > 0.999 and better.difference.high < 0
+
+
+def test_paired_edge_cases() -> None:
+    assert paired([1.0], [0.5]).p_worse is None  # one pair: no spread to test with
+    assert paired([1.5, 2.5], [1.0, 2.0]).p_worse == 0.0  # every pair 0.5 higher
+    assert paired([1.0, 1.1], [1.0, 1.1]).p_worse == 1.0
+    with pytest.raises(ValueError, match="1 against 2"):
+        paired([1.0], [1.0, 2.0])

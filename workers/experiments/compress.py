@@ -25,6 +25,7 @@ from common.cli import int_in, render_table
 from common.files import write_csv
 from common.plots import new_figure, write_figure
 from userdata import DataSpec
+from userdata.corpora import write_code
 from workers.compression.measure import SAMPLE_BATCH, measure_model
 from workers.compression.students import build_student
 from workers.experiments import harness
@@ -103,7 +104,7 @@ def student_row(name: str, tolerance: float, model: Model, arch: ArchConfig, tas
 def run(args: argparse.Namespace) -> dict[str, Any]:
     sizes = SMOKE if args.smoke_test else FULL
     harness.prepare(args)
-    corpus = harness.write_corpus(args.out / "corpus", sizes.megabytes)
+    corpus = write_code(args.out / "corpus", sizes.megabytes)
     task = make_data_task(DataSpec(str(corpus)), length=sizes.length)
     model = teacher(sizes, task, args.steps or sizes.steps, args.out / "teacher.pt", args)
     teacher_loss = evaluate(model, task, EVAL, "cpu")[0]

@@ -31,14 +31,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from alloc.plan import make_plan, uniform_plan
+from alloc.plan import Plan, make_plan, uniform_plan
 from alloc.profiling.datastats import Profile
 from alloc.profiling.files import read_allocator_inputs, write_profile
 from alloc.profiling.pilot import PilotRequest
@@ -47,6 +46,7 @@ from common.cli import int_in
 from common.errors import UsageError
 from search_spaces import SearchSpace, parse_space
 from userdata import DataSpec
+from userdata import corpora as registry
 from workers.experiments import corpora_report as report
 from workers.experiments import corpora_stages as stages
 from workers.experiments import harness
@@ -58,7 +58,7 @@ from workers.search.seeding import plan_settings
 from workers.tasks import Task, make_data_task
 
 NAME = "corpora"
-CORPORA = ("code", "docs", "records")
+CORPORA = registry.names(registry.DEVELOPMENT)  # code, docs, records
 MLP_RATIO = 2  # the space hashes [2], as the grids were run
 
 
@@ -94,52 +94,6 @@ SMOKE = Sizes(budget=16, depth=2, length=16, megabytes=0.05, heads=(1, 2), later
 FULL = Sizes(budget=128, depth=2, length=64, megabytes=2.0, heads=(1, 2, 4, 8, 16),
              later_heads=(1, 2, 4, 8, 16), seeds=(0, 1), steps=900, batch_size=16,
              pilot_steps=300, final_eval_batches=FINAL_EVAL_BATCHES)
-
-
-# --- the corpora -------------------------------------------------------------------------------
-
-
-def write_docs(folder: Path, megabytes: float) -> Path:
-    """The interpreter's documentation topics (``pydoc_data``), English prose, up to
-    ``megabytes``."""
-    from pydoc_data.topics import topics
-
-    text = "\n\n".join(topics[k] for k in sorted(topics))
-    return _write_one(folder, "topics.txt", text, megabytes)
-
-
-def unicode_records() -> str:
-    """One row per named code point: ``code;name;category;bidi;decomposition``. Names the
-    database derives by rule (``CJK UNIFIED IDEOGRAPH-4E00``, the 11,172 ``HANGUL SYLLABLE``
-    names) are left out: they are a formula, not data."""
-    rows = []
-    for cp in range(sys.maxunicode + 1):
-        name = unicodedata.name(chr(cp), "")
-        if not name or name.endswith(f"-{cp:04X}") or name.startswith("HANGUL SYLLABLE "):
-            continue
-        ch = chr(cp)
-        rows.append(f"{cp:04X};{name};{unicodedata.category(ch)};"
-                    f"{unicodedata.bidirectional(ch)};{unicodedata.decomposition(ch)}\n")
-    return "".join(rows)
-
-
-def write_records(folder: Path, megabytes: float) -> Path:
-    return _write_one(folder, "unicode.txt", unicode_records(), megabytes)
-
-
-def _write_one(folder: Path, name: str, text: str, megabytes: float) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    data = text.encode("utf-8")[:int(megabytes * 1e6)]
-    target = folder / name
-    if not target.exists() or target.read_bytes() != data:
-        target.write_bytes(data)
-    return folder
-
-
-def write(corpus: str, folder: Path, megabytes: float) -> Path:
-    """Corpus ``corpus`` written to ``folder`` (same bytes on every machine of a Python)."""
-    writers = {"code": harness.write_corpus, "docs": write_docs, "records": write_records}
-    return writers[corpus](folder, megabytes)
 
 
 # --- the grid ----------------------------------------------------------------------------------
@@ -206,18 +160,25 @@ class PlanPoint:
     point: tuple[int, int]  # heads of layer 0 and 1 of the uniform plan
 
 
+def plan_from_profile(path: Path, budget: int, depth: int, task: Task,
+                      mlp_ratio: float = MLP_RATIO, **rules: Any) -> Plan:
+    """The plan ``alloc.solve --budget BUDGET --layers DEPTH --mlp-ratio R --profile PATH``
+    makes for windows of ``task``'s length, with the ``PlanSettings`` fields of ``rules``
+    replaced (an earlier rule: ``product_order=1``, ``max_block=1``, ...)."""
+    settings = dataclasses.replace(
+        plan_settings(budget, depth, task, read_allocator_inputs(path), mlp_ratio), **rules)
+    return make_plan(settings)
+
+
 def plan_point(label: str, profile: Profile, path: Path, sizes: Sizes, task: Task,
                **rules: Any) -> PlanPoint:
     """``profile`` written to ``path``, read back as ``alloc.solve --profile`` would, planned
-    at the grid's width and depth with an MLP of 2x, with the ``PlanSettings`` fields of
-    ``rules`` replaced (an earlier rule: ``product_order=1``, ``max_block=1``, ...)."""
+    at the grid's width and depth with an MLP of 2x (``plan_from_profile``)."""
     write_profile(profile, path)
-    settings = dataclasses.replace(
-        plan_settings(sizes.budget, sizes.depth, task, read_allocator_inputs(path), MLP_RATIO),
-        **rules)
-    plan = make_plan(settings)
+    plan = plan_from_profile(path, sizes.budget, sizes.depth, task, **rules)
     counts = [layer.n_heads for layer in uniform_plan(plan).arch.layers]
-    return PlanPoint(label, profile, settings, plan.arch.describe(), (counts[0], counts[1]))
+    return PlanPoint(label, profile, plan.settings, plan.arch.describe(),
+                     (counts[0], counts[1]))
 
 
 def plans(sizes: Sizes, folder: Path, out: Path, quiet: bool = False
@@ -289,7 +250,7 @@ def corpus_result(args: argparse.Namespace, sizes: Sizes, corpus: str,
     """The corpus written, profiled and planned each way, its grid trained (or resumed, or
     read from ``--grid-csv``), its finalists retrained, and each plan judged."""
     out = args.out / corpus
-    folder = write(corpus, out / "text", sizes.megabytes)
+    folder = registry.corpus(corpus).write(out / "text", sizes.megabytes)
     points = plans(sizes, folder, out, args.quiet)
     profile = out / "profile-before.yaml"
     grid, seeds = grid_stage(args, sizes, corpus, folder, profile, from_csv)

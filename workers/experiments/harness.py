@@ -5,7 +5,6 @@ study database), its progress on stderr (``--quiet`` silences it), and a search 
 from __future__ import annotations
 
 import argparse
-import sysconfig
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,30 +20,6 @@ if TYPE_CHECKING:
     from workers.training.trainer import Trainer, TrainResult
 
 RESULTS = Path("results")
-
-
-def write_corpus(folder: Path, megabytes: float) -> Path:
-    """The standard library's modules (tests excluded), one ``.txt`` per module, in sorted
-    order, until ``megabytes`` are written: the same corpus on every machine of a Python. Files
-    of an earlier, larger corpus in ``folder`` are removed, so its size is always this one."""
-    folder.mkdir(parents=True, exist_ok=True)
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    written, kept = 0, set()
-    for path in sorted(stdlib.rglob("*.py")):
-        parts = path.relative_to(stdlib).parts
-        if any(p in ("test", "tests", "idle_test", "site-packages") for p in parts):
-            continue
-        target = folder / ("__".join(parts)[:-3] + ".txt")
-        if not target.exists():
-            target.write_text(path.read_text(encoding="utf-8", errors="replace"))
-        kept.add(target.name)
-        written += target.stat().st_size
-        if written >= megabytes * 1e6:
-            break
-    for stale in folder.glob("*.txt"):
-        if stale.name not in kept:
-            stale.unlink()
-    return folder
 
 
 def build_parser(name: str, doc: str, studies: bool = False) -> argparse.ArgumentParser:

@@ -42,6 +42,7 @@ from common.files import write_atomic, write_csv
 from common.plots import new_figure, write_figure
 from common.stats import paired_bootstrap
 from userdata import DataSpec, open_tokens
+from userdata.corpora import write_code
 from workers.compression.measure import measure_model
 from workers.experiments import harness
 from workers.experiments.kv_methods import (
@@ -382,7 +383,7 @@ def own_teacher(args: argparse.Namespace) -> tuple[Model, DataSpec]:
     from workers.experiments.llama_compress import teacher
 
     sizes = LLAMA_SMOKE if args.smoke_test else LLAMA
-    corpus = harness.write_corpus(args.out / "corpus", sizes.megabytes)
+    corpus = write_code(args.out / "corpus", sizes.megabytes)
     data = DataSpec(str(corpus))
     task = make_data_task(data, length=sizes.length)
     folder = args.out / "teacher0"

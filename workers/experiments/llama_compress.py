@@ -30,6 +30,7 @@ from common.cli import int_in, render_table
 from common.files import write_csv
 from common.plots import new_figure, write_figure
 from userdata import DataSpec
+from userdata.corpora import write_code
 from workers.checkpoints import llama_config, load, save_llama
 from workers.compression.loss_rule import IGNORE
 from workers.compression.measure import SAMPLE_BATCH, measure_model
@@ -153,7 +154,7 @@ def student_row(method: str, rank: int, arch: ArchConfig, tolerance: float | Non
 def run(args: argparse.Namespace) -> dict[str, Any]:
     sizes = SMOKE if args.smoke_test else FULL
     harness.prepare(args)
-    corpus = harness.write_corpus(args.out / "corpus", sizes.megabytes)
+    corpus = write_code(args.out / "corpus", sizes.megabytes)
     task = make_data_task(DataSpec(str(corpus)), length=sizes.length)
     model = teacher(sizes, task, args.steps or sizes.steps, args.seed, args.out, args)
     teacher_loss = evaluate(model, task, EVAL, "cpu")[0]

@@ -32,6 +32,7 @@ from common.cli import int_in, render_table
 from common.files import write_csv
 from common.plots import new_figure, write_figure
 from userdata import DataSpec
+from userdata.corpora import write_code
 from workers.compression.recording import record_attention
 from workers.experiments import harness
 from workers.models.attention import MultiHeadAttention, future_mask
@@ -274,7 +275,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         bar.event(f"{len(students)} low-rank students fitted")
         # The same measurement per layer on a second teacher, trained on real code (the
         # stdlib's sources, a --data corpus) instead of documentation prose.
-        corpus = harness.write_corpus(args.out / "corpus", 0.2 if args.smoke_test else 8.0)
+        corpus = write_code(args.out / "corpus", 0.2 if args.smoke_test else 8.0)
         code_task = make_data_task(DataSpec(str(corpus)), length=sizes.length, seed=args.seed)
         code, _, code_loss = teacher(sizes, args.seed, steps, args.out / "teacher_code.pt",
                                      code_task, args)

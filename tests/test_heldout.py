@@ -1,0 +1,206 @@
+"""The held-out protocol: the corpus registry (userdata.corpora: roles, determinism, sizes), the
+fixed rules (alloc.heuristics), the verdicts (workers.experiments.heldout_report: a plan built
+to be better, worse or within the noise; development and held-out never pooled), and the
+experiment end to end at smoke size (workers.experiments.heldout), resumed from its ledger."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from alloc.errors import PlanError
+from alloc.heuristics import HEURISTICS, heuristic_arch
+from arch import ArchConfig, HeadGroup, LayerSpec
+from common.errors import UsageError
+from userdata import corpora as registry
+from userdata.corpora import DEVELOPMENT, HELD_OUT, ProtocolError
+from workers.experiments import heldout
+from workers.experiments.heldout_report import (
+    PLAN,
+    CorpusVerdict,
+    judge,
+    over_corpora,
+    sets,
+)
+
+# --- the registry --------------------------------------------------------------------------------
+
+
+def test_the_registry_declares_three_development_and_five_held_out_corpora_of_other_kinds(
+        ) -> None:
+    dev, held = registry.names(DEVELOPMENT), registry.names(HELD_OUT)
+    assert dev == ("code", "docs", "records")
+    assert len(held) >= 5 and not set(dev) & set(held)
+    assert not {registry.CORPORA[n].kind for n in dev} & {registry.CORPORA[n].kind for n in held}
+    with pytest.raises(UsageError, match="'nope': not a registered corpus; choose from code"):
+        registry.corpus("nope")
+
+
+@pytest.mark.parametrize("name", registry.names(HELD_OUT))
+def test_a_held_out_corpus_is_present_and_the_same_bytes_twice(tmp_path: Path,
+                                                               name: str) -> None:
+    write = registry.corpus(name).write
+
+    def digest(folder: Path) -> tuple[int, str]:
+        data = b"".join(p.read_bytes() for p in sorted(write(folder, 0.05).rglob("*.txt")))
+        return len(data), hashlib.sha256(data).hexdigest()
+
+    size, first = digest(tmp_path / "a")
+    assert size == pytest.approx(50_000, abs=100)  # cut at the size asked for: it holds more
+    assert digest(tmp_path / "b") == (size, first)
+
+
+# --- the fixed rules -----------------------------------------------------------------------------
+
+
+def template(width: int) -> ArchConfig:
+    layer = LayerSpec("mhsa", (HeadGroup(3, 8, width // 3 if width % 3 == 0 else 8),), 2.0,
+                      "extract")
+    return ArchConfig(d_model=width, layers=(layer, LayerSpec("mhsa", (HeadGroup(2, 8),), 2.0)),
+                      max_seq_len=64, vocab_size=256)
+
+
+@pytest.mark.parametrize(("width", "name", "heads"), [
+    (64, "head-dim-64", "1x64"), (256, "head-dim-64", "4x64"), (32, "head-dim-64", "1x32"),
+    (64, "head-dim-32", "2x32"), (512, "head-dim-32", "16x32"), (64, "uniform-8", "8x8"),
+    (64, "uniform-1", "1x64"),
+])
+def test_a_rule_gives_every_layer_its_heads_and_keeps_the_rest(width: int, name: str,
+                                                              heads: str) -> None:
+    arch = heuristic_arch(template(width), name)
+    assert [layer.heads_str for layer in arch.layers] == [heads, heads]
+    assert [layer.mlp_ratio for layer in arch.layers] == [2.0, 2.0]
+    assert [layer.role for layer in arch.layers] == ["extract", "process"]
+    assert all(sum(g.count * g.v_dim for g in layer.heads) == width for layer in arch.layers)
+
+
+def test_a_rule_that_cannot_divide_the_width_or_is_unknown_is_refused() -> None:
+    with pytest.raises(PlanError, match="8 heads do not divide the width 12"):
+        heuristic_arch(template(12), "uniform-8")
+    with pytest.raises(PlanError, match="'uniform-3': not a registered rule"):
+        heuristic_arch(template(64), "uniform-3")
+    assert {"head-dim-64", "head-dim-32", "uniform-1", "uniform-8"} <= set(HEURISTICS)
+
+
+# --- the verdicts --------------------------------------------------------------------------------
+
+
+ARCHS = {PLAN: "p", "uniform-1": "u1", "uniform-2": "u2"}
+SHARED = (0.0, 0.03, -0.02)  # a seed effect every model shares
+BEST = 2.0 + sum(SHARED) / 3  # uniform-2's mean
+
+
+def losses(plan_offset: float, noise: tuple[float, ...]) -> dict[str, dict[int, float]]:
+    """Three seeds that move every model together (a shared seed effect), uniform-2 the best
+    rule, the plan ``plan_offset`` above it plus ``noise`` per seed."""
+    return {"uniform-1": {s: 2.10 + SHARED[s] for s in range(3)},
+            "uniform-2": {s: 2.00 + SHARED[s] for s in range(3)},
+            PLAN: {s: 2.00 + plan_offset + SHARED[s] + noise[s] for s in range(3)}}
+
+
+def verdict(plan_offset: float, noise: tuple[float, ...] = (0.0, 0.001, -0.001),
+            role: str = HELD_OUT, name: str = "c") -> CorpusVerdict:
+    return judge(name, role, "text", 1.0, losses(plan_offset, noise), ARCHS,  # type: ignore[arg-type]
+                 {})[0]
+
+
+def test_a_plan_worse_on_every_seed_is_worse_better_is_better_noise_is_inconclusive() -> None:
+    worse = verdict(0.03)
+    assert worse.best == "uniform-2" and worse.verdict == "worse"
+    assert worse.p_worse is not None and worse.p_worse < 0.05
+    assert worse.difference == pytest.approx(0.03) and worse.relative == pytest.approx(0.03 / BEST)
+    assert not worse.within_margin  # 1.5% above the best: not within 1%
+    better = verdict(-0.03)
+    assert better.verdict == "better" and better.high < 0
+    unclear = verdict(0.0, (0.02, -0.03, 0.015))
+    assert unclear.verdict == "inconclusive" and unclear.low < 0 < unclear.high
+    # the shared seed effect (SD 0.025) is in every model's loss, not in the differences
+    assert unclear.seed_sd > 0.02 and verdict(0.03).difference_sd < 0.002
+
+
+def test_a_seed_on_which_a_model_diverged_is_left_out_of_every_model() -> None:
+    by = losses(0.03, (0.0, 0.001, -0.001))
+    by["uniform-1"][2] = math.nan
+    v, rows = judge("c", HELD_OUT, "text", 1.0, by, ARCHS, {})
+    assert v.seeds == 2 and all(r["seeds"] == 2 for r in rows)
+
+
+def test_the_held_out_verdict_refuses_a_development_corpus() -> None:
+    held = [verdict(0.01, name=f"h{k}") for k in range(3)]
+    with pytest.raises(ProtocolError, match="'d' is a development corpus, in the held-out set"):
+        over_corpora([*held, verdict(-0.5, role=DEVELOPMENT, name="d")], HELD_OUT)
+    with pytest.raises(ProtocolError, match="'h0' is a held-out corpus, in the development"):
+        over_corpora(held[:1], DEVELOPMENT)
+
+
+def test_development_and_held_out_are_summarised_apart() -> None:
+    held = [verdict(0.01 * k, name=f"h{k}") for k in range(3)]
+    dev = [verdict(-0.5, role=DEVELOPMENT, name="d")]  # a plan far better where it was tuned
+    alone, mixed = sets(held), sets([dev[0], *held])
+    assert alone[DEVELOPMENT] is None and mixed[HELD_OUT] == alone[HELD_OUT]
+    summary = mixed[HELD_OUT]
+    assert summary is not None and summary.corpora == 3 and summary.worse == 2
+    assert summary.relative == pytest.approx(0.01 / BEST)  # the mean of 0, 0.01 and 0.02 above
+    development = mixed[DEVELOPMENT]
+    assert development is not None and development.relative == pytest.approx(-0.5 / BEST)
+
+
+# --- the experiment ------------------------------------------------------------------------------
+
+
+def run(tmp_path: Path, capsys: pytest.CaptureFixture[str], *flags: str) -> dict[str, Any]:
+    code = heldout.main(["--smoke-test", "--quiet", "--format", "json",
+                         "--out", str(tmp_path / "out"), *flags])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    return dict(json.loads(captured.out))
+
+
+def test_smoke_run_judges_each_set_apart_and_a_rerun_trains_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    mine = tmp_path / "mine.txt"
+    mine.write_text("the quick brown fox jumps over the lazy dog; " * 400)
+    result = run(tmp_path, capsys, "--corpus", "docs", "--data", str(mine))
+    roles = {c["corpus"]: c["role"] for c in result["corpora"]}
+    assert roles == {"docs": DEVELOPMENT, "mine": HELD_OUT}  # your data is held-out
+    assert {role for role, s in result["sets"].items() if s} == {DEVELOPMENT, HELD_OUT}
+    for c in result["corpora"]:
+        assert c["seeds"] == 2 and c["best"] in HEURISTICS and c["verdict"] in (
+            "worse", "better", "inconclusive")
+        models = {m["model"] for m in result["models"] if m["corpus"] == c["corpus"]}
+        assert models == {PLAN, *HEURISTICS}
+    out = tmp_path / "out"
+    for name in ("heldout.csv", "heldout_corpora.csv", "heldout_sets.csv", "heldout_runs.csv",
+                 "heldout.txt"):
+        assert (out / name).stat().st_size > 0
+    ledger = (out / "docs" / "runs.csv").read_text()
+
+    def refuse(*args: object) -> None:
+        raise AssertionError("a re-run trained a model its ledger holds")
+
+    monkeypatch.setattr(heldout, "train_one", refuse)
+    again = run(tmp_path, capsys, "--corpus", "docs", "--data", str(mine))
+    assert again["corpora"] == result["corpora"]
+    assert (out / "docs" / "runs.csv").read_text() == ledger
+    # a third seed asked for without training: the report stays on the two every model has
+    partial = run(tmp_path, capsys, "--corpus", "docs", "--seeds", "3", "--no-train")
+    assert [c["seeds"] for c in partial["corpora"]] == [2]
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--corpus", "nope"], "--corpus 'nope': not a registered corpus"),
+    (["--data", "code"], "its name 'code' is taken"),
+])
+def test_a_bad_corpus_is_one_line_before_any_work(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str],
+        message: str) -> None:
+    code = heldout.main(["--smoke-test", "--out", str(tmp_path / "out"), *flags])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and message in err, err
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,330 @@
+"""python -m workers.experiments.heldout [--smoke-test] [--set held-out] [--corpus N] [--data P]
+
+Is the allocator's plan better than the head counts practitioners fix, on corpora no rule was
+tuned on? For each corpus (the registry's development and held-out corpora,
+``userdata.corpora``, or yours with ``--data``) the plan is made from that corpus as a user
+makes it (``alloc.profile --data DIR --budget 64 --layers 2 --mlp-ratio 2 --seq-len 64``, with
+its pilot, then ``alloc.solve --budget 64 --layers 2 --mlp-ratio 2 --profile``) and trained
+beside every fixed rule of ``alloc.heuristics`` (heads of 64, one head per 32 dimensions, 1, 2,
+4 or 8 heads in every layer) at the same width, depth and MLP: 2 layers, D = 64, MLP 2x, windows
+of 64 bytes, 400 steps of 16 windows with ``arch.training``'s recipe, 3 seeds. Seeds are
+**paired**: seed s fixes the initial weights, the batches' order and the validation windows of
+every model alike, so each difference is measured seed by seed. Per corpus the headline is the
+plan against the best fixed rule there (lowest mean): the mean paired difference with its 95%
+interval, the one-sided paired t-test's p that the plan is worse, and a verdict (``worse``: p <
+5%; ``better``: the interval below 0; else ``inconclusive``), beside the seeds' SD and the 1%
+margin. Over the held-out corpora: the mean relative difference with its interval over corpora.
+Development and held-out corpora are summarised apart, and only held-out ones judge (the
+protocol of ``userdata.corpora``). Every training is kept in ``CORPUS/runs.csv`` under
+``--out``, so a re-run trains only what is missing (run corpora in parallel with ``--corpus``,
+then ``--no-train`` over all of them for the report). Writes ``heldout.csv`` (per corpus and model),
+``heldout_corpora.csv`` (per corpus), ``heldout_sets.csv``, ``heldout_runs.csv`` and
+``heldout.txt``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import hashlib
+import json
+import math
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from alloc.heuristics import HEURISTICS, heuristic_arch
+from alloc.plan import Plan
+from alloc.profiling.files import write_profile
+from alloc.profiling.pilot import PilotRequest
+from arch import ArchConfig, TrainConfig
+from common.cli import int_in
+from common.errors import UsageError
+from common.files import write_atomic, write_csv
+from userdata import DTYPES, DataSpec
+from userdata import corpora as registry
+from userdata.corpora import HELD_OUT, ROLES, Role
+from workers.experiments import harness
+from workers.experiments import heldout_report as report
+from workers.experiments.corpora import plan_from_profile
+from workers.experiments.heldout_report import PLAN
+from workers.tasks import Task, make_data_task
+
+NAME = "heldout"
+ALL = "all"
+LEDGER_COLUMNS = ("corpus", "model", "arch", "arch_id", "seed", "recipe", "steps", "val_loss",
+                  "val_loss_se", "params", "status", "wall_s")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """One run's sizes: the models', the data's, the training's and the pilot's."""
+
+    budget: int  # the width D of every model
+    depth: int
+    mlp_ratio: float
+    length: int  # training window, and the offsets profiled
+    megabytes: float  # of each registered corpus
+    steps: int
+    batch_size: int
+    eval_batches: int
+    pilot_steps: int
+    seeds: int  # seeds 0..seeds-1, paired across the models
+
+
+SMOKE = Sizes(budget=16, depth=2, mlp_ratio=2.0, length=16, megabytes=0.03, steps=4,
+              batch_size=4, eval_batches=4, pilot_steps=8, seeds=2)
+FULL = Sizes(budget=64, depth=2, mlp_ratio=2.0, length=64, megabytes=2.0, steps=400,
+             batch_size=16, eval_batches=128, pilot_steps=PilotRequest.steps, seeds=3)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A corpus of this run: a registered one (written under ``--out``) or the user's
+    (``path``; held-out: no rule was tuned on it)."""
+
+    name: str
+    role: Role
+    kind: str
+    path: Path | None = None
+
+
+# --- the corpora ---------------------------------------------------------------------------------
+
+
+def entries(args: argparse.Namespace) -> tuple[Entry, ...]:
+    """The corpora the flags name: ``--set`` and ``--corpus`` (registered), ``--data`` (yours);
+    none of them: every registered corpus.
+
+    Raises:
+        UsageError: an unknown corpus, or a ``--data`` whose name is taken.
+    """
+    names = list(args.corpus or [])
+    if args.set is not None:
+        names += [n for role in (ROLES if args.set == ALL else (args.set,))
+                  for n in registry.names(role)]
+    if not names and not args.data:
+        names = list(registry.CORPORA)
+    chosen = [Entry(c.name, c.role, c.kind)
+              for c in (registry.corpus(n) for n in dict.fromkeys(names))]
+    for path in args.data or []:
+        name = Path(path).stem or Path(path).name
+        if name in registry.CORPORA or name in {e.name for e in chosen}:
+            raise UsageError(f"--data {str(path)!r}: its name {name!r} is taken (a registered "
+                             "corpus or another --data); rename the file or folder")
+        chosen.append(Entry(name, HELD_OUT, "your data", Path(path)))
+    return tuple(chosen)
+
+
+def data_of(entry: Entry, sizes: Sizes, out: Path, dtype: str) -> DataSpec:
+    """Where the corpus is: the user's path, or the registered corpus written under ``out``."""
+    if entry.path is not None:
+        return DataSpec(str(entry.path), dtype=dtype)
+    return DataSpec(str(registry.corpus(entry.name).write(out / "text", sizes.megabytes)))
+
+
+def megabytes_of(spec: DataSpec) -> float:
+    """The corpus's size on disk (a folder: its files)."""
+    path = Path(spec.path)
+    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+    return sum(p.stat().st_size for p in files) / 1e6
+
+
+def task_for(spec: DataSpec, sizes: Sizes, seed: int) -> Task:
+    """The corpus's windows; ``seed`` orders the batches and draws the validation windows."""
+    return make_data_task(spec, length=sizes.length, seed=seed)
+
+
+# --- the models ----------------------------------------------------------------------------------
+
+
+def corpus_plan(spec: DataSpec, sizes: Sizes, out: Path, task: Task, quiet: bool) -> Plan:
+    """The corpus's plan: its profile with the pilot at the models' shape (kept in ``out``: a
+    re-run reads it), then ``alloc.solve --profile``'s plan at that width and depth."""
+    from workers.profile import profile_data
+
+    path = out / (f"profile-D{sizes.budget}-L{sizes.depth}-mlp{sizes.mlp_ratio:g}"
+                  f"-T{sizes.length}-pilot{sizes.pilot_steps}.yaml")
+    if not path.exists():
+        pilot = PilotRequest(spec, budget=sizes.budget, layers=sizes.depth,
+                             mlp_ratio=sizes.mlp_ratio, steps=sizes.pilot_steps, quiet=quiet)
+        write_profile(profile_data(spec, seq_len=sizes.length, pilot=pilot), path)
+    return plan_from_profile(path, sizes.budget, sizes.depth, task, sizes.mlp_ratio)
+
+
+def models(plan: ArchConfig) -> dict[str, ArchConfig]:
+    """The plan and every fixed rule at its width, depth and MLP, by label."""
+    return {PLAN: plan, **{name: heuristic_arch(plan, name) for name in HEURISTICS}}
+
+
+def train_config(sizes: Sizes, seed: int) -> TrainConfig:
+    """The recipe every model of a run trains with: ``arch.training``'s (its warmup, and the
+    width rule's learning rate at D, fixed here so the ledger records it), ``seed`` its
+    initial weights."""
+    return TrainConfig(steps=sizes.steps, batch_size=sizes.batch_size, eval_every=sizes.steps,
+                       eval_batches=sizes.eval_batches, seed=seed).for_width(sizes.budget)
+
+
+def recipe_id(sizes: Sizes) -> str:
+    """What a ledger row was trained with (the recipe and the window), seed aside: a row of
+    another recipe (an earlier warmup or learning rate) is never read as this one's."""
+    fields = {**train_config(sizes, 0).to_dict(), "seed": None, "length": sizes.length}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
+
+
+# --- the trainings, kept in a ledger -------------------------------------------------------------
+
+
+def read_ledger(path: Path) -> list[dict[str, str]]:
+    if not path.exists():
+        return []
+    with path.open(newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def train_one(args: argparse.Namespace, sizes: Sizes, corpus: str, task: Task, label: str,
+              arch: ArchConfig, seed: int) -> dict[str, Any]:
+    """One model trained with ``seed``: its ledger row (a run that diverged has no loss)."""
+    from workers.training.trainer import Trainer
+
+    trainer = Trainer(arch, task, train_config(sizes, seed))
+    result = harness.train(trainer, f"{corpus}: {label} ({arch.describe()}), seed {seed}", args)
+    loss = result.val_loss if result.status == "completed" else None
+    return {"corpus": corpus, "model": label, "arch": arch.describe(), "arch_id": arch.arch_id,
+            "seed": seed, "recipe": recipe_id(sizes), "steps": result.steps,
+            "val_loss": "" if loss is None else loss,
+            "val_loss_se": "" if result.val_loss_se is None else result.val_loss_se,
+            "params": result.trainable_params, "status": result.status,
+            "wall_s": round(result.wall_s, 2)}
+
+
+def train_all(args: argparse.Namespace, sizes: Sizes, corpus: str, spec: DataSpec,
+              arms: Mapping[str, ArchConfig], ledger: Path) -> list[dict[str, str]]:
+    """Every distinct model of ``arms`` with every seed, those not in ``ledger`` trained and
+    added to it one by one (none with ``--no-train``); returns this recipe's rows."""
+    rows, recipe = read_ledger(ledger), recipe_id(sizes)
+    done = {(r["arch_id"], int(r["seed"])) for r in rows if r["recipe"] == recipe}
+    distinct: dict[str, tuple[str, ArchConfig]] = {}  # a model two rules share: trained once
+    for label, arch in arms.items():
+        distinct.setdefault(arch.arch_id, (label, arch))
+    for seed in range(0 if args.no_train else sizes.seeds):
+        missing = [(label, arch) for key, (label, arch) in distinct.items()
+                   if (key, seed) not in done]
+        task = task_for(spec, sizes, seed) if missing else None
+        for label, arch in missing:
+            assert task is not None
+            rows.append({k: str(v) for k, v in train_one(args, sizes, corpus, task, label,
+                                                         arch, seed).items()})
+            write_csv(ledger, rows)
+    return [r for r in rows if r["recipe"] == recipe and int(r["seed"]) < sizes.seeds]
+
+
+def losses_of(arms: Mapping[str, ArchConfig], rows: Sequence[Mapping[str, str]]
+              ) -> dict[str, dict[int, float]]:
+    """Per label, its loss per seed (NaN: that training diverged)."""
+    by_arch: dict[str, dict[int, float]] = {}
+    for r in rows:
+        by_arch.setdefault(r["arch_id"], {})[int(r["seed"])] = (
+            float(r["val_loss"]) if r["val_loss"] else math.nan)
+    return {label: by_arch.get(arch.arch_id, {}) for label, arch in arms.items()}
+
+
+def params_of(arms: Mapping[str, ArchConfig], rows: Sequence[Mapping[str, str]]
+              ) -> dict[str, int]:
+    by_arch = {r["arch_id"]: int(r["params"]) for r in rows}
+    return {label: by_arch[arch.arch_id] for label, arch in arms.items()
+            if arch.arch_id in by_arch}
+
+
+# --- the experiment ------------------------------------------------------------------------------
+
+
+def corpus_result(args: argparse.Namespace, sizes: Sizes, entry: Entry) -> dict[str, Any]:
+    """The corpus written (or read), profiled and planned, the plan and every fixed rule
+    trained with every seed (or read from its ledger), and the plan judged."""
+    out = args.out / entry.name
+    out.mkdir(parents=True, exist_ok=True)
+    spec = data_of(entry, sizes, out, args.data_dtype)
+    plan = corpus_plan(spec, sizes, out, task_for(spec, sizes, 0), args.quiet)
+    arms = models(plan.arch)
+    rows = train_all(args, sizes, entry.name, spec, arms, out / "runs.csv")
+    verdict, table = report.judge(entry.name, entry.role, entry.kind, megabytes_of(spec),
+                                  losses_of(arms, rows),
+                                  {label: a.describe() for label, a in arms.items()},
+                                  params_of(arms, rows))
+    return {"verdict": verdict, "models": table, "runs": rows}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    sizes = dataclasses.replace(SMOKE if args.smoke_test else FULL,
+                                **{k: v for k, v in (("seeds", args.seeds),
+                                                     ("steps", args.steps)) if v})
+    chosen = entries(args)  # a bad --corpus or --data: before any work
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    harness.prepare(args)
+    results = []
+    with harness.runs(args, NAME, len(chosen), "corpora") as bar:
+        for k, entry in enumerate(chosen, start=1):
+            bar.write(f"{NAME}: corpus {k}/{len(chosen)}: {entry.name} ({entry.role}): "
+                      "profile, plan, and the plan and every fixed rule trained")
+            results.append(corpus_result(args, sizes, entry))
+            bar.update(1)
+            bar.event(f"{entry.name} done")
+    verdicts = [r["verdict"] for r in results]
+    result = {"sizes": dataclasses.asdict(sizes), "recipe": train_config(sizes, 0).to_dict(),
+              "corpora": [dataclasses.asdict(v) for v in verdicts],
+              "models": [row for r in results for row in r["models"]],
+              "sets": {role: None if s is None else dataclasses.asdict(s)
+                       for role, s in report.sets(verdicts).items()},
+              "out": str(args.out)}
+    write_outputs(result, [row for r in results for row in r["runs"]], args.out)
+    return result
+
+
+def write_outputs(result: dict[str, Any], runs: list[dict[str, str]], out: Path) -> None:
+    write_csv(out / "heldout.csv", result["models"])
+    write_csv(out / "heldout_corpora.csv", result["corpora"])
+    write_csv(out / "heldout_sets.csv", [{"set": role, **s} for role, s in result["sets"].items()
+                                         if s is not None])
+    write_csv(out / "heldout_runs.csv", runs)
+    write_atomic(out / "heldout.txt", report.render(result) + "\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = harness.build_parser(NAME, __doc__)
+    parser.add_argument("--set", choices=(*ROLES, ALL),
+                        help="the registered corpora of this role (default, with no --corpus "
+                             "and no --data: all)")
+    parser.add_argument("--corpus", action="append", metavar="NAME",
+                        help=f"a registered corpus (repeatable): {', '.join(registry.CORPORA)}")
+    parser.add_argument("--data", action="append", type=Path, metavar="PATH",
+                        help="your corpus (repeatable), held-out: a UTF-8 text file or folder "
+                             "of *.txt, or a folder with nanoGPT's train.bin/val.bin")
+    parser.add_argument("--data-dtype", choices=DTYPES, default=DataSpec.dtype,
+                        help="token type of --data's .bin files")
+    parser.add_argument("--seeds", type=int_in(2, 50), metavar="N",
+                        help=f"paired seeds 0..N-1 (default: {FULL.seeds}, {SMOKE.seeds} with "
+                             "--smoke-test)")
+    parser.add_argument("--steps", type=int_in(1), metavar="STEPS",
+                        help=f"training steps of every model (default: {FULL.steps})")
+    parser.add_argument("--no-train", action="store_true",
+                        help="train nothing: the report from the ledgers alone, on the seeds "
+                             "every model of a corpus has (e.g. while other runs still train)")
+    parser.add_argument("--threads", type=int_in(1), metavar="N",
+                        help="torch's CPU threads (default: torch's; 1 when several runs share "
+                             "the cores)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    return harness.main(build_parser(), argv, run, report.render)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

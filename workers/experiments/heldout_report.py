@@ -1,0 +1,227 @@
+"""The held-out experiment's verdicts and text (``workers.experiments.heldout``): per corpus the
+plan against the best fixed rule on paired seeds (``judge``), per set of corpora the mean over
+them (``over_corpora``: development and held-out apart, ``sets``), and the table (``render``).
+
+A corpus's verdict: ``worse`` when the one-sided paired t-test rejects "the plan's loss is no
+higher than the best rule's" at 5%, ``better`` when the 95% interval of the difference lies
+below 0, else ``inconclusive`` (the seeds cannot tell). The best rule is the one of lowest mean
+on the same seeds: choosing it there favours the rules. A set's verdict reads the same way the
+corpora's relative differences (plan - best) / best, with their interval over corpora.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from alloc.heuristics import HEURISTICS
+from common.cli import render_table
+from common.stats import ALPHA, Paired, interval, mean, noise, paired, sd
+from userdata.corpora import DEVELOPMENT, HELD_OUT, ROLES, Role, require_role, split_by_role
+
+PLAN = "plan"
+MARGIN = 0.01  # the margin a difference is read against: 1% of the best rule's loss
+SET_TITLES = {DEVELOPMENT: "development corpora (the rules were tuned on these)",
+              HELD_OUT: "held-out corpora (no rule was tuned on these)"}
+
+
+@dataclass(frozen=True)
+class CorpusVerdict:
+    """The plan against the best fixed rule on one corpus, on the seeds where every model
+    trained (losses in nats per byte or token; ``difference`` = plan - best)."""
+
+    corpus: str
+    role: Role
+    kind: str
+    megabytes: float
+    plan: str  # the plan's architecture
+    best: str  # the best rule's name (lowest mean)
+    best_arch: str
+    seeds: int
+    plan_loss: float
+    best_loss: float
+    difference: float
+    low: float  # the difference's 95% interval
+    high: float
+    relative: float  # difference / best_loss
+    p_worse: float | None  # one-sided paired t-test: the plan is worse
+    verdict: str  # worse, better or inconclusive
+    margin: float  # 1% of the best rule's loss
+    seed_sd: float  # the seeds' SD, pooled over the distinct models
+    difference_sd: float  # the SD of the plan's paired differences to the best rule
+    within_margin: bool  # the interval's upper end below +1%: at most 1% worse, at 95%
+
+
+@dataclass(frozen=True)
+class SetVerdict:
+    """One set of corpora (one role): the mean relative difference over its corpora with its
+    95% interval over them, and how many corpora each verdict has."""
+
+    role: Role
+    corpora: int
+    relative: float
+    low: float
+    high: float
+    p_worse: float | None
+    verdict: str
+    worse: int
+    better: int
+    inconclusive: int
+    within_margin: int
+
+
+def verdict_of(p: Paired) -> str:
+    if p.p_worse is not None and p.p_worse < ALPHA:
+        return "worse"
+    if p.difference.high < 0:
+        return "better"
+    return "inconclusive"
+
+
+def paired_seeds(losses: Mapping[str, Mapping[int, float]]) -> tuple[int, ...]:
+    """The seeds every model has a finite loss for (a diverged training drops its seed)."""
+    common = set.intersection(*(set(by) for by in losses.values()))
+    return tuple(sorted(s for s in common
+                        if all(math.isfinite(by[s]) for by in losses.values())))
+
+
+def judge(corpus: str, role: Role, kind: str, megabytes: float,
+          losses: Mapping[str, Mapping[int, float]], archs: Mapping[str, str],
+          params: Mapping[str, int]) -> tuple[CorpusVerdict, list[dict[str, Any]]]:
+    """The corpus's verdict and its models' rows. ``losses``: per label (``PLAN`` and the
+    rules' names), its loss per seed; ``archs``: each label's architecture.
+
+    Raises:
+        RuntimeError: no seed on which every model trained.
+    """
+    seeds = paired_seeds(losses)
+    if not seeds:
+        raise RuntimeError(f"{corpus}: no seed on which every model trained")
+    at = {label: [by[s] for s in seeds] for label, by in losses.items()}
+    best = min((label for label in at if label != PLAN), key=lambda label: mean(at[label]))
+    head = paired(at[PLAN], at[best])
+    best_loss = mean(at[best])
+    distinct = {archs[label]: values for label, values in at.items()}  # a shared model once
+    verdict = CorpusVerdict(
+        corpus=corpus, role=role, kind=kind, megabytes=round(megabytes, 3), plan=archs[PLAN],
+        best=best, best_arch=archs[best], seeds=len(seeds), plan_loss=mean(at[PLAN]),
+        best_loss=best_loss, difference=head.difference.mean, low=head.difference.low,
+        high=head.difference.high, relative=head.difference.mean / best_loss,
+        p_worse=head.p_worse, verdict=verdict_of(head), margin=MARGIN * best_loss,
+        seed_sd=noise(distinct, ()).seed_sd,
+        difference_sd=sd([p - b for p, b in zip(at[PLAN], at[best])]),
+        within_margin=head.difference.high < MARGIN * best_loss)
+    return verdict, [model_row(verdict, label, archs[label], params.get(label), at, seeds)
+                     for label in at]
+
+
+def model_row(v: CorpusVerdict, label: str, arch: str, params: int | None,
+              at: Mapping[str, list[float]], seeds: Sequence[int]) -> dict[str, Any]:
+    """One model on one corpus: its loss over the seeds and the plan's paired difference to
+    it."""
+    own = interval(at[label])
+    diff = None if label == PLAN else paired(at[PLAN], at[label])
+    return {"corpus": v.corpus, "role": v.role, "model": label,
+            "rule": "the allocator's plan" if label == PLAN else HEURISTICS[label].rule,
+            "arch": arch, "params": params, "loss": own.mean, "low": own.low, "high": own.high,
+            "seeds": own.n, **{f"loss_seed{s}": x for s, x in zip(seeds, at[label])},
+            "plan_minus_this": diff and diff.difference.mean,
+            "plan_minus_low": diff and diff.difference.low,
+            "plan_minus_high": diff and diff.difference.high,
+            "p_plan_worse": diff and diff.p_worse,
+            "best_rule": label == v.best}
+
+
+def over_corpora(rows: Sequence[CorpusVerdict], role: Role) -> SetVerdict:
+    """The corpora of one set (all of ``role``: the protocol, ``userdata.corpora``): the mean
+    of their relative differences with its interval over corpora.
+
+    Raises:
+        ProtocolError: a corpus of the other role among ``rows``.
+    """
+    require_role(rows, role, lambda r: r.role, lambda r: r.corpus)
+    over = paired([r.relative for r in rows], [0.0] * len(rows))
+    counts = {v: sum(r.verdict == v for r in rows) for v in ("worse", "better",
+                                                               "inconclusive")}
+    return SetVerdict(role=role, corpora=len(rows), relative=over.difference.mean,
+                      low=over.difference.low, high=over.difference.high,
+                      p_worse=over.p_worse, verdict=verdict_of(over), **counts,
+                      within_margin=sum(r.within_margin for r in rows))
+
+
+def sets(rows: Sequence[CorpusVerdict]) -> dict[Role, SetVerdict | None]:
+    """Each role's summary over its own corpora (None: no corpus of it): never pooled."""
+    parts = split_by_role(rows, lambda r: r.role)
+    return {role: over_corpora(parts[role], role) if parts[role] else None for role in ROLES}
+
+
+# --- the text ------------------------------------------------------------------------------------
+
+
+def render(result: dict[str, Any]) -> str:
+    """Per set (development, then held-out): the corpora's verdicts, the set's, and each
+    corpus's models."""
+    lines = [f"plan against the best fixed rule (paired seeds; {describe_sizes(result)})"]
+    for role in ROLES:
+        corpora = [c for c in result["corpora"] if c["role"] == role]
+        if not corpora:
+            continue
+        lines += ["", f"{SET_TITLES[role]}:", corpora_table(corpora),
+                  set_line(result["sets"][role])]
+        for c in corpora:
+            lines += ["", models_table(c, [m for m in result["models"]
+                                         if m["corpus"] == c["corpus"]])]
+    lines.append(f"\nwrote {result['out']}/heldout.csv, heldout_corpora.csv, "
+                 "heldout_sets.csv, heldout_runs.csv, heldout.txt")
+    return "\n".join(lines)
+
+
+def describe_sizes(result: dict[str, Any]) -> str:
+    s, r = result["sizes"], result["recipe"]
+    return (f"D = {s['budget']}, {s['depth']} layers, MLP {s['mlp_ratio']:g}x, windows of "
+            f"{s['length']}, {s['steps']} steps of {s['batch_size']}, lr {r['lr']:g}, "
+            f"{s['eval_batches']} validation batches, seeds 0-{s['seeds'] - 1}")
+
+
+def corpora_table(corpora: Sequence[dict[str, Any]]) -> str:
+    return render_table(
+        ["corpus", "kind", "MB", "plan", "best rule", "plan loss", "best loss",
+         "plan - best [95%]", "%", "p (worse)", "verdict", "within 1%", "seed SD / 1%"],
+        [[c["corpus"], c["kind"], f"{c['megabytes']:.2f}", c["plan"],
+          f"{c['best']} ({c['best_arch']})", f"{c['plan_loss']:.4f}", f"{c['best_loss']:.4f}",
+          f"{c['difference']:+.4f} [{c['low']:+.4f}, {c['high']:+.4f}]",
+          f"{100 * c['relative']:+.2f}", p_text(c["p_worse"]), c["verdict"],
+          "yes" if c["within_margin"] else "no",
+          f"{c['seed_sd']:.4f} / {c['margin']:.4f} ({c['seed_sd'] / c['margin']:.2f}x)"]
+         for c in corpora])
+
+
+def set_line(s: dict[str, Any] | None) -> str:
+    if s is None:
+        return ""
+    return (f"over the {s['corpora']} {s['role']} corpora: plan - best = "
+            f"{100 * s['relative']:+.2f}% [{100 * s['low']:+.2f}%, {100 * s['high']:+.2f}%] "
+            f"(95% over corpora), p (worse) {p_text(s['p_worse'])}: {s['verdict']}; per "
+            f"corpus worse {s['worse']}, better {s['better']}, inconclusive "
+            f"{s['inconclusive']}; at most 1% worse (95%) on {s['within_margin']}")
+
+
+def models_table(c: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
+    title = (f"{c['corpus']} ({c['role']}, {c['kind']}, {c['megabytes']:.2f} MB, {c['seeds']} "
+             f"paired seeds; SD of plan - best {c['difference_sd']:.4f}):")
+    table = render_table(
+        ["model", "rule", "architecture", "params", "loss [95%]", "plan - this [95%]",
+         "p (plan worse)"],
+        [[r["model"] + (" (best)" if r["best_rule"] else ""), r["rule"], r["arch"],
+          r["params"] if r["params"] is not None else "-",
+          f"{r['loss']:.4f} [{r['low']:.4f}, {r['high']:.4f}]",
+          "-" if r["model"] == PLAN else
+          f"{r['plan_minus_this']:+.4f} [{r['plan_minus_low']:+.4f}, "
+          f"{r['plan_minus_high']:+.4f}]", p_text(r["p_plan_worse"])] for r in rows])
+    return f"{title}\n{table}"
+
+
+def p_text(p: float | None) -> str:
+    return "-" if p is None else f"{p:.3f}"
