@@ -36,7 +36,7 @@ from arch.names import (
     Role,
 )
 from arch.params import ParamCount, attention_params, layer_params, param_count
-from arch.training import OPTIMIZERS, SMOKE_TRAIN, SMOKE_TRIAL, TrainConfig
+from arch.training import OPTIMIZERS, RECIPE, SMOKE_TRAIN, SMOKE_TRIAL, TrainConfig, width_lr
 
 __all__ = [
     "ATTENTION_KINDS",
@@ -48,6 +48,7 @@ __all__ = [
     "NORMS",
     "OPTIMIZERS",
     "POSITIONALS",
+    "RECIPE",
     "ROLES",
     "SCHEMA_VERSION",
     "SMOKE_TRAIN",
@@ -81,4 +82,5 @@ __all__ = [
     "read_values",
     "training_bytes",
     "training_dtype",
+    "width_lr",
 ]

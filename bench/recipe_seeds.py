@@ -40,7 +40,7 @@ def train_point(heads: tuple[int, ...], seed: int, recipe: str, smoke: bool,
     """The point's validation loss after training with ``seed`` under ``recipe``."""
     from arch import ArchConfig, HeadGroup, LayerSpec, TrainConfig
     from userdata import DataSpec
-    from workers.experiments.corpora import write_docs
+    from userdata.corpora import write_docs
     from workers.tasks import make_data_task
     from workers.training.trainer import train
 

@@ -32,8 +32,7 @@ import numpy as np
 import optuna
 
 from alloc.prior.bound import Candidates, allocator_prior, candidates, point_key
-from arch import ArchConfig
-from arch.training import RECIPE
+from arch import RECIPE, ArchConfig
 from bench.search_efficiency import (
     SEED,
     TARGETS,
@@ -46,7 +45,7 @@ from bench.search_efficiency import (
     table_url,
 )
 from common.cli import Parser, add_format, dump, fail, int_in, render_table
-from common.errors import TransformerAllocError
+from common.errors import TransformerAllocError, UsageError
 from common.files import write_csv
 from common.stats import interval, kth_best, noise, not_worse
 from search_spaces import SearchSpace, parse_space
@@ -78,17 +77,11 @@ def prior_mode(case: Case, cands: Candidates, table: dict[str, Any]) -> str | No
     return point_key(cands.params[prior.mode(among, np.random.default_rng(0))])
 
 
-<<<<<<< HEAD
-def retrain(case: Case, out: Path, seeds: int, chosen: list[str]) -> TableNoise:
-    """Every ``chosen`` point with training seeds 1..seeds, trained (or resumed) into
-    ``noise-NAME``; seed 0 is the table's."""
-    from studies import open_storage
-=======
 def retrain(case: Case, out: Path, seeds: int, chosen: list[str], first: int = 1
             ) -> TableNoise:
     """Every ``chosen`` point with training seeds ``first``..seeds, trained (or resumed) into
     ``noise-NAME``; seed 0 is the table's unless ``first`` is 0."""
->>>>>>> h54-recipe
+    from studies import open_storage
     from studies import records as rec
     from workers.experiments import harness
 
@@ -116,7 +109,7 @@ def retrain(case: Case, out: Path, seeds: int, chosen: list[str], first: int = 1
 def study_recipe(url: str, study: str) -> str | None:
     """The training recipe ``study`` was trained under (None: before the record, or no such
     study)."""
-    from studies.storage import open_storage
+    from studies import open_storage
 
     try:
         attrs = optuna.load_study(study_name=study, storage=open_storage(url)).user_attrs

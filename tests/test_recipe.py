@@ -22,7 +22,7 @@ def final_loss(seed: int, warmup: float, folder: str) -> float:
     """Validation loss of a 2-layer D = 64 byte model (2 heads a layer, MLP 2x) after 400
     steps of 16 windows of 64 bytes of the documentation text."""
     from userdata import DataSpec
-    from workers.experiments.corpora import write_docs
+    from userdata.corpora import write_docs
     from workers.tasks import make_data_task
     from workers.training.trainer import train
 

@@ -1,9 +1,9 @@
 """Readers of the user's own data, with numpy only (no torch): a text file or folder, nanoGPT's
 ``train.bin``/``val.bin``, or ``x.npy``/``y.npy`` vector sequences, memory-mapped. What the
 trainer trains on and the profiler measures, the flags that name it, and the task a command
-names (``TaskSpec``: a generated task or this data). The public names are those of
-``__all__``, imported from here; every module is private to the package (tests/test_layering
-checks)."""
+names (``TaskSpec``: a generated task or this data); ``userdata.corpora``, the development and
+held-out corpora every machine has. The public names are those of ``__all__``, imported from
+here; every other module is private to the package (tests/test_layering checks)."""
 
 from userdata.cli import DATA_HELP, add_data_args, data_spec
 from userdata.errors import DataError, TaskError
@@ -34,6 +34,7 @@ __all__ = [
     "TaskSpec",
     "TokenData",
     "add_data_args",
+    "corpora",
     "data_spec",
     "infer_format",
     "open_arrays",

@@ -16,7 +16,7 @@ import optuna
 from alloc.calibrate import with_constants
 from alloc.prior.sampler import PriorSampler
 from alloc.settings import PlanSettings
-from arch.training import RECIPE
+from arch import RECIPE
 from search_spaces import SearchSpace
 from studies import reap_trials, redact
 from studies import records as rec
