@@ -13,9 +13,7 @@ from typing import Any
 
 import optuna
 
-from alloc.calibrate import with_constants
-from alloc.prior.sampler import PriorSampler
-from alloc.settings import PlanSettings
+from alloc import PlanSettings, PriorSampler, with_constants
 from arch import RECIPE
 from search_spaces import SearchSpace
 from studies import reap_trials, redact
