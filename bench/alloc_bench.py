@@ -23,13 +23,7 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import csr_array
 
-from alloc.extract import (
-    ErrorModel,
-    ExtractProblem,
-    GroupChoice,
-    solve_brute_force,
-    solve_exact,
-)
+from alloc import ErrorModel, ExtractProblem, GroupChoice, solve_brute_force, solve_exact
 from arch import parse_kernel
 from common.cli import Parser, add_format, dump, render_table
 

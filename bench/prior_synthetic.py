@@ -20,8 +20,7 @@ from typing import Any
 import numpy as np
 import optuna
 
-from alloc.prior.bound import candidates, point_key
-from alloc.settings import PlanSettings
+from alloc import PlanSettings, candidates, point_key
 from arch import ModelIO
 from bench.search_efficiency import (
     GRADED,

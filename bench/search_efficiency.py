@@ -37,23 +37,24 @@ from typing import Any
 import numpy as np
 import optuna
 
-from alloc.prior.bound import (
+from alloc import (
     DEFAULT_TEMPERATURE,
+    Calibration,
     Candidates,
+    PlanSettings,
+    PriorSampler,
     allocator_prior,
     candidates,
     centred_prior,
     point_key,
 )
-from alloc.prior.sampler import Calibration, PriorSampler
-from alloc.settings import PlanSettings
 from arch import ModelIO
 from common.cli import Parser, add_format, dump, fail, int_in, number, render_table
 from common.errors import TransformerAllocError, UsageError
 from common.files import write_csv
 from common.plots import new_figure, write_figure
 from search_spaces import SearchSpace, SpaceError, load_space
-from workers.search.asking import ask_new
+from workers.search import ask_new
 
 # The replay's early stopping: stock ASHA (Optuna's successive halving, first rung at a ninth of
 # the training, a third kept), as the launcher ran before its milestones
@@ -310,8 +311,8 @@ def allocator_starts(case: Case) -> tuple[list[dict[str, Any]], dict[str, Any] |
     """The launcher's starting points for ``case`` (what seeded TPE enqueues), and the one that
     breaks the allocator prior's ties, as the launcher's prior sampler takes it
     (``plan_anchor``)."""
-    from workers.search.seeding import SearchPlan, plan_anchor
-    from workers.search.seeding import seeds as allocator_seeds
+    from workers.search import SearchPlan, plan_anchor
+    from workers.search import seeds as allocator_seeds
 
     seeded = allocator_seeds(case.space, SearchPlan.make(case.settings))
     anchor = plan_anchor(seeded)
@@ -553,9 +554,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cases(args: argparse.Namespace) -> list[Case]:
     """The tables the flags name (``UsageError`` if bad)."""
-    from workers.search.cli import SMOKE_PILOT_STEPS
-    from workers.search.options import training_budget
-    from workers.search.seeding import plan_settings, profile_for, space_mlp_ratio
+    from workers.search import (
+        SMOKE_PILOT_STEPS,
+        plan_settings,
+        profile_for,
+        space_mlp_ratio,
+        training_budget,
+    )
     from workers.taskargs import task_from_args
     from workers.tasks import make_task
     from workers.tasks.data import make_data_task
@@ -625,13 +630,13 @@ def main(argv: list[str] | None = None) -> int:
                             "offered)")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     from workers.experiments import harness
-    from workers.search import tune
+    from workers.search import ray_session
 
     try:
         harness.prepare(args)
         benchmarks = cases(args)
         ashas = {"both": (False, True), "off": (False,), "on": (True,)}[args.asha]
-        with tune.session():
+        with ray_session():
             rows = [row for case in benchmarks for row in run_case(
                 case, case_runs(case, args.out, args.from_csv), args.seeds,
                 args.strategy or STRATEGIES, args.prior_temperature, ashas,

@@ -23,8 +23,7 @@ from search_spaces import FixedSuggester, load_space
 
 def launcher(url: str, results: Path, study: str, args: argparse.Namespace, reuse: bool,
              checkpoints: bool = True) -> float:
-    from workers.search.driver import run_search
-    from workers.search.options import SearchOptions, training_budget
+    from workers.search import SearchOptions, run_search, training_budget
 
     space = training_budget(load_space(args.space), steps=args.steps)
     options = SearchOptions(scheduler="fifo", max_concurrent=1, storage_path=results,
@@ -69,10 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--task", default="ngram")
     add_format(p)
     args = p.parse_args(argv)
-    from workers.search import tune
+    from workers.search import start_ray
 
     start = time.perf_counter()
-    tune.start()
+    start_ray()
     ray_start = time.perf_counter() - start
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import optuna
 
-from alloc.prior.bound import Candidates, allocator_prior, candidates, point_key
+from alloc import Candidates, allocator_prior, candidates, point_key
 from arch import RECIPE, ArchConfig
 from bench.search_efficiency import (
     SEED,
@@ -203,12 +203,12 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     from workers.experiments import harness
-    from workers.search import tune
+    from workers.search import ray_session
 
     try:
         harness.prepare(args)
         benchmarks = cases(args)
-        with tune.session():
+        with ray_session():
             rows = [r for case in benchmarks
                     for r in measure(case, args.out, args.noise_seeds, args.top)]
     except TransformerAllocError as err:

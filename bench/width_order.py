@@ -18,9 +18,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from alloc.calibrate import ConstantsFit, Observation, WidthDesign, fit, with_constants
-from alloc.plan import make_plan
-from alloc.settings import PlanSettings
+from alloc import (
+    ConstantsFit,
+    Observation,
+    PlanSettings,
+    WidthDesign,
+    fit,
+    make_plan,
+    with_constants,
+)
 from arch import HeadGroup, LayerSpec
 from common.cli import Parser, add_format, dump, fail, render_table
 from common.errors import TransformerAllocError, UsageError

@@ -258,6 +258,10 @@ def _plot_front(front: list[TrialRecord], direction: str, study: str, path: Path
     write_figure(fig, path)
 
 
+# the library's fields in this command's words (the flags sit on the subcommands)
+FLAGS = {"study": "--study", "trial": "--trial"}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -270,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"python -m {PROG}: error: {err}", file=sys.stderr)
         return 1
     except TransformerAllocError as err:
-        return fail(f"python -m {PROG}", str(err))
+        return fail(f"python -m {PROG}", err.text(FLAGS))
     print(result if isinstance(result, str) else dump(result, args.format))
     return 0
 

@@ -22,7 +22,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from arch import ArchConfig, dtype_bytes
-from common.errors import printable
+from common.errors import Problem, printable
 from studies import records as rec
 from studies.errors import QueryError
 from studies.trials import OLD_KV_DTYPE, Direction, TrialRecord
@@ -126,8 +126,9 @@ def _study(conn: sa.Connection, name: str) -> tuple[int, str]:
     row = conn.execute(sa.select(_studies.c.study_id).where(_studies.c.study_name == name)).first()
     if row is None:
         names = [n for (n,) in conn.execute(sa.select(_studies.c.study_name))]
-        raise QueryError(f"--study {name!r}: no such study; studies: "
-                         f"{', '.join(printable(n) for n in names) if names else '(none)'}")
+        listed = ', '.join(printable(n) for n in names) if names else '(none)'
+        raise QueryError.of([Problem("study", name, f"no such study; studies: {listed}",
+                                     shown=repr(name))])
     direction = conn.execute(sa.select(_DIRECTION).where(
         _directions.c.study_id == row[0], _directions.c.objective == 0)).scalar()
     return int(row[0]), str(direction or "MINIMIZE")
@@ -247,7 +248,7 @@ def top(engine: sa.Engine, study: str, k: int) -> tuple[str, list[TrialRecord]]:
         rows = conn.execute(_eligible_rows(conn, sid).order_by(value, _trials.c.number)
                             .limit(k)).all()
     if not rows:
-        raise QueryError(f"--study {study!r}: no complete trial yet")
+        raise QueryError.of([Problem("study", study, "no complete trial yet", shown=repr(study))])
     return direction, _fill(engine, [(tid, number, v) for tid, number, v in rows])
 
 
@@ -275,7 +276,7 @@ def pareto(engine: sa.Engine, study: str, x: str = "params") -> tuple[str, list[
             front.append((tid, number, sign * score))
             best_so_far = score
     if not front:
-        raise QueryError(f"--study {study!r}: no complete trial yet")
+        raise QueryError.of([Problem("study", study, "no complete trial yet", shown=repr(study))])
     return direction, _fill(engine, front)
 
 
@@ -321,8 +322,8 @@ def theory(engine: sa.Engine, study: str) -> dict[str, Any]:
     points = [(t.number, t.predicted_error, t.value) for t in eligible(trials)
               if t.predicted_error is not None]
     if len(points) < 2:
-        raise QueryError(f"--study {study!r}: needs at least two complete trials with a "
-                         "predicted_error")
+        raise QueryError.of([Problem("study", study, "needs at least two complete trials with a "
+                                     "predicted_error", shown=repr(study))])
     predicted, measured = [p[1] for p in points], [p[2] for p in points]
     rho, undefined = None, None
     for name, xs in (("predicted error", predicted), ("measured value", measured)):
@@ -363,9 +364,9 @@ def find_trial(engine: sa.Engine, study: str, number: int | None) -> TrialRecord
     _, trials = load_trials(engine, study, states=None)
     match = attach_archs(engine, [t for t in trials if t.number == number])
     if not match:
-        raise QueryError(f"--trial {number}: study {study!r} has no such trial")
+        raise QueryError.of([Problem("trial", number, f"study {study!r} has no such trial")])
     if match[0].arch is None:
-        raise QueryError(f"--trial {number}: has no recorded architecture")
+        raise QueryError.of([Problem("trial", number, "has no recorded architecture")])
     return match[0]
 
 

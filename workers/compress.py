@@ -36,7 +36,7 @@ from common.cli import (
     wrote,
 )
 from common.errors import TransformerAllocError
-from workers.compression.records import PROG, CompressRequest, CompressResult
+from workers.compression import PROG, CompressRequest, CompressResult
 from workers.taskargs import TASK_FLAGS, add_task_args, task_spec
 
 
@@ -113,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from workers.compression.compressor import compress
+    from workers.compression import compress
 
     try:
         result = compress(request_from_args(args))

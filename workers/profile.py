@@ -23,6 +23,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from alloc import (
+    MAX_PILOT_MLP_RATIO,
+    PILOT_FLAGS,
+    PilotRequest,
+    Profile,
+    add_output_args,
+    add_profile_args,
+    check_outputs,
+    data_statistics,
+    flags_given,
+    required_data,
+    show_profile,
+)
 from alloc.compression import (
     RULES,
     CompressionError,
@@ -35,17 +48,6 @@ from alloc.compression import (
     plot_plan,
     render_plan,
 )
-from alloc.profiling.datastats import Profile, data_statistics
-from alloc.profiling.flags import (
-    PILOT_FLAGS,
-    add_output_args,
-    add_profile_args,
-    check_outputs,
-    flags_given,
-    required_data,
-    show_profile,
-)
-from alloc.profiling.pilot import MAX_PILOT_MLP_RATIO, PilotRequest
 from arch import kinds_text
 from common.cli import Parser, dump, fail, flag_names, int_in, number, wrote
 from common.errors import TransformerAllocError, UsageError
@@ -150,7 +152,7 @@ def plan_checkpoint(request: PlanRequest) -> PlannedCheckpoint:
         CheckpointError, TaskError, DataError, CompressionError: one line each.
     """
     from workers.checkpoints import read_arch  # torch: once the flags are read
-    from workers.compression.measure import measure_for_plan
+    from workers.compression import measure_for_plan
 
     latent = request.measure.latent
     if latent or request.kv_cache is not None:  # from the sizes alone: before measuring
@@ -225,7 +227,7 @@ def show_plan(planned: PlannedCheckpoint, args: argparse.Namespace) -> None:
               "R to assume them)", file=sys.stderr)
     if args.out is not None:
         if planned.fits:
-            from workers.compression.fits import write_fits  # torch: a fitted plan only
+            from workers.compression import write_fits
 
             factors = fits_path(args.out)
             write_fits(factors, planned.fits)

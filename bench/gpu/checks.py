@@ -112,7 +112,7 @@ def memory_rows(ctx: Context) -> list[dict[str, Any]]:
     before the first, allocated (live tensors) and reserved (what the caching allocator keeps
     from other processes: a trial empties its cache for the next); not measured on the CPU."""
     from studies.trials import Direction, TrialStatus
-    from workers.search.protocol import TrialJob, TrialSpec
+    from workers.search import TrialJob, TrialSpec
 
     job = TrialJob(task=describe_task(LMTask(length=64)), metric="loss",
                    direction=Direction.MINIMIZE,
@@ -136,7 +136,7 @@ def memory_rows(ctx: Context) -> list[dict[str, Any]]:
 
 def one_trial(job: Any, spec: Any) -> list[Any]:
     """The reports of one search trial (``workers.search.trial.train_trial``, no Ray)."""
-    from workers.search.trial import train_trial
+    from workers.search import train_trial
 
     reports: list[Any] = []
     with tempfile.TemporaryDirectory() as work:

@@ -15,8 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from alloc.plan import baseline_head, make_plan
-from alloc.settings import PlanSettings
+from alloc import PlanSettings, baseline_head, make_plan
 from arch import ArchConfig, LayerSpec, TrainConfig, param_count
 from bench.gpu.plan import Budget, Context, PartResult
 from bench.throughput import Shape

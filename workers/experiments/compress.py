@@ -26,8 +26,7 @@ from common.files import write_csv
 from common.plots import new_figure, write_figure
 from userdata import DataSpec
 from userdata.corpora import write_code
-from workers.compression.measure import SAMPLE_BATCH, measure_model
-from workers.compression.students import build_student
+from workers.compression import SAMPLE_BATCH, build_student, measure_model
 from workers.experiments import harness
 from workers.models.model import Model
 from workers.tasks import Task, make_data_task

@@ -37,11 +37,16 @@ from typing import Any
 
 import numpy as np
 
-from alloc.plan import Plan, make_plan, uniform_plan
-from alloc.profiling.datastats import Profile
-from alloc.profiling.files import read_allocator_inputs, write_profile
-from alloc.profiling.pilot import PilotRequest
-from alloc.settings import PlanSettings
+from alloc import (
+    PilotRequest,
+    Plan,
+    PlanSettings,
+    Profile,
+    make_plan,
+    read_allocator_inputs,
+    uniform_plan,
+    write_profile,
+)
 from common.cli import int_in
 from common.errors import UsageError
 from search_spaces import SearchSpace, parse_space
@@ -53,8 +58,7 @@ from workers.experiments import harness
 from workers.experiments.corpora_report import render
 from workers.experiments.corpora_stages import MAX_FINALIST_SEEDS
 from workers.profile import profile_data
-from workers.search.options import training_budget
-from workers.search.seeding import plan_settings
+from workers.search import plan_settings, training_budget
 from workers.tasks import Task, make_data_task
 
 NAME = "corpora"
@@ -306,14 +310,14 @@ def describe_inputs(s: PlanSettings) -> str:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from workers.search import tune  # Ray: only when the experiment runs, not for --help
+    from workers.search import ray_session  # Ray: only when the experiment runs, not for --help
 
     sizes, chosen = sizes_of(args), corpora_of(args)  # bad --corpus: before any work
     from_csv = (None if args.grid_csv is None else
                 stages.read_grid_csv(args.grid_csv, chosen, sizes.heads, sizes.later_heads))
     harness.prepare(args)
     results = []
-    with tune.session(), harness.runs(args, NAME, len(chosen), "corpora") as bar:
+    with ray_session(), harness.runs(args, NAME, len(chosen), "corpora") as bar:
         for k, corpus in enumerate(chosen, start=1):
             bar.write(f"{NAME}: corpus {k}/{len(chosen)}: {corpus}: profile, plan, its "
                       "grid's search and its finalists'")

@@ -15,7 +15,7 @@ from common.progress import Progress
 from search_spaces import SearchSpace
 
 if TYPE_CHECKING:
-    from workers.search.driver import SearchSummary
+    from workers.search import SearchSummary
     from workers.tasks import Task
     from workers.training.trainer import Trainer, TrainResult
 
@@ -82,8 +82,7 @@ def search(space: SearchSpace, task: Task, trials: int, url: str, study: str, re
     """``workers.search.run_search`` into ``study``; an existing study is resumed, so a re-run
     continues where an interrupted one stopped. Its progress on stderr unless ``quiet``;
     ``points``: only these points of the space (``SearchOptions.points``)."""
-    from workers.search.driver import run_search
-    from workers.search.options import SearchOptions
+    from workers.search import SearchOptions, run_search
 
     summary = run_search(space, task, storage=url, study=study, trials=trials,
                          resume=study_exists(url, study),

@@ -36,10 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from alloc.heuristics import HEURISTICS, heuristic_arch
-from alloc.plan import Plan
-from alloc.profiling.files import write_profile
-from alloc.profiling.pilot import PilotRequest
+from alloc import HEURISTICS, PilotRequest, Plan, heuristic_arch, write_profile
 from arch import ArchConfig, TrainConfig
 from common.cli import int_in
 from common.errors import UsageError

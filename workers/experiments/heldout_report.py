@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from alloc.heuristics import HEURISTICS
+from alloc import HEURISTICS
 from common.cli import render_table
 from common.stats import ALPHA, Paired, interval, mean, noise, paired, sd
 from userdata.corpora import DEVELOPMENT, HELD_OUT, ROLES, Role, require_role, split_by_role

@@ -43,7 +43,7 @@ from common.plots import new_figure, write_figure
 from common.stats import paired_bootstrap
 from userdata import DataSpec, open_tokens
 from userdata.corpora import write_code
-from workers.compression.measure import measure_model
+from workers.compression import measure_model
 from workers.experiments import harness
 from workers.experiments.kv_methods import (
     METHODS,

@@ -47,12 +47,16 @@ from alloc.compression import (
 )
 from arch import ArchConfig
 from workers.checkpoints.stream import WholeModel
-from workers.compression.curvature import LayerCurvature
-from workers.compression.latent_measure import curvature_latent
-from workers.compression.latent_students import latent_arch, latent_student
-from workers.compression.measure import measure_layers
-from workers.compression.student_inputs import PairOrders
-from workers.compression.students import build_student, pair_orders
+from workers.compression import (
+    LayerCurvature,
+    PairOrders,
+    build_student,
+    curvature_latent,
+    latent_arch,
+    latent_student,
+    measure_layers,
+    pair_orders,
+)
 from workers.models.attention import MultiHeadAttention
 from workers.models.model import Model
 
@@ -263,8 +267,7 @@ def calibrate(teacher: Model, x: Tensor, targets: Tensor, seed: int, align: int,
     """Everything the methods read of the sample ``x`` (but the compact loss plan, which
     ``kv_compress`` measures when ``ours`` is asked for); ``saved``: the measurements of an
     earlier ``Calibration.state()`` of the same sample, not measured again."""
-    from workers.compression.curvature import layer_curvature
-    from workers.compression.latent_measure import DEROTATION_WINDOWS, derotation_orders
+    from workers.compression import DEROTATION_WINDOWS, derotation_orders, layer_curvature
 
     source = WholeModel(teacher)
     spectra = dataclasses.replace(measure_layers(source, None, x.shape[1], align, None, quiet),

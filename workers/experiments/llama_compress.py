@@ -32,9 +32,7 @@ from common.plots import new_figure, write_figure
 from userdata import DataSpec
 from userdata.corpora import write_code
 from workers.checkpoints import llama_config, load, save_llama
-from workers.compression.loss_rule import IGNORE
-from workers.compression.measure import SAMPLE_BATCH, measure_model
-from workers.compression.students import build_student, pair_orders
+from workers.compression import IGNORE, SAMPLE_BATCH, build_student, measure_model, pair_orders
 from workers.experiments import harness
 from workers.models.model import Model
 from workers.tasks import Task, make_data_task

@@ -27,7 +27,7 @@ from common.plots import new_figure, write_figure
 from search_spaces import load_space, parse_space
 from studies import engine, open_storage, query
 from workers.experiments import harness
-from workers.search.options import training_budget
+from workers.search import training_budget
 from workers.tasks import make_task
 from workers.tasks.tokens import bits_per_param
 
@@ -158,13 +158,13 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from workers.search import tune  # Ray: only when the experiment runs, not for --help
+    from workers.search import ray_session  # Ray: only when the experiment runs, not for --help
 
     harness.prepare(args)
     url = harness.storage_url(args, NAME)
     rows: list[dict[str, Any]] = []
     todo = searches(args.smoke_test)
-    with tune.session(), harness.runs(args, NAME, len(todo), "searches") as bar:
+    with ray_session(), harness.runs(args, NAME, len(todo), "searches") as bar:
         for k, search in enumerate(todo, start=1):
             bar.write(f"{NAME}: search {k}/{len(todo)}: {search.study}")
             search.run(args.smoke_test, url, args.out / "ray_results", args.quiet)

@@ -29,7 +29,7 @@ from common.files import write_csv
 from common.plots import new_figure, write_figure
 from common.stats import paired_bootstrap
 from userdata import DataSpec, open_tokens
-from workers.compression.students import build_student
+from workers.compression import build_student
 from workers.experiments import harness
 from workers.experiments.kv_compress import window_losses, windows
 from workers.experiments.kv_methods import norm_orders

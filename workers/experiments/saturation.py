@@ -25,15 +25,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from alloc.saturation import jacobian_bound
-from alloc.settings import PlanSettings
+from alloc import PlanSettings, jacobian_bound
 from arch import ArchConfig, HeadGroup, LayerSpec, TrainConfig
 from common.cli import int_in, render_table
 from common.files import write_csv
 from common.plots import new_figure, write_figure
 from userdata import DataSpec
 from userdata.corpora import write_code
-from workers.compression.recording import record_attention
+from workers.compression import record_attention
 from workers.experiments import harness
 from workers.models.attention import MultiHeadAttention, future_mask
 from workers.models.model import Model, build_model

@@ -23,7 +23,7 @@ from common.files import write_csv, write_yaml
 from common.plots import new_figure, write_figure
 from search_spaces import load_space
 from workers.experiments import harness
-from workers.search.options import training_budget
+from workers.search import training_budget
 from workers.tasks import make_task
 
 NAME = "tradeoff"
@@ -90,7 +90,7 @@ def plot(rows: list[dict[str, Any]], rep: dict[str, Any], budget: int, path: Pat
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from workers.search import tune  # Ray: only when the experiment runs, not for --help
+    from workers.search import ray_session  # Ray: only when the experiment runs, not for --help
 
     sizes = SMOKE if args.smoke_test else FULL
     harness.prepare(args)
@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     trials = len(data["layers"][0]["heads"]) * len(sizes.lrs) * len(sizes.seeds)
     grid = training_budget(load_space(path), args.smoke_test, steps)
     task = make_task("ngram", "smoke" if args.smoke_test else "paper")
-    with tune.session():
+    with ray_session():
         harness.search(grid, task, trials, url, STUDY, args.out / "ray_results",
                        quiet=args.quiet)
     settings, observations = calibrate.observations_from_study(url, STUDY)

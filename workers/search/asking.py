@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import optuna
 from optuna.trial import FrozenTrial, Trial, TrialState
 
-from alloc.prior.bound import point_key
+from alloc import point_key
 from studies import records as rec
 from studies.trials import TrialStatus
 

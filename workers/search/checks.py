@@ -26,7 +26,7 @@ def check_points(space: SearchSpace, points: Sequence[Mapping[str, Any]]) -> Non
     point outside it would be sampled as another."""
     if not points:
         return
-    from alloc.prior.bound import point_key
+    from alloc import point_key
     from search_spaces import SpaceError
 
     try:

@@ -153,6 +153,11 @@ def render(summary: SearchSummary) -> str:
     return "\n".join(lines)
 
 
+
+# the library's fields in this command's words: the task's, and the study's (workers.search.study)
+FLAGS = {**TASK_FLAGS, "study": "--study", "resume": "--resume"}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s", stream=sys.stderr)
@@ -170,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 1
     except TransformerAllocError as err:
-        return fail(PROG, err.text(TASK_FLAGS))
+        return fail(PROG, err.text(FLAGS))
     print(render(summary) if args.format == "table" else dump(summary.to_dict(), args.format))
     code, note = outcome(summary)
     if note:

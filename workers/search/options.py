@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from alloc.prior.bound import DEFAULT_TEMPERATURE
+from alloc import DEFAULT_TEMPERATURE
 from arch import SMOKE_TRIAL
 
 if TYPE_CHECKING:

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from alloc.settings import AllocatorInputs, PlanSettings
+from alloc import AllocatorInputs, PlanSettings
 from arch import ArchConfig
 from common.errors import excerpt
 from search_spaces import SearchSpace, SpaceError, SpaceFile

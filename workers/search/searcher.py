@@ -37,7 +37,7 @@ import optuna
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, Trial, TrialState
 
-from alloc.prior.bound import MAX_CANDIDATES, point_key
+from alloc import MAX_CANDIDATES, point_key
 from arch import ArchConfig, ModelIO
 from search_spaces import SearchSpace, SpaceError
 from studies import records as rec

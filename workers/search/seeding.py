@@ -11,8 +11,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from alloc.plan import Plan, baseline_arch, make_plan, predicted_error, uniform_plan
-from alloc.settings import AllocatorInputs, PlanSettings, fitting_align
+from alloc import (
+    AllocatorInputs,
+    Plan,
+    PlanSettings,
+    baseline_arch,
+    fitting_align,
+    make_plan,
+    predicted_error,
+    uniform_plan,
+)
 from arch import ArchConfig, ConfigError, HeadGroup, LayerSpec
 from common.progress import duration, say
 from search_spaces import SearchSpace, SpaceError
@@ -80,13 +88,12 @@ def profile_for(task: Task, profile: Path | None, out_dir: Path,
     ``out_dir`` for the record; else None (the task's own inputs). Its progress goes to
     stderr unless ``quiet``."""
     if profile is not None:
-        from alloc.profiling.files import read_allocator_inputs  # SciPy only when asked for
+        from alloc import read_allocator_inputs
 
         return DataProfile(profile, read_allocator_inputs(profile))
     if not isinstance(task, TextTask | ArrayTask):
         return None
-    from alloc.profiling.files import section_inputs, write_profile
-    from alloc.profiling.pilot import MAX_PILOT_WIDTH, PilotRequest
+    from alloc import MAX_PILOT_WIDTH, PilotRequest, section_inputs, write_profile
     from workers.profile import profile_data
 
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -13,10 +13,9 @@ from typing import Any
 
 import optuna
 
-from alloc.calibrate import with_constants
-from alloc.prior.sampler import PriorSampler
-from alloc.settings import PlanSettings
+from alloc import PlanSettings, PriorSampler, with_constants
 from arch import RECIPE
+from common.errors import Problem
 from search_spaces import SearchSpace
 from studies import reap_trials, redact
 from studies import records as rec
@@ -47,24 +46,27 @@ def open_study(name: str, storage: optuna.storages.BaseStorage, url: str,
         study = optuna.load_study(study_name=name, storage=storage)
     except KeyError:
         if resume:
-            raise SearchError(f"--resume: no study {name!r} in {redact(url)}; run without "
-                             "--resume to start it") from None
+            raise SearchError.of([Problem("resume", True, f"no study {name!r} in {redact(url)}; "
+                                          "run without {resume} to start it", shown="")]) from None
         study = optuna.create_study(study_name=name, storage=storage, direction=direction.value)
         rec.set_study_attrs(study, **description)
         return study
     if not resume and study.trials:
-        raise SearchError(f"--study {name!r}: already has {len(study.trials)} trials in "
-                         f"{redact(url)}; pass --resume to continue it or choose a new name")
+        raise SearchError.of([Problem("study", name, f"already has {len(study.trials)} trials in "
+                                      f"{redact(url)}; pass {{resume}} to continue it or choose a "
+                                      "new name", shown=repr(name))])
     if study.trials and study.user_attrs.get("record_schema") != rec.RECORD_SCHEMA:
-        raise SearchError(f"--resume: study {name!r} was written by an older version whose "
-                         "trial records are not comparable (record_schema "
-                         f"{study.user_attrs.get('record_schema')!r}, this code writes "
-                         f"{rec.RECORD_SCHEMA}); start a new study")
+        raise SearchError.of([Problem("resume", True, f"study {name!r} was written by an older "
+                                      "version whose trial records are not comparable "
+                                      f"(record_schema {study.user_attrs.get('record_schema')!r}, "
+                                      f"this code writes {rec.RECORD_SCHEMA}); start a new study",
+                                      shown="")])
     mine = rec.study_attrs(**description)
     for key in ("task", "space_hash", "task_fields", "steps", "recipe"):
         if key in study.user_attrs and study.user_attrs[key] != mine[key]:
-            raise SearchError(f"--resume: study {name!r} was run with {key} = "
-                             f"{study.user_attrs[key]!r}, this command gives {mine[key]!r}")
+            raise SearchError.of([Problem("resume", True, f"study {name!r} was run with {key} = "
+                                          f"{study.user_attrs[key]!r}, this command gives "
+                                          f"{mine[key]!r}", shown="")])
     if study.trials and "recipe" not in study.user_attrs:
         log.warning("study %r predates the training recipe's record (before 2026-11-28: "
                     "warmup 0.05, lr 1e-3 unless the space set them); trials added now train "

@@ -22,8 +22,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from alloc.constants import Constants
-from alloc.prior.sampler import CALIBRATION_ATTR
+from alloc import CALIBRATION_ATTR, Constants
 from arch import ModelIO
 from common.errors import excerpt, printable
 from search_spaces import SearchSpace

@@ -13,16 +13,16 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from alloc.errors import PilotError
-from alloc.plan import baseline_head
-from alloc.profiling.patterns import distinct_patterns
-from alloc.profiling.pilot import PilotMeasurement, PilotRequest
+from alloc import PilotError, PilotMeasurement, PilotRequest, baseline_head, distinct_patterns
 from arch import ArchConfig, HeadGroup, LayerSpec, TrainConfig
 from common.progress import duration, say
+from workers.compression import (
+    SAMPLE_BATCH,
+    head_maps,
+    head_statistics,
+    record_attention,
+)
 from workers.compression.chunks import window_chunks
-from workers.compression.heads import head_maps
-from workers.compression.measure import SAMPLE_BATCH
-from workers.compression.recording import head_statistics, record_attention
 from workers.models.model import Model
 from workers.tasks import Task, TaskError, make_data_task, make_task
 from workers.training.trainer import Trainer, run_with_progress
