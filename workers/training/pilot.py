@@ -158,8 +158,8 @@ def run_pilot(request: PilotRequest) -> PilotMeasurement:
     task = pilot_task(request)
     start = time.perf_counter()
     config = TrainConfig(steps=request.steps, batch_size=request.batch_size, lr=request.lr,
-                         warmup=request.warmup, eval_every=request.steps, eval_batches=8, seed=request.seed,
-                         device="cpu")
+                         warmup=request.warmup, eval_every=request.steps, eval_batches=8,
+                         seed=request.seed, device="cpu")
     trainer = Trainer(baseline(request, task), task, config)
     result = run_with_progress(trainer, "pilot", request.quiet)
     if result.val_loss is None:
