@@ -383,3 +383,19 @@ def test_the_surface_check_finds_private_modules_and_unlisted_names() -> None:
     assert private_imports(text, "m", inside="workers.x") == [
         "m: arch.memory", "m: studies.storage", "m: studies.storage", "m: userdata.readers"]
     assert private_imports(text, "m", inside="arch.memory")[0] == "m: studies.storage"
+
+
+@pytest.mark.parametrize("package", ["alloc", "studies", "workers.search", "workers.compression"])
+def test_every_public_name_of_a_lazy_package_resolves(package: str) -> None:
+    """A lazily loaded package's ``__all__`` and its ``__getattr__`` agree: each listed name
+    loads, a public submodule by import (a name listed but not routed, or routed to the wrong
+    module, fails here)."""
+    import importlib
+    import importlib.util
+
+    module = importlib.import_module(package)
+    for name in module.__all__:
+        if importlib.util.find_spec(f"{package}.{name}") is not None:
+            importlib.import_module(f"{package}.{name}")
+        else:
+            assert getattr(module, name) is not None, f"{package}.{name}"
