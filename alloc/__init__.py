@@ -11,7 +11,6 @@ outside it, import its names from ``alloc`` (tests/test_layering checks)."""
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -122,28 +121,36 @@ __all__ = [
 ]
 
 
-# Where each public name lives (its module is imported on first use).
-_HOMES: dict[str, tuple[str, ...]] = {
-    "alloc.calibrate": ("ConstantsFit", "Observation", "WidthDesign", "fit", "with_constants"),
-    "alloc.constants": ("Constants",),
-    "alloc.errors": ("PilotError",),
-    "alloc.extract": (
+def __getattr__(name: str) -> Any:
+    """A public name, imported from its module on first use (PEP 562); the public modules
+    ``calibrate`` and ``compression`` are imported by Python itself (``from alloc import
+    compression``)."""
+    if name in ("ConstantsFit", "Observation", "WidthDesign", "fit", "with_constants"):
+        from alloc import calibrate as module
+    elif name == "Constants":
+        from alloc import constants as module  # type: ignore[no-redef]
+    elif name == "PilotError":
+        from alloc import errors as module  # type: ignore[no-redef]
+    elif name in (
         "ErrorModel",
         "ExtractProblem",
         "GroupChoice",
         "solve_brute_force",
         "solve_exact",
-    ),
-    "alloc.heuristics": ("HEURISTICS", "heuristic_arch"),
-    "alloc.plan": (
+    ):
+        from alloc import extract as module  # type: ignore[no-redef]
+    elif name in ("HEURISTICS", "heuristic_arch"):
+        from alloc import heuristics as module  # type: ignore[no-redef]
+    elif name in (
         "Plan",
         "baseline_arch",
         "baseline_head",
         "make_plan",
         "predicted_error",
         "uniform_plan",
-    ),
-    "alloc.prior.bound": (
+    ):
+        from alloc import plan as module  # type: ignore[no-redef]
+    elif name in (
         "Candidates",
         "DEFAULT_TEMPERATURE",
         "MAX_CANDIDATES",
@@ -151,11 +158,15 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "candidates",
         "centred_prior",
         "point_key",
-    ),
-    "alloc.prior.sampler": ("CALIBRATION_ATTR", "Calibration", "PriorSampler"),
-    "alloc.profiling.datastats": ("Profile", "data_statistics"),
-    "alloc.profiling.files": ("read_allocator_inputs", "section_inputs", "write_profile"),
-    "alloc.profiling.flags": (
+    ):
+        from alloc.prior import bound as module  # type: ignore[no-redef]
+    elif name in ("CALIBRATION_ATTR", "Calibration", "PriorSampler"):
+        from alloc.prior import sampler as module  # type: ignore[no-redef]
+    elif name in ("Profile", "data_statistics"):
+        from alloc.profiling import datastats as module  # type: ignore[no-redef]
+    elif name in ("read_allocator_inputs", "section_inputs", "write_profile"):
+        from alloc.profiling import files as module  # type: ignore[no-redef]
+    elif name in (
         "PILOT_FLAGS",
         "add_output_args",
         "add_profile_args",
@@ -163,24 +174,16 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "flags_given",
         "required_data",
         "show_profile",
-    ),
-    "alloc.profiling.patterns": ("distinct_patterns",),
-    "alloc.profiling.pilot": (
-        "MAX_PILOT_MLP_RATIO",
-        "MAX_PILOT_WIDTH",
-        "PilotMeasurement",
-        "PilotRequest",
-    ),
-    "alloc.saturation": ("jacobian_bound",),
-    "alloc.settings": ("AllocatorInputs", "PlanSettings", "fitting_align"),
-}
-_MODULE_OF = {name: module for module, names in _HOMES.items() for name in names}
-
-
-def __getattr__(name: str) -> Any:
-    """A public name, imported from its module on first use (PEP 562); the public modules
-    ``calibrate`` and ``compression`` are imported by Python itself (``from alloc import
-    compression``)."""
-    if name not in _MODULE_OF:
+    ):
+        from alloc.profiling import flags as module  # type: ignore[no-redef]
+    elif name == "distinct_patterns":
+        from alloc.profiling import patterns as module  # type: ignore[no-redef]
+    elif name in ("MAX_PILOT_MLP_RATIO", "MAX_PILOT_WIDTH", "PilotMeasurement", "PilotRequest"):
+        from alloc.profiling import pilot as module  # type: ignore[no-redef]
+    elif name == "jacobian_bound":
+        from alloc import saturation as module  # type: ignore[no-redef]
+    elif name in ("AllocatorInputs", "PlanSettings", "fitting_align"):
+        from alloc import settings as module  # type: ignore[no-redef]
+    else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(_MODULE_OF[name]), name)
+    return getattr(module, name)
