@@ -428,7 +428,7 @@ def _iqr(values: np.ndarray) -> list[float]:
 
 
 def verdict(summary: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The goals per table (ASHA off, within 1%; issue 51): the allocator's prior at most half
+    """The goals per table (ASHA off, within 1%): the allocator's prior at most half
     of random search's median trials, the worst-point prior at most 1.25x, the best-point prior
     at most 3 trials."""
     out = []

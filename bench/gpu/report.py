@@ -26,7 +26,7 @@ def speed(report: dict[str, Any], variant: str, compiled: bool) -> dict[str, Any
 
 
 def goal_rows(report: dict[str, Any]) -> Rows:
-    """The issue's goals with what this run measured (``met`` None: not measured)."""
+    """The GPU goals with what this run measured (``met`` None: not measured)."""
     goals: Rows = []
     mhsa = speed(report, "mhsa", True)
     mfu = None if mhsa is None else mhsa["mfu"]
