@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common.cli import Parser, add_format, dump, fail, render_table
-from common.errors import TransformerAllocError, UsageError
+from common.cli import Parser, add_format, render_table
+from common.errors import UsageError
 
 RECIPES: dict[str, dict[str, Any]] = {"current": {}, "before": {"warmup": 0.05}}
 
@@ -97,14 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = build_parser()
-    args = p.parse_args(argv)
-    try:
-        result = run(args)
-    except TransformerAllocError as err:
-        return fail(p.prog, str(err))
-    print(render(result) if args.format == "table" else dump(result, args.format))
-    return 0
+    from workers.experiments import harness
+
+    return harness.main(build_parser(), argv, run, render)
 
 
 if __name__ == "__main__":
