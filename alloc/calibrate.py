@@ -31,8 +31,17 @@ from alloc.errors import CalibrationError, PlanError
 from alloc.plan import Plan, make_plan, predicted_error
 from alloc.settings import PlanSettings
 from arch import HeadGroup, LayerSpec
-from common.cli import Parser, add_format, check_writable, dump, fail, render_table, wrote
-from common.errors import TransformerAllocError
+from common.cli import (
+    Parser,
+    add_format,
+    check_writable,
+    dump,
+    fail,
+    flag_names,
+    render_table,
+    wrote,
+)
+from common.errors import Problem, TransformerAllocError
 from common.files import write_atomic
 
 PROG = "alloc.calibrate"
@@ -220,6 +229,11 @@ def fit(settings: PlanSettings, observations: Sequence[Observation],
 # --- reading the study -----------------------------------------------------------------------
 
 
+def _bad(study: str, rule: str) -> CalibrationError:
+    """The error for the study named ``study`` breaking ``rule`` (a problem of ``study``)."""
+    return CalibrationError.of([Problem("study", repr(study), rule)])
+
+
 def observations_from_study(url: str | None, study: str) -> tuple[PlanSettings,
                                                                    list[Observation]]:
     """The allocator inputs the search recorded and the best loss of each architecture."""
@@ -229,20 +243,18 @@ def observations_from_study(url: str | None, study: str) -> tuple[PlanSettings,
     eng = engine(open_storage(url, read_only=True))
     summaries = {s.name: s for s in query.list_studies(eng)}
     if study not in summaries:
-        raise CalibrationError(f"--study {study!r}: no such study; studies: "
-                         f"{', '.join(summaries) or '(none)'}")
+        raise _bad(study, f"no such study; studies: {', '.join(summaries) or '(none)'}")
     summary = summaries[study]
     if summary.direction != "MINIMIZE":
-        raise CalibrationError(f"--study {study!r}: its metric is maximised "
-                         f"({summary.attrs.get('metric', '?')}); calibration fits a loss")
+        raise _bad(study, f"its metric is maximised ({summary.attrs.get('metric', '?')}); "
+                          "calibration fits a loss")
     if "alloc_inputs" not in summary.attrs:
-        raise CalibrationError(f"--study {study!r}: has no allocator inputs (study attr "
-                         "alloc_inputs); run it with python -m workers.search")
+        raise _bad(study, "has no allocator inputs (study attr alloc_inputs); run it with "
+                          "python -m workers.search")
     try:
         settings = PlanSettings.from_dict(json.loads(summary.attrs["alloc_inputs"]))
     except (ValueError, PlanError) as err:
-        raise CalibrationError(f"--study {study!r}: its recorded allocator inputs are unusable "
-                               f"({err})") from None
+        raise _bad(study, f"its recorded allocator inputs are unusable ({err})") from None
     _, trials = query.load_trials(eng, study)
     done = query.attach_archs(eng, query.eligible(trials))
     groups: dict[str, list[TrialRecord]] = {}
@@ -254,8 +266,8 @@ def observations_from_study(url: str | None, study: str) -> tuple[PlanSettings,
         best = min(records, key=lambda t: (t.value, t.number))
         assert best.arch is not None and best.value is not None
         if best.value <= 0:
-            raise CalibrationError(f"--study {study!r}: trial {best.number} has loss "
-                                   f"{best.value:g}; log-loss needs positive values")
+            raise _bad(study, f"trial {best.number} has loss {best.value:g}; log-loss needs "
+                              "positive values")
         out.append(Observation(" | ".join(x.heads_str for x in best.arch.layers),
                                best.arch.layers[0], best.value, best.number, len(records)))
     return settings, sorted(out, key=lambda o: (o.layer.n_heads, o.label))
@@ -352,7 +364,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     try:
         for flag, path in (("--out", args.out), ("--plot", args.plot)):
             if path is not None:
@@ -360,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         settings, observations = observations_from_study(args.storage, args.study)
         raw, calibrated = fit(settings, observations)
     except TransformerAllocError as err:
-        return fail(PROG, str(err))
+        return fail(PROG, err.text(flag_names(parser)))
     rep = calibration_report(args.study, settings, observations, raw, calibrated)
     if args.out is not None:
         write_constants(args.out, args.study, len(observations), calibrated)

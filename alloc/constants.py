@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from alloc.errors import ConstantsError
+from common.errors import Problem
 from common.files import dump_yaml, read_yaml
 
 FIELDS = ("c_proj", "c_head", "order")
@@ -57,31 +58,32 @@ def read_constants(path: Path) -> Constants:
     Raises:
         ConstantsError: unreadable file, unknown key, missing key or a value out of range.
     """
-    where = f"--constants {str(path)!r}"
+    def bad(rule: str) -> ConstantsError:  # a problem of the file, the field ``constants``
+        return ConstantsError.of([Problem("constants", repr(str(path)), rule)])
+
     try:
         data = read_yaml(path)
     except OSError as err:
-        raise ConstantsError(f"{where}: cannot read ({err.strerror})") from None
+        raise bad(f"cannot read ({err.strerror})") from None
     except yaml.YAMLError as err:
-        raise ConstantsError(f"{where}: not YAML ({str(err).splitlines()[0]})") from None
+        raise bad(f"not YAML ({str(err).splitlines()[0]})") from None
     if not isinstance(data, dict):
-        raise ConstantsError(f"{where}: expected a mapping with keys {', '.join(FIELDS)}")
+        raise bad(f"expected a mapping with keys {', '.join(FIELDS)}")
     unknown = sorted(set(data) - set(FIELDS) - set(OPTIONAL) - set(METADATA))
     if unknown:
-        raise ConstantsError(f"{where}: unknown key {unknown[0]!r}; valid: "
-                             f"{', '.join(FIELDS + OPTIONAL + METADATA)}")
+        raise bad(f"unknown key {unknown[0]!r}; valid: {', '.join(FIELDS + OPTIONAL + METADATA)}")
     values = {}
     for key in FIELDS + OPTIONAL:
         if key not in data:
             if key in OPTIONAL:
                 continue
-            raise ConstantsError(f"{where}: missing key {key!r}")
+            raise bad(f"missing key {key!r}")
         value, (low, strict) = data[key], _RULES[key]
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(
             value) and (value > low if strict else value >= low)
         if not ok:
             rule = f"{'>' if strict else '>='} {low:g}"
-            raise ConstantsError(f"{where}: {key} = {value!r}: must be a finite number {rule}")
+            raise bad(f"{key} = {value!r}: must be a finite number {rule}")
         values[key] = float(value)
     return Constants(**values)
 

@@ -31,9 +31,9 @@ from alloc.profiling.flags import (
     required_data,
     show_profile,
 )
-from common.cli import Parser, fail
+from common.cli import Parser, fail, flag_names
 from common.errors import TransformerAllocError, UsageError
-from userdata import DataSpec
+from userdata import DataSpec, data_flags
 
 PROG = "alloc.profile"
 TORCH_SIDE = "python -m workers.profile"
@@ -49,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     try:
         check_outputs(args)
         spec = statistics_data(args)
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
             return run_torch_side(argv, args.quiet)
         profile = data_statistics(spec, args.seq_len, args.sample_tokens, args.seed)
     except TransformerAllocError as err:
-        return fail(PROG, str(err))
+        return fail(PROG, err.text(flag_names(parser, **data_flags(parser))))
     show_profile(PROG, profile, args)
     return 0
 
@@ -67,7 +68,7 @@ def statistics_data(args: argparse.Namespace) -> DataSpec:
 
     Raises:
         UsageError: ``--checkpoint``, in one line pointing to ``workers.profile``.
-        DataError: ``--data`` cannot be read.
+        DataError: the data cannot be read.
     """
     if args.checkpoint is not None:
         raise UsageError(f"--checkpoint: profiling a trained model runs it with torch: "

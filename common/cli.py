@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from common.errors import UsageError, excerpt
+from common.errors import Problem, UsageError, excerpt
 from common.files import dump_yaml
 
 FORMATS = ("table", "json", "yaml")
@@ -139,23 +139,29 @@ def add_format(parser: argparse.ArgumentParser) -> None:
                         help="output format")
 
 
-def check_writable(flag: str, path: Path, force: bool | None = None) -> None:
+def check_writable(name: str, path: Path, force: bool | None = None) -> None:
     """Raise ``UsageError`` unless ``path`` can be created (its directory exists and its name
     is one the file system takes); with ``force`` False, also if it exists (a checkpoint or an
-    architecture file is never overwritten silently: ``--force`` says to)."""
+    architecture file is never overwritten silently: ``force`` says to). ``name`` is what names
+    ``path``: a command's flag (``--out``) or a library's field (``out``), the problem's field;
+    the rule names ``{force}``, shown as the command's flag."""
     parent = path.parent if str(path.parent) else Path(".")
     shown = excerpt(str(path))
+
+    def bad(rule: str) -> UsageError:
+        return UsageError.of([Problem(name, shown, rule)])
+
     try:
         if not parent.is_dir():
-            raise UsageError(f"{flag} {shown}: directory {excerpt(str(parent))} does not exist")
+            raise bad(f"directory {excerpt(str(parent))} does not exist")
         if path.is_dir():
-            raise UsageError(f"{flag} {shown}: is a directory, expected a file path")
+            raise bad("is a directory, expected a file path")
         if force is False and path.exists():
-            raise UsageError(f"{flag} {shown}: exists; pass --force to overwrite it")
+            raise bad("exists; pass {force} to overwrite it")
     except OSError as err:  # a name too long, or a component that is not a directory
-        raise UsageError(f"{flag} {shown}: not a usable path ({err.strerror})") from None
+        raise bad(f"not a usable path ({err.strerror})") from None
     if len(path.name.encode()) > 255:
-        raise UsageError(f"{flag} {shown}: a file name is at most 255 bytes")
+        raise bad("a file name is at most 255 bytes")
 
 
 def add_force(parser: argparse.ArgumentParser, what: str = "--out") -> None:

@@ -258,8 +258,10 @@ def _plot_front(front: list[TrialRecord], direction: str, study: str, path: Path
     write_figure(fig, path)
 
 
-# the library's fields in this command's words (the flags sit on the subcommands)
-FLAGS = {"study": "--study", "trial": "--trial"}
+# the library's fields in this command's words (the flags sit on the subcommands; a storage
+# fault's remedy is the search's --resume)
+FLAGS = {"study": "--study", "trial": "--trial", "storage": "--storage", "x": "--x",
+         "force": "--force", "resume": "--resume"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -271,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
             check_writable("--out", args.out, force=args.force)
         result = run(args)
     except StorageFaultError as err:  # the database, not the input: exit 1
-        print(f"python -m {PROG}: error: {err}", file=sys.stderr)
+        print(f"python -m {PROG}: error: {err.text(FLAGS)}", file=sys.stderr)
         return 1
     except TransformerAllocError as err:
         return fail(f"python -m {PROG}", err.text(FLAGS))

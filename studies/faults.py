@@ -24,6 +24,7 @@ from typing import TypeVar
 import optuna
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
+from common.errors import Problem
 from studies.errors import StorageFaultError
 from studies.urls import redact, scrub
 
@@ -119,8 +120,9 @@ def describe(err: BaseException, url: str, waited: float = 0.0) -> StorageFaultE
     fault, said = classify(err), driver_message(err)
     said = scrub(said, url)
     tried = f" for {waited:.0f} s" if waited >= 1 else ""
-    return StorageFaultError(f"storage {redact(url)}: {fault.cause}{tried} ({said[:160]}); "
-                             f"{fault.remedy}, then continue with --resume")
+    return StorageFaultError.of([Problem("storage", redact(url), f"{fault.cause}{tried} "
+                                         f"({said[:160]}); {fault.remedy}, then continue with "
+                                         "{resume}")])
 
 
 def guarded(call: Callable[[], Result], url: str, patience: float = PATIENCE_S,

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
-from common.errors import excerpt
+from common.errors import Problem, excerpt
 from studies.errors import LeaseError
 
 TABLE = "transformer_alloc_leases"
@@ -88,13 +88,13 @@ class Lease:
         if holder is None:  # released between the two statements: try once more
             return self.acquire(take_stale)
         if now - holder.heartbeat <= self.ttl and not self._dead(holder):
-            raise LeaseError(f"study {excerpt(self.study)}: another driver is running it "
-                             f"({holder.describe(now)}); wait for it to finish, or stop it "
-                             "first")
+            raise LeaseError.of([Problem("study", excerpt(self.study), "another driver is "
+                                         f"running it ({holder.describe(now)}); wait for it to "
+                                         "finish, or stop it first")])
         if not take_stale:
-            raise LeaseError(f"study {excerpt(self.study)}: its last driver stopped without "
-                             f"releasing it ({holder.describe(now)}); pass --resume to take "
-                             "it over")
+            raise LeaseError.of([Problem("study", excerpt(self.study), "its last driver "
+                                         f"stopped without releasing it ({holder.describe(now)})"
+                                         "; pass {resume} to take it over")])
         with self.engine.begin() as conn:  # compare-and-set: only if the stale row is unchanged
             taken = conn.execute(
                 LEASES.update()

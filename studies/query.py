@@ -261,7 +261,7 @@ def pareto(engine: sa.Engine, study: str, x: str = "params") -> tuple[str, list[
     their architecture.
     """
     if x not in PARETO_AXES:
-        raise QueryError(f"--x {x!r}: must be one of {', '.join(PARETO_AXES)}")
+        raise QueryError.of([Problem("x", repr(x), f"must be one of {', '.join(PARETO_AXES)}")])
     keys = (rec.PARAMS_TRAINABLE,) if x == "params" else (rec.KV_CACHE, rec.KV_CACHE_DTYPE)
     with engine.connect() as conn:
         sid, direction = _study(conn, study)

@@ -214,7 +214,10 @@ def test_bad_inputs_are_one_line(teacher: tuple[Model, Path, torch.Tensor], tmp_
     (tmp_path / "edited.yaml").write_text(dump_yaml(edited))
     ours = ["--checkpoint", str(folder / "lm.pt"), "--plan", str(tmp_path / "plan.yaml"),
             "--out", str(tmp_path / "s.pt")]
-    cases = [(profile_main, ["--checkpoint", str(tmp_path / "nope.pt")], "no such file"),
+    nope = str(tmp_path / "nope.pt")  # the library names the field, the command its flag
+    with pytest.raises(CheckpointError, match=r"^checkpoint '.*': no such file"):
+        load(tmp_path / "nope.pt")
+    cases = [(profile_main, ["--checkpoint", nope], f"--checkpoint {nope!r}: no such file"),
              (profile_main, ["--checkpoint", str(tmp_path / "junk.pt")], "unknown layout"),
              (profile_main, ["--checkpoint", str(tmp_path / "folder")], "unknown layout"),
              (profile_main, ["--checkpoint", str(tmp_path / "unsafe.pt")], "refused as unsafe"),
@@ -369,6 +372,8 @@ def test_the_trainer_profile_and_compress_chain_on_a_task(
     assert err[1] == f"workers.profile: wrote {plan}"
     assert compress_main(["--checkpoint", ckpt, "--plan", plan, *task, "--out", out]) == 2
     assert "exists; pass --force to overwrite it" in capsys.readouterr().err  # a checkpoint
+    with pytest.raises(UsageError, match=r"^out '.*': exists; pass force to overwrite it"):
+        compress(CompressRequest(Path(ckpt), Path(plan), Path(out)))  # the library's fields
     assert compress_main(["--checkpoint", ckpt, "--plan", plan, *task, "--out", out,
                           "--force"]) == 0
     assert "the student is as large as the teacher" in capsys.readouterr().err

@@ -110,14 +110,15 @@ def test_bin_is_memory_mapped_and_its_vocabulary_found(tmp_path: Path) -> None:
      "a .bin file is one split of nanoGPT's layout; give the folder"),
     (lambda t: DataSpec(str(write_bin(t / "g", np.arange(9, dtype=np.uint16),
                                       np.arange(9, dtype=np.uint16)) / "train.bin"), "bin"),
-     "--data-format bin reads a folder"),
+     "data.format bin reads a folder"),
     (lambda t: DataSpec(str(_files(t / "blank", [b"", b""]))), "the corpus is empty"),
 ])
 def test_bad_token_sources_say_which_file_and_rule(tmp_path: Path, make: object,
                                                    message: str) -> None:
     with pytest.raises(DataError, match=message) as err:
         open_tokens(make(tmp_path), 33)  # type: ignore[operator]
-    assert "\n" not in str(err.value) and "--data" in str(err.value)
+    assert "\n" not in str(err.value) and str(err.value).startswith("data.path '")
+    assert "--" not in str(err.value)  # the Python API names fields, a command its flags
 
 
 def _file(path: Path, data: bytes) -> Path:
@@ -203,6 +204,8 @@ def test_the_trainer_cli_trains_on_each_format(kind: str, tmp_path: Path,
     (["--data", "DIR", "--task-param", "m_max=3"], "a --data task takes only length=N"),
     (["--task", "ngram", "--vocab-size", "9"], "only with --data"),
     (["--data", "DIR", "--data-format", "npy"], "no such file (npy needs x.npy"),
+    # the readers' fields (data.format) shown as the command's flags
+    (["--data", "DIR/a.txt", "--data-format", "bin"], "--data-format bin reads a folder"),
 ])
 def test_trainer_cli_bad_data_is_one_line(argv: list[str], message: str, tmp_path: Path,
                                           capsys: pytest.CaptureFixture[str]) -> None:
@@ -210,8 +213,8 @@ def test_trainer_cli_bad_data_is_one_line(argv: list[str], message: str, tmp_pat
     arch = tmp_path / "arch.yaml"
     arch.write_text(ArchConfig(d_model=8, layers=(LayerSpec("mhsa", (HeadGroup(2, 4),)),),
                                max_seq_len=1, vocab_size=2).to_yaml())
-    argv = [str(folder) if a == "DIR" else str(tmp_path / "nope") if a == "NOPE" else a
-            for a in argv]
+    argv = [a.replace("DIR", str(folder)) if a.startswith("DIR") else
+            str(tmp_path / "nope") if a == "NOPE" else a for a in argv]
     assert train_main(["--arch", str(arch), *argv, "--quiet"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err, err

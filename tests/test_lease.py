@@ -40,7 +40,7 @@ def test_a_dead_drivers_lease_is_taken_over_only_on_resume(storage_url: str,
     dead.acquire(take_stale=False)
     time.sleep(1.0)  # its heartbeat lapses: the driver died without releasing
     new = Lease(engine(storage_url), study_name, ttl=0.5)
-    with pytest.raises(LeaseError, match=r"stopped without releasing it .* pass --resume"):
+    with pytest.raises(LeaseError, match=r"stopped without releasing it .* pass resume to take"):
         new.acquire(take_stale=False)
     taken = new.acquire(take_stale=True)
     assert taken is not None and taken.owner == dead.owner
@@ -91,7 +91,7 @@ def test_a_killed_driver_of_this_host_is_stale_at_once(storage_url: str,
     new = Lease(engine(storage_url), study_name, ttl=60)
     holder = new.holder()
     assert holder is not None and holder.pid == killed.pid
-    with pytest.raises(LeaseError, match=r"stopped without releasing it .* pass --resume"):
+    with pytest.raises(LeaseError, match=r"stopped without releasing it .* pass resume to take"):
         new.acquire(take_stale=False)
     assert new.acquire(take_stale=True) is not None
     new.release()

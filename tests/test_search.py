@@ -291,12 +291,20 @@ def test_study_names_and_result_paths_are_checked_before_anything_is_created(
             (["--space", "aot_vs_standard", "--data", str(tmp_path / "corpus.txt"),
               "--storage-path", str(tmp_path / "file" / "sub")], "is not a directory"),
             (["--space", str(named), "--task", "modadd"],
-             "the study name from space 'my space' (give --study) 'my space-modadd'")):
+             "(the default from space 'my space'; give --study)")):
         assert search_main([*argv, "--smoke-test", "--storage", url]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and message in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "corpus.txt", "file", "huge.yaml", "laughs.yaml", "named.yaml"]
+    # The Python API names the fields the command shows as flags.
+    from workers.errors import SearchError
+    from workers.search.checks import check_study_name, check_writable_dir
+
+    with pytest.raises(SearchError, match=r"^study '\.\./bad': must be"):
+        check_study_name("../bad")
+    with pytest.raises(SearchError, match=r"^storage_path .*: '.*' is not a directory"):
+        check_writable_dir("storage_path", tmp_path / "file" / "sub")
 
 
 def test_resume_of_a_finished_study_answers_before_ray_starts(

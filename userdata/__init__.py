@@ -5,7 +5,7 @@ names (``TaskSpec``: a generated task or this data); ``userdata.corpora``, the d
 held-out corpora every machine has. The public names are those of ``__all__``, imported from
 here; every other module is private to the package (tests/test_layering checks)."""
 
-from userdata.cli import DATA_HELP, add_data_args, data_spec
+from userdata.cli import DATA_FLAGS, DATA_HELP, add_data_args, data_flags, data_spec
 from userdata.errors import DataError, TaskError
 from userdata.readers import (
     DATA_FORMATS,
@@ -21,6 +21,7 @@ from userdata.readers import (
 from userdata.task import GENERATED_TASKS, SIZES, TaskSpec
 
 __all__ = [
+    "DATA_FLAGS",
     "DATA_FORMATS",
     "DATA_HELP",
     "DTYPES",
@@ -35,6 +36,7 @@ __all__ = [
     "TokenData",
     "add_data_args",
     "corpora",
+    "data_flags",
     "data_spec",
     "infer_format",
     "open_arrays",

@@ -10,6 +10,11 @@ from pathlib import Path
 from common.cli import int_in
 from userdata.readers import DATA_FORMATS, DTYPES, DataSpec
 
+# The flag that sets each field of a ``DataSpec``: the readers' problems name the fields
+# (``data.path``), a command shows them as these flags (``TransformerAllocError.text``).
+DATA_FLAGS = {"data.path": "--data", "data.format": "--data-format", "data.dtype": "--data-dtype",
+              "data.vocab_size": "--vocab-size"}
+
 DATA_HELP = ("your data: a UTF-8 text file or folder of *.txt, a folder with nanoGPT's "
              "train.bin/val.bin, or x.npy (with y.npy)")
 
@@ -27,6 +32,13 @@ def add_data_args(parser: argparse.ArgumentParser,
     parser.add_argument("--vocab-size", type=int_in(1),
                         help=".bin vocabulary (default: meta.pkl/meta.json, else the largest "
                              "token + 1)")
+
+
+def data_flags(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """The entries of ``DATA_FLAGS`` whose flag ``parser`` has: a command without ``--data``
+    (one that reads data it wrote) shows the readers' problems in their own words."""
+    have = {flag for action in parser._actions for flag in action.option_strings}
+    return {field: flag for field, flag in DATA_FLAGS.items() if flag in have}
 
 
 def data_spec(args: argparse.Namespace) -> DataSpec | None:

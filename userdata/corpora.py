@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, TypeVar
 
-from common.errors import TransformerAllocError, UsageError
+from common.errors import Problem, TransformerAllocError, UsageError
 from userdata.errors import DataError
 
 Role = Literal["development", "held-out"]
@@ -294,8 +294,8 @@ def corpus(name: str) -> Corpus:
         UsageError: no such corpus (the line lists the registered names).
     """
     if name not in CORPORA:
-        raise UsageError(f"--corpus {name!r}: not a registered corpus; choose from "
-                         f"{', '.join(CORPORA)}")
+        raise UsageError.of([Problem("corpus", repr(name), "not a registered corpus; choose "
+                                     f"from {', '.join(CORPORA)}")])
     return CORPORA[name]
 
 

@@ -50,7 +50,7 @@ from alloc.compression import (
 )
 from arch import kinds_text
 from common.cli import Parser, dump, fail, flag_names, int_in, number, wrote
-from common.errors import TransformerAllocError, UsageError
+from common.errors import Problem, TransformerAllocError, UsageError
 from common.files import write_atomic
 from common.progress import say
 from userdata import DataSpec
@@ -158,8 +158,9 @@ def plan_checkpoint(request: PlanRequest) -> PlannedCheckpoint:
     if latent or request.kv_cache is not None:  # from the sizes alone: before measuring
         teacher = read_arch(request.measure.checkpoint)
         if latent and not any(layer.kind.to_latent for layer in teacher.layers):
-            raise CompressionError(f"--latent: the model has no "
-                                   f"{kinds_text(lambda t: t.to_latent)} layer to make latent")
+            raise CompressionError.of([Problem("latent", "", "the model has no "
+                                               f"{kinds_text(lambda t: t.to_latent)} layer to "
+                                               "make latent")])
         if latent and request.measure.rope_dim:
             check_rope_dim(teacher, request.measure.rope_dim)
         if request.kv_cache is not None:
@@ -176,14 +177,14 @@ def plan_checkpoint(request: PlanRequest) -> PlannedCheckpoint:
 
 
 def check_rope_dim(teacher: Any, rope_dim: int) -> None:
-    """Refuse a decoupled RoPE part the model's heads cannot hold (``--rope-dim``)."""
+    """Refuse a decoupled RoPE part the model's heads cannot hold (a problem of ``rope_dim``)."""
     if teacher.positional != "rope":
-        raise UsageError(f"--rope-dim {rope_dim}: the model has no RoPE to keep (positional "
-                         f"{teacher.positional!r})")
+        raise UsageError.of([Problem("rope_dim", rope_dim, "the model has no RoPE to keep "
+                                     f"(positional {teacher.positional!r})")])
     widest = min(g.qk_dim for layer in teacher.layers for g in layer.heads)
     if rope_dim % 2 or rope_dim > widest:
-        raise UsageError(f"--rope-dim {rope_dim}: must be even and at most the smallest head's "
-                         f"qk_dim ({widest})")
+        raise UsageError.of([Problem("rope_dim", rope_dim, "must be even and at most the "
+                                     f"smallest head's qk_dim ({widest})")])
 
 
 def checkpoint_request(args: argparse.Namespace) -> PlanRequest:

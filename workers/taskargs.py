@@ -17,15 +17,24 @@ from typing import TYPE_CHECKING
 from arch import ArchConfig
 from common.cli import parse_task_params
 from common.errors import Problem, UsageError
-from userdata import GENERATED_TASKS, DataError, DataSpec, TaskSpec, add_data_args, data_spec
+from userdata import (
+    DATA_FLAGS,
+    GENERATED_TASKS,
+    DataError,
+    DataSpec,
+    TaskSpec,
+    add_data_args,
+    data_spec,
+)
 from workers.errors import TaskError
 
 if TYPE_CHECKING:
     from workers.tasks import Task
 
-# The flag that sets each field of a ``TaskSpec`` (the commands show its problems so).
+# The flag that sets each field of a ``TaskSpec`` and of its data's ``DataSpec`` (the commands
+# show their problems so).
 TASK_FLAGS = {"task.name": "--task", "task.data": "--data", "task.params": "--task-param",
-              "task.seed": "--seed"}
+              "task.seed": "--seed", **DATA_FLAGS}
 
 
 def add_task_args(p: argparse.ArgumentParser, required: bool = True,

@@ -26,12 +26,13 @@ from common.cli import (
     check_writable,
     dump,
     fail,
+    flag_names,
     int_in,
     number,
     wrote,
 )
 from common.errors import TransformerAllocError, UsageError
-from workers.taskargs import add_task_args, task_from_args
+from workers.taskargs import TASK_FLAGS, add_task_args, task_from_args
 
 if TYPE_CHECKING:
     from workers.tasks import Task
@@ -142,7 +143,8 @@ def render(result: TrainResult) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s", stream=sys.stderr)
     from workers.training.trainer import Trainer, describe_run, run_with_progress
 
@@ -152,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.resume:
             trainer.resume()
     except TransformerAllocError as err:
-        return fail(PROG, str(err))
+        # the trainer's checkpoint is this command's --out (its --checkpoint is refused)
+        return fail(PROG, err.text(flag_names(parser, **TASK_FLAGS, checkpoint="--out")))
     result = run_with_progress(trainer, task.name, args.quiet, start=describe_run(trainer))
     if args.out is not None and args.out.exists():
         wrote(PROG, args.out)

@@ -25,6 +25,7 @@ import numpy as np
 from alloc.profiling.pilot import PilotMeasurement
 from alloc.profiling.spectra import ENERGY, participation_ratio, variance_rank
 from arch import kernel_shape
+from common.errors import Problem
 from userdata import DataError, DataSpec, open_arrays, open_tokens
 
 TOP_K = 64  # symbols kept apart; the rest are one "other" symbol
@@ -273,7 +274,8 @@ def _profile_vectors(spec: DataSpec, seq_len: int | None, count: int) -> Profile
     data = open_arrays(spec)
     lags = min(seq_len or data.length, data.length - 1, MAX_LAGS)
     if lags < 1:
-        raise DataError(f"--data {spec.path!r}: sequences of {data.length} steps have no lags")
+        raise DataError.of([Problem("data.path", repr(spec.path),
+                                    f"sequences of {data.length} steps have no lags")])
     rows = max(2, min(len(data.x_train), count // data.length))
     coef = lag_regression(data.x_train[:rows], data.y_train[:rows], lags)
     share = (coef ** 2).sum((1, 2))

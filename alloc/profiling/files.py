@@ -26,6 +26,7 @@ from alloc.settings import AllocatorInputs
 from arch import MAX_DEPTH, kernel_shape
 from arch.checks import is_int
 from common.cli import render_table
+from common.errors import Problem
 from common.files import dump_yaml, read_yaml, write_atomic
 
 # Beside the four every profile has.
@@ -117,13 +118,18 @@ def _write_values(path: Path, what: str, source: str, values: np.ndarray) -> Non
                  + "".join(f"{v:.8g}\n" for v in values))
 
 
+def _bad(path: Path, rule: str) -> ProfileError:
+    """The error for the profile file ``path`` breaking ``rule``: a problem of the field
+    ``profile`` (what ``alloc.solve`` and ``workers.search`` call the file they plan with)."""
+    return ProfileError.of([Problem("profile", repr(str(path)), rule)])
+
+
 def read_allocator_inputs(path: Path) -> AllocatorInputs:
     """The ``allocator`` section of a profile file (``ProfileError`` if unreadable)."""
     try:
         data = read_yaml(path)
     except (OSError, yaml.YAMLError) as err:
-        raise ProfileError(f"--profile {str(path)!r}: cannot read ({err})".splitlines()[0]) \
-            from None
+        raise _bad(path, f"cannot read ({err})".splitlines()[0]) from None
     return section_inputs(data.get("allocator") if isinstance(data, dict) else None, path)
 
 
@@ -133,19 +139,18 @@ def section_inputs(section: Any, path: Path) -> AllocatorInputs:
     keys = {"kernel", "input_dim", "seq_len", "spectrum"}
     if not isinstance(section, dict) or not keys <= set(section) \
             or not set(section) <= keys | OPTIONAL_INPUTS:
-        raise ProfileError(f"--profile {str(path)!r}: needs an allocator section with "
-                           f"{', '.join(sorted(keys))} (python -m workers.profile --out writes it)")
+        raise _bad(path, f"needs an allocator section with {', '.join(sorted(keys))} (python "
+                         "-m workers.profile --out writes it)")
     inputs = {k: v for k, v in section.items() if k != "sources"}
     for key in ("kernel", "spectrum", "input_spectrum"):
         if key in inputs and not isinstance(inputs[key], str):
-            raise ProfileError(f"--profile {str(path)!r}: allocator.{key} = {inputs[key]!r}: "
-                               "must be text (a spec or file:NAME)")
+            raise _bad(path, f"allocator.{key} = {inputs[key]!r}: must be text (a spec or "
+                             "file:NAME)")
         if str(inputs.get(key)).startswith("file:"):
             inputs[key] = f"file:{path.parent / str(inputs[key])[5:]}"
     for key in ("input_dim", "seq_len"):
         if not (is_int(inputs[key]) and inputs[key] >= 1):
-            raise ProfileError(f"--profile {str(path)!r}: allocator.{key} = {inputs[key]!r}: "
-                               "must be a positive integer")
+            raise _bad(path, f"allocator.{key} = {inputs[key]!r}: must be a positive integer")
     for key in ("logit_bounds", "patterns"):
         if key in inputs:
             inputs[key] = _per_layer(path, key, inputs[key])
@@ -158,8 +163,8 @@ def _per_layer(path: Path, key: str, value: Any) -> tuple[float, ...]:
         isinstance(v, int | float) and not isinstance(v, bool) and 0 < v < math.inf
         for v in value)
     if not ok:
-        raise ProfileError(f"--profile {str(path)!r}: allocator.{key} = {value!r}: must "
-                           f"be a list of 1 to {MAX_DEPTH} positive numbers")
+        raise _bad(path, f"allocator.{key} = {value!r}: must be a list of 1 to {MAX_DEPTH} "
+                         "positive numbers")
     return tuple(float(v) for v in value)
 
 

@@ -25,8 +25,10 @@ from workers.checkpoints.folder import (
     TensorFolder,
     check_finite,
     check_fits_memory,
+    checkpoint_error,
     is_model_folder,
     read_config,
+    source_of,
 )
 from workers.checkpoints.gguf import GGUFTensors, gguf_file, model_config, open_tensors
 from workers.checkpoints.gpt2 import gpt2_arch, load_gpt2, save_gpt2
@@ -59,6 +61,7 @@ __all__ = [
     "read_arch",
     "save_gpt2",
     "save_llama",
+    "source_of",
 ]
 
 
@@ -88,7 +91,7 @@ def load(path: Path) -> Loaded:
             implement, or weights that do not fit.
     """
     if not path.exists():
-        raise CheckpointError(f"--checkpoint {str(path)!r}: no such file or folder")
+        raise checkpoint_error(source_of(path), "no such file or folder")
     gguf = gguf_file(path)
     if gguf is not None:
         return _load_gguf(gguf)
@@ -104,7 +107,7 @@ def is_family_folder(path: Path) -> bool:
         return True
     if not (path.is_dir() and is_model_folder(path)):
         return False
-    return read_config(path, f"--checkpoint {str(path)!r}").get("model_type") in FAMILIES
+    return read_config(path, source_of(path)).get("model_type") in FAMILIES
 
 
 def read_arch(path: Path) -> ArchConfig:
@@ -116,10 +119,10 @@ def read_arch(path: Path) -> ArchConfig:
         CheckpointError: as ``load``.
     """
     if not path.exists():
-        raise CheckpointError(f"--checkpoint {str(path)!r}: no such file or folder")
+        raise checkpoint_error(source_of(path), "no such file or folder")
     gguf = gguf_file(path)
     if gguf is not None:
-        return llama_arch(model_config(gguf, f"--checkpoint {str(path)!r}"))
+        return llama_arch(model_config(gguf, source_of(path)))
     if not path.is_dir():
         return _load_ours(path).arch
     source, config, kind = _folder_config(path)
@@ -133,11 +136,11 @@ def read_arch(path: Path) -> ArchConfig:
 def _folder_config(folder: Path) -> tuple[str, dict[str, Any], str]:
     """A model folder's source (for error lines), ``config.json`` and ``model_type``, checked
     to be one this package reads."""
-    source = f"--checkpoint {str(folder)!r}"
+    source = source_of(folder)
     if not is_model_folder(folder):
-        raise CheckpointError(f"{source}: unknown layout; a folder needs config.json and "
-                              f"{SAFETENSORS} (or shards listed in {INDEX}), as "
-                              "transformers' save_pretrained writes them")
+        raise checkpoint_error(source, f"unknown layout; a folder needs config.json and "
+                                       f"{SAFETENSORS} (or shards listed in {INDEX}), as "
+                                       "transformers' save_pretrained writes them")
     config = read_config(folder, source)
     kind = config.get("model_type", "gpt2" if "n_embd" in config else None)
     if kind != "gpt2" and kind not in FAMILIES and kind != STUDENT_TYPE:
@@ -162,7 +165,7 @@ def load_folder(folder: Path) -> Loaded:
 
 def _load_gguf(path: Path) -> Loaded:
     """A GGUF file of the Llama family, read as the folder its metadata describes."""
-    source = f"--checkpoint {str(path)!r}"
+    source = source_of(path)
     with GGUFTensors(path, source) as tensors:
         model = tensors_into(tensors, tensors.config, source)
     return Loaded(model.arch, model, "llama", path, config=tensors.config)
@@ -172,7 +175,7 @@ def _student_arch(config: dict[str, Any], source: str) -> ArchConfig:
     try:
         return ArchConfig.from_dict(config.get("arch"))
     except ConfigError as err:
-        raise CheckpointError(f"{source}: config.json's arch is not an architecture ({err})"
+        raise checkpoint_error(source, f"config.json's arch is not an architecture ({err})"
                               ) from None
 
 
@@ -197,24 +200,25 @@ def _load_ours(path: Path) -> Loaded:
             state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
         if "Unsupported global" not in str(err):  # not a pickle of ours at all
-            raise CheckpointError(f"--checkpoint {str(path)!r}: unknown layout (not a "
-                                  "workers.train checkpoint: UnpicklingError)") from None
-        raise CheckpointError(f"--checkpoint {str(path)!r}: refused as unsafe: it holds "
-                              "pickled Python objects beyond tensors, dicts and numbers, which "
-                              "are never loaded (they could run code)") from None
+            raise checkpoint_error(source_of(path), "unknown layout (not a workers.train "
+                                                    "checkpoint: UnpicklingError)") from None
+        raise checkpoint_error(source_of(path), "refused as unsafe: it holds pickled Python "
+                                                "objects beyond tensors, dicts and numbers, "
+                                                "which are never loaded (they could run code)"
+                               ) from None
     except Exception as err:  # torch raises many kinds for a file that is not a checkpoint
-        raise CheckpointError(f"--checkpoint {str(path)!r}: unknown layout (not a "
-                              f"workers.train checkpoint: {type(err).__name__})") from None
+        raise checkpoint_error(source_of(path), "unknown layout (not a workers.train "
+                                                f"checkpoint: {type(err).__name__})") from None
     if not isinstance(state, dict) or not {"arch", "model"} <= set(state):
-        raise CheckpointError(f"--checkpoint {str(path)!r}: unknown layout (a workers.train "
-                              "checkpoint holds arch and model)")
+        raise checkpoint_error(source_of(path), "unknown layout (a workers.train "
+                                                "checkpoint holds arch and model)")
     try:
         arch = ArchConfig.from_dict(state["arch"])
         model = build_model(arch)
         for name, tensor in dict(state["model"]).items():
-            check_finite(name, tensor, f"--checkpoint {str(path)!r}")
+            check_finite(name, tensor, source_of(path))
         model.load_state_dict(state["model"])
     except (ConfigError, RuntimeError, TypeError, ValueError) as err:
-        raise CheckpointError(f"--checkpoint {str(path)!r}: its weights do not fit its "
-                              f"architecture ({str(err).splitlines()[0]})") from None
+        raise checkpoint_error(source_of(path), "its weights do not fit its architecture "
+                                                f"({str(err).splitlines()[0]})") from None
     return Loaded(arch, model.eval(), "ours", path, task=state.get("task"))

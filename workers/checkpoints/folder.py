@@ -7,6 +7,9 @@ name and size read from the folder is checked before it is used: shard names mus
 of the folder (a link leaving it is refused, but for a hub cache's snapshots), the model's size
 must fit this machine, shapes are compared with what ``config.json`` makes before a tensor is
 read, and a tensor holding NaN or infinity is refused by name.
+
+Every error names the checkpoint by its path as its ``source`` (``source_of``): a problem of the
+field ``checkpoint``, which a command shows as its flag (``--checkpoint``).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import torch
 from torch import Tensor
 
 from arch import ArchConfig, param_count
+from common.errors import Problem
 from workers.errors import CheckpointError
 from workers.models.model import Model, build_model
 
@@ -30,6 +34,17 @@ INDEX = "model.safetensors.index.json"
 MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few KB; a larger one is not a config
 MAX_INDEX_BYTES = 64 << 20
 MAX_SHARDS = 10_000
+
+
+def source_of(path: Path) -> str:
+    """How the errors of the checkpoint at ``path`` show it (its ``source``): the path, quoted."""
+    return repr(str(path))
+
+
+def checkpoint_error(source: str, rule: str) -> CheckpointError:
+    """The error for the checkpoint ``source`` (``source_of``) breaking ``rule``: one problem
+    of the field ``checkpoint``."""
+    return CheckpointError.of([Problem("checkpoint", source, rule)])
 
 
 def memory_bytes() -> int:
@@ -50,9 +65,9 @@ def refuse_beyond_memory(need: int, what: str, source: str, why: str = "") -> No
     machine's memory, in one line."""
     have = memory_bytes()
     if need > have:
-        raise CheckpointError(f"{source}: config.json makes {what} {need / 2**30:,.1f} GiB as "
-                              f"float32, more than this machine's {have / 2**30:,.1f} GiB of "
-                              f"memory{why}")
+        raise checkpoint_error(source, f"config.json makes {what} {need / 2**30:,.1f} GiB as "
+                                       "float32, more than this machine's "
+                                       f"{have / 2**30:,.1f} GiB of memory{why}")
 
 
 def empty_model(arch: ArchConfig, source: str) -> Model:
@@ -80,9 +95,10 @@ def folder_file(folder: Path, name: str, source: str) -> Path:
     hub_blobs = root.parent.parent / "blobs" if root.parent.name == "snapshots" else None
     if target.is_relative_to(root) or (hub_blobs is not None and target.is_relative_to(hub_blobs)):
         return path
-    raise CheckpointError(f"{source}: {name} is a link to {str(target)!r}, outside the folder; "
-                          "a checkpoint's files must be in its folder (or, in a hub cache, "
-                          "link from snapshots/ into the same repository's blobs/)")
+    raise checkpoint_error(source, f"{name} is a link to {str(target)!r}, outside the folder; "
+                                   "a checkpoint's files must be in its folder (or, in a hub "
+                                   "cache, link from snapshots/ into the same repository's "
+                                   "blobs/)")
 
 
 def check_finite(name: str, tensor: Tensor, source: str) -> None:
@@ -92,28 +108,28 @@ def check_finite(name: str, tensor: Tensor, source: str) -> None:
         return  # (counted only when some are not: a sum over a bool map widens it)
     bad = int(torch.count_nonzero(~torch.isfinite(tensor)))
     if bad:
-        raise CheckpointError(f"{source}: tensor {name!r} holds {bad:,} non-finite values (NaN "
-                              f"or infinity) of {tensor.numel():,}; a checkpoint must hold "
-                              "finite weights")
+        raise checkpoint_error(source, f"tensor {name!r} holds {bad:,} non-finite values (NaN "
+                                       f"or infinity) of {tensor.numel():,}; a checkpoint must "
+                                       "hold finite weights")
 
 
 def _read_json(path: Path, limit: int, source: str) -> Any:
     try:
         size = path.stat().st_size
         if size > limit:
-            raise CheckpointError(f"{source}: {path.name} is {size:,} bytes, more than the "
-                                  f"{limit:,} such a file can be")
+            raise checkpoint_error(source, f"{path.name} is {size:,} bytes, more than the "
+                                           f"{limit:,} such a file can be")
         return json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise CheckpointError(f"{source}: unreadable {path.name} ({type(err).__name__}: "
-                              f"{str(err).splitlines()[0] if str(err) else ''})") from None
+        raise checkpoint_error(source, f"unreadable {path.name} ({type(err).__name__}: "
+                                       f"{str(err).splitlines()[0] if str(err) else ''})") from None
 
 
 def read_config(folder: Path, source: str) -> dict[str, Any]:
     """``config.json`` of ``folder`` as a dict."""
     config = _read_json(folder_file(folder, "config.json", source), MAX_CONFIG_BYTES, source)
     if not isinstance(config, dict):
-        raise CheckpointError(f"{source}: config.json is not an object")
+        raise checkpoint_error(source, "config.json is not an object")
     return config
 
 
@@ -139,19 +155,20 @@ class TensorFolder:
         weight_map = index.get("weight_map") if isinstance(index, dict) else None
         if not isinstance(weight_map, dict) or not all(
                 isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
-            raise CheckpointError(f"{self.source}: {INDEX} has no weight_map of tensor names "
-                                  "to shard files")
+            raise checkpoint_error(self.source, f"{INDEX} has no weight_map of tensor names "
+                                                "to shard files")
         shards = set(weight_map.values())
         if len(shards) > MAX_SHARDS:
-            raise CheckpointError(f"{self.source}: {INDEX} lists {len(shards):,} shards, more "
-                                  f"than {MAX_SHARDS:,}")
+            raise checkpoint_error(self.source, f"{INDEX} lists {len(shards):,} shards, more "
+                                                f"than {MAX_SHARDS:,}")
         for shard in sorted(shards):
             if Path(shard).name != shard or not shard.endswith(".safetensors"):
-                raise CheckpointError(f"{self.source}: {INDEX} names shard {shard!r}; a shard "
-                                      "must be a .safetensors file of the folder itself")
+                raise checkpoint_error(self.source, f"{INDEX} names shard {shard!r}; a shard "
+                                                    "must be a .safetensors file of the folder "
+                                                    "itself")
             if not folder_file(self.folder, shard, self.source).is_file():
-                raise CheckpointError(f"{self.source}: shard {shard!r} listed in {INDEX} is "
-                                      "missing")
+                raise checkpoint_error(self.source, f"shard {shard!r} listed in {INDEX} is "
+                                                    "missing")
         return dict(weight_map)
 
     def __enter__(self) -> TensorFolder:
@@ -173,9 +190,9 @@ class TensorFolder:
                 self._open[shard] = self._stack.enter_context(
                     safe_open(str(path), framework="pt"))
             except Exception as err:  # safetensors raises its own kinds for a broken header
-                raise CheckpointError(f"{self.source}: unreadable {shard} ({type(err).__name__}"
-                                      f": {str(err).splitlines()[0] if str(err) else ''})"
-                                      ) from None
+                first = str(err).splitlines()[0] if str(err) else ""
+                raise checkpoint_error(self.source, f"unreadable {shard} "
+                                                    f"({type(err).__name__}: {first})") from None
         return self._open[shard]
 
     def __contains__(self, name: str) -> bool:
@@ -187,7 +204,7 @@ class TensorFolder:
     def shape(self, name: str) -> tuple[int, ...]:
         """The shape of tensor ``name`` from its shard's header (nothing read)."""
         if name not in self.files:
-            raise CheckpointError(f"{self.source}: tensor {name!r} is missing")
+            raise checkpoint_error(self.source, f"tensor {name!r} is missing")
         return tuple(self._handle(self.files[name]).get_slice(name).get_shape())
 
     def dtype(self, name: str) -> str:
@@ -202,8 +219,8 @@ class TensorFolder:
         stored)."""
         found = self.shape(name)
         if found != shape:
-            raise CheckpointError(f"{self.source}: tensor {name!r} has shape {found}, "
-                                  f"config.json makes it {shape}")
+            raise checkpoint_error(self.source, f"tensor {name!r} has shape {found}, "
+                                                f"config.json makes it {shape}")
         tensor: Tensor = self._handle(self.files[name]).get_tensor(name)
         check_finite(name, tensor, self.source)
         return tensor if dtype is None else tensor.to(dtype)

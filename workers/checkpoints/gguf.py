@@ -24,8 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from workers.checkpoints.folder import TensorFolder, check_finite, read_config
-from workers.errors import CheckpointError
+from workers.checkpoints.folder import TensorFolder, check_finite, checkpoint_error, read_config
 
 SUFFIX = ".gguf"
 # GGUF architectures read as transformers' model_type; a Mistral file says llama (its name
@@ -89,13 +88,13 @@ def _reader(path: Path, source: str) -> Any:
     try:
         from gguf import GGUFReader
     except ImportError:
-        raise CheckpointError(f"{source}: reading a GGUF file needs the gguf package (pip "
-                              "install gguf)") from None
+        raise checkpoint_error(source, "reading a GGUF file needs the gguf package (pip "
+                                       "install gguf)") from None
     try:
         return GGUFReader(str(path))
     except Exception as err:  # the reader raises several kinds for a file that is not GGUF
-        raise CheckpointError(f"{source}: unreadable GGUF file ({type(err).__name__}: "
-                              f"{str(err).splitlines()[0] if str(err) else ''})") from None
+        raise checkpoint_error(source, f"unreadable GGUF file ({type(err).__name__}: "
+                                       f"{str(err).splitlines()[0] if str(err) else ''})") from None
 
 
 def _field(reader: Any, key: str) -> Any:
@@ -108,8 +107,8 @@ def gguf_config(reader: Any, source: str) -> dict[str, Any]:
     describes; a RoPE scaling or an architecture outside the family is refused by name."""
     arch = _field(reader, "general.architecture")
     if arch not in ARCHITECTURES:
-        raise CheckpointError(f"{source}: general.architecture = {arch!r} is not supported; "
-                              f"this reader takes {', '.join(ARCHITECTURES)} GGUF files")
+        raise checkpoint_error(source, f"general.architecture = {arch!r} is not supported; "
+                                       f"this reader takes {', '.join(ARCHITECTURES)} GGUF files")
     name = str(_field(reader, "general.name") or "")
     family = "mistral" if arch == "llama" and "mistral" in name.lower() else ARCHITECTURES[arch]
     config: dict[str, Any] = {"model_type": family, "architectures": [
@@ -124,13 +123,13 @@ def gguf_config(reader: Any, source: str) -> dict[str, Any]:
         config["vocab_size"] = len(tokens) if tokens is not None else None
     for key in reader.fields:
         if key.startswith(f"{arch}.rope.scaling."):
-            raise CheckpointError(f"{source}: {key} = {_field(reader, key)!r} is not supported "
-                                  "(this reader takes RoPE without scaling)")
+            raise checkpoint_error(source, f"{key} = {_field(reader, key)!r} is not supported "
+                                           "(this reader takes RoPE without scaling)")
     rope_dims = _field(reader, f"{arch}.rope.dimension_count")
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
     if rope_dims is not None and rope_dims != head_dim:
-        raise CheckpointError(f"{source}: {arch}.rope.dimension_count = {rope_dims}: every one "
-                              f"of a head's {head_dim} dims must rotate")
+        raise checkpoint_error(source, f"{arch}.rope.dimension_count = {rope_dims}: every one "
+                                       f"of a head's {head_dim} dims must rotate")
     config["rope_parameters"] = {"rope_type": "default", "rope_theta": float(
         _field(reader, f"{arch}.rope.freq_base") or 10000.0)}
     config["tie_word_embeddings"] = not any(t.name == "output.weight" for t in reader.tensors)
@@ -183,7 +182,7 @@ class GGUFTensors:
 
     def _tensor(self, name: str) -> Any:
         if name not in self.files:
-            raise CheckpointError(f"{self.source}: tensor {name!r} ({_safe(name)}) is missing")
+            raise checkpoint_error(self.source, f"tensor {name!r} ({_safe(name)}) is missing")
         return self._tensors[stock_to_gguf(name)]
 
     def shape(self, name: str) -> tuple[int, ...]:
@@ -204,8 +203,8 @@ class GGUFTensors:
 
         found = self.shape(name)
         if found != shape:
-            raise CheckpointError(f"{self.source}: tensor {name!r} has shape {found}, its "
-                                  f"metadata makes it {shape}")
+            raise checkpoint_error(self.source, f"tensor {name!r} has shape {found}, its "
+                                                f"metadata makes it {shape}")
         tensor = self._tensor(name)
         out = torch.empty(shape, dtype=torch.float32)
         rows = out.view(-1, shape[-1])

@@ -10,6 +10,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+from workers.checkpoints.folder import source_of
 from workers.checkpoints.gguf import GGUFTensors, gguf_file
 
 # The files transformers' tokenizers read from a model folder
@@ -23,7 +24,7 @@ def tokenizer_writer(checkpoint: Path) -> Callable[[Path], None] | None:
     checkpoints, folders without tokenizer files)."""
     gguf = gguf_file(checkpoint)
     if gguf is not None:
-        if not GGUFTensors(gguf, str(gguf)).has_tokenizer:
+        if not GGUFTensors(gguf, source_of(gguf)).has_tokenizer:
             return None
         return lambda folder: _from_gguf(gguf, folder)
     if not checkpoint.is_dir():

@@ -45,6 +45,7 @@ from workers.checkpoints import (
     load,
     save_gpt2,
     save_llama,
+    source_of,
 )
 from workers.checkpoints.llama import sliding_window
 from workers.checkpoints.stream import StreamedFolder
@@ -177,8 +178,8 @@ def check_output(request: CompressRequest, loaded: Loaded, student: ArchConfig) 
         if request.layout is not None:
             raise UsageError.of([Problem("layout", request.layout, "only for a folder {out} "
                                          "(a .pt is a workers.train checkpoint)")])
-        check_writable("--out", out, force=request.force)
-        check_writable("--out", out.with_suffix(".arch.yaml"), force=request.force)
+        check_writable("out", out, force=request.force)
+        check_writable("out", out.with_suffix(".arch.yaml"), force=request.force)
         return
     if not out.parent.is_dir():
         raise UsageError.of([Problem("out", repr(str(out)),
@@ -297,8 +298,7 @@ def compress_streamed(request: CompressRequest) -> CompressResult:
     """``compress`` of a Llama-family folder read one decoder layer at a time from its
     memory-mapped safetensors, the student written one layer at a time as shards: what it holds
     at once is one block (or the embedding), never the model."""
-    source = f"--checkpoint {str(request.checkpoint)!r}"
-    with StreamedFolder(request.checkpoint, source) as stream:
+    with StreamedFolder(request.checkpoint, source_of(request.checkpoint)) as stream:
         loaded = Loaded(stream.arch, stream.model, "llama", request.checkpoint,
                         config=stream.config)  # the model on the meta device: no weights
         plan = read_plan(request.plan, loaded.arch)

@@ -30,7 +30,7 @@ from alloc.compression import (
 from arch import ArchConfig, LayerSpec
 from common.errors import Problem
 from common.progress import Progress, duration, say
-from workers.checkpoints import Loaded, is_family_folder, load, read_arch
+from workers.checkpoints import Loaded, is_family_folder, load, read_arch, source_of
 from workers.checkpoints.stream import LayerSource, StreamedFolder, WholeModel
 from workers.compression.heads import HeadMap, layer_maps
 from workers.compression.latent_measure import curvature_latent
@@ -264,8 +264,7 @@ def _layers(request: MeasureRequest, loaded: Loaded | None) -> Iterator[LayerSou
     if loaded is not None:
         yield WholeModel(loaded.model)
         return
-    with StreamedFolder(request.checkpoint, f"--checkpoint {str(request.checkpoint)!r}"
-                        ) as stream:
+    with StreamedFolder(request.checkpoint, source_of(request.checkpoint)) as stream:
         yield stream
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common.errors import UsageError
+from common.errors import Problem, UsageError
 from common.stats import Interval, interval, kth_best, noise, not_worse
 from search_spaces import SearchSpace
 from workers.experiments import harness
@@ -80,52 +80,59 @@ def read_grid_csv(path: Path, corpora: Sequence[str], heads: Sequence[int],
         UsageError: the file is missing, lacks a column, or holds a value that is not one of
             the grid's (one line naming the line and the field).
     """
-    where = f"--grid-csv {str(path)!r}"
     try:
         with path.open(newline="") as handle:
             reader = csv.DictReader(handle)
             columns = list(reader.fieldnames or [])
             rows = list(reader)
     except (OSError, UnicodeDecodeError, csv.Error) as err:
-        raise UsageError(f"{where}: cannot be read ({err})") from None
+        raise _grid_error(path, f"cannot be read ({err})") from None
     seeds = {int(m.group(1)): c for c in columns if (m := SEED_COLUMN.fullmatch(c))}
     missing = [c for c in GRID_COLUMNS if c not in columns] + ([] if seeds else ["loss_seed0"])
     if missing:
-        raise UsageError(f"{where}: no column {missing[0]} (needs {', '.join(GRID_COLUMNS)}, "
-                         "loss_seed0, loss_seed1, ...: an earlier run's corpora.csv)")
+        raise _grid_error(path, f"no column {missing[0]} (needs {', '.join(GRID_COLUMNS)}, "
+                                "loss_seed0, loss_seed1, ...: an earlier run's corpora.csv)")
     out: dict[str, Losses] = {c: {} for c in corpora}
     choices = {"heads_L0": tuple(heads), "heads_L1": tuple(later_heads)}
     for line, row in enumerate(rows, start=2):
-        here = f"{where}: line {line}"
+        here = f"line {line}"
         if row["corpus"] not in out:
             continue
-        point = tuple(_head(row, key, choices[key], here) for key in choices)
+        point = tuple(_head(row, key, choices[key], path, here) for key in choices)
         if point in out[row["corpus"]]:
-            raise UsageError(f"{here}: {row['corpus']} {point[0]} | {point[1]} heads again")
+            raise _grid_error(path, f"{here}: {row['corpus']} {point[0]} | {point[1]} heads "
+                                    "again")
         out[row["corpus"]][(point[0], point[1])] = {
-            seed: _loss(row, column, here) for seed, column in sorted(seeds.items())}
+            seed: _loss(row, column, path, here) for seed, column in sorted(seeds.items())}
     empty = [c for c, losses in out.items() if not losses]
     if empty:
-        raise UsageError(f"{where}: no row of corpus {empty[0]!r}")
+        raise _grid_error(path, f"no row of corpus {empty[0]!r}")
     return {c: Stage(losses) for c, losses in out.items()}
 
 
-def _head(row: Mapping[str, str], key: str, choices: tuple[int, ...], here: str) -> int:
+def _grid_error(path: Path, rule: str) -> UsageError:
+    """The error for the grid's CSV file ``path`` breaking ``rule``: a problem of the field
+    ``grid_csv`` (the command's ``--grid-csv``)."""
+    return UsageError.of([Problem("grid_csv", repr(str(path)), rule)])
+
+
+def _head(row: Mapping[str, str], key: str, choices: tuple[int, ...], path: Path,
+          here: str) -> int:
     value = (row.get(key) or "").strip()
     if not value.isdigit() or int(value) not in choices:
-        raise UsageError(f"{here}: {key} = {value!r}: not a head count of this grid "
-                         f"({', '.join(map(str, choices))})")
+        raise _grid_error(path, f"{here}: {key} = {value!r}: not a head count of this grid "
+                                f"({', '.join(map(str, choices))})")
     return int(value)
 
 
-def _loss(row: Mapping[str, str], key: str, here: str) -> float:
+def _loss(row: Mapping[str, str], key: str, path: Path, here: str) -> float:
     value = (row.get(key) or "").strip()
     try:
         loss = float(value)
     except ValueError:
         loss = math.nan
     if not math.isfinite(loss) or loss < 0:
-        raise UsageError(f"{here}: {key} = {value!r}: not a loss (a finite number >= 0)")
+        raise _grid_error(path, f"{here}: {key} = {value!r}: not a loss (a finite number >= 0)")
     return loss
 
 

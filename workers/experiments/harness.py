@@ -9,10 +9,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from common.cli import Parser, add_format, dump, fail
+from common.cli import Parser, add_format, dump, fail, flag_names
 from common.errors import TransformerAllocError, UsageError
 from common.progress import Progress
 from search_spaces import SearchSpace
+from userdata import data_flags
 
 if TYPE_CHECKING:
     from workers.search import SearchSummary
@@ -105,6 +106,6 @@ def main(parser: argparse.ArgumentParser, argv: list[str] | None,
     try:
         result = run(args)
     except TransformerAllocError as err:
-        return fail(parser.prog, str(err))
+        return fail(parser.prog, err.text(flag_names(parser, **data_flags(parser))))
     print(render(result) if args.format == "table" else dump(result, args.format))
     return 0

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from arch import gib, training_bytes
-from common.errors import excerpt
+from common.errors import Problem, excerpt
 from workers.errors import SearchError
 from workers.search.options import SearchOptions
 
@@ -48,11 +48,12 @@ def trial_device(opts: SearchOptions) -> str:
 STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 
-def check_study_name(name: str, what: str = "--study") -> None:
-    """Raise ``SearchError`` unless ``name`` is 1-100 safe characters (no path separators)."""
+def check_study_name(name: str, field: str = "study", why: str = "") -> None:
+    """Raise ``SearchError`` unless ``name`` is 1-100 safe characters (no path separators): a
+    problem of ``field`` (``study``, ``warm_start``), ``why`` said after the rule."""
     if not STUDY_NAME.fullmatch(name):
-        raise SearchError(f"{what} {excerpt(name)}: must be 1 to 100 letters, digits, '.', '_' "
-                          "or '-', starting with a letter or digit")
+        raise SearchError.of([Problem(field, excerpt(name), "must be 1 to 100 letters, digits, "
+                                      f"'.', '_' or '-', starting with a letter or digit{why}")])
 
 
 def check_trial_memory(space: SearchSpace, task: Task, opts: SearchOptions) -> None:
@@ -89,20 +90,22 @@ def check_gpus(opts: SearchOptions) -> None:
         import torch
 
         if not torch.cuda.is_available():
-            raise SearchError(f"--gpus-per-trial {opts.gpus_per_trial:g}: no CUDA device here")
+            raise SearchError.of([Problem("gpus_per_trial", f"{opts.gpus_per_trial:g}",
+                                          "no CUDA device here")])
 
 
-def check_writable_dir(flag: str, path: Path) -> None:
-    """Raise ``SearchError`` unless ``path`` is, or can be made, a writable directory."""
+def check_writable_dir(field: str, path: Path) -> None:
+    """Raise ``SearchError`` unless ``path`` is, or can be made, a writable directory (a problem
+    of ``field``: ``storage_path``)."""
     existing = next(p for p in (path.resolve(), *path.resolve().parents) if p.exists())
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
         why = "not a directory" if not existing.is_dir() else "not writable"
-        raise SearchError(f"{flag} {excerpt(str(path))}: {str(existing)!r} is {why}")
+        raise SearchError.of([Problem(field, excerpt(str(path)), f"{str(existing)!r} is {why}")])
 
 
 def check_warm_start(source: str, study: str) -> None:
     """Raise ``SearchError`` unless ``source`` is a safe name of another study than ``study``."""
-    check_study_name(source, "--warm-start")
+    check_study_name(source, "warm_start")
     if source == study:
-        raise SearchError(f"--warm-start {source!r}: is the study this search writes; give "
-                          "another study of the same --storage")
+        raise SearchError.of([Problem("warm_start", repr(source), "is the study this search "
+                                      "writes; give another study of the same {storage}")])

@@ -28,7 +28,7 @@ from typing import Any
 import optuna
 
 from arch import training_dtype
-from common.errors import shell_word
+from common.errors import Problem, shell_word
 from common.progress import say
 from search_spaces import SearchSpace
 from studies import (
@@ -238,10 +238,10 @@ def _stop_on_full_disk(searcher: GuardedSearcher, folder: Path) -> None:
     """After a trial found the results disk full: the running trials marked interrupted and
     re-enqueued, then the fault in one line (every trial it failed runs again on --resume)."""
     searcher.abandon(TrialStatus.INTERRUPTED)
-    raise SearchFaultError(f"the Ray results folder {str(folder)!r} (--storage-path) is on a "
-                           "full disk (No space left on device): the search stopped and its "
-                           "failed trials are not counted; free space there, then continue "
-                           "with --resume")
+    raise SearchFaultError.of([Problem(
+        "storage_path", "", f"the Ray results folder {str(folder)!r} is on a full disk (No "
+        "space left on device): the search stopped and its failed trials are not counted; free "
+        "space there, then continue with {resume}")])
 
 
 def _stop_on_fault(searcher: GuardedSearcher) -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from alloc import AllocatorInputs, PlanSettings
 from arch import ArchConfig
-from common.errors import excerpt
+from common.errors import Problem, excerpt
 from search_spaces import SearchSpace, SpaceError, SpaceFile
 from studies import resolve_url
 from userdata import DataSpec, TaskSpec
@@ -64,11 +64,11 @@ class SearchRequest:
 
 @contextlib.contextmanager
 def space_errors() -> Iterator[None]:
-    """A ``SpaceError`` becomes the search's one-line ``--space`` error."""
+    """A ``SpaceError`` becomes the search's one-line error of its field ``space``."""
     try:
         yield
     except SpaceError as err:
-        raise SearchError(f"--space: {err}") from None
+        raise SearchError.of([Problem("space", "", str(err))]) from None
 
 
 def read_space(name: str | Path) -> tuple[SpaceFile, DataSpec | None]:
@@ -101,9 +101,9 @@ def prepare(space: SearchSpace | SpaceFile | str | Path, task: Task | TaskSpec |
     opts = options or SearchOptions()
     task = _task(task, opts.seed)
     source = read_space(space)[0] if isinstance(space, str | Path) else space
-    if study is not None:  # before profiling the data writes into --storage-path
+    if study is not None:  # before profiling the data writes into the storage path
         check_study_name(study)
-    check_writable_dir("--storage-path", opts.storage_path)
+    check_writable_dir("storage_path", opts.storage_path)
     profiled = profile_for(task, opts.profile, opts.storage_path, _shape(source, budget),
                            pilot_steps, opts.quiet)
     opts = dataclasses.replace(opts, profile=None if profiled is None else profiled.path)
@@ -113,7 +113,8 @@ def prepare(space: SearchSpace | SpaceFile | str | Path, task: Task | TaskSpec |
     check_gpus(opts)
     name = study if study is not None else f"{loaded.name}-{task.name}"
     if study is None:
-        check_study_name(name, f"the study name from space {excerpt(loaded.name)} (give --study)")
+        check_study_name(name, why=f" (the default from space {excerpt(loaded.name)}; give "
+                                   "{study})")
     check_trial_memory(loaded, task, opts)
     if opts.warm_start is not None:
         check_warm_start(opts.warm_start, name)

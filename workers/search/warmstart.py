@@ -24,7 +24,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from alloc import CALIBRATION_ATTR, Constants
 from arch import ModelIO
-from common.errors import excerpt, printable
+from common.errors import Problem, excerpt, printable
 from search_spaces import SearchSpace
 from studies.trials import WARM_START_FROM, WARM_START_TRIAL
 from workers.errors import WarmStartError
@@ -62,8 +62,9 @@ def open_source(name: str, storage: optuna.storages.BaseStorage) -> WarmStart:
         source = optuna.load_study(study_name=name, storage=storage)
     except KeyError:
         names = optuna.get_all_study_names(storage=storage)
-        raise WarmStartError(f"--warm-start {name!r}: no such study in this database; studies: "
-                             f"{', '.join(printable(n) for n in names) or '(none)'}") from None
+        listed = ", ".join(printable(n) for n in names) or "(none)"
+        raise WarmStartError.of([Problem("warm_start", repr(name), "no such study in this "
+                                         f"database; studies: {listed}")]) from None
     fitted = [c for c in source.user_attrs.get(CALIBRATION_ATTR, [])
               if isinstance(c, Mapping) and c.get("architectures")]
     if not fitted:

@@ -41,7 +41,7 @@ __all__ = ["DATA_TASKS", "TASKS", "AdditionTask", "ArrayTask", "Batch", "BinTask
 def make_task(name: str, size: str = "smoke", seed: int = 0, **params: Any) -> Task:
     """The task ``name`` at ``size`` (``smoke`` or ``paper``), with parameters overridden."""
     if name in DATA_TASKS:
-        raise TaskError(f"task {name!r} reads your data: give --data PATH (make_data_task)")
+        raise TaskError(f"task {name!r} reads your data: make it with make_data_task(DataSpec)")
     if name not in TASKS:
         raise TaskError(f"unknown task {name!r}; choices: "
                         f"{', '.join(n for n in TASKS if n not in DATA_TASKS)}")

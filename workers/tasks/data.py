@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from common.errors import Problem
 from userdata import ArrayData, DataError, DataFormat, DataSpec, TokenData, open_arrays, open_tokens
 from workers.tasks.base import Batch, Task
 
@@ -144,8 +145,8 @@ def make_data_task(spec: DataSpec, size: str = "paper", seed: int = 0,
         task: Task = ArrayTask(seed=seed, path=spec.path, length=length)
         data = task.data  # type: ignore[attr-defined]
         if length is not None and length > data.length:
-            raise DataError(f"--task-param length={length}: the sequences of {spec.path!r} "
-                             f"have {data.length} steps")
+            raise DataError.of([Problem("task.params", f"length={length}", f"the sequences of "
+                                        f"{spec.path!r} have {data.length} steps")])
         return task
     window = length or SIZES[size]["length"]
     data = open_tokens(spec, window + 1)  # every check, and the vocabulary, once, here

@@ -147,8 +147,8 @@ class ModAddTask(Task):
     def __post_init__(self) -> None:
         if self.p < 2 or self.train < 1 or self.val < 1 or self.train + self.val > self.p**2:
             raise TaskError(f"modadd: train {self.train} + val {self.val} must be positive and "
-                            f"fit in the p^2 = {self.p**2} pairs (p = {self.p}); set train "
-                            "and val with --task-param")
+                            f"fit in the p^2 = {self.p**2} pairs (p = {self.p}); set the "
+                            "parameters train and val")
 
     @property
     def seq_len(self) -> int:

@@ -19,6 +19,7 @@ from torch import nn
 
 from arch import ArchConfig, TrainConfig
 from common import stats
+from common.errors import Problem
 from common.progress import Progress
 from workers.checkpoints import CheckpointError
 from workers.compression.chunks import chunk_windows
@@ -196,8 +197,9 @@ class Trainer:
         # weights_only: a checkpoint is tensors, dicts and numbers; never unpickle code
         state = torch.load(path, map_location=self.device, weights_only=True)
         if state["arch"] != self.arch.to_dict() or state["task"] != describe_task(self.task):
-            raise CheckpointError(f"checkpoint {str(path)!r}: written for another architecture "
-                                  "or task; write to a new --out, or --force to start over")
+            raise CheckpointError.of([Problem("checkpoint", repr(str(path)), "written for "
+                                              "another architecture or task; write to a new "
+                                              "{checkpoint}, or {force} to start over")])
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.step, self.tokens, self.train_time = state["step"], state["tokens"], state["time"]
