@@ -239,3 +239,23 @@ def test_a_profile_s_inputs_are_kept_unless_a_flag_gives_them(
     given = inputs("--logit-bounds", "7", "--seq-len", "16", "--input-d", "8")
     assert (given["logit_bounds"], given["patterns"]) == ([7.0], [2.0, 4.0])
     assert (given["seq_len"], given["input_dim"], given["input_spectrum"]) == (16, 8, None)
+
+
+def test_bad_profile_and_constants_files_name_the_field_or_the_flag(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The readers of a profile and a constants file name the field (``profile``,
+    ``constants``); ``alloc.solve`` shows it as its flag."""
+    from alloc.constants import read_constants
+    from alloc.errors import ConstantsError, ProfileError
+    from alloc.profiling.files import read_allocator_inputs
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("allocator: {kernel: ngram:2}\n")
+    with pytest.raises(ProfileError, match=r"^profile '.*bad\.yaml': needs an allocator"):
+        read_allocator_inputs(bad)
+    with pytest.raises(ConstantsError, match=r"^constants '.*bad\.yaml': unknown key"):
+        read_constants(bad)
+    for flag in ("--profile", "--constants"):
+        assert main(["--budget", "64", flag, str(bad)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"alloc.solve: error: {flag} '") and err.count("\n") == 1, err

@@ -215,6 +215,12 @@ def test_cli_never_overwrites_a_checkpoint_silently(tmp_path: Path,
     assert json.loads(capsys.readouterr().out)["steps"] == 30  # continued from step 20
     assert main([*base, "--force", "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out)["steps"] == 20  # started over
+    # Another task's checkpoint: the trainer names its field, the command its flags.
+    assert main([*base[:3], "modadd", *base[4:], "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"workers.train: error: --out {str(out)!r}: "
+                                                   "written for another"), err
+    assert "write to a new --out, or --force to start over" in err
 
 
 def test_cli_flags_given_win_over_smoke_test(tmp_path: Path,

@@ -42,7 +42,8 @@ def read_fits(plan: CompressionPlan, folder: Path) -> LatentFits:
     if not plan.factors or not path.is_file():
         raise CompressionError.of([Problem(
             "plan", "", f"its latent maps {str(path)!r} are missing; a latent plan fitted to "
-            "second order keeps them beside the plan (profile again with --out)", shown="")])
+            "second order keeps them beside the plan (profile again: python -m workers.profile "
+            "--out)", shown="")])
     from safetensors import safe_open
 
     fits = {}
