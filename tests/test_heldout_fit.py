@@ -127,6 +127,13 @@ def test_fit_on_development_then_plan_held_out_with_it(
     for name in ("heldout-dev-fit.txt", "heldout-dev-fit.csv", "heldout-dev-fit_corpora.csv"):
         assert (out / name).stat().st_size > 0
     assert {p.name: p.read_bytes() for p in out.glob("heldout*") if p.name in before} == before
+    # constants under which one wide head wins (m > n, docs/theory.md §2.3): the plan moves
+    wide = tmp_path / "wide.yaml"
+    wide.write_text("c_proj: 1.0\nc_head: 1.0\norder: 1.0\nwidth_order: 6.0\n")
+    trained.clear()
+    moved = run(heldout, tmp_path, capsys, "--corpus", "docs", "--constants", str(wide))
+    assert moved["corpora"][0]["plan"].startswith("mhsa 1x16 ")
+    assert set(trained) <= {PLAN} and (out / "heldout-wide.txt").exists()
 
 
 def test_a_bad_constants_file_is_one_line_before_any_work(

@@ -26,7 +26,7 @@ from typing import Any
 
 from alloc import calibrate, make_plan, with_constants
 from arch import ArchConfig
-from common.cli import check_writable, int_in, render_table
+from common.cli import Parser, add_format, check_writable, int_in, render_table
 from common.errors import UsageError
 from userdata import DataSpec
 from userdata import corpora as registry
@@ -213,8 +213,20 @@ def render(result: dict[str, Any]) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = harness.build_parser("heldout", __doc__)
-    parser.prog = PROG
+    parser = Parser(prog=PROG, description=__doc__.split("\n\n")[1])
+    parser.add_argument(
+        "--smoke-test",
+        action="store_true",
+        help="the ledgers of heldout --smoke-test (tiny sizes, tests)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=harness.RESULTS / experiment.NAME,
+        help="the heldout run's --out, whose development ledgers are read (default: %(default)s)",
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    add_format(parser)
     parser.add_argument(
         "--write",
         type=Path,
