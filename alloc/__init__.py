@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from alloc.calibrate import ConstantsFit, Observation, WidthDesign, fit, with_constants
-    from alloc.constants import Constants
+    from alloc.constants import Constants, read_constants
     from alloc.errors import PilotError
     from alloc.extract import (
         ErrorModel,
@@ -110,6 +110,7 @@ __all__ = [
     "point_key",
     "predicted_error",
     "read_allocator_inputs",
+    "read_constants",
     "required_data",
     "section_inputs",
     "show_profile",
@@ -127,7 +128,7 @@ def __getattr__(name: str) -> Any:
     compression``)."""
     if name in ("ConstantsFit", "Observation", "WidthDesign", "fit", "with_constants"):
         from alloc import calibrate as module
-    elif name == "Constants":
+    elif name in ("Constants", "read_constants"):
         from alloc import constants as module  # type: ignore[no-redef]
     elif name == "PilotError":
         from alloc import errors as module  # type: ignore[no-redef]

@@ -19,7 +19,7 @@ import dataclasses
 import json
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -76,18 +76,31 @@ class Observation:
 
 
 @dataclass(frozen=True)
+class Group:
+    """Observations measured on one task (one corpus): its allocator inputs and, in a fit over
+    several groups, a scale of its own (loss levels differ between tasks; the constants are
+    shared)."""
+
+    name: str
+    settings: PlanSettings
+    observations: tuple[Observation, ...]
+
+
+@dataclass(frozen=True)
 class ConstantsFit:
     constants: Constants
-    scale: float
-    r2: float  # of log-loss
+    scale: float  # one group's; over several, the geometric mean of theirs
+    r2: float  # of log-loss (within each group, over several)
     spearman: float
     bound: tuple[float, ...]  # E per observation under ``constants`` (unscaled)
     design: WidthDesign = "order"  # what the observations identified of n and m
+    scales: tuple[float, ...] = ()  # per observation, its group's scale (several groups only)
 
     @property
     def predicted(self) -> tuple[float, ...]:
-        """Predicted loss per observation: ``scale * E``."""
-        return tuple(self.scale * e for e in self.bound)
+        """Predicted loss per observation: its scale times ``E``."""
+        return tuple(k * e for k, e in zip(self.scales or [self.scale] * len(self.bound),
+                                           self.bound))
 
 
 def with_constants(settings: PlanSettings, constants: Constants) -> PlanSettings:
@@ -107,21 +120,29 @@ def bounds(settings: PlanSettings, observations: Sequence[Observation],
     return np.array([solved[o.layer.heads] for o in observations])
 
 
-def _score(settings: PlanSettings, observations: Sequence[Observation],
-           constants: Constants) -> ConstantsFit:
-    """Best scale for ``constants`` and the fit's quality."""
+def _score(groups: Sequence[Group], constants: Constants) -> ConstantsFit:
+    """Best scale of each group for ``constants`` and the fit's quality (R² and Spearman of
+    log-loss within each group, where its own scale puts it)."""
     from scipy.stats import spearmanr  # SciPy's stats and optimize take 0.5 s to import
 
-    e = bounds(settings, observations, constants)
-    log_y = np.log([o.loss for o in observations])
-    gap = log_y - np.log(e)
-    log_k = float(gap.mean())
-    sse = float(((gap - log_k) ** 2).sum())
-    sst = float(((log_y - log_y.mean()) ** 2).sum())
+    es, log_ks, sse, sst, x, y = [], [], 0.0, 0.0, [], []
+    for g in groups:
+        e = bounds(g.settings, g.observations, constants)
+        log_y = np.log([o.loss for o in g.observations])
+        gap = log_y - np.log(e)
+        log_ks.append(float(gap.mean()))
+        sse += float(((gap - log_ks[-1]) ** 2).sum())
+        sst += float(((log_y - log_y.mean()) ** 2).sum())
+        es.append(e)
+        x += (np.log(e) - np.log(e).mean()).tolist()
+        y += (log_y - log_y.mean()).tolist()
     r2 = 1.0 - sse / sst if sst > 0 else 1.0
-    rho = float(spearmanr(e, log_y).statistic) if len(set(e.tolist())) > 1 else 0.0
-    return ConstantsFit(constants, math.exp(log_k), r2, rho if math.isfinite(rho) else 0.0,
-               tuple(e.tolist()))
+    rho = float(spearmanr(x, y).statistic) if len(set(x)) > 1 else 0.0
+    scales = () if len(groups) == 1 else tuple(
+        math.exp(k) for k, g in zip(log_ks, groups) for _ in g.observations)
+    return ConstantsFit(constants, math.exp(float(np.mean(log_ks))), r2,
+                        rho if math.isfinite(rho) else 0.0,
+                        tuple(np.concatenate(es).tolist()), scales=scales)
 
 
 def width_design(layers: Sequence[LayerSpec]) -> WidthDesign:
@@ -197,21 +218,42 @@ def fit(settings: PlanSettings, observations: Sequence[Observation],
     squares constants. The calibrated fit nests the raw one, so its R² is never lower; ``n``
     and ``m`` as ``width_design`` says the observations identify them, or as ``design`` says
     ("order": ``m`` held at the settings' value, the bound before §2.3)."""
-    from scipy.optimize import least_squares
-
     if len(observations) < 4:
         raise CalibrationError("calibration needs at least 4 architectures with a full-budget "
                                f"loss (3 constants + the scale); the study has {len(observations)}")
-    log_y = np.log([o.loss for o in observations])
+    return fit_groups([Group("", settings, tuple(observations))], design)
+
+
+def fit_groups(groups: Sequence[Group], design: WidthDesign | None = None
+               ) -> tuple[ConstantsFit, ConstantsFit]:
+    """``fit`` over several tasks at once: one set of constants, a scale per group, each group's
+    bounds under its own allocator inputs (its kernel, spectrum, input width). The raw
+    constants, and ``m`` where it is held, are the first group's settings'.
+
+    Raises:
+        CalibrationError: no group, or fewer architectures than 3 constants and the groups'
+            scales.
+    """
+    from scipy.optimize import least_squares
+
+    observations = [o for g in groups for o in g.observations]
+    if not groups or len(observations) < 3 + len(groups):
+        raise CalibrationError(f"calibration over {len(groups)} groups needs at least "
+                               f"{3 + len(groups)} architectures (3 constants + a scale per "
+                               f"group); they have {len(observations)}")
+    log_y = [np.log([o.loss for o in g.observations]) for g in groups]
+    settings = groups[0].settings
     form = _Parametrisation(design or width_design([o.layer for o in observations]),
                             settings.width_order)
 
     def residuals(theta: np.ndarray) -> np.ndarray:
-        gap = log_y - np.log(bounds(settings, observations, form.constants(theta)))
-        return gap - gap.mean()
+        constants = form.constants(theta)
+        gaps = [y - np.log(bounds(g.settings, g.observations, constants))
+                for y, g in zip(log_y, groups)]
+        return np.concatenate([gap - gap.mean() for gap in gaps])
 
     given = Constants(settings.c_proj, settings.c_head, settings.order, settings.width_order)
-    raw = _score(settings, observations, given)
+    raw = _score(groups, given)
     low, high = form.box
     grid = [np.array([*c, *e]) for c in _LOG_C_GRID for e in form.exponents]
     starts = sorted(grid, key=lambda t: float((residuals(t) ** 2).sum()))[:3]
@@ -220,7 +262,7 @@ def fit(settings: PlanSettings, observations: Sequence[Observation],
     for start in starts:
         x0 = np.clip(start, low, high)
         result = least_squares(residuals, x0, bounds=(low, high), diff_step=1e-3)
-        candidate = _score(settings, observations, form.constants(result.x))
+        candidate = _score(groups, form.constants(result.x))
         if candidate.r2 > best.r2:
             best = candidate
     return raw, dataclasses.replace(best, design=form.design)
@@ -273,10 +315,12 @@ def observations_from_study(url: str | None, study: str) -> tuple[PlanSettings,
     return settings, sorted(out, key=lambda o: (o.layer.n_heads, o.label))
 
 
-def write_constants(path: Path, study: str, architectures: int, fitted: ConstantsFit) -> None:
-    """The fitted constants for ``alloc.solve --constants``, with the fit's provenance."""
+def write_constants(path: Path, study: str, architectures: int, fitted: ConstantsFit,
+                    extra: Mapping[str, Any] | None = None) -> None:
+    """The fitted constants for ``alloc.solve --constants``, with the fit's provenance
+    (``study``: where the losses come from; ``extra``: more of it)."""
     meta = {"study": study, "architectures": architectures, "r2": fitted.r2,
-            "spearman": fitted.spearman, "width_design": fitted.design}
+            "spearman": fitted.spearman, "width_design": fitted.design, **(extra or {})}
     write_atomic(path, to_yaml(fitted.constants, fitted.scale, meta))
 
 

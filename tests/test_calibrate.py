@@ -14,7 +14,7 @@ import yaml
 from alloc import calibrate
 from alloc.calibrate import Observation, fit, with_constants
 from alloc.constants import Constants, read_constants
-from alloc.errors import ConstantsError
+from alloc.errors import CalibrationError, ConstantsError
 from alloc.plan import make_plan, predicted_error
 from alloc.settings import PlanSettings
 from alloc.solve import main as solve_main
@@ -269,3 +269,53 @@ def test_solve_width_order_flag_gives_one_wide_head(capsys: pytest.CaptureFixtur
     assert solve_main([*base, "--order", "1", "--width-order", "1.5"]) == 0
     assert json.loads(capsys.readouterr().out)["layers"][0]["heads"] == [
         {"count": 1, "qk_dim": 256, "v_dim": 256}]
+
+
+# --- several tasks at once: shared constants, a scale each ------------------------------------
+
+
+OTHER = PlanSettings(budget=64, layers=1, input_dim=16, kernel="exp:0.3", seq_len=16, align=4)
+
+
+def group(name: str, settings: PlanSettings, constants: Constants,
+          scale: float) -> calibrate.Group:
+    """The bound's losses of ``settings`` under ``constants``, at ``scale``."""
+    s = with_constants(settings, constants)
+    return calibrate.Group(name, settings, tuple(
+        Observation(f"{h}x{64 // h}", arch(h).layers[0],
+                    scale * predicted_error(s, arch(h).layers[0]), i, 1)
+        for i, h in enumerate(HEADS)))
+
+
+def test_one_group_is_the_plain_fit() -> None:
+    obs = observations(synthetic(TRUE))
+    plain = fit(SETTINGS, obs)
+    grouped = calibrate.fit_groups([calibrate.Group("", SETTINGS, tuple(obs))])
+    assert grouped == plain and not plain[1].scales
+
+
+def test_groups_share_the_constants_and_keep_their_own_scale_and_inputs() -> None:
+    groups = [group("a", SETTINGS, WIDE, 0.01), group("b", OTHER, WIDE, 3.0)]
+    raw, cal = calibrate.fit_groups(groups)
+    # At one width only m - n is identified (and n moves the alpha term slightly): the fit
+    # takes n = 1, so the losses are matched closely, not exactly.
+    assert cal.design == "difference" and cal.r2 > 0.99 and cal.spearman == pytest.approx(1)
+    assert cal.constants.width_order - cal.constants.order == pytest.approx(
+        WIDE.width_order - WIDE.order, abs=0.3)
+    expected = [o.loss for g in groups for o in g.observations]
+    np.testing.assert_allclose(cal.predicted, expected, rtol=0.1)
+    assert cal.scales[0] == pytest.approx(0.01, rel=0.1)
+    assert cal.scales[-1] == pytest.approx(3.0, rel=0.1)
+    assert raw.r2 < cal.r2
+    # one scale for both would not fit: the groups' losses differ by a factor of 300
+    _, pooled = fit(SETTINGS, [o for g in groups for o in g.observations])
+    assert pooled.r2 < 0.9
+
+
+def test_groups_need_three_constants_and_a_scale_each() -> None:
+    g = group("a", SETTINGS, TRUE, 0.01)
+    short = calibrate.Group("b", OTHER, g.observations[:1])
+    with pytest.raises(CalibrationError, match="at least 5 architectures"):
+        calibrate.fit_groups([calibrate.Group("a", SETTINGS, g.observations[:3]), short])
+    with pytest.raises(CalibrationError, match="at least 3 architectures"):
+        calibrate.fit_groups([])

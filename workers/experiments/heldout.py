@@ -1,4 +1,5 @@
 """python -m workers.experiments.heldout [--smoke-test] [--set held-out] [--corpus N] [--data P]
+[--constants FILE]
 
 Is the allocator's plan better than the head counts practitioners fix, on corpora no rule was
 tuned on? For each corpus (the registry's development and held-out corpora,
@@ -19,7 +20,11 @@ protocol of ``userdata.corpora``). Every training is kept in ``CORPUS/runs.csv``
 ``--out``, so a re-run trains only what is missing (run corpora in parallel with ``--corpus``,
 then ``--no-train`` over all of them for the report). Writes ``heldout.csv`` (per corpus and model),
 ``heldout_corpora.csv`` (per corpus), ``heldout_sets.csv``, ``heldout_runs.csv`` and
-``heldout.txt``.
+``heldout.txt``. ``--constants FILE`` plans with the bound's constants of FILE (``alloc.solve
+--constants``'s format; fitted on the development ledgers by
+``workers.experiments.heldout_fit``): the rules' trainings are reused from the ledgers, only a
+plan that changed trains, and the tables are named for the file (``heldout-STEM.txt``, ...), so
+the default constants' stay.
 """
 
 from __future__ import annotations
@@ -36,7 +41,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from alloc import HEURISTICS, PilotRequest, Plan, heuristic_arch, write_profile
+from alloc import (
+    HEURISTICS,
+    Constants,
+    PilotRequest,
+    Plan,
+    heuristic_arch,
+    read_constants,
+    write_profile,
+)
 from arch import ArchConfig, TrainConfig
 from common.cli import int_in
 from common.errors import UsageError
@@ -138,9 +151,11 @@ def task_for(spec: DataSpec, sizes: Sizes, seed: int) -> Task:
 # --- the models ----------------------------------------------------------------------------------
 
 
-def corpus_plan(spec: DataSpec, sizes: Sizes, out: Path, task: Task, quiet: bool) -> Plan:
+def corpus_plan(spec: DataSpec, sizes: Sizes, out: Path, task: Task, quiet: bool,
+                constants: Constants | None = None) -> Plan:
     """The corpus's plan: its profile with the pilot at the models' shape (kept in ``out``: a
-    re-run reads it), then ``alloc.solve --profile``'s plan at that width and depth."""
+    re-run reads it), then ``alloc.solve --profile``'s plan at that width and depth, with the
+    bound's ``constants`` (None: the defaults)."""
     from workers.profile import profile_data
 
     path = out / (f"profile-D{sizes.budget}-L{sizes.depth}-mlp{sizes.mlp_ratio:g}"
@@ -149,7 +164,8 @@ def corpus_plan(spec: DataSpec, sizes: Sizes, out: Path, task: Task, quiet: bool
         pilot = PilotRequest(spec, budget=sizes.budget, layers=sizes.depth,
                              mlp_ratio=sizes.mlp_ratio, steps=sizes.pilot_steps, quiet=quiet)
         write_profile(profile_data(spec, seq_len=sizes.length, pilot=pilot), path)
-    return plan_from_profile(path, sizes.budget, sizes.depth, task, sizes.mlp_ratio)
+    rules = {} if constants is None else constants.as_flags()
+    return plan_from_profile(path, sizes.budget, sizes.depth, task, sizes.mlp_ratio, **rules)
 
 
 def models(plan: ArchConfig) -> dict[str, ArchConfig]:
@@ -239,13 +255,21 @@ def params_of(arms: Mapping[str, ArchConfig], rows: Sequence[Mapping[str, str]]
 # --- the experiment ------------------------------------------------------------------------------
 
 
-def corpus_result(args: argparse.Namespace, sizes: Sizes, entry: Entry) -> dict[str, Any]:
-    """The corpus written (or read), profiled and planned, the plan and every fixed rule
-    trained with every seed (or read from its ledger), and the plan judged."""
+def sizes_of(args: argparse.Namespace) -> Sizes:
+    """The run's sizes: full or smoke, with ``--seeds`` and ``--steps``."""
+    return dataclasses.replace(SMOKE if args.smoke_test else FULL,
+                               **{k: v for k, v in (("seeds", args.seeds),
+                                                    ("steps", args.steps)) if v})
+
+
+def corpus_result(args: argparse.Namespace, sizes: Sizes, entry: Entry,
+                  constants: Constants | None = None) -> dict[str, Any]:
+    """The corpus written (or read), profiled and planned (with ``constants``), the plan and
+    every fixed rule trained with every seed (or read from its ledger), and the plan judged."""
     out = args.out / entry.name
     out.mkdir(parents=True, exist_ok=True)
     spec = data_of(entry, sizes, out, args.data_dtype)
-    plan = corpus_plan(spec, sizes, out, task_for(spec, sizes, 0), args.quiet)
+    plan = corpus_plan(spec, sizes, out, task_for(spec, sizes, 0), args.quiet, constants)
     arms = models(plan.arch)
     rows = train_all(args, sizes, entry.name, spec, arms, out / "runs.csv")
     verdict, table = report.judge(entry.name, entry.role, entry.kind, megabytes_of(spec),
@@ -258,10 +282,9 @@ def corpus_result(args: argparse.Namespace, sizes: Sizes, entry: Entry) -> dict[
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    sizes = dataclasses.replace(SMOKE if args.smoke_test else FULL,
-                                **{k: v for k, v in (("seeds", args.seeds),
-                                                     ("steps", args.steps)) if v})
-    chosen = entries(args)  # a bad --corpus or --data: before any work
+    sizes = sizes_of(args)
+    chosen = entries(args)  # a bad --corpus, --data or --constants: before any work
+    constants = None if args.constants is None else read_constants(args.constants)
     if args.threads:
         torch.set_num_threads(args.threads)
     harness.prepare(args)
@@ -270,7 +293,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for k, entry in enumerate(chosen, start=1):
             bar.write(f"{NAME}: corpus {k}/{len(chosen)}: {entry.name} ({entry.role}): "
                       "profile, plan, and the plan and every fixed rule trained")
-            results.append(corpus_result(args, sizes, entry))
+            results.append(corpus_result(args, sizes, entry, constants))
             bar.update(1)
             bar.event(f"{entry.name} done")
     verdicts = [r["verdict"] for r in results]
@@ -279,18 +302,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               "models": [row for r in results for row in r["models"]],
               "sets": {role: None if s is None else dataclasses.asdict(s)
                        for role, s in report.sets(verdicts).items()},
-              "out": str(args.out)}
+              "out": str(args.out), "stem": stem_of(args.constants),
+              "constants": None if constants is None else {
+                  "file": str(args.constants), **constants.as_flags()}}
     write_outputs(result, [row for r in results for row in r["runs"]], args.out)
     return result
 
 
+def stem_of(constants: Path | None) -> str:
+    """The tables' name: ``heldout``, or ``heldout-STEM`` for the plans of a constants file."""
+    return NAME if constants is None else f"{NAME}-{constants.stem}"
+
+
 def write_outputs(result: dict[str, Any], runs: list[dict[str, str]], out: Path) -> None:
-    write_csv(out / "heldout.csv", result["models"])
-    write_csv(out / "heldout_corpora.csv", result["corpora"])
-    write_csv(out / "heldout_sets.csv", [{"set": role, **s} for role, s in result["sets"].items()
-                                         if s is not None])
-    write_csv(out / "heldout_runs.csv", runs)
-    write_atomic(out / "heldout.txt", report.render(result) + "\n")
+    stem = result["stem"]
+    write_csv(out / f"{stem}.csv", result["models"])
+    write_csv(out / f"{stem}_corpora.csv", result["corpora"])
+    write_csv(out / f"{stem}_sets.csv", [{"set": role, **s}
+                                         for role, s in result["sets"].items() if s is not None])
+    write_csv(out / f"{stem}_runs.csv", runs)
+    write_atomic(out / f"{stem}.txt", report.render(result) + "\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -313,6 +344,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-train", action="store_true",
                         help="train nothing: the report from the ledgers alone, on the seeds "
                              "every model of a corpus has (e.g. while other runs still train)")
+    parser.add_argument("--constants", type=Path, metavar="FILE",
+                        help="plan with the bound's constants of FILE (alloc.solve "
+                             "--constants's YAML, e.g. workers.experiments.heldout_fit's); the "
+                             "tables are named heldout-STEM (default: the allocator's "
+                             "constants, tables heldout.*)")
     parser.add_argument("--threads", type=int_in(1), metavar="N",
                         help="torch's CPU threads (default: torch's; 1 when several runs share "
                              "the cores)")

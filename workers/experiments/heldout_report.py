@@ -164,6 +164,10 @@ def render(result: dict[str, Any]) -> str:
     """Per set (development, then held-out): the corpora's verdicts, the set's, and each
     corpus's models."""
     lines = [f"plan against the best fixed rule (paired seeds; {describe_sizes(result)})"]
+    if result.get("constants"):
+        c = result["constants"]
+        lines.append(f"plans with the constants of {c['file']}: c_proj {c['c_proj']:.4g}, "
+                     f"c_head {c['c_head']:.4g}, n {c['order']:.3g}, m {c['width_order']:.3g}")
     for role in ROLES:
         corpora = [c for c in result["corpora"] if c["role"] == role]
         if not corpora:
@@ -173,8 +177,9 @@ def render(result: dict[str, Any]) -> str:
         for c in corpora:
             lines += ["", models_table(c, [m for m in result["models"]
                                          if m["corpus"] == c["corpus"]])]
-    lines.append(f"\nwrote {result['out']}/heldout.csv, heldout_corpora.csv, "
-                 "heldout_sets.csv, heldout_runs.csv, heldout.txt")
+    stem = result.get("stem", "heldout")
+    lines.append(f"\nwrote {result['out']}/{stem}.csv, {stem}_corpora.csv, {stem}_sets.csv, "
+                 f"{stem}_runs.csv, {stem}.txt")
     return "\n".join(lines)
 
 
