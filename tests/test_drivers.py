@@ -25,14 +25,15 @@ def _one_line_refusal(stderr: str, pid: int) -> None:
     assert "another driver is running it (driver pid " f"{pid} on" in lines[0], lines[0]
 
 
-def test_a_second_driver_is_refused_before_it_runs_anything(tmp_path: Path) -> None:
+def test_a_second_driver_is_refused_before_it_runs_anything(tmp_path: Path,
+                                                             ray_cluster: dict[str, str]) -> None:
     url = f"sqlite:///{tmp_path / 's.db'}"
     args = [*SMOKE, "--storage", url, "--study", "one", "--trials", "8"]
-    first = launch(tmp_path, *args)
+    first = launch(tmp_path, *args, ray=ray_cluster)
     wait_for(lambda: _study_exists(url, "one"), 120)
     time.sleep(2.0)  # study created, no trial finished yet: where two drivers used to share it
     for extra in ([], ["--resume"]):
-        second = run(tmp_path, *args, *extra)
+        second = run(tmp_path, *args, *extra, ray=ray_cluster)
         assert second.returncode == 2, second.stderr[-3000:]
         _one_line_refusal(second.stderr, first.pid)
     _, err = first.communicate(timeout=300)
@@ -43,11 +44,12 @@ def test_a_second_driver_is_refused_before_it_runs_anything(tmp_path: Path) -> N
                                         for t in study.trials)
 
 
-def test_two_drivers_at_the_same_instant_on_a_new_database(tmp_path: Path) -> None:
+def test_two_drivers_at_the_same_instant_on_a_new_database(tmp_path: Path,
+                                                            ray_cluster: dict[str, str]) -> None:
     """Both create the database (race-free), then the lease lets one run the study."""
     url = f"sqlite:///{tmp_path / 'new.db'}"
     args = [*SMOKE, "--storage", url, "--study", "two", "--trials", "2"]
-    drivers = [launch(tmp_path, *args), launch(tmp_path, *args)]
+    drivers = [launch(tmp_path, *args, ray=ray_cluster), launch(tmp_path, *args, ray=ray_cluster)]
     ended = [(p.returncode, err) for p in drivers for _, err in [p.communicate(timeout=300)]]
     assert sorted(code for code, _ in ended) == [0, 2], [err[-2000:] for _, err in ended]
     refused = next(err for code, err in ended if code == 2)

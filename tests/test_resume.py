@@ -61,8 +61,9 @@ def uninterrupted(study: optuna.Study, number: int) -> float:
 
 
 def test_a_killed_worker_continues_from_its_checkpoint(storage_url: str, study_name: str,
-                                                       tmp_path: Path) -> None:
-    proc = launch(tmp_path, *args(tmp_path, storage_url, study_name))
+                                                       tmp_path: Path,
+                                                       ray_cluster: dict[str, str]) -> None:
+    proc = launch(tmp_path, *args(tmp_path, storage_url, study_name), ray=ray_cluster)
     # Ray's result files, not the study: a poll that opens the database takes a second or more
     # on a loaded machine, and the trial's 15 evaluations could all pass in between.
     wait_for(lambda: any(r["step"] >= 60 for r in results(tmp_path) if "step" in r), 180)

@@ -66,12 +66,13 @@ def test_study_records_the_trained_model(task: str, space: str, tmp_path: Path,
 
 
 def test_smoke_search_then_studies_best(storage_url: str, study_name: str, tmp_path: Path,
-                                        capsys: pytest.CaptureFixture[str]) -> None:
+                                        capsys: pytest.CaptureFixture[str],
+                                        ray_cluster: dict[str, str]) -> None:
     secret = ""
     if storage_url.startswith("postgresql"):  # trust auth accepts any password: plant one
         secret = "pw-" + study_name[-8:]
         storage_url = make_url(storage_url).set(password=secret).render_as_string(False)
-    proc = run(tmp_path, *SMOKE, "--storage", storage_url, "--study", study_name)
+    proc = run(tmp_path, *SMOKE, "--storage", storage_url, "--study", study_name, ray=ray_cluster)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "best per-layer allocation" in proc.stdout and "python -m studies export" in proc.stdout
     # Progress on a stderr that is no terminal: the estimate before Ray starts, one line per
@@ -128,11 +129,14 @@ def test_failed_trials_are_recorded_and_the_search_goes_on(tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize("how", ["sigint", "sigterm", "sigkill"])
-def test_resume_after_interrupt_or_killed_driver(tmp_path: Path, how: str) -> None:
+def test_resume_after_interrupt_or_killed_driver(tmp_path: Path, how: str,
+                                                 request: pytest.FixtureRequest) -> None:
+    # SIGKILL: the driver's own Ray must go with it, so that search starts one of its own
+    ray = None if how == "sigkill" else request.getfixturevalue("ray_cluster")
     url = f"sqlite:///{tmp_path / 's.db'}"
     args = [*SMOKE, "--storage", url, "--study", "r", "--trials", "8",
             "--heartbeat-interval", "1", "--grace-period", "3"]
-    proc = launch(tmp_path, *args)
+    proc = launch(tmp_path, *args, ray=ray)
 
     def some_done() -> bool:
         try:
@@ -158,7 +162,7 @@ def test_resume_after_interrupt_or_killed_driver(tmp_path: Path, how: str) -> No
               if t.state in (TrialState.COMPLETE, TrialState.PRUNED)}
     if how != "sigkill":  # a clean interrupt leaves nothing RUNNING
         assert not load(url, "r").get_trials(states=(TrialState.RUNNING,))
-    again = run(tmp_path, *args, "--resume")
+    again = run(tmp_path, *args, "--resume", ray=ray)
     assert again.returncode == 0, again.stderr[-3000:]
     if how == "sigkill":  # its lease is taken over at once: its pid is gone from this host
         assert f"took over from its last driver (driver pid {proc.pid} on" in again.stderr

@@ -58,11 +58,11 @@ def tmpfs(tmp_path: Path) -> Iterator[Path]:
 
 
 def test_a_full_disk_stops_the_search_in_one_line_and_resume_completes_it(
-        tmp_path: Path, tmpfs: Path) -> None:
+        tmp_path: Path, tmpfs: Path, ray_cluster: dict[str, str]) -> None:
     url = f"sqlite:///{tmpfs / 's.db'}"
     args = [*SMOKE, "--storage", url, "--study", "full", "--trials", "6", "--scheduler", "fifo",
             "--max-concurrent", "1"]
-    proc = launch(tmp_path, *args)
+    proc = launch(tmp_path, *args, ray=ray_cluster)
     wait_for(lambda: _finished(url, "full", 1), 120)
     filler = tmpfs / "filler"
     descriptor = os.open(filler, os.O_WRONLY | os.O_CREAT)  # the disk fills up as trials run
@@ -79,7 +79,7 @@ def test_a_full_disk_stops_the_search_in_one_line_and_resume_completes_it(
     assert f"storage {url}: the disk holding it is full" in line, line
     assert "free space on that disk, then continue with --resume" in line, line
     filler.unlink()
-    again = run(tmp_path, *args, "--resume")
+    again = run(tmp_path, *args, "--resume", ray=ray_cluster)
     assert again.returncode == 0, again.stderr[-3000:]
     check_consistent(load(url, "full"), 6)
 
@@ -99,7 +99,7 @@ def _fill(folder: Path) -> Path:
 
 
 def test_a_full_results_disk_stops_the_search_and_resume_completes_it(
-        tmp_path: Path, tmpfs: Path) -> None:
+        tmp_path: Path, tmpfs: Path, ray_cluster: dict[str, str]) -> None:
     """Ray's results folder (--storage-path) fills up while trials run: the search says so in
     one line naming the folder and stops (exit 1) instead of failing trial after trial; the
     trials it failed are retried by --resume without counting against --trials."""
@@ -107,7 +107,7 @@ def test_a_full_results_disk_stops_the_search_and_resume_completes_it(
     results = tmpfs / "results"
     args = [*SMOKE, "--storage", url, "--study", "disk", "--trials", "4", "--scheduler", "fifo",
             "--max-concurrent", "1", "--storage-path", str(results)]
-    proc = launch(tmp_path, *args)
+    proc = launch(tmp_path, *args, ray=ray_cluster)
     wait_for(lambda: _finished(url, "disk", 1), 120)
     filler = _fill(tmpfs)
     _, err = proc.communicate(timeout=240)
@@ -124,7 +124,7 @@ def test_a_full_results_disk_stops_the_search_and_resume_completes_it(
     assert done < 4 and f"search: stopped, {done}/4 trials in " in err, err[-3000:]
     filler.unlink()  # and room for every trial's checkpoint (a few MB each)
     subprocess.run(["mount", "-o", "remount,size=256m", str(tmpfs)], check=True)
-    again = run(tmp_path, *args, "--resume")
+    again = run(tmp_path, *args, "--resume", ray=ray_cluster)
     assert again.returncode == 0, again.stderr[-3000:]
     study = load(url, "disk")
     check_consistent(study, 4)
@@ -153,12 +153,12 @@ def _terminate(url: str, database: str) -> int:
             "AND pid <> pg_backend_pid()"), {"db": database}).all())
 
 
-def test_killed_postgresql_connections_are_ridden_through(tmp_path: Path,
-                                                          fault_database: str) -> None:
+def test_killed_postgresql_connections_are_ridden_through(tmp_path: Path, fault_database: str,
+                                                          ray_cluster: dict[str, str]) -> None:
     url = fault_database  # its own database: the kills disturb no other connection
     args = [*SMOKE, "--storage", url, "--study", "killed", "--trials", "4", "--scheduler",
             "fifo", "--max-concurrent", "1"]
-    proc = launch(tmp_path, *args)
+    proc = launch(tmp_path, *args, ray=ray_cluster)
     wait_for(lambda: _finished(url, "killed", 1), 120)
     killed = 0
     while proc.poll() is None and killed < 6:  # several times while trials report
@@ -192,13 +192,13 @@ def fault_database() -> Iterator[str]:
         admin.dispose()
 
 
-def test_a_postgresql_outage_past_the_patience_stops_cleanly(tmp_path: Path,
-                                                            fault_database: str) -> None:
+def test_a_postgresql_outage_past_the_patience_stops_cleanly(
+        tmp_path: Path, fault_database: str, ray_cluster: dict[str, str]) -> None:
     url, name = fault_database, str(make_url(fault_database).database)
     admin = make_url(postgres_url()).render_as_string(hide_password=False)
     args = [*SMOKE, "--storage", url, "--study", "down", "--trials", "4", "--scheduler", "fifo",
             "--max-concurrent", "1", "--storage-patience", "3", "--steps", "400"]
-    proc = launch(tmp_path, *args)
+    proc = launch(tmp_path, *args, ray=ray_cluster)
     wait_for(lambda: _finished(url, "down", 1), 120)
     with sa.create_engine(admin, isolation_level="AUTOCOMMIT").connect() as conn:
         conn.execute(sa.text(f"ALTER DATABASE {name} ALLOW_CONNECTIONS false"))
@@ -213,7 +213,7 @@ def test_a_postgresql_outage_past_the_patience_stops_cleanly(tmp_path: Path,
     assert "the connection to it was lost for" in line and "check that the database" in line
     # the outage may cut a trial off mid-run, or fall between two (the next not yet created)
     cut_off = [t.number for t in load(url, "down").get_trials(states=(TrialState.RUNNING,))]
-    again = run(tmp_path, *args, "--resume")
+    again = run(tmp_path, *args, "--resume", ray=ray_cluster)
     assert again.returncode == 0, again.stderr[-3000:]
     study = load(url, "down")  # the trial cut off by the outage was retried, nothing is left
     assert finished_count(study) == 4 and not study.get_trials(  # running or waiting
@@ -249,8 +249,8 @@ def _allow_connections(admin: str, name: str, allow: bool) -> None:
         _terminate(admin, name)
 
 
-def test_a_connection_lost_at_start_up_is_retried_then_a_fault(tmp_path: Path,
-                                                               fault_database: str) -> None:
+def test_a_connection_lost_at_start_up_is_retried_then_a_fault(
+        tmp_path: Path, fault_database: str, ray_cluster: dict[str, str]) -> None:
     """The database refuses the driver as it opens the study (its connections terminated,
     new ones not accepted, as in a restart): the driver says it once and retries within
     --storage-patience, and the search runs once the database is back; past the patience it is
@@ -260,13 +260,13 @@ def test_a_connection_lost_at_start_up_is_retried_then_a_fault(tmp_path: Path,
     _allow_connections(admin, name, False)
     try:
         done = run(tmp_path, *SMOKE, "--storage", url, "--study", "gone", "--trials", "1",
-                   "--storage-patience", "2")
+                   "--storage-patience", "2", ray=ray_cluster)
         assert done.returncode == 1, done.stderr[-3000:]
         line = _one_error_line(done.stderr)
         assert "not currently accepting connections" in line and "for 2 s" in line, line
         assert "retrying for up to 2 s" in done.stderr, done.stderr[-3000:]
         proc = launch(tmp_path, *SMOKE, "--storage", url, "--study", "back", "--trials", "1",
-                      "--storage-patience", "120")
+                      "--storage-patience", "120", ray=ray_cluster)
         assert proc.stderr is not None
         said = ""
         while "retrying for up to 120 s" not in said and proc.poll() is None:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import optuna
@@ -30,9 +31,11 @@ def ray_tmp(tmp: Path) -> Path:
     return link.resolve()
 
 
-def launch(tmp: Path, *args: str, env: dict[str, str] | None = None
-           ) -> subprocess.Popen[str]:
-    env = {**(env or os.environ), "RAY_TMPDIR": str(ray_tmp(tmp))}
+def launch(tmp: Path, *args: str, env: dict[str, str] | None = None,
+           ray: Mapping[str, str] | None = None) -> subprocess.Popen[str]:
+    """``python -m workers.search ARGS`` in ``tmp``: on a Ray of its own, or joining the node
+    ``ray`` names (the ``ray_cluster`` fixture's environment)."""
+    env = {**(env or os.environ), "RAY_TMPDIR": str(ray_tmp(tmp)), **(ray or {})}
     results = [] if "--storage-path" in args else ["--storage-path", str(tmp / "results")]
     return subprocess.Popen([sys.executable, "-m", "workers.search", *args, *results],
                             cwd=tmp, env=env,
@@ -40,9 +43,9 @@ def launch(tmp: Path, *args: str, env: dict[str, str] | None = None
                             start_new_session=True)
 
 
-def run(tmp: Path, *args: str, env: dict[str, str] | None = None
-        ) -> subprocess.CompletedProcess[str]:
-    proc = launch(tmp, *args, env=env)
+def run(tmp: Path, *args: str, env: dict[str, str] | None = None,
+        ray: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    proc = launch(tmp, *args, env=env, ray=ray)
     try:
         out, err = proc.communicate(timeout=240)
     finally:
