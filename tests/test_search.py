@@ -128,46 +128,57 @@ def test_failed_trials_are_recorded_and_the_search_goes_on(tmp_path: Path) -> No
     assert all(kinds.values()), kinds
 
 
-@pytest.mark.parametrize("how", ["sigint", "sigterm", "sigkill"])
-def test_resume_after_interrupt_or_killed_driver(tmp_path: Path, how: str,
-                                                 request: pytest.FixtureRequest) -> None:
-    # SIGKILL: the driver's own Ray must go with it, so that search starts one of its own
-    ray = None if how == "sigkill" else request.getfixturevalue("ray_cluster")
-    url = f"sqlite:///{tmp_path / 's.db'}"
-    args = [*SMOKE, "--storage", url, "--study", "r", "--trials", "8",
-            "--heartbeat-interval", "1", "--grace-period", "3"]
-    proc = launch(tmp_path, *args, ray=ray)
-
-    def some_done() -> bool:
-        try:
-            return finished_count(load(url, "r")) >= 2
-        except KeyError:
-            return False
-
-    wait_for(some_done, 120)
-    if how in ("sigint", "sigterm"):  # SIGTERM as Ctrl-C: trials marked, one line, 128 + 15
-        proc.send_signal(signal.SIGINT if how == "sigint" else signal.SIGTERM)
-        assert proc.wait(60) == (130 if how == "sigint" else 143)
-        _, err = proc.communicate()
-        # Our advice is the only one: Ray's own (Tuner.restore) would not resume the study,
-        # and its native SIGTERM handler's stack dump ("*** SIGTERM received ... PC: @") goes.
-        assert "continue with --resume" in err and "Tuner.restore" not in err, err[-3000:]
-        assert "SIGTERM received" not in err and "PC: @" not in err, err[-3000:]
-        said = "interrupted: trials" if how == "sigint" else "terminated: trials"
-        assert said in err, err[-3000:]
-    else:
+def _stop(proc: subprocess.Popen[str], how: str) -> None:
+    """Stop the driver ``how``; a clean stop (SIGINT as Ctrl-C, SIGTERM alike) marks its trials,
+    says one line and exits 128 + the signal."""
+    if how == "sigkill":
         os.kill(proc.pid, signal.SIGKILL)  # the driver only: its Ray processes must go too
         proc.wait(10)
-    before = {t.number: (t.state, t.value) for t in load(url, "r").trials
-              if t.state in (TrialState.COMPLETE, TrialState.PRUNED)}
-    if how != "sigkill":  # a clean interrupt leaves nothing RUNNING
-        assert not load(url, "r").get_trials(states=(TrialState.RUNNING,))
+        return
+    proc.send_signal(signal.SIGINT if how == "sigint" else signal.SIGTERM)
+    assert proc.wait(60) == (130 if how == "sigint" else 143)
+    _, err = proc.communicate()
+    # Our advice is the only one: Ray's own (Tuner.restore) would not resume the study,
+    # and its native SIGTERM handler's stack dump ("*** SIGTERM received ... PC: @") goes.
+    assert "continue with --resume" in err and "Tuner.restore" not in err, err[-3000:]
+    assert "SIGTERM received" not in err and "PC: @" not in err, err[-3000:]
+    said = "interrupted: trials" if how == "sigint" else "terminated: trials"
+    assert said in err, err[-3000:]
+
+
+# Ctrl-C and then SIGTERM stop one study in turn (each resumed), so the second stop also
+# meets a resumed driver; SIGKILL on its own Ray, which must go with its driver.
+@pytest.mark.parametrize("stops", [("sigint", "sigterm"), ("sigkill",)], ids="+".join)
+def test_resume_after_interrupt_or_killed_driver(tmp_path: Path, stops: tuple[str, ...],
+                                                 request: pytest.FixtureRequest) -> None:
+    ray = None if "sigkill" in stops else request.getfixturevalue("ray_cluster")
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    args = [*SMOKE, "--storage", url, "--study", "r", "--trials", "10",
+            "--heartbeat-interval", "1", "--grace-period", "3"]
+    before: dict[int, tuple[TrialState, float | None]] = {}
+    for i, how in enumerate(stops):
+        proc = launch(tmp_path, *args, *(["--resume"] if i else []), ray=ray)
+
+        def some_done(at_least: int = 2 * (i + 1)) -> bool:
+            try:
+                return finished_count(load(url, "r")) >= at_least
+            except KeyError:
+                return False
+
+        wait_for(some_done, 120)
+        _stop(proc, how)
+        now = {t.number: (t.state, t.value) for t in load(url, "r").trials
+               if t.state in (TrialState.COMPLETE, TrialState.PRUNED)}
+        assert all(now[n] == v for n, v in before.items())  # nothing finished lost or redone
+        before = now
+        if how != "sigkill":  # a clean stop leaves nothing RUNNING
+            assert not load(url, "r").get_trials(states=(TrialState.RUNNING,))
     again = run(tmp_path, *args, "--resume", ray=ray)
     assert again.returncode == 0, again.stderr[-3000:]
-    if how == "sigkill":  # its lease is taken over at once: its pid is gone from this host
+    if "sigkill" in stops:  # its lease is taken over at once: its pid is gone from this host
         assert f"took over from its last driver (driver pid {proc.pid} on" in again.stderr
     study = load(url, "r")
-    check_consistent(study, 8)
+    check_consistent(study, 10)
     after = {t.number: (t.state, t.value) for t in study.trials}
     assert all(after[n] == v for n, v in before.items())  # no finished trial lost or redone
     # A retried trial whose failed original had checkpointed continued from that checkpoint.

@@ -1,7 +1,7 @@
-"""Asking the study for a trial that no finished trial has (``ask_new``): a proposal of a finished
-point is recorded as a duplicate (``skip_duplicate``: not trained, not counted) and the sampler
-is asked again; after ``MAX_REDRAWS`` of them an untried point is enqueued. ``tell`` finishes a
-trial once. No Ray here."""
+"""Asking the study for a trial that no other trial trains or has trained (``ask_new``): a
+proposal of such a point is recorded as a duplicate (``skip_duplicate``: not trained, not
+counted) and the sampler is asked again; after ``MAX_REDRAWS`` of them an untried point is
+enqueued. ``tell`` finishes a trial once. No Ray here."""
 
 from __future__ import annotations
 
@@ -25,13 +25,14 @@ MAX_REDRAWS = 3  # proposals of finished points in a row before an untried point
 def ask_new(study: optuna.Study, ask: Callable[[], tuple[Trial, Sampled]],
             untried: Callable[[], list[dict[str, Any]] | None], rng: random.Random
             ) -> tuple[Trial, Sampled]:
-    """A trial (and what ``ask`` sampled for it) whose point no finished trial has: proposals of
-    finished points are recorded as duplicates and re-asked; after ``MAX_REDRAWS`` of them a
+    """A trial (and what ``ask`` sampled for it) whose point no other trial has finished or is
+    training: proposals of such points are recorded as duplicates and
+    re-asked; after ``MAX_REDRAWS`` of them a
     point of ``untried()`` is enqueued at random (None: a space too large to list, where the
     last proposal stands)."""
     for _ in range(MAX_REDRAWS):
         trial, sampled = ask()
-        twin = finished_twin(study, trial.params)
+        twin = twin_of(study, trial)
         if twin is None:
             return trial, sampled
         skip_duplicate(study, trial, twin)
@@ -42,16 +43,24 @@ def ask_new(study: optuna.Study, ask: Callable[[], tuple[Trial, Sampled]],
     return ask()
 
 
-def finished_twin(study: optuna.Study, params: Mapping[str, Any]) -> FrozenTrial | None:
-    """The first COMPLETE or PRUNED trial with exactly these params, if any."""
-    key = point_key(params)
-    return next((t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,
-                                                                     TrialState.PRUNED))
-                 if point_key(t.params) == key), None)
+# A RUNNING twin counts too: a resumed search runs its interrupted trials' retries beside new
+# proposals, and a proposal of a point a retry was training got trained twice (seen after two
+# interrupts in a row). RUNNING trials are this driver's: the study's lease admits one driver,
+# and a dead one's are marked failed when the next takes over. (A WAITING trial is never a
+# twin: Optuna's ask hands out waiting trials before it samples.)
+TWIN_STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
+
+
+def twin_of(study: optuna.Study, trial: Trial) -> FrozenTrial | None:
+    """The first other trial with exactly ``trial``'s params that finished or is training, if
+    any."""
+    key = point_key(trial.params)
+    return next((t for t in study.get_trials(deepcopy=False, states=TWIN_STATES)
+                 if t.number != trial.number and point_key(t.params) == key), None)
 
 
 def skip_duplicate(study: optuna.Study, trial: Trial, twin: FrozenTrial) -> None:
-    """Record ``trial`` (the same point as the finished ``twin``) as not trained."""
+    """Record ``trial`` (the same point as ``twin``) as not trained."""
     tell(study, trial, TrialState.FAIL, None, {
         rec.STATUS: str(TrialStatus.DUPLICATE), rec.DUPLICATE_OF: twin.number,
         rec.ERROR: f"the same point as trial {twin.number}: not trained, the sampler asked again"})
