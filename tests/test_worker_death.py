@@ -108,7 +108,8 @@ def test_a_worker_killed_before_and_after_its_first_report_is_retried(tmp_path: 
     assert "search: done, 2/2 trials in " in err, err[-3000:]
 
 
-def test_a_trial_whose_reused_worker_fails_to_reset_is_retried(tmp_path: Path) -> None:
+def test_a_trial_whose_reused_worker_fails_to_reset_is_retried(tmp_path: Path,
+                                                              ray_cluster: dict[str, str]) -> None:
     """Ray errors a trial whose reused worker fails ``reset_config`` (the last trial's thread
     still alive after ``TUNE_FUNCTION_THREAD_TIMEOUT_S``, 2 s: a loaded machine, a long step)
     without telling the searcher, which then waited for it forever (a search hung 15 minutes
@@ -116,7 +117,8 @@ def test_a_trial_whose_reused_worker_fails_to_reset_is_retried(tmp_path: Path) -
     search still ends, each such trial retried, the study consistent."""
     url = f"sqlite:///{tmp_path / 's.db'}"
     done = run(tmp_path, *SMOKE, "--storage", url, "--study", "r", "--trials", "4",
-               "--max-concurrent", "1", env={**os.environ, "TUNE_FUNCTION_THREAD_TIMEOUT_S": "0"})
+               "--max-concurrent", "1", env={**os.environ, "TUNE_FUNCTION_THREAD_TIMEOUT_S": "0"},
+               ray=ray_cluster)  # the search hands the variable to a joined node's workers
     err = done.stderr
     assert done.returncode == 0, err[-3000:]
     study = load(url, "r")
