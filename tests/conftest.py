@@ -13,34 +13,27 @@ from pathlib import Path
 import pytest
 
 import workers  # noqa: F401  (first: it sets OpenMP's wait policy before torch loads)
-from tests.helpers.cluster import auth_env, free_port, start_node, stop_node
+from tests.helpers.cluster import free_port, start_node, stop_node
 from tests.helpers.sizes import LONG_FUNCTION, long_functions, product_modules
 from tests.helpers.storage import postgres_url
 
 # --- one Ray per test process for the searches run in it --------------------------------------
 
 @pytest.fixture(scope="session")
-def shared_ray() -> Iterator[None]:
-    """One local Ray for every in-process search of this test process (an xdist worker): the
-    searches' ``tune.session`` joins it and leaves it running, so ``ray.init`` (~7 s) and the
-    start of its idle workers are paid once per worker, not once per search. The tests that kill
-    a driver or a worker, watch Ray start or stop, or look for files in its temp dir keep their
-    own instance: they run ``python -m workers.search`` in a subprocess
-    (``tests.helpers.search.launch``), which never joins this one (its ``RAY_TMPDIR`` is the
-    test's own and no ``RAY_ADDRESS`` is set)."""
+def shared_ray(ray_cluster: dict[str, str]) -> Iterator[None]:
+    """Every in-process search of this test process (an xdist worker) joins the process's one
+    Ray node (``ray_cluster``), as the subprocess searches that need no Ray of their own do:
+    ``ray.init``'s start of a local instance (~6 s) is paid once per worker, and no second
+    instance idles beside the first. The searches' ``tune.session`` leaves it running."""
     import ray
 
     from workers.search import tune
 
-    temp = tempfile.mkdtemp(prefix="rs", dir="/tmp")  # socket paths stay under 108 bytes
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("RAY_TMPDIR", temp)
-        tune.start()
+    tune.start(ray_cluster["RAY_ADDRESS"])
     try:
         yield
     finally:
         ray.shutdown()
-        shutil.rmtree(temp, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -53,7 +46,9 @@ def ray_cluster() -> Iterator[dict[str, str]]:
     through their environment keeps a Ray of its own (no ``ray=``): a joined node's workers
     get the node's environment, not the driver's."""
     root = Path(tempfile.mkdtemp(prefix="rn", dir="/tmp"))  # socket paths under 108 bytes
-    port, auth = free_port(), auth_env()
+    # No token: a test process imports Ray (and reads its auth mode) before the node exists;
+    # the node listens on 127.0.0.1 only. tests/test_cluster.py runs its nodes with a token.
+    port, auth = free_port(), {"RAY_AUTH_MODE": "disabled"}
     start_node(root, auth, cpus=2, head_port=port)
     try:
         yield {"RAY_ADDRESS": f"127.0.0.1:{port}", **auth}

@@ -372,7 +372,7 @@ def test_the_trainer_profile_and_compress_chain_on_a_task(
     assert err[1] == f"workers.profile: wrote {plan}"
     assert compress_main(["--checkpoint", ckpt, "--plan", plan, *task, "--out", out]) == 2
     assert "exists; pass --force to overwrite it" in capsys.readouterr().err  # a checkpoint
-    with pytest.raises(UsageError, match=r"^out '.*': exists; pass force to overwrite it"):
+    with pytest.raises(UsageError, match=r"^out '.*: exists; pass force to overwrite it"):
         compress(CompressRequest(Path(ckpt), Path(plan), Path(out)))  # the library's fields
     assert compress_main(["--checkpoint", ckpt, "--plan", plan, *task, "--out", out,
                           "--force"]) == 0

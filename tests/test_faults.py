@@ -37,10 +37,13 @@ def test_a_full_disk_is_named_and_not_retried() -> None:
     with pytest.raises(StorageFaultError) as err:
         guarded(write, URL, patience=30, sleep=lambda s: None)
     assert calls == [1]
-    line = str(err.value)
+    line = str(err.value)  # the library's words; a command names its flags instead
     assert line == ("storage postgresql://alice:***@db.example/optuna: the disk holding it is "
                     "full (database or disk is full); free space on that disk, then continue "
-                    "with --resume")
+                    "with resume")
+    assert err.value.text({"storage": "--storage", "resume": "--resume"}).startswith(
+        "--storage postgresql://alice:***@") and line.endswith("resume")
+    assert err.value.text({"resume": "--resume"}).endswith("continue with --resume")
 
 
 def test_a_lost_connection_is_retried_until_it_comes_back() -> None:

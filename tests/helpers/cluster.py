@@ -36,18 +36,26 @@ def start_node(temp_dir: Path, env: Mapping[str, str], cpus: int,
 
 
 def node_pids(temp_dir: Path) -> list[int]:
-    """Processes started for the node whose temp dir is ``temp_dir`` (never ``ray stop``, which
-    would stop every Ray instance on the machine)."""
-    pids = []
+    """Processes started for the node whose temp dir is ``temp_dir`` and their descendants (the
+    agents rename themselves ``ray::DashboardAgent``: their command lines name no temp dir).
+    Never ``ray stop``, which would stop every Ray instance on the machine."""
+    named, parents = set(), {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
                 cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                stat = (entry / "stat").read_text()
             except OSError:
                 continue
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
             if str(temp_dir) in cmdline:
-                pids.append(int(entry.name))
-    return pids
+                named.add(int(entry.name))
+    found, grown = set(named), True
+    while grown:
+        children = {pid for pid, parent in parents.items() if parent in found} - found
+        found |= children
+        grown = bool(children)
+    return sorted(found)
 
 
 def stop_node(temp_dir: Path) -> None:
