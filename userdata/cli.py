@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from common.cli import int_in
+from common.cli import flag_names, int_in
 from userdata.readers import DATA_FORMATS, DTYPES, DataSpec
 
 # The flag that sets each field of a ``DataSpec``: the readers' problems name the fields
@@ -37,7 +37,7 @@ def add_data_args(parser: argparse.ArgumentParser,
 def data_flags(parser: argparse.ArgumentParser) -> dict[str, str]:
     """The entries of ``DATA_FLAGS`` whose flag ``parser`` has: a command without ``--data``
     (one that reads data it wrote) shows the readers' problems in their own words."""
-    have = {flag for action in parser._actions for flag in action.option_strings}
+    have = set(flag_names(parser).values())
     return {field: flag for field, flag in DATA_FLAGS.items() if flag in have}
 
 

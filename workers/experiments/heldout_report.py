@@ -177,7 +177,7 @@ def render(result: dict[str, Any]) -> str:
         for c in corpora:
             lines += ["", models_table(c, [m for m in result["models"]
                                          if m["corpus"] == c["corpus"]])]
-    stem = result.get("stem", "heldout")
+    stem = result["stem"]
     lines.append(f"\nwrote {result['out']}/{stem}.csv, {stem}_corpora.csv, {stem}_sets.csv, "
                  f"{stem}_runs.csv, {stem}.txt")
     return "\n".join(lines)
