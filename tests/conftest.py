@@ -4,6 +4,7 @@ the end of a run (``tests.helpers.sizes``: a smell to review, never a failure)."
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import uuid
@@ -38,7 +39,8 @@ def shared_ray(ray_cluster: dict[str, str]) -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[dict[str, str]]:
-    """One ``ray start`` node of 2 CPUs per test process, for the searches run in a subprocess
+    """One ``ray start`` node per test process, of this machine's CPUs (as a local instance
+    would have), for its in-process searches (``shared_ray``) and those run in a subprocess
     that need no Ray of their own: a driver that joins it (``RAY_ADDRESS``, the environment
     yielded) skips ``ray.init``'s start and ``ray.shutdown``'s stop of a local instance, 5 of
     the 21 CPU-seconds of a smoke search on 2 cores (measured). A test that watches Ray's
@@ -49,7 +51,7 @@ def ray_cluster() -> Iterator[dict[str, str]]:
     # No token: a test process imports Ray (and reads its auth mode) before the node exists;
     # the node listens on 127.0.0.1 only. tests/test_cluster.py runs its nodes with a token.
     port, auth = free_port(), {"RAY_AUTH_MODE": "disabled"}
-    start_node(root, auth, cpus=2, head_port=port)
+    start_node(root, auth, cpus=os.cpu_count() or 1, head_port=port)
     try:
         yield {"RAY_ADDRESS": f"127.0.0.1:{port}", **auth}
     finally:
