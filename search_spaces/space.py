@@ -127,14 +127,18 @@ class SearchSpace:
         rules and training params are sampled independently), up to just past ``limit``."""
         total = 1
         for rule in self.rules:
+            power = 1 if rule.shared else len(rule.indices)
             seen: set[LayerSpec] = set()
             path: list[int] | None = []
-            while path is not None and len(seen) <= limit:
+            # Only as far as the product passes the limit: after a first rule of 72 layers, a
+            # rule of two free layers needs 6 of its layers counted (72 x 6^2 > 2,000), not
+            # 2,001 (0.45 s of a prior search's start).
+            while path is not None and total * len(seen) ** power <= limit:
                 suggester = PathSuggester(path, self.source, self.ranges)
                 layer = rule.sample(rule.names(rule.indices[0]), suggester)
                 seen.add(dataclasses.replace(layer, heads=merge_groups(layer.heads)))
                 path = next_path(suggester.decisions)
-            total *= len(seen) ** (1 if rule.shared else len(rule.indices))
+            total *= len(seen) ** power
             if total > limit:
                 return limit + 1
         for param in self.train:

@@ -211,9 +211,13 @@ def test_documented_python_imports(block: Block) -> None:
 
 
 @pytest.mark.parametrize("block", run_blocks(), ids=lambda b: b.where)
-def test_quick_start_runs(block: Block, tmp_path: Path) -> None:
-    """The block's lines, in order, in a fresh directory: each exits 0."""
+def test_quick_start_runs(block: Block, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """The block's lines, in order, in a fresh directory: each exits 0. A search joins the
+    test process's Ray node (``RAY_ADDRESS``, as on a cluster); the other search tests run
+    searches on a Ray of their own."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    if "workers.search" in block.text:
+        env.update(request.getfixturevalue("ray_cluster"))
     for where, line in shell_lines(block):
         if not line or line.startswith("#"):
             continue

@@ -108,7 +108,7 @@ def test_failed_trials_are_recorded_and_the_search_goes_on(tmp_path: Path) -> No
     url = f"sqlite:///{tmp_path / 's.db'}"
     faults = [{"kind": "raise", "match": '"mixit"'}, {"kind": "nan", "match": '"mssa"'}]
     proc = run(tmp_path, *SMOKE, "--storage", url, "--study", "f", "--trials", "8",
-               "--scheduler", "fifo", env=hooked_env(faults=faults))
+               "--scheduler", "fifo", "--max-concurrent", "1", env=hooked_env(faults=faults))
     assert proc.returncode == 0, proc.stderr[-3000:]
     study = load(url, "f")
     check_consistent(study, 8)
@@ -245,7 +245,21 @@ def test_the_flags_default_to_the_search_options() -> None:
     assert (flipped.reuse_actors, flipped.checkpoints, flipped.quiet) == (False, False, True)
 
 
-def test_cli_errors_are_one_line_and_touch_nothing(tmp_path: Path) -> None:
+def test_cli_errors_are_one_line_and_touch_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """In this process (``main`` is what ``python -m workers.search`` exits with; argparse's
+    own checks exit 2 through ``SystemExit``)."""
+    from workers.search.cli import main as search_main
+
+    def search(*args: str) -> tuple[int, str]:
+        try:
+            code = search_main([*args, "--storage-path", str(tmp_path / "results")])
+        except SystemExit as exit_:
+            code = int(exit_.code or 0)
+        return code, capsys.readouterr().err
+
+    monkeypatch.chdir(tmp_path)
     url = f"sqlite:///{tmp_path / 's.db'}"
     cases = [
         ([*SMOKE[:1], "nope.yaml", *SMOKE[2:]], "--space: search space 'nope.yaml'"),
@@ -254,15 +268,15 @@ def test_cli_errors_are_one_line_and_touch_nothing(tmp_path: Path) -> None:
         ([*SMOKE, "--storage", "mysql://u:hunter2@h/db"], "scheme 'mysql' is not supported"),
     ]
     for args, message in cases:
-        proc = run(tmp_path, *args, *(["--storage", url] if "--storage" not in args else []),
-                   "--study", "e")
-        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
-        assert len(proc.stderr.strip().splitlines()) == 1 and "hunter2" not in proc.stderr
+        code, err = search(*args, *(["--storage", url] if "--storage" not in args else []),
+                           "--study", "e")
+        assert code == 2 and message in err, err
+        assert len(err.strip().splitlines()) == 1 and "hunter2" not in err
     assert not (tmp_path / "results").exists()
     study = optuna.create_study(study_name="taken", storage=url)
     study.enqueue_trial({"x": 1})
-    proc = run(tmp_path, *SMOKE, "--storage", url, "--study", "taken")
-    assert proc.returncode == 2 and "pass --resume" in proc.stderr
+    code, err = search(*SMOKE, "--storage", url, "--study", "taken")
+    assert code == 2 and "pass --resume" in err
     assert len(load(url, "taken").trials) == 1
 
 

@@ -194,8 +194,8 @@ def test_a_search_leaves_no_secret_anywhere(form: str, tmp_path: Path, study_nam
         url = planted("query", secret, tmp_path).replace("postgres@", f"postgres:{secret}u@")
         faults = []
     env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
-    proc = run(tmp_path, *SMOKE, "--trials", "2", "--scheduler", "fifo", "--storage", url,
-               "--study", study_name, env=hooked_env(env, faults=faults))
+    proc = run(tmp_path, *SMOKE, "--trials", "2", "--scheduler", "fifo", "--max-concurrent",
+               "1", "--storage", url, "--study", study_name, env=hooked_env(env, faults=faults))
     secrets = secrets_of(url, secret) + ([secret + "u"] if faults == [] else [])
     assert_nowhere(secrets, proc.stdout + proc.stderr)
     assert not files_holding(secrets, [tmp_path, ray_tmp(tmp_path)], tmp_path / "pgpass")

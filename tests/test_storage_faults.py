@@ -57,33 +57,6 @@ def tmpfs(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
-def test_a_full_disk_stops_the_search_in_one_line_and_resume_completes_it(
-        tmp_path: Path, tmpfs: Path, ray_cluster: dict[str, str]) -> None:
-    url = f"sqlite:///{tmpfs / 's.db'}"
-    args = [*SMOKE, "--storage", url, "--study", "full", "--trials", "6", "--scheduler", "fifo",
-            "--max-concurrent", "1"]
-    proc = launch(tmp_path, *args, ray=ray_cluster)
-    wait_for(lambda: _finished(url, "full", 1), 120)
-    filler = tmpfs / "filler"
-    descriptor = os.open(filler, os.O_WRONLY | os.O_CREAT)  # the disk fills up as trials run
-    try:
-        while os.write(descriptor, b"\0" * (1 << 16)):
-            pass
-    except OSError:  # ENOSPC: full
-        pass
-    finally:
-        os.close(descriptor)
-    _, err = proc.communicate(timeout=240)
-    assert proc.returncode == 1, err[-3000:]
-    line = _one_error_line(err)
-    assert f"storage {url}: the disk holding it is full" in line, line
-    assert "free space on that disk, then continue with --resume" in line, line
-    filler.unlink()
-    again = run(tmp_path, *args, "--resume", ray=ray_cluster)
-    assert again.returncode == 0, again.stderr[-3000:]
-    check_consistent(load(url, "full"), 6)
-
-
 def _fill(folder: Path) -> Path:
     """Fill the filesystem of ``folder``; the file that filled it."""
     filler = folder / "filler"
@@ -96,6 +69,25 @@ def _fill(folder: Path) -> Path:
     finally:
         os.close(descriptor)
     return filler
+
+
+def test_a_full_disk_stops_the_search_in_one_line_and_resume_completes_it(
+        tmp_path: Path, tmpfs: Path, ray_cluster: dict[str, str]) -> None:
+    url = f"sqlite:///{tmpfs / 's.db'}"
+    args = [*SMOKE, "--storage", url, "--study", "full", "--trials", "4", "--scheduler", "fifo",
+            "--max-concurrent", "1"]
+    proc = launch(tmp_path, *args, ray=ray_cluster)
+    wait_for(lambda: _finished(url, "full", 1), 120)
+    filler = _fill(tmpfs)  # the disk fills up as trials run
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 1, err[-3000:]
+    line = _one_error_line(err)
+    assert f"storage {url}: the disk holding it is full" in line, line
+    assert "free space on that disk, then continue with --resume" in line, line
+    filler.unlink()
+    again = run(tmp_path, *args, "--resume", ray=ray_cluster)
+    assert again.returncode == 0, again.stderr[-3000:]
+    check_consistent(load(url, "full"), 4)
 
 
 def test_a_full_results_disk_stops_the_search_and_resume_completes_it(
