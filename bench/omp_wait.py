@@ -57,11 +57,11 @@ def busy_cores(count: int) -> Iterator[None]:
             p.wait()
 
 
-def run(steps: int, shapes: list[str]) -> list[dict[str, Any]]:
-    cores = os.cpu_count() or 1
+def run(steps: int, shapes: list[str], busy: int) -> list[dict[str, Any]]:
+    """Both policies on each shape, with the cores free and with ``busy`` spinning processes."""
     rows = []
-    for load in ("cores free", f"{cores} busy processes beside it"):
-        with busy_cores(cores if load != "cores free" else 0):
+    for load in ("cores free", f"{busy} busy process{'es' if busy > 1 else ''} beside it"):
+        with busy_cores(busy if load != "cores free" else 0):
             for shape in shapes:
                 rates = {policy: rate(shape, policy, steps) for policy in ("ACTIVE", "PASSIVE")}
                 rows.append({"machine": load, "shape": shape, "active": rates["ACTIVE"],
@@ -73,10 +73,12 @@ def run(steps: int, shapes: list[str]) -> list[dict[str, Any]]:
 def main(argv: list[str] | None = None) -> int:
     p = Parser(prog="python -m bench.omp_wait", description=__doc__.split("\n\n")[1])
     p.add_argument("--steps", type=int_in(1, 10_000), default=40, help="timed steps per run")
-    p.add_argument("--smoke-test", action="store_true", help="the pilot's shape, 2 steps")
+    p.add_argument("--smoke-test", action="store_true",
+                   help="the pilot's shape, 2 steps, one busy process")
     add_format(p)
     args = p.parse_args(argv)
-    rows = run(2, ["pilot"]) if args.smoke_test else run(args.steps, list(SHAPES))
+    cores = os.cpu_count() or 1
+    rows = run(2, ["pilot"], 1) if args.smoke_test else run(args.steps, list(SHAPES), cores)
     if args.format != "table":
         print(dump(rows, args.format))
         return 0

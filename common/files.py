@@ -94,9 +94,11 @@ def _umask() -> int:
 
 
 def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
-    """``rows`` as CSV (columns from the first row)."""
+    """``rows`` as CSV: the columns of every row, in the order they first appear; a row
+    without a column leaves it empty (e.g. a corpus measured on fewer seeds than another)."""
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]) if rows else [])
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    writer = csv.DictWriter(buffer, fieldnames=columns, restval="")
     writer.writeheader()
     writer.writerows(rows)
     write_atomic(path, buffer.getvalue())

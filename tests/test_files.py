@@ -3,13 +3,14 @@ bounds (no aliases, a size limit)."""
 
 from __future__ import annotations
 
+import csv
 import os
 from pathlib import Path
 
 import pytest
 import yaml
 
-from common.files import MAX_YAML_CHARS, load_yaml, read_yaml, write_atomic
+from common.files import MAX_YAML_CHARS, load_yaml, read_yaml, write_atomic, write_csv
 
 
 @pytest.mark.parametrize("umask", [0o022, 0o077])
@@ -50,3 +51,16 @@ def test_what_we_write_we_read_even_with_shared_objects() -> None:
     layer = {"attention": "mhsa", "heads": ["2x8"]}
     data = {"layers": [layer, layer]}  # PyYAML's safe_dump would write an alias here
     assert "*" not in dump_yaml(data) and load_yaml(dump_yaml(data)) == data
+
+
+def test_a_table_keeps_every_rows_columns(tmp_path: Path) -> None:
+    """Rows with different columns (a corpus measured on 3 seeds beside one on 5): every
+    column is written, in the order it first appears, and a row without it leaves it empty."""
+    rows = [{"corpus": "code", "loss_seed0": 1.0}, {"corpus": "stubs", "loss_seed0": 2.0,
+                                                    "loss_seed4": 3.0}]
+    write_csv(tmp_path / "t.csv", rows)
+    with (tmp_path / "t.csv").open() as f:
+        back = list(csv.DictReader(f))
+    assert list(back[0]) == ["corpus", "loss_seed0", "loss_seed4"]
+    assert back == [{"corpus": "code", "loss_seed0": "1.0", "loss_seed4": ""},
+                    {"corpus": "stubs", "loss_seed0": "2.0", "loss_seed4": "3.0"}]

@@ -188,7 +188,7 @@ def test_a_postgresql_outage_past_the_patience_stops_cleanly(
         tmp_path: Path, fault_database: str, ray_cluster: dict[str, str]) -> None:
     url, name = fault_database, str(make_url(fault_database).database)
     admin = make_url(postgres_url()).render_as_string(hide_password=False)
-    args = [*SMOKE, "--storage", url, "--study", "down", "--trials", "4", "--scheduler", "fifo",
+    args = [*SMOKE, "--storage", url, "--study", "down", "--trials", "2", "--scheduler", "fifo",
             "--max-concurrent", "1", "--storage-patience", "3", "--steps", "400"]
     proc = launch(tmp_path, *args, ray=ray_cluster)
     wait_for(lambda: _finished(url, "down", 1), 120)
@@ -208,7 +208,7 @@ def test_a_postgresql_outage_past_the_patience_stops_cleanly(
     again = run(tmp_path, *args, "--resume", ray=ray_cluster)
     assert again.returncode == 0, again.stderr[-3000:]
     study = load(url, "down")  # the trial cut off by the outage was retried, nothing is left
-    assert finished_count(study) == 4 and not study.get_trials(  # running or waiting
+    assert finished_count(study) == 2 and not study.get_trials(  # running or waiting
         states=(TrialState.RUNNING, TrialState.WAITING))
     if cut_off:  # ... marked interrupted and retried, by number
         reaped = [x for x in again.stderr.splitlines() if x.startswith("--resume: trials [")]

@@ -122,6 +122,7 @@ class PriorSampler(optuna.samplers.BaseSampler):
         kernel = np.exp(-KERNEL_SCALE * prior.candidates.distance)
         self._kernel, self._smoothing = kernel, float(kernel.mean())
         self._chosen: dict[tuple[str, int], int] = {}
+        self._finished: dict[tuple[str, int], int | None] = {}  # (study, trial) -> candidate
         self._fitted_on = 0  # architectures of the last calibration
         self._lock = threading.Lock()
         self.seconds = 0.0  # time spent choosing points (the sampler's own cost)
@@ -202,7 +203,7 @@ class PriorSampler(optuna.samplers.BaseSampler):
         finished, busy = set[int](), set[int]()
         losses: dict[int, float] = {}
         for t in study.get_trials(deepcopy=False):
-            index = self._index.get(point_key(t.params, free))
+            index = self._candidate_of(study, t, free)
             if index is None or t.number == number:
                 continue
             if t.state in (TrialState.RUNNING, TrialState.WAITING):
@@ -216,6 +217,18 @@ class PriorSampler(optuna.samplers.BaseSampler):
                 keyed.append((_pruned_rank(t, sign), index))
         ranked = [i for _, i in sorted(keyed, key=lambda k: k[0])]
         return Observed(ranked, finished, busy, losses, number)
+
+    def _candidate_of(self, study: optuna.Study, trial: optuna.trial.FrozenTrial,
+                      free: frozenset[str]) -> int | None:
+        """The candidate ``trial`` is (None: none), kept once the trial has finished: its
+        params no longer change, and recomputing every trial's key at every proposal made a
+        search of n trials cost n^2 keys (2,000 proposals: 2 million, 20 s)."""
+        if not trial.state.is_finished():  # a running trial may still be choosing its params
+            return self._index.get(point_key(trial.params, free))
+        key = (study.study_name, trial.number)
+        if key not in self._finished:
+            self._finished[key] = self._index.get(point_key(trial.params, free))
+        return self._finished[key]
 
     def _choose(self, study: optuna.Study, observed: Observed) -> int:
         n_cands = len(self.prior.candidates)
