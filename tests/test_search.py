@@ -153,7 +153,7 @@ def test_resume_after_interrupt_or_killed_driver(tmp_path: Path, stops: tuple[st
                                                  request: pytest.FixtureRequest) -> None:
     ray = None if "sigkill" in stops else request.getfixturevalue("ray_cluster")
     url = f"sqlite:///{tmp_path / 's.db'}"
-    args = [*SMOKE, "--storage", url, "--study", "r", "--trials", "6",
+    args = [*SMOKE, "--storage", url, "--study", "r", "--trials", "8",
             "--heartbeat-interval", "1", "--grace-period", "3"]
     before: dict[int, tuple[TrialState, float | None]] = {}
     for i, how in enumerate(stops):
@@ -178,7 +178,7 @@ def test_resume_after_interrupt_or_killed_driver(tmp_path: Path, stops: tuple[st
     if "sigkill" in stops:  # its lease is taken over at once: its pid is gone from this host
         assert f"took over from its last driver (driver pid {proc.pid} on" in again.stderr
     study = load(url, "r")
-    check_consistent(study, 6)
+    check_consistent(study, 8)
     after = {t.number: (t.state, t.value) for t in study.trials}
     assert all(after[n] == v for n, v in before.items())  # no finished trial lost or redone
     # A retried trial whose failed original had checkpointed continued from that checkpoint.
