@@ -269,6 +269,20 @@ def test_the_size_counted_rule_by_rule_is_the_grids(name: str) -> None:
     assert table_space().size(1_000) == len(table_space().grid()) == 128
 
 
+def test_the_size_stops_just_past_any_limit() -> None:
+    """Counting stops once the rules' product passes the limit (a later rule of two free
+    layers counts only as many layers as it takes): at every limit around the true size and
+    the rules' partial products, ``min(size, limit + 1)``, the grid's size."""
+    two_free = parse_space({
+        "name": "t", "budget": 64, "depth": 3, "sampler": "grid",
+        "layers": [{"layers": 0, "heads": [1, 2, 4, 8], "mlp_ratio": [0, 2]},
+                   {"layers": [1, 2], "heads": [1, 2, 4], "mlp_ratio": [0, 2]}]}, "<t>")
+    for space in (two_free, table_space()):
+        true = len(space.grid())
+        for limit in (1, 7, 8, 9, 63, 64, 65, true - 1, true, 10 * true):
+            assert space.size(limit) == min(true, limit + 1), (space.depth, limit)
+
+
 def test_a_plan_the_space_cannot_hold_breaks_the_prior_s_ties_by_its_uniform_plan() -> None:
     """stdlib's table (1-16 heads of D / heads per layer, MLP 0 or 2x) cannot hold a plan of 5
     heads of 12; the bound is silent on the MLP, so without an anchor the mode is the smallest
@@ -313,3 +327,28 @@ def test_the_mode_is_the_bound_s_best_with_the_plan_s_choices_where_the_bound_is
              for i in (prior.mode(np.arange(len(cands)), np.random.default_rng(seed))
                        for seed in range(20))}
     assert modes == {"mhsa 4x64 mlp2 lr 0.001", "mhsa 4x64 mlp2 lr 0.003"}
+
+
+def test_a_trial_is_keyed_once_finished_and_again_while_it_runs() -> None:
+    """The sampler keeps a finished trial's candidate (its params no longer change) and looks a
+    running one up again each time (define-by-run: its params may still be partial): what it
+    observes equals a fresh sampler's, with an empty memory, as trials start and finish."""
+    space = load_space("heads_vs_dim")
+    sampler = PriorSampler.for_space(space, NGRAM, seed=0)
+    study = optuna.create_study(sampler=sampler)
+    study.optimize(lambda t: float(len(space.sample(t, IO)[0].layers)), n_trials=3)
+    running = study.ask()
+    first = next(iter(sampler.prior.candidates.params[0].items()))
+    running.suggest_categorical(first[0], [first[1]])  # one param of several: no candidate yet
+
+    def observed(s: PriorSampler) -> tuple[list[int], set[int], set[int]]:
+        o = s._observe(study, number=-1)
+        return o.ranked, o.finished, o.busy
+
+    fresh = lambda: PriorSampler(sampler.prior, seed=0)  # noqa: E731
+    assert observed(sampler) == observed(fresh())
+    space.sample(running, IO)  # its other params: now a candidate, still running
+    assert observed(sampler) == observed(fresh()) and observed(sampler)[2]
+    study.tell(running, 0.5)
+    assert observed(sampler) == observed(fresh())
+    assert len(observed(sampler)[1]) == 4
