@@ -101,7 +101,12 @@ def train_trial(job: TrialJob, spec: TrialSpec,
     finally:
         step = trainer.step if trainer is not None else None
         del trainer
+        # The trial's reference cycles (model, optimizer, closures) go before the next trial;
+        # what survives (the imports, Ray's and torch's state) is frozen, so that neither this
+        # collection nor Ray's own in this worker scans it again (a full collection here
+        # costs ~0.2 s: 390,000 objects after torch, dynamo and Ray Tune are imported).
         gc.collect()
+        gc.freeze()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()  # the next trial on this worker gets the memory back
     if error is not None:
