@@ -23,7 +23,13 @@ from scipy.stats import rankdata
 from alloc.calibrate import with_constants
 from alloc.constants import Constants
 from alloc.plan import layer_bound, make_plan
-from alloc.prior.bound import allocator_prior, candidates, centred_prior, point_key
+from alloc.prior.bound import (
+    allocator_prior,
+    candidates,
+    centred_prior,
+    pairwise_distance,
+    point_key,
+)
 from alloc.prior.sampler import CALIBRATION_ATTR, PRIOR_ATTR, START_BELIEF, PriorSampler
 from alloc.settings import PlanSettings
 from arch import ModelIO
@@ -352,3 +358,33 @@ def test_a_trial_is_keyed_once_finished_and_again_while_it_runs() -> None:
     study.tell(running, 0.5)
     assert observed(sampler) == observed(fresh())
     assert len(observed(sampler)[1]) == 4
+
+
+def test_the_distance_between_points_is_the_documented_sum_over_params() -> None:
+    """Per param: the gap of positions in its sorted choices over the gaps for numbers, 0 or 1
+    for other values (a bool is not a number), 1 where one point lacks it; against a
+    pair-by-pair count, with params every point has and params some lack."""
+    rng = random.Random(3)
+    points = [{"count": rng.choice([1, 2, 4, 64]), "kind": rng.choice(["mhsa", "mssa"]),
+               **({"qk": rng.choice([8, 32])} if rng.random() < 0.5 else {}),
+               **({"mlp": rng.choice([True, False])} if rng.random() < 0.7 else {}),
+               **({"lone": 1} if rng.random() < 0.2 else {})} for _ in range(40)]
+
+    def by_hand(a: dict, b: dict) -> float:  # type: ignore[type-arg]
+        total = 0.0
+        for name in {k for p in points for k in p}:
+            if (name in a) != (name in b):
+                total += 1
+            elif name in a:
+                choices = sorted({p[name] for p in points if name in p}, key=str)
+                if type(a[name]) is int and len(choices) > 1:
+                    choices = sorted(choices)
+                    total += abs(choices.index(a[name]) - choices.index(b[name])) / (
+                        len(choices) - 1)
+                else:
+                    total += a[name] != b[name]
+        return total
+
+    distance = pairwise_distance(points)
+    expected = np.array([[by_hand(a, b) for b in points] for a in points])
+    np.testing.assert_allclose(distance, expected, rtol=0, atol=1e-12)
