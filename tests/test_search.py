@@ -51,11 +51,14 @@ def test_study_records_the_trained_model(task: str, space: str, tmp_path: Path,
     url = f"sqlite:///{tmp_path / 's.db'}"
     monkeypatch.chdir(tmp_path)
     capsys.readouterr()
+    ctrl_c = signal.getsignal(signal.SIGINT)
     code = search_main(["--space", space, "--task", task, "--smoke-test", "--trials", "3",
                         "--scheduler", "fifo", "--storage", url, "--study", "rec", "--format",
                         "json", "--storage-path", str(tmp_path / "results")])
     out, err = capsys.readouterr()
     assert code == 0, err[-3000:]
+    # Tune's Ctrl-C handler ends with its run: the process's next Ctrl-C is its own again.
+    assert signal.getsignal(signal.SIGINT) is ctrl_c
     study = load(url, "rec")
     assert_records_are_the_trained_models(study, task, tmp_path)
     # A grid larger than --trials: the points not run are not left WAITING, and the summary

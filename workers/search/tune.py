@@ -14,7 +14,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -188,7 +190,8 @@ def run_tuner(searcher: TuneSearcher, job: TrialJob, run: TuneRun,
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
             failure_config=tune.FailureConfig(max_failures=1)))
     try:
-        tuner.fit()  # its ResultGrid is not read: the study is the record, failed trials too
+        with _handlers_kept():
+            tuner.fit()  # its ResultGrid is not read: the study is the record, failed trials too
     except KeyboardInterrupt:  # a second Ctrl-C; the first one Tune handles itself, stopping
         monitor.bar.abandon()  # the run and returning, and the searcher's abandon() finds
         return TrialStatus.INTERRUPTED  # the trials it left open (workers.search reports that)
@@ -200,6 +203,25 @@ def run_tuner(searcher: TuneSearcher, job: TrialJob, run: TuneRun,
         return TrialStatus.STOPPED
     monitor.bar.close("done" if monitor.finished >= run.trials else "stopped")
     return TrialStatus.COMPLETED
+
+
+@contextlib.contextmanager
+def _handlers_kept() -> Iterator[None]:
+    """Tune catches SIGINT (and SIGUSR1) to end its run and leaves its handler installed after
+    the run: the first Ctrl-C in whatever the process does next (the next search of an
+    experiment, a benchmark's replays) would only print Tune's warning. The process's own
+    handlers come back when the run ends."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # Tune installs nothing off the main thread
+        return
+    names = [signal.SIGINT, *([signal.SIGUSR1] if hasattr(signal, "SIGUSR1") else [])]
+    kept = {sig: signal.getsignal(sig) for sig in names}
+    try:
+        yield
+    finally:
+        for sig, handler in kept.items():
+            if handler is not None:  # None: installed from outside Python, cannot be set back
+                signal.signal(sig, handler)
 
 
 class _Halving(FIFOScheduler):
