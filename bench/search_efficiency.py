@@ -49,11 +49,12 @@ from alloc import (
     point_key,
 )
 from arch import ModelIO
-from common.cli import Parser, add_format, dump, fail, int_in, number, render_table
+from common.cli import Parser, add_format, dump, fail, fault, int_in, number, render_table
 from common.errors import TransformerAllocError, UsageError
 from common.files import write_csv
 from common.plots import new_figure, write_figure
 from search_spaces import SearchSpace, SpaceError, load_space
+from workers.errors import SearchFaultError
 from workers.search import ask_new
 
 # The replay's early stopping: stock ASHA (Optuna's successive halving, first rung at a ninth of
@@ -641,6 +642,8 @@ def main(argv: list[str] | None = None) -> int:
                 case, case_runs(case, args.out, args.from_csv), args.seeds,
                 args.strategy or STRATEGIES, args.prior_temperature, ashas,
                 args.values == "drawn")]
+    except SearchFaultError as err:  # its table's training stopped: the same command resumes
+        return fault(p.prog, str(err))
     except TransformerAllocError as err:
         return fail(p.prog, str(err))
     write_csv(args.out / "search_efficiency.csv", rows)

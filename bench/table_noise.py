@@ -44,11 +44,12 @@ from bench.search_efficiency import (
     load_table,
     table_url,
 )
-from common.cli import Parser, add_format, dump, fail, int_in, render_table
+from common.cli import Parser, add_format, dump, fail, fault, int_in, render_table
 from common.errors import TransformerAllocError, UsageError
 from common.files import write_csv
 from common.stats import interval, kth_best, noise, not_worse
 from search_spaces import SearchSpace, parse_space
+from workers.errors import SearchFaultError
 
 
 @dataclass(frozen=True)
@@ -211,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
         with ray_session():
             rows = [r for case in benchmarks
                     for r in measure(case, args.out, args.noise_seeds, args.top)]
+    except SearchFaultError as err:  # its table's training stopped: the same command resumes
+        return fault(p.prog, str(err))
     except TransformerAllocError as err:
         return fail(p.prog, str(err))
     write_csv(args.out / "table_noise.csv", rows)

@@ -84,6 +84,13 @@ def fail(prog: str, message: str) -> int:
     return 2
 
 
+def fault(prog: str, message: str) -> int:
+    """Print one error line for ``prog`` and return 1: not bad input, but work that stopped
+    (a fault of the machine, an interruption) and that the same command continues."""
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    return 1
+
+
 def int_in(low: int, high: int | None = None) -> Callable[[str], int]:
     """argparse type: an integer in ``[low, high]``, with the rule in the error."""
     rule = f"an integer >= {low}" if high is None else f"an integer between {low} and {high}"

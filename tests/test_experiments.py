@@ -59,6 +59,24 @@ def run_experiment(tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch,
     return json.loads(printed.out)  # type: ignore[no-any-return]
 
 
+@pytest.mark.parametrize("status", ["interrupted", "stopped"])
+def test_a_search_that_stops_ends_the_experiment_in_one_line(
+        status: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A search an experiment or a table runs that ends early (Ctrl-C, a full disk) is a fault
+    the same command continues: one line, exit code 1, no traceback."""
+    import workers.search
+
+    monkeypatch.setattr(workers.search, "run_search",
+                        lambda *args, **kwargs: argparse.Namespace(status=status))
+    code = tradeoff.main(["--smoke-test", "--out", str(tmp_path / "t")])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert err.splitlines() == [
+        f"python -m workers.experiments.tradeoff: error: search tradeoff-ngram ended {status}; "
+        "its finished trials are kept: run the same command again to continue it"], err
+
+
 def test_denoise_snr_grows_at_every_layer(tmp_path: Path) -> None:
     assert denoise.main(["--smoke-test", "--out", str(tmp_path)]) == 0
     rows = read_csv(tmp_path / "denoise.csv")

@@ -9,11 +9,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from common.cli import Parser, add_format, dump, fail, flag_names
+from common.cli import Parser, add_format, dump, fail, fault, flag_names
 from common.errors import TransformerAllocError, UsageError
 from common.progress import Progress
 from search_spaces import SearchSpace
 from userdata import data_flags
+from workers.errors import SearchFaultError
 
 if TYPE_CHECKING:
     from workers.search import SearchSummary
@@ -90,21 +91,25 @@ def search(space: SearchSpace, task: Task, trials: int, url: str, study: str, re
                          options=SearchOptions(scheduler=scheduler, storage_path=results,
                                                profile=profile, quiet=quiet,
                                                points=points))
-    if summary.status != "completed":
-        raise RuntimeError(f"search {study} ended {summary.status}")
+    if summary.status != "completed":  # Ctrl-C, a full disk: the study keeps what finished
+        raise SearchFaultError(f"search {study} ended {summary.status}; its finished trials "
+                               "are kept: run the same command again to continue it")
     return summary
 
 
 def main(parser: argparse.ArgumentParser, argv: list[str] | None,
          run: Callable[[argparse.Namespace], dict[str, Any]],
          render: Callable[[dict[str, Any]], str]) -> int:
-    """Parse, run, print the table (or JSON/YAML); bad input is one line and exit code 2."""
+    """Parse, run, print the table (or JSON/YAML); bad input is one line and exit code 2, a
+    search that stopped (Ctrl-C, a full disk) one line and exit code 1."""
     args = parser.parse_args(argv)
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         result = run(args)
+    except SearchFaultError as err:
+        return fault(parser.prog, str(err))
     except TransformerAllocError as err:
         return fail(parser.prog, err.text(flag_names(parser, **data_flags(parser))))
     print(render(result) if args.format == "table" else dump(result, args.format))
