@@ -27,6 +27,7 @@ from common.cli import (
     check_writable,
     dump,
     fail,
+    fault,
     int_in,
     render_table,
     wrote,
@@ -273,8 +274,7 @@ def main(argv: list[str] | None = None) -> int:
             check_writable("--out", args.out, force=args.force)
         result = run(args)
     except StorageFaultError as err:  # the database, not the input: exit 1
-        print(f"python -m {PROG}: error: {err.text(FLAGS)}", file=sys.stderr)
-        return 1
+        return fault(f"python -m {PROG}", err.text(FLAGS))
     except TransformerAllocError as err:
         return fail(f"python -m {PROG}", err.text(FLAGS))
     print(result if isinstance(result, str) else dump(result, args.format))

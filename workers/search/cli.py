@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from arch import MAX_WIDTH, SMOKE_TRIAL
-from common.cli import Parser, add_format, dump, fail, flag_names, int_in, number
+from common.cli import Parser, add_format, dump, fail, fault, flag_names, int_in, number
 from common.errors import TransformerAllocError, UsageError, shell_word
 from search_spaces import SAMPLERS
 from workers.search.options import DEFAULT_TRIALS, SearchOptions
@@ -174,8 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         with stdout_aside():
             summary = execute(setup(args))
     except (StorageFaultError, SearchFaultError) as err:  # a fault, not bad input: --resume
-        print(f"{PROG}: error: {err.text(names)}", file=sys.stderr)
-        return 1
+        return fault(PROG, err.text(names))
     except TransformerAllocError as err:
         return fail(PROG, err.text(names))
     print(render(summary) if args.format == "table" else dump(summary.to_dict(), args.format))
