@@ -80,15 +80,18 @@ def given_dests(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> 
 
 def fail(prog: str, message: str) -> int:
     """Print one error line for ``prog`` and return the bad-input exit code."""
-    print(f"{prog}: error: {message}", file=sys.stderr)
-    return 2
+    return _error_line(prog, message, 2)
 
 
 def fault(prog: str, message: str) -> int:
     """Print one error line for ``prog`` and return 1: not bad input, but work that stopped
     (a fault of the machine, an interruption) and that the same command continues."""
+    return _error_line(prog, message, 1)
+
+
+def _error_line(prog: str, message: str, code: int) -> int:
     print(f"{prog}: error: {message}", file=sys.stderr)
-    return 1
+    return code
 
 
 def int_in(low: int, high: int | None = None) -> Callable[[str], int]:
