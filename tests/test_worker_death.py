@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from studies.storage import open_storage
 from studies.trials import RESUMED, Direction
 from tests.helpers.search import SMOKE, check_consistent, launch, load, run, wait_for
 from tests.helpers.trial_hooks import hooked_env
+from workers.search.failures import RayFailure, ray_failure
 from workers.search.protocol import TRIAL_KEY, TrialReport, TrialSpec
 from workers.search.searcher import (
     StudySearcher,
@@ -40,6 +42,7 @@ from workers.search.searcher import (
 from workers.search.seeding import BoundPredictor
 
 FIRST_REPORT = 10  # the smoke space's eval_every: the step of a trial's first report
+DIED = "its worker died (SYSTEM_ERROR: "  # Ray's exit type of a killed worker, then its words
 
 
 def held(pids: Path, moment: str, count: int, skip: set[int]) -> set[int]:
@@ -94,18 +97,88 @@ def test_a_worker_killed_before_and_after_its_first_report_is_retried(tmp_path: 
         assert retry.state in (TrialState.COMPLETE, TrialState.PRUNED), _states(trials)
         assert retry.user_attrs[RESUMED] == FIRST_REPORT  # from the failed one's checkpoint
         assert retry.user_attrs.get("error") is None and retry.user_attrs.get("restarts") is None
-        # One line of ours per death, numbered: the in-place restart, then the study's retry.
-        assert err.count(f"trial {t.number}: its worker died") == 2, err[-3000:]
-        assert (f"trial {t.number}: its worker died (attempt 1); Ray restarts it in place "
-                "from scratch") in err, err[-3000:]
-        assert (f"trial {t.number}: its worker died (attempt 2); retried as trial "
-                f"{retry.number} from step {FIRST_REPORT}") in err, err[-3000:]
-        assert t.user_attrs["error"] == (f"its worker died; retried as a new trial from step "
-                                         f"{FIRST_REPORT}")
+        # One line of ours per death, numbered: the in-place restart, then the study's retry,
+        # each with what Ray said of the process (a SIGKILL is a SYSTEM_ERROR exit to Ray).
+        assert err.count(f"trial {t.number}, attempt ") == 2, err[-3000:]
+        assert f"trial {t.number}, attempt 1: {DIED}" in err, err[-3000:]
+        assert "; Ray restarts it in place from scratch" in err, err[-3000:]
+        assert f"trial {t.number}, attempt 2: {DIED}" in err, err[-3000:]
+        assert f"; retried as trial {retry.number} from step {FIRST_REPORT}" in err, err[-3000:]
+        assert t.user_attrs["error"].startswith(DIED), t.user_attrs["error"]
+        assert t.user_attrs["error"].endswith(f"); retried as a new trial from step "
+                                              f"{FIRST_REPORT}"), t.user_attrs["error"]
     # Tune's tracebacks and end-of-run summaries are not the user's to read.
-    for noise in ("Traceback", "Trial task failed", "Trials did not complete", "ERROR"):
+    for noise in ("Traceback", "Trial task failed", "Trials did not complete"):
         assert noise not in err, err[-3000:]
+    assert not re.search(r"\bERROR\b", err), err[-3000:]  # Tune's log level (not SYSTEM_ERROR)
     assert "search: done, 2/2 trials in " in err, err[-3000:]
+
+
+def test_a_worker_rays_memory_monitor_kills_is_named_with_the_nodes_memory(
+        tmp_path: Path) -> None:
+    """Ray's memory monitor kills a worker within a quarter second once the node's memory is
+    over its threshold: every attempt of the trial dies so, each death named with the memory
+    Ray measured (not "its worker died"), and the search ends as a fault (exit 1)."""
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    env = {**os.environ, "RAY_memory_usage_threshold": "0.01",  # any node is over 1% used
+           "RAY_memory_monitor_refresh_ms": "100"}
+    done = run(tmp_path, *SMOKE, "--storage", url, "--study", "m", "--trials", "1", env=env)
+    err = done.stderr
+    assert done.returncode == 1 and "all 1 trials failed" in err, err[-3000:]
+    killed = "Ray's memory monitor killed its worker (the node ran low on memory: "
+    for attempt in range(1, 5):  # Ray's restart and the study's retry, each restarted once
+        assert f"attempt {attempt}: {killed}" in err, err[-3000:]
+    assert "worker died" not in err, err[-3000:]
+    failed = load(url, "m").get_trials()
+    assert len(failed) == 2 and all(t.state == TrialState.FAIL for t in failed)
+    assert all(re.match(re.escape(killed) + r"[\d.]+GB used / [\d.]+GB limit\)",
+                        t.user_attrs["error"]) for t in failed), [t.user_attrs for t in failed]
+
+
+# What Ray 2.60 recorded (error.txt) for a worker SIGKILLed in a method, an actor whose
+# constructor raised and a worker its memory monitor killed, shortened where marked.
+_SIGKILLED = """Failure # 1 (occurred at 2026-12-06_08:10:02)
+The actor died unexpectedly before finishing this task.
+\tclass_name: A
+\tpid: 13768
+The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR Worker \
+exit detail: Worker unexpectedly exits with a connection error code 2. End of file. Some common \
+causes include: (1) the process was killed by the OOM killer due to high memory usage, (2) ray \
+stop --force was called, or (3) the worker crashed unexpectedly due to SIGSEGV or another \
+unexpected error.
+"""
+_CONSTRUCTOR = """Failure # 1 (occurred at 2026-12-06_08:11:40)
+The actor died because of an error raised in its creation task, ray::A.__init__() (pid=14034)
+  File "/tmp/die2.py", line 5, in __init__
+    def __init__(self): import no_such_module_xyz
+ModuleNotFoundError: No module named 'no_such_module_xyz'
+"""
+_MEMORY = """Failure # 2 (occurred at 2026-12-06_08:14:21)
+1 worker(s) were killed due to the node running low on memory. Memory on the node (IP: \
+192.0.2.2, ID: d070a6dbd5) was 1.09GB used / 23.54GB limit (0.046479)
+OOM kill reason: Memory usage 1116971008B exceeded threshold of 1011047744B (4.0% of \
+25276194816B limit)
+[...]
+Refer to the documentation on how to address the out of memory issue: ...
+"""
+
+
+def test_rays_recorded_errors_name_the_failure_and_what_ray_said() -> None:
+    died = ray_failure(_SIGKILLED)
+    assert died == RayFailure("died", "SYSTEM_ERROR: Worker unexpectedly exits with a "
+                                      "connection error code 2")
+    start = ray_failure(_CONSTRUCTOR)
+    assert start == RayFailure("start", "ModuleNotFoundError: No module named "
+                                        "'no_such_module_xyz'")
+    assert start.describe() == ("its worker raised before the trial began (ModuleNotFoundError: "
+                                "No module named 'no_such_module_xyz')")
+    # A trial that failed twice: its last failure is the one named.
+    assert ray_failure(_SIGKILLED + _MEMORY) == RayFailure("memory", "1.09GB used / 23.54GB "
+                                                                     "limit")
+    assert ray_failure(_MEMORY + _SIGKILLED).kind == "died"
+    assert ray_failure(None) == ray_failure("  \n") == RayFailure("died")
+    assert ray_failure("Failure # 1 (occurred at x)\nray.exceptions.RaySystemError: lost") == \
+        RayFailure("ray", "ray.exceptions.RaySystemError: lost")
 
 
 def test_a_trial_whose_reused_worker_fails_to_reset_is_retried(tmp_path: Path,
@@ -164,10 +237,10 @@ def test_the_searcher_retries_a_dead_worker_once_and_never_runs_too_many(
     assert s.suggest("x", 2) == "wait"  # two running make the two: none more, but a may die
     s.report("a", result(10, 0.1))
     s.record_checkpoint("a", str(tmp_path / "ckpt-a"))
-    assert s.recovered("a") == ("trial 0: its worker died (attempt 1); Ray restarts it in "
+    assert s.recovered("a") == ("trial 0, attempt 1: its worker died; Ray restarts it in "
                                 "place from step 10")
     s.complete("a", None, error=True)
-    assert s.deaths["a"].describe() == ("trial 0: its worker died (attempt 2); retried as "
+    assert s.deaths["a"].describe() == ("trial 0, attempt 2: its worker died; retried as "
                                         "trial 2 from step 10")
     assert asked(s, "c").resume_from == tmp_path / "ckpt-a"  # the failed one's checkpoint
     assert s.suggest("y", 2) == "wait"

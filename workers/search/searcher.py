@@ -269,17 +269,19 @@ class StudySearcher:
             if run.last is not None:
                 run.saved = step
 
-    def recovered(self, key: str) -> str | None:
-        """Ray restarts the trial in place after its worker died (Tune's ``on_trial_recover``):
-        counted (the user attr ``restarts`` when it is told); the line that says so."""
+    def recovered(self, key: str, failure: RayFailure | None = None) -> str | None:
+        """Ray restarts the trial in place after ``failure`` (Tune's ``on_trial_recover``;
+        default: its worker died): counted (the user attr ``restarts`` when it is told); the
+        line that says so."""
         run = self._open(key)
         if run is None:
             return None
         attempt = self._attempt(run)
         run.restarts += 1
         start = "scratch" if run.saved is None else f"step {run.saved}"
-        return (f"trial {run.trial.number}: its worker died (attempt {attempt}); Ray restarts it "
-                f"in place from {start}")
+        what = (failure or RayFailure("died")).describe()
+        return (f"trial {run.trial.number}, attempt {attempt}: {what}; Ray restarts it in place "
+                f"from {start}")
 
     def _attempt(self, run: Asked) -> int:
         """The run of this trial's point that is running now: every run of the failed trials

@@ -424,7 +424,7 @@ class _Monitor(tune.Callback):
 
     def on_trial_recover(self, iteration: int, trials: list[Any], trial: Any,
                          **info: Any) -> None:
-        line = self.searcher.recovered(trial.trial_id)
+        line = self.searcher.recovered(trial.trial_id, ray_failure(_error_text(trial)))
         if line is not None:
             self.bar.write(line)
 
