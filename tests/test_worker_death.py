@@ -135,8 +135,9 @@ def test_a_worker_rays_memory_monitor_kills_is_named_with_the_nodes_memory(
                         t.user_attrs["error"]) for t in failed), [t.user_attrs for t in failed]
 
 
-# What Ray 2.60 recorded (error.txt) for a worker SIGKILLed in a method, an actor whose
-# constructor raised and a worker its memory monitor killed, shortened where marked.
+# What Ray 2.60 recorded (error.txt) for a worker SIGKILLed in a method, an actor cancelled
+# before it ran, an actor whose constructor raised and a worker its memory monitor killed,
+# shortened where marked.
 _SIGKILLED = """Failure # 1 (occurred at 2026-12-06_08:10:02)
 The actor died unexpectedly before finishing this task.
 \tclass_name: A
@@ -153,6 +154,12 @@ The actor died because of an error raised in its creation task, ray::A.__init__(
     def __init__(self): import no_such_module_xyz
 ModuleNotFoundError: No module named 'no_such_module_xyz'
 """
+_CANCELLED = """Failure # 1 (occurred at 2026-12-06_08-28-20)
+The actor died unexpectedly before finishing this task.
+\tclass_name: ImplicitFunc
+The actor is dead because all references to the actor were removed including lineage ref count.
+The actor never ran - it was cancelled before it started running.
+"""
 _MEMORY = """Failure # 2 (occurred at 2026-12-06_08:14:21)
 1 worker(s) were killed due to the node running low on memory. Memory on the node (IP: \
 192.0.2.2, ID: d070a6dbd5) was 1.09GB used / 23.54GB limit (0.046479)
@@ -167,6 +174,8 @@ def test_rays_recorded_errors_name_the_failure_and_what_ray_said() -> None:
     died = ray_failure(_SIGKILLED)
     assert died == RayFailure("died", "SYSTEM_ERROR: Worker unexpectedly exits with a "
                                       "connection error code 2")
+    assert ray_failure(_CANCELLED) == RayFailure(
+        "died", "The actor never ran - it was cancelled before it started running")
     start = ray_failure(_CONSTRUCTOR)
     assert start == RayFailure("start", "ModuleNotFoundError: No module named "
                                         "'no_such_module_xyz'")

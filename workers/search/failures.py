@@ -65,10 +65,11 @@ def ray_failure(error: str | None) -> RayFailure:
         return RayFailure("memory", memory.group(1) if memory else "")
     if _CREATION in error:  # its traceback's last line is the exception
         return RayFailure("start", lines[-1][:200])
-    if any(sign in error for sign in _DIED):
+    if any(sign in error for sign in _DIED):  # Ray's exit type and words, else its last line
         said = _EXIT.search(error)
-        return RayFailure("died", "" if said is None else
-                          f"{said.group(1)}: {' '.join(said.group(2).split())}"[:200])
+        detail = (lines[-1].rstrip(".") if said is None else
+                  f"{said.group(1)}: {' '.join(said.group(2).split())}")
+        return RayFailure("died", detail[:200])
     return RayFailure("ray", lines[-1][:200])
 
 
