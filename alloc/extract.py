@@ -244,32 +244,46 @@ def _pairs(problem: ExtractProblem, dims: np.ndarray) -> tuple[np.ndarray, np.nd
 
 
 @dataclass(frozen=True)
-class Frontier:
-    """One block's useful choices: the widths (in align units) where its best cost strictly
-    drops below truncating it, with that cost and the ``(count, dim)`` pair's index."""
+class Breakpoints:
+    """Every block's useful choices, flat over blocks: the widths (in align units) where a
+    block's best cost strictly drops below truncating it, with that cost, the ``(count, dim)``
+    pair's index, and the block's last offset (``end``) and ``span``."""
 
+    end: np.ndarray
+    span: np.ndarray
     units: np.ndarray
     cost: np.ndarray
     pair: np.ndarray
 
+    @staticmethod
+    def concat(parts: list[Breakpoints]) -> Breakpoints:
+        """One set, ordered by end offset, then as ``parts`` came (by span), then by width."""
+        end = np.concatenate([b.end for b in parts])
+        order = np.argsort(end, kind="stable")
+        return Breakpoints(*(np.concatenate([getattr(b, name) for b in parts])[order]
+                             for name in ("end", "span", "units", "cost", "pair")))
 
-def _frontiers(problem: ExtractProblem, blocks: BlockTerms, count: np.ndarray, dim: np.ndarray
-               ) -> list[Frontier]:
-    """Per block of ``blocks``: its frontier. Only these breakpoints matter in the DP: between
-    two of them the block's cost is flat while the budget left to the other offsets shrinks."""
-    units = (count * dim) // problem.align
+
+def _breakpoints(problem: ExtractProblem, blocks: BlockTerms, count: np.ndarray,
+                 dim: np.ndarray) -> Breakpoints:
+    """The breakpoints of each block of ``blocks``. Only these matter in the DP: between two of
+    them a block's cost is flat while the budget left to the other offsets shrinks."""
+    units = (count * dim) // problem.align  # (pairs,), non-decreasing
     cost = blocks.cost(problem.model, count, dim)  # (blocks, pairs)
     best = np.minimum.accumulate(cost, axis=1)  # best cost using any pair up to each width
     drop = np.ones_like(best, dtype=bool)
     drop[:, 1:] = best[:, 1:] < best[:, :-1]
     drop &= best < blocks.truncation[:, None]
-    out = []
-    for b in range(len(blocks.start)):
-        drops = np.flatnonzero(drop[b])
-        # Several drops at one width: keep the last, cheapest one.
-        drops = drops[np.diff(units[drops], append=-1) != 0]
-        out.append(Frontier(units[drops], cost[b][drops], drops))
-    return out
+    # Several drops at one width: keep the last, cheapest one. Per width (its pairs are
+    # consecutive), the last drop up to its last pair, if that drop is of this width.
+    ends = np.flatnonzero(np.diff(units, append=-1) != 0)  # (widths,) each width's last pair
+    firsts = np.concatenate(([0], ends[:-1] + 1))
+    pairs = np.arange(units.size)
+    last = np.maximum.accumulate(np.where(drop, pairs, -1), axis=1)[:, ends]  # (blocks, widths)
+    block, width = np.nonzero(last >= firsts)  # by block, then width
+    pick = last[block, width]
+    return Breakpoints(blocks.last[block], np.full(block.size, blocks.span), units[pick],
+                       cost[block, pick], pick)
 
 
 def _solve_dp(problem: ExtractProblem, dims: np.ndarray) -> Allocation:
@@ -278,47 +292,46 @@ def _solve_dp(problem: ExtractProblem, dims: np.ndarray) -> Allocation:
         F_p(b) = min( F_{p-1}(b) + B |rho(p)|,                         # offset p truncated
                       min_{L, k} F_{p-L}(b - u_k) + c_k )              # a block ending at p
 
-    ``(u_k, c_k)`` over the frontier of the block of the ``L <= max_block`` offsets ending at
-    ``p``; ``F_p(b)`` is the best error of offsets ``1..p`` within width ``b`` (align units).
+    ``(u_k, c_k)`` over the breakpoints of the block of the ``L <= max_block`` offsets ending
+    at ``p``; ``F_p(b)`` is the best error of offsets ``1..p`` within width ``b`` (align
+    units). Ties go to truncation, then the shorter block, then the narrower breakpoint.
     """
     count, dim = _pairs(problem, dims)
     top = problem.budget // problem.align
     reach = problem.reach
     spans = range(1, min(problem.max_block, reach) + 1)
-    fronts = {L: _frontiers(problem, problem.blocks(L), count, dim) for L in spans}
+    brk = Breakpoints.concat([_breakpoints(problem, problem.blocks(L), count, dim)
+                              for L in spans])
+    at = np.searchsorted(brk.end, np.arange(reach + 2))  # offset p's breakpoints: at[p]:at[p+1]
     budget = np.arange(top + 1)
     # best[p, top+1+b] = F_p(b); the first top+1 columns are +inf (widths below zero).
     best = np.full((reach + 1, 2 * (top + 1)), np.inf)
     best[0, top + 1:] = 0.0
-    # Per offset p and budget b: the span of the block ending at p (0: p truncated) and its
-    # breakpoint, for the backtracking.
-    span_pick = np.zeros((reach + 1, top + 1), dtype=np.intp)
-    k_pick = np.zeros((reach + 1, top + 1), dtype=np.intp)
+    flat = best.reshape(-1)  # a view: F_{p-L}(b - u_k) is flat[start_k + b]
+    start = (brk.end - brk.span) * best.shape[1] + (top + 1) - brk.units
+    pick = np.full((reach + 1, top + 1), -1, dtype=np.intp)  # breakpoint taken (-1: truncated)
     trunc = problem.blocks(1).truncation  # per offset 1..reach
     for p in range(1, reach + 1):
         current = best[p - 1, top + 1:] + trunc[p - 1]
-        for L in spans:
-            f = fronts[L][p - L] if p >= L else None
-            if f is None or not len(f.units):
-                continue
-            # (K, top+1): error if the block takes breakpoint k and offsets 1..p-L get b - u_k.
-            cand = best[p - L][(top + 1) + budget[None, :] - f.units[:, None]] + f.cost[:, None]
+        lo, hi = at[p], at[p + 1]
+        if hi > lo:
+            # (K, top+1): error if breakpoint k's block ends at p and the offsets before it
+            # get b - u_k.
+            cand = flat[start[lo:hi, None] + budget[None, :]] + brk.cost[lo:hi, None]
             k = np.argmin(cand, axis=0)
-            value = cand[k, budget]
-            better = value < current
-            current = np.where(better, value, current)
-            span_pick[p] = np.where(better, L, span_pick[p])
-            k_pick[p] = np.where(better, k, k_pick[p])
+            better = cand[k, budget] < current
+            current = np.where(better, cand[k, budget], current)
+            pick[p] = np.where(better, lo + k, -1)
         best[p, top + 1:] = current
     groups, b, p = [], top, reach  # back from the last offset at the full budget
     while p > 0:
-        L = int(span_pick[p, b])
-        if L == 0:
+        i = int(pick[p, b])
+        if i < 0:
             p -= 1
             continue
-        f, k = fronts[L][p - L], int(k_pick[p, b])
-        groups.append(GroupChoice(p - L + 1, int(count[f.pair[k]]), int(dim[f.pair[k]]), L))
-        b, p = b - int(f.units[k]), p - L
+        span, pair = int(brk.span[i]), int(brk.pair[i])
+        groups.append(GroupChoice(p - span + 1, int(count[pair]), int(dim[pair]), span))
+        b, p = b - int(brk.units[i]), p - span
     return problem.evaluate(groups)
 
 
