@@ -53,6 +53,7 @@ from common.cli import Parser, add_format, dump, fail, fault, int_in, number, re
 from common.errors import TransformerAllocError, UsageError
 from common.files import write_csv
 from common.plots import new_figure, write_figure
+from common.progress import Progress
 from search_spaces import SearchSpace, SpaceError, load_space
 from workers.errors import SearchFaultError
 from workers.search import ask_new
@@ -349,17 +350,23 @@ def run_case(case: Case, runs: Runs, seeds: int, strategies: Sequence[str] = STR
     starts, plan = allocator_starts(case)
     steps = int(case.space.fixed_train("steps"))
     rows = []
-    for seed in range(seeds):
-        table = runs.draw(random.Random(f"values {seed}")) if draw else runs.seed(0)
-        priors = Priors(cands, case.settings, np.array([
-            table[point_key(p)].value if point_key(p) in table else math.nan
-            for p in cands.params]), plan, temperature)
-        for name in strategies:
-            for asha in ashas:
-                strategy = make_strategy(name, seed, priors, starts, list(table), maximize)
-                rows.append({"table": case.name, "strategy": name,
-                             "values": "drawn" if draw else "seed 0",
-                             **replay_row(case, table, strategy, asha, seed, steps)})
+    with Progress(f"replay {case.name}", total=seeds, unit="seeds",
+                  start=f"{len(strategies)} strategies x {len(ashas)} schedulers x {seeds} "
+                        "seeds") as progress:
+        for seed in range(seeds):
+            table = runs.draw(random.Random(f"values {seed}")) if draw else runs.seed(0)
+            priors = Priors(cands, case.settings, np.array([
+                table[point_key(p)].value if point_key(p) in table else math.nan
+                for p in cands.params]), plan, temperature)
+            for name in strategies:
+                for asha in ashas:
+                    strategy = make_strategy(name, seed, priors, starts, list(table), maximize)
+                    rows.append({"table": case.name, "strategy": name,
+                                 "values": "drawn" if draw else "seed 0",
+                                 **replay_row(case, table, strategy, asha, seed, steps)})
+            progress.update()
+            if (seed + 1) % 10 == 0 and seed + 1 < seeds:  # a line per tenth on a log
+                progress.event()
     return rows
 
 
