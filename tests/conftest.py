@@ -10,6 +10,7 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,6 +20,39 @@ from tests.helpers.sizes import LONG_FUNCTION, long_functions, product_modules
 from tests.helpers.storage import postgres_url
 
 # --- one Ray per test process for the searches run in it --------------------------------------
+
+_LOCAL_RAY_STARTS: list[str] = []  # tests that started a Ray of their own in this process
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Record every ``ray.init`` that starts a local instance in a test process (no address):
+    a local Ray started and shut down in the process left the node's next in-process search
+    with every trial's actor cancelled before it ran (a flaky failure of later tests)."""
+    import functools
+
+    import ray
+
+    init = ray.init
+
+    @functools.wraps(init)
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        if not args and kwargs.get("address") is None and not os.environ.get("RAY_ADDRESS"):
+            _LOCAL_RAY_STARTS.append(os.environ.get("PYTEST_CURRENT_TEST", "?"))
+        return init(*args, **kwargs)
+
+    setattr(ray, "init", recording)  # noqa: B010  (mypy: a wrapper of the same call)
+
+
+@pytest.fixture(autouse=True)
+def _in_process_searches_join_the_node() -> Iterator[None]:
+    """A test that runs a search in its own process joins the process's node (``shared_ray``),
+    or fails here, by name, instead of breaking the tests that run after it."""
+    before = len(_LOCAL_RAY_STARTS)
+    yield
+    if len(_LOCAL_RAY_STARTS) > before:
+        pytest.fail("this test started a local Ray in the test process; an in-process search "
+                    "must use the shared_ray fixture", pytrace=False)
+
 
 @pytest.fixture(scope="session")
 def shared_ray(ray_cluster: dict[str, str]) -> Iterator[None]:
