@@ -319,8 +319,9 @@ def _solve_dp(problem: ExtractProblem, dims: np.ndarray) -> Allocation:
             # get b - u_k.
             cand = flat[start[lo:hi, None] + budget[None, :]] + brk.cost[lo:hi, None]
             k = np.argmin(cand, axis=0)
-            better = cand[k, budget] < current
-            current = np.where(better, cand[k, budget], current)
+            value = cand[k, budget]
+            better = value < current
+            current = np.where(better, value, current)
             pick[p] = np.where(better, lo + k, -1)
         best[p, top + 1:] = current
     groups, b, p = [], top, reach  # back from the last offset at the full budget

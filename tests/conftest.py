@@ -52,8 +52,8 @@ def _in_process_searches_join_the_node() -> Iterator[None]:
     before = len(_LOCAL_RAY_STARTS)
     yield
     if len(_LOCAL_RAY_STARTS) > before:
-        pytest.fail("this test started a local Ray in the test process; an in-process search "
-                    "must use the shared_ray fixture", pytrace=False)
+        pytest.fail(f"{_LOCAL_RAY_STARTS[-1]} started a local Ray in the test process; an "
+                    "in-process search must use the shared_ray fixture", pytrace=False)
 
 
 @pytest.fixture(scope="session")

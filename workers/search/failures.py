@@ -92,7 +92,12 @@ class Death:
         else:
             then = (f"retried as trial {self.retry} from "
                     f"{'scratch' if self.step is None else f'step {self.step}'}")
-        return f"trial {self.number}, attempt {self.attempt}: {self.failure.describe()}; {then}"
+        return failure_line(self.number, self.attempt, self.failure, then)
+
+
+def failure_line(number: int, attempt: int, failure: RayFailure, then: str) -> str:
+    """The search's one line of a failed run of a trial: which run, what Ray said, what next."""
+    return f"trial {number}, attempt {attempt}: {failure.describe()}; {then}"
 
 
 def disk_full(err: BaseException) -> bool:

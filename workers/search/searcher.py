@@ -52,7 +52,7 @@ from studies.trials import (
     TrialStatus,
 )
 from workers.search.asking import ask_new, tell
-from workers.search.failures import Death, RayFailure, ray_failure
+from workers.search.failures import Death, RayFailure, failure_line, ray_failure
 from workers.search.protocol import TRIAL_KEY, TrialReport, TrialSpec, told_record
 
 log = logging.getLogger(__name__)
@@ -279,9 +279,8 @@ class StudySearcher:
         attempt = self._attempt(run)
         run.restarts += 1
         start = "scratch" if run.saved is None else f"step {run.saved}"
-        what = (failure or RayFailure("died")).describe()
-        return (f"trial {run.trial.number}, attempt {attempt}: {what}; Ray restarts it in place "
-                f"from {start}")
+        return failure_line(run.trial.number, attempt, failure or RayFailure("died"),
+                            f"Ray restarts it in place from {start}")
 
     def _attempt(self, run: Asked) -> int:
         """The run of this trial's point that is running now: every run of the failed trials
