@@ -5,6 +5,8 @@ experiment end to end at smoke size (workers.experiments.heldout), resumed from 
 
 from __future__ import annotations
 
+import csv
+import dataclasses
 import hashlib
 import json
 import math
@@ -13,10 +15,12 @@ from typing import Any
 
 import pytest
 
+from alloc import calibrate
 from alloc.errors import PlanError
 from alloc.heuristics import HEURISTICS, heuristic_arch
 from arch import ArchConfig, HeadGroup, LayerSpec
 from common.errors import UsageError
+from common.files import write_csv
 from userdata import corpora as registry
 from userdata.corpora import DEVELOPMENT, HELD_OUT, ProtocolError
 from workers.experiments import heldout
@@ -193,6 +197,60 @@ def test_smoke_run_judges_each_set_apart_and_a_rerun_trains_nothing(
     assert [c["seeds"] for c in partial["corpora"]] == [2]
 
 
+def rescale_ledger(ledger: Path, keep: Any, factor: Any) -> None:
+    """Every row of ``ledger`` whose seed ``keep`` refuses gets its loss times ``factor(row)``."""
+    with ledger.open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    for r in rows:
+        if not keep(int(r["seed"])):
+            r["val_loss"] = str(float(r["val_loss"]) * factor(r))
+    write_csv(ledger, rows)
+
+
+def test_calibration_fits_its_own_seeds_and_no_verdict_seed(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    calibrated = ("--corpus", "docs", "--calibrate", "--calibration-seeds", "2")
+    first = run(tmp_path, capsys, *calibrated)
+    out, (calibration,) = tmp_path / "out", first["calibrations"]
+    seeds = {int(r["seed"]) for r in heldout.read_ledger(out / "docs" / "runs.csv")}
+    assert seeds == {0, 1, heldout.CALIBRATION_SEED, heldout.CALIBRATION_SEED + 1}
+    assert calibration["seeds"] == "1000 1001" and calibration["pick"] in HEURISTICS
+    assert first["corpora"][0]["plan"] == calibration["plan"]  # the verdict judges that plan
+    assert (out / "heldout-calibrated2_calibration.csv").exists()
+    assert (out / "docs" / "constants-calibrated2.yaml").exists()
+
+    def refuse(*args: object) -> None:
+        raise AssertionError("a --no-train run trained")
+
+    monkeypatch.setattr(heldout, "train_one", refuse)
+    # the verdict's seeds moved (uniform-8 three times worse): the fit and the plan do not
+    rescale_ledger(out / "docs" / "runs.csv", lambda s: s >= heldout.CALIBRATION_SEED,
+                   lambda r: 3.0 if r["model"] == "uniform-8" else 1.0)
+    moved = run(tmp_path, capsys, *calibrated, "--no-train")
+    assert moved["calibrations"] == first["calibrations"]
+    assert moved["corpora"][0]["best"] != "uniform-8"
+    # the calibration's seeds moved (every model but one head of 16 twice as bad): they decide
+    rescale_ledger(out / "docs" / "runs.csv", lambda s: s < heldout.CALIBRATION_SEED,
+                   lambda r: 1.0 if r["arch"].startswith("mhsa 1x16") else 2.0)
+    refit = run(tmp_path, capsys, *calibrated, "--no-train")
+    assert refit["calibrations"][0]["pick"] == "head-dim-64"  # the first rule of one head
+    assert refit["calibrations"][0]["order"] - refit["calibrations"][0]["width_order"] < 0
+    assert refit["calibrations"][0]["plan"].startswith("mhsa 1x16")
+    # a fit that explains nothing (R² <= 0) keeps the default plan
+    fit = calibrate.fit
+
+    def explains_nothing(*args: Any, **kwargs: Any) -> Any:
+        raw, fitted = fit(*args, **kwargs)
+        return raw, dataclasses.replace(fitted, r2=-0.01)
+
+    monkeypatch.setattr(calibrate, "fit", explains_nothing)
+    kept = run(tmp_path, capsys, *calibrated, "--no-train")
+    assert kept["calibrations"][0]["informative"] is False
+    assert kept["calibrations"][0]["plan"] == kept["calibrations"][0]["default_plan"]
+    assert kept["corpora"][0]["plan"] == kept["calibrations"][0]["default_plan"]
+
+
 @pytest.mark.parametrize(("flags", "message"), [
     (["--corpus", "nope"], "--corpus 'nope': not a registered corpus"),
     (["--data", "code"], "its name 'code' is taken"),
@@ -203,4 +261,15 @@ def test_a_bad_corpus_is_one_line_before_any_work(
     code = heldout.main(["--smoke-test", "--out", str(tmp_path / "out"), *flags])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and message in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_calibrated_and_given_constants_are_refused_together(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        heldout.main(["--smoke-test", "--calibrate", "--constants", str(tmp_path / "fit.yaml"),
+                      "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip()
+    assert exited.value.code == 2 and len(err.splitlines()) == 1, err
+    assert "--constants: not allowed with argument --calibrate" in err
     assert not (tmp_path / "out").exists()

@@ -1,5 +1,5 @@
 """python -m workers.experiments.heldout [--smoke-test] [--set held-out] [--corpus N] [--data P]
-[--constants FILE]
+[--constants FILE | --calibrate]
 
 Is the allocator's plan better than the head counts practitioners fix, on corpora no rule was
 tuned on? For each corpus (the registry's development and held-out corpora,
@@ -46,8 +46,11 @@ from alloc import (
     Constants,
     PilotRequest,
     Plan,
+    calibrate,
     heuristic_arch,
+    make_plan,
     read_constants,
+    with_constants,
     write_profile,
 )
 from arch import ArchConfig, TrainConfig
@@ -65,6 +68,10 @@ from workers.tasks import Task, make_data_task
 
 NAME = "heldout"
 ALL = "all"
+CALIBRATED = "calibrated"  # the tables' stem with --calibrate
+# The calibration's seeds start here, above every evaluation seed (--seeds is at most 50): no
+# loss a verdict reads ever enters a fit.
+CALIBRATION_SEED = 1000
 LEDGER_COLUMNS = ("corpus", "model", "arch", "arch_id", "seed", "recipe", "steps", "val_loss",
                   "val_loss_se", "params", "status", "wall_s")
 
@@ -215,15 +222,17 @@ def train_one(args: argparse.Namespace, sizes: Sizes, corpus: str, task: Task, l
 
 
 def train_all(args: argparse.Namespace, sizes: Sizes, corpus: str, spec: DataSpec,
-              arms: Mapping[str, ArchConfig], ledger: Path) -> list[dict[str, str]]:
-    """Every distinct model of ``arms`` with every seed, those not in ``ledger`` trained and
-    added to it one by one (none with ``--no-train``); returns this recipe's rows."""
+              arms: Mapping[str, ArchConfig], ledger: Path, seeds: Sequence[int]
+              ) -> list[dict[str, str]]:
+    """Every distinct model of ``arms`` with every one of ``seeds``, those not in ``ledger``
+    trained and added to it one by one (none with ``--no-train``); returns this recipe's rows
+    of ``seeds``."""
     rows, recipe = read_ledger(ledger), recipe_id(sizes)
     done = {(r["arch_id"], int(r["seed"])) for r in rows if r["recipe"] == recipe}
     distinct: dict[str, tuple[str, ArchConfig]] = {}  # a model two rules share: trained once
     for label, arch in arms.items():
         distinct.setdefault(arch.arch_id, (label, arch))
-    for seed in range(0 if args.no_train else sizes.seeds):
+    for seed in () if args.no_train else seeds:
         missing = [(label, arch) for key, (label, arch) in distinct.items()
                    if (key, seed) not in done]
         task = task_for(spec, sizes, seed) if missing else None
@@ -232,7 +241,7 @@ def train_all(args: argparse.Namespace, sizes: Sizes, corpus: str, spec: DataSpe
             rows.append({k: str(v) for k, v in train_one(args, sizes, corpus, task, label,
                                                          arch, seed).items()})
             write_csv(ledger, rows)
-    return [r for r in rows if r["recipe"] == recipe and int(r["seed"]) < sizes.seeds]
+    return [r for r in rows if r["recipe"] == recipe and int(r["seed"]) in seeds]
 
 
 def losses_of(arms: Mapping[str, ArchConfig], rows: Sequence[Mapping[str, str]]
@@ -245,11 +254,100 @@ def losses_of(arms: Mapping[str, ArchConfig], rows: Sequence[Mapping[str, str]]
     return {label: by_arch.get(arch.arch_id, {}) for label, arch in arms.items()}
 
 
+def observations_of(arms: Mapping[str, ArchConfig], rows: Sequence[Mapping[str, str]],
+                    seeds: Sequence[int], hint: str) -> list[calibrate.Observation]:
+    """The calibration's observations (docs/theory.md §6) from one corpus's ledger rows of one
+    recipe: each distinct arm of ``arms``, its first layer and its mean loss over ``seeds``.
+
+    Raises:
+        UsageError: an arm without a finite loss on every seed (``hint`` says how to train it).
+    """
+    losses = losses_of(arms, rows)
+    out: list[calibrate.Observation] = []
+    seen: set[str] = set()
+    for label, arch in arms.items():
+        if arch.arch_id in seen:
+            continue
+        seen.add(arch.arch_id)
+        values = [losses[label].get(s, math.nan) for s in seeds]
+        if not all(math.isfinite(v) and v > 0 for v in values):
+            raise UsageError(f"{label} ({arch.describe()}): the ledger has no finite loss on "
+                             f"every seed {seeds_text(seeds)}; train it first ({hint})")
+        out.append(calibrate.Observation(arch.describe(), arch.layers[0],
+                                         sum(values) / len(values), len(out), len(values)))
+    return out
+
+
+def seeds_text(seeds: Sequence[int]) -> str:
+    return f"{seeds[0]}-{seeds[-1]}" if len(seeds) > 1 else str(seeds[0])
+
+
 def params_of(arms: Mapping[str, ArchConfig], rows: Sequence[Mapping[str, str]]
               ) -> dict[str, int]:
     by_arch = {r["arch_id"]: int(r["params"]) for r in rows}
     return {label: by_arch[arch.arch_id] for label, arch in arms.items()
             if arch.arch_id in by_arch}
+
+
+# --- the plan calibrated on the corpus itself ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The bound's constants fitted on one corpus's own trainings at the calibration seeds
+    (never a verdict's): the default plan and each fixed rule, their mean losses, the fit, the
+    plan it makes, and the rule those same trainings pick (a practitioner's choice from them)."""
+
+    corpus: str
+    seeds: tuple[int, ...]
+    losses: Mapping[str, float]  # per label (the default plan and each rule), over ``seeds``
+    default_plan: str
+    plan: str
+    constants: Constants
+    r2: float
+    spearman: float
+    design: str
+    informative: bool  # R² > 0: the plan is the fitted constants'; else the default plan
+    pick: str  # the rule of lowest calibration loss
+
+
+def calibration_seeds(count: int) -> tuple[int, ...]:
+    return tuple(range(CALIBRATION_SEED, CALIBRATION_SEED + count))
+
+
+def calibrated_plan(args: argparse.Namespace, sizes: Sizes, corpus: str, spec: DataSpec,
+                    default: Plan, out: Path) -> tuple[Plan, Calibration]:
+    """The corpus's plan with the bound's constants fitted on its own trainings
+    (``alloc.calibrate``'s fit, docs/theory.md §6): the default plan and every fixed rule
+    trained at the calibration seeds (kept in the corpus's ledger), their mean losses fitted
+    with the default plan's allocator inputs, and the plan made again with the fitted
+    constants (written to ``out/constants-calibratedN.yaml``, ``alloc.solve --constants``'s
+    format) where they explain the losses at all (R² > 0), else the default plan kept.
+
+    Raises:
+        UsageError: a calibration training missing with ``--no-train``.
+        CalibrationError: the fit has too few distinct arms.
+    """
+    arms, seeds = models(default.arch), calibration_seeds(args.calibration_seeds)
+    rows = train_all(args, sizes, corpus, spec, arms, out / "runs.csv", seeds)
+    observations = observations_of(arms, rows, seeds, "heldout --calibrate without --no-train")
+    _, fitted = calibrate.fit(default.settings, observations)
+    # A fit no better than the losses' mean (R² <= 0: every arm predicted alike) carries no
+    # measurement; its constants would pick among ties, so the default plan stays.
+    informative = fitted.r2 > 0
+    plan = make_plan(with_constants(default.settings, fitted.constants)) if informative else default
+    by_arch = {o.label: o.loss for o in observations}
+    losses = {label: by_arch[arch.describe()] for label, arch in arms.items()}
+    calibration = Calibration(
+        corpus=corpus, seeds=seeds, losses=losses, default_plan=default.arch.describe(),
+        plan=plan.arch.describe(), constants=fitted.constants, r2=fitted.r2,
+        spearman=fitted.spearman, design=fitted.design, informative=informative,
+        pick=min(HEURISTICS, key=lambda label: losses[label]))
+    calibrate.write_constants(out / f"constants-{CALIBRATED}{len(seeds)}.yaml",
+                              f"{out / 'runs.csv'} (seeds "
+                              f"{seeds_text(seeds)})", len(observations), fitted,
+                              {"corpus": corpus, "recipe": recipe_id(sizes)})
+    return plan, calibration
 
 
 # --- the experiment ------------------------------------------------------------------------------
@@ -264,19 +362,23 @@ def sizes_of(args: argparse.Namespace) -> Sizes:
 
 def corpus_result(args: argparse.Namespace, sizes: Sizes, entry: Entry,
                   constants: Constants | None = None) -> dict[str, Any]:
-    """The corpus written (or read), profiled and planned (with ``constants``), the plan and
-    every fixed rule trained with every seed (or read from its ledger), and the plan judged."""
+    """The corpus written (or read), profiled and planned (with ``constants``, or calibrated on
+    the corpus with ``--calibrate``), the plan and every fixed rule trained with every seed
+    (or read from its ledger), and the plan judged."""
     out = args.out / entry.name
     out.mkdir(parents=True, exist_ok=True)
     spec = data_of(entry, sizes, out, args.data_dtype)
     plan = corpus_plan(spec, sizes, out, task_for(spec, sizes, 0), args.quiet, constants)
+    calibration = None
+    if args.calibrate:
+        plan, calibration = calibrated_plan(args, sizes, entry.name, spec, plan, out)
     arms = models(plan.arch)
-    rows = train_all(args, sizes, entry.name, spec, arms, out / "runs.csv")
+    rows = train_all(args, sizes, entry.name, spec, arms, out / "runs.csv", range(sizes.seeds))
     verdict, table = report.judge(entry.name, entry.role, entry.kind, megabytes_of(spec),
                                   losses_of(arms, rows),
                                   {label: a.describe() for label, a in arms.items()},
                                   params_of(arms, rows))
-    return {"verdict": verdict, "models": table, "runs": rows}
+    return {"verdict": verdict, "models": table, "runs": rows, "calibration": calibration}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -302,16 +404,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               "models": [row for r in results for row in r["models"]],
               "sets": {role: None if s is None else dataclasses.asdict(s)
                        for role, s in report.sets(verdicts).items()},
-              "out": str(args.out), "stem": stem_of(args.constants),
+              "out": str(args.out), "stem": stem_of(args),
               "constants": None if constants is None else {
-                  "file": str(args.constants), **constants.as_flags()}}
+                  "file": str(args.constants), **constants.as_flags()},
+              "calibrations": [report.calibration_row(c, r["models"]) for r in results
+                               if (c := r["calibration"]) is not None]}
     write_outputs(result, [row for r in results for row in r["runs"]], args.out)
     return result
 
 
-def stem_of(constants: Path | None) -> str:
-    """The tables' name: ``heldout``, or ``heldout-STEM`` for the plans of a constants file."""
-    return NAME if constants is None else f"{NAME}-{constants.stem}"
+def stem_of(args: argparse.Namespace) -> str:
+    """The tables' name: ``heldout``; ``heldout-STEM`` for the plans of a constants file;
+    ``heldout-calibratedN`` for the plans calibrated on each corpus with N seeds."""
+    if args.calibrate:
+        return f"{NAME}-{CALIBRATED}{args.calibration_seeds}"
+    return NAME if args.constants is None else f"{NAME}-{args.constants.stem}"
 
 
 def write_outputs(result: dict[str, Any], runs: list[dict[str, str]], out: Path) -> None:
@@ -321,6 +428,8 @@ def write_outputs(result: dict[str, Any], runs: list[dict[str, str]], out: Path)
     write_csv(out / f"{stem}_sets.csv", [{"set": role, **s}
                                          for role, s in result["sets"].items() if s is not None])
     write_csv(out / f"{stem}_runs.csv", runs)
+    if result["calibrations"]:
+        write_csv(out / f"{stem}_calibration.csv", result["calibrations"])
     write_atomic(out / f"{stem}.txt", report.render(result) + "\n")
 
 
@@ -344,11 +453,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-train", action="store_true",
                         help="train nothing: the report from the ledgers alone, on the seeds "
                              "every model of a corpus has (e.g. while other runs still train)")
-    parser.add_argument("--constants", type=Path, metavar="FILE",
-                        help="plan with the bound's constants of FILE (alloc.solve "
-                             "--constants's YAML, e.g. workers.experiments.heldout_fit's); the "
-                             "tables are named heldout-STEM (default: the allocator's "
-                             "constants, tables heldout.*)")
+    plans = parser.add_mutually_exclusive_group()
+    plans.add_argument("--constants", type=Path, metavar="FILE",
+                       help="plan with the bound's constants of FILE (alloc.solve "
+                            "--constants's YAML, e.g. workers.experiments.heldout_fit's); the "
+                            "tables are named heldout-STEM (default: the allocator's "
+                            "constants, tables heldout.*)")
+    plans.add_argument("--calibrate", action="store_true",
+                       help="plan each corpus with the bound's constants fitted on its own "
+                            "trainings (the default plan and every fixed rule at seeds "
+                            f"{CALIBRATION_SEED} and up, which no verdict reads); tables "
+                            f"heldout-{CALIBRATED}N.* for N --calibration-seeds")
+    parser.add_argument("--calibration-seeds", type=int_in(1, 20), default=5, metavar="N",
+                        help="seeds of the --calibrate trainings (default: %(default)s)")
     parser.add_argument("--threads", type=int_in(1), metavar="N",
                         help="torch's CPU threads (default: torch's; 1 when several runs share "
                              "the cores)")

@@ -18,7 +18,6 @@ head dimension of a layer are tied, so only ``n - m`` is identified (``width_des
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -27,7 +26,6 @@ from typing import Any
 from alloc import calibrate, make_plan, with_constants
 from arch import ArchConfig
 from common.cli import Parser, add_format, check_writable, int_in, render_table
-from common.errors import UsageError
 from userdata import DataSpec
 from userdata import corpora as registry
 from userdata.corpora import DEVELOPMENT, HELD_OUT, Role, require_role
@@ -55,26 +53,7 @@ def ledger_observations(
         UsageError: an arm without a finite loss on every seed (train it first).
     """
     require_role(rows, DEVELOPMENT, role_of, lambda r: r["corpus"])
-    losses = experiment.losses_of(arms, rows)
-    out: list[calibrate.Observation] = []
-    seen: set[str] = set()
-    for label, arch in arms.items():
-        if arch.arch_id in seen:
-            continue
-        seen.add(arch.arch_id)
-        values = [losses[label].get(s, math.nan) for s in range(seeds)]
-        if not all(math.isfinite(v) and v > 0 for v in values):
-            raise UsageError(
-                f"{label} ({arch.describe()}): the ledger has no finite loss on "
-                f"every seed 0-{seeds - 1}; train it first (heldout --set "
-                "development)"
-            )
-        out.append(
-            calibrate.Observation(
-                arch.describe(), arch.layers[0], sum(values) / seeds, len(out), seeds
-            )
-        )
-    return out
+    return experiment.observations_of(arms, rows, range(seeds), "heldout --set development")
 
 
 def development_group(

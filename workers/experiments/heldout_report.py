@@ -157,6 +157,21 @@ def sets(rows: Sequence[CorpusVerdict]) -> dict[Role, SetVerdict | None]:
     return {role: over_corpora(parts[role], role) if parts[role] else None for role in ROLES}
 
 
+def calibration_row(c: Any, models: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One corpus's calibration (``heldout.Calibration``) with the verdict's paired difference
+    of the plan to the rule the calibration's trainings pick (``models``: the corpus's rows)."""
+    pick = next(m for m in models if m["model"] == c.pick)
+    return {"corpus": c.corpus, "seeds": " ".join(map(str, c.seeds)),
+            "default_plan": c.default_plan, "plan": c.plan, **c.constants.as_flags(),
+            "r2": c.r2, "spearman": c.spearman, "design": c.design,
+            "informative": c.informative,
+            **{f"calibration_loss_{label}": loss for label, loss in c.losses.items()},
+            "pick": c.pick, "pick_arch": pick["arch"],
+            "plan_minus_pick": pick["plan_minus_this"], "plan_minus_pick_low":
+            pick["plan_minus_low"], "plan_minus_pick_high": pick["plan_minus_high"],
+            "p_plan_worse_than_pick": pick["p_plan_worse"]}
+
+
 # --- the text ------------------------------------------------------------------------------------
 
 
@@ -177,6 +192,10 @@ def render(result: dict[str, Any]) -> str:
         for c in corpora:
             lines += ["", models_table(c, [m for m in result["models"]
                                          if m["corpus"] == c["corpus"]])]
+    if result.get("calibrations"):
+        lines += ["", "each corpus's calibration (the bound's constants fitted on its own "
+                  "trainings at seeds no verdict reads), and the plan against the rule those "
+                  "trainings pick:", calibrations_table(result["calibrations"])]
     stem = result["stem"]
     lines.append(f"\nwrote {result['out']}/{stem}.csv, {stem}_corpora.csv, {stem}_sets.csv, "
                  f"{stem}_runs.csv, {stem}.txt")
@@ -201,6 +220,18 @@ def corpora_table(corpora: Sequence[dict[str, Any]]) -> str:
           "yes" if c["within_margin"] else "no",
           f"{c['seed_sd']:.4f} / {c['margin']:.4f} ({c['seed_sd'] / c['margin']:.2f}x)"]
          for c in corpora])
+
+
+def calibrations_table(rows: Sequence[dict[str, Any]]) -> str:
+    return render_table(
+        ["corpus", "seeds", "n - m", "R² (log)", "default plan", "calibrated plan",
+         "calibration's pick", "plan - pick [95%]", "p (worse)"],
+        [[r["corpus"], r["seeds"], f"{r['order'] - r['width_order']:+.2f}", f"{r['r2']:.2f}",
+          r["default_plan"], r["plan"] if r["informative"] else "(R² <= 0: the default)",
+          f"{r['pick']} ({r['pick_arch']})",
+          f"{r['plan_minus_pick']:+.4f} [{r['plan_minus_pick_low']:+.4f}, "
+          f"{r['plan_minus_pick_high']:+.4f}]", p_text(r["p_plan_worse_than_pick"])]
+         for r in rows])
 
 
 def set_line(s: dict[str, Any] | None) -> str:
