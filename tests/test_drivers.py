@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from tests.helpers.search import SMOKE, check_consistent, launch, load, run, wait_for
+from tests.helpers.search import SMOKE, check_consistent, finish, launch, load, run, wait_for
 
 
 def _study_exists(url: str, name: str) -> bool:
@@ -36,7 +36,7 @@ def test_a_second_driver_is_refused_before_it_runs_anything(tmp_path: Path,
         second = run(tmp_path, *args, *extra, ray=ray_cluster)
         assert second.returncode == 2, second.stderr[-3000:]
         _one_line_refusal(second.stderr, first.pid)
-    _, err = first.communicate(timeout=300)
+    _, err = finish(first, 300)
     assert first.returncode == 0, err[-3000:]
     study = load(url, "one")
     check_consistent(study, 8)  # exactly 8 counted, no architecture trained twice
@@ -50,7 +50,7 @@ def test_two_drivers_at_the_same_instant_on_a_new_database(tmp_path: Path,
     url = f"sqlite:///{tmp_path / 'new.db'}"
     args = [*SMOKE, "--storage", url, "--study", "two", "--trials", "2"]
     drivers = [launch(tmp_path, *args, ray=ray_cluster), launch(tmp_path, *args, ray=ray_cluster)]
-    ended = [(p.returncode, err) for p in drivers for _, err in [p.communicate(timeout=300)]]
+    ended = [(p.returncode, err) for p in drivers for _, err in [finish(p, 300)]]
     assert sorted(code for code, _ in ended) == [0, 2], [err[-2000:] for _, err in ended]
     refused = next(err for code, err in ended if code == 2)
     winner = next(p for p in drivers if p.returncode == 0)

@@ -19,7 +19,7 @@ from optuna.trial import TrialState
 
 from arch import ArchConfig, TrainConfig
 from studies.trials import RESUMED, Direction
-from tests.helpers.search import launch, load, wait_for
+from tests.helpers.search import finish, launch, load, wait_for
 from workers.search.protocol import TrialJob, TrialReport, TrialSpec
 from workers.tasks import make_task
 from workers.training.trainer import Trainer
@@ -69,7 +69,7 @@ def test_a_killed_worker_continues_from_its_checkpoint(storage_url: str, study_n
     wait_for(lambda: any(r["step"] >= 60 for r in results(tmp_path) if "step" in r), 180)
     pid = next(int(r["pid"]) for r in results(tmp_path))  # type: ignore[call-overload]
     os.kill(pid, signal.SIGKILL)  # the trial's worker, not the driver
-    _, err = proc.communicate(timeout=300)
+    _, err = finish(proc, 300)
     assert proc.returncode == 0, err[-3000:]
     study = load(storage_url, study_name)
     (trial,) = study.trials

@@ -19,7 +19,7 @@ from optuna.trial import TrialState
 from sqlalchemy.engine import make_url
 
 from studies.storage import open_storage
-from tests.helpers.search import SMOKE, check_consistent, launch, load, run, wait_for
+from tests.helpers.search import SMOKE, check_consistent, finish, launch, load, run, wait_for
 from tests.helpers.storage import postgres_url
 from workers.search.searcher import finished_count
 
@@ -79,7 +79,7 @@ def test_a_full_disk_stops_the_search_in_one_line_and_resume_completes_it(
     proc = launch(tmp_path, *args, ray=ray_cluster)
     wait_for(lambda: _finished(url, "full", 1), 120)
     filler = _fill(tmpfs)  # the disk fills up as trials run
-    _, err = proc.communicate(timeout=240)
+    _, err = finish(proc, 240)
     assert proc.returncode == 1, err[-3000:]
     line = _one_error_line(err)
     assert f"storage {url}: the disk holding it is full" in line, line
@@ -102,7 +102,7 @@ def test_a_full_results_disk_stops_the_search_and_resume_completes_it(
     proc = launch(tmp_path, *args, ray=ray_cluster)
     wait_for(lambda: _finished(url, "disk", 1), 120)
     filler = _fill(tmpfs)
-    _, err = proc.communicate(timeout=240)
+    _, err = finish(proc, 240)
     assert proc.returncode == 1, err[-3000:]
     line = _one_error_line(err)
     assert f"the Ray results folder '{results}" in line and "is on a full disk" in line, line
@@ -156,7 +156,7 @@ def test_killed_postgresql_connections_are_ridden_through(tmp_path: Path, fault_
     while proc.poll() is None and killed < 6:  # several times while trials report
         killed += _terminate(url, str(make_url(url).database)) > 0
         time.sleep(1.0)
-    _, err = proc.communicate(timeout=240)
+    _, err = finish(proc, 240)
     assert proc.returncode == 0, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
     assert killed >= 1
@@ -196,7 +196,7 @@ def test_a_postgresql_outage_past_the_patience_stops_cleanly(
         conn.execute(sa.text(f"ALTER DATABASE {name} ALLOW_CONNECTIONS false"))
     _terminate(admin, name)
     try:
-        _, err = proc.communicate(timeout=240)
+        _, err = finish(proc, 240)
     finally:
         with sa.create_engine(admin, isolation_level="AUTOCOMMIT").connect() as conn:
             conn.execute(sa.text(f"ALTER DATABASE {name} ALLOW_CONNECTIONS true"))
@@ -265,7 +265,7 @@ def test_a_connection_lost_at_start_up_is_retried_then_a_fault(
             said = proc.stderr.readline()
     finally:
         _allow_connections(admin, name, True)
-    _, err = proc.communicate(timeout=240)
+    _, err = finish(proc, 240)
     assert proc.returncode == 0, said + err[-3000:]
     check_consistent(load(url, "back"), 1)
 

@@ -29,7 +29,7 @@ from arch import ModelIO
 from search_spaces import load_space
 from studies.storage import open_storage
 from studies.trials import RESUMED, Direction
-from tests.helpers.search import SMOKE, check_consistent, launch, load, run, wait_for
+from tests.helpers.search import SMOKE, check_consistent, finish, launch, load, run, wait_for
 from tests.helpers.trial_hooks import hooked_env
 from workers.search.failures import RayFailure, ray_failure
 from workers.search.protocol import TRIAL_KEY, TrialReport, TrialSpec
@@ -76,7 +76,7 @@ def test_a_worker_killed_before_and_after_its_first_report_is_retried(tmp_path: 
         kill(first, pids, "start")  # before any report: Ray restarts both in place
         again = held(pids, str(FIRST_REPORT), 2, first)
         kill(again, pids, str(FIRST_REPORT))  # the restarts, after a checkpoint: Ray gives up
-        out, err = proc.communicate(timeout=240)
+        out, err = finish(proc, 240)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

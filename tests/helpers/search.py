@@ -4,6 +4,7 @@ finished search must have (a consistent study; records that are the trained mode
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -34,8 +35,10 @@ def ray_tmp(tmp: Path) -> Path:
 def launch(tmp: Path, *args: str, env: dict[str, str] | None = None,
            ray: Mapping[str, str] | None = None) -> subprocess.Popen[str]:
     """``python -m workers.search ARGS`` in ``tmp``: on a Ray of its own, or joining the node
-    ``ray`` names (the ``ray_cluster`` fixture's environment)."""
-    env = {**(env or os.environ), "RAY_TMPDIR": str(ray_tmp(tmp)), **(ray or {})}
+    ``ray`` names (the ``ray_cluster`` fixture's environment); with Python's fault handler on,
+    so that ``finish`` can have a hung driver print its threads' stacks."""
+    env = {**(env or os.environ), "RAY_TMPDIR": str(ray_tmp(tmp)), "PYTHONFAULTHANDLER": "1",
+           **(ray or {})}
     results = [] if "--storage-path" in args else ["--storage-path", str(tmp / "results")]
     return subprocess.Popen([sys.executable, "-m", "workers.search", *args, *results],
                             cwd=tmp, env=env,
@@ -43,14 +46,32 @@ def launch(tmp: Path, *args: str, env: dict[str, str] | None = None,
                             start_new_session=True)
 
 
+def finish(proc: subprocess.Popen[str], timeout: float = 240) -> tuple[str, str]:
+    """``proc``'s stdout and stderr once it exits. Past ``timeout`` it is a hang: SIGABRT makes
+    Python's fault handler print every thread's stack (``launch`` turns it on), the process
+    group goes (the driver and any Ray of its own: a hung driver left running holds the
+    node's CPUs and starves the tests after it), and the test fails with the stacks and the
+    driver's last lines, so that a hang says where it waited."""
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        with contextlib.suppress(subprocess.TimeoutExpired):  # the stacks written, it exits
+            proc.wait(timeout=15)  # (its pipes stay open while its own Ray, if any, lives)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        _, err = proc.communicate()
+        raise AssertionError(f"no exit within {timeout:g} s; its stacks and last lines:\n"
+                             f"{err[-8000:]}") from None
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
 def run(tmp: Path, *args: str, env: dict[str, str] | None = None,
         ray: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     proc = launch(tmp, *args, env=env, ray=ray)
-    try:
-        out, err = proc.communicate(timeout=240)
-    finally:
-        if proc.poll() is None:  # timed out: the search and its Ray workers go with it
-            os.killpg(proc.pid, signal.SIGKILL)
+    out, err = finish(proc)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
