@@ -134,6 +134,26 @@ def test_a_seed_on_which_a_model_diverged_is_left_out_of_every_model() -> None:
     assert v.seeds == 2 and all(r["seeds"] == 2 for r in rows)
 
 
+def test_the_twin_differs_from_the_plan_in_the_later_layers_only() -> None:
+    def arch(first: str, later: str) -> ArchConfig:
+        def layer(heads: str) -> LayerSpec:
+            count, dim = map(int, heads.split("x"))
+            return LayerSpec("mhsa", (HeadGroup(count, dim),), 2.0)
+        return ArchConfig(d_model=64, layers=(layer(first), layer(later)), max_seq_len=64,
+                          vocab_size=256)
+
+    rules = {name: heuristic_arch(arch("4x16", "4x16"), name) for name in HEURISTICS}
+    assert heldout.twin_of({PLAN: arch("4x16", "2x32"), **rules}) == "uniform-4"
+    assert heldout.twin_of({PLAN: arch("1x64", "2x32"), **rules}) == "head-dim-64"  # the first
+    assert heldout.twin_of({PLAN: arch("4x16", "4x16"), **rules}) == ""  # the rule itself
+    # the plan against its twin, paired seed by seed (uniform-1, 0.10 - 0.001 x seed above it)
+    v, _ = judge("c", HELD_OUT, "text", 1.0, losses(0.0, (0.0, 0.001, 0.002)), ARCHS, {},
+                 twin="uniform-1")
+    assert v.twin == "uniform-1" and v.twin_difference == pytest.approx(-0.099)
+    assert v.twin_high is not None and v.twin_high < 0
+    assert verdict(0.0).twin == "" and verdict(0.0).twin_difference is None
+
+
 def test_the_held_out_verdict_refuses_a_development_corpus() -> None:
     held = [verdict(0.01, name=f"h{k}") for k in range(3)]
     with pytest.raises(ProtocolError, match="'d' is a development corpus, in the held-out set"):

@@ -180,6 +180,15 @@ def models(plan: ArchConfig) -> dict[str, ArchConfig]:
     return {PLAN: plan, **{name: heuristic_arch(plan, name) for name in HEURISTICS}}
 
 
+def twin_of(arms: Mapping[str, ArchConfig]) -> str:
+    """The first rule whose model has the plan's first layer in every layer, where the plan's
+    later layers differ from it ("": none): the two differ only in what the later layers' rule
+    (docs/theory.md §4, §4.1) chose."""
+    plan = arms[PLAN]
+    return next((label for label, arch in arms.items() if label != PLAN
+                 and arch.layers[0] == plan.layers[0] and arch.arch_id != plan.arch_id), "")
+
+
 def train_config(sizes: Sizes, seed: int) -> TrainConfig:
     """The recipe every model of a run trains with: ``arch.training``'s (its warmup, and the
     width rule's learning rate at D, fixed here so the ledger records it), ``seed`` its
@@ -377,7 +386,7 @@ def corpus_result(args: argparse.Namespace, sizes: Sizes, entry: Entry,
     verdict, table = report.judge(entry.name, entry.role, entry.kind, megabytes_of(spec),
                                   losses_of(arms, rows),
                                   {label: a.describe() for label, a in arms.items()},
-                                  params_of(arms, rows))
+                                  params_of(arms, rows), twin_of(arms))
     return {"verdict": verdict, "models": table, "runs": rows, "calibration": calibration}
 
 

@@ -52,6 +52,13 @@ class CorpusVerdict:
     seed_sd: float  # the seeds' SD, pooled over the distinct models
     difference_sd: float  # the SD of the plan's paired differences to the best rule
     within_margin: bool  # the interval's upper end below +1%: at most 1% worse, at 95%
+    # What the plan's later layers buy: the plan against the rule with its first layer and
+    # layer 0's heads in every later layer (``twin``; "" where no rule has that first layer).
+    twin: str = ""
+    twin_difference: float | None = None  # plan - twin, paired, with its 95% interval
+    twin_low: float | None = None
+    twin_high: float | None = None
+    twin_p_worse: float | None = None
 
 
 @dataclass(frozen=True)
@@ -89,9 +96,10 @@ def paired_seeds(losses: Mapping[str, Mapping[int, float]]) -> tuple[int, ...]:
 
 def judge(corpus: str, role: Role, kind: str, megabytes: float,
           losses: Mapping[str, Mapping[int, float]], archs: Mapping[str, str],
-          params: Mapping[str, int]) -> tuple[CorpusVerdict, list[dict[str, Any]]]:
+          params: Mapping[str, int], twin: str = "") -> tuple[CorpusVerdict, list[dict[str, Any]]]:
     """The corpus's verdict and its models' rows. ``losses``: per label (``PLAN`` and the
-    rules' names), its loss per seed; ``archs``: each label's architecture.
+    rules' names), its loss per seed; ``archs``: each label's architecture; ``twin``: the rule
+    whose model differs from the plan's in the later layers only ("": none).
 
     Raises:
         RuntimeError: no seed on which every model trained.
@@ -104,6 +112,7 @@ def judge(corpus: str, role: Role, kind: str, megabytes: float,
     head = paired(at[PLAN], at[best])
     best_loss = mean(at[best])
     distinct = {archs[label]: values for label, values in at.items()}  # a shared model once
+    later = paired(at[PLAN], at[twin]) if twin else None
     verdict = CorpusVerdict(
         corpus=corpus, role=role, kind=kind, megabytes=round(megabytes, 3), plan=archs[PLAN],
         best=best, best_arch=archs[best], seeds=len(seeds), plan_loss=mean(at[PLAN]),
@@ -112,7 +121,10 @@ def judge(corpus: str, role: Role, kind: str, megabytes: float,
         p_worse=head.p_worse, verdict=verdict_of(head), margin=MARGIN * best_loss,
         seed_sd=noise(distinct, ()).seed_sd,
         difference_sd=sd([p - b for p, b in zip(at[PLAN], at[best])]),
-        within_margin=head.difference.high < MARGIN * best_loss)
+        within_margin=head.difference.high < MARGIN * best_loss, twin=twin,
+        **({} if later is None else {
+            "twin_difference": later.difference.mean, "twin_low": later.difference.low,
+            "twin_high": later.difference.high, "twin_p_worse": later.p_worse}))
     return verdict, [model_row(verdict, label, archs[label], params.get(label), at, seeds)
                      for label in at]
 
@@ -149,6 +161,19 @@ def over_corpora(rows: Sequence[CorpusVerdict], role: Role) -> SetVerdict:
                       low=over.difference.low, high=over.difference.high,
                       p_worse=over.p_worse, verdict=verdict_of(over), **counts,
                       within_margin=sum(r.within_margin for r in rows))
+
+
+def later_layers(rows: Sequence[dict[str, Any]]) -> str:
+    """Over the corpora whose plan has a twin rule: the mean of (plan - twin) / twin's loss
+    with its 95% interval over them (what the later layers' rule buys, on average)."""
+    twins = [r for r in rows if r["twin"]]
+    if len(twins) < 2:
+        return ""
+    over = paired([r["twin_difference"] / (r["plan_loss"] - r["twin_difference"])
+                   for r in twins], [0.0] * len(twins))
+    return (f"over the {len(twins)} corpora with a twin: plan - twin = "
+            f"{100 * over.difference.mean:+.2f}% [{100 * over.difference.low:+.2f}%, "
+            f"{100 * over.difference.high:+.2f}%], p (worse) {p_text(over.p_worse)}")
 
 
 def sets(rows: Sequence[CorpusVerdict]) -> dict[Role, SetVerdict | None]:
@@ -189,6 +214,10 @@ def render(result: dict[str, Any]) -> str:
             continue
         lines += ["", f"{SET_TITLES[role]}:", corpora_table(corpora),
                   set_line(result["sets"][role])]
+        if any(c["twin"] for c in corpora):
+            lines += ["", "what the later layers' rule buys: the plan against the rule with its "
+                      "first layer in every layer (its twin):", twins_table(corpora)]
+            lines += [line for line in (later_layers(corpora),) if line]
         for c in corpora:
             lines += ["", models_table(c, [m for m in result["models"]
                                          if m["corpus"] == c["corpus"]])]
@@ -220,6 +249,17 @@ def corpora_table(corpora: Sequence[dict[str, Any]]) -> str:
           "yes" if c["within_margin"] else "no",
           f"{c['seed_sd']:.4f} / {c['margin']:.4f} ({c['seed_sd'] / c['margin']:.2f}x)"]
          for c in corpora])
+
+
+def twins_table(corpora: Sequence[dict[str, Any]]) -> str:
+    return render_table(
+        ["corpus", "plan", "twin", "plan - twin [95%]", "%", "p (worse)"],
+        [[c["corpus"], c["plan"], c["twin"] or "-",
+          "-" if not c["twin"] else f"{c['twin_difference']:+.4f} [{c['twin_low']:+.4f}, "
+          f"{c['twin_high']:+.4f}]",
+          "-" if not c["twin"] else
+          f"{100 * c['twin_difference'] / (c['plan_loss'] - c['twin_difference']):+.2f}",
+          p_text(c["twin_p_worse"])] for c in corpora])
 
 
 def calibrations_table(rows: Sequence[dict[str, Any]]) -> str:
