@@ -301,31 +301,12 @@ def params_of(arms: Mapping[str, ArchConfig], rows: Sequence[Mapping[str, str]]
 # --- the plan calibrated on the corpus itself ----------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Calibration:
-    """The bound's constants fitted on one corpus's own trainings at the calibration seeds
-    (never a verdict's): the default plan and each fixed rule, their mean losses, the fit, the
-    plan it makes, and the rule those same trainings pick (a practitioner's choice from them)."""
-
-    corpus: str
-    seeds: tuple[int, ...]
-    losses: Mapping[str, float]  # per label (the default plan and each rule), over ``seeds``
-    default_plan: str
-    plan: str
-    constants: Constants
-    r2: float
-    spearman: float
-    design: str
-    informative: bool  # R² > 0: the plan is the fitted constants'; else the default plan
-    pick: str  # the rule of lowest calibration loss
-
-
 def calibration_seeds(count: int) -> tuple[int, ...]:
     return tuple(range(CALIBRATION_SEED, CALIBRATION_SEED + count))
 
 
 def calibrated_plan(args: argparse.Namespace, sizes: Sizes, corpus: str, spec: DataSpec,
-                    default: Plan, out: Path) -> tuple[Plan, Calibration]:
+                    default: Plan, out: Path) -> tuple[Plan, report.Calibration]:
     """The corpus's plan with the bound's constants fitted on its own trainings
     (``alloc.calibrate``'s fit, docs/theory.md §6): the default plan and every fixed rule
     trained at the calibration seeds (kept in the corpus's ledger), their mean losses fitted
@@ -347,7 +328,7 @@ def calibrated_plan(args: argparse.Namespace, sizes: Sizes, corpus: str, spec: D
     plan = make_plan(with_constants(default.settings, fitted.constants)) if informative else default
     by_arch = {o.label: o.loss for o in observations}
     losses = {label: by_arch[arch.describe()] for label, arch in arms.items()}
-    calibration = Calibration(
+    calibration = report.Calibration(
         corpus=corpus, seeds=seeds, losses=losses, default_plan=default.arch.describe(),
         plan=plan.arch.describe(), constants=fitted.constants, r2=fitted.r2,
         spearman=fitted.spearman, design=fitted.design, informative=informative,

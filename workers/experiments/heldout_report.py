@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from alloc import HEURISTICS
+from alloc import HEURISTICS, Constants
 from common.cli import render_table
 from common.stats import ALPHA, Paired, interval, mean, noise, paired, sd
 from userdata.corpora import DEVELOPMENT, HELD_OUT, ROLES, Role, require_role, split_by_role
@@ -59,6 +59,7 @@ class CorpusVerdict:
     twin_low: float | None = None
     twin_high: float | None = None
     twin_p_worse: float | None = None
+    twin_relative: float | None = None  # twin_difference / the twin's loss
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,6 @@ def judge(corpus: str, role: Role, kind: str, megabytes: float,
     head = paired(at[PLAN], at[best])
     best_loss = mean(at[best])
     distinct = {archs[label]: values for label, values in at.items()}  # a shared model once
-    later = paired(at[PLAN], at[twin]) if twin else None
     verdict = CorpusVerdict(
         corpus=corpus, role=role, kind=kind, megabytes=round(megabytes, 3), plan=archs[PLAN],
         best=best, best_arch=archs[best], seeds=len(seeds), plan_loss=mean(at[PLAN]),
@@ -121,12 +121,19 @@ def judge(corpus: str, role: Role, kind: str, megabytes: float,
         p_worse=head.p_worse, verdict=verdict_of(head), margin=MARGIN * best_loss,
         seed_sd=noise(distinct, ()).seed_sd,
         difference_sd=sd([p - b for p, b in zip(at[PLAN], at[best])]),
-        within_margin=head.difference.high < MARGIN * best_loss, twin=twin,
-        **({} if later is None else {
-            "twin_difference": later.difference.mean, "twin_low": later.difference.low,
-            "twin_high": later.difference.high, "twin_p_worse": later.p_worse}))
+        within_margin=head.difference.high < MARGIN * best_loss, **twin_fields(at, twin))
     return verdict, [model_row(verdict, label, archs[label], params.get(label), at, seeds)
                      for label in at]
+
+
+def twin_fields(at: Mapping[str, Sequence[float]], twin: str) -> dict[str, Any]:
+    """``CorpusVerdict``'s twin fields: the plan against ``twin`` seed by seed ("": none)."""
+    if not twin:
+        return {}
+    later = paired(at[PLAN], at[twin])
+    return {"twin": twin, "twin_difference": later.difference.mean,
+            "twin_low": later.difference.low, "twin_high": later.difference.high,
+            "twin_p_worse": later.p_worse, "twin_relative": later.difference.mean / mean(at[twin])}
 
 
 def model_row(v: CorpusVerdict, label: str, arch: str, params: int | None,
@@ -169,8 +176,7 @@ def later_layers(rows: Sequence[dict[str, Any]]) -> str:
     twins = [r for r in rows if r["twin"]]
     if len(twins) < 2:
         return ""
-    over = paired([r["twin_difference"] / (r["plan_loss"] - r["twin_difference"])
-                   for r in twins], [0.0] * len(twins))
+    over = paired([r["twin_relative"] for r in twins], [0.0] * len(twins))
     return (f"over the {len(twins)} corpora with a twin: plan - twin = "
             f"{100 * over.difference.mean:+.2f}% [{100 * over.difference.low:+.2f}%, "
             f"{100 * over.difference.high:+.2f}%], p (worse) {p_text(over.p_worse)}")
@@ -182,9 +188,28 @@ def sets(rows: Sequence[CorpusVerdict]) -> dict[Role, SetVerdict | None]:
     return {role: over_corpora(parts[role], role) if parts[role] else None for role in ROLES}
 
 
-def calibration_row(c: Any, models: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """One corpus's calibration (``heldout.Calibration``) with the verdict's paired difference
-    of the plan to the rule the calibration's trainings pick (``models``: the corpus's rows)."""
+@dataclass(frozen=True)
+class Calibration:
+    """The bound's constants fitted on one corpus's own trainings at the calibration seeds
+    (never a verdict's): the default plan and each fixed rule, their mean losses, the fit, the
+    plan it makes, and the rule those same trainings pick (a practitioner's choice from them)."""
+
+    corpus: str
+    seeds: tuple[int, ...]
+    losses: Mapping[str, float]  # per label (the default plan and each rule), over ``seeds``
+    default_plan: str
+    plan: str
+    constants: Constants
+    r2: float
+    spearman: float
+    design: str
+    informative: bool  # R² > 0: the plan is the fitted constants'; else the default plan
+    pick: str  # the rule of lowest calibration loss
+
+
+def calibration_row(c: Calibration, models: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One corpus's calibration with the verdict's paired difference of the plan to the rule
+    the calibration's trainings pick (``models``: the corpus's rows)."""
     pick = next(m for m in models if m["model"] == c.pick)
     return {"corpus": c.corpus, "seeds": " ".join(map(str, c.seeds)),
             "default_plan": c.default_plan, "plan": c.plan, **c.constants.as_flags(),
@@ -257,8 +282,7 @@ def twins_table(corpora: Sequence[dict[str, Any]]) -> str:
         [[c["corpus"], c["plan"], c["twin"] or "-",
           "-" if not c["twin"] else f"{c['twin_difference']:+.4f} [{c['twin_low']:+.4f}, "
           f"{c['twin_high']:+.4f}]",
-          "-" if not c["twin"] else
-          f"{100 * c['twin_difference'] / (c['plan_loss'] - c['twin_difference']):+.2f}",
+          "-" if not c["twin"] else f"{100 * c['twin_relative']:+.2f}",
           p_text(c["twin_p_worse"])] for c in corpora])
 
 
