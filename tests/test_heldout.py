@@ -243,6 +243,8 @@ def test_calibration_fits_its_own_seeds_and_no_verdict_seed(
     def refuse(*args: object) -> None:
         raise AssertionError("a --no-train run trained")
 
+    train_one = heldout.train_one
+
     monkeypatch.setattr(heldout, "train_one", refuse)
     # the verdict's seeds moved (uniform-8 three times worse): the fit and the plan do not
     rescale_ledger(out / "docs" / "runs.csv", lambda s: s >= heldout.CALIBRATION_SEED,
@@ -264,6 +266,13 @@ def test_calibration_fits_its_own_seeds_and_no_verdict_seed(
         raw, fitted = fit(*args, **kwargs)
         return raw, dataclasses.replace(fitted, r2=-0.01)
 
+    # the constants calibrated here (one head), judged at another width: tables of their own
+    monkeypatch.setattr(heldout, "train_one", train_one)
+    wider = run(tmp_path, capsys, "--corpus", "docs", "--budget", "32", "--corpus-constants",
+                "constants-calibrated2.yaml")
+    assert wider["sizes"]["budget"] == 32 and wider["stem"] == "heldout-D32-constants-calibrated2"
+    assert (out / "heldout-D32-constants-calibrated2.txt").exists()
+    assert wider["corpora"][0]["plan"].startswith("mhsa 1x32")  # one head, as at D = 16
     monkeypatch.setattr(calibrate, "fit", explains_nothing)
     kept = run(tmp_path, capsys, *calibrated, "--no-train")
     assert kept["calibrations"][0]["informative"] is False
@@ -274,6 +283,8 @@ def test_calibration_fits_its_own_seeds_and_no_verdict_seed(
 @pytest.mark.parametrize(("flags", "message"), [
     (["--corpus", "nope"], "--corpus 'nope': not a registered corpus"),
     (["--data", "code"], "its name 'code' is taken"),
+    (["--budget", "36"], "--budget 36: not a multiple of 8"),
+    (["--corpus", "docs", "--corpus-constants", "c.yaml"], "docs has no"),
 ])
 def test_a_bad_corpus_is_one_line_before_any_work(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str],

@@ -301,6 +301,21 @@ def params_of(arms: Mapping[str, ArchConfig], rows: Sequence[Mapping[str, str]]
 # --- the plan calibrated on the corpus itself ----------------------------------------------------
 
 
+def corpus_constants(args: argparse.Namespace, entry: Entry) -> Constants:
+    """The corpus's own constants file ``--out/CORPUS/--corpus-constants`` (e.g. the
+    ``constants-calibrated5.yaml`` a ``--calibrate`` run wrote at another width).
+
+    Raises:
+        UsageError: the corpus has no such file.
+        ConstantsError: the file is not a constants file.
+    """
+    path = args.out / entry.name / args.corpus_constants
+    if not path.is_file():
+        raise UsageError(f"--corpus-constants {args.corpus_constants!r}: {entry.name} has no "
+                         f"{path} (run heldout --calibrate on it first)")
+    return read_constants(path)
+
+
 def calibration_seeds(count: int) -> tuple[int, ...]:
     return tuple(range(CALIBRATION_SEED, CALIBRATION_SEED + count))
 
@@ -311,7 +326,8 @@ def calibrated_plan(args: argparse.Namespace, sizes: Sizes, corpus: str, spec: D
     (``alloc.calibrate``'s fit, docs/theory.md §6): the default plan and every fixed rule
     trained at the calibration seeds (kept in the corpus's ledger), their mean losses fitted
     with the default plan's allocator inputs, and the plan made again with the fitted
-    constants (written to ``out/constants-calibratedN.yaml``, ``alloc.solve --constants``'s
+    constants (written to ``out/constants-calibratedN.yaml``, ``constants-DW-calibratedN.yaml``
+    at another ``--budget`` W; ``alloc.solve --constants``'s
     format) where they explain the losses at all (R² > 0), else the default plan kept.
 
     Raises:
@@ -333,7 +349,8 @@ def calibrated_plan(args: argparse.Namespace, sizes: Sizes, corpus: str, spec: D
         plan=plan.arch.describe(), constants=fitted.constants, r2=fitted.r2,
         spearman=fitted.spearman, design=fitted.design, informative=informative,
         pick=min(HEURISTICS, key=lambda label: losses[label]))
-    calibrate.write_constants(out / f"constants-{CALIBRATED}{len(seeds)}.yaml",
+    width = "" if args.budget is None else f"D{args.budget}-"
+    calibrate.write_constants(out / f"constants-{width}{CALIBRATED}{len(seeds)}.yaml",
                               f"{out / 'runs.csv'} (seeds "
                               f"{seeds_text(seeds)})", len(observations), fitted,
                               {"corpus": corpus, "recipe": recipe_id(sizes)})
@@ -344,10 +361,10 @@ def calibrated_plan(args: argparse.Namespace, sizes: Sizes, corpus: str, spec: D
 
 
 def sizes_of(args: argparse.Namespace) -> Sizes:
-    """The run's sizes: full or smoke, with ``--seeds`` and ``--steps``."""
+    """The run's sizes: full or smoke, with ``--seeds``, ``--steps`` and ``--budget``."""
     return dataclasses.replace(SMOKE if args.smoke_test else FULL,
-                               **{k: v for k, v in (("seeds", args.seeds),
-                                                    ("steps", args.steps)) if v})
+                               **{k: v for k, v in (("seeds", args.seeds), ("steps", args.steps),
+                                                    ("budget", args.budget)) if v})
 
 
 def corpus_result(args: argparse.Namespace, sizes: Sizes, entry: Entry,
@@ -377,6 +394,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     sizes = sizes_of(args)
     chosen = entries(args)  # a bad --corpus, --data or --constants: before any work
     constants = None if args.constants is None else read_constants(args.constants)
+    if sizes.budget % 8:
+        raise UsageError(f"--budget {sizes.budget}: not a multiple of 8 (the fixed rules give "
+                         "every layer 1 to 8 heads of equal width)")
+    own = {e.name: corpus_constants(args, e) for e in chosen} if args.corpus_constants else {}
     if args.threads:
         torch.set_num_threads(args.threads)
     harness.prepare(args)
@@ -385,7 +406,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for k, entry in enumerate(chosen, start=1):
             bar.write(f"{NAME}: corpus {k}/{len(chosen)}: {entry.name} ({entry.role}): "
                       "profile, plan, and the plan and every fixed rule trained")
-            results.append(corpus_result(args, sizes, entry, constants))
+            results.append(corpus_result(args, sizes, entry, own.get(entry.name, constants)))
             bar.update(1)
             bar.event(f"{entry.name} done")
     verdicts = [r["verdict"] for r in results]
@@ -397,6 +418,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               "out": str(args.out), "stem": stem_of(args),
               "constants": None if constants is None else {
                   "file": str(args.constants), **constants.as_flags()},
+              "corpus_constants": args.corpus_constants,
               "calibrations": [report.calibration_row(c, r["models"]) for r in results
                                if (c := r["calibration"]) is not None]}
     write_outputs(result, [row for r in results for row in r["runs"]], args.out)
@@ -404,11 +426,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def stem_of(args: argparse.Namespace) -> str:
-    """The tables' name: ``heldout``; ``heldout-STEM`` for the plans of a constants file;
-    ``heldout-calibratedN`` for the plans calibrated on each corpus with N seeds."""
+    """The tables' name: ``heldout``; ``heldout-STEM`` for the plans of a constants file (or of
+    each corpus's, ``--corpus-constants``); ``heldout-calibratedN`` for the plans calibrated on
+    each corpus with N seeds; ``-D<width>`` after ``heldout`` at another ``--budget``."""
+    base = NAME if args.budget is None else f"{NAME}-D{args.budget}"
     if args.calibrate:
-        return f"{NAME}-{CALIBRATED}{args.calibration_seeds}"
-    return NAME if args.constants is None else f"{NAME}-{args.constants.stem}"
+        return f"{base}-{CALIBRATED}{args.calibration_seeds}"
+    if args.corpus_constants is not None:
+        return f"{base}-{Path(args.corpus_constants).stem}"
+    return base if args.constants is None else f"{base}-{args.constants.stem}"
 
 
 def write_outputs(result: dict[str, Any], runs: list[dict[str, str]], out: Path) -> None:
@@ -454,6 +480,15 @@ def build_parser() -> argparse.ArgumentParser:
                             "trainings (the default plan and every fixed rule at seeds "
                             f"{CALIBRATION_SEED} and up, which no verdict reads); tables "
                             f"heldout-{CALIBRATED}N.* for N --calibration-seeds")
+    plans.add_argument("--corpus-constants", metavar="NAME",
+                       help="plan each corpus with the constants in its own folder's file NAME "
+                            "(e.g. constants-calibrated5.yaml, which --calibrate writes): "
+                            "constants calibrated at one width, judged at another --budget; "
+                            "tables heldout-STEM.*")
+    parser.add_argument("--budget", type=int_in(16, 4096), metavar="D",
+                        help=f"the width of every model, a multiple of 8 (default: "
+                             f"{FULL.budget}; its profile and plans are its own); tables "
+                             "heldout-DD.*")
     parser.add_argument("--calibration-seeds", type=int_in(1, 20), default=5, metavar="N",
                         help="seeds of the --calibrate trainings (default: %(default)s)")
     parser.add_argument("--threads", type=int_in(1), metavar="N",

@@ -233,6 +233,9 @@ def render(result: dict[str, Any]) -> str:
         c = result["constants"]
         lines.append(f"plans with the constants of {c['file']}: c_proj {c['c_proj']:.4g}, "
                      f"c_head {c['c_head']:.4g}, n {c['order']:.3g}, m {c['width_order']:.3g}")
+    if result.get("corpus_constants"):
+        lines.append(f"each corpus planned with the constants of its own "
+                     f"{result['corpus_constants']}")
     for role in ROLES:
         corpora = [c for c in result["corpora"] if c["role"] == role]
         if not corpora:
