@@ -225,6 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="STEPS",
         help=f"the recipe's steps (default: {experiment.FULL.steps})",
     )
+    parser.set_defaults(budget=None)  # the experiment's default width: its ledgers' plans
     return parser
 
 
