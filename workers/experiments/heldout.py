@@ -349,10 +349,9 @@ def calibrated_plan(args: argparse.Namespace, sizes: Sizes, corpus: str, spec: D
         plan=plan.arch.describe(), constants=fitted.constants, r2=fitted.r2,
         spearman=fitted.spearman, design=fitted.design, informative=informative,
         pick=min(HEURISTICS, key=lambda label: losses[label]))
-    width = "" if args.budget is None else f"D{args.budget}-"
-    calibrate.write_constants(out / f"constants-{width}{CALIBRATED}{len(seeds)}.yaml",
-                              f"{out / 'runs.csv'} (seeds "
-                              f"{seeds_text(seeds)})", len(observations), fitted,
+    calibrate.write_constants(out / f"constants{width_tag(args)}-{CALIBRATED}{len(seeds)}.yaml",
+                              f"{out / 'runs.csv'} (seeds {seeds_text(seeds)})",
+                              len(observations), fitted,
                               {"corpus": corpus, "recipe": recipe_id(sizes)})
     return plan, calibration
 
@@ -429,12 +428,18 @@ def stem_of(args: argparse.Namespace) -> str:
     """The tables' name: ``heldout``; ``heldout-STEM`` for the plans of a constants file (or of
     each corpus's, ``--corpus-constants``); ``heldout-calibratedN`` for the plans calibrated on
     each corpus with N seeds; ``-D<width>`` after ``heldout`` at another ``--budget``."""
-    base = NAME if args.budget is None else f"{NAME}-D{args.budget}"
+    base = f"{NAME}{width_tag(args)}"
     if args.calibrate:
         return f"{base}-{CALIBRATED}{args.calibration_seeds}"
     if args.corpus_constants is not None:
         return f"{base}-{Path(args.corpus_constants).stem}"
     return base if args.constants is None else f"{base}-{args.constants.stem}"
+
+
+def width_tag(args: argparse.Namespace) -> str:
+    """What names a run at another ``--budget`` (its tables and calibrated constants): ``-DW``,
+    or nothing at the default width."""
+    return "" if args.budget is None else f"-D{args.budget}"
 
 
 def write_outputs(result: dict[str, Any], runs: list[dict[str, str]], out: Path) -> None:

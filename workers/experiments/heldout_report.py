@@ -245,7 +245,9 @@ def render(result: dict[str, Any]) -> str:
         if any(c["twin"] for c in corpora):
             lines += ["", "what the later layers' rule buys: the plan against the rule with its "
                       "first layer in every layer (its twin):", twins_table(corpora)]
-            lines += [line for line in (later_layers(corpora),) if line]
+            summary = later_layers(corpora)
+            if summary:
+                lines.append(summary)
         for c in corpora:
             lines += ["", models_table(c, [m for m in result["models"]
                                          if m["corpus"] == c["corpus"]])]
