@@ -272,6 +272,10 @@ def test_calibration_fits_its_own_seeds_and_no_verdict_seed(
                 "constants-calibrated2.yaml")
     assert wider["sizes"]["budget"] == 32 and wider["stem"] == "heldout-D32-constants-calibrated2"
     assert (out / "heldout-D32-constants-calibrated2.txt").exists()
+    with (out / "heldout-D32-constants-calibrated2_runs.csv").open(newline="") as handle:
+        runs = list(csv.DictReader(handle))  # its models' trainings, not the ledger's D = 16 ones
+    assert {r["arch"] for r in runs} == {m["arch"] for m in wider["models"]}
+    assert {int(r["seed"]) for r in runs} == {0, 1}
     assert wider["corpora"][0]["plan"].startswith("mhsa 1x32")  # one head, as at D = 16
     monkeypatch.setattr(calibrate, "fit", explains_nothing)
     kept = run(tmp_path, capsys, *calibrated, "--no-train")

@@ -234,8 +234,9 @@ def train_all(args: argparse.Namespace, sizes: Sizes, corpus: str, spec: DataSpe
               arms: Mapping[str, ArchConfig], ledger: Path, seeds: Sequence[int]
               ) -> list[dict[str, str]]:
     """Every distinct model of ``arms`` with every one of ``seeds``, those not in ``ledger``
-    trained and added to it one by one (none with ``--no-train``); returns this recipe's rows
-    of ``seeds``."""
+    trained and added to it one by one (none with ``--no-train``); returns the rows of these
+    models, this recipe and ``seeds`` (a ledger also holds other plans' and other widths'
+    trainings: the recipe does not name the width)."""
     rows, recipe = read_ledger(ledger), recipe_id(sizes)
     done = {(r["arch_id"], int(r["seed"])) for r in rows if r["recipe"] == recipe}
     distinct: dict[str, tuple[str, ArchConfig]] = {}  # a model two rules share: trained once
@@ -250,7 +251,8 @@ def train_all(args: argparse.Namespace, sizes: Sizes, corpus: str, spec: DataSpe
             rows.append({k: str(v) for k, v in train_one(args, sizes, corpus, task, label,
                                                          arch, seed).items()})
             write_csv(ledger, rows)
-    return [r for r in rows if r["recipe"] == recipe and int(r["seed"]) in seeds]
+    return [r for r in rows if r["recipe"] == recipe and int(r["seed"]) in seeds
+            and r["arch_id"] in distinct]
 
 
 def losses_of(arms: Mapping[str, ArchConfig], rows: Sequence[Mapping[str, str]]
