@@ -328,9 +328,9 @@ def calibrated_plan(args: argparse.Namespace, sizes: Sizes, corpus: str, spec: D
     (``alloc.calibrate``'s fit, docs/theory.md §6): the default plan and every fixed rule
     trained at the calibration seeds (kept in the corpus's ledger), their mean losses fitted
     with the default plan's allocator inputs, and the plan made again with the fitted
-    constants (written to ``out/constants-calibratedN.yaml``, ``constants-DW-calibratedN.yaml``
-    at another ``--budget`` W; ``alloc.solve --constants``'s
-    format) where they explain the losses at all (R² > 0), else the default plan kept.
+    constants (written to ``out/constants-calibratedN.yaml``, with ``run_tag``'s name at other
+    sizes, e.g. ``constants-DW-calibratedN.yaml`` at ``--budget W``; ``alloc.solve
+    --constants``'s format) where they explain the losses at all (R² > 0), else the default plan kept.
 
     Raises:
         UsageError: a calibration training missing with ``--no-train``.
@@ -351,7 +351,7 @@ def calibrated_plan(args: argparse.Namespace, sizes: Sizes, corpus: str, spec: D
         plan=plan.arch.describe(), constants=fitted.constants, r2=fitted.r2,
         spearman=fitted.spearman, design=fitted.design, informative=informative,
         pick=min(HEURISTICS, key=lambda label: losses[label]))
-    calibrate.write_constants(out / f"constants{width_tag(args)}-{CALIBRATED}{len(seeds)}.yaml",
+    calibrate.write_constants(out / f"constants{run_tag(args)}-{CALIBRATED}{len(seeds)}.yaml",
                               f"{out / 'runs.csv'} (seeds {seeds_text(seeds)})",
                               len(observations), fitted,
                               {"corpus": corpus, "recipe": recipe_id(sizes)})
@@ -429,8 +429,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def stem_of(args: argparse.Namespace) -> str:
     """The tables' name: ``heldout``; ``heldout-STEM`` for the plans of a constants file (or of
     each corpus's, ``--corpus-constants``); ``heldout-calibratedN`` for the plans calibrated on
-    each corpus with N seeds; ``-D<width>`` after ``heldout`` at another ``--budget``."""
-    base = f"{NAME}{width_tag(args)}"
+    each corpus with N seeds; ``run_tag``'s ``-DW`` and ``-stepsS`` after ``heldout`` at
+    another ``--budget`` or ``--steps``."""
+    base = f"{NAME}{run_tag(args)}"
     if args.calibrate:
         return f"{base}-{CALIBRATED}{args.calibration_seeds}"
     if args.corpus_constants is not None:
@@ -438,10 +439,12 @@ def stem_of(args: argparse.Namespace) -> str:
     return base if args.constants is None else f"{base}-{args.constants.stem}"
 
 
-def width_tag(args: argparse.Namespace) -> str:
-    """What names a run at another ``--budget`` (its tables and calibrated constants): ``-DW``,
-    or nothing at the default width."""
-    return "" if args.budget is None else f"-D{args.budget}"
+def run_tag(args: argparse.Namespace) -> str:
+    """What names a run of other sizes (its tables and calibrated constants): ``-DW`` at another
+    ``--budget`` W, ``-stepsS`` at another ``--steps`` S, nothing at the defaults (a ledger keeps
+    every size's trainings apart by their recipe; the tables and constants need the name)."""
+    width = "" if args.budget is None else f"-D{args.budget}"
+    return width + ("" if args.steps is None else f"-steps{args.steps}")
 
 
 def write_outputs(result: dict[str, Any], runs: list[dict[str, str]], out: Path) -> None:
@@ -472,7 +475,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"paired seeds 0..N-1 (default: {FULL.seeds}, {SMOKE.seeds} with "
                              "--smoke-test)")
     parser.add_argument("--steps", type=int_in(1), metavar="STEPS",
-                        help=f"training steps of every model (default: {FULL.steps})")
+                        help=f"training steps of every model (default: {FULL.steps}); tables "
+                             "heldout-stepsS.*")
     parser.add_argument("--no-train", action="store_true",
                         help="train nothing: the report from the ledgers alone, on the seeds "
                              "every model of a corpus has (e.g. while other runs still train)")
