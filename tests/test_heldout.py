@@ -203,12 +203,14 @@ def test_smoke_run_judges_each_set_apart_and_a_rerun_trains_nothing(
     for name in ("heldout.csv", "heldout_corpora.csv", "heldout_sets.csv", "heldout_runs.csv",
                  "heldout.txt"):
         assert (out / name).stat().st_size > 0
-    # another length of training: its own trainings and tables, the default run's untouched
+    # another length of training and of pilot: their own trainings, profile and tables, the
+    # default run's untouched
     table = (out / "heldout.txt").read_text()
-    longer = run(tmp_path, capsys, "--corpus", "docs", "--steps", "6")
-    assert longer["stem"] == "heldout-steps6" and longer["recipe"]["steps"] == 6
+    longer = run(tmp_path, capsys, "--corpus", "docs", "--steps", "6", "--pilot-steps", "5")
+    assert longer["stem"] == "heldout-steps6-pilot5" and longer["recipe"]["steps"] == 6
     assert (out / "heldout.txt").read_text() == table
-    with (out / "heldout-steps6_runs.csv").open(newline="") as handle:
+    assert [p.name for p in (out / "docs").glob("profile-*pilot5.yaml")]
+    with (out / "heldout-steps6-pilot5_runs.csv").open(newline="") as handle:
         assert {r["steps"] for r in csv.DictReader(handle)} == {"6"}
     ledger = (out / "docs" / "runs.csv").read_text()
 

@@ -362,10 +362,12 @@ def calibrated_plan(args: argparse.Namespace, sizes: Sizes, corpus: str, spec: D
 
 
 def sizes_of(args: argparse.Namespace) -> Sizes:
-    """The run's sizes: full or smoke, with ``--seeds``, ``--steps`` and ``--budget``."""
+    """The run's sizes: full or smoke, with ``--seeds``, ``--steps``, ``--budget`` and
+    ``--pilot-steps``."""
     return dataclasses.replace(SMOKE if args.smoke_test else FULL,
                                **{k: v for k, v in (("seeds", args.seeds), ("steps", args.steps),
-                                                    ("budget", args.budget)) if v})
+                                                    ("budget", args.budget),
+                                                    ("pilot_steps", args.pilot_steps)) if v})
 
 
 def corpus_result(args: argparse.Namespace, sizes: Sizes, entry: Entry,
@@ -441,10 +443,12 @@ def stem_of(args: argparse.Namespace) -> str:
 
 def run_tag(args: argparse.Namespace) -> str:
     """What names a run of other sizes (its tables and calibrated constants): ``-DW`` at another
-    ``--budget`` W, ``-stepsS`` at another ``--steps`` S, nothing at the defaults (a ledger keeps
-    every size's trainings apart by their recipe; the tables and constants need the name)."""
-    width = "" if args.budget is None else f"-D{args.budget}"
-    return width + ("" if args.steps is None else f"-steps{args.steps}")
+    ``--budget`` W, ``-stepsS`` at another ``--steps`` S, ``-pilotP`` at another
+    ``--pilot-steps`` P, nothing at the defaults (a ledger keeps every size's trainings apart by
+    their recipe, and a profile is named for its pilot; the tables and constants need the
+    name)."""
+    tags = (("-D", args.budget), ("-steps", args.steps), ("-pilot", args.pilot_steps))
+    return "".join(f"{tag}{value}" for tag, value in tags if value is not None)
 
 
 def write_outputs(result: dict[str, Any], runs: list[dict[str, str]], out: Path) -> None:
@@ -477,6 +481,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int_in(1), metavar="STEPS",
                         help=f"training steps of every model (default: {FULL.steps}); tables "
                              "heldout-stepsS.*")
+    parser.add_argument("--pilot-steps", type=int_in(1), metavar="STEPS",
+                        help=f"steps of the pilot each corpus's profile trains (default: "
+                             f"{FULL.pilot_steps}, alloc.profile's); tables heldout-pilotP.*")
     parser.add_argument("--no-train", action="store_true",
                         help="train nothing: the report from the ledgers alone, on the seeds "
                              "every model of a corpus has (e.g. while other runs still train)")

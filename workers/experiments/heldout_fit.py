@@ -225,7 +225,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="STEPS",
         help=f"the recipe's steps (default: {experiment.FULL.steps})",
     )
-    parser.set_defaults(budget=None)  # the experiment's default width: its ledgers' plans
+    # the experiment's default width and pilot: its ledgers' plans
+    parser.set_defaults(budget=None, pilot_steps=None)
     return parser
 
 
