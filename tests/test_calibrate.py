@@ -319,3 +319,14 @@ def test_groups_need_three_constants_and_a_scale_each() -> None:
         calibrate.fit_groups([calibrate.Group("a", SETTINGS, g.observations[:3]), short])
     with pytest.raises(CalibrationError, match="at least 3 architectures"):
         calibrate.fit_groups([])
+
+
+def test_a_bound_that_prices_every_arm_alike_explains_nothing() -> None:
+    # an extraction constant so large that every arm truncates every offset: one bound for all,
+    # which explains none of the losses' spread (R² exactly 0, not a rounding error above it:
+    # heldout --calibrate keeps the default plan only where R² <= 0)
+    obs = tuple(observations([0.3, 0.2, 0.25, 0.4, 0.35]))
+    flat = Constants(c_proj=1.0, c_head=1e9, order=1.0)
+    assert np.ptp(calibrate.bounds(SETTINGS, obs, flat)) == 0
+    scored = calibrate._score([calibrate.Group("", SETTINGS, obs)], flat)
+    assert scored.r2 == 0.0 and scored.spearman == 0.0
