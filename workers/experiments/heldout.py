@@ -330,7 +330,8 @@ def calibrated_plan(args: argparse.Namespace, sizes: Sizes, corpus: str, spec: D
     with the default plan's allocator inputs, and the plan made again with the fitted
     constants (written to ``out/constants-calibratedN.yaml``, with ``run_tag``'s name at other
     sizes, e.g. ``constants-DW-calibratedN.yaml`` at ``--budget W``; ``alloc.solve
-    --constants``'s format) where they explain the losses at all (R² > 0), else the default plan kept.
+    --constants``'s format) where they explain the losses at all (R² > 0), else the default
+    plan kept.
 
     Raises:
         UsageError: a calibration training missing with ``--no-train``.
