@@ -138,9 +138,11 @@ def _score(groups: Sequence[Group], constants: Constants) -> ConstantsFit:
         y += (log_y - log_y.mean()).tolist()
     # A bound that prices every arm alike (e.g. every offset truncated) explains nothing: R² 0
     # exactly, where sse and sst would differ by a rounding error and pass a guard at 0.
-    flat = all(np.ptp(e) <= 1e-12 * np.abs(e).max() for e in es)
-    r2 = 0.0 if flat else 1.0 - sse / sst if sst > 0 else 1.0
-    rho = 0.0 if flat else float(spearmanr(x, y).statistic)
+    if all(np.ptp(e) <= 1e-12 * np.abs(e).max() for e in es):
+        r2, rho = 0.0, 0.0
+    else:
+        r2 = 1.0 - sse / sst if sst > 0 else 1.0
+        rho = float(spearmanr(x, y).statistic)
     scales = () if len(groups) == 1 else tuple(
         math.exp(k) for k, g in zip(log_ks, groups) for _ in g.observations)
     return ConstantsFit(constants, math.exp(float(np.mean(log_ks))), r2,

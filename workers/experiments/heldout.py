@@ -432,8 +432,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def stem_of(args: argparse.Namespace) -> str:
     """The tables' name: ``heldout``; ``heldout-STEM`` for the plans of a constants file (or of
     each corpus's, ``--corpus-constants``); ``heldout-calibratedN`` for the plans calibrated on
-    each corpus with N seeds; ``run_tag``'s ``-DW`` and ``-stepsS`` after ``heldout`` at
-    another ``--budget`` or ``--steps``."""
+    each corpus with N seeds; ``run_tag``'s sizes (``-DW``, ``-stepsS``, ``-pilotP``) after
+    ``heldout`` at another ``--budget``, ``--steps`` or ``--pilot-steps``."""
     base = f"{NAME}{run_tag(args)}"
     if args.calibrate:
         return f"{base}-{CALIBRATED}{args.calibration_seeds}"
