@@ -28,6 +28,17 @@ Held-out:
 * ``stubs``: numpy's type stubs (``.pyi``, tests excluded): Python declarations with overloads
   and no bodies.
 
+Held-out, registered later (2026-12), after the five above had informed a question (how the
+later layers' heads are chosen): a question the first five shaped is judged on these.
+
+* ``operators``: torch's operator declarations, the YAML files ``torchgen`` ships
+  (``native_functions.yaml``, ``derivatives.yaml``, ...): signatures, dispatch tables, formulas.
+* ``wrappers``: scipy's Cython sources (``.pxd``, ``.pyx``, ``.pxi``; tests excluded): the
+  generated BLAS, LAPACK and special-function wrappers.
+* ``cmake``: torch's CMake package files (``share/cmake``): build scripts.
+* ``graphbreaks``: torch's registry of ``torch.compile`` graph breaks (JSON): keys, English
+  explanations and hints.
+
 The protocol (``require_role``, ``split_by_role``): a rule fitted on development data is
 judged on held-out data only, and a report keeps the two sets' rows apart.
 """
@@ -268,6 +279,36 @@ def write_stubs(folder: Path, megabytes: float) -> Path:
                                                    for p in files), megabytes), megabytes)
 
 
+def write_operators(folder: Path, megabytes: float) -> Path:
+    """torchgen's packaged YAML declarations, by sorted path."""
+    files = sorted_files(package_dir("torchgen") / "packaged", (".yaml",))
+    return write_text(folder, "operators.txt", joined((p.read_text(encoding="utf-8")
+                                                       for p in files), megabytes), megabytes)
+
+
+def write_wrappers(folder: Path, megabytes: float) -> Path:
+    """scipy's Cython sources (tests excluded), by sorted path."""
+    files = sorted_files(package_dir("scipy"), (".pxd", ".pyx", ".pxi"), ("tests",))
+    return write_text(folder, "wrappers.txt", joined((p.read_text(encoding="utf-8")
+                                                      for p in files), megabytes), megabytes)
+
+
+def write_cmake(folder: Path, megabytes: float) -> Path:
+    """torch's CMake package files (``share/cmake``), by sorted path."""
+    files = sorted_files(package_dir("torch") / "share" / "cmake", (".cmake",))
+    return write_text(folder, "cmake.txt", joined((p.read_text(encoding="utf-8")
+                                                   for p in files), megabytes), megabytes)
+
+
+def write_graph_breaks(folder: Path, megabytes: float) -> Path:
+    """torch's graph-break registry (``_dynamo/graph_break_registry.json``), as shipped."""
+    path = package_dir("torch") / "_dynamo" / "graph_break_registry.json"
+    if not path.is_file():
+        raise DataError(f"corpus source {str(path)!r}: not in this torch (the graphbreaks "
+                        "corpus reads it)")
+    return write_text(folder, "graphbreaks.txt", path.read_text(encoding="utf-8"), megabytes)
+
+
 # --- the registry ---------------------------------------------------------------------------------
 
 
@@ -284,6 +325,13 @@ CORPORA: dict[str, Corpus] = {c.name: c for c in (
            "numpy's and scipy's docstrings", write_docstrings),
     Corpus("numbers", HELD_OUT, "numeric tables", "scipy's test data files", write_numbers),
     Corpus("stubs", HELD_OUT, "Python type declarations", "numpy's .pyi stubs", write_stubs),
+    Corpus("operators", HELD_OUT, "operator declarations (YAML)", "torchgen's packaged YAML",
+           write_operators),
+    Corpus("wrappers", HELD_OUT, "Cython wrappers", "scipy's .pxd, .pyx and .pxi files",
+           write_wrappers),
+    Corpus("cmake", HELD_OUT, "build scripts (CMake)", "torch's share/cmake", write_cmake),
+    Corpus("graphbreaks", HELD_OUT, "JSON records", "torch's graph-break registry",
+           write_graph_breaks),
 )}
 
 
