@@ -293,7 +293,49 @@ def test_calibration_fits_its_own_seeds_and_no_verdict_seed(
     assert kept["corpora"][0]["plan"] == kept["calibrations"][0]["default_plan"]
 
 
+def test_the_later_layers_check_keeps_the_rule_only_where_the_plan_beats_its_twin(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    checked = ("--corpus", "docs", "--calibrate", "--calibration-seeds", "2",
+               "--check-later-layers")
+    first = run(tmp_path, capsys, *checked)
+    assert first["stem"] == "heldout-calibrated2-checked"
+    (calibration,) = first["calibrations"]
+    twin = calibration["twin_arch"]
+    default = calibration["default_plan"]
+    assert twin != default and twin.split(" | ")[1] == default.split(" | ")[0]
+    ledger = tmp_path / "out" / "docs" / "runs.csv"
+    trained = {(r["arch"], int(r["seed"])) for r in heldout.read_ledger(ledger)}
+    assert {(twin, s) for s in calibration_seeds(2)} <= trained  # at the calibration seeds
+
+    def refuse(*args: object) -> None:
+        raise AssertionError("a --no-train run trained")
+
+    monkeypatch.setattr(heldout, "train_one", refuse)
+
+    def judged(factor: float) -> dict[str, Any]:
+        """The twin's calibration losses times ``factor``, then the report again."""
+        rescale_ledger(ledger, lambda s: s < heldout.CALIBRATION_SEED,
+                       lambda r: factor if r["arch"] == twin else 1.0)
+        return run(tmp_path, capsys, *checked, "--no-train")
+
+    beaten = judged(1.5)  # the default plan below its twin: the rule stays
+    unchecked = run(tmp_path, capsys, *checked[:-1], "--no-train")  # same ledger, no check
+    assert beaten["calibrations"][0]["later_layers"] == "rule"
+    assert beaten["corpora"][0]["plan"] == unchecked["corpora"][0]["plan"]
+    kept = judged(1 / 1.5 ** 2)  # the twin below the default plan: later layers copy the first
+    layers = kept["corpora"][0]["plan"].split(" | ")
+    assert kept["calibrations"][0]["later_layers"] == "first layer's heads"
+    assert layers == [layers[0]] * len(layers)
+    assert kept["calibrations"][0]["plan"] == kept["corpora"][0]["plan"]
+
+
+def calibration_seeds(count: int) -> tuple[int, ...]:
+    return tuple(range(heldout.CALIBRATION_SEED, heldout.CALIBRATION_SEED + count))
+
+
 @pytest.mark.parametrize(("flags", "message"), [
+    (["--check-later-layers"], "--check-later-layers: needs --calibrate"),
     (["--corpus", "nope"], "--corpus 'nope': not a registered corpus"),
     (["--data", "code"], "its name 'code' is taken"),
     (["--budget", "36"], "--budget 36: not a multiple of 8"),

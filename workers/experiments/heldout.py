@@ -69,6 +69,8 @@ from workers.tasks import Task, make_data_task
 NAME = "heldout"
 ALL = "all"
 CALIBRATED = "calibrated"  # the tables' stem with --calibrate
+CHECKED = "checked"  # and with --check-later-layers
+TWIN = "twin"  # the calibration's arm with the default plan's first layer in every layer
 # The calibration's seeds start here, above every evaluation seed (--seeds is at most 50): no
 # loss a verdict reads ever enters a fit.
 CALIBRATION_SEED = 1000
@@ -178,6 +180,14 @@ def corpus_plan(spec: DataSpec, sizes: Sizes, out: Path, task: Task, quiet: bool
 def models(plan: ArchConfig) -> dict[str, ArchConfig]:
     """The plan and every fixed rule at its width, depth and MLP, by label."""
     return {PLAN: plan, **{name: heuristic_arch(plan, name) for name in HEURISTICS}}
+
+
+def twin_arch(plan: ArchConfig) -> ArchConfig:
+    """``plan`` with its first layer's heads in every layer, all else kept: the plan without
+    what the later layers' rule (docs/theory.md §4, §4.1) chose."""
+    first = plan.layers[0].heads
+    return dataclasses.replace(plan, layers=tuple(dataclasses.replace(layer, heads=first)
+                                                  for layer in plan.layers))
 
 
 def twin_of(arms: Mapping[str, ArchConfig]) -> str:
@@ -322,8 +332,23 @@ def calibration_seeds(count: int) -> tuple[int, ...]:
     return tuple(range(CALIBRATION_SEED, CALIBRATION_SEED + count))
 
 
+def later_layers_check(arms: Mapping[str, ArchConfig], rows: Sequence[Mapping[str, str]],
+                       seeds: Sequence[int]) -> report.LaterLayersCheck | None:
+    """The default plan (``arms[PLAN]``) against its twin (``arms[TWIN]``) on the calibration's
+    trainings ``rows`` at ``seeds``: their mean losses (None: the plan is its own twin, its
+    later layers already copy its first)."""
+    if arms[PLAN].arch_id == arms[TWIN].arch_id:
+        return None
+    losses = losses_of(arms, rows)
+
+    def mean(label: str) -> float:
+        return sum(losses[label][s] for s in seeds) / len(seeds)
+
+    return report.LaterLayersCheck(arms[TWIN].describe(), mean(PLAN), mean(TWIN))
+
+
 def calibrated_plan(args: argparse.Namespace, sizes: Sizes, corpus: str, spec: DataSpec,
-                    default: Plan, out: Path) -> tuple[Plan, report.Calibration]:
+                    default: Plan, out: Path) -> tuple[ArchConfig, report.Calibration]:
     """The corpus's plan with the bound's constants fitted on its own trainings
     (``alloc.calibrate``'s fit, docs/theory.md §6): the default plan and every fixed rule
     trained at the calibration seeds (kept in the corpus's ledger), their mean losses fitted
@@ -331,32 +356,37 @@ def calibrated_plan(args: argparse.Namespace, sizes: Sizes, corpus: str, spec: D
     constants (written to ``out/constants-calibratedN.yaml``, with ``run_tag``'s name at other
     sizes, e.g. ``constants-DW-calibratedN.yaml`` at ``--budget W``; ``alloc.solve
     --constants``'s format) where they explain the losses at all (R² > 0), else the default
-    plan kept.
+    plan kept. With ``--check-later-layers`` the default plan's twin trains too, and where it
+    is not beaten (``later_layers_check``) the calibrated plan's later layers copy its first.
 
     Raises:
         UsageError: a calibration training missing with ``--no-train``.
         CalibrationError: the fit has too few distinct arms.
     """
     arms, seeds = models(default.arch), calibration_seeds(args.calibration_seeds)
-    rows = train_all(args, sizes, corpus, spec, arms, out / "runs.csv", seeds)
+    trained = {**arms, TWIN: twin_arch(default.arch)} if args.check_later_layers else arms
+    rows = train_all(args, sizes, corpus, spec, trained, out / "runs.csv", seeds)
+    # The fit reads the plan and the rules only, with or without the check.
     observations = observations_of(arms, rows, seeds, "heldout --calibrate without --no-train")
     _, fitted = calibrate.fit(default.settings, observations)
     # A fit no better than the losses' mean (R² <= 0: every arm predicted alike) carries no
     # measurement; its constants would pick among ties, so the default plan stays.
     informative = fitted.r2 > 0
     plan = make_plan(with_constants(default.settings, fitted.constants)) if informative else default
+    later = later_layers_check(trained, rows, seeds) if args.check_later_layers else None
+    arch = plan.arch if later is None or later.keeps_rule else twin_arch(plan.arch)
     by_arch = {o.label: o.loss for o in observations}
-    losses = {label: by_arch[arch.describe()] for label, arch in arms.items()}
+    losses = {label: by_arch[a.describe()] for label, a in arms.items()}
     calibration = report.Calibration(
         corpus=corpus, seeds=seeds, losses=losses, default_plan=default.arch.describe(),
-        plan=plan.arch.describe(), constants=fitted.constants, r2=fitted.r2,
+        plan=arch.describe(), constants=fitted.constants, r2=fitted.r2,
         spearman=fitted.spearman, design=fitted.design, informative=informative,
-        pick=min(HEURISTICS, key=lambda label: losses[label]))
+        pick=min(HEURISTICS, key=lambda label: losses[label]), later=later)
     calibrate.write_constants(out / f"constants{run_tag(args)}-{CALIBRATED}{len(seeds)}.yaml",
                               f"{out / 'runs.csv'} (seeds {seeds_text(seeds)})",
                               len(observations), fitted,
                               {"corpus": corpus, "recipe": recipe_id(sizes)})
-    return plan, calibration
+    return arch, calibration
 
 
 # --- the experiment ------------------------------------------------------------------------------
@@ -380,10 +410,10 @@ def corpus_result(args: argparse.Namespace, sizes: Sizes, entry: Entry,
     out.mkdir(parents=True, exist_ok=True)
     spec = data_of(entry, sizes, out, args.data_dtype)
     plan = corpus_plan(spec, sizes, out, task_for(spec, sizes, 0), args.quiet, constants)
-    calibration = None
+    arch, calibration = plan.arch, None
     if args.calibrate:
-        plan, calibration = calibrated_plan(args, sizes, entry.name, spec, plan, out)
-    arms = models(plan.arch)
+        arch, calibration = calibrated_plan(args, sizes, entry.name, spec, plan, out)
+    arms = models(arch)
     rows = train_all(args, sizes, entry.name, spec, arms, out / "runs.csv", range(sizes.seeds))
     verdict, table = report.judge(entry.name, entry.role, entry.kind, megabytes_of(spec),
                                   losses_of(arms, rows),
@@ -396,6 +426,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     sizes = sizes_of(args)
+    if args.check_later_layers and not args.calibrate:
+        raise UsageError("--check-later-layers: needs --calibrate (it reads the calibration's "
+                         "trainings)")
     chosen = entries(args)  # a bad --corpus, --data or --constants: before any work
     constants = None if args.constants is None else read_constants(args.constants)
     if sizes.budget % 8:
@@ -436,7 +469,8 @@ def stem_of(args: argparse.Namespace) -> str:
     ``heldout`` at another ``--budget``, ``--steps`` or ``--pilot-steps``."""
     base = f"{NAME}{run_tag(args)}"
     if args.calibrate:
-        return f"{base}-{CALIBRATED}{args.calibration_seeds}"
+        checked = f"-{CHECKED}" if args.check_later_layers else ""
+        return f"{base}-{CALIBRATED}{args.calibration_seeds}{checked}"
     if args.corpus_constants is not None:
         return f"{base}-{Path(args.corpus_constants).stem}"
     return base if args.constants is None else f"{base}-{args.constants.stem}"
@@ -508,6 +542,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"the width of every model, a multiple of 8 (default: "
                              f"{FULL.budget}; its profile and plans are its own); tables "
                              "heldout-DD.*")
+    parser.add_argument("--check-later-layers", action="store_true",
+                        help="with --calibrate: train the default plan's twin (its first layer "
+                             "in every layer) at the calibration seeds too, and keep the later "
+                             "layers' rule only where the default plan beats it there; tables "
+                             f"heldout-{CALIBRATED}N-{CHECKED}.*")
     parser.add_argument("--calibration-seeds", type=int_in(1, 20), default=5, metavar="N",
                         help="seeds of the --calibrate trainings (default: %(default)s)")
     parser.add_argument("--threads", type=int_in(1), metavar="N",

@@ -189,6 +189,22 @@ def sets(rows: Sequence[CorpusVerdict]) -> dict[Role, SetVerdict | None]:
 
 
 @dataclass(frozen=True)
+class LaterLayersCheck:
+    """The later layers' rule (docs/theory.md §4, §4.1) checked on the calibration's own
+    trainings: the default plan against its twin (its first layer in every layer), their mean
+    losses over the calibration seeds. The rule is kept only where the plan is lower; else the
+    calibrated plan's later layers copy its first layer."""
+
+    twin: str  # the twin's architecture
+    plan_loss: float
+    twin_loss: float
+
+    @property
+    def keeps_rule(self) -> bool:
+        return self.plan_loss < self.twin_loss
+
+
+@dataclass(frozen=True)
 class Calibration:
     """The bound's constants fitted on one corpus's own trainings at the calibration seeds
     (never a verdict's): the default plan and each fixed rule, their mean losses, the fit, the
@@ -205,6 +221,8 @@ class Calibration:
     design: str
     informative: bool  # R² > 0: the plan is the fitted constants'; else the default plan
     pick: str  # the rule of lowest calibration loss
+    # --check-later-layers: the check (None: not asked, or the default plan is its own twin)
+    later: LaterLayersCheck | None = None
 
 
 def calibration_row(c: Calibration, models: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -219,7 +237,15 @@ def calibration_row(c: Calibration, models: Sequence[Mapping[str, Any]]) -> dict
             "pick": c.pick, "pick_arch": pick["arch"],
             "plan_minus_pick": pick["plan_minus_this"], "plan_minus_pick_low":
             pick["plan_minus_low"], "plan_minus_pick_high": pick["plan_minus_high"],
-            "p_plan_worse_than_pick": pick["p_plan_worse"]}
+            "p_plan_worse_than_pick": pick["p_plan_worse"],
+            **later_row(c.later)}
+
+
+def later_row(check: LaterLayersCheck | None) -> dict[str, Any]:
+    if check is None:
+        return {}
+    return {"twin_arch": check.twin, "calibration_loss_twin": check.twin_loss,
+            "later_layers": "rule" if check.keeps_rule else "first layer's heads"}
 
 
 # --- the text ------------------------------------------------------------------------------------
@@ -292,15 +318,28 @@ def twins_table(corpora: Sequence[dict[str, Any]]) -> str:
 
 
 def calibrations_table(rows: Sequence[dict[str, Any]]) -> str:
+    checked = any("later_layers" in r for r in rows)
     return render_table(
-        ["corpus", "seeds", "n - m", "R² (log)", "default plan", "calibrated plan",
+        ["corpus", "seeds", "n - m", "R² (log)", "default plan",
+         *(["later layers (default - twin)"] if checked else []), "calibrated plan",
          "calibration's pick", "plan - pick [95%]", "p (worse)"],
         [[r["corpus"], r["seeds"], f"{r['order'] - r['width_order']:+.2f}", f"{r['r2']:.2f}",
-          r["default_plan"], r["plan"] if r["informative"] else "(R² <= 0: the default)",
+          r["default_plan"], *([later_text(r)] if checked else []),
+          r["plan"] if r["informative"] or r["plan"] != r["default_plan"]
+          else "(R² <= 0: the default)",
           f"{r['pick']} ({r['pick_arch']})",
           f"{r['plan_minus_pick']:+.4f} [{r['plan_minus_pick_low']:+.4f}, "
           f"{r['plan_minus_pick_high']:+.4f}]", p_text(r["p_plan_worse_than_pick"])]
          for r in rows])
+
+
+def later_text(row: dict[str, Any]) -> str:
+    """The later layers' check of one calibration: what it kept, and the default plan's mean
+    calibration loss minus its twin's ("-": the default plan is its own twin)."""
+    if "later_layers" not in row:
+        return "- (no twin)"
+    difference = row["calibration_loss_plan"] - row["calibration_loss_twin"]
+    return f"{row['later_layers']} ({difference:+.4f})"
 
 
 def set_line(s: dict[str, Any] | None) -> str:
