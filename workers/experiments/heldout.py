@@ -1,5 +1,5 @@
 """python -m workers.experiments.heldout [--smoke-test] [--set held-out] [--corpus N] [--data P]
-[--constants FILE | --calibrate]
+[--constants FILE | --calibrate [--check-later-layers]]
 
 Is the allocator's plan better than the head counts practitioners fix, on corpora no rule was
 tuned on? For each corpus (the registry's development and held-out corpora,
@@ -24,7 +24,9 @@ then ``--no-train`` over all of them for the report). Writes ``heldout.csv`` (pe
 --constants``'s format; fitted on the development ledgers by
 ``workers.experiments.heldout_fit``): the rules' trainings are reused from the ledgers, only a
 plan that changed trains, and the tables are named for the file (``heldout-STEM.txt``, ...), so
-the default constants' stay.
+the default constants' stay. ``--calibrate --check-later-layers`` keeps the later layers'
+rule only where the default plan beats its twin (its first layer in every layer) on the
+calibration's own trainings (tables ``heldout-calibratedN-checked.*``).
 """
 
 from __future__ import annotations
