@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
-from alloc import calibrate
+from alloc import PlanSettings, calibrate, read_allocator_inputs
 from alloc.errors import PlanError
 from alloc.heuristics import HEURISTICS, heuristic_arch
+from alloc.profiling.patterns import later_head_count
 from arch import ArchConfig, HeadGroup, LayerSpec
 from common.errors import UsageError
 from common.files import write_csv
@@ -328,6 +330,26 @@ def test_the_later_layers_check_keeps_the_rule_only_where_the_plan_beats_its_twi
     assert kept["calibrations"][0]["later_layers"] == "first layer's heads"
     assert layers == [layers[0]] * len(layers)
     assert kept["calibrations"][0]["plan"] == kept["corpora"][0]["plan"]
+
+
+def test_a_pattern_pilot_gives_the_later_layers_and_nothing_else(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    default = run(tmp_path, capsys, "--corpus", "docs")["corpora"][0]["plan"].split(" | ")
+    folder = tmp_path / "out" / "docs"
+    short = read_allocator_inputs(folder / "profile-D16-L2-mlp2-T16-pilot8.yaml").patterns
+    assert short is not None and default[1].startswith(
+        f"mhsa {later_head_count(short[0], 16, PlanSettings.align)}x")
+    # the second pilot's profile, its patterns set to the other count a D = 16 pilot allows
+    mixed = ("--corpus", "docs", "--pattern-pilot-steps", "30")
+    assert run(tmp_path, capsys, *mixed)["stem"] == "heldout-patterns30"
+    long_profile = folder / "profile-D16-L2-mlp2-T16-pilot30.yaml"
+    data = yaml.safe_load(long_profile.read_text())
+    data["allocator"]["patterns"] = [2.0 if short[0] < 1.5 else 1.0]
+    long_profile.write_text(yaml.safe_dump(data))
+    plan = run(tmp_path, capsys, *mixed)["corpora"][0]["plan"].split(" | ")
+    assert plan[0] == default[0]  # the first layer: the first pilot's profile
+    count = later_head_count(data["allocator"]["patterns"][0], 16, PlanSettings.align)
+    assert plan[1].startswith(f"mhsa {count}x") and plan[1] != default[1]  # the second's
 
 
 def calibration_seeds(count: int) -> tuple[int, ...]:

@@ -51,6 +51,7 @@ from alloc import (
     calibrate,
     heuristic_arch,
     make_plan,
+    read_allocator_inputs,
     read_constants,
     with_constants,
     write_profile,
@@ -94,6 +95,8 @@ class Sizes:
     eval_batches: int
     pilot_steps: int
     seeds: int  # seeds 0..seeds-1, paired across the models
+    # Steps of a second pilot whose later-layer patterns replace the first one's (0: none).
+    pattern_pilot_steps: int = 0
 
 
 SMOKE = Sizes(budget=16, depth=2, mlp_ratio=2.0, length=16, megabytes=0.03, steps=4,
@@ -164,19 +167,30 @@ def task_for(spec: DataSpec, sizes: Sizes, seed: int) -> Task:
 
 def corpus_plan(spec: DataSpec, sizes: Sizes, out: Path, task: Task, quiet: bool,
                 constants: Constants | None = None) -> Plan:
-    """The corpus's plan: its profile with the pilot at the models' shape (kept in ``out``: a
-    re-run reads it), then ``alloc.solve --profile``'s plan at that width and depth, with the
-    bound's ``constants`` (None: the defaults)."""
+    """The corpus's plan: its profile with the pilot at the models' shape, then ``alloc.solve
+    --profile``'s plan at that width and depth, with the bound's ``constants`` (None: the
+    defaults). With ``sizes.pattern_pilot_steps`` the later layers' patterns (docs/theory.md
+    §4.1) come from a second profile whose pilot trains that long, all else from the first."""
+    rules: dict[str, Any] = {} if constants is None else constants.as_flags()
+    if sizes.pattern_pilot_steps:
+        long = profile_at(spec, sizes, out, sizes.pattern_pilot_steps, quiet)
+        rules["patterns"] = read_allocator_inputs(long).patterns
+    path = profile_at(spec, sizes, out, sizes.pilot_steps, quiet)
+    return plan_from_profile(path, sizes.budget, sizes.depth, task, sizes.mlp_ratio, **rules)
+
+
+def profile_at(spec: DataSpec, sizes: Sizes, out: Path, steps: int, quiet: bool) -> Path:
+    """The corpus's profile with a pilot of ``steps`` at the models' shape, kept in ``out``
+    (``profile-D...-pilotSTEPS.yaml``: a re-run reads it)."""
     from workers.profile import profile_data
 
     path = out / (f"profile-D{sizes.budget}-L{sizes.depth}-mlp{sizes.mlp_ratio:g}"
-                  f"-T{sizes.length}-pilot{sizes.pilot_steps}.yaml")
+                  f"-T{sizes.length}-pilot{steps}.yaml")
     if not path.exists():
         pilot = PilotRequest(spec, budget=sizes.budget, layers=sizes.depth,
-                             mlp_ratio=sizes.mlp_ratio, steps=sizes.pilot_steps, quiet=quiet)
+                             mlp_ratio=sizes.mlp_ratio, steps=steps, quiet=quiet)
         write_profile(profile_data(spec, seq_len=sizes.length, pilot=pilot), path)
-    rules = {} if constants is None else constants.as_flags()
-    return plan_from_profile(path, sizes.budget, sizes.depth, task, sizes.mlp_ratio, **rules)
+    return path
 
 
 def models(plan: ArchConfig) -> dict[str, ArchConfig]:
@@ -400,7 +414,9 @@ def sizes_of(args: argparse.Namespace) -> Sizes:
     return dataclasses.replace(SMOKE if args.smoke_test else FULL,
                                **{k: v for k, v in (("seeds", args.seeds), ("steps", args.steps),
                                                     ("budget", args.budget),
-                                                    ("pilot_steps", args.pilot_steps)) if v})
+                                                    ("pilot_steps", args.pilot_steps),
+                                                    ("pattern_pilot_steps",
+                                                     args.pattern_pilot_steps)) if v})
 
 
 def corpus_result(args: argparse.Namespace, sizes: Sizes, entry: Entry,
@@ -484,7 +500,8 @@ def run_tag(args: argparse.Namespace) -> str:
     ``--pilot-steps`` P, nothing at the defaults (a ledger keeps every size's trainings apart by
     their recipe, and a profile is named for its pilot; the tables and constants need the
     name)."""
-    tags = (("-D", args.budget), ("-steps", args.steps), ("-pilot", args.pilot_steps))
+    tags = (("-D", args.budget), ("-steps", args.steps), ("-pilot", args.pilot_steps),
+            ("-patterns", args.pattern_pilot_steps))
     return "".join(f"{tag}{value}" for tag, value in tags if value is not None)
 
 
@@ -521,6 +538,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--pilot-steps", type=int_in(1), metavar="STEPS",
                         help=f"steps of the pilot each corpus's profile trains (default: "
                              f"{FULL.pilot_steps}, alloc.profile's); tables heldout-pilotP.*")
+    parser.add_argument("--pattern-pilot-steps", type=int_in(1), metavar="STEPS",
+                        help="the later layers' patterns from a second pilot of STEPS (e.g. "
+                             "the training's length), the rest of the profile from the first; "
+                             "tables heldout-patternsP.*")
     parser.add_argument("--no-train", action="store_true",
                         help="train nothing: the report from the ledgers alone, on the seeds "
                              "every model of a corpus has (e.g. while other runs still train)")

@@ -226,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"the recipe's steps (default: {experiment.FULL.steps})",
     )
     # the experiment's default width and pilot: its ledgers' plans
-    parser.set_defaults(budget=None, pilot_steps=None)
+    parser.set_defaults(budget=None, pilot_steps=None, pattern_pilot_steps=None)
     return parser
 
 
