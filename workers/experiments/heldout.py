@@ -352,15 +352,17 @@ def later_layers_check(arms: Mapping[str, ArchConfig], rows: Sequence[Mapping[st
                        seeds: Sequence[int]) -> report.LaterLayersCheck | None:
     """The default plan (``arms[PLAN]``) against its twin (``arms[TWIN]``) on the calibration's
     trainings ``rows`` at ``seeds``: their mean losses (None: the plan is its own twin, its
-    later layers already copy its first)."""
+    later layers already copy its first).
+
+    Raises:
+        UsageError: either without a finite loss on every seed (``--no-train`` before the twin
+            trained).
+    """
     if arms[PLAN].arch_id == arms[TWIN].arch_id:
         return None
-    losses = losses_of(arms, rows)
-
-    def mean(label: str) -> float:
-        return sum(losses[label][s] for s in seeds) / len(seeds)
-
-    return report.LaterLayersCheck(arms[TWIN].describe(), mean(PLAN), mean(TWIN))
+    plan, twin = observations_of({PLAN: arms[PLAN], TWIN: arms[TWIN]}, rows, seeds,
+                                 "heldout --calibrate --check-later-layers without --no-train")
+    return report.LaterLayersCheck(arms[TWIN].describe(), plan.loss, twin.loss)
 
 
 def calibrated_plan(args: argparse.Namespace, sizes: Sizes, corpus: str, spec: DataSpec,
