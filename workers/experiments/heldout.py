@@ -25,8 +25,8 @@ then ``--no-train`` over all of them for the report). Writes ``heldout.csv`` (pe
 ``workers.experiments.heldout_fit``): the rules' trainings are reused from the ledgers, only a
 plan that changed trains, and the tables are named for the file (``heldout-STEM.txt``, ...), so
 the default constants' stay. ``--calibrate --check-later-layers`` keeps the later layers'
-rule only where the default plan beats its twin (its first layer in every layer) on the
-calibration's own trainings (tables ``heldout-calibratedN-checked.*``).
+rule only where the calibrated plan beats its twin (its first layer in every layer) on the
+calibration's own seeds (tables ``heldout-calibratedN-checked.*``).
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ NAME = "heldout"
 ALL = "all"
 CALIBRATED = "calibrated"  # the tables' stem with --calibrate
 CHECKED = "checked"  # and with --check-later-layers
-TWIN = "twin"  # the calibration's arm with the default plan's first layer in every layer
+TWIN = "twin"  # the calibrated plan's first layer in every layer (--check-later-layers)
 # The calibration's seeds start here, above every evaluation seed (--seeds is at most 50): no
 # loss a verdict reads ever enters a fit.
 CALIBRATION_SEED = 1000
@@ -350,9 +350,9 @@ def calibration_seeds(count: int) -> tuple[int, ...]:
 
 def later_layers_check(arms: Mapping[str, ArchConfig], rows: Sequence[Mapping[str, str]],
                        seeds: Sequence[int]) -> report.LaterLayersCheck | None:
-    """The default plan (``arms[PLAN]``) against its twin (``arms[TWIN]``) on the calibration's
-    trainings ``rows`` at ``seeds``: their mean losses (None: the plan is its own twin, its
-    later layers already copy its first).
+    """The calibrated plan (``arms[PLAN]``) against its twin (``arms[TWIN]``) on the
+    calibration's trainings ``rows`` at ``seeds``: their mean losses (None: the plan is its own
+    twin, its later layers already copy its first).
 
     Raises:
         UsageError: either without a finite loss on every seed (``--no-train`` before the twin
@@ -362,7 +362,8 @@ def later_layers_check(arms: Mapping[str, ArchConfig], rows: Sequence[Mapping[st
         return None
     plan, twin = observations_of({PLAN: arms[PLAN], TWIN: arms[TWIN]}, rows, seeds,
                                  "heldout --calibrate --check-later-layers without --no-train")
-    return report.LaterLayersCheck(arms[TWIN].describe(), plan.loss, twin.loss)
+    return report.LaterLayersCheck(arms[PLAN].describe(), arms[TWIN].describe(), plan.loss,
+                                   twin.loss)
 
 
 def calibrated_plan(args: argparse.Namespace, sizes: Sizes, corpus: str, spec: DataSpec,
@@ -374,24 +375,27 @@ def calibrated_plan(args: argparse.Namespace, sizes: Sizes, corpus: str, spec: D
     constants (written to ``out/constants-calibratedN.yaml``, with ``run_tag``'s name at other
     sizes, e.g. ``constants-DW-calibratedN.yaml`` at ``--budget W``; ``alloc.solve
     --constants``'s format) where they explain the losses at all (R² > 0), else the default
-    plan kept. With ``--check-later-layers`` the default plan's twin trains too, and where it
-    is not beaten (``later_layers_check``) the calibrated plan's later layers copy its first.
+    plan kept. With ``--check-later-layers`` that plan and its twin train at the calibration
+    seeds too (where not trained yet), and where the twin is not beaten there
+    (``later_layers_check``) the plan's later layers copy its first.
 
     Raises:
         UsageError: a calibration training missing with ``--no-train``.
         CalibrationError: the fit has too few distinct arms.
     """
     arms, seeds = models(default.arch), calibration_seeds(args.calibration_seeds)
-    trained = {**arms, TWIN: twin_arch(default.arch)} if args.check_later_layers else arms
-    rows = train_all(args, sizes, corpus, spec, trained, out / "runs.csv", seeds)
-    # The fit reads the plan and the rules only, with or without the check.
+    rows = train_all(args, sizes, corpus, spec, arms, out / "runs.csv", seeds)
     observations = observations_of(arms, rows, seeds, "heldout --calibrate without --no-train")
     _, fitted = calibrate.fit(default.settings, observations)
     # A fit no better than the losses' mean (R² <= 0: every arm predicted alike) carries no
     # measurement; its constants would pick among ties, so the default plan stays.
     informative = fitted.r2 > 0
     plan = make_plan(with_constants(default.settings, fitted.constants)) if informative else default
-    later = later_layers_check(trained, rows, seeds) if args.check_later_layers else None
+    later = None
+    if args.check_later_layers:  # the plan the verdict would judge, and its twin
+        pair = {PLAN: plan.arch, TWIN: twin_arch(plan.arch)}
+        later = later_layers_check(pair, train_all(args, sizes, corpus, spec, pair,
+                                                   out / "runs.csv", seeds), seeds)
     arch = plan.arch if later is None or later.keeps_rule else twin_arch(plan.arch)
     by_arch = {o.label: o.loss for o in observations}
     losses = {label: by_arch[a.describe()] for label, a in arms.items()}
@@ -568,9 +572,10 @@ def build_parser() -> argparse.ArgumentParser:
                              f"{FULL.budget}; its profile and plans are its own); tables "
                              "heldout-DD.*")
     parser.add_argument("--check-later-layers", action="store_true",
-                        help="with --calibrate: train the default plan's twin (its first layer "
-                             "in every layer) at the calibration seeds too, and keep the later "
-                             "layers' rule only where the default plan beats it there; tables "
+                        help="with --calibrate: train the calibrated plan and its twin (its "
+                             "first layer in every layer) at the calibration seeds too, and keep "
+                             "the later layers' rule only where the plan beats the twin there; "
+                             "tables "
                              f"heldout-{CALIBRATED}N-{CHECKED}.*")
     parser.add_argument("--calibration-seeds", type=int_in(1, 20), default=5, metavar="N",
                         help="seeds of the --calibrate trainings (default: %(default)s)")

@@ -190,12 +190,13 @@ def sets(rows: Sequence[CorpusVerdict]) -> dict[Role, SetVerdict | None]:
 
 @dataclass(frozen=True)
 class LaterLayersCheck:
-    """The later layers' rule (docs/theory.md §4, §4.1) checked on the calibration's own
-    trainings: the default plan against its twin (its first layer in every layer), their mean
-    losses over the calibration seeds. The rule is kept only where the plan is lower; else the
-    calibrated plan's later layers copy its first layer."""
+    """The later layers' rule (docs/theory.md §4, §4.1) checked on the calibration's own seeds:
+    the calibrated plan against its twin (its first layer in every layer), their mean losses
+    over the calibration seeds. The rule is kept only where the plan is lower; else the plan's
+    later layers copy its first layer."""
 
-    twin: str  # the twin's architecture
+    plan: str  # the calibrated plan's architecture, before the check
+    twin: str
     plan_loss: float
     twin_loss: float
 
@@ -244,7 +245,8 @@ def calibration_row(c: Calibration, models: Sequence[Mapping[str, Any]]) -> dict
 def later_row(check: LaterLayersCheck | None) -> dict[str, Any]:
     if check is None:
         return {}
-    return {"twin_arch": check.twin, "calibration_loss_twin": check.twin_loss,
+    return {"checked_arch": check.plan, "twin_arch": check.twin,
+            "calibration_loss_checked": check.plan_loss, "calibration_loss_twin": check.twin_loss,
             "later_layers": "rule" if check.keeps_rule else "first layer's heads"}
 
 
@@ -321,7 +323,7 @@ def calibrations_table(rows: Sequence[dict[str, Any]]) -> str:
     checked = any("later_layers" in r for r in rows)
     return render_table(
         ["corpus", "seeds", "n - m", "R² (log)", "default plan",
-         *(["later layers (default - twin)"] if checked else []), "calibrated plan",
+         *(["later layers (plan - twin)"] if checked else []), "calibrated plan",
          "calibration's pick", "plan - pick [95%]", "p (worse)"],
         [[r["corpus"], r["seeds"], f"{r['order'] - r['width_order']:+.2f}", f"{r['r2']:.2f}",
           r["default_plan"], *([later_text(r)] if checked else []),
@@ -334,11 +336,11 @@ def calibrations_table(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def later_text(row: dict[str, Any]) -> str:
-    """The later layers' check of one calibration: what it kept, and the default plan's mean
-    calibration loss minus its twin's ("-": the default plan is its own twin)."""
+    """The later layers' check of one calibration: what it kept, and the calibrated plan's
+    mean calibration loss minus its twin's ("-": the plan is its own twin)."""
     if "later_layers" not in row:
-        return "- (no twin)"
-    difference = row["calibration_loss_plan"] - row["calibration_loss_twin"]
+        return "- (its own twin)"
+    difference = row["calibration_loss_checked"] - row["calibration_loss_twin"]
     return f"{row['later_layers']} ({difference:+.4f})"
 
 
