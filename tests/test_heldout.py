@@ -362,6 +362,7 @@ def calibration_seeds(count: int) -> tuple[int, ...]:
 
 @pytest.mark.parametrize(("flags", "message"), [
     (["--check-later-layers"], "--check-later-layers: needs --calibrate"),
+    (["--corpus", "docs", "--no-train"], "--no-train: corpus 'docs' has no profile"),
     (["--corpus", "nope"], "--corpus 'nope': not a registered corpus"),
     (["--data", "code"], "its name 'code' is taken"),
     (["--budget", "36"], "--budget 36: not a multiple of 8"),

@@ -179,18 +179,40 @@ def corpus_plan(spec: DataSpec, sizes: Sizes, out: Path, task: Task, quiet: bool
     return plan_from_profile(path, sizes.budget, sizes.depth, task, sizes.mlp_ratio, **rules)
 
 
+def profile_path(sizes: Sizes, out: Path, steps: int) -> Path:
+    return out / (f"profile-D{sizes.budget}-L{sizes.depth}-mlp{sizes.mlp_ratio:g}"
+                  f"-T{sizes.length}-pilot{steps}.yaml")
+
+
 def profile_at(spec: DataSpec, sizes: Sizes, out: Path, steps: int, quiet: bool) -> Path:
     """The corpus's profile with a pilot of ``steps`` at the models' shape, kept in ``out``
-    (``profile-D...-pilotSTEPS.yaml``: a re-run reads it)."""
+    (``profile_path``: a re-run reads it)."""
     from workers.profile import profile_data
 
-    path = out / (f"profile-D{sizes.budget}-L{sizes.depth}-mlp{sizes.mlp_ratio:g}"
-                  f"-T{sizes.length}-pilot{steps}.yaml")
+    path = profile_path(sizes, out, steps)
     if not path.exists():
         pilot = PilotRequest(spec, budget=sizes.budget, layers=sizes.depth,
                              mlp_ratio=sizes.mlp_ratio, steps=steps, quiet=quiet)
         write_profile(profile_data(spec, seq_len=sizes.length, pilot=pilot), path)
     return path
+
+
+def untrained(args: argparse.Namespace, sizes: Sizes, chosen: Sequence[Entry]) -> None:
+    """With ``--no-train``, refuse a corpus never profiled under ``--out``: its pilot would
+    train (the usual cause: a corpus registered after that folder's runs).
+
+    Raises:
+        UsageError: the first such corpus.
+    """
+    steps = (sizes.pilot_steps, *((sizes.pattern_pilot_steps,) if sizes.pattern_pilot_steps
+                                  else ()))
+    for entry in chosen:
+        for count in steps:
+            path = profile_path(sizes, args.out / entry.name, count)
+            if not path.exists():
+                raise UsageError(f"--no-train: corpus {entry.name!r} has no profile {path} to "
+                                 "read (run it without --no-train first, or choose the corpora "
+                                 "with --corpus)")
 
 
 def models(plan: ArchConfig) -> dict[str, ArchConfig]:
@@ -459,6 +481,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise UsageError(f"--budget {sizes.budget}: not a multiple of 8 (the fixed rules give "
                          "every layer 1 to 8 heads of equal width)")
     own = {e.name: corpus_constants(args, e) for e in chosen} if args.corpus_constants else {}
+    if args.no_train:
+        untrained(args, sizes, chosen)
     if args.threads:
         torch.set_num_threads(args.threads)
     harness.prepare(args)
