@@ -222,7 +222,7 @@ class Calibration:
     design: str
     informative: bool  # R² > 0: the plan is the fitted constants'; else the default plan
     pick: str  # the rule of lowest calibration loss
-    # --check-later-layers: the check (None: not asked, or the default plan is its own twin)
+    # --check-later-layers: the check (None: not asked, or the plan is its own twin)
     later: LaterLayersCheck | None = None
 
 
@@ -337,7 +337,7 @@ def calibrations_table(rows: Sequence[dict[str, Any]]) -> str:
 
 def later_text(row: dict[str, Any]) -> str:
     """The later layers' check of one calibration: what it kept, and the calibrated plan's
-    mean calibration loss minus its twin's ("-": the plan is its own twin)."""
+    mean calibration loss minus its twin's ("its own twin": nothing to check)."""
     if "later_layers" not in row:
         return "- (its own twin)"
     difference = row["calibration_loss_checked"] - row["calibration_loss_twin"]
