@@ -212,6 +212,9 @@ def test_smoke_run_judges_each_set_apart_and_a_rerun_trains_nothing(
     assert longer["stem"] == "heldout-steps6-pilot5" and longer["recipe"]["steps"] == 6
     assert (out / "heldout.txt").read_text() == table
     assert [p.name for p in (out / "docs").glob("profile-*pilot5.yaml")]
+    given = run(tmp_path, capsys, "--corpus", "docs", "--steps", str(heldout.SMOKE.steps),
+                "--no-train")  # the default length, given: the default's tables, one name
+    assert given["stem"] == "heldout" and given["corpora"] == result["corpora"][:1]
     with (out / "heldout-steps6-pilot5_runs.csv").open(newline="") as handle:
         assert {r["steps"] for r in csv.DictReader(handle)} == {"6"}
     ledger = (out / "docs" / "runs.csv").read_text()

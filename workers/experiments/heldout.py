@@ -527,12 +527,15 @@ def stem_of(args: argparse.Namespace) -> str:
 def run_tag(args: argparse.Namespace) -> str:
     """What names a run of other sizes (its tables and calibrated constants): ``-DW`` at another
     ``--budget`` W, ``-stepsS`` at another ``--steps`` S, ``-pilotP`` at another
-    ``--pilot-steps`` P, nothing at the defaults (a ledger keeps every size's trainings apart by
-    their recipe, and a profile is named for its pilot; the tables and constants need the
-    name)."""
-    tags = (("-D", args.budget), ("-steps", args.steps), ("-pilot", args.pilot_steps),
-            ("-patterns", args.pattern_pilot_steps))
-    return "".join(f"{tag}{value}" for tag, value in tags if value is not None)
+    ``--pilot-steps`` P, ``-patternsP`` with ``--pattern-pilot-steps`` P, nothing at the
+    defaults, given or not (a ledger keeps every size's trainings apart by their recipe, and a
+    profile is named for its pilot; the tables and constants need the name, one per size)."""
+    defaults = SMOKE if args.smoke_test else FULL
+    tags = (("-D", "budget"), ("-steps", "steps"), ("-pilot", "pilot_steps"),
+            ("-patterns", "pattern_pilot_steps"))
+    return "".join(f"{tag}{value}" for tag, field in tags
+                   if (value := getattr(args, field)) is not None
+                   and value != getattr(defaults, field))
 
 
 def write_outputs(result: dict[str, Any], runs: list[dict[str, str]], out: Path) -> None:
