@@ -272,32 +272,34 @@ def write_numbers(folder: Path, megabytes: float) -> Path:
     return write_text(folder, "numbers.txt", joined(texts, megabytes), megabytes)
 
 
+def write_files(folder: Path, name: str, files: Iterable[Path], megabytes: float) -> Path:
+    """The UTF-8 ``files`` joined in their order (read lazily), as ``folder/name``."""
+    texts = (p.read_text(encoding="utf-8") for p in files)
+    return write_text(folder, name, joined(texts, megabytes), megabytes)
+
+
 def write_stubs(folder: Path, megabytes: float) -> Path:
     """numpy's type stubs (``.pyi``, tests excluded), by sorted path."""
-    files = sorted_files(package_dir("numpy"), (".pyi",), ("tests",))
-    return write_text(folder, "stubs.txt", joined((p.read_text(encoding="utf-8")
-                                                   for p in files), megabytes), megabytes)
+    return write_files(folder, "stubs.txt",
+                       sorted_files(package_dir("numpy"), (".pyi",), ("tests",)), megabytes)
 
 
 def write_operators(folder: Path, megabytes: float) -> Path:
     """torchgen's packaged YAML declarations, by sorted path."""
-    files = sorted_files(package_dir("torchgen") / "packaged", (".yaml",))
-    return write_text(folder, "operators.txt", joined((p.read_text(encoding="utf-8")
-                                                       for p in files), megabytes), megabytes)
+    return write_files(folder, "operators.txt",
+                       sorted_files(package_dir("torchgen") / "packaged", (".yaml",)), megabytes)
 
 
 def write_wrappers(folder: Path, megabytes: float) -> Path:
     """scipy's Cython sources (tests excluded), by sorted path."""
     files = sorted_files(package_dir("scipy"), (".pxd", ".pyx", ".pxi"), ("tests",))
-    return write_text(folder, "wrappers.txt", joined((p.read_text(encoding="utf-8")
-                                                      for p in files), megabytes), megabytes)
+    return write_files(folder, "wrappers.txt", files, megabytes)
 
 
 def write_cmake(folder: Path, megabytes: float) -> Path:
     """torch's CMake package files (``share/cmake``), by sorted path."""
     files = sorted_files(package_dir("torch") / "share" / "cmake", (".cmake",))
-    return write_text(folder, "cmake.txt", joined((p.read_text(encoding="utf-8")
-                                                   for p in files), megabytes), megabytes)
+    return write_files(folder, "cmake.txt", files, megabytes)
 
 
 def write_graph_breaks(folder: Path, megabytes: float) -> Path:

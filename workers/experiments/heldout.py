@@ -204,8 +204,7 @@ def untrained(args: argparse.Namespace, sizes: Sizes, chosen: Sequence[Entry]) -
     Raises:
         UsageError: the first such corpus.
     """
-    steps = (sizes.pilot_steps, *((sizes.pattern_pilot_steps,) if sizes.pattern_pilot_steps
-                                  else ()))
+    steps = [s for s in (sizes.pilot_steps, sizes.pattern_pilot_steps) if s]
     for entry in chosen:
         for count in steps:
             path = profile_path(sizes, args.out / entry.name, count)
@@ -232,9 +231,9 @@ def twin_of(arms: Mapping[str, ArchConfig]) -> str:
     """The first rule whose model has the plan's first layer in every layer, where the plan's
     later layers differ from it ("": none): the two differ only in what the later layers' rule
     (docs/theory.md §4, §4.1) chose."""
-    plan = arms[PLAN]
+    plan, twin = arms[PLAN], twin_arch(arms[PLAN])
     return next((label for label, arch in arms.items() if label != PLAN
-                 and arch.layers[0] == plan.layers[0] and arch.arch_id != plan.arch_id), "")
+                 and arch.arch_id == twin.arch_id != plan.arch_id), "")
 
 
 def train_config(sizes: Sizes, seed: int) -> TrainConfig:
@@ -382,7 +381,7 @@ def later_layers_check(arms: Mapping[str, ArchConfig], rows: Sequence[Mapping[st
     """
     if arms[PLAN].arch_id == arms[TWIN].arch_id:
         return None
-    plan, twin = observations_of({PLAN: arms[PLAN], TWIN: arms[TWIN]}, rows, seeds,
+    plan, twin = observations_of(arms, rows, seeds,
                                  "heldout --calibrate --check-later-layers without --no-train")
     return report.LaterLayersCheck(arms[PLAN].describe(), arms[TWIN].describe(), plan.loss,
                                    twin.loss)
@@ -602,8 +601,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="with --calibrate: train the calibrated plan and its twin (its "
                              "first layer in every layer) at the calibration seeds too, and keep "
                              "the later layers' rule only where the plan beats the twin there; "
-                             "tables "
-                             f"heldout-{CALIBRATED}N-{CHECKED}.*")
+                             f"tables heldout-{CALIBRATED}N-{CHECKED}.*")
     parser.add_argument("--calibration-seeds", type=int_in(1, 20), default=5, metavar="N",
                         help="seeds of the --calibrate trainings (default: %(default)s)")
     parser.add_argument("--threads", type=int_in(1), metavar="N",
