@@ -5,8 +5,9 @@ tuned on (``docs/guide/data.md``, "Development and held-out corpora").
 Every corpus is bytes an installation already holds, written as text to a folder (the format
 ``userdata.readers`` reads), in sorted file order, so the same interpreter and package versions
 give the same bytes on every machine. "Every machine" is this project's CPU install and a bare
-GPU box with Python, torch, transformers, safetensors, scipy, numpy and pyyaml only: the
-held-out corpora come from those and are of kinds no development corpus is.
+GPU box with Python, torch (and what torch requires, such as sympy), transformers, safetensors,
+scipy, numpy and pyyaml only: the held-out corpora come from those and are of kinds no
+development corpus is.
 
 Development (the corpora experiment's three; the prior's tables ``stdlib`` and ``lm`` are
 ``code`` and ``docs``, its ``ngram`` table a generated task):
@@ -38,6 +39,18 @@ later layers' heads are chosen): a question the first five shaped is judged on t
 * ``cmake``: torch's CMake package files (``share/cmake``): build scripts.
 * ``graphbreaks``: torch's registry of ``torch.compile`` graph breaks (JSON): keys, English
   explanations and hints.
+
+Held-out, the third set (registered 2026-12-06, before any of their results), after the nine
+above had informed how the later layers are checked: a question those shaped is judged on these.
+
+* ``kernels``: the CUDA headers (``.cuh``) torch ships under ``include``: device kernels and
+  their templates.
+* ``capi``: numpy's C headers (``.h``): the C API's macros, structs and declarations.
+* ``hexfloats``: numpy's validation sets for its math functions
+  (``umath-validation-set-*.csv``): float bit patterns in hex, one input and output per row.
+* ``stylesheets``: sympy's MathML stylesheets (XSLT; sympy is a dependency of torch, so it is on
+  every machine torch is): XML templates for MathML to TeX and to content markup, the
+  ``simple_`` near-copy left out.
 
 The protocol (``require_role``, ``split_by_role``): a rule fitted on development data is
 judged on held-out data only, and a report keeps the two sets' rows apart.
@@ -311,6 +324,34 @@ def write_graph_breaks(folder: Path, megabytes: float) -> Path:
     return write_text(folder, "graphbreaks.txt", path.read_text(encoding="utf-8"), megabytes)
 
 
+def write_kernels(folder: Path, megabytes: float) -> Path:
+    """torch's CUDA headers (``include/**/*.cuh``), by sorted path."""
+    files = sorted_files(package_dir("torch") / "include", (".cuh",))
+    return write_files(folder, "kernels.txt", files, megabytes)
+
+
+def write_capi(folder: Path, megabytes: float) -> Path:
+    """numpy's C headers (``.h``), by sorted path."""
+    return write_files(folder, "capi.txt", sorted_files(package_dir("numpy"), (".h",)),
+                       megabytes)
+
+
+def write_hexfloats(folder: Path, megabytes: float) -> Path:
+    """numpy's ``umath-validation-set-*.csv`` files, by sorted path."""
+    files = [p for p in sorted_files(package_dir("numpy"), (".csv",))
+             if p.name.startswith("umath-validation-set-")]
+    return write_files(folder, "hexfloats.txt", files, megabytes)
+
+
+def write_stylesheets(folder: Path, megabytes: float) -> Path:
+    """sympy's MathML stylesheets (``.xsl``), by sorted path; ``simple_mmlctop.xsl`` is
+    ``mmlctop.xsl`` less a few bytes, so it is left out (a copy would put the validation
+    windows' text in the training windows)."""
+    files = [p for p in sorted_files(package_dir("sympy"), (".xsl",))
+             if not p.name.startswith("simple_")]
+    return write_files(folder, "stylesheets.txt", files, megabytes)
+
+
 # --- the registry ---------------------------------------------------------------------------------
 
 
@@ -334,6 +375,12 @@ CORPORA: dict[str, Corpus] = {c.name: c for c in (
     Corpus("cmake", HELD_OUT, "build scripts (CMake)", "torch's share/cmake", write_cmake),
     Corpus("graphbreaks", HELD_OUT, "JSON records", "torch's graph-break registry",
            write_graph_breaks),
+    Corpus("kernels", HELD_OUT, "CUDA C++ headers", "torch's .cuh headers", write_kernels),
+    Corpus("capi", HELD_OUT, "C API headers", "numpy's .h headers", write_capi),
+    Corpus("hexfloats", HELD_OUT, "hex float tables (CSV)", "numpy's umath validation sets",
+           write_hexfloats),
+    Corpus("stylesheets", HELD_OUT, "XSLT stylesheets (XML)", "sympy's MathML stylesheets",
+           write_stylesheets),
 )}
 
 
