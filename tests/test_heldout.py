@@ -389,3 +389,34 @@ def test_calibrated_and_given_constants_are_refused_together(
     assert exited.value.code == 2 and len(err.splitlines()) == 1, err
     assert "--constants: not allowed with argument --calibrate" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_later_heads_first_keeps_layer_zeros_heads_and_narrows_only_qk(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    default = run(tmp_path, capsys, "--corpus", "docs")["corpora"][0]["plan"]
+    folder = tmp_path / "out" / "docs"
+    profile = folder / "profile-D16-L2-mlp2-T16-pilot8.yaml"
+    data = yaml.safe_load(profile.read_text())  # a measured count other than layer 0's heads
+    first_count = int(default.split(" | ")[0].split()[1].split("x")[0])
+    data["allocator"]["patterns"] = [1.0 if first_count > 1 else 4.0]
+    profile.write_text(yaml.safe_dump(data))
+    patterned = run(tmp_path, capsys, "--corpus", "docs")["corpora"][0]["plan"].split(" | ")
+    result = run(tmp_path, capsys, "--corpus", "docs", "--later-heads", "first")
+    assert result["stem"] == "heldout-laterfirst" and result["later_heads"] == "first"
+    plan = result["corpora"][0]["plan"].split(" | ")
+    assert plan[0] == patterned[0]  # the first layer: the same profile's
+    # the later layer: layer 0's head count and value width, the pattern count ignored
+    first, later = (layer.split()[1].split("x") for layer in plan)
+    assert later[0] == first[0] != patterned[1].split()[1].split("x")[0]
+    assert later[1].split("/")[-1] == first[1]
+    assert "--later-heads first" in (tmp_path / "out" / "heldout-laterfirst.txt").read_text()
+    # calibrated: its own constants file beside the default's
+    calibrated = run(tmp_path, capsys, "--corpus", "docs", "--later-heads", "first",
+                     "--calibrate", "--calibration-seeds", "2")
+    assert calibrated["stem"] == "heldout-laterfirst-calibrated2"
+    assert (folder / "constants-laterfirst-calibrated2.yaml").exists()
+    code = heldout.main(["--smoke-test", "--out", str(tmp_path / "out2"), "--later-heads",
+                         "first", "--pattern-pilot-steps", "30"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "no pattern is read" in err, err
+    assert not (tmp_path / "out2").exists()

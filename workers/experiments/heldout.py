@@ -26,7 +26,10 @@ then ``--no-train`` over all of them for the report). Writes ``heldout.csv`` (pe
 plan that changed trains, and the tables are named for the file (``heldout-STEM.txt``, ...), so
 the default constants' stay. ``--calibrate --check-later-layers`` keeps the later layers'
 rule only where the calibrated plan beats its twin (its first layer in every layer) on the
-calibration's own seeds (tables ``heldout-calibratedN-checked.*``).
+calibration's own seeds (tables ``heldout-calibratedN-checked.*``). ``--later-heads first``
+gives the later layers layer 0's heads, their ``qk_dim`` narrowed by the saturation rule alone,
+instead of as many heads as the distinct patterns a pilot measured (tables
+``heldout-laterfirst*``).
 """
 
 from __future__ import annotations
@@ -74,6 +77,10 @@ ALL = "all"
 CALIBRATED = "calibrated"  # the tables' stem with --calibrate
 CHECKED = "checked"  # and with --check-later-layers
 TWIN = "twin"  # the calibrated plan's first layer in every layer (--check-later-layers)
+# The later layers' heads (--later-heads): as many as the distinct attention patterns measured
+# there (docs/theory.md §4.1), or layer 0's, only their qk_dim narrowed (§4).
+PATTERNS, FIRST = "patterns", "first"
+LATER_HEADS = (PATTERNS, FIRST)
 # The calibration's seeds start here, above every evaluation seed (--seeds is at most 50): no
 # loss a verdict reads ever enters a fit.
 CALIBRATION_SEED = 1000
@@ -166,13 +173,17 @@ def task_for(spec: DataSpec, sizes: Sizes, seed: int) -> Task:
 
 
 def corpus_plan(spec: DataSpec, sizes: Sizes, out: Path, task: Task, quiet: bool,
-                constants: Constants | None = None) -> Plan:
+                constants: Constants | None = None, later_heads: str = PATTERNS) -> Plan:
     """The corpus's plan: its profile with the pilot at the models' shape, then ``alloc.solve
     --profile``'s plan at that width and depth, with the bound's ``constants`` (None: the
     defaults). With ``sizes.pattern_pilot_steps`` the later layers' patterns (docs/theory.md
-    §4.1) come from a second profile whose pilot trains that long, all else from the first."""
+    §4.1) come from a second profile whose pilot trains that long, all else from the first;
+    with ``later_heads`` FIRST no pattern is read, and the later layers keep layer 0's heads
+    (the saturation rule still narrows their ``qk_dim``)."""
     rules: dict[str, Any] = {} if constants is None else constants.as_flags()
-    if sizes.pattern_pilot_steps:
+    if later_heads == FIRST:
+        rules["patterns"] = None
+    elif sizes.pattern_pilot_steps:
         long = profile_at(spec, sizes, out, sizes.pattern_pilot_steps, quiet)
         rules["patterns"] = read_allocator_inputs(long).patterns
     path = profile_at(spec, sizes, out, sizes.pilot_steps, quiet)
@@ -454,7 +465,8 @@ def corpus_result(args: argparse.Namespace, sizes: Sizes, entry: Entry,
     out = args.out / entry.name
     out.mkdir(parents=True, exist_ok=True)
     spec = data_of(entry, sizes, out, args.data_dtype)
-    plan = corpus_plan(spec, sizes, out, task_for(spec, sizes, 0), args.quiet, constants)
+    plan = corpus_plan(spec, sizes, out, task_for(spec, sizes, 0), args.quiet, constants,
+                       args.later_heads)
     arch, calibration = plan.arch, None
     if args.calibrate:
         arch, calibration = calibrated_plan(args, sizes, entry.name, spec, plan, out)
@@ -474,6 +486,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.check_later_layers and not args.calibrate:
         raise UsageError("--check-later-layers: needs --calibrate (it reads the calibration's "
                          "trainings)")
+    if args.later_heads == FIRST and args.pattern_pilot_steps:
+        raise UsageError(f"--pattern-pilot-steps {args.pattern_pilot_steps}: with --later-heads "
+                         f"{FIRST} no pattern is read (the later layers keep layer 0's heads)")
     chosen = entries(args)  # a bad --corpus, --data or --constants: before any work
     constants = None if args.constants is None else read_constants(args.constants)
     if sizes.budget % 8:
@@ -495,6 +510,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             bar.event(f"{entry.name} done")
     verdicts = [r["verdict"] for r in results]
     result = {"sizes": dataclasses.asdict(sizes), "recipe": train_config(sizes, 0).to_dict(),
+              "later_heads": args.later_heads,
               "corpora": [dataclasses.asdict(v) for v in verdicts],
               "models": [row for r in results for row in r["models"]],
               "sets": {role: None if s is None else dataclasses.asdict(s)
@@ -524,17 +540,19 @@ def stem_of(args: argparse.Namespace) -> str:
 
 
 def run_tag(args: argparse.Namespace) -> str:
-    """What names a run of other sizes (its tables and calibrated constants): ``-DW`` at another
-    ``--budget`` W, ``-stepsS`` at another ``--steps`` S, ``-pilotP`` at another
-    ``--pilot-steps`` P, ``-patternsP`` with ``--pattern-pilot-steps`` P, nothing at the
-    defaults, given or not (a ledger keeps every size's trainings apart by their recipe, and a
-    profile is named for its pilot; the tables and constants need the name, one per size)."""
+    """What names a run of other sizes or later layers (its tables and calibrated constants):
+    ``-DW`` at another ``--budget`` W, ``-stepsS`` at another ``--steps`` S, ``-pilotP`` at
+    another ``--pilot-steps`` P, ``-patternsP`` with ``--pattern-pilot-steps`` P,
+    ``-laterfirst`` with ``--later-heads first``, nothing at the defaults, given or not (a
+    ledger keeps every size's trainings apart by their recipe, and a profile is named for its
+    pilot; the tables and constants need the name, one per size)."""
     defaults = SMOKE if args.smoke_test else FULL
     tags = (("-D", "budget"), ("-steps", "steps"), ("-pilot", "pilot_steps"),
             ("-patterns", "pattern_pilot_steps"))
-    return "".join(f"{tag}{value}" for tag, field in tags
-                   if (value := getattr(args, field)) is not None
-                   and value != getattr(defaults, field))
+    sized = "".join(f"{tag}{value}" for tag, field in tags
+                    if (value := getattr(args, field)) is not None
+                    and value != getattr(defaults, field))
+    return sized + (f"-later{FIRST}" if args.later_heads == FIRST else "")
 
 
 def write_outputs(result: dict[str, Any], runs: list[dict[str, str]], out: Path) -> None:
@@ -574,6 +592,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the later layers' patterns from a second pilot of STEPS (e.g. "
                              "the training's length), the rest of the profile from the first; "
                              "tables heldout-patternsP.*")
+    parser.add_argument("--later-heads", choices=LATER_HEADS, default=PATTERNS,
+                        help="the later layers' heads: as many as the distinct attention "
+                             "patterns the pilot measured there (default), or layer 0's, only "
+                             "their qk_dim narrowed by the saturation rule; tables "
+                             f"heldout-later{FIRST}*")
     parser.add_argument("--no-train", action="store_true",
                         help="train nothing: the report from the ledgers alone, on the seeds "
                              "every model of a corpus has (e.g. while other runs still train)")

@@ -257,6 +257,9 @@ def render(result: dict[str, Any]) -> str:
     """Per set (development, then held-out): the corpora's verdicts, the set's, and each
     corpus's models."""
     lines = [f"plan against the best fixed rule (paired seeds; {describe_sizes(result)})"]
+    if result.get("later_heads", "patterns") != "patterns":
+        lines.append(f"later layers: layer 0's heads, only their qk_dim narrowed by the "
+                     f"saturation rule (--later-heads {result['later_heads']})")
     if result.get("constants"):
         c = result["constants"]
         lines.append(f"plans with the constants of {c['file']}: c_proj {c['c_proj']:.4g}, "
