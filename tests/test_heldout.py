@@ -29,6 +29,7 @@ from workers.experiments import heldout
 from workers.experiments.heldout_report import (
     PLAN,
     CorpusVerdict,
+    against_picks,
     judge,
     over_corpora,
     sets,
@@ -154,6 +155,15 @@ def test_the_twin_differs_from_the_plan_in_the_later_layers_only() -> None:
     assert v.twin == "uniform-1" and v.twin_difference == pytest.approx(-0.099)
     assert v.twin_high is not None and v.twin_high < 0
     assert verdict(0.0).twin == "" and verdict(0.0).twin_difference is None
+
+
+def test_the_plan_against_the_picks_summarises_one_set_alone() -> None:
+    rows = [{"role": HELD_OUT, "plan_minus_pick_relative": x} for x in (-0.02, -0.021, -0.019)]
+    rows.append({"role": DEVELOPMENT, "plan_minus_pick_relative": 0.5})
+    line = against_picks(rows, HELD_OUT)
+    assert line.startswith("over the 3 held-out corpora: plan - pick = -2.00% [")
+    assert line.endswith("better")  # an interval below 0 over these three
+    assert against_picks(rows, DEVELOPMENT) == ""  # one corpus: no interval over corpora
 
 
 def test_the_held_out_verdict_refuses_a_development_corpus() -> None:

@@ -170,6 +170,21 @@ def over_corpora(rows: Sequence[CorpusVerdict], role: Role) -> SetVerdict:
                       within_margin=sum(r.within_margin for r in rows))
 
 
+def against_picks(rows: Sequence[dict[str, Any]], role: Role) -> str:
+    """Over one set's calibrated corpora (``calibration_row``'s rows of ``role``): the mean of
+    (plan - pick) / pick's loss with its 95% interval over them. The pick is chosen on the
+    calibration's seeds and judged on the verdict's, so unlike the best rule (chosen on the
+    verdict's own seeds, which favours the rules) its choice carries no selection bias."""
+    picked = [r for r in rows if r["role"] == role]
+    if len(picked) < 2:
+        return ""
+    over = paired([r["plan_minus_pick_relative"] for r in picked], [0.0] * len(picked))
+    return (f"over the {len(picked)} {role} corpora: plan - pick = "
+            f"{100 * over.difference.mean:+.2f}% [{100 * over.difference.low:+.2f}%, "
+            f"{100 * over.difference.high:+.2f}%] (95% over corpora), p (worse) "
+            f"{p_text(over.p_worse)}: {verdict_of(over)}")
+
+
 def later_layers(rows: Sequence[dict[str, Any]]) -> str:
     """Over the corpora whose plan has a twin rule: the mean of (plan - twin) / twin's loss
     with its 95% interval over them (what the later layers' rule buys, on average)."""
@@ -230,7 +245,7 @@ def calibration_row(c: Calibration, models: Sequence[Mapping[str, Any]]) -> dict
     """One corpus's calibration with the verdict's paired difference of the plan to the rule
     the calibration's trainings pick (``models``: the corpus's rows)."""
     pick = next(m for m in models if m["model"] == c.pick)
-    return {"corpus": c.corpus, "seeds": " ".join(map(str, c.seeds)),
+    return {"corpus": c.corpus, "role": pick["role"], "seeds": " ".join(map(str, c.seeds)),
             "default_plan": c.default_plan, "plan": c.plan, **c.constants.as_flags(),
             "r2": c.r2, "spearman": c.spearman, "design": c.design,
             "informative": c.informative,
@@ -239,6 +254,7 @@ def calibration_row(c: Calibration, models: Sequence[Mapping[str, Any]]) -> dict
             "plan_minus_pick": pick["plan_minus_this"], "plan_minus_pick_low":
             pick["plan_minus_low"], "plan_minus_pick_high": pick["plan_minus_high"],
             "p_plan_worse_than_pick": pick["p_plan_worse"],
+            "plan_minus_pick_relative": pick["plan_minus_this"] / pick["loss"],
             **later_row(c.later)}
 
 
@@ -286,6 +302,8 @@ def render(result: dict[str, Any]) -> str:
         lines += ["", "each corpus's calibration (the bound's constants fitted on its own "
                   "trainings at seeds no verdict reads), and the plan against the rule those "
                   "trainings pick:", calibrations_table(result["calibrations"])]
+        lines += [line for role in ROLES
+                  if (line := against_picks(result["calibrations"], role))]
     stem = result["stem"]
     lines.append(f"\nwrote {result['out']}/{stem}.csv, {stem}_corpora.csv, {stem}_sets.csv, "
                  f"{stem}_runs.csv, {stem}.txt")
