@@ -82,7 +82,7 @@ def test_the_probe_times_a_few_steps_of_the_first_starting_point() -> None:
     from search_spaces import RandomSuggester, load_space
     from workers.search.driver import trial_job
     from workers.search.options import SearchOptions, training_budget
-    from workers.search.searcher import Start
+    from workers.search.seeding import Start
     from workers.tasks import make_task
 
     space = training_budget(load_space("aot_vs_standard.yaml"), smoke_test=True)

@@ -10,6 +10,8 @@ import dataclasses
 import hashlib
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -430,3 +432,26 @@ def test_later_heads_first_keeps_layer_zeros_heads_and_narrows_only_qk(
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "no pattern is read" in err, err
     assert not (tmp_path / "out2").exists()
+
+
+def test_another_depth_has_its_own_profile_plans_and_tables(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    deeper = run(tmp_path, capsys, "--corpus", "docs", "--layers", "3")
+    assert deeper["stem"] == "heldout-L3" and deeper["sizes"]["depth"] == 3
+    assert all(m["arch"].count(" | ") == 2 for m in deeper["models"])  # every model: 3 layers
+    assert (tmp_path / "out" / "docs" / "profile-D16-L3-mlp2-T16-pilot8.yaml").exists()
+    assert (tmp_path / "out" / "heldout-L3.txt").exists()
+    given = run(tmp_path, capsys, "--corpus", "docs", "--layers", str(heldout.SMOKE.depth))
+    assert given["stem"] == "heldout"  # the default depth, given: the default's name
+
+
+def test_it_runs_where_ray_optuna_and_sqlalchemy_are_not_installed(tmp_path: Path) -> None:
+    """A bare GPU box has none of them; the held-out grid trains no search, so it needs none."""
+    code = ("import sys; sys.modules.update(ray=None, optuna=None, sqlalchemy=None); "
+            "from workers.experiments.heldout import main; "
+            f"sys.exit(main(['--smoke-test', '--corpus', 'docs', '--seeds', '2', '--out', "
+            f"{str(tmp_path / 'out')!r}, '--quiet', '--format', 'json']))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=Path(__file__).parents[1], timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["corpora"][0]["corpus"] == "docs"

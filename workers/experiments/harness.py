@@ -84,8 +84,13 @@ def search(space: SearchSpace, task: Task, trials: int, url: str, study: str, re
     """``workers.search.run_search`` into ``study``; an existing study is resumed, so a re-run
     continues where an interrupted one stopped. Its progress on stderr unless ``quiet``;
     ``points``: only these points of the space (``SearchOptions.points``)."""
+    import optuna
+
     from workers.search import SearchOptions, run_search
 
+    # Imported here, not by ``main``: an experiment that trains no search (heldout) runs where
+    # Optuna is not installed (a bare GPU box).
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
     summary = run_search(space, task, storage=url, study=study, trials=trials,
                          resume=study_exists(url, study),
                          options=SearchOptions(scheduler=scheduler, storage_path=results,
@@ -103,9 +108,6 @@ def main(parser: argparse.ArgumentParser, argv: list[str] | None,
     """Parse, run, print the table (or JSON/YAML); bad input is one line and exit code 2, a
     search that stopped (Ctrl-C, a full disk) one line and exit code 1."""
     args = parser.parse_args(argv)
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         result = run(args)
     except SearchFaultError as err:

@@ -447,11 +447,12 @@ def calibrated_plan(args: argparse.Namespace, sizes: Sizes, corpus: str, spec: D
 
 
 def sizes_of(args: argparse.Namespace) -> Sizes:
-    """The run's sizes: full or smoke, with ``--seeds``, ``--steps``, ``--budget`` and
-    ``--pilot-steps``."""
+    """The run's sizes: full or smoke, with ``--seeds``, ``--steps``, ``--budget``,
+    ``--layers``, ``--pilot-steps`` and ``--pattern-pilot-steps``."""
     return dataclasses.replace(SMOKE if args.smoke_test else FULL,
                                **{k: v for k, v in (("seeds", args.seeds), ("steps", args.steps),
                                                     ("budget", args.budget),
+                                                    ("depth", args.layers),
                                                     ("pilot_steps", args.pilot_steps),
                                                     ("pattern_pilot_steps",
                                                      args.pattern_pilot_steps)) if v})
@@ -541,16 +542,18 @@ def stem_of(args: argparse.Namespace) -> str:
 
 def run_tag(args: argparse.Namespace) -> str:
     """What names a run of other sizes or later layers (its tables and calibrated constants):
-    ``-DW`` at another ``--budget`` W, ``-stepsS`` at another ``--steps`` S, ``-pilotP`` at
-    another ``--pilot-steps`` P, ``-patternsP`` with ``--pattern-pilot-steps`` P,
-    ``-laterfirst`` with ``--later-heads first``, nothing at the defaults, given or not (a
-    ledger keeps every size's trainings apart by their recipe, and a profile is named for its
-    pilot; the tables and constants need the name, one per size)."""
+    ``-DW`` at another ``--budget`` W, ``-LN`` at another ``--layers`` N, ``-stepsS`` at
+    another ``--steps`` S, ``-pilotP`` at another ``--pilot-steps`` P, ``-patternsP`` with
+    ``--pattern-pilot-steps`` P, ``-laterfirst`` with ``--later-heads first``, nothing at the
+    defaults, given or not (a ledger keeps every size's trainings apart by their recipe and
+    their architecture, and a profile is named for its pilot and shape; the tables and
+    constants need the name, one per size)."""
     defaults = SMOKE if args.smoke_test else FULL
-    tags = (("-D", "budget"), ("-steps", "steps"), ("-pilot", "pilot_steps"),
+    given = {**vars(args), "depth": args.layers}
+    tags = (("-D", "budget"), ("-L", "depth"), ("-steps", "steps"), ("-pilot", "pilot_steps"),
             ("-patterns", "pattern_pilot_steps"))
     sized = "".join(f"{tag}{value}" for tag, field in tags
-                    if (value := getattr(args, field)) is not None
+                    if (value := given[field]) is not None
                     and value != getattr(defaults, field))
     return sized + (f"-later{FIRST}" if args.later_heads == FIRST else "")
 
@@ -616,6 +619,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "(e.g. constants-calibrated5.yaml, which --calibrate writes): "
                             "constants calibrated at one width, judged at another --budget; "
                             "tables heldout-STEM.*")
+    parser.add_argument("--layers", type=int_in(2, 48), metavar="N",
+                        help=f"the depth of every model (default: {FULL.depth}; its profile and "
+                             "plans are its own); tables heldout-LN.*")
     parser.add_argument("--budget", type=int_in(16, 4096), metavar="D",
                         help=f"the width of every model, a multiple of 8 (default: "
                              f"{FULL.budget}; its profile and plans are its own); tables "

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from common.progress import duration
 from search_spaces import FixedSuggester, RandomSuggester, SearchSpace
 from workers.search.protocol import TrialJob, TrialSpec
-from workers.search.searcher import Start
+from workers.search.seeding import Start
 from workers.tasks import Task
 
 PROBE_SECONDS = 1.5  # the timed steps stop after this long (after one untimed warm-up step)

@@ -54,6 +54,7 @@ from studies.trials import (
 from workers.search.asking import ask_new, tell
 from workers.search.failures import Death, RayFailure, failure_line, ray_failure
 from workers.search.protocol import TRIAL_KEY, TrialReport, TrialSpec, told_record
+from workers.search.seeding import Start
 
 log = logging.getLogger(__name__)
 # The allocator's predicted error of a sampled architecture (recorded on its trial), or None.
@@ -63,14 +64,6 @@ PredictError = Callable[[ArchConfig], float | None]
 WORKER_RETRIES = 1
 # How a retry's original ended (Optuna's retry copies its attrs: the retry starts without these).
 ENDED_ATTRS = (rec.ERROR, rec.NODE, rec.RESUMED, RESTARTS)
-
-
-@dataclass(frozen=True)
-class Start:
-    """A starting point: the params of an architecture to evaluate before sampling."""
-
-    label: str  # "allocator", "grid", ...
-    params: Mapping[str, Any]
 
 
 @dataclass(frozen=True)

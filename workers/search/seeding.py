@@ -24,10 +24,19 @@ from alloc import (
 from arch import ArchConfig, ConfigError, HeadGroup, LayerSpec
 from common.progress import duration, say
 from search_spaces import SearchSpace, SpaceError
-from workers.search.searcher import Start
 from workers.tasks import ArrayTask, Task, TextTask
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Start:
+    """A starting point: the params of an architecture to evaluate before sampling. Defined
+    here, with no Optuna import, so that what plans from a profile (``plan_settings``: the
+    held-out experiment on a GPU box without Optuna) imports none."""
+
+    label: str  # "allocator", "grid", ...
+    params: Mapping[str, Any]
 
 
 def task_inputs(task: Task, budget: int) -> AllocatorInputs:
