@@ -19,12 +19,11 @@ from studies.trials import CHECKPOINT, Direction, TrialStatus
 from workers.search.protocol import TRIAL_KEY, TrialReport, TrialSpec
 from workers.search.searcher import (
     Best,
-    Start,
     StudySearcher,
     finished_count,
     retried_numbers,
 )
-from workers.search.seeding import BoundPredictor
+from workers.search.seeding import BoundPredictor, Start
 
 STEPS = 30
 

@@ -225,8 +225,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="STEPS",
         help=f"the recipe's steps (default: {experiment.FULL.steps})",
     )
-    # the experiment's default width and pilot: its ledgers' plans
-    parser.set_defaults(budget=None, pilot_steps=None, pattern_pilot_steps=None)
+    # the experiment's default width, depth, pilot and later layers: its ledgers' plans
+    parser.set_defaults(budget=None, layers=None, pilot_steps=None, pattern_pilot_steps=None,
+                        later_heads=experiment.PATTERNS)
     return parser
 
 

@@ -54,13 +54,12 @@ from workers.search.options import SearchOptions
 from workers.search.protocol import TrialJob
 from workers.search.request import SearchRequest, prepare
 from workers.search.searcher import (
-    Start,
     StudySearcher,
     finished_count,
     not_trained,
     retried_numbers,
 )
-from workers.search.seeding import BoundPredictor, SearchPlan, starting_points
+from workers.search.seeding import BoundPredictor, SearchPlan, Start, starting_points
 from workers.search.study import make_sampler, open_search_study
 from workers.tasks import Task, describe_task
 
