@@ -263,6 +263,10 @@ def test_calibration_fits_its_own_seeds_and_no_verdict_seed(
     assert seeds == {0, 1, heldout.CALIBRATION_SEED, heldout.CALIBRATION_SEED + 1}
     assert calibration["seeds"] == "1000 1001" and calibration["pick"] in HEURISTICS
     assert first["corpora"][0]["plan"] == calibration["plan"]  # the verdict judges that plan
+    pick = next(m for m in first["models"] if m["model"] == calibration["pick"])
+    assert calibration["role"] == DEVELOPMENT
+    assert calibration["plan_minus_pick_relative"] == pytest.approx(
+        calibration["plan_minus_pick"] / pick["loss"])  # what the set's "plan - pick" averages
     assert (out / "heldout-calibrated2_calibration.csv").exists()
     assert (out / "docs" / "constants-calibrated2.yaml").exists()
 

@@ -548,13 +548,11 @@ def run_tag(args: argparse.Namespace) -> str:
     defaults, given or not (a ledger keeps every size's trainings apart by their recipe and
     their architecture, and a profile is named for its pilot and shape; the tables and
     constants need the name, one per size)."""
-    defaults = SMOKE if args.smoke_test else FULL
-    given = {**vars(args), "depth": args.layers}
+    sizes, defaults = sizes_of(args), SMOKE if args.smoke_test else FULL
     tags = (("-D", "budget"), ("-L", "depth"), ("-steps", "steps"), ("-pilot", "pilot_steps"),
             ("-patterns", "pattern_pilot_steps"))
     sized = "".join(f"{tag}{value}" for tag, field in tags
-                    if (value := given[field]) is not None
-                    and value != getattr(defaults, field))
+                    if (value := getattr(sizes, field)) != getattr(defaults, field))
     return sized + (f"-later{FIRST}" if args.later_heads == FIRST else "")
 
 
