@@ -27,11 +27,13 @@ from common.errors import UsageError
 from common.files import write_csv
 from userdata import corpora as registry
 from userdata.corpora import DEVELOPMENT, HELD_OUT, ProtocolError
-from workers.experiments import heldout
+from workers.experiments import heldout, heldout_sets
 from workers.experiments.heldout_report import (
+    BEST_EACH,
     PLAN,
     CorpusVerdict,
     against_picks,
+    against_rules,
     judge,
     over_corpora,
     sets,
@@ -186,6 +188,65 @@ def test_development_and_held_out_are_summarised_apart() -> None:
     assert summary.relative == pytest.approx(0.01 / BEST)  # the mean of 0, 0.01 and 0.02 above
     development = mixed[DEVELOPMENT]
     assert development is not None and development.relative == pytest.approx(-0.5 / BEST)
+
+
+def judged(offsets: tuple[float, ...], role: str = HELD_OUT, prefix: str = "h"
+           ) -> tuple[list[CorpusVerdict], list[dict[str, Any]]]:
+    """One corpus per offset (the plan that far above uniform-2), its verdict and model rows."""
+    verdicts, rows = [], []
+    for k, offset in enumerate(offsets):
+        v, table = judge(f"{prefix}{k}", role, "text", 1.0,  # type: ignore[arg-type]
+                         losses(offset, (0.0, 0.001, -0.001)), ARCHS, {})
+        verdicts.append(v)
+        rows += table
+    return verdicts, rows
+
+
+def test_the_plan_against_one_rule_on_every_corpus_is_the_mean_of_its_relative_differences(
+        ) -> None:
+    offsets = (-0.02, 0.0, 0.01)
+    verdicts, rows = judged(offsets)
+    _, development = judged((-0.5,), DEVELOPMENT, "d")  # never in the held-out rows
+    rules = {r.rule: r for r in against_rules([*development, *rows], HELD_OUT)}
+    assert list(rules) == ["uniform-1", "uniform-2", BEST_EACH]
+    assert all(r.corpora == 3 for r in rules.values())
+    # brute force: uniform-1 is 2.10 + the shared seed effect; the plan 2.00 + offset + it
+    one = [sum((2.0 + o + SHARED[s] + n) - (2.10 + SHARED[s])
+               for s, n in enumerate((0.0, 0.001, -0.001))) / 3 / (2.10 + sum(SHARED) / 3)
+           for o in offsets]
+    assert rules["uniform-1"].relative == pytest.approx(sum(one) / 3)
+    assert rules["uniform-1"].verdict == "better" and rules["uniform-1"].better == 3
+    assert rules["uniform-1"].arch == "u1" and rules[BEST_EACH].arch == "u2"  # one on each
+    # the per-corpus best (uniform-2 everywhere here) is the set's headline
+    assert rules[BEST_EACH].relative == pytest.approx(over_corpora(verdicts, HELD_OUT).relative)
+    assert rules[BEST_EACH].worse == sum(v.verdict == "worse" for v in verdicts) == 1
+    assert against_rules(development, DEVELOPMENT) == []  # one corpus: no interval
+
+
+def test_runs_of_several_folders_pool_into_one_set_and_a_corpus_counts_once(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _, first = judged((-0.02, 0.0))
+    _, second = judged((0.01,), prefix="g")
+    stem = "heldout-steps9"
+    for folder, rows in (("a", first), ("b", second)):
+        (tmp_path / folder).mkdir()
+        write_csv(tmp_path / folder / f"{stem}.csv", rows)
+    folders = [str(tmp_path / "a"), str(tmp_path / "b")]
+    assert heldout_sets.main(["--stem", stem, "--format", "json", *folders]) == 0
+    pooled = json.loads(capsys.readouterr().out)
+    expected = [dataclasses.asdict(r) for r in against_rules([*first, *second], HELD_OUT)]
+    assert [r["rule"] for r in pooled["rules"]] == [r["rule"] for r in expected]
+    for got, want in zip(pooled["rules"], expected):  # read back from CSV text: the same sums
+        assert got["relative"] == pytest.approx(want["relative"])
+        assert (got["worse"], got["better"], got["corpora"]) == (
+            want["worse"], want["better"], 3)
+    assert pooled["corpora"][HELD_OUT] == ["g0", "h0", "h1"]
+    # the same folder twice would count its corpora twice; a folder without the run: refused
+    for argv, rule in ((["--stem", stem, folders[0], folders[0]], "'h0' is also in"),
+                       (["--stem", "heldout", folders[0]], "holds no heldout.csv")):
+        assert heldout_sets.main(argv) == 2
+        err = capsys.readouterr().err
+        assert rule in err and err.count("\n") == 1 and "Traceback" not in err
 
 
 # --- the experiment ------------------------------------------------------------------------------

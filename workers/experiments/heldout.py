@@ -510,12 +510,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             bar.update(1)
             bar.event(f"{entry.name} done")
     verdicts = [r["verdict"] for r in results]
+    models = [row for r in results for row in r["models"]]
     result = {"sizes": dataclasses.asdict(sizes), "recipe": train_config(sizes, 0).to_dict(),
               "later_heads": args.later_heads,
               "corpora": [dataclasses.asdict(v) for v in verdicts],
-              "models": [row for r in results for row in r["models"]],
+              "models": models,
               "sets": {role: None if s is None else dataclasses.asdict(s)
                        for role, s in report.sets(verdicts).items()},
+              "rules": [dataclasses.asdict(r) for role in ROLES
+                        for r in report.against_rules(models, role)],
               "out": str(args.out), "stem": stem_of(args),
               "constants": None if constants is None else {
                   "file": str(args.constants), **constants.as_flags()},
@@ -563,6 +566,8 @@ def write_outputs(result: dict[str, Any], runs: list[dict[str, str]], out: Path)
     write_csv(out / f"{stem}_sets.csv", [{"set": role, **s}
                                          for role, s in result["sets"].items() if s is not None])
     write_csv(out / f"{stem}_runs.csv", runs)
+    if result["rules"]:
+        write_csv(out / f"{stem}_rules.csv", result["rules"])
     if result["calibrations"]:
         write_csv(out / f"{stem}_calibration.csv", result["calibrations"])
     write_atomic(out / f"{stem}.txt", report.render(result) + "\n")

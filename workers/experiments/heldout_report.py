@@ -170,6 +170,58 @@ def over_corpora(rows: Sequence[CorpusVerdict], role: Role) -> SetVerdict:
                       within_margin=sum(r.within_margin for r in rows))
 
 
+BEST_EACH = "best on each corpus"  # ``against_rules``' row of the per-corpus best rules
+
+
+@dataclass(frozen=True)
+class RuleOverSet:
+    """One fixed rule used on every corpus of a set, as a practitioner fixes a rule before
+    seeing the data, against the plan: the mean of (plan - rule) / rule's loss over the set's
+    corpora with its 95% interval over them, and on how many corpora the plan is worse or better
+    (the corpus's paired verdict). ``BEST_EACH`` is the rule of lowest loss on each corpus,
+    chosen on the verdict's own seeds: the set's headline (``over_corpora``), the hardest and
+    selection-biased baseline."""
+
+    role: Role
+    rule: str
+    arch: str  # the rule's architecture ("" where it differs by corpus: ``BEST_EACH``'s may)
+    corpora: int
+    relative: float
+    low: float
+    high: float
+    p_worse: float | None
+    verdict: str
+    worse: int
+    better: int
+
+
+def against_rules(models: Sequence[Mapping[str, Any]], role: Role) -> list[RuleOverSet]:
+    """Over one set's corpora (``judge``'s model rows of ``role``, as built or read back from
+    the tables' CSV): each fixed rule against the plan, in the rows' order, then ``BEST_EACH``.
+    Empty with fewer than two corpora (no interval over one)."""
+    rules = [m for m in models if m["role"] == role and m["model"] != PLAN]
+    by_rule: dict[str, list[Mapping[str, Any]]] = {}
+    for m in rules:
+        by_rule.setdefault(m["model"], []).append(m)
+    by_rule[BEST_EACH] = [m for m in rules if m["best_rule"] in (True, "True")]
+    if len(by_rule[BEST_EACH]) < 2:
+        return []
+    return [rule_over_set(role, rule, rows) for rule, rows in by_rule.items()]
+
+
+def rule_over_set(role: Role, rule: str, rows: Sequence[Mapping[str, Any]]) -> RuleOverSet:
+    """One rule's rows (one per corpus) summed up over the set."""
+    relative = [float(r["plan_minus_this"]) / float(r["loss"]) for r in rows]
+    over = paired(relative, [0.0] * len(rows))
+    archs = {r["arch"] for r in rows}
+    return RuleOverSet(
+        role=role, rule=rule, arch=archs.pop() if len(archs) == 1 else "", corpora=len(rows),
+        relative=over.difference.mean, low=over.difference.low, high=over.difference.high,
+        p_worse=over.p_worse, verdict=verdict_of(over),
+        worse=sum(float(r["p_plan_worse"]) < ALPHA for r in rows),
+        better=sum(float(r["plan_minus_high"]) < 0 for r in rows))
+
+
 def against_picks(rows: Sequence[dict[str, Any]], role: Role) -> str:
     """Over one set's calibrated corpora (``calibration_row``'s rows of ``role``): the mean of
     (plan - pick) / pick's loss with its 95% interval over them. The pick is chosen on the
@@ -178,7 +230,7 @@ def against_picks(rows: Sequence[dict[str, Any]], role: Role) -> str:
     picked = [r for r in rows if r["role"] == role]
     if len(picked) < 2:
         return ""
-    over = paired([r["plan_minus_pick_relative"] for r in picked], [0.0] * len(picked))
+    over = paired([float(r["plan_minus_pick_relative"]) for r in picked], [0.0] * len(picked))
     return (f"over the {len(picked)} {role} corpora: plan - pick = "
             f"{100 * over.difference.mean:+.2f}% [{100 * over.difference.low:+.2f}%, "
             f"{100 * over.difference.high:+.2f}%] (95% over corpora), p (worse) "
@@ -289,6 +341,9 @@ def render(result: dict[str, Any]) -> str:
             continue
         lines += ["", f"{SET_TITLES[role]}:", corpora_table(corpora),
                   set_line(result["sets"][role])]
+        rules = [r for r in result.get("rules", ()) if r["role"] == role]
+        if rules:
+            lines += ["", RULES_TITLE, rules_table(rules)]
         if any(c["twin"] for c in corpora):
             lines += ["", "what the later layers' rule buys: the plan against the rule with its "
                       "first layer in every layer (its twin):", twins_table(corpora)]
@@ -305,9 +360,26 @@ def render(result: dict[str, Any]) -> str:
         lines += [line for role in ROLES
                   if (line := against_picks(result["calibrations"], role))]
     stem = result["stem"]
+    extra = "".join(f", {stem}_{part}.csv" for part, key in (("rules", "rules"),
+                                                            ("calibration", "calibrations"))
+                    if result.get(key))
     lines.append(f"\nwrote {result['out']}/{stem}.csv, {stem}_corpora.csv, {stem}_sets.csv, "
-                 f"{stem}_runs.csv, {stem}.txt")
+                 f"{stem}_runs.csv{extra}, {stem}.txt")
     return "\n".join(lines)
+
+
+RULES_TITLE = ("the plan against one fixed rule on every corpus (a rule fixed before seeing "
+               "the data), over the set:")
+
+
+def rules_table(rules: Sequence[Mapping[str, Any]]) -> str:
+    """``against_rules``' rows (as dicts) of one set."""
+    return render_table(
+        ["rule", "architecture", "corpora", "plan - rule [95%]", "p (worse)", "verdict",
+         "plan worse on", "plan better on"],
+        [[r["rule"], r["arch"] or "-", r["corpora"],
+          f"{100 * r['relative']:+.2f}% [{100 * r['low']:+.2f}%, {100 * r['high']:+.2f}%]",
+          p_text(r["p_worse"]), r["verdict"], r["worse"], r["better"]] for r in rules])
 
 
 def describe_sizes(result: dict[str, Any]) -> str:
