@@ -1,7 +1,7 @@
 """How sure a measurement over seeds is: a point's mean and its 95% interval over seeds
 (``interval``), the seeds' spread beside the evaluation's (``noise``), which points are not
-significantly worse than a reference (``not_worse``, ``not_worse_than_kth``), and a paired
-difference over shared seeds (``paired``).
+significantly worse than a reference (``not_worse``, ``not_worse_than_kth``), a paired
+difference over shared seeds (``paired``), and a family of tests read together (``holm``).
 
 The rule of a verdict: a point is *not significantly worse* than the reference unless a
 one-sided Welch t-test (unequal variances) rejects "its mean loss is no higher than the
@@ -203,6 +203,21 @@ def paired(values: Sequence[float], reference: Sequence[float],
     from scipy.stats import t
 
     return Paired(at, float(t.sf(at.mean / (spread / math.sqrt(len(diff))), len(diff) - 1)))
+
+
+def holm(ps: Sequence[float | None]) -> list[float | None]:
+    """Holm's (1979) step-down adjustment of one family's p-values, in their order (None: no
+    test, outside the family): the smallest times m, the next times m - 1, and so on, each at
+    least the one before it and at most 1. An adjusted p below ``ALPHA`` rejects its hypothesis
+    with the chance of any false rejection in the family at most ``ALPHA``, whatever the tests'
+    dependence; 13 tests read one by one would make one false "worse" in two families of 13."""
+    tested = sorted((p, k) for k, p in enumerate(ps) if p is not None)
+    adjusted: list[float | None] = [None] * len(ps)
+    running = 0.0
+    for rank, (p, k) in enumerate(tested):
+        running = max(running, min(1.0, (len(tested) - rank) * p))
+        adjusted[k] = running
+    return adjusted
 
 
 def paired_bootstrap(values: ArrayLike, reference: ArrayLike,

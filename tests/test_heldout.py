@@ -34,6 +34,7 @@ from workers.experiments.heldout_report import (
     CorpusVerdict,
     against_picks,
     against_rules,
+    holm_by_corpus,
     judge,
     over_corpora,
     sets,
@@ -176,6 +177,19 @@ def test_the_held_out_verdict_refuses_a_development_corpus() -> None:
         over_corpora([*held, verdict(-0.5, role=DEVELOPMENT, name="d")], HELD_OUT)
     with pytest.raises(ProtocolError, match="'h0' is a held-out corpus, in the development"):
         over_corpora(held[:1], DEVELOPMENT)
+
+
+def test_a_set_counts_worse_corpora_as_one_family_too() -> None:
+    # one corpus a little worse (p ~0.04 alone), one clearly (p ~0.0002), one level
+    held = [verdict(0.002, name="h0"), verdict(0.0, name="h1"), verdict(0.03, name="h2")]
+    assert 0.05 / 3 < held[0].p_worse < 0.05  # type: ignore[operator]
+    summary = sets(held)[HELD_OUT]
+    assert summary is not None and (summary.worse, summary.worse_holm) == (2, 1)
+    # h2 is the smallest (times 3), h0 the next (times 2)
+    assert holm_by_corpus(held)["h0"] == pytest.approx(2 * held[0].p_worse)  # type: ignore[operator]
+    _, rows = judged((0.002, 0.0, 0.03))
+    best = {r.rule: r for r in against_rules(rows, HELD_OUT)}[BEST_EACH]
+    assert (best.worse, best.worse_holm) == (2, 1)
 
 
 def test_development_and_held_out_are_summarised_apart() -> None:

@@ -4,12 +4,14 @@ against SciPy's, and the verdict on points built to be inside or outside the noi
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 from scipy import stats as scipy_stats
 
 from common.stats import (
     Interval,
+    holm,
     interval,
     kth_best,
     noise,
@@ -116,3 +118,26 @@ def test_paired_edge_cases() -> None:
     assert paired([1.0, 1.1], [1.0, 1.1]).p_worse == 1.0
     with pytest.raises(ValueError, match="1 against 2"):
         paired([1.0], [1.0, 2.0])
+
+
+def holm_rejects(ps: list[float], alpha: float) -> set[int]:
+    """Holm's procedure as he states it: test the smallest p at alpha / m, the next at
+    alpha / (m - 1), ..., and stop at the first that fails."""
+    rejected: set[int] = set()
+    for rank, (p, k) in enumerate(sorted((p, k) for k, p in enumerate(ps))):
+        if p > alpha / (len(ps) - rank):
+            break
+        rejected.add(k)
+    return rejected
+
+
+def test_holm_adjusts_as_the_step_down_procedure_rejects() -> None:
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm([0.012, None, 0.3]) == pytest.approx([0.024, None, 0.3])  # None: not tested
+    rng = random.Random(3)
+    for _ in range(300):
+        ps = [rng.random() ** 3 for _ in range(rng.randint(1, 15))]
+        adjusted = holm(ps)
+        for alpha in (0.01, 0.05, 0.2):
+            assert {k for k, a in enumerate(adjusted) if a is not None and a <= alpha} == (
+                holm_rejects(ps, alpha))

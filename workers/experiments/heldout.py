@@ -511,9 +511,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             bar.event(f"{entry.name} done")
     verdicts = [r["verdict"] for r in results]
     models = [row for r in results for row in r["models"]]
+    holm = report.holm_by_corpus(verdicts)
     result = {"sizes": dataclasses.asdict(sizes), "recipe": train_config(sizes, 0).to_dict(),
               "later_heads": args.later_heads,
-              "corpora": [dataclasses.asdict(v) for v in verdicts],
+              "corpora": [{**dataclasses.asdict(v), "p_worse_holm": holm[v.corpus]}
+                          for v in verdicts],
               "models": models,
               "sets": {role: None if s is None else dataclasses.asdict(s)
                        for role, s in report.sets(verdicts).items()},
