@@ -302,3 +302,37 @@ def test_a_tell_whose_connection_drops_is_retried_and_lands(searcher: StudySearc
     assert trial.state == TrialState.COMPLETE and trial.value == 0.3
     assert trial.user_attrs["steps_reached"] == STEPS
     assert searcher.counts["COMPLETE"] == 1
+
+
+def test_an_ask_whose_connection_drops_after_the_trial_was_made_hands_out_one_trial(
+        searcher: StudySearcher, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A connection that drops after Optuna made the trial (at its first heartbeat): the guard
+    asks again, the first trial is recorded as an orphan, and only the trial handed to Tune
+    counts as running. Before, the first trial stayed in the searcher's memory as running, was
+    never handed out, and a search with one trial at a time waited for it forever."""
+    import sqlite3
+
+    from workers.search.guard import GuardedSearcher
+
+    guarded = GuardedSearcher(searcher, "sqlite:///x.db", patience=30)
+    beat, drops = searcher._beat, [1]
+
+    def dropping(number: int) -> None:
+        if drops:
+            drops.pop()
+            try:
+                raise sqlite3.OperationalError("server closed the connection unexpectedly")
+            except sqlite3.OperationalError as err:
+                raise optuna.exceptions.StorageInternalError("lost") from err
+        beat(number)
+
+    monkeypatch.setattr(searcher, "_beat", dropping)
+    first = guarded.suggest("a", 1)  # one trial to run: before, "wait" for the lost one
+    assert isinstance(first, dict) and not drops and guarded.fault is None
+    assert list(guarded.trials) == ["a"] and guarded.trials["a"].number == 1
+    orphan, handed = searcher.study.trials
+    assert orphan.state == TrialState.FAIL and orphan.user_attrs["status"] == TrialStatus.ORPHAN
+    assert handed.state == TrialState.RUNNING
+    guarded.complete("a", result(STEPS, 0.3))
+    assert guarded.suggest("b", 1) == "end"  # its one trial finished, nothing left RUNNING
+    assert [t.state for t in searcher.study.trials] == [TrialState.FAIL, TrialState.COMPLETE]

@@ -176,10 +176,14 @@ class StudySearcher:
             self.waiting = max(0, self.waiting - 1)
             for name in [n for n in ENDED_ATTRS if trial.user_attrs.get(n) is not None]:
                 trial.set_user_attr(name, None)
-        self.asked[key] = Asked(trial, arch)
         self._beat(trial.number)
         source = self._last_checkpointed(chain)
         resume = None if source is None else Path(source.user_attrs[CHECKPOINT])
+        # Handed out only once every read and write of the ask is done: a connection that
+        # drops before this line leaves the trial RUNNING and not handed out, which the guard
+        # records as an orphan before it asks again. Recorded earlier, the lost trial counted
+        # as running forever, and a search with its last place taken by it never ended.
+        self.asked[key] = Asked(trial, arch)
         return {TRIAL_KEY: TrialSpec(arch, train, resume)}
 
     def _ask(self) -> tuple[Trial, tuple[ArchConfig, dict[str, Any]]]:
@@ -222,6 +226,8 @@ class StudySearcher:
 
     def _last_checkpointed(self, numbers: set[int]) -> FrozenTrial | None:
         """The latest of these trials that recorded a checkpoint (a retry continues from it)."""
+        if not numbers:  # no retry: no read of the study (its open trials) to wait on or lose
+            return None
         done = [t for t in self.study.get_trials(deepcopy=False)
                 if t.number in numbers and CHECKPOINT in t.user_attrs]
         return max(done, key=lambda t: t.number) if done else None
