@@ -336,3 +336,39 @@ def test_an_ask_whose_connection_drops_after_the_trial_was_made_hands_out_one_tr
     guarded.complete("a", result(STEPS, 0.3))
     assert guarded.suggest("b", 1) == "end"  # its one trial finished, nothing left RUNNING
     assert [t.state for t in searcher.study.trials] == [TrialState.FAIL, TrialState.COMPLETE]
+
+
+def test_a_retry_whose_ask_loses_its_connection_is_enqueued_again(
+        searcher: StudySearcher, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dead worker's retry, dequeued as the connection drops: the guard records it as an
+    orphan and enqueues it again, so the retry still runs from the dead trial's checkpoint (not
+    a fresh trial in its place) and no retry is left counted as waiting."""
+    import sqlite3
+
+    from workers.search.guard import GuardedSearcher
+
+    guarded = GuardedSearcher(searcher, "sqlite:///x.db", patience=30)
+    searcher.ask("a")
+    searcher.record_checkpoint("a", str(tmp_path / "checkpoint_000002"))
+    searcher.complete("a", None, error=True)  # its worker died: a retry waits
+    assert searcher.waiting == 1
+    beat, drops = searcher._beat, [1]
+
+    def dropping(number: int) -> None:
+        if drops:
+            drops.pop()
+            try:
+                raise sqlite3.OperationalError("server closed the connection unexpectedly")
+            except sqlite3.OperationalError as err:
+                raise optuna.exceptions.StorageInternalError("lost") from err
+        beat(number)
+
+    monkeypatch.setattr(searcher, "_beat", dropping)
+    spec = guarded.suggest("b", 1)
+    assert isinstance(spec, dict) and not drops
+    assert spec[TRIAL_KEY].resume_from == tmp_path / "checkpoint_000002"
+    assert searcher.waiting == 0
+    died, orphan, retry = searcher.study.trials
+    assert died.user_attrs["status"] == TrialStatus.RAY_FAILED
+    assert orphan.user_attrs["status"] == TrialStatus.ORPHAN
+    assert retry.state == TrialState.RUNNING and guarded.trials["b"].number == retry.number

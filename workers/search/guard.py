@@ -31,11 +31,12 @@ from studies import (
     fail_marked,
     guarded,
     redact,
+    retry_failed,
 )
 from studies.trials import Direction, TrialRecord, TrialStatus
 from workers.search.failures import Death, RayFailure
 from workers.search.protocol import TrialSpec
-from workers.search.searcher import Best, StudySearcher
+from workers.search.searcher import Best, StudySearcher, retry_history
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -157,15 +158,18 @@ class GuardedSearcher:
         """FAIL the RUNNING trials this driver asked but never handed out: an ask whose
         connection dropped after Optuna created the trial, then asked again. With the lease no
         other driver runs trials of this study, so they are orphans: recorded as not trained
-        (status ``orphan``, not counted against ``--trials``)."""
+        (status ``orphan``, not counted against ``--trials``). An orphan that was a dead
+        worker's retry is enqueued again, so the retry still runs, from the same checkpoint."""
         inner = self.inner
         handed_out = {trial.number for trial in inner.trials.values()}
-        orphans = [t.number for t in inner.study.get_trials(
-            deepcopy=False, states=(TrialState.RUNNING,)) if t.number not in handed_out]
-        for number in orphans:
-            fail_marked(inner.storage, inner.study, number, TrialStatus.ORPHAN,
+        orphans = [t for t in inner.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                   if t.number not in handed_out]
+        for trial in orphans:
+            fail_marked(inner.storage, inner.study, trial.number, TrialStatus.ORPHAN,
                         "asked as the database connection dropped, then asked again; not run")
-        return orphans
+            if retry_history(trial):
+                retry_failed(inner.study, trial.number)
+        return [t.number for t in orphans]
 
     def beat(self) -> None:
         """The trials' heartbeats, and the lease's."""

@@ -173,7 +173,6 @@ class StudySearcher:
             trial.set_user_attr(name, value)
         chain = self._chain(trial.number)
         if chain:  # a retry: it starts with no error, and no outcome, of the trial it copies
-            self.waiting = max(0, self.waiting - 1)
             for name in [n for n in ENDED_ATTRS if trial.user_attrs.get(n) is not None]:
                 trial.set_user_attr(name, None)
         self._beat(trial.number)
@@ -181,8 +180,11 @@ class StudySearcher:
         resume = None if source is None else Path(source.user_attrs[CHECKPOINT])
         # Handed out only once every read and write of the ask is done: a connection that
         # drops before this line leaves the trial RUNNING and not handed out, which the guard
-        # records as an orphan before it asks again. Recorded earlier, the lost trial counted
-        # as running forever, and a search with its last place taken by it never ended.
+        # records as an orphan (a retry's enqueued again) before it asks again. Recorded
+        # earlier, the lost trial counted as running forever, and a search with its last place
+        # taken by it never ended.
+        if chain:
+            self.waiting = max(0, self.waiting - 1)
         self.asked[key] = Asked(trial, arch)
         return {TRIAL_KEY: TrialSpec(arch, train, resume)}
 
