@@ -256,8 +256,10 @@ def test_runs_of_several_folders_pool_into_one_set_and_a_corpus_counts_once(
             want["worse"], want["better"], 3)
     assert pooled["corpora"][HELD_OUT] == ["g0", "h0", "h1"]
     # the same folder twice would count its corpora twice; a folder without the run: refused
+    write_csv(tmp_path / "a" / "heldout_runs.csv", [{"corpus": "h0", "seed": 0}])
     for argv, rule in ((["--stem", stem, folders[0], folders[0]], "'h0' is also in"),
-                       (["--stem", "heldout", folders[0]], "holds no heldout.csv")):
+                       (["--stem", "heldout", folders[0]], "holds no heldout.csv"),
+                       (["--stem", "heldout_runs", folders[0]], "not a heldout models' table")):
         assert heldout_sets.main(argv) == 2
         err = capsys.readouterr().err
         assert rule in err and err.count("\n") == 1 and "Traceback" not in err

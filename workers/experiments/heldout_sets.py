@@ -33,11 +33,24 @@ from workers.experiments.heldout_report import (
 )
 
 PROG = "workers.experiments.heldout_sets"
+# What the pooled sums read of a models' table (``heldout_report.model_row``'s columns)
+MODEL_COLUMNS = ("corpus", "role", "model", "arch", "loss", "plan_minus_this", "plan_minus_high",
+                 "p_plan_worse", "best_rule")
 
 
-def read_rows(path: Path) -> list[dict[str, str]]:
+def read_rows(path: Path, columns: Sequence[str] = ()) -> list[dict[str, str]]:
+    """A table's rows.
+
+    Raises:
+        UsageError: the table lacks one of ``columns`` (not the table asked for).
+    """
     with path.open(newline="") as handle:
-        return list(csv.DictReader(handle))
+        reader = csv.DictReader(handle)
+        missing = [c for c in columns if c not in (reader.fieldnames or ())]
+        if missing:
+            raise UsageError.of([Problem("stem", excerpt(str(path)), "not a heldout models' "
+                                         f"table (no column {', '.join(missing)})")])
+        return list(reader)
 
 
 def folder_rows(folder: Path, stem: str) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
@@ -51,7 +64,9 @@ def folder_rows(folder: Path, stem: str) -> tuple[list[dict[str, str]], list[dic
         raise UsageError.of([Problem("dirs", excerpt(str(folder)),
                                      f"holds no {stem}.csv (heldout --out writes one per run)")])
     calibrations = folder / f"{stem}_calibration.csv"
-    return read_rows(models), read_rows(calibrations) if calibrations.is_file() else []
+    return (read_rows(models, MODEL_COLUMNS),
+            read_rows(calibrations, ("role", "plan_minus_pick_relative"))
+            if calibrations.is_file() else [])
 
 
 def pooled(folders: Sequence[Path], stem: str) -> dict[str, Any]:
