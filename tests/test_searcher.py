@@ -270,20 +270,12 @@ def test_no_point_is_trained_twice_and_an_exhausted_space_ends_the_search(
             assert t.user_attrs["status"] == TrialStatus.DUPLICATE and twin.params == t.params
 
 
-def test_a_tell_whose_connection_drops_is_retried_and_lands(searcher: StudySearcher,
-                                                            monkeypatch: pytest.MonkeyPatch
-                                                            ) -> None:
-    """The guard retries a completion whose database connection dropped mid-write: the trial
-    ends in its state with its value and attributes, counted once (not left RUNNING because
-    the first attempt had already marked it done)."""
+def drops_once(call: Any) -> tuple[Any, list[int]]:
+    """``call`` wrapped so that its first call fails as a dropped database connection does
+    (the driver's error under Optuna's wrapper), and the list that empties when it has."""
     import sqlite3
 
-    from workers.search.guard import GuardedSearcher
-
-    guarded = GuardedSearcher(searcher, "sqlite:///x.db", patience=30)
-    guarded.ask("a")
-    guarded.report("a", result(10, 0.1))
-    tell, drops = searcher.study.tell, [1]
+    drops = [1]
 
     def dropping(*args: Any, **kwargs: Any) -> Any:
         if drops:
@@ -292,8 +284,23 @@ def test_a_tell_whose_connection_drops_is_retried_and_lands(searcher: StudySearc
                 raise sqlite3.OperationalError("server closed the connection unexpectedly")
             except sqlite3.OperationalError as err:
                 raise optuna.exceptions.StorageInternalError("lost") from err
-        return tell(*args, **kwargs)
+        return call(*args, **kwargs)
 
+    return dropping, drops
+
+
+def test_a_tell_whose_connection_drops_is_retried_and_lands(searcher: StudySearcher,
+                                                            monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
+    """The guard retries a completion whose database connection dropped mid-write: the trial
+    ends in its state with its value and attributes, counted once (not left RUNNING because
+    the first attempt had already marked it done)."""
+    from workers.search.guard import GuardedSearcher
+
+    guarded = GuardedSearcher(searcher, "sqlite:///x.db", patience=30)
+    guarded.ask("a")
+    guarded.report("a", result(10, 0.1))
+    dropping, drops = drops_once(searcher.study.tell)
     monkeypatch.setattr(searcher.study, "tell", dropping)
     told = guarded.complete("a", result(STEPS, 0.3))
     assert told is not None and (told.number, told.state, told.value) == (0, "COMPLETE", 0.3)
@@ -310,22 +317,10 @@ def test_an_ask_whose_connection_drops_after_the_trial_was_made_hands_out_one_tr
     asks again, the first trial is recorded as an orphan, and only the trial handed to Tune
     counts as running. Before, the first trial stayed in the searcher's memory as running, was
     never handed out, and a search with one trial at a time waited for it forever."""
-    import sqlite3
-
     from workers.search.guard import GuardedSearcher
 
     guarded = GuardedSearcher(searcher, "sqlite:///x.db", patience=30)
-    beat, drops = searcher._beat, [1]
-
-    def dropping(number: int) -> None:
-        if drops:
-            drops.pop()
-            try:
-                raise sqlite3.OperationalError("server closed the connection unexpectedly")
-            except sqlite3.OperationalError as err:
-                raise optuna.exceptions.StorageInternalError("lost") from err
-        beat(number)
-
+    dropping, drops = drops_once(searcher._beat)
     monkeypatch.setattr(searcher, "_beat", dropping)
     first = guarded.suggest("a", 1)  # one trial to run: before, "wait" for the lost one
     assert isinstance(first, dict) and not drops and guarded.fault is None
@@ -343,8 +338,6 @@ def test_a_retry_whose_ask_loses_its_connection_is_enqueued_again(
     """A dead worker's retry, dequeued as the connection drops: the guard records it as an
     orphan and enqueues it again, so the retry still runs from the dead trial's checkpoint (not
     a fresh trial in its place) and no retry is left counted as waiting."""
-    import sqlite3
-
     from workers.search.guard import GuardedSearcher
 
     guarded = GuardedSearcher(searcher, "sqlite:///x.db", patience=30)
@@ -352,17 +345,7 @@ def test_a_retry_whose_ask_loses_its_connection_is_enqueued_again(
     searcher.record_checkpoint("a", str(tmp_path / "checkpoint_000002"))
     searcher.complete("a", None, error=True)  # its worker died: a retry waits
     assert searcher.waiting == 1
-    beat, drops = searcher._beat, [1]
-
-    def dropping(number: int) -> None:
-        if drops:
-            drops.pop()
-            try:
-                raise sqlite3.OperationalError("server closed the connection unexpectedly")
-            except sqlite3.OperationalError as err:
-                raise optuna.exceptions.StorageInternalError("lost") from err
-        beat(number)
-
+    dropping, drops = drops_once(searcher._beat)
     monkeypatch.setattr(searcher, "_beat", dropping)
     spec = guarded.suggest("b", 1)
     assert isinstance(spec, dict) and not drops

@@ -84,6 +84,12 @@ class SetVerdict:
     worse_holm: int  # worse with Holm's correction over the set's corpora (one family)
 
 
+def over_zero(relative: Sequence[float]) -> Paired:
+    """Relative differences over corpora (one per corpus) against none: their mean, its 95%
+    interval over the corpora, and the p that the mean is above 0."""
+    return paired(relative, [0.0] * len(relative))
+
+
 def verdict_of(p: Paired) -> str:
     if p.p_worse is not None and p.p_worse < ALPHA:
         return "worse"
@@ -165,7 +171,7 @@ def over_corpora(rows: Sequence[CorpusVerdict], role: Role) -> SetVerdict:
         ProtocolError: a corpus of the other role among ``rows``.
     """
     require_role(rows, role, lambda r: r.role, lambda r: r.corpus)
-    over = paired([r.relative for r in rows], [0.0] * len(rows))
+    over = over_zero([r.relative for r in rows])
     counts = {v: sum(r.verdict == v for r in rows) for v in ("worse", "better",
                                                                "inconclusive")}
     return SetVerdict(role=role, corpora=len(rows), relative=over.difference.mean,
@@ -234,7 +240,7 @@ def rule_over_set(role: Role, rule: str, rows: Sequence[Mapping[str, Any]]) -> R
     """One rule's rows (one per corpus) summed up over the set."""
     relative = [float(r["plan_minus_this"]) / float(r["loss"]) for r in rows]
     ps = [None if r["p_plan_worse"] in (None, "") else float(r["p_plan_worse"]) for r in rows]
-    over = paired(relative, [0.0] * len(rows))
+    over = over_zero(relative)
     archs = {r["arch"] for r in rows}
     return RuleOverSet(
         role=role, rule=rule, arch=archs.pop() if len(archs) == 1 else "", corpora=len(rows),
@@ -252,7 +258,7 @@ def against_picks(rows: Sequence[dict[str, Any]], role: Role) -> str:
     picked = [r for r in rows if r["role"] == role]
     if len(picked) < 2:
         return ""
-    over = paired([float(r["plan_minus_pick_relative"]) for r in picked], [0.0] * len(picked))
+    over = over_zero([float(r["plan_minus_pick_relative"]) for r in picked])
     return (f"over the {len(picked)} {role} corpora: plan - pick = "
             f"{100 * over.difference.mean:+.2f}% [{100 * over.difference.low:+.2f}%, "
             f"{100 * over.difference.high:+.2f}%] (95% over corpora), p (worse) "
@@ -265,7 +271,7 @@ def later_layers(rows: Sequence[dict[str, Any]]) -> str:
     twins = [r for r in rows if r["twin"]]
     if len(twins) < 2:
         return ""
-    over = paired([r["twin_relative"] for r in twins], [0.0] * len(twins))
+    over = over_zero([r["twin_relative"] for r in twins])
     return (f"over the {len(twins)} corpora with a twin: plan - twin = "
             f"{100 * over.difference.mean:+.2f}% [{100 * over.difference.low:+.2f}%, "
             f"{100 * over.difference.high:+.2f}%], p (worse) {p_text(over.p_worse)}")
