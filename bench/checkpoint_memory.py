@@ -58,14 +58,14 @@ def write_checkpoint(folder: Path, shape: dict[str, int], layers: int,
     import torch
     from safetensors.torch import save_file
 
-    from workers.checkpoints.llama import llama_arch, stock_pairs
+    from workers.checkpoints import llama_arch, stock_pairs
 
     config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"],
               "num_hidden_layers": layers, "hidden_act": "silu", "rms_norm_eps": 1e-5,
               "tie_word_embeddings": False, "dtype": dtype, **shape}
     arch = llama_arch(config)
     with torch.device("meta"):
-        from workers.models.model import build_model
+        from workers.models import build_model
 
         shapes = {k: tuple(v.shape) for k, v in build_model(arch).state_dict().items()}
     folder.mkdir(parents=True, exist_ok=True)
@@ -98,7 +98,7 @@ def write_checkpoint(folder: Path, shape: dict[str, int], layers: int,
 
 
 def _rows(arch: Any, ours: str, n: int, rows: int) -> list[int]:
-    from workers.checkpoints.llama import stock_row_split
+    from workers.checkpoints import stock_row_split
 
     return stock_row_split(arch, ours, n) or [rows]
 

@@ -69,7 +69,7 @@ def throughput(folder: Path, steps: int, rounds: int, smoke: bool) -> dict[str, 
     from arch import ArchConfig, HeadGroup, LayerSpec, TrainConfig
     from userdata import DataSpec
     from workers.tasks import make_data_task, make_task
-    from workers.training.trainer import Trainer
+    from workers.training import Trainer
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1)))
     length = 64 if smoke else 256

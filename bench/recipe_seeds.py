@@ -3,7 +3,7 @@
 How far one point of the corpora grid moves with the training seed under a training recipe: the
 documentation text (``pydoc_data`` topics), D = 128, 2 layers, MLP 2x, learned positions,
 windows of 64 bytes, 900 steps of 16 windows at lr 3e-3, evaluated on 32 validation batches, as
-``workers.experiments.corpora`` trains its grid (the task's batches are seed 0's for every
+``experiments.corpora`` trains its grid (the task's batches are seed 0's for every
 training seed: the seed draws the initial weights only). ``--recipe before`` is the warmup of
 5% used until 2026-11-28, ``current`` the recipe's (``arch.training``). Prints each seed's loss,
 their mean, SD, the 1% margin (1% of the mean) and the SD's ratio to it.
@@ -42,7 +42,7 @@ def train_point(heads: tuple[int, ...], seed: int, recipe: str, smoke: bool,
     from userdata import DataSpec
     from userdata.corpora import write_docs
     from workers.tasks import make_data_task
-    from workers.training.trainer import train
+    from workers.training import train
 
     d, length, steps = (32, 16, 10) if smoke else (128, 64, 900)
     task = make_data_task(DataSpec(str(write_docs(folder, 0.05 if smoke else 2.0))),
@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from workers.experiments import harness
+    from experiments import harness
 
     return harness.main(build_parser(), argv, run, render)
 

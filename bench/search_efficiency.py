@@ -108,7 +108,7 @@ def table_url(out: Path) -> str:
 
 def build_table(case: Case, url: str, results: Path) -> None:
     """Train every point of the space once into the study ``table-NAME`` (resumed if there)."""
-    from workers.experiments import harness
+    from experiments import harness
 
     harness.search(case.space, case.task, len(case.space.grid()), url, f"table-{case.name}",
                    results)
@@ -148,7 +148,7 @@ class Runs:
 def load_runs(url: str, name: str) -> Runs:
     """``table-NAME`` (seed 0) and, where ``bench.table_noise`` retrained points, their runs of
     ``noise-NAME`` (its ``train.seed`` param)."""
-    from workers.experiments import harness
+    from experiments import harness
 
     by_point: dict[str, dict[int, Entry]] = {k: {0: e} for k, e in load_table(
         url, f"table-{name}").items()}
@@ -570,8 +570,7 @@ def cases(args: argparse.Namespace) -> list[Case]:
         training_budget,
     )
     from workers.taskargs import task_from_args
-    from workers.tasks import make_task
-    from workers.tasks.data import make_data_task
+    from workers.tasks import make_data_task, make_task
 
     size = "smoke" if args.smoke_test else "paper"
     profiled: dict[str, Callable[[], Any]] = {}  # a table's data as a file, to profile
@@ -637,7 +636,7 @@ def main(argv: list[str] | None = None) -> int:
                             "a trained table; live searches per strategy and seed are not "
                             "offered)")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    from workers.experiments import harness
+    from experiments import harness
     from workers.search import ray_session
 
     try:

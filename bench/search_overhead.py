@@ -43,7 +43,7 @@ def plain_loop(url: str, study: str, args: argparse.Namespace) -> float:
 
     from arch import TrainConfig
     from workers.tasks import make_task
-    from workers.training.trainer import Trainer
+    from workers.training import Trainer
 
     torch.set_num_threads(1)  # what a 1-CPU trial gets
     trials = optuna.load_study(study_name=study, storage=url).get_trials(

@@ -82,9 +82,9 @@ def retrain(case: Case, out: Path, seeds: int, chosen: list[str], first: int = 1
             ) -> TableNoise:
     """Every ``chosen`` point with training seeds ``first``..seeds, trained (or resumed) into
     ``noise-NAME``; seed 0 is the table's unless ``first`` is 0."""
+    from experiments import harness
     from studies import open_storage
     from studies import records as rec
-    from workers.experiments import harness
 
     url, study = table_url(out), f"noise-{case.name}"
     if harness.study_exists(url, study) and study_recipe(url, study) != RECIPE:
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    from workers.experiments import harness
+    from experiments import harness
     from workers.search import ray_session
 
     try:

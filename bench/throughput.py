@@ -21,7 +21,7 @@ from torch import nn
 
 from arch import ATTENTION_KINDS, ArchConfig, AttentionKind, HeadGroup, LayerSpec
 from common.cli import Parser, add_format, dump, render_table
-from workers.models.model import Block, count_params
+from workers.models import Block, count_params
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 The bound's width order ``m`` (docs/theory.md §2.3) fitted to head-count grids measured here, next
 to the fit with ``m`` held at 0 (the bound before it): the ngram table's points with an MLP at lr
 3e-3 (``bench.table_noise``'s CSV: the table's seed-0 value and the three-seed mean of each) and
-the attention-only heads-vs-head-dimension grid (``workers.experiments.tradeoff``'s CSV, best of
+the attention-only heads-vs-head-dimension grid (``experiments.tradeoff``'s CSV, best of
 two learning rates and two seeds). Per fit: the design (what the layers identify of ``n`` and
 ``m``), the constants, R² of log-loss, Spearman, and the bound's best uniform layer and plan under
 them. No training: the losses are read from the CSVs.
@@ -135,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--noise", type=Path, default=RESULTS / "search_efficiency" / "table_noise.csv",
                    help="bench.table_noise's CSV (default: %(default)s)")
     p.add_argument("--tradeoff", type=Path, default=RESULTS / "tradeoff" / "tradeoff.csv",
-                   help="workers.experiments.tradeoff's CSV (default: %(default)s)")
+                   help="experiments.tradeoff's CSV (default: %(default)s)")
     p.add_argument("--leave-one-out", action="store_true",
                    help="also refit the ngram MLP points without each one in turn")
     add_format(p)

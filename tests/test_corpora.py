@@ -1,4 +1,4 @@
-"""The corpora experiment's stages (workers.experiments.corpora_stages): the grid read from an
+"""The corpora experiment's stages (experiments.corpora_stages): the grid read from an
 earlier run's CSV (and refused in one line when it is not one), the finalists chosen, the plans
 judged; and a smoke run whose stage 1 is a tiny generated CSV."""
 
@@ -11,9 +11,9 @@ from pathlib import Path
 import optuna
 import pytest
 
+from experiments import corpora
+from experiments.corpora_stages import Stage, finalists, judge, read_grid_csv
 from studies import open_storage
-from workers.experiments import corpora
-from workers.experiments.corpora_stages import Stage, finalists, judge, read_grid_csv
 
 HEADER = ["corpus", "heads_L0", "heads_L1", "loss_seed0", "loss_seed1", "rank"]
 

@@ -125,12 +125,12 @@ def test_the_estimated_widths_end_no_worse_than_measured_ones(tmp_path: Path) ->
     forward per layer and width (fitted by the input-scaled SVD: the rule it replaces)."""
     from alloc.compression import plan_compression, plan_for_kv_cache
     from arch import TrainConfig
+    from experiments.llama_compress import SMOKE, teacher_arch
     from userdata import DataSpec
     from userdata.corpora import write_code
     from workers.compression.latent_measure import curvature_latent
     from workers.compression.measure import SAMPLE_BATCH, measure_layers, measure_model
     from workers.compression.students import build_student, pair_orders
-    from workers.experiments.llama_compress import SMOKE, teacher_arch
     from workers.tasks import make_data_task
     from workers.training.trainer import Trainer, evaluate
 

@@ -17,9 +17,7 @@ import yaml
 
 from alloc.constants import read_constants
 from arch import ArchConfig, HeadGroup, LayerSpec, param_count
-from studies import open_storage
-from workers.checkpoints import load
-from workers.experiments import (
+from experiments import (
     compress,
     corpora,
     denoise,
@@ -30,6 +28,8 @@ from workers.experiments import (
     saturation,
     tradeoff,
 )
+from studies import open_storage
+from workers.checkpoints import load
 from workers.models.model import build_model, count_params
 from workers.tasks import fit_arch, make_task
 
@@ -46,7 +46,7 @@ SEARCHING = {"corpora": corpora, "mixit": mixit, "tradeoff": tradeoff}
 
 def run_experiment(tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch,
                    capsys: pytest.CaptureFixture[str], *extra: str) -> dict:  # type: ignore[type-arg]
-    """``workers.experiments.NAME --smoke-test --format json EXTRA`` in this process, on the
+    """``experiments.NAME --smoke-test --format json EXTRA`` in this process, on the
     test process's Ray (``shared_ray``: a subprocess cost a Python, torch and Ray import more,
     and a Ray of its own a ``ray.init`` more)."""
     monkeypatch.chdir(tmp_path)
@@ -77,7 +77,7 @@ def test_a_search_that_stops_ends_the_experiment_in_one_line(
     err = capsys.readouterr().err
     assert code == 1, err
     assert err.splitlines() == [
-        f"python -m workers.experiments.tradeoff: error: search tradeoff-ngram ended {status}; "
+        f"python -m experiments.tradeoff: error: search tradeoff-ngram ended {status}; "
         "its finished trials are kept: run the same command again to continue it"], err
 
 
@@ -291,8 +291,8 @@ def test_the_svd_baseline_is_the_separate_truncated_svd_of_keys_and_values(
         tmp_path: Path) -> None:
     """``svd``: each layer's key rows and value rows rebuilt as their own rank-``r``
     truncated SVDs (Eckart-Young), half the layer's units each."""
+    from experiments.kv_methods import layer_units, mhsa, svd
     from tests.helpers.llama import build, saved
-    from workers.experiments.kv_methods import layer_units, mhsa, svd
 
     teacher = load(saved(build("llama", num_key_value_heads=2), tmp_path / "t")).model
     student = svd(teacher, None, 0.25)  # type: ignore[arg-type]  # svd reads no sample
@@ -413,8 +413,8 @@ def test_qk_depth_cuts_each_layer_and_each_third(tmp_path: Path,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     """Every layer alone, then each third, cut to --dim query-key dims and scored on each
     held-out source; a verdict per source from the rank correlation and the paired thirds."""
+    from experiments import qk_depth
     from tests.helpers.llama import build, saved, token_folder
-    from workers.experiments import qk_depth
 
     teacher = saved(build("llama", num_key_value_heads=2, num_hidden_layers=3),
                     tmp_path / "teacher")

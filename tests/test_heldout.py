@@ -1,7 +1,7 @@
 """The held-out protocol: the corpus registry (userdata.corpora: roles, determinism, sizes), the
-fixed rules (alloc.heuristics), the verdicts (workers.experiments.heldout_report: a plan built
+fixed rules (alloc.heuristics), the verdicts (experiments.heldout_report: a plan built
 to be better, worse or within the noise; development and held-out never pooled), and the
-experiment end to end at smoke size (workers.experiments.heldout), resumed from its ledger."""
+experiment end to end at smoke size (experiments.heldout), resumed from its ledger."""
 
 from __future__ import annotations
 
@@ -25,10 +25,8 @@ from alloc.profiling.patterns import later_head_count
 from arch import ArchConfig, HeadGroup, LayerSpec
 from common.errors import UsageError
 from common.files import write_csv
-from userdata import corpora as registry
-from userdata.corpora import DEVELOPMENT, HELD_OUT, ProtocolError
-from workers.experiments import heldout, heldout_sets
-from workers.experiments.heldout_report import (
+from experiments import heldout, heldout_sets
+from experiments.heldout_report import (
     BEST_EACH,
     PLAN,
     CorpusVerdict,
@@ -39,6 +37,8 @@ from workers.experiments.heldout_report import (
     over_corpora,
     sets,
 )
+from userdata import corpora as registry
+from userdata.corpora import DEVELOPMENT, HELD_OUT, ProtocolError
 
 # --- the registry --------------------------------------------------------------------------------
 
@@ -529,7 +529,7 @@ def test_another_depth_has_its_own_profile_plans_and_tables(
 def test_it_runs_where_ray_optuna_and_sqlalchemy_are_not_installed(tmp_path: Path) -> None:
     """A bare GPU box has none of them; the held-out grid trains no search, so it needs none."""
     code = ("import sys; sys.modules.update(ray=None, optuna=None, sqlalchemy=None); "
-            "from workers.experiments.heldout import main; "
+            "from experiments.heldout import main; "
             f"sys.exit(main(['--smoke-test', '--corpus', 'docs', '--seeds', '2', '--out', "
             f"{str(tmp_path / 'out')!r}, '--quiet', '--format', 'json']))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

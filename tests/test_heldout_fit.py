@@ -1,4 +1,4 @@
-"""The held-out protocol's fitting step (workers.experiments.heldout_fit): the bound's constants
+"""The held-out protocol's fitting step (experiments.heldout_fit): the bound's constants
 fitted on the development corpora's ledgers only (a held-out row is refused), and ``heldout
 --constants``, which plans with them, reuses the rules' trainings and names its tables for the
 file."""
@@ -14,9 +14,9 @@ import pytest
 from alloc import HEURISTICS, read_constants
 from arch import ArchConfig, HeadGroup, LayerSpec
 from common.errors import UsageError
+from experiments import heldout, heldout_fit
+from experiments.heldout_report import PLAN
 from userdata.corpora import ProtocolError
-from workers.experiments import heldout, heldout_fit
-from workers.experiments.heldout_report import PLAN
 
 
 def plan_arch() -> ArchConfig:

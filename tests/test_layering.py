@@ -24,6 +24,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 OURS = {"alloc", "arch", "common", "search_spaces", "studies", "userdata", "workers"}
+# The top floor: work run by hand (benchmarks, the papers' experiments) over the product's
+# public surfaces; nothing of the product imports it, and it ships in no wheel.
+TOP_FLOOR = {"bench", "experiments"}
 FORBIDDEN = {
     # Shared command-line, error, file and plot helpers: everyone may import them.
     "common": {"torch", "ray"} | OURS - {"common"},
@@ -74,7 +77,7 @@ def hidden_paths(path: Path) -> set[str]:
     return found & HIDDEN
 
 
-@pytest.mark.parametrize("package", sorted(OURS | {"bench"}))
+@pytest.mark.parametrize("package", sorted(OURS | TOP_FLOOR))
 def test_no_call_path_goes_around_the_imports(package: str) -> None:
     """Every module of ours reaches the code it runs by an import the check above sees: none
     looks up entry points or imports a module by a computed name."""
@@ -86,6 +89,18 @@ def test_no_call_path_goes_around_the_imports(package: str) -> None:
 def test_the_package_registers_no_entry_points() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert "entry-points" not in project, project["entry-points"]
+
+
+def test_no_product_module_imports_the_top_floor() -> None:
+    """``experiments/`` and ``bench/`` build on the product, never the other way round, and
+    the wheel ships neither (they run from a checkout: ``python -m experiments.NAME``)."""
+    users = sorted(f"{path.relative_to(ROOT)} imports {sorted(imports(path) & TOP_FLOOR)}"
+                   for package in sorted(OURS) for path in (ROOT / package).rglob("*.py")
+                   if imports(path) & TOP_FLOOR)
+    assert not users, users
+    shipped = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    included = {pattern.rstrip("*") for pattern in shipped["packages"]["find"]["include"]}
+    assert included == OURS, included
 
 
 def test_importing_every_torch_free_module_loads_no_torch_and_no_workers() -> None:
@@ -166,7 +181,7 @@ def test_the_profile_commands_run_from_a_plain_checkout(tmp_path: Path) -> None:
 
 
 def test_no_module_shadows_the_standard_library() -> None:
-    packages = [ROOT / p for p in sorted(OURS)] + [ROOT / "bench"]
+    packages = [ROOT / p for p in sorted(OURS | TOP_FLOOR)]
     names = {path.stem for package in packages for path in package.rglob("*.py")}
     names |= {path.name for package in packages for path in package.rglob("*") if path.is_dir()}
     names |= OURS
@@ -252,11 +267,38 @@ def find_cycle(graph: Mapping[str, Iterable[str]]) -> list[str]:
 
 
 def test_no_module_imports_itself_through_others() -> None:
-    """Across every product module's imports, lazy ones included, there is no cycle: a cycle
-    hidden by a function-level import is one still (two modules that need each other are one
-    job, or share a piece that belongs below both)."""
-    cycle = find_cycle(import_graph(ROOT, OURS))
+    """Across every module's imports, the product's and the top floor's, lazy ones included,
+    there is no cycle: a cycle hidden by a function-level import is one still (two modules that
+    need each other are one job, or share a piece that belongs below both)."""
+    cycle = find_cycle(import_graph(ROOT, OURS | TOP_FLOOR))
     assert not cycle, "module cycle: " + " -> ".join(cycle)
+
+
+def room_graph(graph: Mapping[str, Iterable[str]]) -> dict[str, set[str]]:
+    """``graph`` with each module folded into its room: the subpackage two levels down
+    (``workers.training.trainer`` -> ``workers.training``; ``workers.pilot`` stays itself)."""
+    def room(module: str) -> str:
+        return ".".join(module.split(".")[:2])
+
+    rooms: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        rooms.setdefault(room(module), set()).update(
+            room(t) for t in targets if room(t) != room(module))
+    return rooms
+
+
+def test_no_subpackage_imports_itself_through_others() -> None:
+    """The rooms of each floor form no cycle either: ``workers.training`` and
+    ``workers.compression`` (the compressor fine-tunes with the trainer, so the trainer never
+    reaches compression), ``bench.gpu``'s modules, and every other pair of subpackages."""
+    cycle = find_cycle(room_graph(import_graph(ROOT, OURS | TOP_FLOOR)))
+    assert not cycle, "subpackage cycle: " + " -> ".join(cycle)
+
+
+def test_the_room_check_folds_modules_into_subpackages() -> None:
+    graph = {"w.a.x": {"w.b.y"}, "w.b.y": {"w.b.z"}, "w.b.z": {"w.a.q"}, "w.a.q": set()}
+    assert find_cycle(graph) == []
+    assert find_cycle(room_graph(graph)) == ["w.a", "w.b", "w.a"]
 
 
 def test_the_cycle_check_finds_lazy_relative_and_package_cycles(tmp_path: Path) -> None:
@@ -284,9 +326,9 @@ TESTS = ROOT / "tests"
 
 
 def test_no_product_module_imports_the_tests() -> None:
-    """The product (and the benchmarks) never import ``tests``: what a test needs the product
+    """The product (and the top floor) never import ``tests``: what a test needs the product
     to do is product code, and test code never ships."""
-    users = sorted(str(path.relative_to(ROOT)) for package in sorted(OURS | {"bench"})
+    users = sorted(str(path.relative_to(ROOT)) for package in sorted(OURS | TOP_FLOOR)
                    for path in (ROOT / package).rglob("*.py") if "tests" in imports(path))
     assert not users, users
 
@@ -321,6 +363,10 @@ def test_no_test_module_imports_another() -> None:
 # lists (``arch.checks``, ``studies.query``); every other module is private to it.
 SURFACES = ("alloc", "arch", "search_spaces", "studies", "userdata", "workers.compression",
             "workers.search")
+# The top floor sees the torch runtime through its rooms' ``__init__`` too (the runtime's own
+# rooms import each other's modules directly).
+TOP_SURFACES = (*SURFACES, "workers.checkpoints", "workers.hf", "workers.models",
+                "workers.tasks", "workers.training")
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
@@ -334,7 +380,8 @@ def public_names(package: str, root: Path = ROOT) -> set[str]:
     return set()
 
 
-def private_imports(source: str, where: str, inside: str = "") -> list[str]:
+def private_imports(source: str, where: str, inside: str = "",
+                    surfaces: tuple[str, ...] = SURFACES) -> list[str]:
     """Each import in ``source`` of a surface package's private module or unlisted name, by
     a module outside that package (``inside``: the importing module's dotted name)."""
     found = []
@@ -347,7 +394,7 @@ def private_imports(source: str, where: str, inside: str = "") -> list[str]:
         else:
             continue
         for module, name in pairs:
-            package = next((s for s in SURFACES if module == s or module.startswith(s + ".")), "")
+            package = next((s for s in surfaces if module == s or module.startswith(s + ".")), "")
             if not package or inside == package or inside.startswith(package + "."):
                 continue
             rest = module[len(package) + 1:]
@@ -361,11 +408,14 @@ def private_imports(source: str, where: str, inside: str = "") -> list[str]:
 def test_outside_a_package_only_its_public_surface_is_imported() -> None:
     """``alloc``, ``arch``, ``search_spaces``, ``studies``, ``userdata``, ``workers.compression``
     and ``workers.search`` keep private modules behind a public ``__init__``: every product
-    module (benchmarks included) and every Python block of
-    the docs imports from the package, or a module its ``__all__`` lists."""
-    modules = modules_of(ROOT, [*OURS, "bench"])
+    module and every Python block of the docs imports from the package, or a module its
+    ``__all__`` lists; the top floor (``experiments/``, ``bench/``) also sees the runtime's
+    rooms (models, training, tasks, checkpoints, hf) only through their ``__init__``."""
+    modules = modules_of(ROOT, [*OURS, *TOP_FLOOR])
     found = [hit for name, path in modules.items()
-             for hit in private_imports(path.read_text(), name, inside=name)]
+             for hit in private_imports(path.read_text(), name, inside=name,
+                                        surfaces=TOP_SURFACES if name.split(".")[0] in TOP_FLOOR
+                                        else SURFACES)]
     for doc in DOCS:
         for i, block in enumerate(doc.read_text().split("```python")[1:]):
             code = block.split("```")[0]

@@ -264,7 +264,7 @@ def test_pair_ranking_is_the_same_one_window_at_a_time(monkeypatch: pytest.Monke
                                                          tmp_path: Path) -> None:
     """The pair terms are formed in chunks of windows (a long sample must not hold every pair's
     T x T map): the ranking and the errors do not depend on the chunk."""
-    import workers.compression.chunks as chunks
+    import workers.chunks as chunks
     import workers.compression.measure as measure_module
 
     loaded = load(saved(build("llama", num_key_value_heads=2), tmp_path / "m"))
@@ -412,7 +412,7 @@ def test_logit_statistics_are_the_same_one_window_at_a_time(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The statistics pass runs a long sample a few windows at a time (every head's T x T map
     of a whole sample would not fit): bounds, entropies, inputs and norms do not change."""
-    import workers.compression.chunks as chunks
+    import workers.chunks as chunks
     import workers.compression.recording as recording
 
     loaded = load(saved(build("llama", num_key_value_heads=2), tmp_path / "m"))

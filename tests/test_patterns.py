@@ -14,7 +14,7 @@ from alloc.profiling.patterns import distinct_patterns, head_counts, later_head_
 from alloc.settings import PlanSettings
 from arch import HeadGroup, LayerSpec
 from common.errors import TransformerAllocError
-from workers.training.pilot import head_similarity
+from workers.pilot import head_similarity
 
 
 @pytest.mark.parametrize("patterns", [1, 2, 3, 4, 8, 16])

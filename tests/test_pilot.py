@@ -20,8 +20,8 @@ from alloc.profiling.spectra import participation_ratio, signal_dim, variance_ra
 from alloc.settings import PlanSettings
 from alloc.solve import main as solve_main
 from userdata import DataSpec
+from workers.pilot import run_pilot
 from workers.profile import main
-from workers.training.pilot import run_pilot
 
 
 def bits_corpus(folder: Path, bits: int, tokens: int = 200_000, flip: float = 0.1) -> Path:

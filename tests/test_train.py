@@ -260,7 +260,7 @@ def test_the_evaluation_a_window_at_a_time_is_the_whole_batchs(
     whole batch would not fit): loss, metric and standard error do not depend on the chunk,
     for a token loss, a vector loss with per-sequence side information, and a per-sequence
     metric."""
-    import workers.compression.chunks
+    import workers.chunks
 
     made = make_task(task, "smoke")
     layer = LayerSpec("mhsa", (HeadGroup(2, 8),), mlp_ratio=1.0)
@@ -270,7 +270,7 @@ def test_the_evaluation_a_window_at_a_time_is_the_whole_batchs(
     model = build_model(arch)
     config = TrainConfig(eval_batches=3, batch_size=8)
     whole = measure(model, made, config, "cpu")
-    monkeypatch.setattr(workers.compression.chunks, "CHUNK_BYTES", 1)  # one window per chunk
+    monkeypatch.setattr(workers.chunks, "CHUNK_BYTES", 1)  # one window per chunk
     chunked = measure(model, made, config, "cpu")
     assert chunked.loss == pytest.approx(whole.loss, rel=1e-6)
     assert chunked.metric == pytest.approx(whole.metric, rel=1e-6)

@@ -3,7 +3,7 @@
 Profile your data or your trained model, running a model with torch. ``--data``: the allocator's
 inputs measured from a bounded sample (docs/theory.md §9, as ``python -m alloc.profile`` measures
 them) and, for token data, by default a short pilot training of the uniform baseline at your
-width that measures them as a model sees them (§9.2, ``workers.training.pilot``; ``--no-pilot``: the
+width that measures them as a model sees them (§9.2, ``workers.pilot``; ``--no-pilot``: the
 statistics alone); ``--out`` writes the profile ``alloc.solve --profile`` reads. ``--checkpoint``:
 a trained model's compression plan (§10): per head the spectrum of its query-key map and, on a
 sample of ``--data`` or of ``--task`` (the trainer's task flags), its logit bound and attention
@@ -71,7 +71,7 @@ def profile_data(spec: DataSpec, seq_len: int | None = None, sample: int | None 
                  seed: int = 0, pilot: PilotRequest | None = None,
                  on_pilot: Callable[[PilotRequest], None] | None = None) -> Profile:
     """The data's statistics (``alloc.profiling.datastats.data_statistics``) and, with ``pilot``
-    (token data only), the pilot trained and measured (``workers.training.pilot``) in windows of the
+    (token data only), the pilot trained and measured (``workers.pilot``) in windows of the
     profile's ``seq_len``, calling ``on_pilot`` once the statistics are measured.
 
     Raises:
@@ -80,7 +80,7 @@ def profile_data(spec: DataSpec, seq_len: int | None = None, sample: int | None 
     start = time.perf_counter()
     profile = data_statistics(spec, seq_len, sample, seed)
     if pilot is not None and profile.format != "npy":
-        from workers.training.pilot import run_pilot  # torch: once the statistics are measured
+        from workers.pilot import run_pilot  # torch: once the statistics are measured
 
         request = dataclasses.replace(pilot, data=spec.resolved(), seq_len=profile.seq_len,
                                       seed=seed)

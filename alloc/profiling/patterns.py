@@ -12,7 +12,7 @@ distinct patterns**: the participation ratio of the heads' similarity matrix
 
 ``P`` is 1 when every head attends alike and ``H`` when no two heads overlap; heads in ``P``
 groups of equal size, patterns identical within a group and disjoint across, give exactly ``P``.
-No torch: ``workers.training.pilot`` measures ``S``.
+No torch: ``workers.pilot`` measures ``S``.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ normalised vectors layer 0's attention reads (participation ratio and 90%-energy
 dimension ``d_in``), the attention mass layer 0 puts at each query-key distance (a memory
 kernel), and each later layer's logit bound ``R`` and query-key singular values (the
 saturation rule's inputs, as ``--checkpoint`` profiles measure them). This module holds the
-typed request and result, with no torch; ``workers.training.pilot.run_pilot`` trains and measures,
+typed request and result, with no torch; ``workers.pilot.run_pilot`` trains and measures,
 and ``python -m workers.profile --data`` runs it.
 """
 

@@ -24,7 +24,7 @@ import torch
 from arch import ATTENTION_KINDS, ArchConfig, HeadGroup, LayerSpec, TrainConfig
 from bench.gpu.plan import Budget, Context, PartResult
 from workers.tasks import LMTask, describe_task
-from workers.training.trainer import Trainer
+from workers.training import Trainer
 
 ROOT = Path(__file__).resolve().parents[2]
 SUITE = ("tests/test_model.py",)

@@ -11,12 +11,9 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from bench.throughput import Shape
-
-if TYPE_CHECKING:
-    from bench.gpu.students import StudentsJob
 
 
 @dataclass(frozen=True)
@@ -135,6 +132,15 @@ class PartResult:
         self.notes.append(line)
 
 
+class Students(Protocol):
+    """Folders made beside the parts (``bench.gpu.students.StudentsJob``): ``wait`` returns
+    them once made, or raises ``BudgetSpent`` when ``budget`` ends first."""
+
+    def wait(self, budget: Budget) -> dict[str, Path]: ...
+
+    def stop(self) -> None: ...
+
+
 @dataclass
 class Context:
     """What every part reads: the device, the sizes, the working folder, the report folder,
@@ -149,5 +155,5 @@ class Context:
     peak_flops: float | None
     smoke: bool
     arch_file: Path | None = None  # the training part's --arch
-    students: StudentsJob | None = None  # made beside the parts; parity and decode wait
+    students: Students | None = None  # made beside the parts; parity and decode wait
     matmul_tflops: float | None = None  # measured by the throughput part

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from bench.checkpoint_memory import token_folder
-from bench.gpu.plan import Budget, BudgetSpent, Context, PartResult, TeacherSize
+from bench.gpu.plan import Budget, BudgetSpent, Context, PartResult, Students, TeacherSize
 
 ROOT = Path(__file__).resolve().parents[2]
 # name -> (KV cache fraction, extra workers.profile flags)
@@ -199,7 +199,7 @@ def stock_compact(paths: dict[str, Path], result: PartResult) -> Path | None:
     return folder
 
 
-def students_of(ctx: Context) -> StudentsJob:
+def students_of(ctx: Context) -> Students:
     if ctx.students is None:
         raise RuntimeError("the students were not started (bench.gpu starts them for parity "
                            "and decode)")

@@ -21,7 +21,7 @@ from bench.gpu.plan import Budget, Context, PartResult
 from bench.throughput import Shape
 from common.files import read_yaml
 from workers.tasks import LMTask, fit_arch
-from workers.training.trainer import Trainer
+from workers.training import Trainer
 
 VOCAB = 256  # bytes
 

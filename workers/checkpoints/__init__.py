@@ -38,8 +38,11 @@ from workers.checkpoints.llama import (
     llama_config,
     load_llama,
     save_llama,
+    stock_pairs,
+    stock_row_split,
     tensors_into,
 )
+from workers.checkpoints.stream import WholeModel
 from workers.errors import CheckpointError
 from workers.models.model import Model, build_model
 
@@ -50,6 +53,7 @@ __all__ = [
     "CheckpointError",
     "Layout",
     "Loaded",
+    "WholeModel",
     "gguf_file",
     "gpt2_arch",
     "is_family_folder",
@@ -62,6 +66,8 @@ __all__ = [
     "save_gpt2",
     "save_llama",
     "source_of",
+    "stock_pairs",
+    "stock_row_split",
 ]
 
 

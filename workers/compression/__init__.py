@@ -3,11 +3,10 @@ cut costs the loss, and the students built from a plan
 (``python -m workers.compress``).
 
 The public names are those of ``__all__``, imported from here: each loads its module on first
-use (PEP 562), so that ``python -m workers.compress --help`` loads no torch. The public module
-``chunks`` (how many windows a batch runs at once) is imported by the trainer directly, which a
-name from here would close into a cycle (the compressor trains); every other module is private
-to the package: outside it, import its names from ``workers.compression`` (tests/test_layering
-checks)."""
+use (PEP 562), so that ``python -m workers.compress --help`` loads no torch. Every module is
+private to the package: outside it, import its names from ``workers.compression``
+(tests/test_layering checks). How many windows a batch runs at once is ``workers.chunks``,
+below both this package and the trainer it fine-tunes with."""
 
 from __future__ import annotations
 
@@ -46,7 +45,6 @@ __all__ = [
     "LayerCurvature",
     "PairOrders",
     "build_student",
-    "chunks",
     "compress",
     "curvature_latent",
     "derotation_orders",

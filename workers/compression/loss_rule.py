@@ -15,7 +15,7 @@ from torch import Tensor
 from alloc.compression import LayerMeasurement, candidate_dims, latent_spec, latent_widths
 from arch import ArchConfig, LayerSpec
 from common.progress import Progress
-from workers.compression.chunks import window_chunks
+from workers.chunks import window_chunks
 from workers.compression.latent_students import latent_layer
 from workers.models.kinds import make_attention
 from workers.models.model import Model

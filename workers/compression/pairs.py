@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from alloc.compression import HeadStats
-from workers.compression.chunks import CHUNK_BYTES, window_chunks
+from workers.chunks import CHUNK_BYTES, window_chunks
 from workers.compression.heads import HeadMap
 from workers.models.attention import rotate
 

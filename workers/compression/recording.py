@@ -2,7 +2,7 @@
 logits, reduced as they are computed, and each attention's input) for a whole model, and
 ``record_block`` for one decoder block on its residual stream (the layer-by-layer measurement
 of ``workers.compression.measure``, which may stream the blocks from disk). Both run a few windows
-at a time (``workers.compression.chunks``) so that no sample holds every head's ``T x T`` map."""
+at a time (``workers.chunks``) so that no sample holds every head's ``T x T`` map."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from arch import LayerSpec
-from workers.compression.chunks import CHUNK_BYTES, window_chunks
+from workers.chunks import CHUNK_BYTES, window_chunks
 from workers.models.attention import LogitRecorder
 from workers.models.model import Block, Model
 

@@ -24,8 +24,9 @@ from workers.tasks.tokens import (
     MemorizeTask,
     ModAddTask,
     RetrievalTask,
+    bits_per_param,
 )
-from workers.tasks.vectors import DenoiseTask, ICLLinearTask, KernelTask, NgramTask
+from workers.tasks.vectors import DenoiseTask, ICLLinearTask, KernelTask, NgramTask, cluster_snr
 
 TASKS: dict[str, type[Task]] = {cls.name: cls for cls in (
     NgramTask, KernelTask, DenoiseTask, InductionTask, RetrievalTask, ModAddTask, AdditionTask,
@@ -33,9 +34,9 @@ TASKS: dict[str, type[Task]] = {cls.name: cls for cls in (
 
 __all__ = ["DATA_TASKS", "TASKS", "AdditionTask", "ArrayTask", "Batch", "BinTask", "DenoiseTask",
            "DyckTask", "ICLLinearTask", "InductionTask", "KernelTask", "LMTask", "MemorizeTask",
-           "ModAddTask", "NgramTask", "RetrievalTask", "Task", "TaskError", "TextTask", "corpus",
-           "describe_task", "fit_arch", "generator", "make_data_task", "make_task",
-           "task_from_description"]
+           "ModAddTask", "NgramTask", "RetrievalTask", "Task", "TaskError", "TextTask",
+           "bits_per_param", "cluster_snr", "corpus", "describe_task", "fit_arch", "generator",
+           "make_data_task", "make_task", "task_from_description"]
 
 
 def make_task(name: str, size: str = "smoke", seed: int = 0, **params: Any) -> Task:

@@ -22,7 +22,7 @@ from common import stats
 from common.errors import Problem
 from common.progress import Progress
 from workers.checkpoints import CheckpointError
-from workers.compression.chunks import chunk_windows
+from workers.chunks import chunk_windows
 from workers.models.model import build_model, count_params, maybe_compile
 from workers.tasks import Task, describe_task, fit_arch
 
@@ -125,7 +125,7 @@ class Evaluation:
 def measure(model: nn.Module, task: Task, config: TrainConfig, device: str) -> Evaluation:
     """The model's validation loss, its standard error and the task's metric over
     ``eval_batches`` fixed validation batches (the same batches for every model and seed).
-    Each batch runs a few windows at a time (``workers.compression.chunks``): a batch of 32 windows
+    Each batch runs a few windows at a time (``workers.chunks``): a batch of 32 windows
     of 2,048 tokens over a 32,000-token vocabulary would be 8.4 GB of logits at once."""
     model.eval()
     losses, total, count = [], 0.0, 0

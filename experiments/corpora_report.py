@@ -1,4 +1,4 @@
-"""What the corpora experiment writes (``workers.experiments.corpora``): its CSV tables, its plot
+"""What the corpora experiment writes (``experiments.corpora``): its CSV tables, its plot
 and its text table, each over whatever plans a result holds (``result["plans"]``, its labels)."""
 
 from __future__ import annotations

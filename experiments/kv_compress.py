@@ -1,4 +1,4 @@
-"""python -m workers.experiments.kv_compress --teacher PATH --data TOKENS --eval DIR [DIR ...]
+"""python -m experiments.kv_compress --teacher PATH --data TOKENS --eval DIR [DIR ...]
 
 The published ways to shrink a trained GQA Llama's KV cache side by side with ours, at 50%,
 25% and 12.5% of what its teacher caches per token (docs/theory.md §10, the methods of
@@ -41,20 +41,20 @@ from common.errors import UsageError
 from common.files import write_atomic, write_csv
 from common.plots import new_figure, write_figure
 from common.stats import paired_bootstrap
-from userdata import DataSpec, open_tokens
-from userdata.corpora import write_code
-from workers.compression import measure_model
-from workers.experiments import harness
-from workers.experiments.kv_methods import (
+from experiments import harness
+from experiments.kv_methods import (
     METHODS,
     Calibration,
     calibrate,
     calibration_state,
     layer_units,
 )
-from workers.models.model import Model
+from userdata import DataSpec, open_tokens
+from userdata.corpora import write_code
+from workers.compression import measure_model
+from workers.models import Model
 from workers.tasks import make_data_task
-from workers.training.trainer import Trainer, describe_run, run_with_progress
+from workers.training import Trainer, describe_run, run_with_progress
 
 NAME = "kv_compress"
 FRACTIONS = (0.5, 0.25, 0.125)  # of the teacher's KV cache per token
@@ -378,9 +378,9 @@ def setup_for(args: argparse.Namespace) -> Setup:
 def own_teacher(args: argparse.Namespace) -> tuple[Model, DataSpec]:
     """The small GQA Llama of ``llama_compress``, trained here (seed 0) on the standard
     library's sources, and its data."""
-    from workers.experiments.llama_compress import FULL as LLAMA
-    from workers.experiments.llama_compress import SMOKE as LLAMA_SMOKE
-    from workers.experiments.llama_compress import teacher
+    from experiments.llama_compress import FULL as LLAMA
+    from experiments.llama_compress import SMOKE as LLAMA_SMOKE
+    from experiments.llama_compress import teacher
 
     sizes = LLAMA_SMOKE if args.smoke_test else LLAMA
     corpus = write_code(args.out / "corpus", sizes.megabytes)

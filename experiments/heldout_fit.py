@@ -1,8 +1,8 @@
-"""python -m workers.experiments.heldout_fit [--out DIR] [--write FILE] [--smoke-test]
+"""python -m experiments.heldout_fit [--out DIR] [--write FILE] [--smoke-test]
 
 The held-out protocol's fitting step: the bound's constants (``alloc.calibrate``'s ``fit``,
 docs/theory.md §6) fitted on the **development** corpora's ledgers of
-``workers.experiments.heldout`` only, to be judged on the held-out corpora with ``heldout
+``experiments.heldout`` only, to be judged on the held-out corpora with ``heldout
 --constants FILE``. Per development corpus, every arm the experiment trains there at the
 allocator's default constants (the plan and each fixed rule, a model two rules share once) is
 an observation: its first layer and its loss, the mean over the paired seeds (the calibration's
@@ -26,14 +26,14 @@ from typing import Any
 from alloc import calibrate, make_plan, with_constants
 from arch import ArchConfig
 from common.cli import Parser, add_format, check_writable, int_in, render_table
+from experiments import harness
+from experiments import heldout as experiment
 from userdata import DataSpec
 from userdata import corpora as registry
 from userdata.corpora import DEVELOPMENT, HELD_OUT, Role, require_role
-from workers.experiments import harness
-from workers.experiments import heldout as experiment
 
 NAME = "heldout_fit"
-PROG = f"python -m workers.experiments.{NAME}"
+PROG = f"python -m experiments.{NAME}"
 
 
 def role_of(row: Mapping[str, str]) -> Role:
@@ -186,7 +186,7 @@ def render(result: dict[str, Any]) -> str:
     if "wrote" in result:
         lines.append(
             f"\nwrote {result['wrote']}; judge it on the held-out corpora with: python "
-            f"-m workers.experiments.heldout --constants {result['wrote']}"
+            f"-m experiments.heldout --constants {result['wrote']}"
         )
     return "\n".join(lines)
 

@@ -1,4 +1,4 @@
-"""python -m workers.experiments.llama_compress [--smoke-test] [--out DIR] [--seed 0]
+"""python -m experiments.llama_compress [--smoke-test] [--out DIR] [--seed 0]
 
 Per-layer plan vs one ``qk_dim`` for every layer on a grouped-query Llama, at equal KV cache
 (docs/theory.md §10.2): a small Llama-style byte LM (RoPE, RMSNorm, SwiGLU, 8 query heads reading
@@ -29,14 +29,14 @@ from arch import ArchConfig, HeadGroup, LayerSpec, TrainConfig, kv_cache_bytes, 
 from common.cli import int_in, render_table
 from common.files import write_csv
 from common.plots import new_figure, write_figure
+from experiments import harness
 from userdata import DataSpec
 from userdata.corpora import write_code
 from workers.checkpoints import llama_config, load, save_llama
 from workers.compression import IGNORE, SAMPLE_BATCH, build_student, measure_model, pair_orders
-from workers.experiments import harness
-from workers.models.model import Model
+from workers.models import Model
 from workers.tasks import Task, make_data_task
-from workers.training.trainer import Trainer, evaluate
+from workers.training import Trainer, evaluate
 
 NAME = "llama_compress"
 KV_DTYPE = "bfloat16"  # the KV cache is reported at the dtype a Llama is served in

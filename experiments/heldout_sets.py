@@ -1,4 +1,4 @@
-"""python -m workers.experiments.heldout_sets --stem STEM DIR [DIR ...]
+"""python -m experiments.heldout_sets --stem STEM DIR [DIR ...]
 
 The held-out experiment's verdicts pooled over several of its runs: sets of corpora registered
 and run apart (``heldout --out DIR``, one folder per set) read back from each folder's
@@ -23,16 +23,16 @@ from typing import Any
 
 from common.cli import Parser, add_format, dump, fail, fault, flag_names
 from common.errors import Problem, TransformerAllocError, UsageError, excerpt
-from userdata.corpora import ROLES
-from workers.experiments.heldout_report import (
+from experiments.heldout_report import (
     RULES_TITLE,
     SET_TITLES,
     against_picks,
     against_rules,
     rules_table,
 )
+from userdata.corpora import ROLES
 
-PROG = "workers.experiments.heldout_sets"
+PROG = "experiments.heldout_sets"
 # What the pooled sums read of a models' table (``heldout_report.model_row``'s columns)
 MODEL_COLUMNS = ("corpus", "role", "model", "arch", "loss", "plan_minus_this", "plan_minus_high",
                  "p_plan_worse", "best_rule")

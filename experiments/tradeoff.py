@@ -1,4 +1,4 @@
-"""python -m workers.experiments.tradeoff [--smoke-test] [--out results/tradeoff] [--steps 2000]
+"""python -m experiments.tradeoff [--smoke-test] [--out results/tradeoff] [--steps 2000]
 
 Heads vs head dimension (Yu et al., 2025, §6.1): at a fixed width D, one attention layer of H heads
 of dimension D/H, H in {1, 2, 4, ..., D/4}, trained on the ngram task (y_t = x_{t-1} + ... + x_{t-4}
@@ -21,8 +21,8 @@ from alloc import calibrate
 from common.cli import int_in, render_table
 from common.files import write_csv, write_yaml
 from common.plots import new_figure, write_figure
+from experiments import harness
 from search_spaces import load_space
-from workers.experiments import harness
 from workers.search import training_budget
 from workers.tasks import make_task
 

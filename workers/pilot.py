@@ -16,13 +16,13 @@ from torch import Tensor
 from alloc import PilotError, PilotMeasurement, PilotRequest, baseline_head, distinct_patterns
 from arch import ArchConfig, HeadGroup, LayerSpec, TrainConfig
 from common.progress import duration, say
+from workers.chunks import window_chunks
 from workers.compression import (
     SAMPLE_BATCH,
     head_maps,
     head_statistics,
     record_attention,
 )
-from workers.compression.chunks import window_chunks
 from workers.models.model import Model
 from workers.tasks import Task, TaskError, make_data_task, make_task
 from workers.training.trainer import Trainer, run_with_progress

@@ -1,4 +1,4 @@
-"""python -m workers.experiments.qk_depth --teacher PATH --data TOKENS --eval DIR [DIR ...]
+"""python -m experiments.qk_depth --teacher PATH --data TOKENS --eval DIR [DIR ...]
 
 Do later layers tolerate smaller query-key dimensions? Yu et al. (2025, §6.2) cut the later
 layers' query-key dimension of a trained LLaMA; here the same question on any Llama-family
@@ -28,11 +28,11 @@ from common.errors import UsageError
 from common.files import write_csv
 from common.plots import new_figure, write_figure
 from common.stats import paired_bootstrap
+from experiments import harness
+from experiments.kv_compress import window_losses, windows
+from experiments.kv_methods import norm_orders
 from userdata import DataSpec, open_tokens
 from workers.compression import build_student
-from workers.experiments import harness
-from workers.experiments.kv_compress import window_losses, windows
-from workers.experiments.kv_methods import norm_orders
 
 NAME = "qk_depth"
 

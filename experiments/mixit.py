@@ -1,4 +1,4 @@
-"""python -m workers.experiments.mixit [--smoke-test] [--out results/mixit]
+"""python -m experiments.mixit [--smoke-test] [--out results/mixit]
 
 Attention Retrieves, MLP Memorizes (Dong et al., 2025: Table 1, Fig. 2) with the product, one
 study per task read back from the study database:
@@ -24,12 +24,11 @@ from typing import Any
 from common.cli import render_table
 from common.files import write_csv
 from common.plots import new_figure, write_figure
+from experiments import harness
 from search_spaces import load_space, parse_space
 from studies import engine, open_storage, query
-from workers.experiments import harness
 from workers.search import training_budget
-from workers.tasks import make_task
-from workers.tasks.tokens import bits_per_param
+from workers.tasks import bits_per_param, make_task
 
 NAME = "mixit"
 SPACE = "attention_kinds.yaml"

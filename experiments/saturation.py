@@ -1,4 +1,4 @@
-"""python -m workers.experiments.saturation [--smoke-test] [--out results/saturation] [--steps 1500]
+"""python -m experiments.saturation [--smoke-test] [--out results/saturation] [--steps 1500]
 
 Softmax saturation (Yu et al., 2025, §6.2; docs/theory.md §4) on a model trained here: a
 byte-level LM (the ``lm`` task, through ``workers.train``) is the teacher.
@@ -30,14 +30,13 @@ from arch import ArchConfig, HeadGroup, LayerSpec, TrainConfig
 from common.cli import int_in, render_table
 from common.files import write_csv
 from common.plots import new_figure, write_figure
+from experiments import harness
 from userdata import DataSpec
 from userdata.corpora import write_code
 from workers.compression import record_attention
-from workers.experiments import harness
-from workers.models.attention import MultiHeadAttention, future_mask
-from workers.models.model import Model, build_model
+from workers.models import Model, MultiHeadAttention, build_model, future_mask
 from workers.tasks import LMTask, Task, make_data_task, make_task
-from workers.training.trainer import Trainer
+from workers.training import Trainer
 
 NAME = "saturation"
 FLOOR = 1e-16  # full-rank students are exact up to rounding: plot them at this floor

@@ -1,4 +1,4 @@
-"""The corpora experiment's two stages and its verdicts (``workers.experiments.corpora``).
+"""The corpora experiment's two stages and its verdicts (``experiments.corpora``).
 
 Stage 1 is the grid: every point with a few seeds, its per-seed losses read from its study or
 from an earlier run's ``corpora.csv`` (``--grid-csv``). Stage 2 is the finalists: the grid's
@@ -20,8 +20,8 @@ from typing import Any
 
 from common.errors import Problem, UsageError
 from common.stats import Interval, interval, kth_best, noise, not_worse
+from experiments import harness
 from search_spaces import SearchSpace
-from workers.experiments import harness
 from workers.tasks import Task
 
 Point = tuple[int, int]  # heads of layer 0 and layer 1

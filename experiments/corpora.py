@@ -1,4 +1,4 @@
-"""python -m workers.experiments.corpora [--smoke-test] [--grid-csv CSV] [--finalists 6] [...]
+"""python -m experiments.corpora [--smoke-test] [--grid-csv CSV] [--finalists 6] [...]
 
 Is the allocator's plan right on real text, beyond the seeds' noise? Three corpora present
 wherever Python is: the standard library's **code**, its **documentation** text (``pydoc_data``
@@ -49,14 +49,14 @@ from alloc import (
 )
 from common.cli import int_in
 from common.errors import UsageError
+from experiments import corpora_report as report
+from experiments import corpora_stages as stages
+from experiments import harness
+from experiments.corpora_report import render
+from experiments.corpora_stages import MAX_FINALIST_SEEDS
 from search_spaces import SearchSpace, parse_space
 from userdata import DataSpec
 from userdata import corpora as registry
-from workers.experiments import corpora_report as report
-from workers.experiments import corpora_stages as stages
-from workers.experiments import harness
-from workers.experiments.corpora_report import render
-from workers.experiments.corpora_stages import MAX_FINALIST_SEEDS
 from workers.profile import profile_data
 from workers.search import plan_settings, training_budget
 from workers.tasks import Task, make_data_task

@@ -46,7 +46,7 @@ from alloc.compression import (
     plan_for_kv_cache,
 )
 from arch import ArchConfig
-from workers.checkpoints.stream import WholeModel
+from workers.checkpoints import WholeModel
 from workers.compression import (
     LayerCurvature,
     PairOrders,
@@ -57,8 +57,7 @@ from workers.compression import (
     measure_layers,
     pair_orders,
 )
-from workers.models.attention import MultiHeadAttention
-from workers.models.model import Model
+from workers.models import Model, MultiHeadAttention
 
 ASVD_ALPHA = 0.5  # ASVD's scaling exponent
 

@@ -1,4 +1,4 @@
-"""The held-out experiment's verdicts and text (``workers.experiments.heldout``): per corpus the
+"""The held-out experiment's verdicts and text (``experiments.heldout``): per corpus the
 plan against the best fixed rule on paired seeds (``judge``), per set of corpora the mean over
 them (``over_corpora``: development and held-out apart, ``sets``), and the table (``render``).
 

@@ -1,4 +1,4 @@
-"""python -m workers.experiments.compress [--smoke-test] [--out results/compress] [--steps 1500]
+"""python -m experiments.compress [--smoke-test] [--out results/compress] [--steps 1500]
 
 Compressing a trained model's attention where the theory allows (docs/theory.md §10): a byte LM
 is trained here on Python's standard-library sources (``--data``), profiled (``workers.profile
@@ -24,13 +24,13 @@ from arch import ArchConfig, HeadGroup, LayerSpec, TrainConfig, merge_groups, pa
 from common.cli import int_in, render_table
 from common.files import write_csv
 from common.plots import new_figure, write_figure
+from experiments import harness
 from userdata import DataSpec
 from userdata.corpora import write_code
 from workers.compression import SAMPLE_BATCH, build_student, measure_model
-from workers.experiments import harness
-from workers.models.model import Model
+from workers.models import Model
 from workers.tasks import Task, make_data_task
-from workers.training.trainer import Trainer, evaluate
+from workers.training import Trainer, evaluate
 
 NAME = "compress"
 

@@ -19,7 +19,7 @@ from workers.errors import SearchFaultError
 if TYPE_CHECKING:
     from workers.search import SearchSummary
     from workers.tasks import Task
-    from workers.training.trainer import Trainer, TrainResult
+    from workers.training import Trainer, TrainResult
 
 RESULTS = Path("results")
 
@@ -27,7 +27,7 @@ RESULTS = Path("results")
 def build_parser(name: str, doc: str, studies: bool = False) -> argparse.ArgumentParser:
     """``--smoke-test``, ``--out``, ``--format``, and ``--storage`` for experiments that search
     (``studies``); experiments add their own flags."""
-    p = Parser(prog=f"python -m workers.experiments.{name}", description=doc.split("\n\n")[1])
+    p = Parser(prog=f"python -m experiments.{name}", description=doc.split("\n\n")[1])
     p.add_argument("--smoke-test", action="store_true",
                    help="tiny sizes (tests): runs in well under a minute")
     p.add_argument("--out", type=Path, default=RESULTS / name,
@@ -53,7 +53,7 @@ def runs(args: argparse.Namespace, name: str, total: int, what: str = "runs",
 
 def train(trainer: Trainer, desc: str, args: argparse.Namespace) -> TrainResult:
     """``trainer.run()`` (resumed where its checkpoint was) with the trainer's progress."""
-    from workers.training.trainer import describe_run, run_with_progress
+    from workers.training import describe_run, run_with_progress
 
     return run_with_progress(trainer, desc, args.quiet, start=describe_run(trainer))
 

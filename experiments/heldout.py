@@ -1,4 +1,4 @@
-"""python -m workers.experiments.heldout [--smoke-test] [--set held-out] [--corpus N] [--data P]
+"""python -m experiments.heldout [--smoke-test] [--set held-out] [--corpus N] [--data P]
 [--constants FILE | --calibrate [--check-later-layers]]
 
 Is the allocator's plan better than the head counts practitioners fix, on corpora no rule was
@@ -22,7 +22,7 @@ then ``--no-train`` over all of them for the report). Writes ``heldout.csv`` (pe
 ``heldout_corpora.csv`` (per corpus), ``heldout_sets.csv``, ``heldout_runs.csv`` and
 ``heldout.txt``. ``--constants FILE`` plans with the bound's constants of FILE (``alloc.solve
 --constants``'s format; fitted on the development ledgers by
-``workers.experiments.heldout_fit``): the rules' trainings are reused from the ledgers, only a
+``experiments.heldout_fit``): the rules' trainings are reused from the ledgers, only a
 plan that changed trains, and the tables are named for the file (``heldout-STEM.txt``, ...), so
 the default constants' stay. ``--calibrate --check-later-layers`` keeps the later layers'
 rule only where the calibrated plan beats its twin (its first layer in every layer) on the
@@ -63,13 +63,13 @@ from arch import ArchConfig, TrainConfig
 from common.cli import int_in
 from common.errors import UsageError
 from common.files import write_atomic, write_csv
+from experiments import harness
+from experiments import heldout_report as report
+from experiments.corpora import plan_from_profile
+from experiments.heldout_report import PLAN
 from userdata import DTYPES, DataSpec
 from userdata import corpora as registry
 from userdata.corpora import HELD_OUT, ROLES, Role
-from workers.experiments import harness
-from workers.experiments import heldout_report as report
-from workers.experiments.corpora import plan_from_profile
-from workers.experiments.heldout_report import PLAN
 from workers.tasks import Task, make_data_task
 
 NAME = "heldout"
@@ -275,7 +275,7 @@ def read_ledger(path: Path) -> list[dict[str, str]]:
 def train_one(args: argparse.Namespace, sizes: Sizes, corpus: str, task: Task, label: str,
               arch: ArchConfig, seed: int) -> dict[str, Any]:
     """One model trained with ``seed``: its ledger row (a run that diverged has no loss)."""
-    from workers.training.trainer import Trainer
+    from workers.training import Trainer
 
     trainer = Trainer(arch, task, train_config(sizes, seed))
     result = harness.train(trainer, f"{corpus}: {label} ({arch.describe()}), seed {seed}", args)
@@ -611,7 +611,7 @@ def build_parser() -> argparse.ArgumentParser:
     plans = parser.add_mutually_exclusive_group()
     plans.add_argument("--constants", type=Path, metavar="FILE",
                        help="plan with the bound's constants of FILE (alloc.solve "
-                            "--constants's YAML, e.g. workers.experiments.heldout_fit's); the "
+                            "--constants's YAML, e.g. experiments.heldout_fit's); the "
                             "tables are named heldout-STEM (default: the allocator's "
                             "constants, tables heldout.*)")
     plans.add_argument("--calibrate", action="store_true",

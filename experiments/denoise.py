@@ -1,4 +1,4 @@
-"""python -m workers.experiments.denoise [--smoke-test] [--out results/denoise] [--layers 10]
+"""python -m experiments.denoise [--smoke-test] [--out results/denoise] [--layers 10]
 
 Attention-only denoising (Wang et al., 2025, Fig. 4; docs/theory.md §7): tokens from a mixture of
 noisy low-rank Gaussians (the ``denoise`` task: K orthogonal subspaces of rank p, each token a
@@ -28,11 +28,9 @@ from arch import ArchConfig, HeadGroup, LayerSpec
 from common.cli import int_in, number, render_table
 from common.files import write_csv
 from common.plots import new_figure, write_figure
-from workers.experiments import harness
-from workers.models.attention import LogitRecorder, SubspaceAttention
-from workers.models.model import Model, build_model
-from workers.tasks import DenoiseTask, make_task
-from workers.tasks.vectors import cluster_snr
+from experiments import harness
+from workers.models import LogitRecorder, Model, SubspaceAttention, build_model
+from workers.tasks import DenoiseTask, cluster_snr, make_task
 
 NAME = "denoise"
 NOISES = (0.2, 0.5)
