@@ -6,15 +6,17 @@ checks)."""
 from search_spaces.errors import SpaceError
 from search_spaces.files import SpaceFile, load_space, shipped_spaces
 from search_spaces.loader import parse_space
-from search_spaces.schema import SAMPLERS
+from search_spaces.schema import SAMPLER_KINDS, SAMPLERS, SamplerTraits
 from search_spaces.space import PROBE_IO, SearchSpace
 from search_spaces.suggest import FixedSuggester, RandomSuggester, Suggester
 
 __all__ = [
     "PROBE_IO",
     "SAMPLERS",
+    "SAMPLER_KINDS",
     "FixedSuggester",
     "RandomSuggester",
+    "SamplerTraits",
     "SearchSpace",
     "SpaceError",
     "SpaceFile",

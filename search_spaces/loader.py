@@ -61,6 +61,7 @@ from search_spaces.schema import (
     MODEL_KEYS,
     REDUCED,
     RULE_KEYS,
+    SAMPLER_KINDS,
     SAMPLERS,
     TOP_KEYS,
     TRAIN_KEYS,
@@ -105,7 +106,7 @@ def parse_space(data: Mapping[str, Any], source: str = "<space>",
                         tuple(rules), tuple(train), sampler, source,
                         {**data, "layers": rules_data}, source_data)
     _check_constructible(space)
-    if sampler == "grid":
+    if SAMPLER_KINDS[sampler].enumerates:
         space.grid()  # raises if a range makes the space infinite
     return space
 

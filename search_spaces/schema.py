@@ -3,7 +3,8 @@ and what the allocator's plan is to a space: a ``Planner`` of (budget, depth).""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,36 @@ SPACES_DIR = Path(__file__).resolve().parent
 TRAIN_KEYS = TrainConfig.experiment_fields()
 FIXED_TRAIN_KEYS = ("steps", "eval_every")  # the scheduler needs one budget per study
 MODEL_KEYS = ("positional", "norm", "mlp", "causal", "tie_embeddings", "seed")
-SAMPLERS = ("tpe", "grid", "random", "prior")
+
+
+@dataclass(frozen=True)
+class SamplerTraits:
+    """What a search's sampler (``sampler:`` in a space, ``workers.search --sampler``) does
+    before and beside sampling; its Optuna sampler is ``workers.search.study.SAMPLERS``.
+
+    Attributes:
+        name: the sampler's registry name.
+        summary: how it proposes points.
+        enumerates: every point of the space is a trial (the space must be finite), its points
+            enqueued in order.
+        seeded: the allocator's plan (and its neighbours) is enqueued first; the prior instead
+            proposes the plan itself, as its prior's mode.
+    """
+
+    name: str
+    summary: str
+    enumerates: bool = False
+    seeded: bool = True
+
+
+SAMPLER_KINDS: Mapping[str, SamplerTraits] = {s.name: s for s in (
+    SamplerTraits("tpe", "Optuna's TPE, after the allocator's seeds"),
+    SamplerTraits("grid", "every point of the space in order, then TPE", enumerates=True),
+    SamplerTraits("random", "uniform over the space, after the allocator's seeds"),
+    SamplerTraits("prior", "the allocator's bound as a prior whose weight follows the evidence",
+                  seeded=False),
+)}
+SAMPLERS = tuple(SAMPLER_KINDS)
 REDUCED = {"min": 8, "step": 8}
 ALLOCATOR = "allocator"
 TOP_KEYS = ("name", "description", "budget", "depth", "model", "layers", "train", "sampler",

@@ -4,7 +4,7 @@
 for thousands of trials); these queries read only the columns they need, and fetch the
 architecture JSON only for the trials they return. Nothing here writes: writes go through Optuna.
 
-Winners are COMPLETE trials that reached the study's full training budget (the largest
+Winners are COMPLETE trials that reached the study's full training length (the largest
 ``steps_reached`` among complete trials): a trial stopped early is never reported over a fully
 trained one, whatever its partial value.
 """
@@ -193,10 +193,10 @@ def attach_archs(engine: sa.Engine, trials: list[TrialRecord]) -> list[TrialReco
 
 
 def eligible(trials: list[TrialRecord]) -> list[TrialRecord]:
-    """Complete trials with a value that reached the full budget (max ``steps_reached``)."""
+    """Complete trials with a value that reached the full length (max ``steps_reached``)."""
     done = [t for t in trials if t.state == "COMPLETE" and t.value is not None]
-    budget = max((t.steps_reached for t in done if t.steps_reached is not None), default=None)
-    return [t for t in done if budget is None or t.steps_reached in (None, budget)]
+    full_steps = max((t.steps_reached for t in done if t.steps_reached is not None), default=None)
+    return [t for t in done if full_steps is None or t.steps_reached in (None, full_steps)]
 
 
 def _attr(key: str) -> sa.Subquery:
@@ -211,7 +211,7 @@ def _eligible_rows(conn: sa.Connection, sid: int, *extra: str) -> sa.Select[Any]
             .join(_trials, _trials.c.trial_id == steps.c.trial_id)
             .where(_trials.c.study_id == sid, _STATE == "COMPLETE"))
     reached = [json.loads(v) for (v,) in conn.execute(done)]
-    budget = max((r for r in reached if r is not None), default=None)
+    full_steps = max((r for r in reached if r is not None), default=None)
     extras = [_attr(key) for key in extra]
     query = (sa.select(_trials.c.trial_id, _trials.c.number, _values.c.value,
                        *[a.c.value_json for a in extras])
@@ -221,9 +221,9 @@ def _eligible_rows(conn: sa.Connection, sid: int, *extra: str) -> sa.Select[Any]
              .where(_trials.c.study_id == sid, _STATE == "COMPLETE", _VALUE_TYPE == "FINITE"))
     for a in extras:
         query = query.outerjoin(a, a.c.trial_id == _trials.c.trial_id)
-    if budget is not None:  # never rank a trial stopped before the full budget
+    if full_steps is not None:  # never rank a trial stopped before the full length
         query = query.where(sa.or_(steps.c.trial_id.is_(None),
-                                   steps.c.value_json.in_([json.dumps(budget), "null"])))
+                                   steps.c.value_json.in_([json.dumps(full_steps), "null"])))
     return query
 
 

@@ -1,6 +1,6 @@
 """bench.gpu, kept working between GPU loans: its CPU smoke run in an environment that holds only
 the GPU image's packages measures every part (and imports nothing else, lazily neither), a
-missing package or a bad flag stops it before any work, a part past its budget keeps what it
+missing package or a bad flag stops it before any work, a part past its limit keeps what it
 measured, the FLOPs and goals are the formulas', and the search step's wheels travel in pieces
 that install whole."""
 
@@ -26,7 +26,7 @@ import torch
 from arch import ATTENTION_KINDS
 from bench.gpu import cli, report, search
 from bench.gpu.image import image_venv, normalize, read_image
-from bench.gpu.plan import BASE_MODULES, MODULES, SMOKE, Budget, Context, PartResult
+from bench.gpu.plan import BASE_MODULES, MODULES, SMOKE, Context, PartResult, TimeLimit
 from bench.gpu.speed import KINDS, REFERENCE, stack, train_flops_per_token
 from bench.throughput import Shape
 
@@ -219,30 +219,30 @@ def context() -> Context:
 
 
 def test_a_part_past_its_budget_keeps_what_it_measured() -> None:
-    def slow(ctx: Context, result: PartResult, budget: Budget, say: Any) -> None:
+    def slow(ctx: Context, result: PartResult, limit: TimeLimit, say: Any) -> None:
         result.rows.append({"measured": 1})
         while True:
-            budget.check("the second row")
+            limit.check("the second row")
             time.sleep(0.01)
 
     result = cli.run_part(context(), "slow", slow, 0.2, lambda _: None)
-    assert result.status == "budget" and result.rows == [{"measured": 1}]
+    assert result.status == "time_up" and result.rows == [{"measured": 1}]
     assert "before the second row" in result.notes[0] and result.seconds < 5
 
 
 def test_a_part_that_never_checks_is_stopped_by_the_hard_stop() -> None:
-    def stuck(ctx: Context, result: PartResult, budget: Budget, say: Any) -> None:
+    def stuck(ctx: Context, result: PartResult, limit: TimeLimit, say: Any) -> None:
         result.rows.append({"measured": 1})
         time.sleep(30)
 
     start = time.monotonic()
     result = cli.run_part(context(), "stuck", stuck, 0.2, lambda _: None, grace=0.3)
-    assert result.status == "budget" and result.rows == [{"measured": 1}]
+    assert result.status == "time_up" and result.rows == [{"measured": 1}]
     assert time.monotonic() - start < 5
 
 
 def test_a_failing_part_is_one_line_and_the_next_part_runs() -> None:
-    def broken(ctx: Context, result: PartResult, budget: Budget, say: Any) -> None:
+    def broken(ctx: Context, result: PartResult, limit: TimeLimit, say: Any) -> None:
         raise ModuleNotFoundError("no", name="flash_attn")
 
     result = cli.run_part(context(), "broken", broken, 5.0, lambda _: None)

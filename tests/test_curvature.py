@@ -144,7 +144,7 @@ def test_the_estimated_widths_end_no_worse_than_measured_ones(tmp_path: Path) ->
     sample = task.batch("val", SAMPLE_BATCH, 16)
     x, targets = sample.x, sample.y
     forwards = plan_for_kv_cache(plan_compression(
-        measure_model(teacher, x, 32, 4, "sample", targets, latent=True), 1.0, "loss"), 0.25)
+        measure_model(teacher, x, 32, 4, "sample", targets, form="latent"), 1.0, "loss"), 0.25)
     spectra = measure_layers(WholeModel(teacher), None, 32, 4)
     measured, fits = curvature_latent(WholeModel(teacher), spectra, x, targets)
     estimated = plan_for_kv_cache(plan_compression(measured, 1.0, "loss"), 0.25)

@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch.autograd.functional import jacobian
 
-from alloc.compression import GroupPlan, LayerPlan, latent_spec
+from alloc.compression import GroupPlan, LayerPlan, form_of
 from alloc.settings import PlanSettings
 from arch import KINDS, ArchConfig, ConfigError, HeadGroup, LayerSpec, ModelIO
 from arch.memory import dtype_bytes, kv_cache_bytes, training_dtype
@@ -310,5 +310,5 @@ def test_the_compression_plans_count_the_one_figure(positional: str, layer: Laye
     assert plan.student_kv_units == student.kv_width < layer.kv_width
     if layer.kind.to_latent:
         rope = 2 if positional == "rope" else 0
-        latent = latent_spec(layer, 5, positional, rope)
+        latent = form_of(True, rope).layer_spec(layer, 5, positional, rope)
         assert latent.kv_width == 5 + layer.kv_heads * rope

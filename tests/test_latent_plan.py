@@ -18,10 +18,10 @@ import pytest
 import torch
 
 from alloc.compression import (
+    FORMS,
     CompressionPlan,
     GroupPlan,
     LayerPlan,
-    latent_widths,
     plan_compression,
     plan_for_kv_cache,
     student_arch,
@@ -56,10 +56,10 @@ def test_each_layers_latent_losses_are_its_latent_students(tmp_path: Path) -> No
     teacher = load(saved(build("llama", num_key_value_heads=2), tmp_path / "m"))
     x = ids()
     targets = torch.roll(x, -1, dims=1)
-    measured = measure_model(teacher.model, x, SEQ, 4, "ids", targets, latent=True)
+    measured = measure_model(teacher.model, x, SEQ, 4, "ids", targets, form="latent")
     base = loss(teacher.model, x, targets)
     for layer in measured.layers:
-        widths = latent_widths(teacher.arch.layers[layer.index], teacher.arch.d_model, 4)
+        widths = FORMS["latent"].widths(teacher.arch.layers[layer.index], teacher.arch.d_model, 4)
         assert layer.latent_losses is not None and sorted(layer.latent_losses) == widths
         assert layer.latent_losses[widths[-1]] == 0.0 and not layer.loss_increases
         scales = {layer.index: layer.input_scale}
@@ -88,7 +88,7 @@ def test_a_latent_plan_under_a_kv_budget_is_the_least_summed_increase() -> None:
         for i, spec in enumerate(teacher.layers):
             losses = None
             if spec.attention == "mhsa":
-                widths = latent_widths(spec, teacher.d_model, 8)
+                widths = FORMS["latent"].widths(spec, teacher.d_model, 8)
                 falls = np.sort(rng.random(len(widths)))[::-1] * rng.random()
                 losses = {w: float(e) for w, e in zip(widths, falls)}
                 losses[widths[-1]] = 0.0
@@ -133,7 +133,7 @@ def test_profile_and_compress_a_latent_student(case: str, tmp_path: Path,
                          "--sample-tokens", "1024", "--rule", "loss", "--latent",
                          "--kv-cache", "0.25", "--out", paths["plan.yaml"]]) == 0
     plan = CompressionPlan.from_yaml(Path(paths["plan.yaml"]).read_text())
-    assert plan.latent and plan.reduces and plan.kv_cache == 0.25
+    assert plan.form.latent and plan.reduces and plan.kv_cache == 0.25
     # fitted to second order by default, the maps beside the plan at the planned widths
     assert plan.latent_fit == "curvature" and plan.factors == "plan.factors.safetensors"
     fits = read_fits(plan, tmp_path)
@@ -183,15 +183,16 @@ def test_latent_flags_and_plans_that_cannot_work_are_refused(
         assert len(err.splitlines()) == 1, err
         return err
 
-    assert "--latent: its widths are chosen by the loss rule" in refused(
-        ["--checkpoint", str(folder), *data, "--latent"])
+    assert "--latent: its widths are chosen by the loss rule; use --rule loss or leave --rule " \
+        "out (got --rule measured)" in refused(["--checkpoint", str(folder), *data, "--latent",
+                                                "--rule", "measured"])
     # 2 layers of 64 units at the smallest width 4: 8 of 128; refused before measuring
     assert "--kv-cache 0.05: must be in [0.0625, 1]: the smallest latent widths" in refused(
         ["--checkpoint", str(folder), *data, "--rule", "loss", "--latent", "--kv-cache", "0.05"])
     teacher = load(folder)
     x = ids()
     plan = plan_compression(measure_model(teacher.model, x, SEQ, 4, "ids",
-                                          torch.roll(x, -1, dims=1), latent=True), -1.0, "loss")
+                                          torch.roll(x, -1, dims=1), form="latent"), -1.0, "loss")
     assert [x.latent_dim for x in plan.student.layers] == [64, 64]  # no cut within -1
     path = tmp_path / "plan.yaml"
     path.write_text(plan.to_yaml())

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from common.lazy import stub_names
+
 ROOT = Path(__file__).resolve().parents[1]
 OURS = {"alloc", "arch", "common", "search_spaces", "studies", "userdata", "workers"}
 # The top floor: work run by hand (benchmarks, the papers' experiments) over the product's
@@ -39,8 +41,18 @@ FORBIDDEN = {
 }
 # What reaches code around the import statements: entry points (installed package metadata) and
 # imports by a computed name.
+# The one module allowed them: ``common.lazy`` imports a lazy package's public names, exactly
+# those its ``__init__.pyi`` lists, which every check here reads as the package's imports.
+LAZY_LOADER = Path("common/lazy.py")
 HIDDEN = {"entry_points", "pkg_resources", "import_module", "__import__", "runpy", "run_module",
           "run_path"}
+
+
+def sources(root: Path) -> list[Path]:
+    """Every Python source under ``root``: modules, and the ``__init__.pyi`` stubs that name a
+    lazy package's public names (``common.lazy`` imports what they name, so their imports are
+    the package's as much as its modules' are)."""
+    return sorted([*root.rglob("*.py"), *root.rglob("*.pyi")])
 
 
 def imports(path: Path) -> set[str]:
@@ -56,7 +68,7 @@ def imports(path: Path) -> set[str]:
 
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))
 def test_package_imports_respect_the_layering(package: str) -> None:
-    files = sorted((ROOT / package).rglob("*.py"))
+    files = sources(ROOT / package)
     assert files, f"{package}/ has no modules"
     for path in files:
         name = str(path.relative_to(ROOT))
@@ -81,7 +93,9 @@ def hidden_paths(path: Path) -> set[str]:
 def test_no_call_path_goes_around_the_imports(package: str) -> None:
     """Every module of ours reaches the code it runs by an import the check above sees: none
     looks up entry points or imports a module by a computed name."""
-    for path in sorted((ROOT / package).rglob("*.py")):
+    for path in sources(ROOT / package):
+        if path.relative_to(ROOT) == LAZY_LOADER:
+            continue
         found = hidden_paths(path)
         assert not found, f"{path.relative_to(ROOT)} uses {sorted(found)}"
 
@@ -95,7 +109,7 @@ def test_no_product_module_imports_the_top_floor() -> None:
     """``experiments/`` and ``bench/`` build on the product, never the other way round, and
     the wheel ships neither (they run from a checkout: ``python -m experiments.NAME``)."""
     users = sorted(f"{path.relative_to(ROOT)} imports {sorted(imports(path) & TOP_FLOOR)}"
-                   for package in sorted(OURS) for path in (ROOT / package).rglob("*.py")
+                   for package in sorted(OURS) for path in sources(ROOT / package)
                    if imports(path) & TOP_FLOOR)
     assert not users, users
     shipped = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
@@ -220,7 +234,7 @@ def imported(path: Path, name: str, modules: Container[str]) -> set[str]:
     what ``a/__init__`` binds: it is no edge to ``a``. So a package's ``__init__`` that
     re-exports its submodules has edges to them, and a submodule that imports a name from its
     own package's ``__init__`` closes a cycle (``a`` -> ``a.b`` -> ``a``)."""
-    package = (name if path.name == "__init__.py" else name.rpartition(".")[0]).split(".")
+    package = (name if path.stem == "__init__" else name.rpartition(".")[0]).split(".")
     found = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
@@ -235,9 +249,15 @@ def imported(path: Path, name: str, modules: Container[str]) -> set[str]:
 
 
 def import_graph(root: Path, packages: Iterable[str]) -> dict[str, set[str]]:
-    """Each module of ``packages`` -> the modules of theirs it imports (``imported``)."""
+    """Each module of ``packages`` -> the modules of theirs it imports (``imported``; a lazy
+    package's ``__init__`` imports what its ``__init__.pyi`` names)."""
     modules = modules_of(root, packages)
-    return {name: imported(path, name, modules) for name, path in modules.items()}
+    graph = {name: imported(path, name, modules) for name, path in modules.items()}
+    for package in packages:
+        for stub in sorted((root / package).rglob("__init__.pyi")):
+            name = module_name(stub, root)
+            graph.setdefault(name, set()).update(imported(stub, name, modules))
+    return graph
 
 
 def find_cycle(graph: Mapping[str, Iterable[str]]) -> list[str]:
@@ -329,7 +349,7 @@ def test_no_product_module_imports_the_tests() -> None:
     """The product (and the top floor) never import ``tests``: what a test needs the product
     to do is product code, and test code never ships."""
     users = sorted(str(path.relative_to(ROOT)) for package in sorted(OURS | TOP_FLOOR)
-                   for path in (ROOT / package).rglob("*.py") if "tests" in imports(path))
+                   for path in sources(ROOT / package) if "tests" in imports(path))
     assert not users, users
 
 
@@ -371,8 +391,12 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
 def public_names(package: str, root: Path = ROOT) -> set[str]:
-    """The names the package's ``__init__`` lists in ``__all__`` (read, not imported)."""
-    tree = ast.parse((root / package.replace(".", "/") / "__init__.py").read_text())
+    """The names the package's ``__init__`` lists in ``__all__``, or its ``__init__.pyi``
+    names (a lazy package's; read, not imported)."""
+    init = root / package.replace(".", "/") / "__init__.py"
+    if init.with_suffix(".pyi").exists():
+        return set(stub_names(init.with_suffix(".pyi")))
+    tree = ast.parse(init.read_text())
     for node in tree.body:
         if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__"
                                                  for t in node.targets)):

@@ -46,7 +46,7 @@ def render(result: CompressResult) -> str:
     stock = result.out_layout == "stock"
     # what the written student holds: the stock layout stores the teacher's shapes
     params, cache = ((p.teacher_total, kv.teacher) if stock else (p.student_total, kv.student))
-    student = "latent student" if result.latent else "student"
+    student = "latent student" if result.form.latent else "student"
     lines = [f"{result.checkpoint} ({result.family}) -> {result.out} ({student}, "
              f"{result.out_layout})",
              render_table(["", "parameters", "weights bytes", f"KV cache/token ({kv.dtype})"],

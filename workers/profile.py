@@ -43,10 +43,12 @@ from alloc.compression import (
     MeasureRequest,
     Rule,
     check_kv_cache,
+    form_of,
     plan_compression,
     plan_for_kv_cache,
     plot_plan,
     render_plan,
+    student_form,
 )
 from arch import kinds_text
 from common.cli import Parser, dump, fail, flag_names, int_in, number, wrote
@@ -154,18 +156,18 @@ def plan_checkpoint(request: PlanRequest) -> PlannedCheckpoint:
     from workers.checkpoints import read_arch  # torch: once the flags are read
     from workers.compression import measure_for_plan
 
-    latent = request.measure.latent
-    if latent or request.kv_cache is not None:  # from the sizes alone: before measuring
+    form = student_form(request.measure.form)
+    if form.latent or request.kv_cache is not None:  # from the sizes alone: before measuring
         teacher = read_arch(request.measure.checkpoint)
-        if latent and not any(layer.kind.to_latent for layer in teacher.layers):
+        if form.latent and not any(layer.kind.to_latent for layer in teacher.layers):
             raise CompressionError.of([Problem("latent", "", "the model has no "
                                                f"{kinds_text(lambda t: t.to_latent)} layer to "
                                                "make latent")])
-        if latent and request.measure.rope_dim:
+        if form.rope_part:
             check_rope_dim(teacher, request.measure.rope_dim)
         if request.kv_cache is not None:
             check_kv_cache(teacher, request.measure.align, request.kv_cache,
-                           values=request.rule == "loss", latent=latent,
+                           values=request.rule == "loss", form=form,
                            rope_dim=request.measure.rope_dim)
     measured, fits = measure_for_plan(request.measure)
     plan = plan_compression(measured, request.tolerance, request.rule, request.logit_bound)
@@ -191,17 +193,19 @@ def checkpoint_request(args: argparse.Namespace) -> PlanRequest:
     """The checkpoint profile the flags ask for (``UsageError`` for flags that cannot work)."""
     if args.data is not None and args.task is not None:
         raise UsageError("--data and --task: give one sample source")
-    if args.rule in ("measured", "loss") and args.data is None and args.task is None:
-        raise UsageError(f"--rule {args.rule}: measures on a sample; give --data or --task")
-    if args.latent and args.rule != "loss":
-        raise UsageError(f"--latent: its widths are chosen by the loss rule; add --rule loss "
-                         f"(got --rule {args.rule or 'default'})")
+    form = form_of(args.latent, args.rope_dim or 0)
+    rule = args.rule or (form.rules[0] if form.latent else None)
+    if rule is not None and rule not in form.rules:
+        raise UsageError(f"--latent: its widths are chosen by the loss rule; use --rule loss "
+                         f"or leave --rule out (got --rule {rule})")
+    if rule in ("measured", "loss") and args.data is None and args.task is None:
+        raise UsageError(f"--rule {rule}: measures on a sample; give --data or --task")
     for flag, value in (("--estimate", args.estimate), ("--rope-dim", args.rope_dim)):
         if value is not None and not args.latent:
             raise UsageError(f"{flag} {value}: only with --latent (a latent student's plan)")
-    if args.rope_dim and args.estimate == "forwards":
+    if args.estimate is not None and args.estimate not in form.estimates:
         raise UsageError(f"--rope-dim {args.rope_dim}: a decoupled RoPE part is planned with "
-                         "--estimate curvature")
+                         f"--estimate {' or '.join(form.estimates)}")
     if args.kv_cache is not None and args.tolerance is not None:
         raise UsageError(f"--kv-cache {args.kv_cache:g} and --tolerance {args.tolerance:g}: the "
                          "plan meets one of them; give one")
@@ -211,11 +215,11 @@ def checkpoint_request(args: argparse.Namespace) -> PlanRequest:
                          "a --checkpoint profile measures the trained model itself")
     measure = MeasureRequest(args.checkpoint, args.align, task_spec(args), seq_len=args.seq_len,
                              sample_tokens=args.sample_tokens,
-                             loss_sensitivity=args.rule == "loss", latent=args.latent,
+                             loss_sensitivity=rule == "loss", form=form.name,
                              estimate=args.estimate or "curvature", rope_dim=args.rope_dim or 0,
                              quiet=args.quiet)
     tolerance = DEFAULT_TOLERANCE if args.tolerance is None else args.tolerance
-    return PlanRequest(measure, tolerance, args.rule, args.logit_bound, args.kv_cache)
+    return PlanRequest(measure, tolerance, rule, args.logit_bound, args.kv_cache)
 
 
 def show_plan(planned: PlannedCheckpoint, args: argparse.Namespace) -> None:
@@ -285,10 +289,10 @@ def _add_checkpoint_args(p: argparse.ArgumentParser) -> None:
                         "as a fraction of the teacher's (e.g. 0.75), spent where the rule's "
                         "error is largest (docs/theory.md §10.3)")
     c.add_argument("--latent", action="store_true",
-                   help="--checkpoint --rule loss: plan a latent student instead (every mhsa "
-                        "layer caches one latent per token from which its keys and values are "
-                        "rebuilt; docs/theory.md §10.5): each layer's width where the sample's "
-                        "loss rises least (one forward per layer and width)")
+                   help="--checkpoint: plan a latent student instead (every mhsa layer caches "
+                        "one latent per token from which its keys and values are rebuilt; "
+                        "docs/theory.md §10.5): each layer's width where the sample's loss "
+                        "rises least (the loss rule, implied)")
     c.add_argument("--estimate", choices=ESTIMATES,
                    help="--latent: how each layer's loss increase at each width is found: "
                         "curvature (default: to second order from one forward and one backward "

@@ -1,16 +1,18 @@
 """Planning a trained model's compression (docs/theory.md §10): from what its attention was
 measured to use, the smallest aligned ``qk_dim`` of every head group whose attention error stays
-within a tolerance (or a KV cache budget), as a typed ``CompressionPlan`` that
+within a tolerance (or a fraction of its KV cache), as a typed ``CompressionPlan`` that
 ``workers.compress`` builds.
 
 One job per module, the public names imported from here:
 
 - ``measurement``: what the torch side measures (``CheckpointMeasurement``) and how it is asked
   for (``MeasureRequest``);
-- ``planner``: the rule (``effective_rank``, ``truncation_error_bound``, ``candidate_dims``,
-  ``latent_widths``, ``latent_spec``) and
+- ``forms``: the student forms' table (``FORMS``, ``StudentForm``: compact, latent, latent
+  with a decoupled RoPE part), each form's candidates, floor, layer spec and rendering;
+- ``planner``: the rule (``effective_rank``, ``truncation_error_bound``) and
   ``plan_compression``;
-- ``budget``: ``plan_for_kv_cache``, the plan under a KV cache budget, and its floor;
+- ``kv_cache``: ``plan_for_kv_cache``, the plan under a fraction of the teacher's KV cache,
+  and its floor;
 - ``schema``: ``CompressionPlan`` and its parts, written and read as YAML;
 - ``render``: ``render_plan`` and ``plot_plan``;
 - ``errors``: ``CompressionError``.
@@ -21,7 +23,18 @@ asked for with a ``MeasureRequest``); it reaches this package as a ``CheckpointM
 bound of ``alloc.saturation``.
 """
 
-from alloc.compression.budget import check_kv_cache, kv_cache_floor, plan_for_kv_cache
+from alloc.compression.forms import (
+    FORM_NAMES,
+    FORMS,
+    RULES,
+    FormName,
+    Rule,
+    StudentForm,
+    candidate_dims,
+    form_of,
+    student_form,
+)
+from alloc.compression.kv_cache import check_kv_cache, kv_cache_floor, plan_for_kv_cache
 from alloc.compression.measurement import (
     CheckpointMeasurement,
     HeadMeasurement,
@@ -31,33 +44,26 @@ from alloc.compression.measurement import (
 )
 from alloc.compression.planner import (
     RANK_TAIL,
-    candidate_dims,
     effective_rank,
     group_plan,
-    latent_spec,
-    latent_widths,
     plan_compression,
     student_arch,
     truncation_error_bound,
 )
 from alloc.compression.render import RULE_AXES, plot_plan, render_plan
-from alloc.compression.schema import (
-    RULES,
-    CompressionPlan,
-    GroupPlan,
-    HeadSpectrum,
-    LayerPlan,
-    Rule,
-)
+from alloc.compression.schema import CompressionPlan, GroupPlan, HeadSpectrum, LayerPlan
 from alloc.errors import CompressionError
 
 __all__ = [
+    "FORMS",
+    "FORM_NAMES",
     "RANK_TAIL",
     "RULES",
     "RULE_AXES",
     "CheckpointMeasurement",
     "CompressionError",
     "CompressionPlan",
+    "FormName",
     "GroupPlan",
     "HeadMeasurement",
     "HeadSpectrum",
@@ -66,17 +72,18 @@ __all__ = [
     "LayerPlan",
     "MeasureRequest",
     "Rule",
+    "StudentForm",
     "candidate_dims",
     "check_kv_cache",
     "effective_rank",
+    "form_of",
     "group_plan",
     "kv_cache_floor",
-    "latent_spec",
-    "latent_widths",
     "plan_compression",
     "plan_for_kv_cache",
     "plot_plan",
     "render_plan",
     "student_arch",
+    "student_form",
     "truncation_error_bound",
 ]

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from alloc.compression.forms import FormName
 from arch import ArchConfig
 from userdata import TaskSpec
 
@@ -71,8 +72,10 @@ class CheckpointMeasurement:
     sample: str | None = None  # what was sampled ("--task lm", "--data x.txt"); None: no data
     checkpoint: str = ""
     layout: str = ""
-    # a latent student's layout and fit (``latent_losses`` are for these): the decoupled RoPE
-    # part per key/value head, and how the maps are fitted (schema.CompressionPlan.latent_fit)
+    # the student form measured (``alloc.compression.forms``) and a latent form's layout and
+    # fit (``latent_losses`` are for these): the decoupled RoPE part per key/value head, and how
+    # the maps are fitted (schema.CompressionPlan.latent_fit)
+    form: FormName = "compact"
     rope_dim: int = 0
     latent_fit: str = ""
 
@@ -93,7 +96,9 @@ class MeasureRequest:
     seq_len: int | None = None  # sample window (default: the model's max_seq_len)
     sample_tokens: int | None = None
     loss_sensitivity: bool = False  # also each group's loss increase at each candidate
-    latent: bool = False  # with loss_sensitivity: each mhsa layer's at each latent width instead
+    # the student form planned (``alloc.compression.forms``): with loss_sensitivity, a latent
+    # form measures each mhsa layer's loss increase at each latent width instead
+    form: FormName = "compact"
     # a latent plan's loss increases: estimated to second order from one forward and backward
     # pass ("curvature", docs/theory.md §10.6), or measured, one forward per layer and width
     # ("forwards", §10.5)

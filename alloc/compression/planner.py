@@ -12,11 +12,12 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from alloc.compression.forms import Rule, candidate_dims, form_of, student_form
 from alloc.compression.measurement import CheckpointMeasurement, HeadMeasurement, LayerMeasurement
-from alloc.compression.schema import CompressionPlan, GroupPlan, HeadSpectrum, LayerPlan, Rule
+from alloc.compression.schema import CompressionPlan, GroupPlan, HeadSpectrum, LayerPlan
 from alloc.errors import CompressionError
 from alloc.saturation import jacobian_bound
-from arch import ArchConfig, HeadGroup, LayerSpec
+from arch import ArchConfig, HeadGroup
 from common.errors import Problem
 
 # Share of a head's spectrum (sum of singular values) that its effective rank may discard: a
@@ -39,32 +40,6 @@ def truncation_error_bound(sigma: Sequence[float], rank: int, seq_len: int, logi
     (docs/theory.md §4, §10)."""
     delta = norm * norm * float(np.sum(np.asarray(sigma, dtype=float)[rank:]))
     return jacobian_bound(seq_len, logit_bound + delta) * delta
-
-
-def candidate_dims(qk_dim: int, align: int) -> list[int]:
-    """The ``qk_dim`` a head group of ``qk_dim`` may be reduced to: multiples of ``align``
-    below it, and itself."""
-    return sorted({*range(align, qk_dim, align), qk_dim})
-
-
-def latent_widths(layer: LayerSpec, d_model: int, align: int, rope_dim: int = 0) -> list[int]:
-    """The latent widths an mhsa ``layer`` may be cut to (docs/theory.md §10.5): multiples of
-    ``align`` below its full rank, ``min(d_model, rows)`` (the rank of its stacked key and
-    value maps: every key row but the ``rope_dim`` of each key/value head's decoupled RoPE
-    part, and every value row), and the full rank itself, at which the latent layer is
-    exact."""
-    rows = sum(g.kv_heads * (g.qk_dim - rope_dim + g.v_dim) for g in layer.heads)
-    return candidate_dims(min(d_model, rows), align)
-
-
-def latent_spec(layer: LayerSpec, width: int, positional: str, rope_dim: int = 0) -> LayerSpec:
-    """mhsa ``layer`` made a latent layer of ``width`` units, as a plan makes it: with
-    ``rope_dim = 0`` every key from the latent, turned by RoPE after it is rebuilt where the
-    teacher's keys are turned (``positional``); with ``rope_dim > 0`` that many dims of each
-    key/value head as a decoupled RoPE part and the rest from the latent, unturned (multi-head
-    latent attention's layout, which decodes from the cached latents as they are)."""
-    return dataclasses.replace(layer, attention="latent", latent_dim=width, rope_dim=rope_dim,
-                               rotate_latent=positional == "rope" and not rope_dim)
 
 
 def group_plan(heads: Sequence[HeadMeasurement], group: HeadGroup, seq_len: int,
@@ -112,18 +87,18 @@ def plan_compression(measured: CheckpointMeasurement, tolerance: float,
     if rule == "measured" and not measured.measured:
         raise CompressionError.of([Problem("rule", rule, "needs a sample to measure the "
                                            "errors on ({task.data} or {task.name})")])
-    latent = any(layer.latent_losses for layer in measured.layers)
-    if rule == "loss" and not latent and not any(layer.loss_increases
-                                                 for layer in measured.layers):
+    form = student_form(measured.form)
+    if rule == "loss" and not form.latent and not any(layer.loss_increases
+                                                      for layer in measured.layers):
         raise CompressionError.of([Problem("rule", rule, "needs the loss of a token model "
                                            "on a sample ({task.data} or {task.name}), measured "
                                            "with the loss sensitivity")])
-    if latent and rule != "loss":
-        raise CompressionError.of([Problem("rule", rule, "a latent student's widths are "
-                                           "chosen by the loss rule; use {rule} loss")])
+    if rule not in form.rules:
+        raise CompressionError.of([Problem("rule", rule, f"a {form.name} student's widths are "
+                                           "chosen by the rules " + ", ".join(form.rules))])
     layers = tuple(_layer_plan(measured, m, tolerance, rule, logit_bound)
                    for m in measured.layers)
-    if latent:
+    if form.latent:
         layers = tuple(_latent_layer_plan(layer, m.latent_losses, tolerance, measured.rope_dim)
                        for layer, m in zip(layers, measured.layers))
     return CompressionPlan(
@@ -131,7 +106,7 @@ def plan_compression(measured: CheckpointMeasurement, tolerance: float,
         align=measured.align, rule=rule, layers=layers,
         student=student_arch(measured.arch, layers), sample=measured.sample,
         checkpoint=measured.checkpoint, layout=measured.layout,
-        latent_fit=measured.latent_fit if latent else "")
+        latent_fit=measured.latent_fit if form.latent else "")
 
 
 def _layer_plan(measured: CheckpointMeasurement, layer: LayerMeasurement, tolerance: float,
@@ -173,13 +148,13 @@ def _latent_layer_plan(layer: LayerPlan, losses: Mapping[int, float] | None,
 
 def student_arch(teacher: ArchConfig, layers: Sequence[LayerPlan]) -> ArchConfig:
     """``teacher`` with each planned group's ``qk_dim`` and ``v_dim`` reduced, and each layer
-    planned latent made a latent layer of its width (its keys turned by RoPE after they are
-    rebuilt where the teacher's are turned; no decoupled RoPE part)."""
+    planned latent made a latent layer of its width, as its form makes it
+    (``StudentForm.layer_spec``)."""
     specs = list(teacher.layers)
     for plan in layers:
         if plan.latent_dim:
-            specs[plan.index] = latent_spec(specs[plan.index], plan.latent_dim,
-                                            teacher.positional, plan.rope_dim)
+            specs[plan.index] = form_of(True, plan.rope_dim).layer_spec(
+                specs[plan.index], plan.latent_dim, teacher.positional, plan.rope_dim)
         elif plan.groups:
             heads = tuple(dataclasses.replace(old, qk_dim=g.reduced_qk_dim,
                                               v_dim=g.student_v_dim)

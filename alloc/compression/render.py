@@ -9,7 +9,6 @@ from typing import Any
 import numpy as np
 
 from alloc.compression.schema import CompressionPlan, GroupPlan
-from arch import kv_cache_bytes
 from common.cli import render_table
 from common.plots import new_figure, write_figure
 
@@ -23,15 +22,13 @@ def render_plan(plan: CompressionPlan) -> str:
             + (f", measured {g.measured_error:.3g}" if g.measured_error is not None else "")
             + (f", loss {g.loss_increase:+.3g}" if g.loss_increase is not None else "")
             + ")" + _values(g) for g in layer.groups) or "-"
-        if layer.latent_dim:
-            decisions = (f"latent {layer.teacher_kv_units}->{layer.latent_dim} "
-                         f"(loss {layer.latent_loss:+.3g})")
+        decisions = plan.form.describe(layer) or decisions
         ranks = ",".join(str(s.effective_rank) for s in layer.spectra) or "-"
         rows.append([layer.index, layer.attention, layer.heads, _fmt(layer.logit_bound),
                      _fmt(layer.token_norm), _fmt(layer.entropy), ranks, decisions])
-    budget = ("tolerance" if plan.kv_cache is None else
+    target = ("tolerance" if plan.kv_cache is None else
               f"KV cache {plan.kv_cache:g} of the teacher's, worst")
-    head = (f"checkpoint profile: N = {plan.seq_len}, {budget} {plan.tolerance:.3g} on the "
+    head = (f"checkpoint profile: N = {plan.seq_len}, {target} {plan.tolerance:.3g} on the "
             f"{plan.rule} error, sample: "
             + (plan.sample or "none (||J|| <= 1/2, norms bounded from the norm layers)"))
     table = render_table(["layer", "attention", "heads", "R", "max |x|", "entropy/ln N",
@@ -97,8 +94,8 @@ def _plot_dims(ax: Any, plan: CompressionPlan) -> None:
     ax.set_xlabel("layer")
     ax.set_ylabel("qk_dim per head (outline: teacher, filled: chosen)")
     cut = sum(layer.teacher_kv_units - layer.student_kv_units for layer in plan.layers)
-    kept = kv_cache_bytes(plan.student, "float32")
-    ax.set_title(f"qk_dim per head group\n(the student caches {kept / (kept + 4 * cut):.0%} "
+    kept = plan.student.kv_width  # units per token, whatever their dtype
+    ax.set_title(f"qk_dim per head group\n(the student caches {kept / (kept + cut):.0%} "
                  "of the teacher's keys and values)")
 
 

@@ -8,18 +8,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any
 
 import numpy as np
 import yaml
 
+from alloc.compression.forms import RULES, Rule, StudentForm, form_of
 from alloc.compression.measurement import HeadStats
 from alloc.errors import CompressionError
 from arch import ArchConfig, ConfigError, HeadGroup, KindTraits, kind_traits
 from common.files import dump_yaml, load_yaml
-
-Rule = Literal["bound", "measured", "loss"]
-RULES: tuple[Rule, ...] = get_args(Rule)
 
 
 @dataclass(frozen=True)
@@ -174,9 +172,11 @@ class CompressionPlan:
             0 < layer.latent_dim < layer.teacher_kv_units for layer in self.layers)
 
     @property
-    def latent(self) -> bool:
-        """Whether the student's planned layers are latent (docs/theory.md §10.5)."""
-        return any(layer.latent_dim for layer in self.layers)
+    def form(self) -> StudentForm:
+        """The student's form (``alloc.compression.forms``): latent where its planned layers
+        are (docs/theory.md §10.5), with a decoupled RoPE part where they keep one."""
+        return form_of(any(layer.latent_dim for layer in self.layers),
+                       max((layer.rope_dim for layer in self.layers), default=0))
 
     def input_scales(self) -> dict[int, tuple[float, ...]]:
         """Layer -> its attention inputs' RMS per feature, where the values or a latent were

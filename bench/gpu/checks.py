@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from arch import ATTENTION_KINDS, ArchConfig, HeadGroup, LayerSpec, TrainConfig
-from bench.gpu.plan import Budget, Context, PartResult
+from bench.gpu.plan import Context, PartResult, TimeLimit
 from workers.tasks import LMTask, describe_task
 from workers.training import Trainer
 
@@ -34,10 +34,10 @@ FP32_TOLERANCE = 1e-4
 MEMORY_SLACK = 32 << 20  # bytes a trial may leave held: a cuBLAS workspace made on first use
 
 
-def run_suite(ctx: Context, result: PartResult, budget: Budget,
+def run_suite(ctx: Context, result: PartResult, limit: TimeLimit,
               say: Callable[[str], None]) -> None:
     """``pytest`` on ``SUITE`` (``-k SUITE_FILTER``) in a child process with the part's
-    budget as its timeout; one row of counts, each failure's name in the notes."""
+    limit as its timeout; one row of counts, each failure's name in the notes."""
     report = ctx.work / "suite.xml"
     # the project's addopts left out: its pytest-xdist workers would each import torch for
     # the dozen tests selected
@@ -45,10 +45,10 @@ def run_suite(ctx: Context, result: PartResult, budget: Budget,
             "-k", SUITE_FILTER, f"--junitxml={report}", *SUITE]
     try:
         done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True,
-                              timeout=max(budget.left(), 1.0))
+                              timeout=max(limit.left(), 1.0))
     except subprocess.TimeoutExpired:
-        result.status = "budget"
-        result.note(f"pytest did not finish in {budget.seconds:.0f} s")
+        result.status = "time_up"
+        result.note(f"pytest did not finish in {limit.seconds:.0f} s")
         return
     counts = junit_counts(report) if report.exists() else {}
     result.rows.append({"tests": " ".join(SUITE), "filter": SUITE_FILTER, **counts,
@@ -151,25 +151,25 @@ def cuda_memory(device: str) -> tuple[int, int] | None:
     return torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
 
 
-def run_checks(ctx: Context, result: PartResult, budget: Budget,
+def run_checks(ctx: Context, result: PartResult, limit: TimeLimit,
                say: Callable[[str], None]) -> None:
     """bf16 autocast for every kind, the trainer's memory between trials, then the trainer's
-    compile, each started only while the budget lasts."""
+    compile, each started only while the limit lasts."""
     steps = ctx.sizes.check_steps
     tolerance = BF16_TOLERANCE if ctx.device == "cuda" else FP32_TOLERANCE
     # the trainer uses bf16 autocast on CUDA only: on the CPU both runs are float32
     label = f"{ctx.device} ({'bf16 autocast' if ctx.device == 'cuda' else 'float32'}) vs cpu"
     for kind in ATTENTION_KINDS:
-        budget.check(f"the autocast check of {kind}")
+        limit.check(f"the autocast check of {kind}")
         arch = small_arch(kind)
         result.rows.append(compare(label, kind,
                                    losses(arch, steps, ctx.device), losses(arch, steps, "cpu"),
                                    tolerance))
         say(f"checks: {kind} autocast max rel diff {result.rows[-1]['max_rel_diff']:.2e}")
-    budget.check("the memory check")
+    limit.check("the memory check")
     result.rows.extend(memory_rows(ctx))
     for kind in ("mhsa",):  # the trainer's whole-model compile; every kind's: "compiled"
-        budget.check(f"the compile check of {kind}")
+        limit.check(f"the compile check of {kind}")
         torch._dynamo.reset()
         arch = small_arch(kind)
         result.rows.append(compare(f"compile ({ctx.backend}) vs eager", kind,

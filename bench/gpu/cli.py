@@ -6,7 +6,7 @@ autocast for every kind, ``torch.compile``, memory between search trials); train
 and MFU of every attention kind at GPT-2 small, eager and compiled, beside a plain PyTorch
 block; bf16 logits parity of a GQA Llama and its compact and latent students against
 ``transformers``, and their decode speed at a long context; a short training of a planned (or
-``--arch``) architecture beside the uniform baseline. Each part has its own time budget (the
+``--arch``) architecture beside the uniform baseline. Each part has its own time limit (the
 run about ``--minutes``); a part that runs out keeps what it measured and says so. A missing
 package stops the command before any work, naming what to carry. Writes ``gpu.json`` and
 ``gpu.md`` to ``--out``; ``--docs`` fills the "GPU" section of docs/benchmarks.md.
@@ -36,16 +36,16 @@ from bench.gpu import report
 from bench.gpu.image import missing_modules, read_image
 from bench.gpu.plan import (
     BASE_MODULES,
-    BUDGETS,
     DEFAULT_MINUTES,
     FULL,
     MODULES,
+    PART_SECONDS,
     SMOKE,
-    Budget,
-    BudgetSpent,
     Context,
     PartResult,
     Sizes,
+    TimeLimit,
+    TimeUp,
     hard_stop,
 )
 from common.cli import Parser, add_format, dump, fail, number
@@ -54,11 +54,11 @@ from common.files import write_atomic
 
 PROG = "bench.gpu"
 SMOKE_MINUTES = 30.0
-PARTS = tuple(BUDGETS)
-GRACE_S = 20.0  # past its budget, a part is stopped wherever it is
+PARTS = tuple(PART_SECONDS)
+GRACE_S = 20.0  # past its limit, a part is stopped wherever it is
 DISTRIBUTIONS = {"yaml": "pyyaml"}  # import name -> what to carry, where they differ
 log = logging.getLogger(__name__)
-Part = Callable[[Context, PartResult, Budget, Callable[[str], None]], None]
+Part = Callable[[Context, PartResult, TimeLimit, Callable[[str], None]], None]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,9 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--smoke-test", action="store_true",
                    help="every part at a tiny size (seconds on a CPU)")
     p.add_argument("--minutes", type=number(0, strict=True),
-                   help=f"the whole run's budget, shared by the parts in fixed proportions "
+                   help=f"the whole run's time, shared by the parts in fixed proportions "
                         f"(default: {DEFAULT_MINUTES:g}; {SMOKE_MINUTES:g} with --smoke-test, "
-                        "whose budgets are not what it checks: a busy CI box may be slow)")
+                        "whose time limits are not what it checks: a busy CI box may be slow)")
     p.add_argument("--parts", type=parts_list, default=PARTS,
                    help=f"comma-separated, from {','.join(PARTS)} (default: all)")
     p.add_argument("--arch", type=Path, help="the training part's architecture (an "
@@ -144,18 +144,18 @@ def run_part(ctx: Context, name: str, fn: Part, seconds: float,
              say: Callable[[str], None], grace: float = GRACE_S) -> PartResult:
     """One part within ``seconds`` (stopped wherever it is ``grace`` seconds later): what it
     measured, however it ended."""
-    result = PartResult(name, budget_s=seconds)
+    result = PartResult(name, limit_s=seconds)
     if seconds <= 0:
         result.status = "skipped"
-        result.note("the run's budget was spent")
+        result.note("the run's time was spent")
         return result
-    budget, start = Budget(seconds), time.monotonic()
-    say(f"{name}: start (budget {seconds:.0f} s)")
+    limit, start = TimeLimit(seconds), time.monotonic()
+    say(f"{name}: start (limit {seconds:.0f} s)")
     try:
         with hard_stop(seconds + grace):
-            fn(ctx, result, budget, say)
-    except BudgetSpent as err:
-        result.status = "budget"
+            fn(ctx, result, limit, say)
+    except TimeUp as err:
+        result.status = "time_up"
         result.note(str(err))
     except ModuleNotFoundError as err:
         result.status = "failed"
@@ -221,7 +221,7 @@ def run_parts(ctx: Context, args: argparse.Namespace, say: Callable[[str], None]
     scale, start = args.minutes / DEFAULT_MINUTES, time.monotonic()
     for name in args.parts:
         left = args.minutes * 60 - (time.monotonic() - start)
-        seconds = min(BUDGETS[name] * scale + saved, left)
+        seconds = min(PART_SECONDS[name] * scale + saved, left)
         results.append(run_part(ctx, name, functions[name], seconds, say))
         saved = seconds - results[-1].seconds if seconds > 0 else saved
         done(results)

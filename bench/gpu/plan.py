@@ -1,5 +1,5 @@
 """What ``bench.gpu`` runs: the sizes (the GPU one and the CPU smoke one), each part's time
-budget, and the record a part fills as it goes (so that what it measured before its budget ran
+limit, and the record a part fills as it goes (so that what it measured before its limit ran
 out is kept)."""
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ SMOKE = Sizes(
 
 # Seconds of each part at the default 8 minutes (scaled with --minutes), in the order run;
 # the students are built on the CPU beside the first parts and waited for by parity.
-BUDGETS = {"suite": 25.0, "checks": 40.0, "throughput": 40.0, "compiled": 150.0,
+PART_SECONDS = {"suite": 25.0, "checks": 40.0, "throughput": 40.0, "compiled": 150.0,
            "parity": 40.0, "decode": 60.0, "training": 60.0}
 DEFAULT_MINUTES = 8.0
 # What each part imports beyond torch, numpy, scipy and yaml (checked before any work).
@@ -76,12 +76,12 @@ MODULES = {"suite": ("pytest",), "parity": ("transformers", "safetensors"),
 BASE_MODULES = ("torch", "numpy", "scipy", "yaml")
 
 
-class BudgetSpent(Exception):
-    """A part's time budget ran out (raised at a check, or by the hard stop)."""
+class TimeUp(Exception):
+    """A part's time limit ran out (raised at a check, or by the hard stop)."""
 
 
 @dataclass
-class Budget:
+class TimeLimit:
     """A part's seconds, counted from its start."""
 
     seconds: float
@@ -91,21 +91,21 @@ class Budget:
         return self.seconds - (time.monotonic() - self.start)
 
     def check(self, what: str) -> None:
-        """Raise ``BudgetSpent`` naming ``what`` was not started when none is left."""
+        """Raise ``TimeUp`` naming ``what`` was not started when none is left."""
         if self.left() <= 0:
-            raise BudgetSpent(f"budget of {self.seconds:.0f} s spent before {what}")
+            raise TimeUp(f"limit of {self.seconds:.0f} s spent before {what}")
 
 
 @contextlib.contextmanager
 def hard_stop(seconds: float) -> Iterator[None]:
-    """Raise ``BudgetSpent`` in the main thread ``seconds`` from now, wherever it is (a compile
-    that runs far past its budget); a no-op outside the main thread."""
+    """Raise ``TimeUp`` in the main thread ``seconds`` from now, wherever it is (a compile
+    that runs far past its limit); a no-op outside the main thread."""
     if threading.current_thread() is not threading.main_thread() or seconds <= 0:
         yield
         return
 
     def stop(signum: int, frame: Any) -> None:
-        raise BudgetSpent(f"stopped {seconds:.0f} s in: the part ran past its budget")
+        raise TimeUp(f"stopped {seconds:.0f} s in: the part ran past its limit")
 
     previous = signal.signal(signal.SIGALRM, stop)
     signal.setitimer(signal.ITIMER_REAL, seconds)
@@ -119,12 +119,12 @@ def hard_stop(seconds: float) -> Iterator[None]:
 @dataclass
 class PartResult:
     """What a part measured: rows of one table, lines to read beside it, and how it ended
-    (``ok``, ``budget``: stopped by its budget with what it had, ``failed``, ``skipped``)."""
+    (``ok``, ``time_up``: stopped by its time limit with what it had, ``failed``, ``skipped``)."""
 
     name: str
     status: str = "ok"
     seconds: float = 0.0
-    budget_s: float = 0.0
+    limit_s: float = 0.0
     rows: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -134,9 +134,9 @@ class PartResult:
 
 class Students(Protocol):
     """Folders made beside the parts (``bench.gpu.students.StudentsJob``): ``wait`` returns
-    them once made, or raises ``BudgetSpent`` when ``budget`` ends first."""
+    them once made, or raises ``TimeUp`` when ``limit`` ends first."""
 
-    def wait(self, budget: Budget) -> dict[str, Path]: ...
+    def wait(self, limit: TimeLimit) -> dict[str, Path]: ...
 
     def stop(self) -> None: ...
 

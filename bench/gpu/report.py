@@ -124,8 +124,8 @@ def training_table(report: dict[str, Any]) -> str:
 
 
 def parts_table(report: dict[str, Any]) -> str:
-    return markdown_table(["part", "status", "seconds", "budget s", "notes"],
-                          [[p["name"], p["status"], f"{p['seconds']:.1f}", f"{p['budget_s']:.0f}",
+    return markdown_table(["part", "status", "seconds", "limit s", "notes"],
+                          [[p["name"], p["status"], f"{p['seconds']:.1f}", f"{p['limit_s']:.0f}",
                             "; ".join(p["notes"]) or "-"] for p in report["parts"]])
 
 
@@ -180,8 +180,8 @@ def fill_docs(path: Path, text: str) -> None:
 
 def summary(report: dict[str, Any]) -> str:
     """The terminal's table: each part's status and time, then the goals."""
-    parts = render_table(["part", "status", "seconds", "budget s"],
-                         [[p["name"], p["status"], f"{p['seconds']:.1f}", f"{p['budget_s']:.0f}"]
+    parts = render_table(["part", "status", "seconds", "limit s"],
+                         [[p["name"], p["status"], f"{p['seconds']:.1f}", f"{p['limit_s']:.0f}"]
                           for p in report["parts"]], right=[False, False, True, True])
     goals = render_table(["goal", "measured", "met"],
                          [[g["goal"], g["measured"], fmt(g["met"])] for g in report["goals"]])

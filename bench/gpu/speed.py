@@ -23,10 +23,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bench.gpu.plan import Budget, Context, PartResult
+from arch import ATTENTION_KINDS, kind_traits
+from bench.gpu.plan import Context, PartResult, TimeLimit
 from bench.throughput import Runner, Shape, our_stack
 
-KINDS = ("mhsa", "frozen_qk", "mssa", "mixit", "latent")
+KINDS = ATTENTION_KINDS  # every kind a layer may name (arch.KINDS owns the list)
 REFERENCE = "pytorch sdpa block"
 # bf16 dense tensor-core peaks (NVIDIA's data sheets), by a fragment of the device's name
 PEAKS = (("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12), ("H200", 989e12),
@@ -69,8 +70,10 @@ def train_flops_per_token(module: nn.Module, shape: Shape, name: str) -> float:
         if isinstance(linear, nn.Linear):
             weights = linear.weight.numel()
             flops += (6 if linear.weight.requires_grad else 4) * weights
-    # per layer and token: QK^T over every key (2 T d) and AV (2 T d); MixiT only mixes
-    attention = (2 if name == "mixit" else 4) * shape.seq_len * shape.d_model
+    # per layer and token: QK^T over every key (2 T d) and AV (2 T d); a kind without queries
+    # and keys (MixiT) only mixes the values
+    mixes = 2 if name in KINDS and not kind_traits(name).queries_keys else 4
+    attention = mixes * shape.seq_len * shape.d_model
     return flops + 3 * attention * shape.layers
 
 
@@ -124,19 +127,19 @@ class Measured:
     rates: list[float] = field(default_factory=list)  # tokens/s of each round
 
 
-def measure(ctx: Context, result: PartResult, budget: Budget, compiled: bool,
+def measure(ctx: Context, result: PartResult, limit: TimeLimit, compiled: bool,
             say: Callable[[str], None]) -> None:
-    """Each variant in turn: built, warmed, then its rounds, as many as the budget allows;
-    each row its median round. A variant the budget does not reach is left out with a line;
+    """Each variant in turn: built, warmed, then its rounds, as many as the limit allows;
+    each row its median round. A variant the limit does not reach is left out with a line;
     the rows measured before stay."""
     done: list[Measured] = []
     try:
         for name in (REFERENCE, *KINDS):
-            budget.check(f"{name} ({len(done)} of {len(KINDS) + 1} variants measured)")
+            limit.check(f"{name} ({len(done)} of {len(KINDS) + 1} variants measured)")
             runner, measured = warmed(ctx, name, compiled)
             done.append(measured)
             say(f"{'compiled' if compiled else 'eager'} {name}: warm in {measured.warm_s:.1f} s")
-            timed_rounds(ctx, runner, budget, result)
+            timed_rounds(ctx, runner, limit, result)
             measured.rates = list(runner.rates)
             del runner
             free(ctx.device)
@@ -173,14 +176,14 @@ def free(device: str) -> None:
         torch.cuda.empty_cache()
 
 
-def timed_rounds(ctx: Context, runner: Runner, budget: Budget, result: PartResult) -> None:
+def timed_rounds(ctx: Context, runner: Runner, limit: TimeLimit, result: PartResult) -> None:
     """Up to ``sizes.rounds`` rounds of ``sizes.steps`` steps; fewer when the next one would
-    not fit the budget."""
+    not fit the limit."""
     for i in range(ctx.sizes.rounds):
         start = time.perf_counter()
         runner.timed(ctx.sizes.steps)
-        if i + 1 < ctx.sizes.rounds and budget.left() < 2 * (time.perf_counter() - start):
-            result.note(f"{runner.name}: {i + 1} of {ctx.sizes.rounds} rounds (budget)")
+        if i + 1 < ctx.sizes.rounds and limit.left() < 2 * (time.perf_counter() - start):
+            result.note(f"{runner.name}: {i + 1} of {ctx.sizes.rounds} rounds (limit)")
             return
 
 
@@ -202,18 +205,18 @@ def rows(ctx: Context, done: list[Measured], compiled: bool) -> list[dict[str, A
     return out
 
 
-def run_eager(ctx: Context, result: PartResult, budget: Budget,
+def run_eager(ctx: Context, result: PartResult, limit: TimeLimit,
               say: Callable[[str], None]) -> None:
     """The throughput part: the card's matrix product rate, then every variant eager."""
     n = 8192 if ctx.device == "cuda" else 256
     ctx.matmul_tflops = matmul_tflops(ctx.device, n)
     result.note(f"{n}-cube matrix product: {ctx.matmul_tflops:.3g} TFLOP/s "
                 f"({'bf16' if ctx.device == 'cuda' else 'float32'})")
-    measure(ctx, result, budget, compiled=False, say=say)
+    measure(ctx, result, limit, compiled=False, say=say)
 
 
-def run_compiled(ctx: Context, result: PartResult, budget: Budget,
+def run_compiled(ctx: Context, result: PartResult, limit: TimeLimit,
                  say: Callable[[str], None]) -> None:
     """The compiled part: every variant under ``torch.compile`` (``ctx.backend``)."""
     result.note(f"torch.compile backend {ctx.backend}, block by block")
-    measure(ctx, result, budget, compiled=True, say=say)
+    measure(ctx, result, limit, compiled=True, say=say)

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from bench.checkpoint_memory import token_folder
-from bench.gpu.plan import Budget, BudgetSpent, Context, PartResult, Students, TeacherSize
+from bench.gpu.plan import Context, PartResult, Students, TeacherSize, TimeLimit, TimeUp
 
 ROOT = Path(__file__).resolve().parents[2]
 # name -> (KV cache fraction, extra workers.profile flags)
@@ -79,11 +79,11 @@ class StudentsJob:
         self.thread.start()
         return self
 
-    def wait(self, budget: Budget) -> dict[str, Path]:
-        """The folders, once made; ``BudgetSpent`` when ``budget`` ends first."""
-        self.thread.join(max(budget.left(), 0.0))
+    def wait(self, limit: TimeLimit) -> dict[str, Path]:
+        """The folders, once made; ``TimeUp`` when ``limit`` ends first."""
+        self.thread.join(max(limit.left(), 0.0))
         if self.thread.is_alive():
-            raise BudgetSpent("the students were not made within the budget "
+            raise TimeUp("the students were not made within the limit "
                               f"({'; '.join(self.log) or 'nothing finished'})")
         if self.error is not None:
             raise RuntimeError(f"making the students failed: {self.error}")
@@ -206,9 +206,9 @@ def students_of(ctx: Context) -> Students:
     return ctx.students
 
 
-def run_parity(ctx: Context, result: PartResult, budget: Budget,
+def run_parity(ctx: Context, result: PartResult, limit: TimeLimit,
                say: Callable[[str], None]) -> None:
-    paths = students_of(ctx).wait(budget)
+    paths = students_of(ctx).wait(limit)
     size = ctx.sizes.teacher
     ids = torch.randint(0, size.vocab, (2, ctx.sizes.parity_tokens),
                         generator=torch.Generator().manual_seed(1)).to(ctx.device)
@@ -220,20 +220,20 @@ def run_parity(ctx: Context, result: PartResult, budget: Budget,
     for name, ours, theirs, remote in cases:
         if theirs is None:
             continue
-        budget.check(f"parity of the {name}")
+        limit.check(f"parity of the {name}")
         result.rows.append(parity_row(name, ours, theirs, remote, ids, ctx.device))
         say(f"parity: {name}: bf16 ratio {result.rows[-1]['bf16_ratio']:.2f}")
     if not all(r["passed"] for r in result.rows):
         result.status = "failed"
 
 
-def run_decode(ctx: Context, result: PartResult, budget: Budget,
+def run_decode(ctx: Context, result: PartResult, limit: TimeLimit,
                say: Callable[[str], None]) -> None:
     """Each model's prefill and greedy decode through ``transformers``' ``generate``: bf16 on
     CUDA, float32 on the CPU."""
     from bench.generate_speed import kv_bytes, timed
 
-    paths = students_of(ctx).wait(budget)
+    paths = students_of(ctx).wait(limit)
     s = ctx.sizes
     dtype = torch.bfloat16 if ctx.device == "cuda" else torch.float32
     ids = torch.randint(0, s.teacher.vocab, (s.batch, s.context),
@@ -241,7 +241,7 @@ def run_decode(ctx: Context, result: PartResult, budget: Budget,
     result.note(f"batch {s.batch} x context {s.context}, {s.new_tokens} new tokens, "
                 f"{str(dtype).removeprefix('torch.')}, greedy, one run after a short warm-up")
     for name in ("teacher", "compact", "latent"):
-        budget.check(f"decoding with the {name}")
+        limit.check(f"decoding with the {name}")
         model = load_theirs(paths[name], dtype, ctx.device, remote=name != "teacher")
         model.generation_config.pad_token_id = 0
         timed(model, ids[:, :16], 2)  # kernels, allocator, the remote code's first call

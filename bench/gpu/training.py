@@ -17,7 +17,7 @@ from typing import Any
 
 from alloc import PlanSettings, baseline_head, make_plan
 from arch import ArchConfig, LayerSpec, TrainConfig, param_count
-from bench.gpu.plan import Budget, Context, PartResult
+from bench.gpu.plan import Context, PartResult, TimeLimit
 from bench.throughput import Shape
 from common.files import read_yaml
 from workers.tasks import LMTask, fit_arch
@@ -67,7 +67,7 @@ def train_one(ctx: Context, arch: ArchConfig, length: int) -> dict[str, Any]:
             "wall_s": time.perf_counter() - start}
 
 
-def run_training(ctx: Context, result: PartResult, budget: Budget,
+def run_training(ctx: Context, result: PartResult, limit: TimeLimit,
                  say: Callable[[str], None]) -> None:
     length = min(ctx.sizes.shape.seq_len, 1024)
     archs = architectures(ctx.sizes.shape, ctx.arch_file)
@@ -75,11 +75,11 @@ def run_training(ctx: Context, result: PartResult, budget: Budget,
                 f"{ctx.sizes.train_steps} steps of {ctx.sizes.train_batch}, seed 0, one run")
     last = 0.0
     for name, arch in archs.items():
-        if result.rows and budget.left() < last:
-            result.note(f"{name}: not trained (the budget left {budget.left():.0f} s, the "
+        if result.rows and limit.left() < last:
+            result.note(f"{name}: not trained (the time left {limit.left():.0f} s, the "
                         f"first took {last:.0f} s)")
             continue
-        budget.check(f"training the {name}")
+        limit.check(f"training the {name}")
         row = {"architecture": name, **train_one(ctx, arch, length)}
         result.rows.append(row)
         last = row["wall_s"]

@@ -359,7 +359,7 @@ def describe(request: CompressRequest, loaded: Loaded, plan: CompressionPlan, ta
         heads=tuple(LayerHeads(i, old.heads_str, _heads(new))
                     for i, (old, new) in enumerate(zip(loaded.arch.layers, student_arch.layers))),
         task=None if task is None else task.name, reduces=plan.reduces, measured=plan.measured,
-        latent=plan.latent,
+        form=plan.form,
         files=FileBytes(weights_bytes(request.checkpoint), weights_bytes(out)), out=out,
         written=(out, out.with_suffix(".arch.yaml")) if out.suffix == ".pt" else (out,),
         teacher_eval=evaluations.get("teacher"), cut_eval=evaluations.get("cut"),

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from alloc.compression import CheckpointMeasurement, latent_spec, latent_widths
+from alloc.compression import CheckpointMeasurement, form_of
 from arch import ArchConfig
 from common.progress import Progress
 from workers.checkpoints.stream import LayerSource
@@ -47,7 +47,7 @@ def curvature_latent(source: LayerSource, measured: CheckpointMeasurement, x: Te
     curvature = {c.index: c for c in moments or layer_curvature(source, x, targets, quiet=quiet)}
     fits: dict[int, tuple[Tensor, Tensor]] = {}
     losses: dict[int, dict[int, float]] = {}
-    student = _latent_arch(arch, rope_dim)
+    student, form = _latent_arch(arch, rope_dim), form_of(latent=True, rope_dim=rope_dim)
     with Progress("fit", total=len(curvature), unit="layers", quiet=quiet,
                   start="each layer's latent maps to second order") as bar:
         for i, layer in curvature.items():
@@ -56,12 +56,12 @@ def curvature_latent(source: LayerSource, measured: CheckpointMeasurement, x: Te
             up, down, spectrum = curvature_fit(weight, student, i, orders, layer.inputs,
                                                layer.grads)
             fits[i] = (up, down)
-            losses[i] = width_losses(spectrum, latent_widths(arch.layers[i], arch.d_model,
-                                                             measured.align, rope_dim))
+            losses[i] = width_losses(spectrum, form.widths(arch.layers[i], arch.d_model,
+                                                           measured.align, rope_dim))
             bar.update(1)
     layers = tuple(dataclasses.replace(m, latent_losses=losses.get(m.index))
                    for m in measured.layers)
-    return dataclasses.replace(measured, layers=layers, rope_dim=rope_dim,
+    return dataclasses.replace(measured, layers=layers, form=form.name, rope_dim=rope_dim,
                                latent_fit="curvature"), fits
 
 
@@ -82,8 +82,9 @@ def _weight(attn: torch.nn.Module) -> Tensor:
 
 def _latent_arch(arch: ArchConfig, rope_dim: int) -> ArchConfig:
     """``arch`` with every mhsa layer latent at its full rank: the row layout the fits use."""
-    layers = tuple(latent_spec(layer, latent_widths(layer, arch.d_model, 1, rope_dim)[-1],
-                               arch.positional, rope_dim) if layer.kind.to_latent
+    form = form_of(latent=True, rope_dim=rope_dim)
+    layers = tuple(form.layer_spec(layer, form.widths(layer, arch.d_model, 1, rope_dim)[-1],
+                                   arch.positional, rope_dim) if layer.kind.to_latent
                    else layer for layer in arch.layers)
     return dataclasses.replace(arch, layers=layers)
 

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor
 
-from alloc.compression import LayerMeasurement, candidate_dims, latent_spec, latent_widths
+from alloc.compression import LayerMeasurement, candidate_dims, form_of
 from arch import ArchConfig, LayerSpec
 from common.progress import Progress
 from workers.chunks import window_chunks
@@ -91,14 +91,15 @@ def latent_sensitivity(model: Model, x: Tensor, targets: Tensor,
                        scales: Mapping[int, Sequence[float]], quiet: bool = True
                        ) -> list[LayerMeasurement]:
     """``layers`` with each mhsa layer's loss increase on the sample at each candidate latent
-    width (``latent_widths``), that layer alone made latent as ``workers.compress`` builds it
+    width (``StudentForm.widths``), that layer alone made latent as ``workers.compress`` builds it
     (keys and values from the SVD of their stacked maps weighted by ``scales``, the layer's
     input RMS; keys turned after they are rebuilt where the teacher's are; docs/theory.md
     §10.5), every other layer the teacher's. One forward per layer and width, from the layer
     on (the residual stream entering it is carried from layer to layer): counted on stderr
     unless ``quiet``."""
     arch = model.arch
-    widths = {i: latent_widths(arch.layers[i], arch.d_model, align) for i in sorted(scales)}
+    form = form_of(latent=True, rope_dim=0)  # keys turned after they are rebuilt
+    widths = {i: form.widths(arch.layers[i], arch.d_model, align) for i in sorted(scales)}
     forwards = 1 + sum(len(w) - 1 for w in widths.values())
     with Progress("loss rule", total=forwards, unit="forwards", quiet=quiet,
                   start=f"one forward of the model on the sample per layer and latent width: "
@@ -136,7 +137,7 @@ def _latent_alone(model: Model, i: int, width: int, scale: Sequence[float]) -> I
     units (``latent_layer``) while the context lasts: one small module built per width, not a
     model."""
     arch, prefix, block = model.arch, f"blocks.{i}.attn.", model.block(i)
-    layer = latent_spec(arch.layers[i], width, arch.positional)
+    layer = form_of(latent=True, rope_dim=0).layer_spec(arch.layers[i], width, arch.positional)
     student = _with_layer(arch, i, layer)
     state = block.attn.state_dict(prefix=prefix)
     latent_layer(state, student, i, {}, torch.tensor(scale[:arch.d_model]))

@@ -21,20 +21,23 @@ from torch import Tensor
 from alloc.compression import (
     CheckpointMeasurement,
     CompressionError,
+    FormName,
     HeadMeasurement,
     HeadStats,
     LayerMeasurement,
     MeasureRequest,
     candidate_dims,
+    student_form,
 )
 from arch import ArchConfig, LayerSpec
 from common.errors import Problem
 from common.progress import Progress, duration, say
 from workers.checkpoints import Loaded, is_family_folder, load, read_arch, source_of
 from workers.checkpoints.stream import LayerSource, StreamedFolder, WholeModel
+from workers.compression.forms import SENSITIVITY
 from workers.compression.heads import HeadMap, layer_maps
 from workers.compression.latent_measure import curvature_latent
-from workers.compression.loss_rule import IGNORE, input_scale, latent_sensitivity, loss_sensitivity
+from workers.compression.loss_rule import IGNORE, input_scale
 from workers.compression.pairs import rank_pairs
 from workers.compression.recording import record_block
 from workers.compression.student_inputs import LatentFits
@@ -87,19 +90,23 @@ SAMPLE_BATCH = 1 << 20
 
 def measure_model(model: Model, x: Tensor | None, seq_len: int, align: int,
                   sample: str | None = None, targets: Tensor | None = None,
-                  quiet: bool = True, latent: bool = False) -> CheckpointMeasurement:
+                  quiet: bool = True, form: FormName = "compact") -> CheckpointMeasurement:
     """What planning needs of ``model`` (``measure_layers``) and, with ``targets`` (the
-    sample's next tokens, (B, T)), each head group's loss increase at each candidate ``qk_dim``
-    and ``v_dim``, the group alone cut (one forward of the model per group and candidate); or,
-    with ``latent``, each mhsa layer's at each latent width instead (``latent_sensitivity``)."""
+    sample's next tokens, (B, T)), each candidate's loss increase for the student ``form``
+    (``workers.compression.forms.SENSITIVITY``): a compact form's head groups at each candidate
+    ``qk_dim`` and ``v_dim``, the group alone cut (one forward of the model per group and
+    candidate); a latent form's mhsa layers at each latent width instead."""
     scales: dict[int, tuple[float, ...]] = {}
     measured = measure_layers(WholeModel(model), x, seq_len, align, sample, quiet,
                               scales if targets is not None else None)
     if x is None or targets is None:
         return measured
-    sensitivity = latent_sensitivity if latent else loss_sensitivity
+    sensitivity = SENSITIVITY[form]
+    if sensitivity is None:
+        raise CompressionError.of([Problem("estimate", "forwards", f"a {form} student is "
+                                           "planned with the curvature estimate")])
     layers = sensitivity(model, x, targets, list(measured.layers), align, scales, quiet)
-    return dataclasses.replace(measured, layers=tuple(layers))
+    return dataclasses.replace(measured, layers=tuple(layers), form=form)
 
 
 def measure_layers(source: LayerSource, x: Tensor | None, seq_len: int, align: int,
@@ -206,7 +213,8 @@ def measure_for_plan(request: MeasureRequest) -> tuple[CheckpointMeasurement, La
         CheckpointError, TaskError, DataError, CompressionError: one line each.
     """
     tick = time.perf_counter()
-    curvature = request.latent and request.estimate == "curvature"
+    curvature = request.estimate == "curvature" and \
+        request.estimate in student_form(request.form).estimates
     # the loss rule's forwards run the whole model per cut; otherwise a Llama-family folder
     # (or GGUF file) is streamed
     streamed = (curvature or not request.loss_sensitivity) and is_family_folder(
@@ -231,7 +239,7 @@ def measure_for_plan(request: MeasureRequest) -> tuple[CheckpointMeasurement, La
             measured = dataclasses.replace(measured, sample=source)
         elif loaded is not None:
             measured = measure_model(loaded.model, x, seq_len, request.align, source, targets,
-                                     request.quiet, request.latent)
+                                     request.quiet, request.form)
         else:
             measured = measure_layers(layers, x, seq_len, request.align, source, request.quiet)
     return dataclasses.replace(measured, checkpoint=str(request.checkpoint),

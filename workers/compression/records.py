@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from alloc.compression import StudentForm
 from common.errors import Problem, UsageError
 from userdata import TaskSpec
 
@@ -138,7 +139,7 @@ class CompressResult:
     task: str | None
     reduces: bool  # the plan lowers some qk_dim
     measured: bool  # the plan was measured on a sample
-    latent: bool  # the student caches latents (docs/theory.md §10.5), not cut keys and values
+    form: StudentForm  # what the student caches (alloc.compression.FORMS)
     files: FileBytes
     out: Path
     written: tuple[Path, ...]
@@ -152,7 +153,8 @@ class CompressResult:
             "out_layout": self.out_layout, "params": dataclasses.asdict(self.params),
             "kv_cache": dataclasses.asdict(self.kv_cache),
             "qk_dims": [dataclasses.asdict(x) for x in self.heads], "task": self.task,
-            "plan": {"reduces": self.reduces, "measured": self.measured, "latent": self.latent}}
+            "plan": {"reduces": self.reduces, "measured": self.measured,
+                     "form": self.form.name, "latent": self.form.latent}}
         for key, evaluation in self.evaluations.items():
             data[key] = evaluation.to_dict()
         data.update(files=dataclasses.asdict(self.files), out=str(self.out),

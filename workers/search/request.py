@@ -24,7 +24,7 @@ from pathlib import Path
 from alloc import AllocatorInputs, PlanSettings
 from arch import ArchConfig
 from common.errors import Problem, excerpt
-from search_spaces import SearchSpace, SpaceError, SpaceFile
+from search_spaces import SAMPLER_KINDS, SearchSpace, SpaceError, SpaceFile
 from studies import resolve_url
 from userdata import DataSpec, TaskSpec
 from workers.errors import SearchError
@@ -120,7 +120,7 @@ def prepare(space: SearchSpace | SpaceFile | str | Path, task: Task | TaskSpec |
         check_warm_start(opts.warm_start, name)
     kind = opts.sampler or loaded.sampler
     check_points(loaded, opts.points)
-    total = trials or len(opts.points) or (len(loaded.grid()) if kind == "grid"
+    total = trials or len(opts.points) or (len(loaded.grid()) if SAMPLER_KINDS[kind].enumerates
                                            else DEFAULT_TRIALS)
     url = resolve_url(storage)
     if planned is None:  # last: the checks above refuse a space too large to plan quickly

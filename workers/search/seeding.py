@@ -23,7 +23,7 @@ from alloc import (
 )
 from arch import ArchConfig, ConfigError, HeadGroup, LayerSpec
 from common.progress import duration, say
-from search_spaces import SearchSpace, SpaceError
+from search_spaces import SAMPLER_KINDS, SearchSpace, SpaceError
 from workers.tasks import ArrayTask, Task, TextTask
 
 log = logging.getLogger(__name__)
@@ -182,9 +182,10 @@ def starting_points(space: SearchSpace, planned: SearchPlan, sampler: str,
     allocator's seeds."""
     if points:
         return [Start("point", dict(p)) for p in points]
-    if sampler == "grid":
-        return [Start("grid", params) for params in space.grid()]
-    return [] if sampler == "prior" else seeds(space, planned)
+    traits = SAMPLER_KINDS[sampler]
+    if traits.enumerates:
+        return [Start(sampler, params) for params in space.grid()]
+    return seeds(space, planned) if traits.seeded else []
 
 
 @dataclass(frozen=True)

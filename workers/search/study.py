@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -126,14 +127,32 @@ def make_sampler(request: SearchRequest, planned: SearchPlan, warm: WarmStart | 
                  ) -> optuna.samplers.BaseSampler:
     """The Optuna sampler the request names (a grid's points are enqueued; TPE samples past
     them)."""
-    opts, kind = request.options, request.sampler
-    if kind == "random":
-        return optuna.samplers.RandomSampler(seed=opts.seed)
-    if kind == "prior":
-        fitted = warm is not None and warm.constants is not None
-        return PriorSampler.for_space(
-            request.space, planned.settings, temperature=opts.prior_temperature,
-            seed=opts.seed,
-            source=f"calibrated by study {warm.study}" if fitted and warm else None,
-            plan=plan_anchor(seeds(request.space, planned)))
-    return optuna.samplers.TPESampler(seed=opts.seed, constant_liar=True)
+    return SAMPLERS[request.sampler](request, planned, warm)
+
+
+def _tpe(request: SearchRequest, planned: SearchPlan, warm: WarmStart | None
+         ) -> optuna.samplers.BaseSampler:
+    return optuna.samplers.TPESampler(seed=request.options.seed, constant_liar=True)
+
+
+def _random(request: SearchRequest, planned: SearchPlan, warm: WarmStart | None
+            ) -> optuna.samplers.BaseSampler:
+    return optuna.samplers.RandomSampler(seed=request.options.seed)
+
+
+def _prior(request: SearchRequest, planned: SearchPlan, warm: WarmStart | None
+           ) -> optuna.samplers.BaseSampler:
+    """The allocator's bound as the prior (re-fitted by a warm start's study, if it has one),
+    its mode the allocator's own plan."""
+    opts, fitted = request.options, warm is not None and warm.constants is not None
+    return PriorSampler.for_space(
+        request.space, planned.settings, temperature=opts.prior_temperature, seed=opts.seed,
+        source=f"calibrated by study {warm.study}" if fitted and warm else None,
+        plan=plan_anchor(seeds(request.space, planned)))
+
+
+# Each sampler's Optuna sampler (``search_spaces.SAMPLER_KINDS`` says what it does around it):
+# the grid's points are enqueued, TPE samples past them.
+SAMPLERS: Mapping[str, Callable[[SearchRequest, SearchPlan, WarmStart | None],
+                                optuna.samplers.BaseSampler]] = {
+    "tpe": _tpe, "grid": _tpe, "random": _random, "prior": _prior}

@@ -464,3 +464,7 @@ class _Monitor(tune.Callback):
             return f"{best}, {running} running, {stopped} stopped early, {failed} failed"
         return (f"{counts['COMPLETE']} complete, {stopped} stopped early, {failed} failed, "
                 f"{running} running; {best}")
+
+# The names ``workers.search`` exports them by (a block's Ray, the process's).
+ray_session = session
+start_ray = start

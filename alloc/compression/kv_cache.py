@@ -1,4 +1,4 @@
-"""A plan under a KV cache budget instead of a tolerance (docs/theory.md §10.3):
+"""A plan under a KV cache fraction instead of a tolerance (docs/theory.md §10.3):
 ``plan_for_kv_cache`` chooses every head group's ``qk_dim`` again so that the student caches at
 most a fraction of the teacher's key and value units per token, by dynamic programming over the
 groups."""
@@ -10,63 +10,37 @@ import math
 import operator
 from collections.abc import Callable, Mapping, Sequence
 
-from alloc.compression.planner import candidate_dims, latent_spec, latent_widths, student_arch
-from alloc.compression.schema import CompressionPlan, Rule
+from alloc.compression.forms import DEFAULT_FORM, Rule, StudentForm
+from alloc.compression.planner import student_arch
+from alloc.compression.schema import CompressionPlan
 from alloc.errors import CompressionError
-from arch import ArchConfig, HeadGroup, LayerSpec
+from arch import ArchConfig
 from common.errors import Problem
 
 
 def kv_cache_floor(teacher: ArchConfig, align: int, values: bool = False,
-                   latent: bool = False, rope_dim: int = 0) -> float:
-    """The smallest KV cache a plan of ``teacher`` at ``align`` can reach, as a fraction of the
-    teacher's: every query-key group at its smallest candidate ``qk_dim``, and its values at
-    theirs when ``values`` are planned (the loss rule's mhsa layers), else whole; or, for a
-    ``latent`` plan, every mhsa layer at its smallest latent width (beside a decoupled RoPE
-    part of ``rope_dim`` per key/value head) and the others whole. It
-    follows from the architecture alone, so a budget below it is refused before measuring."""
-    smallest = [_smallest(teacher, layer, align, values, latent, rope_dim)
-                for layer in teacher.layers]
+                   form: StudentForm = DEFAULT_FORM, rope_dim: int = 0) -> float:
+    """The smallest KV cache a plan of ``form`` for ``teacher`` at ``align`` can reach, as a
+    fraction of the teacher's: every layer as the form's smallest plan makes it
+    (``StudentForm.smallest``; ``values``: the values are planned too, ``rope_dim``: a latent
+    form's decoupled RoPE part per key/value head). It follows from the architecture alone, so
+    a fraction below it is refused before measuring."""
+    smallest = [form.smallest(teacher, layer, align, values, rope_dim) for layer in teacher.layers]
     return sum(x.kv_width for x in smallest) / teacher.kv_width
 
 
-def _smallest(teacher: ArchConfig, layer: LayerSpec, align: int, values: bool, latent: bool,
-              rope_dim: int) -> LayerSpec:
-    """``teacher``'s ``layer`` as the smallest plan at ``align`` makes it
-    (``kv_cache_floor``)."""
-    kind = layer.kind
-    if latent:
-        if not kind.to_latent:
-            return layer
-        width = latent_widths(layer, teacher.d_model, align, rope_dim)[0]
-        return latent_spec(layer, width, teacher.positional, rope_dim)
-    if not kind.cut_keys:
-        return layer
-    heads = tuple(HeadGroup(g.count, candidate_dims(g.qk_dim, align)[0],
-                            candidate_dims(g.v_dim, align)[0] if values and kind.cut_values
-                            else g.v_dim, g.kv_heads) for g in layer.heads)
-    return dataclasses.replace(layer, heads=heads)
-
-
 def check_kv_cache(teacher: ArchConfig, align: int, fraction: float, values: bool = False,
-                   latent: bool = False, rope_dim: int = 0) -> None:
-    """Refuse a KV cache budget (``kv_cache``) no plan of ``teacher`` at ``align`` can meet.
+                   form: StudentForm = DEFAULT_FORM, rope_dim: int = 0) -> None:
+    """Refuse a KV cache fraction (``kv_cache``) no plan of ``form`` for ``teacher`` at
+    ``align`` can meet.
 
     Raises:
         CompressionError: ``fraction`` outside ``[kv_cache_floor, 1]``.
     """
-    floor = kv_cache_floor(teacher, align, values, latent, rope_dim)
+    floor = kv_cache_floor(teacher, align, values, form, rope_dim)
     if not floor - 1e-12 <= fraction <= 1:
-        raise CompressionError.of([_outside(fraction, floor, _kept(values, latent),
+        raise CompressionError.of([_outside(fraction, floor, form.kept(values),
                                             f" ({{align}} {align})")])
-
-
-def _kept(values: bool, latent: bool) -> str:
-    """What the smallest plan keeps, for the refusal of a budget below it."""
-    if latent:
-        return "the smallest latent widths"
-    return "the smallest candidate keys and values" if values else \
-        "the values and the smallest candidate keys"
 
 
 def _outside(fraction: float, floor: float, kept: str, how: str = "") -> Problem:
@@ -76,7 +50,7 @@ def _outside(fraction: float, floor: float, kept: str, how: str = "") -> Problem
 
 def plan_for_kv_cache(plan: CompressionPlan, fraction: float) -> CompressionPlan:
     """The plan's per-group ``qk_dim`` (and, where the values were measured, ``v_dim``) chosen
-    again under a KV cache budget instead of a tolerance: the student caches at most
+    again under a KV cache fraction instead of a tolerance: the student caches at most
     ``fraction`` of the teacher's key and value units per token, spent where the plan's rule
     says a cut costs most. With ``rule="loss"`` the sum of the loss increases of every key and
     value cut is minimised (each measured alone: additive to first order), otherwise the
@@ -86,7 +60,7 @@ def plan_for_kv_cache(plan: CompressionPlan, fraction: float) -> CompressionPlan
     Raises:
         CompressionError: a fraction below what the smallest candidates take, or above 1.
     """
-    if plan.latent:
+    if plan.form.latent:
         return _latent_for_kv_cache(plan, fraction)
     groups = [g for layer in plan.layers for g in layer.groups]
     if not groups:
@@ -102,8 +76,8 @@ def plan_for_kv_cache(plan: CompressionPlan, fraction: float) -> CompressionPlan
         g.key_heads * g.student_v_dim for g in valued)
     teacher_kv = fixed + sum(g.key_heads * g.qk_dim for g in groups) + sum(
         g.key_heads * g.v_dim for g in valued)
-    budget = _units(fraction, choices, fixed, teacher_kv, _kept(bool(valued), False))
-    chosen = _budget_choice(choices, budget, plan.rule)
+    allowed = _units(fraction, choices, fixed, teacher_kv, plan.form.kept(bool(valued)))
+    chosen = _choose_within(choices, allowed, plan.rule)
     keys, values = iter(chosen[:len(groups)]), iter(chosen[len(groups):])
     layers = tuple(dataclasses.replace(layer, groups=tuple(
         dataclasses.replace(g, reduced_qk_dim=next(keys),
@@ -127,9 +101,9 @@ def _latent_for_kv_cache(plan: CompressionPlan, fraction: float) -> CompressionP
     whole = plan.student.kv_width - sum(plan.student.layers[layer.index].kv_width
                                         for layer in latent)
     teacher_kv = whole + sum(layer.teacher_kv_units for layer in latent)
-    budget = _units(fraction, choices, fixed, teacher_kv, _kept(False, True))
+    allowed = _units(fraction, choices, fixed, teacher_kv, plan.form.kept(False))
     widths = dict(zip((layer.index for layer in latent),
-                      _budget_choice(choices, budget, "loss")))
+                      _choose_within(choices, allowed, "loss")))
     layers = tuple(dataclasses.replace(layer, latent_dim=widths[layer.index])
                    if layer.index in widths else layer for layer in plan.layers)
     worst = max((layer.latent_loss or 0.0 for layer in layers), default=0.0)
@@ -149,28 +123,28 @@ def _units(fraction: float, choices: Sequence[Choice], fixed: int, teacher_kv: i
         CompressionError: ``fraction`` above 1, or below every choice at its smallest candidate.
     """
     floor = fixed + sum(cost * min(errors) for cost, errors in choices)
-    budget = math.floor(fraction * teacher_kv + 1e-9) - fixed
-    if not 0 < fraction <= 1 or budget + fixed < floor:
+    allowed = math.floor(fraction * teacher_kv + 1e-9) - fixed
+    if not 0 < fraction <= 1 or allowed + fixed < floor:
         raise CompressionError.of([_outside(fraction, floor / teacher_kv, kept)])
-    return budget
+    return allowed
 
 
-def _budget_choice(choices: Sequence[Choice], budget: int, rule: Rule) -> list[int]:
-    """Per choice a candidate with ``sum cost * candidate <= budget`` minimising the sum
+def _choose_within(choices: Sequence[Choice], allowed: int, rule: Rule) -> list[int]:
+    """Per choice a candidate with ``sum cost * candidate <= allowed`` minimising the sum
     (rule ``loss``) or the maximum (otherwise; among those, the sum) of the errors."""
     errors = [{r: max(e, 0.0) for r, e in es.items()} for _, es in choices]
     costs = [cost for cost, _ in choices]
     if rule != "loss":  # the least achievable maximum first, then the least sum under it
-        worst = _best_choices(costs, errors, budget, combine=max)[0]
+        worst = _best_choices(costs, errors, allowed, combine=max)[0]
         errors = [{r: e for r, e in es.items() if e <= worst} for es in errors]
-    return _best_choices(costs, errors, budget, combine=operator.add)[1]
+    return _best_choices(costs, errors, allowed, combine=operator.add)[1]
 
 
 def _best_choices(costs: Sequence[int], errors: Sequence[Mapping[int, float]],
-                  budget: int, combine: Callable[[float, float], float]
+                  allowed: int, combine: Callable[[float, float], float]
                   ) -> tuple[float, list[int]]:
     """Dynamic programming over the choices: the least ``combine``-d error of candidates that
-    fit ``budget`` units, and the candidates."""
+    fit ``allowed`` units, and the candidates."""
     best: dict[int, tuple[float, list[int]]] = {0: (0.0, [])}  # units used -> best so far
     for cost, candidates in zip(costs, errors):
         step: dict[int, tuple[float, list[int]]] = {}
@@ -178,7 +152,7 @@ def _best_choices(costs: Sequence[int], errors: Sequence[Mapping[int, float]],
             for r, error in candidates.items():
                 spent = used + cost * r
                 total = combine(value, error)
-                if spent <= budget and (spent not in step or total < step[spent][0]):
+                if spent <= allowed and (spent not in step or total < step[spent][0]):
                     step[spent] = (total, [*chosen, r])
         best = step
     # ties go to the plan that keeps more dims (a cut that costs nothing measurable is no gain)
