@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import ast
 import importlib
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -56,9 +55,9 @@ def public_names(package: str, init_file: str
         module = where[name]
         if not module:  # a public submodule (Python binds it on the package as it loads)
             return importlib.import_module(f"{package}.{name}")
-        value = getattr(importlib.import_module(f"{package}.{module}"), name)
-        setattr(sys.modules[package], name, value)  # asked once: later uses skip this
-        return value
+        # read from the module at each use, never copied onto the package: the module's own
+        # attribute stays the one truth (a test's monkeypatch of it is seen)
+        return getattr(importlib.import_module(f"{package}.{module}"), name)
 
     def __dir__() -> list[str]:
         return sorted(where)

@@ -31,8 +31,10 @@ from unittest import mock
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs" / "guide").glob("*.md"))]
-OURS = {"alloc", "arch", "common", "search_spaces", "studies", "userdata", "workers", "bench"}
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs" / "guide").glob("*.md")),
+        ROOT / "docs" / "results.md", *sorted((ROOT / "docs" / "results").glob("*.md"))]
+OURS = {"alloc", "arch", "common", "search_spaces", "studies", "userdata", "workers", "bench",
+        "experiments"}
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
 INLINE = re.compile(r"`(python -m [^`]+)`")
 RUN_MARK = "<!-- docs-test: run -->"
@@ -87,7 +89,10 @@ def shell_lines(block: Block) -> Iterator[tuple[str, str]]:
 
 
 def parse_commands(where: str, line: str, exact: bool) -> list[Command]:
-    words = shlex.split(line, comments=True)
+    """The commands of ``line``; an optional part written ``[--flag value]`` is parsed as
+    given (its brackets dropped), so its flags are checked too."""
+    words = [w.strip("[]") for w in shlex.split(line, comments=True)]
+    words = [w for w in words if w]
     parts: list[list[str]] = [[]]
     for word in words:
         if word in SEPARATORS:
