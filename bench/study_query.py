@@ -204,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     add_format(p)
     args = p.parse_args(argv)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    sizes, writer_counts = ((100,), (1, 2)) if args.smoke_test else ((1000, 10000), (1, 4, 8))
+    sizes: tuple[int, ...] = (100,) if args.smoke_test else (1000, 10000)
+    writer_counts: tuple[int, ...] = (1, 2) if args.smoke_test else (1, 4, 8)
     n_queries = args.queries or (4 if args.smoke_test else 100)
     if args.queries_only:
         sizes, writer_counts = (), ()
