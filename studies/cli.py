@@ -45,7 +45,7 @@ from studies.urls import command_note, redact, resolve_url, unmask
 PROG = "studies"
 # Seconds a query waits out a fault that passes while it opens the database (a server with no
 # free connection, a connection dropped at that moment), then says so (exit 1).
-PATIENCE_S = 30.0
+PATIENCE_S = 30
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--storage", help="SQLAlchemy URL (default: $OPTUNA_STORAGE, then "
                                           "sqlite:///studies.db)")
     add_format(common)
+    common.add_argument("--storage-patience", type=int_in(0, 3600), default=PATIENCE_S,
+                        help="seconds a database server with no free connection (or one "
+                             "restarting) is waited out before the command stops (exit 1)")
     with_study = Parser(add_help=False, parents=[common])
     with_study.add_argument("--study", help="study name (default: the only study)")
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
@@ -125,7 +128,7 @@ class _Query:
 def run(args: argparse.Namespace) -> str | Any:
     """The command's result: text for ``--format table``, data otherwise."""
     url = unmask(resolve_url(args.storage))  # a *** printed by a search or by `top`
-    eng = engine(open_storage(url, read_only=True, patience=PATIENCE_S))
+    eng = engine(open_storage(url, read_only=True, patience=args.storage_patience))
     summaries = query.list_studies(eng)
     if args.command == "list":
         return _list(args, summaries)

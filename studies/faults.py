@@ -48,7 +48,7 @@ LOST_CONNECTION = Fault(
     ("server closed the connection", "terminating connection", "connection refused",
      "could not connect", "connection to server", "the database system is", "connection reset",
      "connection timed out", "connection is closed", "ssl syscall", "no connection to the server",
-     "not currently accepting connections", "database is locked"),
+     "not currently accepting connections", "database is locked", "connection timeout expired"),
     "the connection to it was lost", "check that the database server is up and reachable",
     passes=True)
 SERVER_FULL = Fault(
@@ -56,11 +56,14 @@ SERVER_FULL = Fault(
     "the database server has no free connection",
     "wait for fewer clients (or raise the server's max_connections)",
     passes=True)
-# A connection that was made and dropped, or a server that is starting or stopping: at opening
-# time these pass; a connection refused from the start is more often a wrong host or port.
+# A connection that was made and dropped, a server that is starting or stopping, or one that
+# took the connection and did not answer within the opening's patience (a reader's
+# ``connect_timeout``: too busy): at opening time these pass; a connection refused from the
+# start is more often a wrong host or port.
 DROPPED = ("terminating connection", "server closed the connection", "connection reset",
            "ssl syscall", "no connection to the server", "the database system is",
-           "not currently accepting connections", "database is locked", "connection is closed")
+           "not currently accepting connections", "database is locked", "connection is closed",
+           "connection timeout expired")
 FAULTS = (
     SERVER_FULL,
     Fault(("database or disk is full", "no space left on device", "could not extend file",

@@ -9,15 +9,20 @@
   search's many workers would otherwise exhaust the server's connections.
 * Heartbeats: with ``heartbeat_interval`` a dead worker's RUNNING trial is failed (and, with
   ``retries``, re-enqueued) by ``fail_stale_trials`` once it is ``grace_period`` seconds silent.
-* A fault that passes (a dropped connection, a server restarting) is retried while opening
-  for ``patience`` seconds, and named in one line otherwise (``studies.faults``).
+* A fault that passes (a dropped connection, a server restarting or without a free
+  connection) is retried while opening for ``patience`` seconds, and named in one line
+  otherwise (``studies.faults``); a reader's connection attempt is cut off when the patience
+  ends, so a server that never answers is not waited on past it.
+* A command that only reads (``read_only``) holds one connection from opening to exit.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import logging
+import math
 import sqlite3
 import time
 import warnings
@@ -49,6 +54,7 @@ class StorageSettings:
     pool_size: int = 2  # PostgreSQL: connections kept per process
     max_overflow: int = 2  # PostgreSQL: extra connections under load
     pool_timeout: float = 30.0
+    connect_timeout: int | None = None  # PostgreSQL: seconds to wait for the server's answer
     heartbeat_interval: int | None = None  # seconds; None disables heartbeats
     grace_period: int | None = None  # seconds without heartbeat before a trial is stale
     retries: int = 0  # re-enqueue a stale trial this many times (0: just FAIL it)
@@ -58,9 +64,13 @@ def engine_kwargs(url: str, settings: StorageSettings) -> dict[str, object]:
     backend = parse(url).get_backend_name()
     if backend == "sqlite":
         return {"connect_args": {"timeout": settings.busy_timeout}}
-    return {"pool_pre_ping": True, "pool_size": settings.pool_size,
-            "max_overflow": settings.max_overflow, "pool_timeout": settings.pool_timeout,
-            "pool_recycle": 300}
+    kwargs: dict[str, object] = {
+        "pool_pre_ping": True, "pool_size": settings.pool_size,
+        "max_overflow": settings.max_overflow, "pool_timeout": settings.pool_timeout,
+        "pool_recycle": 300}
+    if settings.connect_timeout is not None and "connect_timeout" not in parse(url).query:
+        kwargs["connect_args"] = {"connect_timeout": max(2, settings.connect_timeout)}
+    return kwargs
 
 
 def _prepare_sqlite(parsed: URL, settings: StorageSettings, read_only: bool) -> None:
@@ -85,10 +95,11 @@ def _prepare_sqlite(parsed: URL, settings: StorageSettings, read_only: bool) -> 
         connection.execute("PRAGMA journal_mode=WAL")
 
 
-# Read-only commands keep one connection (Optuna's opening of the storage takes a second for a
-# moment): fifty of them at once on a server of 100 connections had left it none
-# (PostgreSQL's "sorry, too many clients already"); what is refused is retried (``patience``).
-READER = StorageSettings(pool_size=1, max_overflow=1)
+# Read-only commands hold one connection, from opening to exit: a pool of one that never grows
+# (``_rdb_storage`` keeps Optuna's opening to one connection at a time). Two each had left 100
+# queries at once on a server of 100 connections waiting for each other's (PostgreSQL's "sorry,
+# too many clients already"); what the server refuses is retried (``patience``).
+READER = StorageSettings(pool_size=1, max_overflow=0)
 OPEN_BACKOFF_S = (0.5, 1.0, 2.0, 4.0)  # then every 4 s, between tries at opening
 
 
@@ -115,7 +126,7 @@ def open_storage(url: str | None = None, settings: StorageSettings | None = None
         try:
             if parsed.get_backend_name() == "sqlite":
                 _prepare_sqlite(parsed, settings, read_only)
-            return _rdb_storage(url, settings)
+            return _rdb_storage(url, _bounded(settings, read_only, patience, started))
         except (SQLAlchemyError, sqlite3.Error, RuntimeError, ImportError,
                 optuna.exceptions.StorageInternalError) as err:
             waited = time.monotonic() - started
@@ -131,6 +142,17 @@ def open_storage(url: str | None = None, settings: StorageSettings | None = None
         time.sleep(min(OPEN_BACKOFF_S[min(attempt, len(OPEN_BACKOFF_S) - 1)],
                        max(0.0, patience - (time.monotonic() - started))))
         attempt += 1
+
+
+def _bounded(settings: StorageSettings, read_only: bool, patience: float,
+             started: float) -> StorageSettings:
+    """A reader's ``settings`` with its connection attempts cut off when its ``patience``
+    ends (libpq's least, 2 s, at the last try): a server that takes a connection but does not
+    answer (too busy, or a wrong address that drops packets) is not waited on for ever."""
+    if not read_only or patience <= 0:
+        return settings
+    left = math.ceil(patience - (time.monotonic() - started))
+    return dataclasses.replace(settings, connect_timeout=max(2, left))
 
 
 def _opening_error(err: BaseException, url: str, waited: float
@@ -162,16 +184,38 @@ def _rdb_storage(url: str, settings: StorageSettings, attempts: int = 5) -> RDBS
         attempt = 0
         while True:
             try:
-                return RDBStorage(url, engine_kwargs=engine_kwargs(url, settings),
-                                  heartbeat_interval=settings.heartbeat_interval,
-                                  grace_period=settings.grace_period,
-                                  heartbeat_stale_trial_callback=callback)
+                storage = RDBStorage(url, engine_kwargs=engine_kwargs(url, settings),
+                                     skip_compatibility_check=True,
+                                     heartbeat_interval=settings.heartbeat_interval,
+                                     grace_period=settings.grace_period,
+                                     heartbeat_stale_trial_callback=callback)
+                _check_schema(storage)
+                return storage
             except SQLAlchemyError as err:
                 attempt += 1
                 if attempt == attempts or not any(sign in str(err).lower()
                                                   for sign in CREATION_RACE):
                     raise
                 time.sleep(0.2 * attempt)
+
+
+def _check_schema(storage: RDBStorage) -> None:
+    """Optuna's check that its tables' schema is the one this Optuna writes, one connection at
+    a time: Optuna's own check (``skip_compatibility_check=False``) reads the schema's revision
+    on a second connection while its session holds the first.
+
+    Raises:
+        RuntimeError: the schema is older or newer than this Optuna's, in Optuna's words.
+    """
+    current, head = storage.get_current_version(), storage.get_head_version()
+    if current == head:
+        return
+    remedy = ("execute `optuna storage upgrade --storage $STORAGE_URL` to upgrade the storage"
+              if current in storage.get_all_versions() else
+              "update optuna to the latest version (`pip install -U optuna`)")
+    raise RuntimeError(f"the runtime optuna version {optuna.__version__} is no longer "
+                       f"compatible with the table schema (revision {current}, this optuna's "
+                       f"is {head}); {remedy}")
 
 
 def engine(storage: RDBStorage) -> sqlalchemy.Engine:

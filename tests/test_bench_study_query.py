@@ -1,4 +1,5 @@
-"""bench.study_query runs at smoke size on SQLite."""
+"""bench.study_query runs at smoke size on SQLite; its concurrent queries hold one connection
+each."""
 
 from __future__ import annotations
 
@@ -16,3 +17,6 @@ def test_smoke_run(capsys: pytest.CaptureFixture[str]) -> None:
     assert all(r["trials_per_s"] > 0 for r in data["throughput"])
     (row,) = data["queries"]
     assert row["trials"] == 100 and row["ours_best_s"] > 0
+    (crowd,) = data["concurrent"]  # four query commands at once, each on one connection
+    assert (crowd["queries"], crowd["exit_0"], crowd["most_open_per_process"]) == (4, 4, 1)
+    assert crowd["most_made_per_process"] == 1 and crowd["errors"] == []

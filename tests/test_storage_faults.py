@@ -6,7 +6,10 @@ without privileges on the study tables."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
+import socket
 import subprocess
 import sys
 import time
@@ -270,40 +273,86 @@ def test_a_connection_lost_at_start_up_is_retried_then_a_fault(
     check_consistent(load(url, "back"), 1)
 
 
-def test_a_query_waits_for_a_free_connection_and_holds_one(tmp_path: Path,
-                                                          study_name: str) -> None:
-    """A server without a free connection for a query (a role limited to two, one taken:
-    fifty queries at once on a server of 100 connections were refused) is waited out; a
-    query keeps one connection, and takes at most two."""
+@contextlib.contextmanager
+def _limited_role(limit: int) -> Iterator[str]:
+    """The test database's URL for a role of its own that may hold ``limit`` connections (and
+    read the study tables), with a password the server does not ask for (trust) and no line
+    may show; the role is dropped after."""
     url = make_url(postgres_url())
     open_storage(url.render_as_string(hide_password=False)).engine.dispose()  # tables exist
     role = "transformer_alloc_one"
     admin = sa.create_engine(url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text(f"DROP OWNED BY {role}") if conn.execute(sa.text(
-            "SELECT 1 FROM pg_roles WHERE rolname = :r"), {"r": role}).first() else sa.text(
-            "SELECT 1"))
-        conn.execute(sa.text(f"DROP ROLE IF EXISTS {role}"))
-        conn.execute(sa.text(f"CREATE ROLE {role} LOGIN CONNECTION LIMIT 2"))
-        conn.execute(sa.text(f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO {role}"))
-    limited = url.set(username=role, password=None).render_as_string(hide_password=False)
-    holder = sa.create_engine(limited, poolclass=sa.pool.NullPool).connect()  # one of its two
-    try:
-        proc = subprocess.Popen([sys.executable, "-m", "studies", "list", "--storage", limited],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        time.sleep(4)
-        assert proc.poll() is None  # waiting, not refused
-        holder.close()
-        _, err = proc.communicate(timeout=120)
-    finally:
-        holder.close()
-        with admin.connect() as conn:
-            conn.execute(sa.text(f"DROP OWNED BY {role}"))
-            conn.execute(sa.text(f"DROP ROLE IF EXISTS {role}"))
-        admin.dispose()
-    assert proc.returncode == 0, err
-    assert "too many connections" in err and "retrying" in err, err
-    from studies.storage import READER, engine_kwargs
 
-    assert engine_kwargs(str(url), READER)["pool_size"] == 1
-    assert engine_kwargs(str(url), READER)["max_overflow"] == 1
+    def drop(conn: sa.Connection) -> None:
+        if conn.execute(sa.text("SELECT 1 FROM pg_roles WHERE rolname = :r"), {"r": role}).first():
+            conn.execute(sa.text(f"DROP OWNED BY {role}"))
+            conn.execute(sa.text(f"DROP ROLE {role}"))
+
+    with admin.connect() as conn:
+        drop(conn)
+        conn.execute(sa.text(f"CREATE ROLE {role} LOGIN CONNECTION LIMIT {limit}"))
+        conn.execute(sa.text(f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO {role}"))
+    try:
+        yield url.set(username=role, password=SECRET).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            drop(conn)
+        admin.dispose()
+
+
+SECRET = "s3cret-w0rd"
+
+
+def test_a_query_waits_for_a_free_connection_and_holds_one(tmp_path: Path) -> None:
+    """A server without a free connection for a query (a role limited to one, taken: a
+    hundred queries at once on a server of 100 connections were refused) is waited out: the
+    query holds the one connection it gets."""
+    with _limited_role(1) as limited:
+        holder = sa.create_engine(limited, poolclass=sa.pool.NullPool).connect()  # its one
+        try:
+            proc = subprocess.Popen([sys.executable, "-m", "studies", "list", "--storage",
+                                     limited], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True)
+            time.sleep(4)
+            assert proc.poll() is None  # waiting, not refused
+            holder.close()
+            _, err = proc.communicate(timeout=120)
+        finally:
+            holder.close()
+    assert proc.returncode == 0, err
+    assert "too many connections" in err and "retrying for up to 30 s" in err, err
+    assert SECRET not in err
+
+
+def test_a_query_past_its_patience_is_one_line(tmp_path: Path) -> None:
+    """A server that never frees a connection for the query (a role allowed none): it is
+    retried for ``--storage-patience`` seconds, then the query stops in one line, exit 1,
+    having waited no longer than promised."""
+    with _limited_role(0) as limited:
+        done = subprocess.run([sys.executable, "-m", "studies", "best", "--study", "any",
+                               "--storage", limited, "--storage-patience", "2"],
+                              capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and not done.stdout, done.stderr
+    said, line = done.stderr.splitlines()  # said once, then the error
+    assert "retrying for up to 2 s" in said and line == _one_error_line(done.stderr)
+    assert "no free connection for 2 s" in line and "too many connections" in line, line
+    assert SECRET not in done.stderr and "***" in line
+
+
+def test_a_server_that_never_answers_is_not_waited_on_past_the_patience() -> None:
+    """A server that takes the query's connection and never answers (one too busy to, or an
+    address that swallows packets): the attempt is cut off when ``--storage-patience`` ends
+    and the query stops in one line, exit 1 (it waited forever before)."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(4)  # the kernel completes the handshake; nobody ever answers
+        url = f"postgresql://bob:{SECRET}@127.0.0.1:{silent.getsockname()[1]}/db"
+        done = subprocess.run([sys.executable, "-m", "studies", "list", "--storage", url,
+                               "--storage-patience", "3"], capture_output=True, text=True,
+                              timeout=120)
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    line = _one_error_line(done.stderr)
+    assert "(connection timeout expired)" in line and SECRET not in line, line
+    # the patience, and the last try's start-up on a loaded machine (not the minutes before)
+    waited = int(re.search(r"for (\d+) s", line).group(1))  # type: ignore[union-attr]
+    assert 3 <= waited <= 10, line

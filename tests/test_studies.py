@@ -376,3 +376,18 @@ def test_reading_a_missing_postgres_database_is_one_line(
     assert main(["list", "--storage", missing.render_as_string(hide_password=False)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "s3cret" not in err and missing.database in err
+
+
+def test_an_older_schema_is_refused_in_one_line(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """Optuna's schema check, run one connection at a time: tables of an older Optuna are
+    refused in one line naming the upgrade, and nothing is written."""
+    db = tmp_path / "s.db"
+    open_storage(f"sqlite:///{db}")
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE alembic_version SET version_num = 'v3.0.0.a'")
+    before = db.read_bytes()
+    assert main(["list", "--storage", f"sqlite:///{db}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no longer compatible" in err, err
+    assert "optuna storage upgrade" in err and db.read_bytes() == before

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import optuna
@@ -19,6 +20,7 @@ from optuna.trial import TrialState
 from arch import ArchConfig, HeadGroup, LayerSpec
 from studies import StorageSettings, add_record, fail_stale_trials, open_storage
 from studies import query as q
+from studies.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -153,3 +155,61 @@ def test_killed_worker_leaves_a_consistent_study(storage_url: str, study_name: s
     (summary,) = [s for s in q.list_studies(open_storage(storage_url).engine)
                   if s.name == study_name]
     assert summary.counts == {"COMPLETE": 2, "FAIL": 1, "WAITING": 1}
+
+
+# --- a query holds one connection: a hundred at once must fit a server of 100 ---------------
+
+QUERIES = (["list"], ["best"], ["top", "-k", "2"], ["pareto"], ["pareto", "--x", "kv_cache"],
+           ["layers"], ["theory"], ["export", "--trial", "1"], ["errors"])
+
+
+@pytest.fixture
+def opened() -> Iterator[dict[str, int]]:
+    """What the process's SQLAlchemy pools connect while the test runs: ``connects`` (every
+    database connection made) and ``most`` (the most open at one moment)."""
+    seen = {"connects": 0, "open": 0, "most": 0}
+
+    def connected(*_: object) -> None:
+        seen["connects"] += 1
+        seen["open"] += 1
+        seen["most"] = max(seen["most"], seen["open"])
+
+    def closed(*_: object) -> None:
+        seen["open"] -= 1
+
+    events = (("connect", connected), ("close", closed), ("close_detached", closed))
+    for name, fn in events:
+        sqlalchemy.event.listen(sqlalchemy.pool.Pool, name, fn)
+    try:
+        yield seen
+    finally:
+        for name, fn in events:
+            sqlalchemy.event.remove(sqlalchemy.pool.Pool, name, fn)
+
+
+def fill_for_queries(url: str, name: str) -> None:
+    """Three trained trials with predicted errors (``theory`` needs two) and a failed one."""
+    study = optuna.create_study(storage=open_storage(url), study_name=name)
+    for number, heads in enumerate((1, 2, 4)):
+        layer = LayerSpec("mhsa", (HeadGroup(heads, 32 // heads),))
+        arch = ArchConfig(d_model=32, layers=(layer,), max_seq_len=8, input_dim=4)
+        add_record(study, arch, 1.0 / (1 + number), predicted_error=float(number),
+                   steps_reached=10)
+    add_record(study, arch, None, state=TrialState.FAIL, steps_reached=2)
+
+
+def test_a_query_holds_one_connection(storage_url: str, study_name: str,
+                                      opened: dict[str, int],
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Each query command connects once, opening included (Optuna's own schema check took a
+    second connection while its session held the first: two per query had left 100 queries at
+    once on a server of 100 connections waiting on each other)."""
+    fill_for_queries(storage_url, study_name)
+    for argv in QUERIES:
+        study = [] if argv == ["list"] else ["--study", study_name]
+        before = opened["connects"]
+        opened["most"] = opened["open"]  # this command's peak, from what is open now
+        at_start = opened["open"]
+        assert main([*argv, "--storage", storage_url, *study]) == 0, capsys.readouterr().err
+        assert (opened["connects"] - before, opened["most"] - at_start) == (1, 1), argv
+    capsys.readouterr()
