@@ -4,6 +4,7 @@ exhaustive, and bad files get one message naming the file, the key and the rule.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 from pathlib import Path
@@ -443,3 +444,19 @@ def test_the_plan_s_mlp_is_layer_0_s_where_a_later_layer_allows_a_wider_one() ->
     assert later_wider.plan_mlp_ratio() == 2.0 == max(later_wider.load().rule(0).mlp_ratio)
     assert later_wider.shape() == (64, 3, 4.0)  # the data's pilot: the widest MLP
     assert SpaceFile({"budget": 64, "depth": "3", "layers": []}, "<t>").plan_mlp_ratio() is None
+
+
+def test_the_promise_space_trains_the_printed_plan_and_its_uniform_twin() -> None:
+    """``promise_256.yaml``'s grid is ``alloc.solve --budget 256 --layers 4``'s plan as printed
+    and the same model with heads of 64 everywhere, at three seeds each (if the allocator's
+    default changes, this names the space as stale)."""
+    from alloc import PlanSettings, make_plan
+
+    space = load_space("promise_256.yaml")
+    plan = make_plan(PlanSettings(budget=256, layers=4)).arch.with_io(IO)
+    uniform = dataclasses.replace(plan, layers=tuple(
+        dataclasses.replace(x, heads=(HeadGroup(4, 64),)) for x in plan.layers))
+    built = [space.sample(FixedSuggester(point), IO) for point in space.grid()]
+    keys = [(arch.layers, train["seed"]) for arch, train in built]
+    assert keys == [(m.layers, s) for m in (plan, uniform) for s in (0, 1, 2)]
+    assert plan.layers[1].heads == (HeadGroup(4, 8, 64),)  # the printed 4x8/64

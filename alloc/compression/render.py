@@ -15,14 +15,14 @@ from common.plots import new_figure, write_figure
 
 def render_plan(plan: CompressionPlan) -> str:
     """The plan as a table: per layer what was measured and each group's decision."""
-    rows = []
+    rows, form = [], plan.form
     for layer in plan.layers:
         decisions = "  ".join(
             f"{g.count}x{g.qk_dim}->{g.reduced_qk_dim} (bound {g.error_bound:.3g}"
             + (f", measured {g.measured_error:.3g}" if g.measured_error is not None else "")
             + (f", loss {g.loss_increase:+.3g}" if g.loss_increase is not None else "")
             + ")" + _values(g) for g in layer.groups) or "-"
-        decisions = plan.form.describe(layer) or decisions
+        decisions = form.describe(layer) or decisions
         ranks = ",".join(str(s.effective_rank) for s in layer.spectra) or "-"
         rows.append([layer.index, layer.attention, layer.heads, _fmt(layer.logit_bound),
                      _fmt(layer.token_norm), _fmt(layer.entropy), ranks, decisions])
