@@ -1,12 +1,14 @@
-"""python -m studies list|best|top|pareto|layers|theory|export|errors [--storage URL] [--study NAME]
+"""python -m studies list|best|top|pareto|layers|theory|export|errors|seeds [--storage URL]
+[--study NAME]
 
 Query the study database long after a search ended: the best per-layer allocations, the Pareto
 front of value vs trainable parameters (or vs KV cache per token, ``--x kv_cache``), which
 attention kind / head count / qk_dim wins at each depth, the allocator's predicted error vs
 measured values, any trial exported as an ``ArchConfig`` YAML for ``python -m workers.train
---arch``, and the failed trials with their errors. ``--storage`` falls back to ``$OPTUNA_STORAGE``
-then ``sqlite:///studies.db``; a URL's password is never printed (it shows as ``***``, and a
-``***`` given back reads ``$PGPASSWORD`` or ``~/.pgpass``).
+--arch``, the failed trials with their errors, and each architecture over its seeds paired
+against one (``seeds``: which differences the seeds can tell apart). ``--storage`` falls back
+to ``$OPTUNA_STORAGE`` then ``sqlite:///studies.db``; a URL's password is never printed (it
+shows as ``***``, and a ``***`` given back reads ``$PGPASSWORD`` or ``~/.pgpass``).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from common.files import write_atomic
 from common.plots import new_figure, write_figure
 from studies import query
 from studies.errors import StorageFaultError
+from studies.seeds import SeedComparison
 from studies.storage import engine, open_storage
 from studies.tables import allocation_table, training
 from studies.trials import Direction, TrialRecord
@@ -79,6 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_force(export)
     sub.add_parser("errors", parents=[with_study],
                    help="the failed trials and their errors")
+    compared = sub.add_parser("seeds", parents=[with_study],
+                              help="each architecture over its seeds, paired against one")
+    compared.add_argument("--against", type=int_in(0), metavar="TRIAL",
+                          help="the reference: the architecture of this trial (default: the "
+                               "best mean)")
     return p
 
 
@@ -230,9 +238,52 @@ def _errors(q: _Query) -> str | Any:
         right=[True, False, True, False])
 
 
+def _seeds(q: _Query) -> str | Any:
+    compared = query.compare_seeds(q.eng, q.study, q.args.against)
+    if q.args.format != "table":
+        return [_seed_dict(c) for c in compared]
+    rows = []
+    for c in compared:
+        point, first = c.point, c.point.first
+        diff = "-" if c.against is None else (
+            f"{c.against.difference.mean:+.4f} [{c.against.difference.low:+.4f}, "
+            f"{c.against.difference.high:+.4f}]")
+        p_worse = "-" if c.against is None or c.against.p_worse is None else \
+            f"{c.against.p_worse:.3g}"
+        rate = point.tokens_per_s
+        rows.append([",".join(str(t.number) for t in point.trials),
+                     " ".join(x.heads_str for x in first.arch.layers) if first.arch else "-",
+                     len(point.values), point.value.describe(), diff, p_worse, c.verdict,
+                     f"{first.params_trainable:,}" if first.params_trainable else "-",
+                     f"{first.kv_bytes:,}" if first.kv_bytes else "-",
+                     f"{rate:,.0f}" if rate else "-"])
+    return render_table(["trials", "heads per layer", "seeds", f"{q.metric} (95% CI)",
+                         "vs reference, paired", "p worse", "verdict", "trainable params",
+                         "KV bytes/token", "tokens/s"], rows,
+                        right=[False, False, True, False, False, True, False, True, True,
+                               True])
+
+
+def _seed_dict(c: SeedComparison) -> dict[str, Any]:
+    value = c.point.value
+    data: dict[str, Any] = {
+        "trials": [t.number for t in c.point.trials], "seeds": list(c.point.values),
+        "values": list(c.point.values.values()), "mean": value.mean,
+        "interval": [value.low, value.high], "verdict": c.verdict,
+        "params_trainable": c.point.first.params_trainable,
+        "kv_bytes": c.point.first.kv_bytes, "tokens_per_s": c.point.tokens_per_s,
+        "heads": [x.heads_str for x in c.point.first.arch.layers] if c.point.first.arch
+        else None}
+    if c.against is not None:
+        d = c.against.difference
+        data["against"] = {"seeds": list(c.seeds), "difference": d.mean,
+                           "interval": [d.low, d.high], "p_worse": c.against.p_worse}
+    return data
+
+
 _COMMANDS: dict[str, Callable[[_Query], str | Any]] = {
     "best": _top, "top": _top, "pareto": _pareto, "layers": _layers, "theory": _theory,
-    "export": _export, "errors": _errors}
+    "export": _export, "errors": _errors, "seeds": _seeds}
 
 
 def _axis_value(t: TrialRecord, x: str) -> int:
@@ -265,7 +316,7 @@ def _plot_front(front: list[TrialRecord], direction: str, study: str, path: Path
 # the library's fields in this command's words (the flags sit on the subcommands; a storage
 # fault's remedy is the search's --resume)
 FLAGS = {"study": "--study", "trial": "--trial", "storage": "--storage", "x": "--x",
-         "force": "--force", "resume": "--resume"}
+         "force": "--force", "resume": "--resume", "against": "--against"}
 
 
 def main(argv: list[str] | None = None) -> int:

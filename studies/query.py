@@ -24,7 +24,9 @@ import sqlalchemy as sa
 from arch import ArchConfig, dtype_bytes
 from common.errors import Problem, printable
 from studies import records as rec
+from studies import seeds
 from studies.errors import QueryError
+from studies.seeds import SeedComparison, SeedPoint
 from studies.trials import OLD_KV_DTYPE, Direction, TrialRecord
 
 _studies = sa.table("studies", sa.column("study_id"), sa.column("study_name"))
@@ -238,6 +240,40 @@ def _fill(engine: sa.Engine, rows: Sequence[tuple[int, int, float]]) -> list[Tri
     return attach_archs(engine, [TrialRecord.from_attrs(tid, number, "COMPLETE", value,
                                                         found.get(tid, {}))
                                  for tid, number, value in rows])
+
+
+def seed_points(engine: sa.Engine, study: str) -> tuple[str, list[SeedPoint]]:
+    """The study's direction and its fully trained trials grouped into points told apart only
+    by their seeds (``studies.seeds``).
+
+    Raises:
+        QueryError: no complete trial yet.
+    """
+    direction, trials = load_trials(engine, study)
+    points = seeds.seed_points(attach_archs(engine, eligible(trials)))
+    if not points:
+        raise QueryError.of([Problem("study", study, "no complete trial yet", shown=repr(study))])
+    return direction, points
+
+
+def compare_seeds(engine: sa.Engine, study: str, against: int | None = None
+                  ) -> list[SeedComparison]:
+    """Every point of the study against the one holding trial ``against`` (default: the point
+    with the best mean), paired over their shared seeds (``studies.seeds.compare``).
+
+    Raises:
+        QueryError: no complete trial yet, or ``against`` in no point (not a fully trained
+            trial).
+    """
+    direction, points = seed_points(engine, study)
+    maximize = _maximized(direction)
+    holding = [p for p in points if any(t.number == against for t in p.trials)]
+    if against is not None and not holding:
+        raise QueryError.of([Problem("against", against, "is not a fully trained trial of "
+                                     f"study {study!r}")])
+    reference = holding[0] if holding else \
+        (max if maximize else min)(points, key=lambda p: p.value.mean)
+    return seeds.compare(points, reference, maximize)
 
 
 def top(engine: sa.Engine, study: str, k: int) -> tuple[str, list[TrialRecord]]:

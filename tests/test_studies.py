@@ -391,3 +391,45 @@ def test_an_older_schema_is_refused_in_one_line(tmp_path: Path,
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no longer compatible" in err, err
     assert "optuna storage upgrade" in err and db.read_bytes() == before
+
+
+def test_seeds_pairs_each_architecture_with_the_reference_seed_by_seed(
+        storage_url: str, study_name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """``studies seeds``: trials told apart only by ``train.seed`` are one point; each point's
+    difference from the reference is the mean of its per-seed differences with their Student
+    interval (``common.stats``, brute force here), and its verdict follows the paired test."""
+    from common.stats import interval
+
+    study = optuna.create_study(storage=open_storage(storage_url), study_name=study_name)
+    base = [1.00, 1.10, 0.95, 1.05]  # the reference's loss at seeds 0-3
+    offsets = {2: [0.05, 0.06, 0.04, 0.05],  # worse at every seed
+               4: [0.01, -0.02, 0.02, -0.01],  # level
+               8: [-0.05, -0.04, -0.06, -0.05]}  # better
+    for seed, loss in enumerate(base):
+        add_record(study, arch_with(1), loss, steps_reached=10,
+                   extra_params={"train.seed": seed})
+        for heads, shift in offsets.items():
+            add_record(study, arch_with(heads), loss + shift[seed], steps_reached=10,
+                       extra_params={"train.seed": seed})
+    eng = open_storage(storage_url).engine
+    compared = q.compare_seeds(eng, study_name, against=0)  # trial 0: one head, seed 0
+    by_heads = {c.point.first.arch.layers[0].heads[0].count: c for c in compared
+                if c.point.first.arch is not None}
+    assert by_heads[1].verdict == "reference" and by_heads[1].against is None
+    assert {h: by_heads[h].verdict for h in offsets} == {2: "worse", 4: "level", 8: "better"}
+    for heads, shift in offsets.items():
+        got, want = by_heads[heads].against, interval(shift)
+        assert got is not None and by_heads[heads].seeds == (0, 1, 2, 3)
+        assert (got.difference.mean, got.difference.low, got.difference.high) == \
+            pytest.approx((want.mean, want.low, want.high))
+    # the default reference is the best mean: eight heads, which every other point is worse than
+    best = {c.point.first.arch.layers[0].heads[0].count: c.verdict
+            for c in q.compare_seeds(eng, study_name) if c.point.first.arch is not None}
+    assert best == {1: "worse", 2: "worse", 4: "worse", 8: "reference"}
+    assert main(["seeds", "--storage", storage_url, "--study", study_name, "--against", "0",
+                 "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["verdict"] for r in rows] == ["reference", "worse", "level", "better"]
+    assert main(["seeds", "--storage", storage_url, "--study", study_name,
+                 "--against", "99"]) == 2
+    assert "--against 99: is not a fully trained trial" in capsys.readouterr().err
