@@ -245,6 +245,7 @@ def _latent_str(layer: LayerSpec) -> str:
     if not layer.kind.latent:
         return ""
     return (f" c{layer.latent_dim}" + (f" rope{layer.rope_dim}" if layer.rope_dim else "")
+            + (" shared" if layer.rope_shared else "")
             + (" rotated" if layer.rotate_latent else ""))
 
 

@@ -112,7 +112,7 @@ class KindTraits:
         return self.projections == "latent"
 
     def kv_units(self, heads: Iterable[HeadShape], latent_dim: int = 0,
-                 rope_dim: int = 0) -> int:
+                 rope_dim: int = 0, rope_shared: bool = False) -> int:
         """Units a decoder caches per token for a layer of this kind with head groups
         ``heads`` (and, latent layers, ``latent_dim`` and ``rope_dim``), what its torch
         module's ``cached`` returns per token:
@@ -121,13 +121,16 @@ class KindTraits:
         - ``shared``: each head's one projection, ``count * v_dim`` (key and value at once);
         - ``values``: each head's value, ``count * v_dim`` (the mixing needs no keys);
         - ``latent``: the layer's latent and every key/value head's RoPE part,
-          ``latent_dim + kv_heads * rope_dim``.
+          ``latent_dim + kv_heads * rope_dim`` (``rope_shared``: one RoPE part per head group,
+          ``latent_dim + groups * rope_dim``).
         """
         cache = self.cache
         if cache == "keys_values":
             return sum(g.kv_heads * (g.qk_dim + g.v_dim) for g in heads)
         if cache == "latent":
-            return latent_dim + sum(g.kv_heads for g in heads) * rope_dim
+            groups = list(heads)
+            rope_heads = len(groups) if rope_shared else sum(g.kv_heads for g in groups)
+            return latent_dim + rope_heads * rope_dim
         return sum(g.count * g.v_dim for g in heads)
 
 

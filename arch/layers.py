@@ -136,6 +136,9 @@ class LayerSpec:
             beside the latent); the other ``qk_dim - rope_dim`` come from the latent.
         rotate_latent: latent layers only: turn the keys' latent part by RoPE too, after it
             is reconstructed (low-rank keys that keep every rotation, as Palu does).
+        rope_shared: latent layers only: the RoPE part is one key head per head group, shared
+            by every query head of the group (multi-head latent attention's decoupled key),
+            instead of one per key/value head; a decoder caches ``rope_dim`` units per group.
     """
 
     attention: AttentionKind
@@ -148,6 +151,7 @@ class LayerSpec:
     latent_dim: int = 0
     rope_dim: int = 0
     rotate_latent: bool = False
+    rope_shared: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.heads, list):
@@ -226,7 +230,7 @@ class LayerSpec:
         """Units a decoder caches per token for this layer: keys and values, MSSA's one
         projection, MixiT's values, or a latent layer's latent and keys' RoPE parts (the
         kind's ``KindTraits.kv_units``)."""
-        return self.kind.kv_units(self.heads, self.latent_dim, self.rope_dim)
+        return self.kind.kv_units(self.heads, self.latent_dim, self.rope_dim, self.rope_shared)
 
     @property
     def heads_str(self) -> str:
@@ -264,7 +268,8 @@ class LayerSpec:
 # Kinds whose query heads may share key/value heads, for messages.
 GROUPED_KV_KINDS = kinds_text(lambda t: t.grouped_kv)
 # Fields added to LayerSpec after its canonical form was fixed: left out at their default.
-_LATER_FIELDS: dict[str, Any] = {"latent_dim": 0, "rope_dim": 0, "rotate_latent": False}
+_LATER_FIELDS: dict[str, Any] = {"latent_dim": 0, "rope_dim": 0, "rotate_latent": False,
+                                 "rope_shared": False}
 
 
 def _latent_problems(v: dict[str, Any], kind: KindTraits | None) -> list[str]:
@@ -275,6 +280,7 @@ def _latent_problems(v: dict[str, Any], kind: KindTraits | None) -> list[str]:
     need_int(problems, "latent_dim", v["latent_dim"], 1 if latent else 0, MAX_WIDTH)
     need_int(problems, "rope_dim", v["rope_dim"], 0)
     need_bool(problems, "rotate_latent", v["rotate_latent"])
+    need_bool(problems, "rope_shared", v["rope_shared"])
     if problems:
         return problems
     if not latent:
@@ -282,6 +288,9 @@ def _latent_problems(v: dict[str, Any], kind: KindTraits | None) -> list[str]:
                 for name in _LATER_FIELDS if v[name] != _LATER_FIELDS[name]]
     if v["rope_dim"] % 2:
         problems.append(f"rope_dim = {v['rope_dim']}: must be even (RoPE turns pairs of dims)")
+    if v["rope_shared"] and (not v["rope_dim"] or v["rotate_latent"]):
+        problems.append("rope_shared = True: needs a RoPE part (rope_dim > 0) and no "
+                        "rotate_latent (the latent part is then unturned)")
     heads = v["heads"]
     if isinstance(heads, tuple) and all(isinstance(g, HeadGroup) for g in heads):
         for j, g in enumerate(heads):

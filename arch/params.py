@@ -91,7 +91,8 @@ def _latent_params(layer: LayerSpec, d_model: int, in_bias: bool) -> ParamCount:
     c, r = layer.latent_dim, layer.rope_dim
     n = d_model * c  # W_down
     for g in layer.heads:
-        n += (d_model + in_bias) * (g.count * g.qk_dim + g.kv_heads * r)  # W_Q, W_K_rope
+        rope_heads = 1 if layer.rope_shared else g.kv_heads
+        n += (d_model + in_bias) * (g.count * g.qk_dim + rope_heads * r)  # W_Q, W_K_rope
         n += (c + in_bias) * g.kv_heads * (g.qk_dim - r + g.v_dim)  # W_up
         n += d_model * g.count * g.v_dim  # W_O
     return _free(n)

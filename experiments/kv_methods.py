@@ -17,6 +17,12 @@ are evaluated, fine-tuned and exported the same way.
   norm (a quarter of the head, within half the units) as a decoupled RoPE part, the rest of the
   keys and the values in one input-scaled joint latent without RoPE (Ji et al., 2025,
   "MHA2MLA");
+- ``transmla``: RoRoPE (Meng et al., 2025, "TransMLA"): within each RoPE pair an orthogonal
+  change of basis across the key/value heads (the eigenvectors of the pair's second moment over
+  the inputs) puts the positional energy in a few mixed planes, the strongest of which, over
+  all pairs, form one RoPE key shared by every query head (half the layer's units); the keys'
+  remainder, scaled to the values' norm, and the values share one input-scaled latent without
+  RoPE: it decodes absorbed (their recipe without our curvature; FreqFold left out);
 - ``ours``: the compact student of the loss plan (``workers.profile --rule loss --kv-cache F``:
   RoPE pairs and value dims cut where one forward per cut says the loss rises least);
 - ``ours-latent``: the latent plan estimated to second order (``workers.profile --rule loss
@@ -56,6 +62,7 @@ from workers.compression import (
     latent_student,
     measure_layers,
     pair_orders,
+    rorope_student,
 )
 from workers.models import Model, MultiHeadAttention
 
@@ -191,6 +198,17 @@ def mha2mla(teacher: Model, cal: Calibration, fraction: float) -> Model:
     return latent_student(teacher, latent_arch(arch, rest, rope), cal.norm_orders, scales)
 
 
+def transmla(teacher: Model, cal: Calibration, fraction: float) -> Model:
+    arch = teacher.arch
+    units = layer_units(arch, fraction)
+    g = arch.layers[0].heads[0]
+    rope = max(2, min(g.kv_heads * g.qk_dim, units // 2) // 2 * 2)
+    moments = {c.index: c.inputs for c in cal.curvature}
+    scales = {c.index: tuple(float(v) for v in c.inputs.diagonal().sqrt()) for c in cal.curvature}
+    return rorope_student(teacher, [rope] * arch.n_layers, [units - rope] * arch.n_layers,
+                          moments, scales, balance=True)
+
+
 def ours(teacher: Model, cal: Calibration, fraction: float) -> Model | None:
     if cal.loss_plan is None:
         return None
@@ -236,7 +254,8 @@ def ours_mla(teacher: Model, cal: Calibration, fraction: float) -> Model | None:
 
 
 METHODS: dict[str, Method] = {"svd": svd, "asvd": asvd, "palu": palu, "mha2mla": mha2mla,
-                              "ours": ours, "ours-latent": ours_latent, "ours-mla": ours_mla}
+                              "transmla": transmla, "ours": ours, "ours-latent": ours_latent,
+                              "ours-mla": ours_mla}
 
 
 def allocate(weights: list[float], total: int, cap: int) -> list[int]:

@@ -71,6 +71,13 @@ ARCHS = {
                   eta=0.5),
         LayerSpec("mhsa", (HeadGroup(2, 4),), mlp_ratio=1.0),
         positional="rope", mlp="swiglu", norm="rmsnorm", qkv_bias=True),
+    # A shared RoPE key per group (one key head read by every query head), grouped keys and
+    # biases, two groups: what a RoRoPE student decodes with (workers.compression.rorope).
+    "latent_shared_rope": rope_layers(
+        LayerSpec("latent", (HeadGroup(4, 10, 6, 2), HeadGroup(2, 8, 4, 1)), mlp_ratio=2.0,
+                  latent_dim=9, rope_dim=4, rope_shared=True),
+        LayerSpec("mhsa", (HeadGroup(2, 4),), mlp_ratio=1.0),
+        positional="rope", mlp="swiglu", norm="rmsnorm", qkv_bias=True),
     # A latent layer without RoPE: learned positions, biases everywhere, a tied head.
     "latent_learned": rope_layers(
         LayerSpec("latent", (HeadGroup(2, 8, 4), HeadGroup(2, 2, 6, 1)), mlp_ratio=1.0,
@@ -174,7 +181,7 @@ def test_loaded_student_computes_our_logits(name: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("name", ["gqa_rope", "gpt2_like", "random1", "latent_rope",
-                                  "latent_learned"])
+                                  "latent_learned", "latent_shared_rope"])
 def test_cache_gives_the_logits_of_a_full_pass(name: str, tmp_path: Path) -> None:
     """Prefill, then a chunk, then one token at a time through a DynamicCache: the logits of
     the full sequence in one uncached pass."""

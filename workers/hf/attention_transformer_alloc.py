@@ -225,7 +225,10 @@ class AllocLatentAttention(nn.Module):
         d, bias = int(arch["d_model"]), bool(arch.get("bias") or arch.get("qkv_bias"))
         c, r = int(layer["latent_dim"]), int(layer.get("rope_dim", 0))
         self.rope_dim, self.rotate_latent = r, bool(layer.get("rotate_latent"))
-        self.rope_widths = [g.kv * r for g in self.groups]
+        # one RoPE key head per group when shared (DeepSeek-V2's decoupled key), else one per
+        # key/value head
+        self.rope_heads = [1 if layer.get("rope_shared") else g.kv for g in self.groups]
+        self.rope_widths = [heads * r for heads in self.rope_heads]
         self.key_widths = [g.kv * (g.qk - r) for g in self.groups]
         self.v_widths = [g.kv * g.v for g in self.groups]
         self.q = nn.Linear(d, sum(g.count * g.qk for g in self.groups), bias=bias)
@@ -248,9 +251,9 @@ class AllocLatentAttention(nn.Module):
         if self.k_rope is None:
             return x.new_zeros(x.shape[0], x.shape[1], 0)
         parts = self.k_rope(x).split(self.rope_widths, dim=-1)
-        return torch.cat([merge_heads(rotate(split_heads(p, g.kv), getattr(self, f"inv_freq{j}"),
-                                             start))
-                          for j, (g, p) in enumerate(zip(self.groups, parts))], dim=-1)
+        return torch.cat([merge_heads(rotate(split_heads(p, heads),
+                                             getattr(self, f"inv_freq{j}")[:heads], start))
+                          for j, (heads, p) in enumerate(zip(self.rope_heads, parts))], dim=-1)
 
     def head_keys(self, j: int, rope: Tensor, latent_keys: Tensor) -> Tensor:
         """Group ``j``'s keys (B, kv, T, qk) from every cached token's turned RoPE parts and
@@ -259,7 +262,8 @@ class AllocLatentAttention(nn.Module):
         rest = split_heads(latent_keys, g.kv)
         if self.rotate_latent:
             rest = rotate(rest, getattr(self, f"inv_freq_latent{j}"))
-        return torch.cat([split_heads(rope, g.kv), rest], dim=-1)
+        shared = split_heads(rope, self.rope_heads[j])  # (B, 1 or kv, T, r)
+        return torch.cat([shared.expand(-1, g.kv, -1, -1), rest], dim=-1)
 
     def head_queries(self, j: int, q: Tensor, start: int) -> Tensor:
         """Group ``j``'s queries (B, count, T, qk), turned like the keys they read."""
@@ -313,7 +317,7 @@ class AllocLatentAttention(nn.Module):
         attention-weighted latents are mapped to values once. Exact: a key bias adds one
         constant to a query's logits (softmax ignores it) and a value bias passes the
         weighted sum unchanged (the weights sum to 1). A new token then reads ``c + kv * r``
-        numbers per cached token, not ``kv * (qk + v)``."""
+        numbers per cached token (``c + r`` with a shared RoPE part), not ``kv * (qk + v)``."""
         g, r = self.groups[j], self.rope_dim
         b, _, t, _ = q.shape
         total, c, share = latent.shape[1], latent.shape[2], g.count // g.kv
@@ -323,8 +327,8 @@ class AllocLatentAttention(nn.Module):
         # (B, kv, share t, qk - r) @ (kv, qk - r, c): every query in the latent space
         q_abs = q_lat @ k_rows.view(g.kv, g.qk - r, c)
         logits = q_abs.reshape(b, g.count * t, c) @ latent.transpose(1, 2)  # (B, count t, T)
-        if r:
-            rope_keys = split_heads(rope, g.kv)  # (B, kv, T, r), turned when cached
+        if r:  # (B, kv or 1 when shared, T, r), turned when cached
+            rope_keys = split_heads(rope, self.rope_heads[j])
             logits += (q[..., :r].reshape(b, g.kv, share * t, r)
                        @ rope_keys.transpose(-1, -2)).view(b, g.count * t, total)
         logits = logits.view(b, g.count, t, total)

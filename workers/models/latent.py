@@ -8,7 +8,9 @@ from the input directly and are turned by RoPE; the other ``qk_dim - rope_dim`` 
 ``W_up c``, turned too only when the layer says ``rotate_latent`` (low-rank keys that keep
 every rotation, as Palu does; without it they carry no position, as in MHA2MLA). Values are the
 other rows of ``W_up c``. Query heads use the same layout, and attention then runs per head
-group exactly as in ``mhsa``.
+group exactly as in ``mhsa``. With ``rope_shared`` the RoPE part is one key head per group,
+shared by all its query heads (DeepSeek-V2's decoupled key): it is cached once (``rope_dim``
+units per group) and read by every key/value head of the group.
 
 At full rank (``latent_dim`` at least the rank of the stacked key and value maps) a latent
 layer computes what the ``mhsa`` layer it is cut from computes
@@ -42,8 +44,9 @@ class LatentAttention(GroupedAttention):
         d, r, in_bias = arch.d_model, layer.rope_dim, arch.bias or arch.qkv_bias
         self.rope_dim, self.latent_dim = r, layer.latent_dim
         self.rotate_latent = layer.rotate_latent  # the vocabulary allows it with RoPE only
+        self.rope_heads = [1 if layer.rope_shared else kv for _, _, _, kv in self.groups]
         self.q_width = sum(count * qk for count, qk, _, _ in self.groups)
-        self.rope_widths = [kv * r for _, _, _, kv in self.groups]
+        self.rope_widths = [heads * r for heads in self.rope_heads]
         self.key_widths = [kv * (qk - r) for _, qk, _, kv in self.groups]  # latent parts
         self.v_width = sum(kv * v for _, _, v, kv in self.groups)
         self.width = layer.width
@@ -73,16 +76,19 @@ class LatentAttention(GroupedAttention):
             return latent_keys, v
         b, t, _ = x.shape
         heads = []
-        for (_, qk, _, kv), rope, rest in zip(self.groups,
-                                              self.k_rope(x).split(self.rope_widths, dim=-1),
-                                              latent_keys.split(self.key_widths, dim=-1)):
-            pair = [rope.view(b, t, kv, self.rope_dim), rest.view(b, t, kv, qk - self.rope_dim)]
+        for (_, qk, _, kv), rope_heads, rope, rest in zip(
+                self.groups, self.rope_heads, self.k_rope(x).split(self.rope_widths, dim=-1),
+                latent_keys.split(self.key_widths, dim=-1)):
+            # a shared RoPE part (one head) is read by every key/value head of the group
+            pair = [rope.view(b, t, rope_heads, self.rope_dim).expand(b, t, kv, self.rope_dim),
+                    rest.view(b, t, kv, qk - self.rope_dim)]
             heads.append(torch.cat(pair, dim=-1).view(b, t, kv * qk))
         return torch.cat(heads, dim=-1) if len(heads) > 1 else heads[0], v
 
     def cached(self, x: Tensor) -> Tensor:
         """The latent (B, T, latent_dim), then every key/value head's RoPE part (B, T, sum
-        kv * rope_dim), here before RoPE turns it: keys and values are rebuilt from these."""
+        kv * rope_dim; one per group when shared), here before RoPE turns it: keys and values
+        are rebuilt from these."""
         latent = self.down(x)
         return latent if self.k_rope is None else torch.cat([latent, self.k_rope(x)], dim=-1)
 
