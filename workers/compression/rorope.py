@@ -137,7 +137,9 @@ def _rorope_layer(state: dict[str, Tensor], teacher: ArchConfig, student: ArchCo
         state[prefix + f"inv_freq{j}"] = freqs[:, [f for f, _ in planes]]
     # every group's keys' remainder, then every value row: the latent's rows (``up``'s order)
     rest = torch.cat(parts["rest"])
-    ratio = float(v_rows.norm() / rest.norm().clamp_min(1e-30)) if balance else 1.0
+    # balanced against the teacher's key rows (the remainder alone may be ~0: every plane kept)
+    ratio = float(v_rows.norm() / torch.cat([torch.cat(list(k)) for k in k_rows]).norm()
+                  .clamp_min(1e-30)) if balance else 1.0
     up, down = latent_factors(torch.cat([rest * ratio, v_rows]), scale, layer.latent_dim)
     up[:rest.shape[0]] /= ratio  # the keys' rows back to their own scale
     tensors = {"q.weight": torch.cat(parts["q"]), "k_rope.weight": torch.cat(parts["rope"]),
