@@ -2,7 +2,7 @@
 
 The published ways to shrink a trained GQA Llama's KV cache side by side with ours, at 50%,
 25% and 12.5% of what its teacher caches per token (docs/theory.md §10, the methods of
-``kv_methods``: ``svd``, ``asvd``, ``palu``, ``mha2mla``, ``ours``, ``ours-latent``,
+``kv_methods``: ``svd``, ``asvd``, ``palu``, ``mha2mla``, ``transmla``, ``ours``, ``ours-latent``,
 ``ours-mla``), on any Llama-family teacher: a ``transformers`` folder, a GGUF file or our
 checkpoint (``--teacher``; without it, the small Llama of ``llama_compress`` is trained here on
 Python's standard library and used). Each calibration seed (``--seeds``) draws its own sample
