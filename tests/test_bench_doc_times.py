@@ -23,7 +23,7 @@ def test_times_taken_add_up_and_a_row_judges_within_one_and_a_half() -> None:
     a, b = Took(0, 10.0, 15.0, (1.0, 2.0)), Took(3, 5.0, 4.0, (2.5, 0.5))
     assert a + b == Took(3, 15.0, 19.0, (1.0, 0.5))
     statement = Statement("README.md:1", (0, 1), 12.0, "in all")
-    commands = [("python -m a", None), ("python -m b", None)]
+    commands: doc_times.Block = [("python -m a", None), ("python -m b", None)]
     row = doc_times.row(statement, commands, [a, Took(0, 5.0, 4.0, (2.0, 3.0))])
     assert row["measured_s"] == 15.0 and row["ratio"] == 1.25 and row["holds"] is True
     assert row["load"] == "1.0-3.0" and row["command"] == "python -m a && python -m b"

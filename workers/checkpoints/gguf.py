@@ -113,7 +113,7 @@ def _checked_reader(base: Any) -> Any:
     of the file (it reads a short slice of the map and fails later with an ``IndexError`` or a
     reshape's ``ValueError``): in the header, or where the header's tensors end."""
 
-    class Checked(base):  # type: ignore[misc, valid-type]
+    class Checked(base):  # type: ignore[misc]
         def _get(self, offset: int, dtype: Any, count: int = 1,
                  override_order: Any = None) -> Any:
             end = int(offset) + np.dtype(dtype).itemsize * int(count)
