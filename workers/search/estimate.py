@@ -151,8 +151,12 @@ class SearchEstimate:
 
 def slowdown() -> float:
     """How much slower than alone this machine runs a process now: its 1-minute load over its
-    cores (at least 1)."""
-    return max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+    cores (at least 1; 1 where the system has no load average)."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return 1.0
+    return max(1.0, load / (os.cpu_count() or 1))
 
 
 def describe(search: SearchEstimate, scheduler: str) -> str:
