@@ -33,7 +33,7 @@ from common.progress import duration
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ("README.md", "docs/guide")
 FENCE = re.compile(r"```(?:bash|sh)\n(.*?)```", re.S)
-STATED = re.compile(r"#[^#\n]*?~\s*([0-9.]+)\s*(s|min|h)\b")
+STATED = re.compile(r"#[^#\n]*?~\s*([0-9.]+)\s*(s|min|h)\b(?:\s+([0-9.]+)\s*(s|min)\b)?")
 UNIT_S = {"s": 1.0, "min": 60.0, "h": 3600.0}
 WITHIN = 1.5  # a stated time this far from the measured one (either way) is kept
 CORPUS_BYTES = 1 << 20
@@ -61,6 +61,12 @@ PROSE = (
 Block = list[tuple[str, float | None]]  # (command, stated seconds or None)
 
 
+def stated_seconds(stated: re.Match[str]) -> float:
+    """The seconds ``STATED`` matched: ``~15 s``, ``~1.5 min``, ``~3 min 30 s``, ``~1 h 10 min``."""
+    seconds = float(stated.group(1)) * UNIT_S[stated.group(2)]
+    return seconds + (float(stated.group(3)) * UNIT_S[stated.group(4)] if stated.group(3) else 0.0)
+
+
 def page_blocks(path: Path) -> list[tuple[str, Block]]:
     """(file:line, its commands) of every bash block of ``path``."""
     text, found = path.read_text(), []
@@ -71,7 +77,7 @@ def page_blocks(path: Path) -> list[tuple[str, Block]]:
             stated = STATED.search(raw)
             command = raw.split(" #")[0].strip()
             if command and not command.startswith("#"):
-                seconds = float(stated.group(1)) * UNIT_S[stated.group(2)] if stated else None
+                seconds = stated_seconds(stated) if stated else None
                 commands.append((command, seconds))
         found.append((f"{path.relative_to(ROOT)}:{line}", commands))
     return found

@@ -30,3 +30,11 @@ def test_times_taken_add_up_and_a_row_judges_within_one_and_a_half() -> None:
     assert row["load"] == "1.0-3.0" and row["command"] == "python -m a && python -m b"
     assert doc_times.row(statement, commands, [a, b])["holds"] is False  # exit 3
     assert doc_times.row(statement, commands, None)["holds"] is None  # not run
+
+
+def test_a_comment_states_seconds_minutes_or_both() -> None:
+    said = {text: doc_times.stated_seconds(m) for text in (
+        "cmd  # ~15 s", "cmd  # two pilots: ~1.5 min for 1 MB", "cmd  # ~3 min 30 s",
+        "cmd  # ~1 h 10 min on 2 cores") if (m := doc_times.STATED.search(text))}
+    assert list(said.values()) == [15.0, 90.0, 210.0, 4200.0]
+    assert doc_times.STATED.search("cmd  # seconds") is None
