@@ -54,7 +54,7 @@ class Prose:
 
 PROSE = (
     Prose("README.md", "(~20 s in all)", 20.0, "python -m alloc.solve --budget 64 --layers 3"),
-    Prose("README.md", "the two pilots: ~3 min at `--budget 256` on 2 cores", 180.0,
+    Prose("README.md", "the two pilots: ~3.5 min at `--budget 256` on 2 cores", 210.0,
           "python -m workers.profile --data corpus.txt --budget 256", "workers.profile"),
 )
 
