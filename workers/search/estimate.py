@@ -4,7 +4,7 @@ Before: a handful of training steps of the first starting point's architecture (
 allocator's plan, or the grid's first point; a random point of the space without one), timed
 here at the trials' batch size, threads and device, times the trial's steps, plus its
 evaluations; and what Ray adds (``SearchEstimate``): its start, the trial workers' start, and
-its bookkeeping per trial, which are all of a smoke search's time. During (``remaining``): the
+its bookkeeping per trial, which are most of a smoke search's time. During (``remaining``): the
 mean time of the finished trials, the ages of the running ones and how many run at once. No Ray
 here (``workers.search.tune`` calls it).
 """
@@ -24,9 +24,10 @@ from workers.search.protocol import TrialJob, TrialSpec
 from workers.search.seeding import Start
 from workers.tasks import Task
 
-# What Ray adds, measured on a quiet 2-core machine (docs/benchmarks.md, "Search overhead"):
+# What Ray adds on a quiet 2-core machine (docs/benchmarks.md, "Search overhead": ray.init
+# 2.4 s, a worker importing torch ~3 s alone, 1.25 s per trial with checkpoints):
 RAY_START_S = 2.5  # ray.init and its daemons, once per search
-WORKER_START_S = 4.0  # a trial worker's start (a Python process importing torch)
+WORKER_START_S = 4.0  # trial workers starting at once, beside the driver
 TRIAL_OVERHEAD_S = 1.25  # per trial: Tune's scheduling, reports, checkpoints, the study's writes
 PROBE_SECONDS = 1.5  # the timed steps stop after this long (after one untimed warm-up step)
 PROBE_STEPS = 8  # ... or after this many
