@@ -15,8 +15,10 @@ def simulate(prune: set[int]) -> tuple[list[float], list[float], list[str]]:
     """A search of 14 trials of 2,000 steps, 2 at once, 0.2 s per step, evaluating every 100
     steps; trials in ``prune`` stop at step 700. Returns the time left it said at each
     evaluation, the true time left then, and what the first trials measured."""
-    work, said, true, told = estimate.Work(2000, 14), [], [], []
-    queue, running, now, events = list(range(14)), {}, 0.0, []
+    work, said = estimate.Work(2000, 14), []
+    told: list[str] = []
+    queue, now, events = list(range(14)), 0.0, []
+    running: dict[int, int] = {}  # trial -> step
     while queue or running:
         while queue and len(running) < 2:
             running[queue.pop(0)] = 0
