@@ -15,8 +15,10 @@ def simulate(prune: set[int]) -> tuple[list[float], list[float], list[str]]:
     """A search of 14 trials of 2,000 steps, 2 at once, 0.2 s per step, evaluating every 100
     steps; trials in ``prune`` stop at step 700. Returns the time left it said at each
     evaluation, the true time left then, and what the first trials measured."""
-    work, said, true, told = estimate.Work(2000, 14), [], [], []
-    queue, running, now, events = list(range(14)), {}, 0.0, []
+    work, said = estimate.Work(2000, 14), []
+    told: list[str] = []
+    queue, now, events = list(range(14)), 0.0, []
+    running: dict[int, int] = {}  # trial -> step
     while queue or running:
         while queue and len(running) < 2:
             running[queue.pop(0)] = 0
@@ -61,11 +63,36 @@ def test_the_estimate_says_its_basis_and_the_trials_at_once() -> None:
     timed = TrialEstimate(step_s=0.5, eval_s=0.1, steps=2000, evaluations=20, eval_batches=10,
                           timed=8, basis="the allocator's plan")
     assert timed.trial_s == pytest.approx(1000 + 20)
-    text = estimate.describe(timed, trials=20, concurrent=2, scheduler="asha")
+    search = estimate.SearchEstimate(timed, trials=20, concurrent=2)
+    text = estimate.describe(search, scheduler="asha")
     assert text.startswith("~17 min 00 s per trial (2,000 steps at 500 ms/step")
-    assert "timed over 8 steps of the allocator's plan here" in text
+    assert "timed over 8 steps of the allocator's plan here) and ~1.2 s of Ray's" in text
     assert "~2 h 50 min for 20 trial(s) at 2 at once" in text and "ASHA" in text
-    assert "ASHA" not in estimate.describe(timed, 20, 2, "fifo")
+    assert "load" not in text and "ASHA" not in estimate.describe(search, "fifo")
+    assert "at load 3.5x the cores" in estimate.describe(
+        estimate.SearchEstimate(timed, 20, 2, slowdown=3.5), "fifo")
+
+
+@pytest.mark.parametrize(("trials", "concurrent", "reuse"), [(6, 2, True), (7, 2, False),
+                                                             (1, 4, True), (14, 1, True)])
+def test_a_search_is_rays_start_then_rounds_of_trials_with_rays_share(
+        trials: int, concurrent: int, reuse: bool) -> None:
+    # a smoke search's trials train for a second: Ray's start and bookkeeping are its time
+    timed = TrialEstimate(step_s=0.03, eval_s=0.01, steps=40, evaluations=4, eval_batches=2,
+                          timed=8, basis="the grid's first point")
+    quiet = estimate.SearchEstimate(timed, trials, concurrent, reuse)
+    rounds = -(-trials // concurrent)
+    assert quiet.rounds == rounds
+    workers = 1 if reuse else rounds
+    assert quiet.start_s == pytest.approx(estimate.RAY_START_S + workers * estimate.WORKER_START_S)
+    assert quiet.total_s == pytest.approx(quiet.start_s + rounds * (
+        timed.trial_s + estimate.TRIAL_OVERHEAD_S))
+    assert quiet.total_s > 2 * rounds * timed.trial_s  # Ray's parts dominate a tiny trial
+    # a loaded machine slows Ray's parts; the trials' steps were timed under the load already
+    loaded = estimate.SearchEstimate(timed, trials, concurrent, reuse, slowdown=3.0)
+    assert loaded.total_s - rounds * timed.trial_s == pytest.approx(
+        3.0 * (quiet.total_s - rounds * timed.trial_s))
+    assert estimate.slowdown() >= 1.0
 
 
 def test_trials_at_once_are_what_the_cpus_allow_and_the_flags_cap() -> None:

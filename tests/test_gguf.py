@@ -136,3 +136,17 @@ def test_what_the_model_does_not_compute_is_refused(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="unreadable GGUF"):
         load(tmp_path / "junk.gguf")
 
+
+
+@pytest.mark.parametrize("keep", ["tensors", "header"])
+def test_a_truncated_file_is_refused_as_truncated(keep: str, tmp_path: Path) -> None:
+    path = write_gguf(build("llama", num_key_value_heads=2), tmp_path / NAME)
+    data = path.read_bytes()
+    cut = len(data) - 100 if keep == "tensors" else 40  # in the last tensor, or in the header
+    path.write_bytes(data[:cut])
+    with pytest.raises(CheckpointError) as caught:
+        load(path)
+    said = str(caught.value)
+    assert f"{NAME}: truncated GGUF file ({cut:,} bytes, " in said and "unreadable" not in said
+    assert (f"the header's tensors need {len(data):,})" in said if keep == "tensors" else
+            "its header goes on past the end" in said)

@@ -116,9 +116,14 @@ def pilot_request(args: argparse.Namespace, spec: DataSpec) -> PilotRequest | No
 
 def announce(pilot: PilotRequest) -> None:
     """The pilot takes seconds to minutes: say what is running (stderr; its own progress
-    follows), unless ``--quiet``."""
+    follows), unless ``--quiet``: with later layers, two trainings of as many steps, the
+    baseline's and the pattern pilot's (``workers.pilot``: narrower heads in the later layers,
+    a model of its own)."""
+    second = (", then the pattern pilot (narrow heads in the later layers) for as many, "
+              "which takes longer" if pilot.layers > 1 else "")
     say(f"{PROG}: pilot: training the baseline at D = {pilot.budget}, {pilot.layers} "
-        f"layer(s), {pilot.steps} steps (--no-pilot skips it)", quiet=pilot.quiet)
+        f"layer(s), {pilot.steps} steps{second} (--no-pilot skips "
+        f"{'both' if second else 'it'})", quiet=pilot.quiet)
 
 
 # --- a checkpoint: its compression plan ----------------------------------------------------------

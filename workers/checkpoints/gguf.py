@@ -91,10 +91,57 @@ def _reader(path: Path, source: str) -> Any:
         raise checkpoint_error(source, "reading a GGUF file needs the gguf package (pip "
                                        "install gguf)") from None
     try:
-        return GGUFReader(str(path))
+        return _checked_reader(GGUFReader)(str(path))
+    except _Truncated as cut:
+        raise checkpoint_error(source, f"{path.name}: truncated GGUF file ({cut.size:,} bytes, "
+                                       f"{cut.needs})") from None
     except Exception as err:  # the reader raises several kinds for a file that is not GGUF
         raise checkpoint_error(source, f"unreadable GGUF file ({type(err).__name__}: "
                                        f"{str(err).splitlines()[0] if str(err) else ''})") from None
+
+
+class _Truncated(Exception):
+    """The file ends before what its header describes: ``size`` bytes, ``needs`` says what."""
+
+    def __init__(self, size: int, needs: str) -> None:
+        super().__init__(needs)
+        self.size, self.needs = size, needs
+
+
+def _checked_reader(base: Any) -> Any:
+    """``gguf``'s reader class, made to raise ``_Truncated`` where it would read past the end
+    of the file (it reads a short slice of the map and fails later with an ``IndexError`` or a
+    reshape's ``ValueError``): in the header, or where the header's tensors end."""
+
+    class Checked(base):  # type: ignore[misc]
+        def _get(self, offset: int, dtype: Any, count: int = 1,
+                 override_order: Any = None) -> Any:
+            end = int(offset) + np.dtype(dtype).itemsize * int(count)
+            if end > len(self.data):
+                raise _Truncated(len(self.data), "its header goes on past the end")
+            return super()._get(offset, dtype, count, override_order)
+
+        def _build_tensors(self, start_offs: int, fields: list[Any]) -> None:
+            ends = [_tensor_end(start_offs, field) for field in fields]
+            needs = max((e for e in ends if e is not None), default=0)
+            if needs > len(self.data):
+                raise _Truncated(len(self.data), f"the header's tensors need {needs:,}")
+            super()._build_tensors(start_offs, fields)
+
+    return Checked
+
+
+def _tensor_end(start: int, field: Any) -> int | None:
+    """Where the tensor a header ``field`` describes ends in the file (None: a type the reader
+    refuses itself)."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    _name_len, _name, _n_dims, dims, raw_dtype, offset = field.parts
+    try:
+        block_size, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(int(raw_dtype[0]))]
+    except (ValueError, KeyError):
+        return None
+    return start + int(offset[0]) + int(np.prod(dims)) * type_size // block_size
 
 
 def _field(reader: Any, key: str) -> Any:

@@ -308,7 +308,9 @@ def announce_estimate(request: SearchRequest, starts: list[Start], trials: int) 
         return
     concurrent = estimate.at_once(opts.cpus_per_trial, opts.gpus_per_trial,
                                   opts.max_concurrent, trials)
-    say(f"search {request.study}: {estimate.describe(timed, trials, concurrent, opts.scheduler)}")
+    search = estimate.SearchEstimate(timed, trials, concurrent, opts.reuse_actors,
+                                     estimate.slowdown())
+    say(f"search {request.study}: {estimate.describe(search, opts.scheduler)}")
 
 
 def summarise(searcher: StudySearcher, name: str, url: str, status: TrialStatus

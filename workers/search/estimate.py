@@ -3,8 +3,10 @@
 Before: a handful of training steps of the first starting point's architecture (the
 allocator's plan, or the grid's first point; a random point of the space without one), timed
 here at the trials' batch size, threads and device, times the trial's steps, plus its
-evaluations. During (``remaining``): the mean time of the finished trials, the ages of the
-running ones and how many run at once. No Ray here (``workers.search.tune`` calls it).
+evaluations; and what Ray adds (``SearchEstimate``): its start, the trial workers' start, and
+its bookkeeping per trial, which are most of a smoke search's time. During (``remaining``): the
+mean time of the finished trials, the ages of the running ones and how many run at once. No Ray
+here (``workers.search.tune`` calls it).
 """
 
 from __future__ import annotations
@@ -22,6 +24,11 @@ from workers.search.protocol import TrialJob, TrialSpec
 from workers.search.seeding import Start
 from workers.tasks import Task
 
+# What Ray adds on a quiet 2-core machine (docs/benchmarks.md, "Search overhead": ray.init
+# 2.4 s, a worker importing torch ~3 s alone, 1.25 s per trial with checkpoints):
+RAY_START_S = 2.5  # ray.init and its daemons, once per search
+WORKER_START_S = 4.0  # trial workers starting at once, beside the driver
+TRIAL_OVERHEAD_S = 1.25  # per trial: Tune's scheduling, reports, checkpoints, the study's writes
 PROBE_SECONDS = 1.5  # the timed steps stop after this long (after one untimed warm-up step)
 PROBE_STEPS = 8  # ... or after this many
 BASES = {"allocator": "the allocator's plan", "grid": "the grid's first point"}
@@ -111,16 +118,61 @@ def measured(work: Work, concurrent: int) -> str | None:
             f"~{duration(total)} for {work.trials} trial(s)")
 
 
-def describe(estimate: TrialEstimate, trials: int, concurrent: int, scheduler: str) -> str:
-    """``~3 min per trial (...), ~30 min for 20 trials at 2 at once (...)``."""
-    total = math.ceil(trials / concurrent) * estimate.trial_s
+@dataclass(frozen=True)
+class SearchEstimate:
+    """A search's time: Ray's start and its trial workers' (one per trial at once when workers
+    are reused, else one per trial), then the trials in rounds of ``concurrent``, each its
+    training (``trial``) and Ray's bookkeeping. Ray's parts are constants of a quiet machine,
+    ``slowdown`` times slower on a loaded one (the probe's steps were timed under the load)."""
+
+    trial: TrialEstimate
+    trials: int
+    concurrent: int
+    reuse_actors: bool = True
+    slowdown: float = 1.0
+
+    @property
+    def rounds(self) -> int:
+        return math.ceil(self.trials / self.concurrent)
+
+    @property
+    def start_s(self) -> float:
+        """Ray's start and the trial workers' (in parallel, a round's at a time)."""
+        workers = 1 if self.reuse_actors else self.rounds
+        return (RAY_START_S + workers * WORKER_START_S) * self.slowdown
+
+    @property
+    def per_trial_s(self) -> float:
+        return self.trial.trial_s + TRIAL_OVERHEAD_S * self.slowdown
+
+    @property
+    def total_s(self) -> float:
+        return self.start_s + self.rounds * self.per_trial_s
+
+
+def slowdown() -> float:
+    """How much slower than alone this machine runs a process now: its 1-minute load over its
+    cores (at least 1; 1 where the system has no load average)."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return 1.0
+    return max(1.0, load / (os.cpu_count() or 1))
+
+
+def describe(search: SearchEstimate, scheduler: str) -> str:
+    """``~3 min per trial (...) and ~1.3 s of Ray's; with ..., at most ~30 min for 20 trials at
+    2 at once``."""
+    timed = search.trial
     early = "; ASHA stops weaker trials early, so usually less" if scheduler == "asha" else ""
-    # Ray adds seconds per trial (a worker, reports, checkpoints): felt only by tiny trials.
-    return (f"~{duration(estimate.trial_s)} per trial ({estimate.steps:,} steps at "
-            f"{estimate.step_s * 1000:,.0f} ms/step and {estimate.evaluations:,} evaluations, "
-            f"timed over {estimate.timed} steps of {estimate.basis} here, plus Ray's few "
-            f"seconds), at most "
-            f"~{duration(total)} for {trials} trial(s) at {concurrent} at once{early}")
+    load = f" at load {search.slowdown:.1f}x the cores" if search.slowdown > 1 else ""
+    return (f"~{duration(timed.trial_s)} per trial ({timed.steps:,} steps at "
+            f"{timed.step_s * 1000:,.0f} ms/step and {timed.evaluations:,} evaluations, "
+            f"timed over {timed.timed} steps of {timed.basis} here) and "
+            f"~{duration(search.per_trial_s - timed.trial_s)} of Ray's; with Ray's start and "
+            f"its workers' (~{duration(search.start_s)}{load}), at most "
+            f"~{duration(search.total_s)} for {search.trials} trial(s) at {search.concurrent} "
+            f"at once{early}")
 
 
 @dataclass
