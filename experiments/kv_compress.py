@@ -1,17 +1,17 @@
 """python -m experiments.kv_compress --teacher PATH --data TOKENS --eval DIR [DIR ...]
 
-The published ways to shrink a trained GQA Llama's KV cache side by side with ours, at 50%,
-25% and 12.5% of what its teacher caches per token (docs/theory.md §10, the methods of
-``kv_methods``: ``svd``, ``asvd``, ``palu``, ``mha2mla``, ``transmla``, ``ours``, ``ours-latent``,
-``ours-mla``), on any Llama-family teacher: a ``transformers`` folder, a GGUF file or our
-checkpoint (``--teacher``; without it, the small Llama of ``llama_compress`` is trained here on
-Python's standard library and used). Each calibration seed (``--seeds``) draws its own sample
-of ``--data`` (``--sample-tokens``, windows of ``--seq-len``), which every method calibrates
-on; the fine-tuning (``--finetune-steps``, at the ``--finetune`` fractions) trains on
-``--data`` too. Every student is scored by its perplexity on each ``--eval`` source (held-out
-text the calibration never saw; ``--eval-tokens`` of each, in windows of ``--seq-len``), right
-after the cut and after fine-tuning, with a 95% interval of its mean loss against the best
-other method, paired by window (bootstrap over windows).
+The published ways to shrink a trained GQA Llama's KV cache side by side with ours, at 50%, 25%
+and 12.5% of what its teacher caches per token (docs/theory.md §10, the methods of
+``kv_methods``: ``svd``, ``asvd``, ``palu``, ``mha2mla``, ``transmla``, ``ours``,
+``ours-latent``, ``ours-mla``, ``ours-rorope``), on any Llama-family teacher: a ``transformers``
+folder, a GGUF file or our checkpoint (``--teacher``; without it, the small Llama of
+``llama_compress`` is trained here on Python's standard library and used). Each calibration seed
+(``--seeds``) draws its own sample of ``--data`` (``--sample-tokens``, windows of
+``--seq-len``), which every method calibrates on; the fine-tuning (``--finetune-steps``, at the
+``--finetune`` fractions) trains on ``--data`` too. Every student is scored by its perplexity on
+each ``--eval`` source (held-out text the calibration never saw; ``--eval-tokens`` of each, in
+windows of ``--seq-len``), right after the cut and after fine-tuning, with a 95% interval of its
+mean loss against the best other method, paired by window (bootstrap over windows).
 
 Writes ``kv_compress.csv`` (per seed, size, method and source: loss and perplexity after the
 cut and fine-tuned), ``kv_compress_windows.csv`` (every window's loss: the intervals are

@@ -30,7 +30,11 @@ are evaluated, fine-tuned and exported the same way.
   fitted to the curvature and sized across layers by it (docs/theory.md §10.6);
 - ``ours-mla``: the same with a decoupled RoPE part of half the units (``--rope-dim``), the
   pairs that cost most to leave unturned: its latent parts are unturned, so it decodes from
-  the cached latents as they are (absorbed).
+  the cached latents as they are (absorbed);
+- ``ours-rorope``: ``transmla``'s shared RoPE key (half the units) with our latent: fitted to
+  the second-order loss and its widths allocated across the layers by it (the widths whose
+  curvature singular values are the largest over every layer: the exact optimum of the summed
+  second-order increases, which are convex in the width); decodes absorbed.
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ from workers.compression import (
     latent_student,
     measure_layers,
     pair_orders,
+    rorope_spectra,
     rorope_student,
 )
 from workers.models import Model, MultiHeadAttention
@@ -209,6 +214,30 @@ def transmla(teacher: Model, cal: Calibration, fraction: float) -> Model:
                           moments, scales, balance=True)
 
 
+def ours_rorope(teacher: Model, cal: Calibration, fraction: float) -> Model:
+    arch = teacher.arch
+    units = layer_units(arch, fraction)
+    g = arch.layers[0].heads[0]
+    rope = [max(2, min(g.kv_heads * g.qk_dim, units // 2) // 2 * 2)] * arch.n_layers
+    inputs = {c.index: c.inputs for c in cal.curvature}
+    grads = {c.index: c.grads for c in cal.curvature}
+    spectra = rorope_spectra(teacher, rope, inputs, grads)
+    # one unit each, then the rest where the curvature says it buys most
+    widths = largest_values(spectra, arch.n_layers * (units - 1) - sum(rope))
+    return rorope_student(teacher, rope, [1 + widths[i] for i in range(arch.n_layers)],
+                          inputs, grads=grads)
+
+
+def largest_values(spectra: Mapping[int, Tensor], total: int) -> dict[int, int]:
+    """Per layer how many of its values are among the ``total`` largest over every layer: the
+    widths that minimise the summed tails of squared values (each tail convex in its width)."""
+    ranked = sorted(((float(v), i) for i, s in spectra.items() for v in s), reverse=True)
+    widths = dict.fromkeys(spectra, 0)
+    for _, i in ranked[:max(0, total)]:
+        widths[i] += 1
+    return widths
+
+
 def ours(teacher: Model, cal: Calibration, fraction: float) -> Model | None:
     if cal.loss_plan is None:
         return None
@@ -255,7 +284,7 @@ def ours_mla(teacher: Model, cal: Calibration, fraction: float) -> Model | None:
 
 METHODS: dict[str, Method] = {"svd": svd, "asvd": asvd, "palu": palu, "mha2mla": mha2mla,
                               "transmla": transmla, "ours": ours, "ours-latent": ours_latent,
-                              "ours-mla": ours_mla}
+                              "ours-mla": ours_mla, "ours-rorope": ours_rorope}
 
 
 def allocate(weights: list[float], total: int, cap: int) -> list[int]:

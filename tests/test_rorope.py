@@ -102,3 +102,26 @@ def test_plane_bases_are_orthogonal_and_put_the_energy_first() -> None:
     assert len(planes) == 3 and planes == sorted(planes)
     kept = sum(float(energies[f, e]) for f, e in planes)
     assert kept == pytest.approx(float(energies.flatten().sort(descending=True).values[:3].sum()))
+
+
+def test_the_second_order_fit_is_exact_at_full_rank_and_prices_every_width() -> None:
+    """With the loss gradient's moment at the keys and values (``grads``), the latent is fitted
+    to second order: exact at full rank, and ``rorope_spectra`` gives one singular value per
+    row of the remainder and values, largest first."""
+    from workers.compression.rorope import rorope_spectra
+
+    model = teacher()
+    g = torch.Generator().manual_seed(5)
+    d, rows = 16, GROUP.kv_heads * (GROUP.qk_dim + GROUP.v_dim)
+    inputs = {i: (lambda a: a @ a.T / d)(torch.randn(d, 3 * d, generator=g, dtype=torch.float64))
+              for i in range(2)}
+    grads = {i: (lambda a: a @ a.T / rows)(torch.randn(rows, rows, generator=g,
+                                                       dtype=torch.float64)) for i in range(2)}
+    full = GROUP.kv_heads * GROUP.qk_dim
+    student = rorope_student(model, [full, full], [16, 16], inputs, grads=grads)
+    with torch.no_grad():
+        torch.testing.assert_close(student(IDS), model(IDS), atol=1e-3, rtol=1e-3)
+    spectra = rorope_spectra(model, [4, 4], inputs, grads)
+    assert set(spectra) == {0, 1}
+    for s in spectra.values():
+        assert s.shape == (min(d, rows),) and torch.all(s[:-1] >= s[1:])

@@ -41,6 +41,7 @@ from .records import (
 from .records import (
     CompressResult as CompressResult,
 )
+from .rorope import rorope_spectra as rorope_spectra
 from .rorope import rorope_student as rorope_student
 from .student_inputs import PairOrders as PairOrders
 from .students import build_student as build_student

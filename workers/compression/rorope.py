@@ -26,7 +26,11 @@ from torch import Tensor
 
 from alloc.compression import CompressionError
 from arch import ArchConfig, HeadGroup
-from workers.compression.latent_students import latent_factors
+from workers.compression.latent_students import (
+    curvature_factors,
+    curvature_spectrum,
+    latent_factors,
+)
 from workers.models.attention import QKVLayout
 from workers.models.model import Model, build_model
 
@@ -83,38 +87,102 @@ def rorope_arch(teacher: ArchConfig, rope_dims: Sequence[int], latent_dims: Sequ
 def rorope_student(teacher: Model, rope_dims: Sequence[int], latent_dims: Sequence[int],
                    inputs: Mapping[int, Tensor] | None = None,
                    scales: Mapping[int, Sequence[float]] | None = None,
-                   balance: bool = False) -> Model:
+                   balance: bool = False, grads: Mapping[int, Tensor] | None = None) -> Model:
     """The student of ``rorope_arch``: per layer the ``rope_dims[i] / 2`` strongest mixed
     planes (``plane_bases`` on the layer's input moment ``inputs[i]`` where given) as the
-    shared RoPE key; the keys' remainder and the values replaced by their truncated SVD at
-    ``latent_dims[i]`` units, weighted by ``scales[i]`` (the inputs' RMS per feature) where
-    given, the keys first scaled to the values' norm with ``balance`` (TransMLA's balancing,
-    so that the joint SVD does not spend the latent on whichever part is larger); queries,
-    output maps and the rest copied."""
+    shared RoPE key; the keys' remainder and the values replaced by their rank
+    ``latent_dims[i]`` approximation: fitted to second order where ``grads[i]`` (the loss
+    gradient's moment at the teacher's keys and values, ``workers.compression.curvature``)
+    and ``inputs[i]`` are given (docs/theory.md §10.6: the remainder's error reaches the logits
+    as an error of the teacher's keys would), else the truncated SVD weighted by ``scales[i]``
+    (the inputs' RMS per feature), the keys first scaled to the values' norm with ``balance``
+    (TransMLA's balancing); queries, output maps and the rest copied."""
     arch = rorope_arch(teacher.arch, rope_dims, latent_dims)
     state = teacher.state_dict()
     for i in range(arch.n_layers):
-        moment = None if inputs is None else inputs.get(i)
-        if moment is not None:
-            moment = moment[:arch.d_model, :arch.d_model]  # a bias's constant input left out
-        scale = None if scales is None else torch.tensor(list(scales[i])[:arch.d_model])
-        _rorope_layer(state, teacher.arch, arch, i, moment, scale, balance)
+        moment = _moment(inputs, i, arch.d_model)
+        rows = _layer_rows(state, teacher.arch, i, rope_dims[i], moment)
+        c = latent_dims[i]
+        if grads is not None and i in grads and moment is not None:
+            up, down = curvature_factors(rows.latent, moment, grads[i], c)
+        else:
+            scale = None if scales is None else torch.tensor(list(scales[i])[:arch.d_model])
+            keys = rows.rest.shape[0]
+            ratio = rows.balance if balance else 1.0
+            up, down = latent_factors(torch.cat([rows.rest * ratio, rows.values]), scale, c)
+            up[:keys] /= ratio  # the keys' rows back to their own scale
+        rows.write(state, f"blocks.{i}.attn.", up, down)
     student = build_model(arch)
     student.load_state_dict(state)
     return student.eval()
 
 
-def _rorope_layer(state: dict[str, Tensor], teacher: ArchConfig, student: ArchConfig, i: int,
-                  moment: Tensor | None, scale: Tensor | None, balance: bool) -> None:
-    """Replace block ``i``'s fused ``qkv`` tensors in ``state`` by the shared-RoPE latent
-    layer's (one head group after another)."""
-    prefix, layer = f"blocks.{i}.attn.", student.layers[i]
-    weight, bias = state.pop(prefix + "qkv.weight"), state.pop(prefix + "qkv.bias", None)
+def rorope_spectra(teacher: Model, rope_dims: Sequence[int], inputs: Mapping[int, Tensor],
+                   grads: Mapping[int, Tensor]) -> dict[int, Tensor]:
+    """Per layer the singular values that price each latent width of its RoRoPE remainder and
+    values to second order (``curvature_spectrum``; the loss increase of keeping ``c`` is half
+    the sum of the squares beyond ``c``), for allocating the widths across layers."""
+    state, spectra = teacher.state_dict(), {}
+    for i in sorted(grads):
+        moment = _moment(inputs, i, teacher.arch.d_model)
+        assert moment is not None
+        rows = _layer_rows(state, teacher.arch, i, rope_dims[i], moment)
+        spectra[i] = curvature_spectrum(rows.latent, moment, grads[i])
+    return spectra
+
+
+def _moment(inputs: Mapping[int, Tensor] | None, i: int, d: int) -> Tensor | None:
+    """Layer ``i``'s input moment (d, d), a bias's constant input left out; None if absent."""
+    moment = None if inputs is None else inputs.get(i)
+    return None if moment is None else moment[:d, :d]
+
+
+@dataclasses.dataclass
+class _LayerRows:
+    """One layer's student rows before its latent is fitted: the queries, the shared RoPE
+    keys, the keys' remainder (in the teacher's key order) and the values, their biases, and
+    each group's kept frequencies."""
+
+    q: Tensor
+    rope: Tensor
+    rest: Tensor
+    values: Tensor
+    freqs: list[Tensor]
+    balance: float  # the values' norm over the teacher's keys' (TransMLA's balancing)
+    biases: tuple[Tensor, Tensor, Tensor, Tensor] | None  # q, rope, rest, values
+
+    @property
+    def latent(self) -> Tensor:
+        """The rows the latent replaces: every key's remainder, then every value row."""
+        return torch.cat([self.rest, self.values])
+
+    def write(self, state: dict[str, Tensor], prefix: str, up: Tensor, down: Tensor) -> None:
+        """The layer's tensors into ``state`` in place of its fused ``qkv``."""
+        dtype = state[prefix + "out.weight"].dtype
+        tensors = {"q.weight": self.q, "k_rope.weight": self.rope, "down.weight": down,
+                   "up.weight": up}
+        if self.biases is not None:
+            q_b, rope_b, rest_b, v_b = self.biases
+            tensors |= {"q.bias": q_b, "k_rope.bias": rope_b,
+                        "up.bias": torch.cat([rest_b, v_b])}
+        tensors |= {f"inv_freq{j}": f for j, f in enumerate(self.freqs)}
+        state.pop(prefix + "qkv.weight", None)
+        state.pop(prefix + "qkv.bias", None)
+        state.update({prefix + k: v.to(dtype) if v.is_floating_point() else v
+                      for k, v in tensors.items()})
+
+
+def _layer_rows(state: Mapping[str, Tensor], teacher: ArchConfig, i: int, rope_dim: int,
+                moment: Tensor | None) -> _LayerRows:
+    """Block ``i``'s shared-RoPE rows from the teacher's fused ``qkv`` in ``state`` (one head
+    group after another)."""
+    prefix = f"blocks.{i}.attn."
+    weight, bias = state[prefix + "qkv.weight"], state.get(prefix + "qkv.bias")
     layout = QKVLayout.of(teacher.layers[i])
     q_rows, k_rows, v_rows = layout.split(weight)
-    biases = None if bias is None else layout.split(bias)
+    split_bias = None if bias is None else layout.split(bias)
     parts: dict[str, list[Tensor]] = {k: [] for k in ("q", "rope", "rest", "q.b", "rope.b",
-                                                       "rest.b")}
+                                                       "rest.b", "freqs")}
     for j, group in enumerate(teacher.layers[i].heads):
         freqs = state[prefix + f"inv_freq{j}"]  # (kv, qk / 2): one table for every head
         if not torch.equal(freqs, freqs[:1].expand_as(freqs)):
@@ -122,32 +190,25 @@ def _rorope_layer(state: dict[str, Tensor], teacher: ArchConfig, student: ArchCo
                                    "frequencies; a shared RoPE key needs one table")
         keys = torch.stack(list(k_rows[j]))  # (kv, qk, d)
         bases, energies = plane_bases(keys, moment)
-        planes = strongest_planes(energies, layer.rope_dim // 2)
+        planes = strongest_planes(energies, rope_dim // 2)
         mix = _Mix(group.qk_dim, group.count // group.kv_heads, bases, planes,
-                   math.sqrt((group.qk_dim + layer.rope_dim) / group.qk_dim))
+                   math.sqrt((group.qk_dim + rope_dim) / group.qk_dim))
         parts["q"].append(mix.queries(q_rows[j]))
         parts["rope"].append(mix.rope(keys))
         parts["rest"].append(mix.rest(keys).reshape(-1, keys.shape[-1]))
-        if biases is not None:
-            q_bias, k_bias, _ = biases
+        parts["freqs"].append(freqs[:, [f for f, _ in planes]])
+        if split_bias is not None:
+            q_bias, k_bias, _ = split_bias
             k_b = torch.stack(list(k_bias[j]))[..., None]  # (kv, qk, 1): a bias as a column
             parts["q.b"].append(mix.queries([b[:, None] for b in q_bias[j]])[:, 0])
             parts["rope.b"].append(mix.rope(k_b)[:, 0])
             parts["rest.b"].append(mix.rest(k_b).reshape(-1))
-        state[prefix + f"inv_freq{j}"] = freqs[:, [f for f, _ in planes]]
-    # every group's keys' remainder, then every value row: the latent's rows (``up``'s order)
-    rest = torch.cat(parts["rest"])
-    # balanced against the teacher's key rows (the remainder alone may be ~0: every plane kept)
-    ratio = float(v_rows.norm() / torch.cat([torch.cat(list(k)) for k in k_rows]).norm()
-                  .clamp_min(1e-30)) if balance else 1.0
-    up, down = latent_factors(torch.cat([rest * ratio, v_rows]), scale, layer.latent_dim)
-    up[:rest.shape[0]] /= ratio  # the keys' rows back to their own scale
-    tensors = {"q.weight": torch.cat(parts["q"]), "k_rope.weight": torch.cat(parts["rope"]),
-               "down.weight": down, "up.weight": up}
-    if biases is not None:
-        tensors |= {"q.bias": torch.cat(parts["q.b"]), "k_rope.bias": torch.cat(parts["rope.b"]),
-                    "up.bias": torch.cat([*parts["rest.b"], biases[2]])}
-    state.update({prefix + k: v.to(weight.dtype) for k, v in tensors.items()})
+    keys_norm = torch.cat([torch.cat(list(k)) for k in k_rows]).norm().clamp_min(1e-30)
+    biases = None if split_bias is None else (
+        torch.cat(parts["q.b"]), torch.cat(parts["rope.b"]), torch.cat(parts["rest.b"]),
+        split_bias[2])
+    return _LayerRows(torch.cat(parts["q"]), torch.cat(parts["rope"]), torch.cat(parts["rest"]),
+                      v_rows, parts["freqs"], float(v_rows.norm() / keys_norm), biases)
 
 
 @dataclasses.dataclass(frozen=True)
