@@ -33,6 +33,12 @@ from .measure import (
 from .recording import head_statistics as head_statistics
 from .recording import record_attention as record_attention
 from .records import (
+    FINETUNE_LOSSES as FINETUNE_LOSSES,
+)
+from .records import (
+    FINETUNE_PARAMS as FINETUNE_PARAMS,
+)
+from .records import (
     PROG as PROG,
 )
 from .records import (
