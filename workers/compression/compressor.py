@@ -241,7 +241,8 @@ def sample_task(request: CompressRequest, loaded: Loaded) -> Task | None:
         raise UsageError.of([Problem("out", "*.pt", "a workers.train checkpoint needs the "
                                      "task it trains on; give {task.data} or {task.name}")])
     if task is not None:
-        check_fits(task, loaded.arch, as_pt or request.finetune_steps > 0, named)
+        # the fine-tune runs the student as built (shorter windows too); a .pt is the trainer's
+        check_fits(task, loaded.arch, as_pt, named)
     return task
 
 
