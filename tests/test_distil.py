@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from alloc.compression import plan_compression, plan_for_kv_cache
+from tests.helpers.llama import SEQ, VOCAB, build, ids, saved, token_folder
 from userdata import DataSpec, TaskSpec
 from workers.checkpoints import load
 from workers.compression import build_student, latent_arch, measure_model
@@ -27,8 +28,6 @@ from workers.compression.distil import (
 from workers.models.model import Model
 from workers.taskargs import resolve_task
 from workers.tasks import Task
-
-from tests.helpers.llama import SEQ, VOCAB, build, ids, saved, token_folder
 
 transformers = pytest.importorskip("transformers")
 
