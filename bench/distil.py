@@ -3,7 +3,7 @@
 What recovers a cut student most per CPU-minute of fine-tuning: the student ``workers.compress``
 builds from ``--plan`` is fine-tuned on ``--data`` the ways ``workers.compress --finetune-*``
 fine-tunes (``workers.compression.distil``: ``--finetune-loss kl|ce`` x ``--finetune-params
-new|all``, ``--runs``), each from the same cut, for ``--steps`` of ``--batch-size`` windows of
+new|all``, the ``--runs`` named ``kl-new`` ... ``ce-all``, with ``teacher`` and ``cut``), each from the same cut, for ``--steps`` of ``--batch-size`` windows of
 ``--seq-len``, and scored on held-out token folders (``bench.heldout``'s windows) with the
 teacher and the cut student. One process, one teacher read, one evaluation of the cut (the
 command evaluates on ``--data`` too, each run). Prints per run the perplexities, the CPU
@@ -22,7 +22,7 @@ from typing import Any
 from bench.heldout import perplexity, windows
 from common.cli import Parser, add_format, dump, int_in, number, render_table
 
-RUNS = ("kl-new", "ce-new", "kl-all", "ce-all")
+RUNS = ("teacher", "cut", "kl-new", "ce-new", "kl-all", "ce-all")
 
 
 def setup(args: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
@@ -87,9 +87,10 @@ def main(argv: list[str] | None = None) -> int:
         return build_student(teacher, plan.student, pair_orders(plan), plan.input_scales(),
                              fits)
 
-    row("teacher", teacher)
-    row("cut", cut())
     for name in args.runs:
+        if name in ("teacher", "cut"):
+            row(name, teacher if name == "teacher" else cut())
+            continue
         loss, params = name.split("-")
         settings = DistilSettings(args.steps, args.lr, args.batch_size, loss, params,
                                   seed=args.seed)
