@@ -2,12 +2,13 @@
 
 What recovers a cut student most per CPU-minute of fine-tuning: the student ``workers.compress``
 builds from ``--plan`` is fine-tuned on ``--data`` the ways ``workers.compress --finetune-*``
-fine-tunes (``workers.compression.distil``: ``--finetune-loss kl|ce`` x ``--finetune-params
-new|all``, the ``--runs`` named ``kl-new`` ... ``ce-all``, with ``teacher`` and ``cut``), each from the same cut, for ``--steps`` of ``--batch-size`` windows of
-``--seq-len``, and scored on held-out token folders (``bench.heldout``'s windows) with the
-teacher and the cut student. One process, one teacher read, one evaluation of the cut (the
-command evaluates on ``--data`` too, each run). Prints per run the perplexities, the CPU
-seconds of its fine-tune (this process's CPU time, every thread) and the load average.
+fine-tunes (``workers.compression.distil``; ``--runs``: ``kl-new``, ``ce-new``, ``kl-all``,
+``ce-all``, the ``--finetune-loss`` and ``--finetune-params``, with ``teacher`` and ``cut``
+scored as they are), each from the same cut, for ``--steps`` of ``--batch-size`` windows of
+``--seq-len``, and scored on held-out token folders (``bench.heldout``'s windows). One process,
+one teacher read (the command evaluates on ``--data`` too, each run). Prints per run the
+perplexities, the CPU seconds of its fine-tune (this process's CPU time, every thread) and the
+load average.
 """
 
 from __future__ import annotations
