@@ -80,8 +80,9 @@ def render(result: CompressResult) -> str:
     tuned = result.finetune
     if tuned is not None:
         resumed = f", {tuned.resumed_from:,} of them before a resume" if tuned.resumed_from else ""
-        lines.append(f"fine-tune: {tuned.steps:,} steps ({tuned.loss}, {tuned.params} "
-                     f"parameters: {tuned.trained_params:,}{resumed}), last loss "
+        trained = "new maps" if tuned.params == "new" else "the whole student"
+        lines.append(f"fine-tune: {tuned.steps:,} steps of {tuned.loss} ({trained}: "
+                     f"{tuned.trained_params:,} parameters{resumed}), last loss "
                      f"{tuned.last_loss:.4g}, in {duration(tuned.wall_s)} "
                      f"({tuned.cpu_s / 60:.1f} CPU-minutes)")
     return "\n".join(lines)
