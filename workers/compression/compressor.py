@@ -287,7 +287,8 @@ def compress(request: CompressRequest) -> CompressResult:
             if request.out.suffix == ".pt":  # the trainer wires in the task
                 trainer = student_trainer(request, plan.student, task, student)
         write(request, loaded, student, trainer, dtype=weights_dtype(loaded))
-        finetune_checkpoint(request.out).unlink(missing_ok=True)  # the student is written
+        if finetune:  # the student is written: its fine-tune's checkpoint is done with
+            finetune_checkpoint(request.out).unlink(missing_ok=True)
         bar.update(1)
         bar.event(f"wrote {request.out}")
     return dataclasses.replace(describe(request, loaded, plan, task, evaluations),
