@@ -29,6 +29,7 @@ from common.cli import (
     add_format,
     dump,
     fail,
+    fault,
     flag_names,
     int_in,
     number,
@@ -36,7 +37,15 @@ from common.cli import (
     wrote,
 )
 from common.errors import TransformerAllocError
-from workers.compression import PROG, CompressRequest, CompressResult
+from common.progress import duration
+from workers.compression import (
+    FINETUNE_LOSSES,
+    FINETUNE_PARAMS,
+    PROG,
+    CompressRequest,
+    CompressResult,
+)
+from workers.errors import FineTuneInterrupted
 from workers.taskargs import TASK_FLAGS, add_task_args, task_spec
 
 
@@ -68,6 +77,14 @@ def render(result: CompressResult) -> str:
         keys = list(evaluations["teacher"])
         lines.append(render_table(["model", *keys], [[name] + [f"{values[k]:.5g}" for k in keys]
                                                      for name, values in evaluations.items()]))
+    tuned = result.finetune
+    if tuned is not None:
+        resumed = f", {tuned.resumed_from:,} of them before a resume" if tuned.resumed_from else ""
+        trained = "new maps" if tuned.params == "new" else "the whole student"
+        lines.append(f"fine-tune: {tuned.steps:,} steps of {tuned.loss} ({trained}: "
+                     f"{tuned.trained_params:,} parameters{resumed}), last loss "
+                     f"{tuned.last_loss:.4g}, in {duration(tuned.wall_s)} "
+                     f"({tuned.cpu_s / 60:.1f} CPU-minutes)")
     return "\n".join(lines)
 
 
@@ -97,7 +114,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--smoke-test", action="store_true", help="--task at its smoke size")
     p.add_argument("--seq-len", type=int_in(1),
                    help="window of --data or --task (default: the model's max_seq_len)")
-    p.add_argument("--finetune-steps", type=int_in(0), default=0)
+    p.add_argument("--finetune-steps", type=int_in(0), default=0,
+                   help="fine-tune the student for this many steps on --data or --task "
+                        "(default 0: none)")
+    p.add_argument("--finetune-loss", choices=FINETUNE_LOSSES, default="kl",
+                   help="kl (default): KL(teacher || student) of the next-token "
+                        "distributions, the teacher run on each batch; ce: the data's "
+                        "next tokens")
+    p.add_argument("--finetune-params", choices=FINETUNE_PARAMS, default="new",
+                   help="new (default): train only the maps the cut made (latent down/up and "
+                        "queries, cut query-key maps), everything copied from the teacher "
+                        "frozen; all: the whole student")
+    p.add_argument("--finetune-hidden", type=number(0), default=0.0, metavar="W",
+                   help="add W x each block's output error relative to the teacher's to "
+                        "the loss (default 0: none)")
+    p.add_argument("--save-every", type=int_in(1), default=50, metavar="K",
+                   help="checkpoint the fine-tune every K steps (and on Ctrl-C) beside --out "
+                        "as NAME.finetune.pt; the same command re-run continues it "
+                        "(default 50)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the fine-tune checkpoint beside --out (refused when there "
+                        "is none; a matching one is continued without this flag too)")
     p.add_argument("--lr", type=number(0, strict=True), default=3e-4)
     p.add_argument("--batch-size", type=int_in(1), default=32)
     p.add_argument("--eval-batches", type=int_in(1), default=8)
@@ -117,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         result = compress(request_from_args(args))
+    except FineTuneInterrupted as err:  # not bad input: the same command continues it
+        return fault(PROG, err.text(flag_names(parser, **TASK_FLAGS)))
     except TransformerAllocError as err:
         return fail(PROG, err.text(flag_names(parser, **TASK_FLAGS)))
     if not result.reduces:
@@ -140,6 +179,8 @@ def request_from_args(args: argparse.Namespace) -> CompressRequest:
         checkpoint=args.checkpoint, plan=args.plan, out=args.out, layout=args.layout,
         task=task_spec(args), seq_len=args.seq_len,
         finetune_steps=args.finetune_steps, lr=args.lr, batch_size=args.batch_size,
+        finetune_loss=args.finetune_loss, finetune_params=args.finetune_params,
+        finetune_hidden=args.finetune_hidden, save_every=args.save_every, resume=args.resume,
         eval_batches=args.eval_batches, force=args.force, quiet=args.quiet)
 
 

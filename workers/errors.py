@@ -25,8 +25,13 @@ class SearchFaultError(TransformerAllocError):
     user's input (exit code 1); ``--resume`` continues it once the fault is fixed."""
 
 
+class FineTuneInterrupted(TransformerAllocError):
+    """A student's fine-tune stopped by Ctrl-C, its checkpoint written: not the user's input
+    (exit code 1); the same command continues it."""
+
+
 class WarmStartError(TransformerAllocError):
     """A ``--warm-start`` study that cannot be used."""
 
-__all__ = ["CheckpointError", "ExportError", "SearchError", "SearchFaultError", "TaskError",
-           "WarmStartError"]
+__all__ = ["CheckpointError", "ExportError", "FineTuneInterrupted", "SearchError",
+           "SearchFaultError", "TaskError", "WarmStartError"]

@@ -160,7 +160,7 @@ def check_fits(task: Task, arch: ArchConfig, trains: bool, spec: TaskSpec | None
                                         f"has {want}{hint}")])
     if io.max_seq_len > arch.max_seq_len or (trains and io.max_seq_len != arch.max_seq_len):
         rule = ("at most" if not trains else
-                "exactly (fine-tuning and .pt students keep the model's positions)")
+                "exactly (a .pt student keeps the model's positions)")
         raise TaskError.of([Problem(field, shown, f"windows of {io.max_seq_len} tokens, the "
                                     f"checkpoint's model takes {rule} {arch.max_seq_len}; leave "
                                     "{seq_len} out (the model's length) or set it there")])

@@ -2,8 +2,12 @@
 list: the one place they are named)."""
 
 from .compressor import compress as compress
+from .compressor import read_plan as read_plan
 from .curvature import LayerCurvature as LayerCurvature
 from .curvature import layer_curvature as layer_curvature
+from .distil import Distiller as Distiller
+from .distil import DistilSettings as DistilSettings
+from .fits import read_fits as read_fits
 from .fits import write_fits as write_fits
 from .heads import head_maps as head_maps
 from .latent_measure import (
@@ -32,6 +36,12 @@ from .measure import (
 )
 from .recording import head_statistics as head_statistics
 from .recording import record_attention as record_attention
+from .records import (
+    FINETUNE_LOSSES as FINETUNE_LOSSES,
+)
+from .records import (
+    FINETUNE_PARAMS as FINETUNE_PARAMS,
+)
 from .records import (
     PROG as PROG,
 )

@@ -50,6 +50,8 @@ from workers.checkpoints import (
 from workers.checkpoints.llama import sliding_window
 from workers.checkpoints.stream import StreamedFolder
 from workers.checkpoints.tokenizer import tokenizer_writer
+from workers.compression.distil import Distiller, DistilSettings
+from workers.compression.distil import run_with_progress as run_distiller
 from workers.compression.fits import read_fits
 from workers.compression.records import (
     PROG,
@@ -57,15 +59,18 @@ from workers.compression.records import (
     CompressResult,
     Evaluation,
     FileBytes,
+    FineTune,
     KVCache,
     LayerHeads,
     ParamCounts,
+    finetune_checkpoint,
 )
 from workers.compression.students import build_student, pair_orders, streamed_student
+from workers.errors import FineTuneInterrupted
 from workers.models.model import Model
 from workers.taskargs import check_fits, resolve_task
 from workers.tasks import Task, task_from_description
-from workers.training.trainer import Trainer, evaluate, run_with_progress
+from workers.training.trainer import Trainer, evaluate
 
 
 def read_plan(path: Path, teacher: ArchConfig) -> CompressionPlan:
@@ -236,7 +241,8 @@ def sample_task(request: CompressRequest, loaded: Loaded) -> Task | None:
         raise UsageError.of([Problem("out", "*.pt", "a workers.train checkpoint needs the "
                                      "task it trains on; give {task.data} or {task.name}")])
     if task is not None:
-        check_fits(task, loaded.arch, as_pt or request.finetune_steps > 0, named)
+        # the fine-tune runs the student as built (shorter windows too); a .pt is the trainer's
+        check_fits(task, loaded.arch, as_pt, named)
     return task
 
 
@@ -268,22 +274,25 @@ def compress(request: CompressRequest) -> CompressResult:
                                 plan.input_scales(), fits)
         bar.update(1)
         bar.event("student built")
-        trainer = None
+        trainer, tuned = None, None
         if task is not None:
             for name, model, what in (("teacher", loaded.model, "the teacher"),
                                       ("cut", student, "the student as cut")):
                 evaluations[name] = evaluate_loss(model, task, request.eval_batches)
                 bar.update(1)
                 bar.event(f"evaluated {what}: loss {evaluations[name].to_dict()['loss']:.4g}")
-            if request.out.suffix == ".pt" or finetune:  # the trainer wires in the task
-                trainer = student_trainer(request, plan.student, task, student)
             if finetune:
-                assert trainer is not None
-                student, evaluations["finetuned"] = fine_tune(request, trainer, task, bar)
+                evaluations["finetuned"], tuned = fine_tune(request, loaded.model, student,
+                                                            task, bar)
+            if request.out.suffix == ".pt":  # the trainer wires in the task
+                trainer = student_trainer(request, plan.student, task, student)
         write(request, loaded, student, trainer, dtype=weights_dtype(loaded))
+        if finetune:  # the student is written: its fine-tune's checkpoint is done with
+            finetune_checkpoint(request.out).unlink(missing_ok=True)
         bar.update(1)
         bar.event(f"wrote {request.out}")
-    return describe(request, loaded, plan, task, evaluations)
+    return dataclasses.replace(describe(request, loaded, plan, task, evaluations),
+                               finetune=tuned)
 
 
 def streams(request: CompressRequest) -> bool:
@@ -319,28 +328,55 @@ def compress_streamed(request: CompressRequest) -> CompressResult:
 
 def student_trainer(request: CompressRequest, student_arch: ArchConfig, task: Task,
                     student: Model) -> Trainer:
-    """A ``Trainer`` of the student on ``task``, starting from the cut ``student``'s weights
-    (checkpointing to a ``.pt`` ``out``)."""
+    """A ``Trainer`` of the student on ``task`` holding the (fine-tuned) ``student``'s weights
+    at step 0, which a ``.pt`` ``out`` is written from: ``workers.train --resume`` trains it
+    on."""
     config = TrainConfig(steps=max(1, request.finetune_steps), lr=request.lr,
                          batch_size=request.batch_size,
                          eval_every=max(1, request.finetune_steps),
                          eval_batches=request.eval_batches, seed=request.task.seed, device="cpu")
-    as_pt = request.out.suffix == ".pt"
-    trainer = Trainer(student_arch, task, config, checkpoint=request.out if as_pt else None)
+    trainer = Trainer(student_arch, task, config, checkpoint=request.out)
     trainer.model.load_state_dict(student.state_dict())
     return trainer
 
 
-def fine_tune(request: CompressRequest, trainer: Trainer, task: Task, bar: Progress
-              ) -> tuple[Model, Evaluation]:
-    """Fine-tune the student for ``request.finetune_steps``, then evaluate it."""
-    run_with_progress(trainer, "fine-tune", request.quiet,
-                      start=f"{trainer.config.steps:,} steps of the student")
+def fine_tune(request: CompressRequest, teacher: Model, student: Model, task: Task,
+              bar: Progress) -> tuple[Evaluation, FineTune]:
+    """Fine-tune ``student`` in place from ``teacher`` (``workers.compression.distil``) for
+    ``request.finetune_steps``, checkpointed beside ``out`` (continued when one of the same
+    fine-tune is there), then evaluate it.
+
+    Raises:
+        UsageError: ``resume`` without a checkpoint, or a checkpoint of another fine-tune
+            without ``force``.
+        FineTuneInterrupted: Ctrl-C, after the checkpoint is written.
+    """
+    path = finetune_checkpoint(request.out)
+    if request.resume and not path.exists():
+        raise UsageError.of([Problem("resume", "", f"no fine-tune checkpoint at {str(path)!r} "
+                                     "to continue; leave {resume} out to start one")])
+    settings = DistilSettings(request.finetune_steps, request.lr, request.batch_size,
+                              request.finetune_loss, request.finetune_params,
+                              request.finetune_hidden, request.save_every, request.task.seed)
+    distiller = Distiller(teacher, student, task, settings, path,
+                          source=str(request.checkpoint.resolve()))
+    if request.force and not request.resume and distiller.differs():
+        path.unlink()  # another fine-tune's: --force starts over
+    try:
+        report = run_distiller(distiller, request.quiet)
+    except KeyboardInterrupt:
+        raise FineTuneInterrupted.of([Problem(
+            "finetune_steps", request.finetune_steps,
+            f"interrupted at step {distiller.step:,}, saved to {str(path)!r}: run the same "
+            "command (or add {resume}) to continue")]) from None
     bar.update(1)
-    evaluation = evaluate_loss(trainer.model, task, request.eval_batches)
+    evaluation = evaluate_loss(student, task, request.eval_batches)
     bar.update(1)
     bar.event(f"evaluated the fine-tuned student: loss {evaluation.to_dict()['loss']:.4g}")
-    return trainer.model, evaluation
+    return evaluation, FineTune(
+        request.finetune_loss, request.finetune_params, request.finetune_hidden,
+        report.trained_params, report.steps, report.start, report.last_loss,
+        report.tail_loss, report.wall_s, report.cpu_s)
 
 
 def describe(request: CompressRequest, loaded: Loaded, plan: CompressionPlan, task: Task | None,
@@ -426,6 +462,5 @@ def write(request: CompressRequest, loaded: Loaded, student: Model, trainer: Tra
                                           from_teacher(request, loaded))
         return
     assert trainer is not None  # compress() refused a .pt without a task
-    if not request.finetune_steps:
-        trainer.save()  # step 0: the SVD initialisation, ready for workers.train --resume
+    trainer.save()  # step 0: the (fine-tuned) student, ready for workers.train --resume
     write_atomic(out.with_suffix(".arch.yaml"), student.arch.to_yaml())

@@ -18,6 +18,10 @@ from userdata import TaskSpec
 PROG = "workers.compress"  # the command's name: its errors' and its progress lines' prefix
 Layout = Literal["compact", "stock"]
 LAYOUTS: tuple[Layout, ...] = get_args(Layout)
+FineTuneLoss = Literal["kl", "ce"]  # from the teacher's logits, or the data's next tokens
+FINETUNE_LOSSES: tuple[FineTuneLoss, ...] = get_args(FineTuneLoss)
+FineTuneParams = Literal["new", "all"]  # the maps the cut made, or the whole student
+FINETUNE_PARAMS: tuple[FineTuneParams, ...] = get_args(FineTuneParams)
 
 
 @dataclass(frozen=True)
@@ -37,8 +41,18 @@ class CompressRequest:
             seeds the fine-tuning too (the command's one ``--seed``).
         seq_len: the window of ``data`` or ``task`` (None: the model's ``max_seq_len``).
         finetune_steps, lr, batch_size: fine-tuning of the student (0 steps: none).
+        finetune_loss: ``kl`` (the default: KL(teacher || student) of the next-token
+            distributions, the teacher run on each batch) or ``ce`` (the data's next tokens).
+        finetune_params: ``new`` (the default: only the maps the cut made; everything copied
+            from the teacher frozen) or ``all``.
+        finetune_hidden: weight of the blocks' output error relative to the teacher's, added
+            to the loss (0: none).
+        save_every: fine-tuning steps between checkpoints beside ``out``
+            (``finetune_checkpoint``; also written on Ctrl-C, removed once ``out`` is written).
+        resume: require that checkpoint and continue it (without, a matching one is
+            continued too: the same command re-run continues).
         eval_batches: validation batches of each evaluation.
-        force: replace an existing ``out``.
+        force: replace an existing ``out`` (and a fine-tune checkpoint of another fine-tune).
         quiet: no progress on stderr.
     """
 
@@ -51,6 +65,11 @@ class CompressRequest:
     finetune_steps: int = 0
     lr: float = 3e-4
     batch_size: int = 32
+    finetune_loss: FineTuneLoss = "kl"
+    finetune_params: FineTuneParams = "new"
+    finetune_hidden: float = 0.0
+    save_every: int = 50
+    resume: bool = False
     eval_batches: int = 8
     force: bool = False
     quiet: bool = False
@@ -64,12 +83,45 @@ class CompressRequest:
                  ("finetune_steps", self.finetune_steps >= 0, "an integer >= 0"),
                  ("lr", math.isfinite(self.lr) and self.lr > 0, "a number > 0"),
                  ("batch_size", self.batch_size >= 1, "an integer >= 1"),
+                 ("finetune_loss", self.finetune_loss in FINETUNE_LOSSES,
+                  f"one of {', '.join(FINETUNE_LOSSES)}"),
+                 ("finetune_params", self.finetune_params in FINETUNE_PARAMS,
+                  f"one of {', '.join(FINETUNE_PARAMS)}"),
+                 ("finetune_hidden", math.isfinite(self.finetune_hidden)
+                  and self.finetune_hidden >= 0, "a number >= 0"),
+                 ("save_every", self.save_every >= 1, "an integer >= 1"),
                  ("eval_batches", self.eval_batches >= 1, "an integer >= 1")]
         problems = [Problem(name, getattr(self, name), f"must be {rule}",
                             shown=f"= {getattr(self, name)!r}")
                     for name, ok, rule in rules if not ok]
         if problems:
             raise UsageError.of(problems, prefix="CompressRequest: ")
+
+
+def finetune_checkpoint(out: Path) -> Path:
+    """Where the fine-tune of a student written to ``out`` is checkpointed: beside it,
+    ``student.finetune.pt`` for ``student.pt``, ``small.finetune.pt`` for a folder ``small``."""
+    name = out.stem if out.suffix == ".pt" else out.name
+    return out.with_name(f"{name}.finetune.pt")
+
+
+@dataclass(frozen=True)
+class FineTune:
+    """A fine-tune of the student: its loss and parameters trained (``new`` maps or ``all``),
+    how many (``trained_params``), its steps (``resumed_from`` of them by an earlier run),
+    the last step's loss and the mean of the last tenth's (``tail_loss``), and the wall and
+    CPU seconds it took (this process's CPU time, every thread; all runs together)."""
+
+    loss: str
+    params: str
+    hidden: float
+    trained_params: int
+    steps: int
+    resumed_from: int
+    last_loss: float
+    tail_loss: float
+    wall_s: float
+    cpu_s: float
 
 
 @dataclass(frozen=True)
@@ -146,6 +198,7 @@ class CompressResult:
     teacher_eval: Evaluation | None = None
     cut_eval: Evaluation | None = None  # the student right after the cut
     finetuned_eval: Evaluation | None = None
+    finetune: FineTune | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -157,6 +210,8 @@ class CompressResult:
                      "form": self.form.name, "latent": self.form.latent}}
         for key, evaluation in self.evaluations.items():
             data[key] = evaluation.to_dict()
+        if self.finetune is not None:
+            data["finetune"] = dataclasses.asdict(self.finetune)
         data.update(files=dataclasses.asdict(self.files), out=str(self.out),
                     written=[str(path) for path in self.written])
         return data
