@@ -33,6 +33,9 @@ from .measure import (
 from .recording import head_statistics as head_statistics
 from .recording import record_attention as record_attention
 from .records import (
+    EVAL_TOKENS as EVAL_TOKENS,
+)
+from .records import (
     PROG as PROG,
 )
 from .records import (

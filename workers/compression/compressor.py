@@ -65,7 +65,7 @@ from workers.compression.students import build_student, pair_orders, streamed_st
 from workers.models.model import Model
 from workers.taskargs import check_fits, resolve_task
 from workers.tasks import Task, task_from_description
-from workers.training.trainer import Trainer, evaluate, run_with_progress
+from workers.training.trainer import Trainer, measure, run_with_progress
 
 
 def read_plan(path: Path, teacher: ArchConfig) -> CompressionPlan:
@@ -163,11 +163,25 @@ def teacher_task(request: CompressRequest, loaded: Loaded
     return task, request.task
 
 
-def evaluate_loss(model: Model, task: Task, batches: int) -> Evaluation:
-    """``model``'s loss and its task's metric on ``batches`` validation batches."""
-    loss, metric = evaluate(model, task, TrainConfig(eval_batches=batches, batch_size=32),
-                            "cpu")
-    return Evaluation(loss, task.metric, metric)
+def eval_windows(request: CompressRequest, task: Task) -> int:
+    """Windows each evaluation scores: ``ceil(eval_tokens / seq_len)`` (every window of
+    ``eval_batches`` batches of ``batch_size`` with ``eval_tokens`` 0), at most those."""
+    every = request.eval_batches * request.batch_size
+    if not request.eval_tokens:
+        return every
+    return min(every, -(-request.eval_tokens // task.seq_len))
+
+
+def evaluate_loss(model: Model, task: Task, request: CompressRequest, what: str
+                  ) -> Evaluation:
+    """``model``'s loss and its task's metric on the first ``eval_windows`` validation
+    windows, with their progress (a line per few windows and the time left)."""
+    windows = eval_windows(request, task)
+    config = TrainConfig(eval_batches=request.eval_batches, batch_size=request.batch_size)
+    with Progress("evaluate", total=windows, unit="windows", quiet=request.quiet,
+                  start=f"{what} on {windows:,} window(s) of {task.seq_len:,} tokens") as bar:
+        measured = measure(model, task, config, "cpu", windows, bar)
+    return Evaluation(measured.loss, task.metric, measured.metric)
 
 
 def check_output(request: CompressRequest, loaded: Loaded, student: ArchConfig) -> None:
@@ -267,14 +281,19 @@ def compress(request: CompressRequest) -> CompressResult:
         student = build_student(loaded.model, plan.student, pair_orders(plan),
                                 plan.input_scales(), fits)
         bar.update(1)
-        bar.event("student built")
+        # stages differ in cost: the time left is each evaluation's own (its progress), and
+        # after the teacher's the cut student's about as long; never the stages' mean
+        bar.event("student built", eta=0)
         trainer = None
         if task is not None:
             for name, model, what in (("teacher", loaded.model, "the teacher"),
                                       ("cut", student, "the student as cut")):
-                evaluations[name] = evaluate_loss(model, task, request.eval_batches)
+                started = time.perf_counter()
+                evaluations[name] = evaluate_loss(model, task, request, what)
                 bar.update(1)
-                bar.event(f"evaluated {what}: loss {evaluations[name].to_dict()['loss']:.4g}")
+                seconds = time.perf_counter() - started
+                bar.event(f"evaluated {what}: loss {evaluations[name].to_dict()['loss']:.4g}",
+                          eta=seconds if name == "teacher" and not finetune else 0)
             if request.out.suffix == ".pt" or finetune:  # the trainer wires in the task
                 trainer = student_trainer(request, plan.student, task, student)
             if finetune:
@@ -337,7 +356,7 @@ def fine_tune(request: CompressRequest, trainer: Trainer, task: Task, bar: Progr
     run_with_progress(trainer, "fine-tune", request.quiet,
                       start=f"{trainer.config.steps:,} steps of the student")
     bar.update(1)
-    evaluation = evaluate_loss(trainer.model, task, request.eval_batches)
+    evaluation = evaluate_loss(trainer.model, task, request, "the fine-tuned student")
     bar.update(1)
     bar.event(f"evaluated the fine-tuned student: loss {evaluation.to_dict()['loss']:.4g}")
     return trainer.model, evaluation
@@ -363,7 +382,9 @@ def describe(request: CompressRequest, loaded: Loaded, plan: CompressionPlan, ta
         files=FileBytes(weights_bytes(request.checkpoint), weights_bytes(out)), out=out,
         written=(out, out.with_suffix(".arch.yaml")) if out.suffix == ".pt" else (out,),
         teacher_eval=evaluations.get("teacher"), cut_eval=evaluations.get("cut"),
-        finetuned_eval=evaluations.get("finetuned"))
+        finetuned_eval=evaluations.get("finetuned"),
+        eval_windows=0 if task is None else eval_windows(request, task),
+        eval_seq_len=0 if task is None else task.seq_len)
 
 
 def _heads(layer: LayerSpec) -> str:

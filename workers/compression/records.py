@@ -16,6 +16,9 @@ from common.errors import Problem, UsageError
 from userdata import TaskSpec
 
 PROG = "workers.compress"  # the command's name: its errors' and its progress lines' prefix
+# tokens each evaluation scores by default: a bounded sample, whatever --data holds (the
+# eval batches at a long window are millions of tokens: 8 x 32 x 8,192 for SmolLM2-135M)
+EVAL_TOKENS = 16_384
 Layout = Literal["compact", "stock"]
 LAYOUTS: tuple[Layout, ...] = get_args(Layout)
 
@@ -37,7 +40,9 @@ class CompressRequest:
             seeds the fine-tuning too (the command's one ``--seed``).
         seq_len: the window of ``data`` or ``task`` (None: the model's ``max_seq_len``).
         finetune_steps, lr, batch_size: fine-tuning of the student (0 steps: none).
-        eval_batches: validation batches of each evaluation.
+        eval_batches: validation batches of each evaluation (of ``batch_size`` windows).
+        eval_tokens: each evaluation scores the first ``ceil(eval_tokens / seq_len)`` windows
+            of those batches (``EVAL_TOKENS``; 0: every window of them).
         force: replace an existing ``out``.
         quiet: no progress on stderr.
     """
@@ -52,6 +57,7 @@ class CompressRequest:
     lr: float = 3e-4
     batch_size: int = 32
     eval_batches: int = 8
+    eval_tokens: int = EVAL_TOKENS
     force: bool = False
     quiet: bool = False
 
@@ -64,7 +70,8 @@ class CompressRequest:
                  ("finetune_steps", self.finetune_steps >= 0, "an integer >= 0"),
                  ("lr", math.isfinite(self.lr) and self.lr > 0, "a number > 0"),
                  ("batch_size", self.batch_size >= 1, "an integer >= 1"),
-                 ("eval_batches", self.eval_batches >= 1, "an integer >= 1")]
+                 ("eval_batches", self.eval_batches >= 1, "an integer >= 1"),
+                 ("eval_tokens", self.eval_tokens >= 0, "an integer >= 0 (0: every window)")]
         problems = [Problem(name, getattr(self, name), f"must be {rule}",
                             shown=f"= {getattr(self, name)!r}")
                     for name, ok, rule in rules if not ok]
@@ -146,6 +153,8 @@ class CompressResult:
     teacher_eval: Evaluation | None = None
     cut_eval: Evaluation | None = None  # the student right after the cut
     finetuned_eval: Evaluation | None = None
+    eval_windows: int = 0  # windows each evaluation scored
+    eval_seq_len: int = 0  # their length
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -157,6 +166,9 @@ class CompressResult:
                      "form": self.form.name, "latent": self.form.latent}}
         for key, evaluation in self.evaluations.items():
             data[key] = evaluation.to_dict()
+        if self.evaluations:
+            data["evaluated"] = {"windows": self.eval_windows, "seq_len": self.eval_seq_len,
+                                 "tokens": self.eval_windows * self.eval_seq_len}
         data.update(files=dataclasses.asdict(self.files), out=str(self.out),
                     written=[str(path) for path in self.written])
         return data
