@@ -251,7 +251,8 @@ def test_kv_compress_puts_every_method_at_every_size_on_any_teacher(
             "--smoke-test", "--seq-len", "24", "--out", str(tmp_path / "out")]
     methods, fractions = kv_compress.METHODS, kv_compress.FRACTIONS
     assert kv_compress.main([*argv, "--finetune", "--quiet"]) == 0
-    capsys.readouterr()  # its table
+    table = capsys.readouterr().out
+    assert "nan" not in table  # a student below its floor says so, as its CSV row does
     cut_only = (tmp_path / "out" / "kv_compress.csv").read_text()
     assert len(cut_only.splitlines()) == 1 + 2 * 2 + 2 * 2 * len(fractions) * len(methods)
     assert kv_compress.main([*argv, "--format", "json"]) == 0
@@ -272,6 +273,13 @@ def test_kv_compress_puts_every_method_at_every_size_on_any_teacher(
         if not r["method"].startswith("ours"):
             assert int(r["kv_units"]) == round(fraction * kv_width), r
         assert math.isfinite(float(r["perplexity"])) and r["source"] in ("held-a", "held-b")
+    # no row dropped: every student stored has its summary row, one below its floor marked
+    stored = {(float(r["fraction"]), r["stage"], r["source"], r["method"]) for r in students}
+    assert {(s["fraction"], s["stage"], s["source"], s["method"])
+            for s in result["summary"]} == stored
+    below = [s for s in result["summary"] if s["below_floor"]]
+    assert all(s["perplexity"] is None for s in below)
+    assert ("below floor" in table) == any(s["stage"] == "cut" for s in below)
     summary = [s for s in result["summary"] if s["best_other"] is not None]
     assert summary and all(s["vs_best_other_low"] <= s["vs_best_other"] <=
                            s["vs_best_other_high"] for s in summary)
