@@ -36,7 +36,7 @@ from workers.models.attention import MultiHeadAttention
 from workers.models.model import Block
 
 HEAD_TOKENS = 256  # positions whose output logits are formed at once in the backward pass
-STREAM_BYTES = 256 << 20  # residual streams kept for a chunk's backward pass, at most
+STREAM_BYTES = 128 << 20  # residual streams kept for a chunk's backward pass, at most
 MLP_BYTES = 64 << 20  # an MLP's activations (and their gradients) at once, at most
 
 
@@ -77,14 +77,16 @@ class PassPlan:
 def pass_plan(arch: ArchConfig, windows: int, seq_len: int, chunk: int | None = None,
               segment: int | None = None, rows: int | None = None) -> PassPlan:
     """The chunks of ``windows`` windows of ``seq_len`` positions whose kept residual streams
-    fit ``STREAM_BYTES`` (one window at least), each given value kept."""
+    fit ``STREAM_BYTES`` (one window at least; the chunks as even as they can be), each given
+    value kept."""
     n = arch.n_layers
     stream = seq_len * arch.d_model * 4  # one window's residual stream at one block, float32
     if segment is None:
         segment = n if n * stream <= STREAM_BYTES else max(1, math.isqrt(n - 1) + 1)
     kept = -(-n // segment) + segment  # the segments' first inputs and one segment's
     if chunk is None:
-        chunk = max(1, STREAM_BYTES // (kept * stream))
+        most = max(1, STREAM_BYTES // (kept * stream))
+        chunk = -(-windows // -(-windows // most))  # as even as the chunks can be
     hidden = max(arch.mlp_hidden(layer) for layer in arch.layers)
     per_row = 4 * (6 * arch.d_model + 6 * hidden)  # norm, maps, gate, their gradients
     if rows is None:
