@@ -633,7 +633,7 @@ def test_compress_scores_a_bounded_sample_by_default(
     out = tmp_path / "student"
     result = compress(CompressRequest(folder / "lm.pt", tmp_path / "plan.yaml", out,
                                       task=TaskSpec(data=data), batch_size=256, quiet=True))
-    windows = -(-EVAL_TOKENS // 32)  # 512 of the 8 x 256 the batches hold
+    windows = -(-EVAL_TOKENS // 32)  # 256 of the 8 x 256 the batches hold
     assert sum(seen) == 2 * windows  # the teacher and the student as cut
     assert (result.eval_windows, result.eval_seq_len) == (windows, 32)
     assert result.to_dict()["evaluated"] == {"windows": windows, "seq_len": 32,

@@ -18,7 +18,7 @@ from userdata import TaskSpec
 PROG = "workers.compress"  # the command's name: its errors' and its progress lines' prefix
 # tokens each evaluation scores by default: a bounded sample, whatever --data holds (the
 # eval batches at a long window are millions of tokens: 8 x 32 x 8,192 for SmolLM2-135M)
-EVAL_TOKENS = 16_384
+EVAL_TOKENS = 8_192
 Layout = Literal["compact", "stock"]
 LAYOUTS: tuple[Layout, ...] = get_args(Layout)
 
