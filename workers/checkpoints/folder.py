@@ -1,8 +1,10 @@
 """A `transformers`-saved folder read lazily: ``config.json`` and the weights, one
 ``model.safetensors`` or shards listed by ``model.safetensors.index.json``.
 
-Tensors are read one at a time through ``safetensors``' memory-mapped ``safe_open``, so loading a
-checkpoint needs the model's memory plus one tensor, never a second copy of the whole file. Every
+Tensors are read one at a time (each shard's header checked by ``safetensors``' ``safe_open``,
+its bytes read with plain reads into a new tensor, never mapped), so loading a checkpoint
+needs the model's memory plus one tensor, never a second copy of the whole file, and a pass
+that reads every tensor holds none of the file's pages. Every
 name and size read from the folder is checked before it is used: shard names must be plain files
 of the folder (a link leaving it is refused, but for a hub cache's snapshots), the model's size
 must fit this machine, shapes are compared with what ``config.json`` makes before a tensor is
@@ -142,8 +144,7 @@ READ_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
 class TensorFolder:
     """The tensors of a folder's safetensors files, opened lazily (use as a context manager).
 
-    ``shape(name)`` reads a header only; ``get(name)`` reads one tensor from its memory-mapped
-    shard.
+    ``shape(name)`` reads a header only; ``get(name)`` reads one tensor from its shard.
     """
 
     def __init__(self, folder: Path, source: str) -> None:

@@ -1,7 +1,7 @@
 """A model one decoder layer at a time: a ``LayerSource`` gives the residual stream before the
 first block and each block in turn. ``WholeModel`` serves a model already in memory;
 ``StreamedFolder`` a Llama-family folder, built on the meta device (no memory) with one block at
-a time read from the memory-mapped safetensors and freed after use, so that what a
+a time read from the safetensors and freed after use, so that what a
 layer-by-layer pass holds is one layer (and the embedding, while the inputs are made) plus the
 sample's activations, never the model (GPTQ's layer-by-layer calibration, Frantar et al., 2023).
 
@@ -80,8 +80,8 @@ class WholeModel:
 
 class StreamedFolder:
     """A Llama-family folder as a ``LayerSource`` that holds one block at a time, in the
-    dtype its file stores (use as a context manager: the safetensors stay open,
-    memory-mapped, while it lasts)."""
+    dtype its file stores (use as a context manager: the safetensors stay open while it
+    lasts)."""
 
     def __init__(self, folder: Path, source: str) -> None:
         self.config = model_config(folder, source)
