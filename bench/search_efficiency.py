@@ -313,8 +313,7 @@ def allocator_starts(case: Case) -> tuple[list[dict[str, Any]], dict[str, Any] |
     """The launcher's starting points for ``case`` (what seeded TPE enqueues), and the one that
     breaks the allocator prior's ties, as the launcher's prior sampler takes it
     (``plan_anchor``)."""
-    from workers.search import SearchPlan, plan_anchor
-    from workers.search import seeds as allocator_seeds
+    from workers.search import SearchPlan, plan_anchor, seeds as allocator_seeds
 
     seeded = allocator_seeds(case.space, SearchPlan.make(case.settings))
     anchor = plan_anchor(seeded)

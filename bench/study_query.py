@@ -36,8 +36,7 @@ import optuna
 import sqlalchemy as sa
 
 from common.cli import Parser, add_format, dump, int_in, render_table
-from studies import check_sqlite_file, open_storage
-from studies import query as q
+from studies import check_sqlite_file, open_storage, query as q
 
 ROOT = Path(__file__).resolve().parents[1]
 WRITER = """

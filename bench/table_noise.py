@@ -83,8 +83,7 @@ def retrain(case: Case, out: Path, seeds: int, chosen: list[str], first: int = 1
     """Every ``chosen`` point with training seeds ``first``..seeds, trained (or resumed) into
     ``noise-NAME``; seed 0 is the table's unless ``first`` is 0."""
     from experiments import harness
-    from studies import open_storage
-    from studies import records as rec
+    from studies import open_storage, records as rec
 
     url, study = table_url(out), f"noise-{case.name}"
     if harness.study_exists(url, study) and study_recipe(url, study) != RECIPE:

@@ -49,14 +49,11 @@ from alloc import (
 )
 from common.cli import int_in
 from common.errors import UsageError
-from experiments import corpora_report as report
-from experiments import corpora_stages as stages
-from experiments import harness
+from experiments import corpora_report as report, corpora_stages as stages, harness
 from experiments.corpora_report import render
 from experiments.corpora_stages import MAX_FINALIST_SEEDS
 from search_spaces import SearchSpace, parse_space
-from userdata import DataSpec
-from userdata import corpora as registry
+from userdata import DataSpec, corpora as registry
 from workers.profile import profile_data
 from workers.search import plan_settings, training_budget
 from workers.tasks import Task, make_data_task

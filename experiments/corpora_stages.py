@@ -52,8 +52,7 @@ def read_study(url: str, study: str, points: Collection[Point] | None = None,
     given): loss per point and seed, and their eval SEs."""
     import optuna
 
-    from studies import open_storage
-    from studies import records as rec
+    from studies import open_storage, records as rec
 
     losses: Losses = {}
     errors = []

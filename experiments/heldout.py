@@ -63,12 +63,10 @@ from arch import ArchConfig, TrainConfig
 from common.cli import int_in
 from common.errors import UsageError
 from common.files import write_atomic, write_csv
-from experiments import harness
-from experiments import heldout_report as report
+from experiments import harness, heldout_report as report
 from experiments.corpora import plan_from_profile
 from experiments.heldout_report import PLAN
-from userdata import DTYPES, DataSpec
-from userdata import corpora as registry
+from userdata import DTYPES, DataSpec, corpora as registry
 from userdata.corpora import HELD_OUT, ROLES, Role
 from workers.tasks import Task, make_data_task
 

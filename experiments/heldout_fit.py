@@ -26,10 +26,8 @@ from typing import Any
 from alloc import calibrate, make_plan, with_constants
 from arch import ArchConfig
 from common.cli import Parser, add_format, check_writable, int_in, render_table
-from experiments import harness
-from experiments import heldout as experiment
-from userdata import DataSpec
-from userdata import corpora as registry
+from experiments import harness, heldout as experiment
+from userdata import DataSpec, corpora as registry
 from userdata.corpora import DEVELOPMENT, HELD_OUT, Role, require_role
 
 NAME = "heldout_fit"

@@ -59,6 +59,7 @@ from workers.training import Trainer, describe_run, run_with_progress
 NAME = "kv_compress"
 FRACTIONS = (0.5, 0.25, 0.125)  # of the teacher's KV cache per token
 BASELINE = "svd"  # the baseline to beat
+BELOW_FLOOR = "below floor"  # a student its method cannot build at a size (its rows say so)
 COMPARISONS = ("best_other", "vs_best_other", "vs_best_other_low", "vs_best_other_high",
                "vs_svd", "vs_svd_low", "vs_svd_high")
 
@@ -189,6 +190,12 @@ class Store:
         write_csv(self.windows_path, self.windows)
         write_csv(self.rows_path, self.rows)
 
+    def below_floor(self, fraction: float, method: str, stage: str, source: str) -> bool:
+        """Whether this method's student was below its floor at this size (stored as such)."""
+        return any(r["layers"] == BELOW_FLOOR for r in self.rows
+                   if float(r["fraction"]) == fraction and r["method"] == method
+                   and r["stage"] == stage and r["source"] == source)
+
     def losses(self, seed: int, fraction: float, method: str, stage: str, source: str
                ) -> np.ndarray:
         return np.array([float(w["loss"]) for w in self.windows
@@ -252,14 +259,19 @@ def measure(setup: Setup, store: Store, args: argparse.Namespace, bar: Any) -> N
             if "finetuned" in missing:  # (a student below its floor is stored as such)
                 tuned = None if student is None else finetuned(student, setup, seed, args.quiet)
                 results += list(scored(tuned, setup, key, "finetuned"))
-            _store(store, iter(results), key, describe(student) if student else "below floor",
+            _store(store, iter(results), key, describe(student) if student else BELOW_FLOOR,
                    param_count(student.arch).total if student else 0,
                    student.arch.kv_width if student else 0)
             bar.update(1)
-            scores = ", ".join(f'{r["source"]} {r["perplexity"]:.2f} ({r["stage"]})'
+            scores = ", ".join(f'{r["source"]} {_perplexity(r["perplexity"])} ({r["stage"]})'
                                for r, _ in results)
             bar.event(f"seed {seed}, {fraction:.1%} of the KV cache, {method}: perplexity "
                       f"{scores}")
+
+
+def _perplexity(value: float | None) -> str:
+    """A perplexity as the tables show it: a student below its floor has none."""
+    return BELOW_FLOOR if value is None or math.isnan(value) else f"{value:.2f}"
 
 
 def _store(store: Store, results: Iterator[tuple[dict[str, Any], list[dict[str, Any]]]],
@@ -284,6 +296,8 @@ def summarise(store: Store, args: argparse.Namespace, sources: list[str]
                 per_seed = {m: {s: x for s in args.seeds
                                 if len(x := store.losses(s, fraction, m, stage, source))}
                             for m in args.methods}
+                below = [m for m in args.methods if not per_seed[m]
+                         and store.below_floor(fraction, m, stage, source)]
                 per_seed = {m: v for m, v in per_seed.items() if v}
                 pooled = {m: np.concatenate(list(v.values())) for m, v in per_seed.items()}
                 teacher = np.concatenate([store.losses(s, 1.0, "teacher", "cut", source)
@@ -295,7 +309,7 @@ def summarise(store: Store, args: argparse.Namespace, sources: list[str]
                              "loss": float(losses.mean()),
                              "perplexity": math.exp(float(losses.mean())),
                              "teacher_perplexity": math.exp(float(teacher.mean())),
-                             **dict.fromkeys(COMPARISONS)}
+                             "below_floor": False, **dict.fromkeys(COMPARISONS)}
                     others = [m for m in per_seed if m != method]
                     if others:  # (a row without one keeps None: one CSV header for all)
                         best = min(others, key=lambda m: float(pooled[m].mean()))
@@ -310,6 +324,12 @@ def summarise(store: Store, args: argparse.Namespace, sources: list[str]
                             entry |= dict(zip(("vs_svd", "vs_svd_low", "vs_svd_high"),
                                               compared))
                     out.append(entry)
+                # a method that cannot reach this size keeps its row, marked (no perplexity)
+                out += [{"fraction": fraction, "stage": stage, "source": source,
+                         "method": method, "seeds": 0, "loss": None, "perplexity": None,
+                         "teacher_perplexity": math.exp(float(teacher.mean())),
+                         "below_floor": True, **dict.fromkeys(COMPARISONS)}
+                        for method in below]
     return out
 
 
@@ -331,7 +351,9 @@ def verdicts(summary: list[dict[str, Any]]) -> list[str]:
                   key=lambda k: (-k[0], k[1], k[2]))
     for fraction, stage, source in keys:
         mine = [s for s in summary if (s["fraction"], s["stage"], s["source"]) ==
-                (fraction, stage, source)]
+                (fraction, stage, source) and not s["below_floor"]]
+        if not mine:
+            continue
         best = min(mine, key=lambda s: s["loss"])
         lead = ""
         if best["best_other"] is not None:
@@ -378,9 +400,7 @@ def setup_for(args: argparse.Namespace) -> Setup:
 def own_teacher(args: argparse.Namespace) -> tuple[Model, DataSpec]:
     """The small GQA Llama of ``llama_compress``, trained here (seed 0) on the standard
     library's sources, and its data."""
-    from experiments.llama_compress import FULL as LLAMA
-    from experiments.llama_compress import SMOKE as LLAMA_SMOKE
-    from experiments.llama_compress import teacher
+    from experiments.llama_compress import FULL as LLAMA, SMOKE as LLAMA_SMOKE, teacher
 
     sizes = LLAMA_SMOKE if args.smoke_test else LLAMA
     corpus = write_code(args.out / "corpus", sizes.megabytes)
@@ -425,7 +445,8 @@ def plot(summary: list[dict[str, Any]], sources: list[str], path: Path) -> None:
     fig, axes = new_figure(len(sources) * len(stages), (5.5 * len(sources) * len(stages), 4.2))
     axes = list(np.atleast_1d(axes))
     for ax, (stage, source) in zip(axes, [(s, o) for s in stages for o in sources]):
-        mine = [x for x in summary if x["stage"] == stage and x["source"] == source]
+        mine = [x for x in summary if x["stage"] == stage and x["source"] == source
+                and not x["below_floor"]]
         for k, method in enumerate(sorted({x["method"] for x in mine})):
             rows = sorted((x for x in mine if x["method"] == method),
                           key=lambda x: x["fraction"])
@@ -447,7 +468,8 @@ def render(result: dict[str, Any]) -> str:
     table = render_table(
         ["KV", "stage", "source", "method", "perplexity", "teacher", "vs best other (95%)"],
         [[f"{s['fraction']:.1%}", s["stage"], s["source"], s["method"],
-          f"{s['perplexity']:.3f}", f"{s['teacher_perplexity']:.3f}",
+          BELOW_FLOOR if s["below_floor"] else f"{s['perplexity']:.3f}",
+          f"{s['teacher_perplexity']:.3f}",
           f"{s['vs_best_other']:+.4f} [{s['vs_best_other_low']:+.4f}, "
           f"{s['vs_best_other_high']:+.4f}] {s['best_other']}" if s["best_other"] else ""]
          for s in result["summary"]],

@@ -23,8 +23,7 @@ import sqlalchemy as sa
 
 from arch import ArchConfig, dtype_bytes
 from common.errors import Problem, printable
-from studies import records as rec
-from studies import seeds
+from studies import records as rec, seeds
 from studies.errors import QueryError
 from studies.seeds import SeedComparison, SeedPoint
 from studies.trials import OLD_KV_DTYPE, Direction, TrialRecord

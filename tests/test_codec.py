@@ -7,8 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from arch import ATTENTION_KINDS, ArchConfig, ConfigError, HeadGroup, LayerSpec, ModelIO, codec
 from search_spaces import RandomSuggester, load_space, parse_space, shipped_spaces

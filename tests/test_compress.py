@@ -601,3 +601,72 @@ def test_head_statistics_are_the_float64_definition() -> None:
     expected = (h[..., 1:] / keys[1:].log()).mean(dim=(0, 2))  # row 0 sees one key
     assert entropy == pytest.approx(expected.numpy(), abs=1e-6)
     assert bound == pytest.approx(z.masked_fill(z.isinf(), 0).abs().amax((0, 2, 3)).numpy())
+
+
+def scored_windows(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The windows each chunk the trainer's ``measure`` scores holds, as it scores them."""
+    from workers.training import trainer
+
+    seen: list[int] = []
+    score = trainer._score
+
+    def counting(model: torch.nn.Module, task: object, part: object, device: str
+                 ) -> tuple[float, int, float, int]:
+        seen.append(len(part.x))  # type: ignore[attr-defined]
+        return score(model, task, part, device)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(trainer, "_score", counting)
+    return seen
+
+
+def test_compress_scores_a_bounded_sample_by_default(
+        teacher: tuple[Model, Path, torch.Tensor], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Each evaluation scores ``ceil(EVAL_TOKENS / seq_len)`` windows of the eval batches, not
+    every one of them; ``--eval-tokens`` changes the count (``all``: every window)."""
+    from workers.compression import EVAL_TOKENS
+
+    _, folder, _ = teacher
+    data = DataSpec(str(corpus(str(folder))))
+    measured = measure_checkpoint(MeasureRequest(folder / "lm.pt", align=4,
+                                                 task=TaskSpec(data=data), sample_tokens=1024,
+                                                 quiet=True))
+    (tmp_path / "plan.yaml").write_text(plan_compression(measured, tolerance=0.02).to_yaml())
+    seen = scored_windows(monkeypatch)
+    out = tmp_path / "student"
+    result = compress(CompressRequest(folder / "lm.pt", tmp_path / "plan.yaml", out,
+                                      task=TaskSpec(data=data), batch_size=256, quiet=True))
+    windows = -(-EVAL_TOKENS // 32)  # 256 of the 8 x 256 the batches hold
+    assert sum(seen) == 2 * windows  # the teacher and the student as cut
+    assert (result.eval_windows, result.eval_seq_len) == (windows, 32)
+    assert result.to_dict()["evaluated"] == {"windows": windows, "seq_len": 32,
+                                             "tokens": windows * 32}
+    base = ["--checkpoint", str(folder / "lm.pt"), "--plan", str(tmp_path / "plan.yaml"),
+            "--data", data.path, "--out", str(out), "--force", "--quiet"]
+    for flag, expected in (("64", 2), ("all", 8 * 32), ("0", 8 * 32), ("100000", 8 * 32)):
+        seen.clear()
+        assert compress_main([*base, "--eval-tokens", flag]) == 0
+        assert sum(seen) == 2 * expected, flag
+        assert f"scored on {expected:,} validation window(s) of 32 tokens" in \
+            capsys.readouterr().out
+    with pytest.raises(SystemExit):  # argparse's usage error
+        compress_main([*base, "--eval-tokens", "-1"])
+
+
+def test_long_windows_are_scored_a_few_positions_at_a_time(
+        teacher: tuple[Model, Path, torch.Tensor], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where one window's logits would not fit the chunk's bytes, a text model's logits are
+    formed ``HEAD_TOKENS`` positions at a time: the same loss as the whole window's."""
+    from workers import chunks
+    from workers.training import trainer
+
+    model, folder, _ = teacher
+    task = make_data_task(DataSpec(str(corpus(str(folder)))), length=32)
+    config = TrainConfig(eval_batches=2, batch_size=4)
+    whole = trainer.measure(model, task, config, "cpu")
+    monkeypatch.setattr(chunks, "CHUNK_BYTES", 1)
+    monkeypatch.setattr(trainer, "HEAD_TOKENS", 5)
+    pieces = trainer.measure(model, task, config, "cpu")
+    assert pieces.loss == pytest.approx(whole.loss, rel=1e-5)
+    assert pieces.metric == pytest.approx(whole.metric, rel=1e-5)
+    assert trainer.measure(model, task, config, "cpu", windows=3).loss != pieces.loss

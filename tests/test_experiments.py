@@ -251,7 +251,8 @@ def test_kv_compress_puts_every_method_at_every_size_on_any_teacher(
             "--smoke-test", "--seq-len", "24", "--out", str(tmp_path / "out")]
     methods, fractions = kv_compress.METHODS, kv_compress.FRACTIONS
     assert kv_compress.main([*argv, "--finetune", "--quiet"]) == 0
-    capsys.readouterr()  # its table
+    table = capsys.readouterr().out
+    assert "nan" not in table  # a student below its floor says so, as its CSV row does
     cut_only = (tmp_path / "out" / "kv_compress.csv").read_text()
     assert len(cut_only.splitlines()) == 1 + 2 * 2 + 2 * 2 * len(fractions) * len(methods)
     assert kv_compress.main([*argv, "--format", "json"]) == 0
@@ -272,6 +273,13 @@ def test_kv_compress_puts_every_method_at_every_size_on_any_teacher(
         if not r["method"].startswith("ours"):
             assert int(r["kv_units"]) == round(fraction * kv_width), r
         assert math.isfinite(float(r["perplexity"])) and r["source"] in ("held-a", "held-b")
+    # no row dropped: every student stored has its summary row, one below its floor marked
+    stored = {(float(r["fraction"]), r["stage"], r["source"], r["method"]) for r in students}
+    assert {(s["fraction"], s["stage"], s["source"], s["method"])
+            for s in result["summary"]} == stored
+    below = [s for s in result["summary"] if s["below_floor"]]
+    assert all(s["perplexity"] is None for s in below)
+    assert ("below floor" in table) == any(s["stage"] == "cut" for s in below)
     summary = [s for s in result["summary"] if s["best_other"] is not None]
     assert summary and all(s["vs_best_other_low"] <= s["vs_best_other"] <=
                            s["vs_best_other_high"] for s in summary)
@@ -430,3 +438,33 @@ def test_qk_depth_cuts_each_layer_and_each_third(tmp_path: Path,
     assert len(result["verdicts"]) == 2 and all("Spearman" in v for v in result["verdicts"])
     assert qk_depth.main(["--teacher", str(teacher), "--data", folders[0], "--eval",
                           folders[1], "--dim", "16"]) == 2  # not below the heads' 16
+
+
+def test_kv_compress_shows_a_student_below_its_floor_in_its_table(tmp_path: Path) -> None:
+    """A method that cannot build a student at a size keeps its row in the summary and the
+    printed table, marked ``below floor`` as in its CSV, never ``nan``, and the verdict is the
+    lowest of the others."""
+    import argparse
+
+    store = kv_compress.Store(tmp_path)
+    key = {"seed": 0, "fraction": 0.25, "stage": "cut", "source": "held"}
+    losses = {"teacher": 2.0, "svd": 3.0}
+    for method, loss in losses.items():
+        fraction = 1.0 if method == "teacher" else 0.25
+        row = {**key, "fraction": fraction, "method": method}
+        store.add([{**row, "loss": loss, "perplexity": math.exp(loss), "layers": "k8/v8",
+                    "params": 1, "kv_units": 8}],
+                  [{**row, "window": w, "loss": loss + 0.1 * w} for w in range(3)])
+    store.add([{**key, "method": "ours", "loss": math.nan, "perplexity": math.nan,
+                "layers": kv_compress.BELOW_FLOOR, "params": 0, "kv_units": 0}], [])
+    args = argparse.Namespace(fractions=[0.25], seeds=[0], methods=["svd", "ours"])
+    summary = kv_compress.summarise(store, args, ["held"])
+    assert [(s["method"], s["below_floor"]) for s in summary] == [("svd", False),
+                                                                  ("ours", True)]
+    verdicts = kv_compress.verdicts(summary)
+    table = kv_compress.render({"summary": summary, "verdicts": verdicts, "out": "x",
+                                "teacher": "t", "seeds": [0]})
+    ours = next(line for line in table.splitlines() if " ours " in line)
+    assert "below floor" in ours and "nan" not in table
+    assert verdicts == [f"25.0% cut on held: lowest svd (perplexity {math.exp(3.1):.2f}, "
+                        f"teacher {math.exp(2.1):.2f})"]

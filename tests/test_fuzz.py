@@ -19,30 +19,22 @@ import optuna
 import pytest
 import torch
 import yaml
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 from safetensors.torch import load_file
 
-from alloc.calibrate import build_parser as calibrate_parser
-from alloc.calibrate import main as calibrate_main
-from alloc.profile import build_parser as statistics_parser
-from alloc.profile import main as statistics_main
-from alloc.solve import build_parser as solve_parser
-from alloc.solve import main as solve_main
+from alloc.calibrate import build_parser as calibrate_parser, main as calibrate_main
+from alloc.profile import build_parser as statistics_parser, main as statistics_main
+from alloc.solve import build_parser as solve_parser, main as solve_main
 from arch import ArchConfig, HeadGroup, LayerSpec
 from common.errors import printable
 from search_spaces import PROBE_IO, RandomSuggester, SpaceError, load_space, parse_space
 from search_spaces.schema import DATA_KEYS, MODEL_KEYS, RULE_KEYS, TOP_KEYS, TRAIN_KEYS
 from studies import add_record, set_study_attrs
 from studies.cli import main as studies_main
-from workers.compress import build_parser as compress_parser
-from workers.compress import main as compress_main
-from workers.profile import build_parser as profile_parser
-from workers.profile import main as profile_main
-from workers.search.cli import build_parser as search_parser
-from workers.search.cli import main as search_main
-from workers.train import build_parser as train_parser
-from workers.train import main as train_main
+from workers.compress import build_parser as compress_parser, main as compress_main
+from workers.profile import build_parser as profile_parser, main as profile_main
+from workers.search.cli import build_parser as search_parser, main as search_main
+from workers.train import build_parser as train_parser, main as train_main
 
 FROZEN = Path(__file__).parent / "data" / "study_v1.db"
 FUZZ = settings(max_examples=150, deadline=None, derandomize=True,

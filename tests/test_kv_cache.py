@@ -21,9 +21,7 @@ from alloc.settings import PlanSettings
 from arch import KINDS, ArchConfig, ConfigError, HeadGroup, LayerSpec, ModelIO
 from arch.memory import dtype_bytes, kv_cache_bytes, training_dtype
 from search_spaces import load_space
-from studies import add_record, open_storage, set_study_attrs
-from studies import query as q
-from studies import records as rec
+from studies import add_record, open_storage, query as q, records as rec, set_study_attrs
 from studies.cli import main
 from studies.trials import Direction
 from workers.models.kinds import make_attention

@@ -339,8 +339,7 @@ def test_any_config_json_loads_or_is_refused_in_one_line(llama_folder: Path,
                                                          tmp_path: Path) -> None:
     """Hostile config.json values (wrong types, zeros, negatives, huge sizes, NaN, nesting):
     the only outcomes are a model whose logits are finite, or a ``CheckpointError``."""
-    from hypothesis import HealthCheck, given, settings
-    from hypothesis import strategies as st
+    from hypothesis import HealthCheck, given, settings, strategies as st
 
     base = json.loads((llama_folder / "config.json").read_text())
     junk = st.one_of(st.none(), st.booleans(), st.integers(-3, 2 ** 70),

@@ -12,8 +12,7 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from arch import ArchConfig, ConfigError, HeadGroup, ModelIO, codec, merge_groups
 from search_spaces import (

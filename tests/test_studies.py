@@ -25,13 +25,13 @@ from studies import (
     StorageSettings,
     add_record,
     open_storage,
+    query as q,
     read_arch,
+    records as rec,
     redact,
     resolve_url,
     set_study_attrs,
 )
-from studies import query as q
-from studies import records as rec
 from studies.cli import main
 from studies.storage import engine_kwargs
 from studies.trials import Direction, TrialRecord, TrialStatus

@@ -18,8 +18,7 @@ import sqlalchemy
 from optuna.trial import TrialState
 
 from arch import ArchConfig, HeadGroup, LayerSpec
-from studies import StorageSettings, add_record, fail_stale_trials, open_storage
-from studies import query as q
+from studies import StorageSettings, add_record, fail_stale_trials, open_storage, query as q
 from studies.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]

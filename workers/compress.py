@@ -39,6 +39,7 @@ from common.cli import (
 from common.errors import TransformerAllocError
 from common.progress import duration
 from workers.compression import (
+    EVAL_TOKENS,
     FINETUNE_LOSSES,
     FINETUNE_PARAMS,
     PROG,
@@ -47,6 +48,11 @@ from workers.compression import (
 )
 from workers.errors import FineTuneInterrupted
 from workers.taskargs import TASK_FLAGS, add_task_args, task_spec
+
+
+def eval_tokens(text: str) -> int:
+    """argparse type of ``--eval-tokens``: an integer >= 0, or ``all`` (0: every window)."""
+    return 0 if text == "all" else int_in(0)(text)
 
 
 def render(result: CompressResult) -> str:
@@ -77,6 +83,8 @@ def render(result: CompressResult) -> str:
         keys = list(evaluations["teacher"])
         lines.append(render_table(["model", *keys], [[name] + [f"{values[k]:.5g}" for k in keys]
                                                      for name, values in evaluations.items()]))
+        lines.append(f"scored on {result.eval_windows:,} validation window(s) of "
+                     f"{result.eval_seq_len:,} tokens each (--eval-tokens)")
     tuned = result.finetune
     if tuned is not None:
         resumed = f", {tuned.resumed_from:,} of them before a resume" if tuned.resumed_from else ""
@@ -137,7 +145,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "is none; a matching one is continued without this flag too)")
     p.add_argument("--lr", type=number(0, strict=True), default=3e-4)
     p.add_argument("--batch-size", type=int_in(1), default=32)
-    p.add_argument("--eval-batches", type=int_in(1), default=8)
+    p.add_argument("--eval-batches", type=int_in(1), default=8,
+                   help="validation batches of --batch-size windows each evaluation draws "
+                        "from (default 8)")
+    p.add_argument("--eval-tokens", type=eval_tokens, default=EVAL_TOKENS, metavar="N|all",
+                   help=f"tokens each evaluation scores: the first ceil(N / window) windows "
+                        f"of those batches (default {EVAL_TOKENS:,}); 0 or all: every one")
     p.add_argument("--seed", type=int_in(0), default=0)
     add_force(p, "--out (a .pt and its .arch.yaml, or a folder)")
     p.add_argument("--quiet", action="store_true",
@@ -181,7 +194,8 @@ def request_from_args(args: argparse.Namespace) -> CompressRequest:
         finetune_steps=args.finetune_steps, lr=args.lr, batch_size=args.batch_size,
         finetune_loss=args.finetune_loss, finetune_params=args.finetune_params,
         finetune_hidden=args.finetune_hidden, save_every=args.save_every, resume=args.resume,
-        eval_batches=args.eval_batches, force=args.force, quiet=args.quiet)
+        eval_batches=args.eval_batches, eval_tokens=args.eval_tokens, force=args.force,
+        quiet=args.quiet)
 
 
 if __name__ == "__main__":

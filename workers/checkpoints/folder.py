@@ -1,8 +1,10 @@
 """A `transformers`-saved folder read lazily: ``config.json`` and the weights, one
 ``model.safetensors`` or shards listed by ``model.safetensors.index.json``.
 
-Tensors are read one at a time through ``safetensors``' memory-mapped ``safe_open``, so loading a
-checkpoint needs the model's memory plus one tensor, never a second copy of the whole file. Every
+Tensors are read one at a time (each shard's header checked by ``safetensors``' ``safe_open``,
+its bytes read with plain reads into a new tensor, never mapped), so loading a checkpoint
+needs the model's memory plus one tensor, never a second copy of the whole file, and a pass
+that reads every tensor holds none of the file's pages. Every
 name and size read from the folder is checked before it is used: shard names must be plain files
 of the folder (a link leaving it is refused, but for a hub cache's snapshots), the model's size
 must fit this machine, shapes are compared with what ``config.json`` makes before a tensor is
@@ -133,11 +135,16 @@ def read_config(folder: Path, source: str) -> dict[str, Any]:
     return config
 
 
+# safetensors dtypes read with a plain read (``TensorFolder._read``); others through its map
+READ_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
+               "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32,
+               "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
+
+
 class TensorFolder:
     """The tensors of a folder's safetensors files, opened lazily (use as a context manager).
 
-    ``shape(name)`` reads a header only; ``get(name)`` reads one tensor from its memory-mapped
-    shard.
+    ``shape(name)`` reads a header only; ``get(name)`` reads one tensor from its shard.
     """
 
     def __init__(self, folder: Path, source: str) -> None:
@@ -145,6 +152,8 @@ class TensorFolder:
         self.files = self._weight_map()
         self._stack = ExitStack()
         self._open: dict[str, Any] = {}
+        self._headers: dict[str, tuple[dict[str, Any], int]] = {}
+        self._files: dict[str, Any] = {}
 
     def _weight_map(self) -> dict[str, str]:
         """Tensor name -> shard file name."""
@@ -180,6 +189,8 @@ class TensorFolder:
     def __exit__(self, *_: object) -> None:
         self._stack.close()
         self._open.clear()
+        self._headers.clear()
+        self._files.clear()
 
     def _handle(self, shard: str) -> Any:
         from safetensors import safe_open
@@ -194,6 +205,39 @@ class TensorFolder:
                 raise checkpoint_error(self.source, f"unreadable {shard} "
                                                     f"({type(err).__name__}: {first})") from None
         return self._open[shard]
+
+    def _read(self, shard: str, name: str) -> Tensor | None:
+        """Tensor ``name`` read from its shard's bytes with a plain read into a new tensor
+        (None for a dtype not in ``READ_DTYPES``): the file is never mapped, so what a
+        process holds resident is the tensors it keeps, not the pages of every tensor it has
+        read (a streamed pass reads the whole file, 270 MB for a 135 M model in bf16)."""
+        header, start = self._header(shard)
+        entry = header[name]
+        dtype = READ_DTYPES.get(entry["dtype"])
+        if dtype is None:
+            return None
+        first, end = entry["data_offsets"]
+        out = torch.empty(entry["shape"], dtype=dtype)
+        if out.numel():
+            raw = out.view(-1).view(torch.uint8).numpy()
+            handle = self._files[shard]
+            handle.seek(start + first)
+            if handle.readinto(raw) != end - first or raw.nbytes != end - first:
+                raise checkpoint_error(self.source, f"tensor {name!r}: {shard} is shorter "
+                                                    "than its header says")
+        return out
+
+    def _header(self, shard: str) -> tuple[dict[str, Any], int]:
+        """A shard's header (read once; ``safe_open`` has checked it) and where its data
+        start, its file kept open for reads."""
+        if shard not in self._headers:
+            self._handle(shard)  # safetensors validates the header first
+            handle = self._stack.enter_context(
+                folder_file(self.folder, shard, self.source).open("rb"))
+            size = int.from_bytes(handle.read(8), "little")
+            self._headers[shard] = (json.loads(handle.read(size)), 8 + size)
+            self._files[shard] = handle
+        return self._headers[shard]
 
     def __contains__(self, name: str) -> bool:
         return name in self.files
@@ -221,6 +265,9 @@ class TensorFolder:
         if found != shape:
             raise checkpoint_error(self.source, f"tensor {name!r} has shape {found}, "
                                                 f"config.json makes it {shape}")
-        tensor: Tensor = self._handle(self.files[name]).get_tensor(name)
+        shard = self.files[name]
+        tensor = self._read(shard, name)
+        if tensor is None:  # a dtype read through safetensors' own map
+            tensor = self._handle(shard).get_tensor(name)
         check_finite(name, tensor, self.source)
         return tensor if dtype is None else tensor.to(dtype)

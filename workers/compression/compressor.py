@@ -50,8 +50,7 @@ from workers.checkpoints import (
 from workers.checkpoints.llama import sliding_window
 from workers.checkpoints.stream import StreamedFolder
 from workers.checkpoints.tokenizer import tokenizer_writer
-from workers.compression.distil import Distiller, DistilSettings
-from workers.compression.distil import run_with_progress as run_distiller
+from workers.compression.distil import Distiller, DistilSettings, run_with_progress as run_distiller
 from workers.compression.fits import read_fits
 from workers.compression.records import (
     PROG,
@@ -70,7 +69,7 @@ from workers.errors import FineTuneInterrupted
 from workers.models.model import Model
 from workers.taskargs import check_fits, resolve_task
 from workers.tasks import Task, task_from_description
-from workers.training.trainer import Trainer, evaluate
+from workers.training.trainer import Trainer, measure
 
 
 def read_plan(path: Path, teacher: ArchConfig) -> CompressionPlan:
@@ -168,11 +167,25 @@ def teacher_task(request: CompressRequest, loaded: Loaded
     return task, request.task
 
 
-def evaluate_loss(model: Model, task: Task, batches: int) -> Evaluation:
-    """``model``'s loss and its task's metric on ``batches`` validation batches."""
-    loss, metric = evaluate(model, task, TrainConfig(eval_batches=batches, batch_size=32),
-                            "cpu")
-    return Evaluation(loss, task.metric, metric)
+def eval_windows(request: CompressRequest, task: Task) -> int:
+    """Windows each evaluation scores: ``ceil(eval_tokens / seq_len)`` (every window of
+    ``eval_batches`` batches of ``batch_size`` with ``eval_tokens`` 0), at most those."""
+    every = request.eval_batches * request.batch_size
+    if not request.eval_tokens:
+        return every
+    return min(every, -(-request.eval_tokens // task.seq_len))
+
+
+def evaluate_loss(model: Model, task: Task, request: CompressRequest, what: str
+                  ) -> Evaluation:
+    """``model``'s loss and its task's metric on the first ``eval_windows`` validation
+    windows, with their progress (a line per few windows and the time left)."""
+    windows = eval_windows(request, task)
+    config = TrainConfig(eval_batches=request.eval_batches, batch_size=request.batch_size)
+    with Progress("evaluate", total=windows, unit="windows", quiet=request.quiet,
+                  start=f"{what} on {windows:,} window(s) of {task.seq_len:,} tokens") as bar:
+        measured = measure(model, task, config, "cpu", windows, bar)
+    return Evaluation(measured.loss, task.metric, measured.metric)
 
 
 def check_output(request: CompressRequest, loaded: Loaded, student: ArchConfig) -> None:
@@ -273,14 +286,19 @@ def compress(request: CompressRequest) -> CompressResult:
         student = build_student(loaded.model, plan.student, pair_orders(plan),
                                 plan.input_scales(), fits)
         bar.update(1)
-        bar.event("student built")
+        # stages differ in cost: the time left is each evaluation's own (its progress), and
+        # after the teacher's the cut student's about as long; never the stages' mean
+        bar.event("student built", eta=0)
         trainer, tuned = None, None
         if task is not None:
             for name, model, what in (("teacher", loaded.model, "the teacher"),
                                       ("cut", student, "the student as cut")):
-                evaluations[name] = evaluate_loss(model, task, request.eval_batches)
+                started = time.perf_counter()
+                evaluations[name] = evaluate_loss(model, task, request, what)
                 bar.update(1)
-                bar.event(f"evaluated {what}: loss {evaluations[name].to_dict()['loss']:.4g}")
+                seconds = time.perf_counter() - started
+                bar.event(f"evaluated {what}: loss {evaluations[name].to_dict()['loss']:.4g}",
+                          eta=seconds if name == "teacher" and not finetune else 0)
             if finetune:
                 evaluations["finetuned"], tuned = fine_tune(request, loaded.model, student,
                                                             task, bar)
@@ -370,7 +388,7 @@ def fine_tune(request: CompressRequest, teacher: Model, student: Model, task: Ta
             f"interrupted at step {distiller.step:,}, saved to {str(path)!r}: run the same "
             "command (or add {resume}) to continue")]) from None
     bar.update(1)
-    evaluation = evaluate_loss(student, task, request.eval_batches)
+    evaluation = evaluate_loss(student, task, request, "the fine-tuned student")
     bar.update(1)
     bar.event(f"evaluated the fine-tuned student: loss {evaluation.to_dict()['loss']:.4g}")
     return evaluation, FineTune(
@@ -399,7 +417,9 @@ def describe(request: CompressRequest, loaded: Loaded, plan: CompressionPlan, ta
         files=FileBytes(weights_bytes(request.checkpoint), weights_bytes(out)), out=out,
         written=(out, out.with_suffix(".arch.yaml")) if out.suffix == ".pt" else (out,),
         teacher_eval=evaluations.get("teacher"), cut_eval=evaluations.get("cut"),
-        finetuned_eval=evaluations.get("finetuned"))
+        finetuned_eval=evaluations.get("finetuned"),
+        eval_windows=0 if task is None else eval_windows(request, task),
+        eval_seq_len=0 if task is None else task.seq_len)
 
 
 def _heads(layer: LayerSpec) -> str:

@@ -16,6 +16,9 @@ from common.errors import Problem, UsageError
 from userdata import TaskSpec
 
 PROG = "workers.compress"  # the command's name: its errors' and its progress lines' prefix
+# tokens each evaluation scores by default: a bounded sample, whatever --data holds (the
+# eval batches at a long window are millions of tokens: 8 x 32 x 8,192 for SmolLM2-135M)
+EVAL_TOKENS = 8_192
 Layout = Literal["compact", "stock"]
 LAYOUTS: tuple[Layout, ...] = get_args(Layout)
 FineTuneLoss = Literal["kl", "ce"]  # from the teacher's logits, or the data's next tokens
@@ -51,7 +54,9 @@ class CompressRequest:
             (``finetune_checkpoint``; also written on Ctrl-C, removed once ``out`` is written).
         resume: require that checkpoint and continue it (without, a matching one is
             continued too: the same command re-run continues).
-        eval_batches: validation batches of each evaluation.
+        eval_batches: validation batches of each evaluation (of ``batch_size`` windows).
+        eval_tokens: each evaluation scores the first ``ceil(eval_tokens / seq_len)`` windows
+            of those batches (``EVAL_TOKENS``; 0: every window of them).
         force: replace an existing ``out`` (and a fine-tune checkpoint of another fine-tune).
         quiet: no progress on stderr.
     """
@@ -71,6 +76,7 @@ class CompressRequest:
     save_every: int = 50
     resume: bool = False
     eval_batches: int = 8
+    eval_tokens: int = EVAL_TOKENS
     force: bool = False
     quiet: bool = False
 
@@ -90,7 +96,8 @@ class CompressRequest:
                  ("finetune_hidden", math.isfinite(self.finetune_hidden)
                   and self.finetune_hidden >= 0, "a number >= 0"),
                  ("save_every", self.save_every >= 1, "an integer >= 1"),
-                 ("eval_batches", self.eval_batches >= 1, "an integer >= 1")]
+                 ("eval_batches", self.eval_batches >= 1, "an integer >= 1"),
+                 ("eval_tokens", self.eval_tokens >= 0, "an integer >= 0 (0: every window)")]
         problems = [Problem(name, getattr(self, name), f"must be {rule}",
                             shown=f"= {getattr(self, name)!r}")
                     for name, ok, rule in rules if not ok]
@@ -198,6 +205,8 @@ class CompressResult:
     teacher_eval: Evaluation | None = None
     cut_eval: Evaluation | None = None  # the student right after the cut
     finetuned_eval: Evaluation | None = None
+    eval_windows: int = 0  # windows each evaluation scored
+    eval_seq_len: int = 0  # their length
     finetune: FineTune | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -210,6 +219,9 @@ class CompressResult:
                      "form": self.form.name, "latent": self.form.latent}}
         for key, evaluation in self.evaluations.items():
             data[key] = evaluation.to_dict()
+        if self.evaluations:
+            data["evaluated"] = {"windows": self.eval_windows, "seq_len": self.eval_seq_len,
+                                 "tokens": self.eval_windows * self.eval_seq_len}
         if self.finetune is not None:
             data["finetune"] = dataclasses.asdict(self.finetune)
         data.update(files=dataclasses.asdict(self.files), out=str(self.out),

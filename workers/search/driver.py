@@ -41,10 +41,10 @@ from studies import (
     guarded,
     open_storage,
     query,
+    records as rec,
     redact,
     secure_url,
 )
-from studies import records as rec
 from studies.trials import WARM_START_FROM, Direction, TrialRecord, TrialStatus
 from workers.errors import SearchFaultError
 from workers.search import estimate

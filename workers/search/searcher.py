@@ -40,8 +40,7 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 from alloc import MAX_CANDIDATES, point_key
 from arch import ArchConfig, ModelIO
 from search_spaces import SearchSpace, SpaceError
-from studies import records as rec
-from studies import retry_failed
+from studies import records as rec, retry_failed
 from studies.trials import (
     CHECKPOINT,
     CHECKPOINT_STEP,

@@ -18,8 +18,7 @@ from alloc import PlanSettings, PriorSampler, with_constants
 from arch import RECIPE
 from common.errors import Problem
 from search_spaces import SearchSpace
-from studies import reap_trials, redact
-from studies import records as rec
+from studies import reap_trials, records as rec, redact
 from studies.trials import Direction
 from workers.errors import SearchError
 from workers.search.request import SearchRequest

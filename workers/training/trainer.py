@@ -23,8 +23,8 @@ from common.errors import Problem
 from common.progress import Progress
 from workers.checkpoints import CheckpointError
 from workers.chunks import chunk_windows
-from workers.models.model import build_model, count_params, maybe_compile
-from workers.tasks import Task, describe_task, fit_arch
+from workers.models.model import Model, build_model, count_params, maybe_compile
+from workers.tasks import Batch, Task, TextTask, describe_task, fit_arch
 
 log = logging.getLogger(__name__)
 # How a training run ended (a search trial's status is ``studies.records.TrialStatus``: a run
@@ -122,29 +122,75 @@ class Evaluation:
 
 
 @torch.no_grad()
-def measure(model: nn.Module, task: Task, config: TrainConfig, device: str) -> Evaluation:
+def measure(model: nn.Module, task: Task, config: TrainConfig, device: str,
+            windows: int | None = None, progress: Progress | None = None) -> Evaluation:
     """The model's validation loss, its standard error and the task's metric over
     ``eval_batches`` fixed validation batches (the same batches for every model and seed).
     Each batch runs a few windows at a time (``workers.chunks``): a batch of 32 windows
-    of 2,048 tokens over a 32,000-token vocabulary would be 8.4 GB of logits at once."""
+    of 2,048 tokens over a 32,000-token vocabulary would be 8.4 GB of logits at once; a text
+    model's logits are formed ``HEAD_TOKENS`` positions at a time when even one window's would
+    not fit (SmolLM2's 8,192 positions over 49,152 tokens: 1.6 GB).
+
+    Args:
+        windows: score only the first this many windows of those batches (None: all of
+            them), batch ``i`` cut short where the count ends.
+        progress: advanced by each chunk's windows, with a line per chunk.
+    """
     model.eval()
     losses, total, count = [], 0.0, 0
+    left = config.eval_batches * config.batch_size if windows is None else windows
     for i in range(config.eval_batches):
+        if left <= 0:
+            break
         batch = task.batch("val", i, config.batch_size).to(device)
+        batch = batch.split(left)[0]
+        left -= len(batch.x)
         loss, positions = 0.0, 0
         for part in batch.split(chunk_windows(4 * batch.x.shape[1] * task.output_size)):
-            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device == "cuda"):
-                out = model(part.x)
-            counted = int(part.mask.sum())  # the loss is a mean over these positions
-            if counted:
-                loss, positions = loss + float(task.loss(out, part)) * counted, positions + counted
-            s, n = task.score(out, part)
+            part_loss, counted, s, n = _score(model, task, part, device)
+            loss, positions = loss + part_loss, positions + counted
             total, count = total + s, count + n
+            if progress is not None:
+                progress.update(len(part.x))
+                progress.event()
         losses.append(loss / max(positions, 1))
     model.train()
     n = len(losses)
     se = stats.sd(losses) / math.sqrt(n) if n >= 2 else None
     return Evaluation(sum(losses) / n, total / max(count, 1), se)
+
+
+HEAD_TOKENS = 512  # a text model's output positions whose logits are formed at once
+
+
+@torch.no_grad()
+def _score(model: nn.Module, task: Task, part: Batch, device: str
+           ) -> tuple[float, int, float, int]:
+    """A few windows' summed loss, its positions, and the metric's (sum, count)."""
+    pieces = isinstance(model, Model) and isinstance(task, TextTask) and device != "cuda" \
+        and chunk_windows(4 * part.x.shape[1] * task.output_size) == 1 \
+        and part.x.shape[1] > HEAD_TOKENS
+    if not pieces:
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device == "cuda"):
+            out = model(part.x)
+        counted = int(part.mask.sum())  # the loss is a mean over these positions
+        loss = float(task.loss(out, part)) * counted if counted else 0.0
+        s, n = task.score(out, part)
+        return loss, counted, s, n
+    assert isinstance(model, Model)
+    h = model.inputs(part.x)
+    for block in model.blocks:
+        h = block(h)
+    h = model.norm(h).flatten(0, 1)
+    y, mask = part.y.flatten(), part.mask.flatten()
+    loss, counted = 0.0, 0
+    for a in range(0, len(h), HEAD_TOKENS):
+        rows = slice(a, a + HEAD_TOKENS)
+        logits = model.head(h[rows])[mask[rows]].float()
+        loss += float(torch.nn.functional.cross_entropy(logits, y[rows][mask[rows]],
+                                                        reduction="sum"))
+        counted += int(mask[rows].sum())
+    return loss, counted, loss, counted  # a text task's metric is its loss
 
 
 def evaluate(model: nn.Module, task: Task, config: TrainConfig, device: str) -> tuple[float, float]:
