@@ -53,7 +53,7 @@ class Prose:
 
 
 PROSE = (
-    Prose("README.md", "(~20 s in all)", 20.0, "python -m alloc.solve --budget 64 --layers 3"),
+    Prose("README.md", "(~10 s in all)", 10.0, "python -m alloc.solve --budget 64 --layers 3"),
     Prose("README.md", "the two pilots: ~3.5 min at `--budget 256` on 2 cores", 210.0,
           "python -m workers.profile --data corpus.txt --budget 256", "workers.profile"),
 )
