@@ -1,5 +1,5 @@
 """A package's public names, loaded on first use from the one list that names them: the
-package's ``__init__.pyi`` stub (the scientific-python ``lazy_loader`` pattern, SPEC 1), which
+package's ``__init__.pyi`` stub (the pattern of Scientific Python's ``lazy_loader``), which
 type checkers read as the package's interface and ``public_names`` reads at run time. So each
 name is written once, ``import alloc`` stays light (no SciPy, no torch) and a command's
 ``--help`` loads only what it names. Our own few lines rather than ``lazy_loader`` itself: the

@@ -89,7 +89,7 @@ def test_a_plan_says_its_form_and_shows_its_decision() -> None:
         FORMS["compact"]
 
 
-def names_asked(path: Path) -> list[str]:
+def names_asked(path: Path, root: Path = ROOT) -> list[str]:
     """Where ``path`` asks a form by its name: ``FORMS["x"]``, ``x.form == "x"`` (or ``in``),
     ``student_form("x")`` with a form's name as a literal."""
     found = []
@@ -103,7 +103,7 @@ def names_asked(path: Path) -> list[str]:
             literals = list(node.args)
         elif isinstance(node, ast.Compare) and "form" in ast.unparse(node.left):
             literals = list(node.comparators)
-        found += [f"{path.relative_to(ROOT)}:{node.lineno}" for x in literals
+        found += [f"{path.relative_to(root)}:{node.lineno}" for x in literals
                   if isinstance(x, ast.Constant) and x.value in FORM_NAMES]
     return found
 
@@ -121,9 +121,4 @@ def test_the_name_check_sees_each_way_of_asking(tmp_path: Path) -> None:
     source = tmp_path / "m.py"
     source.write_text('a = FORMS["latent"]\nif plan.form.name == "compact":\n    pass\n'
                       'b = student_form("latent_rope")\nc = FORMS[name]\n')
-    global ROOT
-    saved, ROOT = ROOT, tmp_path
-    try:
-        assert names_asked(source) == ["m.py:1", "m.py:2", "m.py:4"]
-    finally:
-        ROOT = saved
+    assert names_asked(source, tmp_path) == ["m.py:1", "m.py:2", "m.py:4"]

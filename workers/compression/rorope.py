@@ -165,11 +165,11 @@ class _LayerRows:
             q_b, rope_b, rest_b, v_b = self.biases
             tensors |= {"q.bias": q_b, "k_rope.bias": rope_b,
                         "up.bias": torch.cat([rest_b, v_b])}
-        tensors |= {f"inv_freq{j}": f for j, f in enumerate(self.freqs)}
         state.pop(prefix + "qkv.weight", None)
         state.pop(prefix + "qkv.bias", None)
-        state.update({prefix + k: v.to(dtype) if v.is_floating_point() else v
-                      for k, v in tensors.items()})
+        state.update({prefix + k: v.to(dtype) for k, v in tensors.items()})
+        # the kept pairs' frequencies as they were (float32), never in the weights' dtype
+        state.update({prefix + f"inv_freq{j}": f for j, f in enumerate(self.freqs)})
 
 
 def _layer_rows(state: Mapping[str, Tensor], teacher: ArchConfig, i: int, rope_dim: int,
@@ -194,15 +194,17 @@ def _layer_rows(state: Mapping[str, Tensor], teacher: ArchConfig, i: int, rope_d
         mix = _Mix(group.qk_dim, group.count // group.kv_heads, bases, planes,
                    math.sqrt((group.qk_dim + rope_dim) / group.qk_dim))
         parts["q"].append(mix.queries(q_rows[j]))
-        parts["rope"].append(mix.rope(keys))
-        parts["rest"].append(mix.rest(keys).reshape(-1, keys.shape[-1]))
+        rope = mix.rope(keys)
+        parts["rope"].append(rope)
+        parts["rest"].append(mix.rest(keys, rope).reshape(-1, keys.shape[-1]))
         parts["freqs"].append(freqs[:, [f for f, _ in planes]])
         if split_bias is not None:
             q_bias, k_bias, _ = split_bias
             k_b = torch.stack(list(k_bias[j]))[..., None]  # (kv, qk, 1): a bias as a column
             parts["q.b"].append(mix.queries([b[:, None] for b in q_bias[j]])[:, 0])
-            parts["rope.b"].append(mix.rope(k_b)[:, 0])
-            parts["rest.b"].append(mix.rest(k_b).reshape(-1))
+            rope_b = mix.rope(k_b)
+            parts["rope.b"].append(rope_b[:, 0])
+            parts["rest.b"].append(mix.rest(k_b, rope_b).reshape(-1))
     keys_norm = torch.cat([torch.cat(list(k)) for k in k_rows]).norm().clamp_min(1e-30)
     biases = None if split_bias is None else (
         torch.cat(parts["q.b"]), torch.cat(parts["rope.b"]), torch.cat(parts["rest.b"]),
@@ -232,11 +234,10 @@ class _Mix:
                   for f, e in self.planes]
         return torch.stack(first + second)
 
-    def rest(self, keys: Tensor) -> Tensor:
+    def rest(self, keys: Tensor, rope: Tensor) -> Tensor:
         """Each key head's rows less the kept mixed planes' share of them (kv, qk, d): what the
-        latent carries, unturned."""
+        latent carries, unturned (``rope``: ``self.rope(keys)``)."""
         half, out = self.qk // 2, keys.clone()
-        rope = self.rope(keys)
         n = len(self.planes)
         for p, (f, e) in enumerate(self.planes):
             weights = self.bases[f, e].to(keys)  # (kv,)
