@@ -14,6 +14,7 @@ from arch.checks import is_int, is_number
 from common.files import read_yaml
 from search_spaces.errors import SpaceError
 from search_spaces.loader import parse_data, parse_space, raise_if_any
+from search_spaces.placeholders import uses_allocator
 from search_spaces.schema import SPACES_DIR, TOP_KEYS, Planner, layer_indices
 from search_spaces.space import SearchSpace
 from userdata import DataSpec
@@ -82,6 +83,10 @@ class SpaceFile:
         if not (is_int(width) and is_int(depth) and all(is_number(v) for v in flat)):
             return None
         return int(width), int(depth), float(max(flat, default=0))
+
+    def uses_allocator(self) -> bool:
+        """Whether the file's rules take values from the allocator's plan (``allocator``)."""
+        return uses_allocator(self.data)
 
     def plan_mlp_ratio(self) -> float | None:
         """The largest MLP ratio layer 0's rule allows: the MLP the allocator's plan for the

@@ -15,6 +15,7 @@ from typing import Any
 
 import optuna
 import pytest
+import yaml
 from optuna.trial import TrialState
 from sqlalchemy.engine import make_url
 
@@ -418,3 +419,25 @@ def test_a_search_makes_one_plan_and_reads_its_space_once(
                         "--storage-path", str(tmp_path / "results")]) == 0
     assert ran == [2]  # the driver went as far as running the trials
     assert calls == {"make_plan": 1, "read_yaml": 1, "parse_space": 1}
+
+
+def test_a_grid_that_takes_nothing_from_the_plan_profiles_its_data_without_a_pilot(
+        tmp_path: Path) -> None:
+    """A grid's points are its trials: the data's pilot training (minutes on a real corpus)
+    would plan nothing, so the data is profiled without it; a TPE search, whose first trials
+    are the allocator's plan, still gets the pilot."""
+    from userdata import DataSpec, TaskSpec
+    from workers.search.request import prepare
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("some text to profile, then search on. " * 400)
+    grid = tmp_path / "grid.yaml"
+    grid.write_text("name: g\nbudget: 32\ndepth: 1\nsampler: grid\n"
+                    "layers:\n  - heads: [1, 2]\n")
+    for sampler, piloted in ((None, False), ("tpe", True)):
+        out = tmp_path / f"ray-{sampler}"
+        prepare(grid, TaskSpec(data=DataSpec(str(corpus)), size="smoke"), storage=f"sqlite:///{tmp_path}/s.db",
+                study=f"g-{sampler}", smoke_test=True, pilot_steps=2,
+                options=SearchOptions(storage_path=out, sampler=sampler, quiet=True))
+        profile = yaml.safe_load((out / "profile-corpus.txt.yaml").read_text())
+        assert ("pilot" in profile) == piloted, (sampler, sorted(profile))

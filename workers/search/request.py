@@ -105,7 +105,7 @@ def prepare(space: SearchSpace | SpaceFile | str | Path, task: Task | TaskSpec |
         check_study_name(study)
     check_writable_dir("storage_path", opts.storage_path)
     profiled = profile_for(task, opts.profile, opts.storage_path, _shape(source, budget),
-                           pilot_steps, opts.quiet)
+                           pilot_steps, opts.quiet, pilot=_plan_shapes_trials(source, opts))
     opts = dataclasses.replace(opts, profile=None if profiled is None else profiled.path)
     measured = None if profiled is None else profiled.inputs
     found, planned = _load(source, task, measured, budget)
@@ -126,6 +126,20 @@ def prepare(space: SearchSpace | SpaceFile | str | Path, task: Task | TaskSpec |
     if planned is None:  # last: the checks above refuse a space too large to plan quickly
         planned = _plan(task, measured, loaded.budget, loaded.depth, space_mlp_ratio(loaded))
     return SearchRequest(loaded, task, url, name, total, resume, opts, planned, measured)
+
+
+def _plan_shapes_trials(source: SearchSpace | SpaceFile, opts: SearchOptions) -> bool:
+    """Whether the allocator's plan chooses any trial: not for a grid that takes nothing from
+    the plan (its points are the trials, in order; the plan is only recorded beside them), nor
+    for given points. Only where it does is the data's pilot training (minutes) worth its time."""
+    if opts.points:
+        return False
+    if isinstance(source, SpaceFile):
+        kind, planned = opts.sampler or str(source.data.get("sampler", "tpe")), \
+            source.uses_allocator()
+    else:
+        kind, planned = opts.sampler or source.sampler, False
+    return planned or not (kind in SAMPLER_KINDS and SAMPLER_KINDS[kind].enumerates)
 
 
 def _shape(source: SearchSpace | SpaceFile, budget: int | None

@@ -89,13 +89,15 @@ class DataProfile:
 
 def profile_for(task: Task, profile: Path | None, out_dir: Path,
                 shape: tuple[int, int, float] | None = None,
-                pilot_steps: int | None = None, quiet: bool = False) -> DataProfile | None:
+                pilot_steps: int | None = None, quiet: bool = False, pilot: bool = True
+                ) -> DataProfile | None:
     """The profile of allocator inputs to plan with: ``profile`` if given (``ProfileError``
     if unreadable); for a task on the user's data without one, the data profiled now
     (``workers.profile``; token data with a pilot of the search's ``shape``, ``(budget,
     depth, MLP ratio)``, the profile's defaults without one, for ``pilot_steps``), written to
-    ``out_dir`` for the record; else None (the task's own inputs). Its progress goes to
-    stderr unless ``quiet``."""
+    ``out_dir`` for the record; else None (the task's own inputs). ``pilot`` False profiles
+    text without the pilot (seconds, no training: for a search whose trials the plan does not
+    choose). Its progress goes to stderr unless ``quiet``."""
     if profile is not None:
         from alloc import read_allocator_inputs
 
@@ -108,16 +110,20 @@ def profile_for(task: Task, profile: Path | None, out_dir: Path,
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"profile-{Path(task.path).name}.yaml"
     spec = task.data_spec()
-    pilot = None
-    if isinstance(task, TextTask) and (shape is None or shape[0] <= MAX_PILOT_WIDTH):
+    request = None
+    if (pilot and isinstance(task, TextTask)
+            and (shape is None or shape[0] <= MAX_PILOT_WIDTH)):
         budget, depth, mlp = shape or (PilotRequest.budget, PilotRequest.layers,
                                        PilotRequest.mlp_ratio)
-        pilot = PilotRequest(spec, budget=budget, layers=depth, mlp_ratio=mlp,
+        request = PilotRequest(spec, budget=budget, layers=depth, mlp_ratio=mlp,
                              steps=pilot_steps or PilotRequest.steps, quiet=quiet)
         say(f"profiling {task.path}: pilot training of the baseline at D = {budget}, "
-            f"{depth} layer(s), {pilot.steps} steps", quiet=quiet)
+            f"{depth} layer(s), {request.steps} steps", quiet=quiet)
+    elif isinstance(task, TextTask):
+        say(f"profiling {task.path} without a pilot: the grid's points are the trials",
+            quiet=quiet)
     # DataError if unusable
-    measured = profile_data(spec, seq_len=task.seq_len, pilot=pilot)
+    measured = profile_data(spec, seq_len=task.seq_len, pilot=request)
     section = write_profile(measured, path)[0]["allocator"]
     say(f"profiled {task.path}: kernel {section['kernel']}, input dim {section['input_dim']} "
         f"in {duration(measured.wall_s)} ({path})", quiet=quiet)
