@@ -8,7 +8,8 @@
       - layers: all               # all | 3 | 1-5 | [0, 2]; the rules partition the depth
         attention: [mhsa, mssa, mixit, frozen_qk]
         mlp_ratio: [0, 4]
-        heads: [1, 2, 4, 8]       # one head group: a count from this list ...
+        heads: [1, 2, 4, 8]       # one head group: a count from this list (or explicit
+                                  # groups, one set per choice: ["4x16", "2x32+4x8/16"]) ...
         head_dim: derived         # ... of dim budget / count, or a list of dims
         qk_dim: same              # same | reduced | {min: 8, step: 8}
         kv_heads: [1, 2]          # optional: key/value heads per head group (grouped-query
@@ -54,7 +55,14 @@ from arch import (
 from arch.checks import add, is_int, is_number, need_choices, need_int, need_keys
 from search_spaces.errors import SpaceError
 from search_spaces.placeholders import resolve_allocator, uses_allocator
-from search_spaces.rules import LayerRule, QkRule, TrainParam, min_group_widths
+from search_spaces.rules import (
+    LayerRule,
+    QkRule,
+    TrainParam,
+    heads_text,
+    min_group_widths,
+    parse_heads,
+)
 from search_spaces.schema import (
     DATA_KEYS,
     FIXED_TRAIN_KEYS,
@@ -170,15 +178,19 @@ def _parse_rule(problems: list[str], where: str, item: dict[str, Any], budget: i
                         lambda v: is_number(v) and v >= 0, "must be numbers >= 0 (0 = no MLP)")
     max_groups = _parse_groups(problems, f"{where}.groups", item.get("groups", {"max": 1}))
     heads: tuple[Any, ...] = ()
-    if max_groups == 1:
+    value = item.get("heads")
+    named = isinstance(value, list) and bool(value) and all(isinstance(v, str) for v in value)
+    sets = _parse_head_sets(problems, f"{where}.heads", item, budget) if named else ()
+    if max_groups == 1 and not named:
         heads = need_choices(problems, f"{where}.heads", item.get("heads"),
                              lambda v: is_int(v) and v >= 1,
                              "must be head counts (integers >= 1)")
-    elif "heads" in item:
+    elif "heads" in item and not named:
         add(problems, f"{where}.heads", item["heads"], "not used with groups.max > 1: the counts "
                   "are sampled to fill the layer budget")
     head_dim_data = item.get("head_dim", "derived")
-    head_dim = None if head_dim_data == "derived" and max_groups == 1 else need_choices(problems,
+    derived = (head_dim_data == "derived" and max_groups == 1) or bool(sets)
+    head_dim = None if derived else need_choices(problems,
         f"{where}.head_dim", head_dim_data, lambda v: is_int(v) and v >= 1,
         "must be a list of integers >= 1" + ("" if max_groups > 1 else
                                               " or 'derived' (budget / heads)"))
@@ -193,7 +205,30 @@ def _parse_rule(problems: list[str], where: str, item: dict[str, Any], budget: i
         return None
     return LayerRule(indices, attention, tuple(float(m) for m in mlp), heads, head_dim, qk,
                      rule_budget, role, eta, item.get("freeze_mlp", False), shared, max_groups,
-                     kv_heads, latent_dims, rope_dims)
+                     kv_heads, latent_dims, rope_dims, sets)
+
+
+def _parse_head_sets(problems: list[str], key: str, item: dict[str, Any],
+                     budget: int) -> tuple[tuple[HeadGroup, ...], ...]:
+    """``heads: ["4x16", "2x32+4x8/16"]``: explicit head groups, one set per choice. A set
+    fixes every group's dims, so ``head_dim``, ``qk_dim``, ``groups`` and ``kv_heads`` are
+    refused beside it, and its width must fit the budget."""
+    sets = []
+    for text in item["heads"]:
+        try:
+            sets.append(parse_heads(text))
+        except (ValueError, ConfigError) as err:
+            add(problems, key, text, f"must be head groups like 2x64+4x16/64 ({err})")
+    for other in ("head_dim", "qk_dim", "groups", "kv_heads"):
+        if other in item:
+            add(problems, f"{key.rsplit('.', 1)[0]}.{other}", item[other],
+                "not used with explicit head groups (heads: [\"4x16\", ...] fixes them)")
+    width = item.get("budget", budget)
+    for heads in sets:
+        if is_int(width) and sum(g.width for g in heads) > width:
+            add(problems, key, heads_text(heads), f"width {sum(g.width for g in heads)} "
+                f"exceeds the layer budget {width}")
+    return tuple(dict.fromkeys(sets))
 
 
 def _parse_latent(problems: list[str], where: str, item: dict[str, Any],
@@ -327,14 +362,15 @@ def _check_constructible(space: SearchSpace) -> None:
         if problems:
             continue
         count = rule.heads[0] if rule.heads else 1
-        dim = rule.v_dims(count)[0]
-        for kind in rule.attention:  # the rest is ArchConfig's own validation, on extremes
+        probes = rule.head_sets or ((HeadGroup(count, rule.v_dims(count)[0]),),)
+        # the rest is ArchConfig's own validation, on extremes (and on every explicit set)
+        for kind, heads in ((k, h) for k in rule.attention for h in probes):
             for ratio in rule.mlp_ratio:
                 latent = kind_traits(kind).latent  # at its widest latent and RoPE part
                 sizes = (max(rule.latent_dim, default=0) * latent, max(rule.rope_dim) * latent)
                 try:
-                    layer = LayerSpec(kind, (HeadGroup(count, dim),), ratio, rule.role,
-                                      eta=rule.eta, latent_dim=sizes[0], rope_dim=sizes[1])
+                    layer = LayerSpec(kind, heads, ratio, rule.role, eta=rule.eta,
+                                      latent_dim=sizes[0], rope_dim=sizes[1])
                     ArchConfig(d_model=space.budget, layers=(layer,),
                                **{**space.model, **PROBE_IO.fields(True)})
                 except (ConfigError, TypeError) as err:

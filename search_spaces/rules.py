@@ -6,6 +6,7 @@ heads), a training hyper-parameter's ``TrainParam``, and the feasibility of seve
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +52,9 @@ class LayerRule:
     kv_heads: tuple[int, ...] | None = None  # key/value heads per group; None: one per query head
     latent_dim: tuple[int, ...] = ()  # a latent layer's latent widths (with attention latent)
     rope_dim: tuple[int, ...] = (0,)  # a latent layer's RoPE dims per key/value head
+    # Explicit head groups, one set per choice (``heads: ["4x16", "2x32+4x8/16"]``): a layer
+    # is one of these sets as given (qk_dim and kv_heads too), chosen by ``L{i}.heads``.
+    head_sets: tuple[tuple[HeadGroup, ...], ...] = ()
 
     @property
     def kv_unit(self) -> int:
@@ -70,6 +74,13 @@ class LayerRule:
         kind = trial.suggest_categorical(codec.layer_key(layers, "attention"), self.attention)
         mlp_ratio = trial.suggest_categorical(codec.layer_key(layers, "mlp_ratio"),
                                               self.mlp_ratio)
+        fixed = self.fixed_fields(mlp_ratio)
+        if self.head_sets:
+            heads = self._sample_head_set(layers, trial)
+            for name, value in fixed.items():
+                if value != codec.DEFAULTS[name]:
+                    trial.suggest_categorical(codec.layer_key(layers, name), (value,))
+            return LayerSpec(kind, heads, mlp_ratio=float(mlp_ratio), **fixed)
         widths = (self._sample_groups(layers, trial) if self.max_groups > 1
                   else [self._sample_one_group(layers, trial)])
         heads = []
@@ -79,13 +90,25 @@ class LayerRule:
             kv = 0 if self.kv_heads is None else trial.suggest_categorical(
                 codec.group_key(layers, j, "kv_heads"), self.kv_heads)
             heads.append(HeadGroup(count, qk_dim, v_dim, kv))
-        fixed = self.fixed_fields(mlp_ratio)
         for name, value in fixed.items():  # recorded, so the params decode to this layer
             if value != codec.DEFAULTS[name]:
                 trial.suggest_categorical(codec.layer_key(layers, name), (value,))
         latent, rope = self._sample_latent(layers, trial) if kind_traits(kind).latent else (0, 0)
         return LayerSpec(kind, tuple(heads), mlp_ratio=float(mlp_ratio), **fixed,
                          latent_dim=latent, rope_dim=rope)
+
+    def _sample_head_set(self, layers: tuple[int, ...], trial: Suggester
+                         ) -> tuple[HeadGroup, ...]:
+        """One of ``head_sets``, chosen by its heads string; its groups' fields recorded too
+        (one-point ranges), so the params read as any layer's (``codec.decode``)."""
+        sets = {heads_text(s): s for s in self.head_sets}
+        heads = sets[trial.suggest_categorical(codec.layer_key(layers, "heads"), tuple(sets))]
+        count = len(heads)
+        trial.suggest_int(codec.layer_key(layers, codec.GROUP_COUNT), count, count)
+        for j, group in enumerate(heads):
+            for name, value in group.to_dict().items():
+                trial.suggest_int(codec.group_key(layers, j, name), value, value)
+        return heads
 
     def _sample_latent(self, layers: tuple[int, ...], trial: Suggester) -> tuple[int, int]:
         """A latent layer's latent width and RoPE dims."""
@@ -147,6 +170,11 @@ class LayerRule:
             if layer.rotate_latent:
                 problems.append(f"{where}.rotate_latent = True: the space samples latent parts "
                                 "without RoPE")
+        if self.head_sets:
+            if layer.heads not in self.head_sets:
+                problems.append(f"{where}.heads = {layer.heads_str}: allowed "
+                                f"{[heads_text(s) for s in self.head_sets]}")
+            return problems
         problems += (self._groups_problems(layer, where) if self.max_groups > 1
                      else self._one_group_problems(layer, where))
         for j, g in enumerate(layer.heads):
@@ -221,6 +249,30 @@ class TrainParam:
         if self.integer:
             return trial.suggest_int(self.name, int(self.low), int(self.high), log=self.log)
         return trial.suggest_float(self.name, self.low, self.high, log=self.log)
+
+
+_GROUP = re.compile(r"^(\d+)x(\d+)(?:/(\d+))?(?:kv(\d+))?$")
+
+
+def heads_text(heads: tuple[HeadGroup, ...]) -> str:
+    """Head groups as ``LayerSpec.heads_str`` writes them: ``2x64+4x16/64``."""
+    return "+".join(str(g) for g in heads)
+
+
+def parse_heads(text: str) -> tuple[HeadGroup, ...]:
+    """The head groups ``heads_text`` wrote (``2x64+4x16/64``, ``8x16kv2``).
+
+    Raises:
+        ValueError: not head groups in that form.
+    """
+    groups = []
+    for part in text.replace(" ", "").split("+"):
+        match = _GROUP.match(part)
+        if match is None:
+            raise ValueError(f"{part!r} is not COUNTxDIM, COUNTxQK/V or either with kvK")
+        count, qk, v, kv = (int(x) if x else 0 for x in match.groups())
+        groups.append(HeadGroup(count, qk, v, kv))
+    return tuple(groups)
 
 
 def min_group_widths(dims: tuple[int, ...], max_groups: int, budget: int,

@@ -99,8 +99,9 @@ class SearchSpace:
             rule = self.rule(i)
             # Most heads: the one-group rule's largest count, else the budget over the
             # smallest head dimension a group may take.
-            heads = max(rule.heads) if rule.heads else rule.budget // min(
-                rule.head_dim or (1,))
+            heads = (max(sum(g.count for g in h) for h in rule.head_sets) if rule.head_sets
+                     else max(rule.heads) if rule.heads else rule.budget // min(
+                         rule.head_dim or (1,)))
             dim = 2 * max(1, rule.budget // heads // 2)  # even: valid for every positional
             layers.append(LayerSpec("mhsa", (HeadGroup(max(1, rule.budget // dim), dim),),
                                     mlp_ratio=max(rule.mlp_ratio)))
@@ -205,7 +206,11 @@ class SearchSpace:
                                     f"space shares layer {names[0]}'s configuration")
                 continue
             problems += rule.problems(layer, f"layers[{i}]")
-            params.update(codec.encode_layer(layer, names, group_count=rule.max_groups > 1))
+            sets = bool(rule.head_sets)
+            params.update(codec.encode_layer(layer, names,
+                                             group_count=rule.max_groups > 1 or sets))
+            if sets:
+                params[codec.layer_key(names, "heads")] = layer.heads_str
             if rule.kv_heads is not None:  # sampled, so recorded even when not grouped
                 params.update({codec.group_key(names, j, "kv_heads"): g.kv_heads
                                for j, g in enumerate(layer.heads)})

@@ -459,3 +459,39 @@ def test_the_promise_space_trains_the_printed_plan_and_its_uniform_twin() -> Non
     keys = [(arch.layers, train["seed"]) for arch, train in built]
     assert keys == [(m.layers, s) for m in (plan, uniform) for s in (0, 1, 2)]
     assert plan.layers[1].heads == (HeadGroup(4, 8, 64),)  # the printed 4x8/64
+
+
+HEAD_SETS = {"name": "sets", "budget": 32, "depth": 2, "sampler": "random",
+             "layers": [{"layers": 0, "role": "extract", "mlp_ratio": [2],
+                         "heads": ["1x32", "4x8", "2x8+1x16"]},
+                        {"layers": 1, "mlp_ratio": [2], "heads": ["1x8/32", "4x8"]}],
+             "train": {"seed": [0, 1]}}
+
+
+def test_explicit_head_sets_are_points_that_encode_back() -> None:
+    """``heads: ["2x8+1x16", ...]``: each set is one choice of ``L{i}.heads``, taken as given
+    (its qk_dim too), and ``encode`` of any sampled point gives that point's params back."""
+    space = parse_space(HEAD_SETS)
+    grid = space.grid(limit=100)
+    assert len(grid) == 3 * 2 * 2
+    seen = set()
+    for params in grid:
+        arch, train = space.sample(FixedSuggester(params), IO)
+        assert space.encode(arch, {"seed": train["seed"]}) == params
+        assert codec.decode(params, arch) == arch
+        seen.add(tuple(layer.heads_str for layer in arch.layers))
+    assert ("2x8+1x16", "1x8/32") in seen and len(seen) == 6
+    other = dataclasses.replace(arch, layers=(arch.layers[0], dataclasses.replace(
+        arch.layers[1], heads=(HeadGroup(2, 16),))))
+    with pytest.raises(SpaceError, match=r"layers\[1\].heads = 2x16: allowed"):
+        space.encode(other)
+
+
+@pytest.mark.parametrize(("rule", "message"), [
+    ({"heads": ["4x8", "3y8"]}, r"layers\[0\].heads = '3y8': must be head groups"),
+    ({"heads": ["8x8"]}, r"width 64 exceeds the layer budget 32"),
+    ({"heads": ["4x8"], "qk_dim": "reduced"}, r"qk_dim = 'reduced': not used with explicit"),
+])
+def test_bad_head_sets_are_named(rule: dict[str, object], message: str) -> None:
+    with pytest.raises(SpaceError, match=message):
+        parse_space({**HEAD_SETS, "layers": [{"layers": "all", **rule}]})
