@@ -5,12 +5,15 @@ from . import calibrate as calibrate, compression as compression
 from .calibrate import (
     ConstantsFit as ConstantsFit,
     Observation as Observation,
+    Recalibrated as Recalibrated,
     WidthDesign as WidthDesign,
     fit as fit,
+    mean_observations as mean_observations,
+    recalibrate as recalibrate,
     with_constants as with_constants,
 )
 from .constants import Constants as Constants, read_constants as read_constants
-from .errors import PilotError as PilotError
+from .errors import CalibrationError as CalibrationError, PilotError as PilotError
 from .extract import (
     ErrorModel as ErrorModel,
     ExtractProblem as ExtractProblem,
@@ -18,7 +21,13 @@ from .extract import (
     solve_brute_force as solve_brute_force,
     solve_exact as solve_exact,
 )
-from .heuristics import HEURISTICS as HEURISTICS, heuristic_arch as heuristic_arch
+from .heuristics import (
+    HEURISTICS as HEURISTICS,
+    PLAN as PLAN,
+    heuristic_arch as heuristic_arch,
+    rule_archs as rule_archs,
+    twin_arch as twin_arch,
+)
 from .plan import (
     Plan as Plan,
     baseline_arch as baseline_arch,

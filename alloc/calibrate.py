@@ -30,7 +30,7 @@ from alloc.constants import Constants, to_yaml
 from alloc.errors import CalibrationError, PlanError
 from alloc.plan import Plan, make_plan, predicted_error
 from alloc.settings import PlanSettings
-from arch import HeadGroup, LayerSpec
+from arch import ArchConfig, HeadGroup, LayerSpec
 from common.cli import (
     Parser,
     add_format,
@@ -271,6 +271,64 @@ def fit_groups(groups: Sequence[Group], design: WidthDesign | None = None
         if candidate.r2 > best.r2:
             best = candidate
     return raw, dataclasses.replace(best, design=form.design)
+
+
+# --- a plan calibrated on its own trainings ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Recalibrated:
+    """A default plan calibrated on trainings of it and the fixed rules: the fit, and the plan
+    made again with the fitted constants where they explain the losses at all (R² > 0), else
+    the default plan kept (``informative`` False)."""
+
+    plan: Plan
+    raw: ConstantsFit
+    fitted: ConstantsFit
+
+    @property
+    def informative(self) -> bool:
+        return self.fitted.r2 > 0
+
+
+def mean_observations(arms: Mapping[str, ArchConfig], losses: Mapping[str, Mapping[int, float]],
+                      seeds: Sequence[int]) -> list[Observation]:
+    """One observation per distinct architecture of ``arms`` (by label; one that two labels
+    share counts once): its first layer and its mean loss over ``seeds``, from ``losses`` (per
+    ``arch_id``, the loss per seed).
+
+    Raises:
+        CalibrationError: an architecture without a finite positive loss on every seed.
+    """
+    out: list[Observation] = []
+    seen: set[str] = set()
+    for label, arch in arms.items():
+        if arch.arch_id in seen:
+            continue
+        seen.add(arch.arch_id)
+        values = [losses.get(arch.arch_id, {}).get(s, math.nan) for s in seeds]
+        if not all(math.isfinite(v) and v > 0 for v in values):
+            raise CalibrationError.of([Problem(
+                "losses", f"{label} ({arch.describe()})",
+                f"needs a finite loss on every seed {list(seeds)}; has {values}")])
+        out.append(Observation(arch.describe(), arch.layers[0], sum(values) / len(values),
+                               len(out), len(values)))
+    return out
+
+
+def recalibrate(default: Plan, observations: Sequence[Observation]) -> Recalibrated:
+    """``default`` (a plan and its settings) calibrated on ``observations`` of it and the fixed
+    rules (``fit``, docs/theory.md §6). A fit no better than the losses' mean (R² <= 0: every
+    arm predicted alike) carries no measurement; its constants would pick among ties, so the
+    default plan stays.
+
+    Raises:
+        CalibrationError: too few distinct architectures to fit.
+    """
+    raw, fitted = fit(default.settings, observations)
+    plan = (make_plan(with_constants(default.settings, fitted.constants)) if fitted.r2 > 0
+            else default)
+    return Recalibrated(plan, raw, fitted)
 
 
 # --- reading the study -----------------------------------------------------------------------

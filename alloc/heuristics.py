@@ -7,6 +7,9 @@ the same attention parameters at one width.
   Llama do (the allocator's own baseline, ``alloc.plan.baseline_head``).
 * ``head-dim-32``: one head per 32 dimensions.
 * ``uniform-1`` ... ``uniform-8``: the same head count in every layer, whatever the width.
+
+A plan is calibrated against these rules (``rule_archs``: the plan and every rule at its shape)
+and its later layers' rule checked against its ``twin_arch`` (its first layer in every layer).
 """
 
 from __future__ import annotations
@@ -72,3 +75,24 @@ def heuristic_arch(template: ArchConfig, name: str) -> ArchConfig:
     group = HeadGroup(count, width // count)
     return dataclasses.replace(template, layers=tuple(
         dataclasses.replace(layer, heads=(group,)) for layer in template.layers))
+
+
+PLAN = "plan"  # the label of the plan among the rules (``rule_archs``)
+
+
+def rule_archs(plan: ArchConfig) -> dict[str, ArchConfig]:
+    """``plan`` and every fixed rule at its width, depth and MLP, by label (``PLAN`` first,
+    then each rule's name): what a calibration trains.
+
+    Raises:
+        PlanError: a rule's head count does not divide the width.
+    """
+    return {PLAN: plan, **{name: heuristic_arch(plan, name) for name in HEURISTICS}}
+
+
+def twin_arch(plan: ArchConfig) -> ArchConfig:
+    """``plan`` with its first layer's heads in every layer, all else kept: the plan without
+    what the later layers' rule (docs/theory.md §4, §4.1) chose."""
+    first = plan.layers[0].heads
+    return dataclasses.replace(plan, layers=tuple(dataclasses.replace(layer, heads=first)
+                                                  for layer in plan.layers))

@@ -48,15 +48,15 @@ from typing import Any
 
 from alloc import (
     HEURISTICS,
+    CalibrationError,
     Constants,
     PilotRequest,
     Plan,
     calibrate,
-    heuristic_arch,
-    make_plan,
     read_allocator_inputs,
     read_constants,
-    with_constants,
+    rule_archs,
+    twin_arch,
     write_profile,
 )
 from arch import ArchConfig, TrainConfig
@@ -223,17 +223,7 @@ def untrained(args: argparse.Namespace, sizes: Sizes, chosen: Sequence[Entry]) -
                                  "with --corpus)")
 
 
-def models(plan: ArchConfig) -> dict[str, ArchConfig]:
-    """The plan and every fixed rule at its width, depth and MLP, by label."""
-    return {PLAN: plan, **{name: heuristic_arch(plan, name) for name in HEURISTICS}}
-
-
-def twin_arch(plan: ArchConfig) -> ArchConfig:
-    """``plan`` with its first layer's heads in every layer, all else kept: the plan without
-    what the later layers' rule (docs/theory.md §4, §4.1) chose."""
-    first = plan.layers[0].heads
-    return dataclasses.replace(plan, layers=tuple(dataclasses.replace(layer, heads=first)
-                                                  for layer in plan.layers))
+models = rule_archs  # the plan and every fixed rule at its shape, by label (alloc's)
 
 
 def twin_of(arms: Mapping[str, ArchConfig]) -> str:
@@ -324,25 +314,21 @@ def losses_of(arms: Mapping[str, ArchConfig], rows: Sequence[Mapping[str, str]]
 def observations_of(arms: Mapping[str, ArchConfig], rows: Sequence[Mapping[str, str]],
                     seeds: Sequence[int], hint: str) -> list[calibrate.Observation]:
     """The calibration's observations (docs/theory.md §6) from one corpus's ledger rows of one
-    recipe: each distinct arm of ``arms``, its first layer and its mean loss over ``seeds``.
+    recipe: each distinct arm of ``arms``, its first layer and its mean loss over ``seeds``
+    (``alloc.calibrate.mean_observations``).
 
     Raises:
         UsageError: an arm without a finite loss on every seed (``hint`` says how to train it).
     """
-    losses = losses_of(arms, rows)
-    out: list[calibrate.Observation] = []
-    seen: set[str] = set()
-    for label, arch in arms.items():
-        if arch.arch_id in seen:
-            continue
-        seen.add(arch.arch_id)
-        values = [losses[label].get(s, math.nan) for s in seeds]
-        if not all(math.isfinite(v) and v > 0 for v in values):
-            raise UsageError(f"{label} ({arch.describe()}): the ledger has no finite loss on "
-                             f"every seed {seeds_text(seeds)}; train it first ({hint})")
-        out.append(calibrate.Observation(arch.describe(), arch.layers[0],
-                                         sum(values) / len(values), len(out), len(values)))
-    return out
+    by_arch: dict[str, dict[int, float]] = {}
+    for r in rows:
+        by_arch.setdefault(r["arch_id"], {})[int(r["seed"])] = (
+            float(r["val_loss"]) if r["val_loss"] else math.nan)
+    try:
+        return calibrate.mean_observations(arms, by_arch, seeds)
+    except CalibrationError as err:
+        raise UsageError(f"{err}: the ledger has no finite loss on every seed "
+                         f"{seeds_text(seeds)}; train it first ({hint})") from None
 
 
 def seeds_text(seeds: Sequence[int]) -> str:
@@ -416,11 +402,8 @@ def calibrated_plan(args: argparse.Namespace, sizes: Sizes, corpus: str, spec: D
     arms, seeds = models(default.arch), calibration_seeds(args.calibration_seeds)
     rows = train_all(args, sizes, corpus, spec, arms, out / "runs.csv", seeds)
     observations = observations_of(arms, rows, seeds, "heldout --calibrate without --no-train")
-    _, fitted = calibrate.fit(default.settings, observations)
-    # A fit no better than the losses' mean (R² <= 0: every arm predicted alike) carries no
-    # measurement; its constants would pick among ties, so the default plan stays.
-    informative = fitted.r2 > 0
-    plan = make_plan(with_constants(default.settings, fitted.constants)) if informative else default
+    recalibrated = calibrate.recalibrate(default, observations)
+    plan, fitted, informative = recalibrated.plan, recalibrated.fitted, recalibrated.informative
     later = None
     if args.check_later_layers:  # the plan the verdict would judge, and its twin
         pair = {PLAN: plan.arch, TWIN: twin_arch(plan.arch)}
