@@ -74,13 +74,20 @@ class LayerRule:
         kind = trial.suggest_categorical(codec.layer_key(layers, "attention"), self.attention)
         mlp_ratio = trial.suggest_categorical(codec.layer_key(layers, "mlp_ratio"),
                                               self.mlp_ratio)
+        heads = (self._sample_head_set(layers, trial) if self.head_sets
+                 else self._sample_heads(kind, layers, trial))
         fixed = self.fixed_fields(mlp_ratio)
-        if self.head_sets:
-            heads = self._sample_head_set(layers, trial)
-            for name, value in fixed.items():
-                if value != codec.DEFAULTS[name]:
-                    trial.suggest_categorical(codec.layer_key(layers, name), (value,))
-            return LayerSpec(kind, heads, mlp_ratio=float(mlp_ratio), **fixed)
+        for name, value in fixed.items():  # recorded, so the params decode to this layer
+            if value != codec.DEFAULTS[name]:
+                trial.suggest_categorical(codec.layer_key(layers, name), (value,))
+        latent, rope = self._sample_latent(layers, trial) if kind_traits(kind).latent else (0, 0)
+        return LayerSpec(kind, tuple(heads), mlp_ratio=float(mlp_ratio), **fixed,
+                         latent_dim=latent, rope_dim=rope)
+
+    def _sample_heads(self, kind: str, layers: tuple[int, ...], trial: Suggester
+                      ) -> tuple[HeadGroup, ...]:
+        """One head group, or several filling the budget, each with its ``qk_dim`` (and
+        ``kv_heads`` where the rule samples them)."""
         widths = (self._sample_groups(layers, trial) if self.max_groups > 1
                   else [self._sample_one_group(layers, trial)])
         heads = []
@@ -90,12 +97,7 @@ class LayerRule:
             kv = 0 if self.kv_heads is None else trial.suggest_categorical(
                 codec.group_key(layers, j, "kv_heads"), self.kv_heads)
             heads.append(HeadGroup(count, qk_dim, v_dim, kv))
-        for name, value in fixed.items():  # recorded, so the params decode to this layer
-            if value != codec.DEFAULTS[name]:
-                trial.suggest_categorical(codec.layer_key(layers, name), (value,))
-        latent, rope = self._sample_latent(layers, trial) if kind_traits(kind).latent else (0, 0)
-        return LayerSpec(kind, tuple(heads), mlp_ratio=float(mlp_ratio), **fixed,
-                         latent_dim=latent, rope_dim=rope)
+        return tuple(heads)
 
     def _sample_head_set(self, layers: tuple[int, ...], trial: Suggester
                          ) -> tuple[HeadGroup, ...]:
