@@ -96,7 +96,7 @@ def request_of(args: argparse.Namespace) -> CalibrationRequest:
     return CalibrationRequest(
         task=TaskSpec(data=spec, params={"length": args.seq_len}), budget=args.budget,
         layers=args.layers, out=args.out, study=args.study, storage=args.storage,
-        seeds=args.seeds or (SMOKE_SEEDS if args.smoke_test else 3), steps=args.steps,
+        seeds=(SMOKE_SEEDS if args.smoke_test else 3) if args.seeds is None else args.seeds, steps=args.steps,
         batch_size=args.batch_size, mlp_ratio=args.mlp_ratio, profile=args.profile,
         pilot_steps=args.pilot_steps or (SMOKE_PILOT_STEPS if args.smoke_test else None),
         resume=args.resume, smoke_test=args.smoke_test, quiet=args.quiet,

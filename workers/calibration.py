@@ -221,10 +221,12 @@ def as_trained(space: SearchSpace, arch: ArchConfig, task_io: Any) -> ArchConfig
 
 
 def train_arms(request: CalibrationRequest, study: str, arms: Mapping[str, ArchConfig],
-               task: Any, profile: Path, resume: bool) -> int:
-    """Every distinct arch of ``arms`` at every calibration seed, as the study's points, through
-    the search (FIFO: every trial fully trained); on ``resume`` only the points it lacks.
-    Returns the study's trials.
+               task: Any, profile: Path, resume: bool,
+               only: Sequence[ArchConfig] | None = None) -> int:
+    """Every distinct arch of ``arms`` (or of ``only``, some of them: the space is still all
+    of theirs) at every calibration seed, as the study's points, through the search (FIFO:
+    every trial fully trained); on ``resume`` only the points it lacks. Returns the study's
+    trials.
 
     Raises:
         SearchError: the search refused (e.g. the study is another search's).
@@ -234,7 +236,7 @@ def train_arms(request: CalibrationRequest, study: str, arms: Mapping[str, ArchC
     from workers.search.request import prepare
 
     space = arms_space(arms, request, study)
-    distinct = {a.arch_id: a for a in arms.values()}.values()
+    distinct = {a.arch_id: a for a in (arms.values() if only is None else only)}.values()
     points = tuple(space.encode(a, {"seed": s}) for s in request.seed_list for a in distinct)
     options = SearchOptions(scheduler="fifo", sampler="random", profile=profile,
                             quiet=request.quiet, storage_path=request.storage_path,
@@ -319,13 +321,15 @@ def _fit_and_check(request: CalibrationRequest, url: str, task: Any, default: Pl
         del pair[TWIN]
     pair_space = arms_space(pair, request, request.check_study)
     pair = {label: as_trained(pair_space, a, task.io) for label, a in pair.items()}
-    if any(s not in losses.get(a.arch_id, {}) for a in pair.values() for s in request.seed_list):
+    missing = [a for a in pair.values()
+               if any(s not in losses.get(a.arch_id, {}) for s in request.seed_list)]
+    if missing:
         say(f"calibrate: the calibrated plan {plan.describe()}"
-            + (f" against its twin {pair[TWIN].describe()}" if TWIN in pair else ""),
-            quiet=request.quiet)
+            + (f" against its twin {pair[TWIN].describe()}" if TWIN in pair else "")
+            + f"; training {', '.join(a.describe() for a in missing)}", quiet=request.quiet)
         trials[request.check_study] = train_arms(
             request, request.check_study, pair, task, profile,
-            request.check_study in existing_studies(url))
+            request.check_study in existing_studies(url), missing)
         studies.append(request.check_study)
         losses = study_losses(url, studies)
     means = {o.label: o.loss for o in mean_observations(pair, losses, request.seed_list)}
@@ -361,5 +365,5 @@ def write_plan(result: Calibration, url: str) -> None:
               f"# later layers: {later}",
               f"# constants: {result.constants}"]
     calibrate.write_constants(result.constants, ", ".join(result.studies),
-                              len(result.losses), fitted, {"plan": result.arch.describe()})
+                              len(fitted.bound), fitted, {"plan": result.arch.describe()})
     write_atomic(result.out, "\n".join(header) + "\n" + result.arch.to_yaml())
