@@ -169,7 +169,8 @@ def check(request: CalibrationRequest, existing: set[str]) -> None:
     studies = (request.study, request.check_study)
     if not request.resume and (found := [s for s in studies if s in existing]):
         raise UsageError.of([Problem("study", found[0], "already exists; pass {resume} to "
-                                     "continue it, or choose another {study}")])
+                                     "continue it, or choose another {study}",
+                                     shown=repr(found[0]))])
     if request.resume and request.study not in existing:
         raise UsageError.of([Problem("resume", True, f"no study {request.study!r} to continue; "
                                      "run without {resume} to start it", shown="")])
