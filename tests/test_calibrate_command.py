@@ -65,13 +65,13 @@ def writes(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
 def test_a_study_is_written_resumed_and_the_plan_written_once(
         tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from workers.search import request as search_request
+    import workers.search as search
 
     out = tmp_path / "plan.yaml"
-    prepare = search_request.prepare
+    run_search = search.run_search
     with monkeypatch.context() as patch:  # a first run that stops after 4 of its 10 trainings
-        patch.setattr(search_request, "prepare",
-                      lambda *a, **k: prepare(*a, **{**k, "trials": 4}))
+        patch.setattr(search, "run_search",
+                      lambda *a, **k: run_search(*a, **{**k, "trials": 4}))
         assert main(argv(tmp_path)) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert "needs a finite loss on every seed" in err[-1] and not out.exists()

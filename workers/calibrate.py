@@ -36,13 +36,13 @@ from common.cli import (
 )
 from common.errors import TransformerAllocError, UsageError
 from userdata import TaskSpec, add_data_args, data_spec
+from workers.search import SMOKE_PILOT_STEPS
 from workers.taskargs import TASK_FLAGS
 
 if TYPE_CHECKING:
     from workers.calibration import Calibration, CalibrationRequest
 
 PROG = "workers.calibrate"
-SMOKE_PILOT_STEPS = 20  # --smoke-test: the pilot only checks that it runs (workers.search's)
 SMOKE_SEEDS = 2
 
 
@@ -96,8 +96,9 @@ def request_of(args: argparse.Namespace) -> CalibrationRequest:
     return CalibrationRequest(
         task=TaskSpec(data=spec, params={"length": args.seq_len}), budget=args.budget,
         layers=args.layers, out=args.out, study=args.study, storage=args.storage,
-        seeds=(SMOKE_SEEDS if args.smoke_test else 3) if args.seeds is None else args.seeds, steps=args.steps,
-        batch_size=args.batch_size, mlp_ratio=args.mlp_ratio, profile=args.profile,
+        seeds=(SMOKE_SEEDS if args.smoke_test else 3) if args.seeds is None else args.seeds,
+        steps=args.steps, batch_size=args.batch_size, mlp_ratio=args.mlp_ratio,
+        profile=args.profile,
         pilot_steps=args.pilot_steps or (SMOKE_PILOT_STEPS if args.smoke_test else None),
         resume=args.resume, smoke_test=args.smoke_test, quiet=args.quiet,
         storage_path=args.storage_path, max_concurrent=args.max_concurrent)
@@ -135,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from studies import StorageFaultError
     from workers.errors import SearchFaultError
-    from workers.search.cli import stdout_aside
+    from workers.search import stdout_aside
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:

@@ -178,11 +178,17 @@ def check(request: CalibrationRequest, existing: set[str]) -> None:
 
 def existing_studies(url: str) -> set[str]:
     """The study names in the storage ``url`` (none where its SQLite file does not exist)."""
-    from studies import engine, open_storage, query
-    from studies.urls import parse
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
 
-    parsed = parse(url)
-    if parsed.get_backend_name() == "sqlite" and not Path(parsed.database or "").exists():
+    from studies import engine, open_storage, query
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:  # open_storage says what is wrong with it
+        parsed = None
+    if (parsed is not None and parsed.get_backend_name() == "sqlite"
+            and not Path(parsed.database or "").exists()):
         return set()
     return {s.name for s in query.list_studies(engine(open_storage(url, read_only=True)))}
 
@@ -232,20 +238,16 @@ def train_arms(request: CalibrationRequest, study: str, arms: Mapping[str, ArchC
     Raises:
         SearchError: the search refused (e.g. the study is another search's).
     """
-    from workers.search import SearchOptions
-    from workers.search.driver import execute
-    from workers.search.request import prepare
+    from workers.search import SearchOptions, run_search, training_budget
 
-    space = arms_space(arms, request, study)
+    space = training_budget(arms_space(arms, request, study), request.smoke_test, request.steps)
     distinct = {a.arch_id: a for a in (arms.values() if only is None else only)}.values()
     points = tuple(space.encode(a, {"seed": s}) for s in request.seed_list for a in distinct)
     options = SearchOptions(scheduler="fifo", sampler="random", profile=profile,
                             quiet=request.quiet, storage_path=request.storage_path,
                             max_concurrent=request.max_concurrent, points=points)
-    searched = prepare(space, task, storage=request.storage, study=study, trials=len(points),
-                       resume=resume, options=options, smoke_test=request.smoke_test,
-                       steps=request.steps)
-    summary = execute(searched)
+    summary = run_search(space, task, storage=request.storage, study=study,
+                         trials=len(points), resume=resume, options=options)
     if summary.status.name != "COMPLETED":
         raise CalibrationError.of([Problem("study", study, f"the search ended {summary.status}; "
                                            "continue it with {resume}")])

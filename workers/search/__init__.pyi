@@ -2,7 +2,7 @@
 list: the one place they are named)."""
 
 from .asking import ask_new as ask_new
-from .cli import SMOKE_PILOT_STEPS as SMOKE_PILOT_STEPS
+from .cli import SMOKE_PILOT_STEPS as SMOKE_PILOT_STEPS, stdout_aside as stdout_aside
 from .driver import SearchSummary as SearchSummary, run_search as run_search
 from .options import SearchOptions as SearchOptions, training_budget as training_budget
 from .protocol import TrialJob as TrialJob, TrialSpec as TrialSpec
