@@ -18,7 +18,8 @@ from studies import add_record, open_storage
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMANDS = ("alloc.solve", "alloc.profile", "alloc.calibrate", "workers.train",
-            "workers.search", "workers.profile", "workers.compress", "studies")
+            "workers.search", "workers.profile", "workers.compress", "workers.calibrate",
+            "studies")
 HEAVY = ("torch", "ray", "scipy.stats", "scipy.optimize", "transformers", "matplotlib", "optuna")
 # Runs ``python -m MODULE ARGS...`` in this interpreter, then prints the heavy modules it loaded.
 PROBE = """
