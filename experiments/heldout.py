@@ -68,20 +68,19 @@ from experiments.corpora import plan_from_profile
 from experiments.heldout_report import PLAN
 from userdata import DTYPES, DataSpec, corpora as registry
 from userdata.corpora import HELD_OUT, ROLES, Role
+# The calibration's seeds (CALIBRATION_SEED and up) are above every evaluation seed (--seeds is at
+# most 50): no loss a verdict reads ever enters a fit.
+from workers.calibration import CALIBRATION_SEED, TWIN
 from workers.tasks import Task, make_data_task
 
 NAME = "heldout"
 ALL = "all"
 CALIBRATED = "calibrated"  # the tables' stem with --calibrate
 CHECKED = "checked"  # and with --check-later-layers
-TWIN = "twin"  # the calibrated plan's first layer in every layer (--check-later-layers)
 # The later layers' heads (--later-heads): as many as the distinct attention patterns measured
 # there (docs/theory.md §4.1), or layer 0's, only their qk_dim narrowed (§4).
 PATTERNS, FIRST = "patterns", "first"
 LATER_HEADS = (PATTERNS, FIRST)
-# The calibration's seeds start here, above every evaluation seed (--seeds is at most 50): no
-# loss a verdict reads ever enters a fit.
-CALIBRATION_SEED = 1000
 LEDGER_COLUMNS = ("corpus", "model", "arch", "arch_id", "seed", "recipe", "steps", "val_loss",
                   "val_loss_se", "params", "status", "wall_s")
 

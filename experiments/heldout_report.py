@@ -23,6 +23,7 @@ from alloc import HEURISTICS, Constants
 from common.cli import render_table
 from common.stats import ALPHA, Paired, holm, interval, mean, noise, paired, sd
 from userdata.corpora import DEVELOPMENT, HELD_OUT, ROLES, Role, require_role, split_by_role
+from workers.calibration import LaterCheck
 
 PLAN = "plan"
 MARGIN = 0.01  # the margin a difference is read against: 1% of the best rule's loss
@@ -283,21 +284,10 @@ def sets(rows: Sequence[CorpusVerdict]) -> dict[Role, SetVerdict | None]:
     return {role: over_corpora(parts[role], role) if parts[role] else None for role in ROLES}
 
 
-@dataclass(frozen=True)
-class LaterLayersCheck:
-    """The later layers' rule (docs/theory.md §4, §4.1) checked on the calibration's own seeds:
-    the calibrated plan against its twin (its first layer in every layer), their mean losses
-    over the calibration seeds. The rule is kept only where the plan is lower; else the plan's
-    later layers copy its first layer."""
-
-    plan: str  # the calibrated plan's architecture, before the check
-    twin: str
-    plan_loss: float
-    twin_loss: float
-
-    @property
-    def keeps_rule(self) -> bool:
-        return self.plan_loss < self.twin_loss
+# The later layers' rule (docs/theory.md §4, §4.1) checked on the calibration's own seeds: the
+# calibrated plan against its twin (its first layer in every layer), their mean losses; the rule
+# is kept only where the plan is lower (the product's check, workers.calibrate's).
+LaterLayersCheck = LaterCheck
 
 
 @dataclass(frozen=True)
