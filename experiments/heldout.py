@@ -68,12 +68,12 @@ from experiments.corpora import plan_from_profile
 from experiments.heldout_report import PLAN
 from userdata import DTYPES, DataSpec, corpora as registry
 from userdata.corpora import HELD_OUT, ROLES, Role
-# The calibration's seeds (CALIBRATION_SEED and up) are above every evaluation seed (--seeds is at
-# most 50): no loss a verdict reads ever enters a fit.
 from workers.calibration import CALIBRATION_SEED, TWIN
 from workers.tasks import Task, make_data_task
 
 NAME = "heldout"
+# The calibration's seeds (CALIBRATION_SEED and up, the product's) are above every evaluation
+# seed (--seeds is at most 50): no loss a verdict reads ever enters a fit.
 ALL = "all"
 CALIBRATED = "calibrated"  # the tables' stem with --calibrate
 CHECKED = "checked"  # and with --check-later-layers
