@@ -36,6 +36,7 @@ from common.cli import (
 )
 from common.errors import TransformerAllocError, UsageError
 from userdata import TaskSpec, add_data_args, data_spec
+from workers.calibration import CALIBRATION_SEED, SEEDS, STEPS
 from workers.search import SMOKE_PILOT_STEPS
 from workers.taskargs import TASK_FLAGS
 
@@ -64,10 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--storage", help="SQLAlchemy URL (default: $OPTUNA_STORAGE, then "
                                      "sqlite:///studies.db)")
     p.add_argument("--seeds", type=int, default=None, metavar="K",
-                   help=f"calibration seeds per model (default: 3, {SMOKE_SEEDS} with "
-                        "--smoke-test)")
+                   help=f"calibration seeds per model, {CALIBRATION_SEED} and up (default: "
+                        f"{SEEDS}, {SMOKE_SEEDS} with --smoke-test)")
     p.add_argument("--steps", type=int_in(1), help="training steps of every model (default: "
-                   f"400; {SMOKE_TRIAL['steps']} with --smoke-test)")
+                   f"{STEPS}; {SMOKE_TRIAL['steps']} with --smoke-test)")
     p.add_argument("--batch-size", type=int_in(1), default=16)
     p.add_argument("--profile", type=Path,
                    help="the data's profile (python -m workers.profile --out); default: made "
@@ -96,7 +97,7 @@ def request_of(args: argparse.Namespace) -> CalibrationRequest:
     return CalibrationRequest(
         task=TaskSpec(data=spec, params={"length": args.seq_len}), budget=args.budget,
         layers=args.layers, out=args.out, study=args.study, storage=args.storage,
-        seeds=(SMOKE_SEEDS if args.smoke_test else 3) if args.seeds is None else args.seeds,
+        seeds=(SMOKE_SEEDS if args.smoke_test else SEEDS) if args.seeds is None else args.seeds,
         steps=args.steps, batch_size=args.batch_size, mlp_ratio=args.mlp_ratio,
         profile=args.profile,
         pilot_steps=args.pilot_steps or (SMOKE_PILOT_STEPS if args.smoke_test else None),

@@ -51,7 +51,8 @@ CHECK = "check"  # the later layers' study: STUDY-check
 # Seeds start here, above the seeds an evaluation of the plan uses (0, 1, ...): no loss a
 # verdict reads enters a fit (experiments.heldout's protocol).
 CALIBRATION_SEED = 1000
-MAX_SEEDS = 20
+SEEDS, MAX_SEEDS = 3, 20
+STEPS = 400  # a calibration training's (experiments.heldout's)
 RULE_UNIT = 8  # the fixed rules give every layer 1 to 8 heads of equal width
 
 
@@ -65,8 +66,8 @@ class CalibrationRequest:
     out: Path  # the plan's ArchConfig YAML; its constants beside it (``constants_path``)
     study: str = "calibrate"
     storage: str | None = None  # SQLAlchemy URL (default: $OPTUNA_STORAGE, then studies.db)
-    seeds: int = 3  # calibration seeds CALIBRATION_SEED .. + seeds - 1
-    steps: int | None = None  # per training (default: the recipe's, ``TRAIN``)
+    seeds: int = SEEDS  # calibration seeds CALIBRATION_SEED .. + seeds - 1
+    steps: int | None = None  # per training (default: ``STEPS``; smoke size: the search's)
     batch_size: int = 16
     mlp_ratio: float = 4.0
     profile: Path | None = None  # the data's profile (default: made now, with its pilot)
@@ -90,7 +91,6 @@ class CalibrationRequest:
         return self.out.with_name(f"{self.out.stem}-constants{self.out.suffix or '.yaml'}")
 
 
-TRAIN = {"steps": 400, "eval_every": 400}  # a calibration training (experiments.heldout's)
 
 
 @dataclass(frozen=True)
@@ -203,17 +203,24 @@ def arms_space(arms: Mapping[str, ArchConfig], request: CalibrationRequest,
     choice of ``train.seed``. Random sampling, but the search runs only the points it is
     given."""
     first = next(iter(arms.values()))
+    # Layers where every arm has one configuration share a rule (a later layer of a rule or a
+    # twin is its first), so the points stay few at any depth.
+    columns: dict[tuple[Any, ...], list[int]] = {}
+    for i in range(first.n_layers):
+        columns.setdefault(tuple(a.layers[i] for a in arms.values()), []).append(i)
     layers = []
-    for i, layer in enumerate(first.layers):
-        rule: dict[str, Any] = {"layers": i, "attention": [layer.attention],
+    for column, indices in columns.items():
+        layer = column[0]
+        rule: dict[str, Any] = {"layers": indices, "attention": [layer.attention],
                                 "mlp_ratio": [layer.mlp_ratio], "role": layer.role,
-                                "heads": sorted({a.layers[i].heads_str for a in arms.values()})}
+                                "heads": sorted({x.heads_str for x in column}),
+                                "shared": len(indices) > 1}
         if layer.eta != 1.0:
             rule["eta"] = layer.eta
         layers.append(rule)
     model = {k: getattr(first, k) for k in ("positional", "norm", "mlp", "causal",
                                              "tie_embeddings")}
-    steps = request.steps or TRAIN["steps"]
+    steps = request.steps or STEPS
     return parse_space({
         "name": name, "budget": first.d_model, "depth": first.n_layers, "sampler": "random",
         "description": "a plan and the fixed rules at the calibration seeds (workers.calibrate)",
