@@ -80,7 +80,9 @@ def test_a_study_is_written_resumed_and_the_plan_written_once(
 
     written = writes(monkeypatch)
     assert main(argv(tmp_path, "--resume")) == 0
-    result = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)
+    assert "profiling" not in captured.err  # the first run's profile: the same default plan
     done = trials(tmp_path, "calibrate")
     # 5 distinct models at D = 32 (heads of 64 and of 32 are one head, as uniform-1) x 2 seeds
     assert len(done) == 10 and all(t.state.name == "COMPLETE" for t in done)

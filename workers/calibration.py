@@ -289,8 +289,9 @@ def calibrate_plan(request: CalibrationRequest) -> Calibration:
         loss on every seed, or too few distinct architectures to fit.
     """
     from studies import resolve_url
-    from workers.search import SearchPlan, plan_settings, profile_for
+    from workers.search import SearchPlan, plan_settings, profile_for, profile_path
     from workers.taskargs import resolve_task
+    from workers.tasks import ArrayTask, TextTask
 
     url = resolve_url(request.storage)
     request = dataclasses.replace(request, storage=url)
@@ -298,7 +299,11 @@ def calibrate_plan(request: CalibrationRequest) -> Calibration:
     task = resolve_task(request.task)
     if task is None:
         raise TaskError("task: the data is required")
-    profiled = profile_for(task, request.profile, request.storage_path,
+    given = request.profile
+    if given is None and request.resume and isinstance(task, TextTask | ArrayTask):
+        made = profile_path(task, request.storage_path)  # the first run's: the same plan
+        given = made if made.exists() else None
+    profiled = profile_for(task, given, request.storage_path,
                            (request.budget, request.layers, request.mlp_ratio),
                            request.pilot_steps, request.quiet)
     if profiled is None:  # a generated task: its declared inputs

@@ -11,6 +11,7 @@ from .seeding import (
     plan_anchor as plan_anchor,
     plan_settings as plan_settings,
     profile_for as profile_for,
+    profile_path as profile_path,
     seeds as seeds,
     space_mlp_ratio as space_mlp_ratio,
 )

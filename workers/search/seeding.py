@@ -108,7 +108,7 @@ def profile_for(task: Task, profile: Path | None, out_dir: Path,
     from workers.profile import profile_data
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"profile-{Path(task.path).name}.yaml"
+    path = profile_path(task, out_dir)
     spec = task.data_spec()
     request = None
     if (pilot and isinstance(task, TextTask)
@@ -128,6 +128,11 @@ def profile_for(task: Task, profile: Path | None, out_dir: Path,
     say(f"profiled {task.path}: kernel {section['kernel']}, input dim {section['input_dim']} "
         f"in {duration(measured.wall_s)} ({path})", quiet=quiet)
     return DataProfile(path, section_inputs(section, path))
+
+
+def profile_path(task: TextTask | ArrayTask, out_dir: Path) -> Path:
+    """Where ``profile_for`` writes the profile it makes of ``task``'s data in ``out_dir``."""
+    return out_dir / f"profile-{Path(task.path).name}.yaml"
 
 
 def fit_layer(space: SearchSpace, i: int, layer: LayerSpec) -> LayerSpec:
