@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     import optuna
 
     from studies import StorageFaultError
-    from workers.errors import SearchFaultError
+    from workers.errors import CalibrationStopped, SearchFaultError
     from workers.search import stdout_aside
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
 
         with stdout_aside():
             result: Calibration = calibrate_plan(request_of(args))
-    except (StorageFaultError, SearchFaultError) as err:  # a fault: --resume continues
+    except (StorageFaultError, SearchFaultError, CalibrationStopped) as err:  # --resume goes on
         return fault(PROG, err.text(names))
     except TransformerAllocError as err:
         return fail(PROG, err.text(names))

@@ -27,7 +27,6 @@ from typing import Any
 
 from alloc import (
     PLAN,
-    CalibrationError,
     Plan,
     calibrate,
     mean_observations,
@@ -42,7 +41,7 @@ from common.files import write_atomic
 from common.progress import say
 from search_spaces import FixedSuggester, SearchSpace, parse_space
 from userdata import TaskSpec
-from workers.errors import TaskError
+from workers.errors import CalibrationStopped, TaskError
 
 log = logging.getLogger(__name__)
 
@@ -256,8 +255,9 @@ def train_arms(request: CalibrationRequest, study: str, arms: Mapping[str, ArchC
     summary = run_search(space, task, storage=request.storage, study=study,
                          trials=len(points), resume=resume, options=options)
     if summary.status.name != "COMPLETED":
-        raise CalibrationError.of([Problem("study", study, f"the search ended {summary.status}; "
-                                           "continue it with {resume}")])
+        raise CalibrationStopped.of([Problem("study", study, f"the search ended "
+                                             f"{summary.status}; continue it with {{resume}}",
+                                             shown=repr(study))])
     return sum(summary.counts.values())
 
 
@@ -285,8 +285,9 @@ def calibrate_plan(request: CalibrationRequest) -> Calibration:
 
     Raises:
         UsageError: bad input, before any work; TaskError, DataError: unusable data;
-        SearchError: a study that is another search's; CalibrationError: a training without a
-        loss on every seed, or too few distinct architectures to fit.
+        SearchError: a study that is another search's; CalibrationStopped: the search stopped
+        (Ctrl-C); CalibrationError: a training without a loss on every seed (one that
+        failed), or too few distinct architectures to fit.
     """
     from studies import resolve_url
     from workers.search import SearchPlan, plan_settings, profile_for, profile_path

@@ -25,6 +25,11 @@ class SearchFaultError(TransformerAllocError):
     user's input (exit code 1); ``--resume`` continues it once the fault is fixed."""
 
 
+class CalibrationStopped(TransformerAllocError):
+    """A calibration whose search stopped before its trainings were done (Ctrl-C, SIGTERM): not
+    the user's input (exit code 1); ``--resume`` continues it."""
+
+
 class FineTuneInterrupted(TransformerAllocError):
     """A student's fine-tune stopped by Ctrl-C, its checkpoint written: not the user's input
     (exit code 1); the same command continues it."""
@@ -33,5 +38,5 @@ class FineTuneInterrupted(TransformerAllocError):
 class WarmStartError(TransformerAllocError):
     """A ``--warm-start`` study that cannot be used."""
 
-__all__ = ["CheckpointError", "ExportError", "FineTuneInterrupted", "SearchError",
-           "SearchFaultError", "TaskError", "WarmStartError"]
+__all__ = ["CalibrationStopped", "CheckpointError", "ExportError", "FineTuneInterrupted",
+           "SearchError", "SearchFaultError", "TaskError", "WarmStartError"]
