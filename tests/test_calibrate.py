@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import asdict
 from pathlib import Path
@@ -330,3 +331,35 @@ def test_a_bound_that_prices_every_arm_alike_explains_nothing() -> None:
     assert np.ptp(calibrate.bounds(SETTINGS, obs, flat)) == 0
     scored = calibrate._score([calibrate.Group("", SETTINGS, obs)], flat)
     assert scored.r2 == 0.0 and scored.spearman == 0.0
+
+
+def test_a_plan_recalibrated_on_its_rules_means_over_seeds(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``mean_observations``: one observation per distinct model of the plan and the rules (a
+    model two rules share counts once), its mean over the seeds, refused where a seed has no
+    loss; ``recalibrate``: the plan made again from the fit, or the default kept where the
+    fit explains nothing (R² <= 0)."""
+    from alloc import PLAN, recalibrate, rule_archs, twin_arch
+    from alloc.calibrate import mean_observations
+
+    default = make_plan(PlanSettings(**{**asdict(SETTINGS), "layers": 2}))
+    arms = rule_archs(default.arch)
+    assert next(iter(arms)) == PLAN and arms["head-dim-64"] == arms["uniform-1"]  # one head
+    twin = twin_arch(default.arch)
+    assert all(layer.heads == default.arch.layers[0].heads for layer in twin.layers)
+    s = with_constants(default.settings, TRUE)
+    losses = {a.arch_id: {seed: 0.01 * predicted_error(s, a.layers[0]) * (1 + 0.01 * seed)
+                          for seed in (7, 8)} for a in arms.values()}
+    observed = mean_observations(arms, losses, (7, 8))
+    assert len(observed) == len({a.arch_id for a in arms.values()}) == 5  # and 2x32 twice
+    plan_loss = observed[0].loss
+    assert plan_loss == pytest.approx(sum(losses[default.arch.arch_id].values()) / 2)
+    with pytest.raises(CalibrationError, match="needs a finite loss on every seed"):
+        mean_observations(arms, losses, (7, 8, 9))
+    made = recalibrate(default, observed)
+    assert made.informative and made.plan.settings.c_head == made.fitted.constants.c_head
+    real = calibrate.fit
+    monkeypatch.setattr(calibrate, "fit", lambda *a: (lambda raw, fitted: (
+        raw, dataclasses.replace(fitted, r2=-0.01)))(*real(*a)))
+    kept = recalibrate(default, observed)  # a fit no better than the losses' mean
+    assert not kept.informative and kept.plan is default
