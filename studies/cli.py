@@ -87,6 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
     compared.add_argument("--against", type=int_in(0), metavar="TRIAL",
                           help="the reference: the architecture of this trial (default: the "
                                "best mean)")
+    compared.add_argument("--with", dest="pooled", action="append", default=[],
+                          metavar="STUDY", help="another study of the same task and metric "
+                          "whose trials join the points (an arm trained later, in a study "
+                          "of its own); its trials show as STUDY#N (repeatable)")
     return p
 
 
@@ -239,7 +243,7 @@ def _errors(q: _Query) -> str | Any:
 
 
 def _seeds(q: _Query) -> str | Any:
-    compared = query.compare_seeds(q.eng, q.study, q.args.against)
+    compared = query.compare_seeds(q.eng, q.study, q.args.against, q.args.pooled)
     if q.args.format != "table":
         return [_seed_dict(c) for c in compared]
     rows = []
@@ -251,7 +255,7 @@ def _seeds(q: _Query) -> str | Any:
         p_worse = "-" if c.against is None or c.against.p_worse is None else \
             f"{c.against.p_worse:.3g}"
         rate = point.tokens_per_s
-        rows.append([",".join(str(t.number) for t in point.trials),
+        rows.append([",".join(point.trial_names),
                      " ".join(x.heads_str for x in first.arch.layers) if first.arch else "-",
                      len(point.values), point.value.describe(), diff, p_worse, c.verdict,
                      f"{first.params_trainable:,}" if first.params_trainable else "-",
@@ -267,7 +271,8 @@ def _seeds(q: _Query) -> str | Any:
 def _seed_dict(c: SeedComparison) -> dict[str, Any]:
     value = c.point.value
     data: dict[str, Any] = {
-        "trials": [t.number for t in c.point.trials], "seeds": list(c.point.values),
+        "trials": [int(n) if n.isdigit() else n for n in c.point.trial_names],
+        "seeds": list(c.point.values),
         "values": list(c.point.values.values()), "mean": value.mean,
         "interval": [value.low, value.high], "verdict": c.verdict,
         "params_trainable": c.point.first.params_trainable,
@@ -316,7 +321,7 @@ def _plot_front(front: list[TrialRecord], direction: str, study: str, path: Path
 # the library's fields in this command's words (the flags sit on the subcommands; a storage
 # fault's remedy is the search's --resume)
 FLAGS = {"study": "--study", "trial": "--trial", "storage": "--storage", "x": "--x",
-         "force": "--force", "resume": "--resume", "against": "--against"}
+         "force": "--force", "resume": "--resume", "against": "--against", "with": "--with"}
 
 
 def main(argv: list[str] | None = None) -> int:

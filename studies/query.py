@@ -241,32 +241,58 @@ def _fill(engine: sa.Engine, rows: Sequence[tuple[int, int, float]]) -> list[Tri
                                  for tid, number, value in rows])
 
 
-def seed_points(engine: sa.Engine, study: str) -> tuple[str, list[SeedPoint]]:
+def seed_points(engine: sa.Engine, study: str, pooled: Sequence[str] = ()
+                ) -> tuple[str, list[SeedPoint]]:
     """The study's direction and its fully trained trials grouped into points told apart only
-    by their seeds (``studies.seeds``).
+    by their seeds (``studies.seeds``), with the trials of the ``pooled`` studies (the same
+    task, metric and direction: e.g. an arm trained later in a study of its own) joining them.
 
     Raises:
-        QueryError: no complete trial yet.
+        QueryError: no complete trial yet; a pooled study of another task, metric or
+            direction.
     """
     direction, trials = load_trials(engine, study)
-    points = seeds.seed_points(attach_archs(engine, eligible(trials)))
+    others = {name: _pooled_trials(engine, study, name, direction) for name in pooled}
+    points = seeds.seed_points(attach_archs(engine, eligible(trials)), others)
     if not points:
         raise QueryError.of([Problem("study", study, "no complete trial yet", shown=repr(study))])
     return direction, points
 
 
-def compare_seeds(engine: sa.Engine, study: str, against: int | None = None
-                  ) -> list[SeedComparison]:
-    """Every point of the study against the one holding trial ``against`` (default: the point
-    with the best mean), paired over their shared seeds (``studies.seeds.compare``).
+def _pooled_trials(engine: sa.Engine, study: str, other: str, direction: str
+                   ) -> list[TrialRecord]:
+    """``other``'s fully trained trials, refused unless it measured what ``study`` did."""
+    summaries = {s.name: s for s in list_studies(engine)}
+    if other not in summaries:
+        _, _ = load_trials(engine, other)  # QueryError: no such study, naming the others
+    mine, theirs = summaries[study], summaries[other]
+    for key in ("task", "metric"):
+        if mine.attrs.get(key) != theirs.attrs.get(key):
+            raise QueryError.of([Problem("with", other, f"its {key} "
+                                         f"{theirs.attrs.get(key)!r} differs from "
+                                         f"{mine.attrs.get(key)!r} (study {study!r}'s): its "
+                                         "values do not compare",
+                                         shown=repr(other))])
+    other_direction, trials = load_trials(engine, other)
+    if other_direction != direction:
+        raise QueryError.of([Problem("with", other, f"it is {other_direction.lower()}d, study "
+                                     f"{study!r} {direction.lower()}d", shown=repr(other))])
+    return attach_archs(engine, eligible(trials))
+
+
+def compare_seeds(engine: sa.Engine, study: str, against: int | None = None,
+                  pooled: Sequence[str] = ()) -> list[SeedComparison]:
+    """Every point of the study (and of the ``pooled`` studies: ``seed_points``) against the
+    one holding trial ``against`` of the study (default: the point with the best mean), paired
+    over their shared seeds (``studies.seeds.compare``).
 
     Raises:
         QueryError: no complete trial yet, or ``against`` in no point (not a fully trained
             trial).
     """
-    direction, points = seed_points(engine, study)
+    direction, points = seed_points(engine, study, pooled)
     maximize = _maximized(direction)
-    holding = [p for p in points if any(t.number == against for t in p.trials)]
+    holding = [p for p in points if str(against) in p.trial_names]
     if against is not None and not holding:
         raise QueryError.of([Problem("against", against, "is not a fully trained trial of "
                                      f"study {study!r}")])

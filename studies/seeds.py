@@ -23,6 +23,12 @@ class SeedPoint:
     key: str  # the architecture's id and the training fields but the seed
     trials: tuple[TrialRecord, ...]  # in seed order
     values: Mapping[int, float]  # seed -> the trial's value
+    # the trials' names, in ``trials``' order: their numbers, ``STUDY#N`` for a pooled study's
+    names: tuple[str, ...] = ()
+
+    @property
+    def trial_names(self) -> tuple[str, ...]:
+        return self.names or tuple(str(t.number) for t in self.trials)
 
     @property
     def first(self) -> TrialRecord:
@@ -48,21 +54,31 @@ class SeedComparison:
     verdict: str  # reference | worse | better | level | no shared seed
 
 
-def seed_points(trials: Sequence[TrialRecord]) -> list[SeedPoint]:
+def seed_points(trials: Sequence[TrialRecord],
+                pooled: Mapping[str, Sequence[TrialRecord]] | None = None) -> list[SeedPoint]:
     """The trials grouped by architecture and training but the seed (``train.seed``; a trial
-    without one counts as seed 0), in the order their first trials were made."""
-    groups: dict[str, list[TrialRecord]] = {}
-    for trial in trials:
-        if trial.value is None:
-            continue
-        rest = {k: v for k, v in trial.train.items() if k != "seed"}
-        key = f"{trial.arch_id or trial.number} {json.dumps(rest, sort_keys=True)}"
-        groups.setdefault(key, []).append(trial)
+    without one counts as seed 0), in the order their first trials were made; ``pooled``:
+    other studies' trials (by study name) joining the same points, after ``trials`` (an
+    architecture one study trained at a seed another also did keeps the first's value)."""
+    groups: dict[str, list[tuple[str, TrialRecord]]] = {}
+    sources = [("", trials), *((f"{name}#", more) for name, more in (pooled or {}).items())]
+    for prefix, members in sources:
+        for trial in members:
+            if trial.value is None:
+                continue
+            rest = {k: v for k, v in trial.train.items() if k != "seed"}
+            key = f"{trial.arch_id or prefix + str(trial.number)} " \
+                  f"{json.dumps(rest, sort_keys=True)}"
+            groups.setdefault(key, []).append((f"{prefix}{trial.number}", trial))
     points = []
-    for key, members in groups.items():
-        by_seed = sorted(members, key=seed_of)
-        values = {seed_of(t): float(t.value) for t in by_seed if t.value is not None}
-        points.append(SeedPoint(key, tuple(by_seed), values))
+    for key, named in groups.items():
+        kept: dict[int, tuple[str, TrialRecord]] = {}
+        for name, trial in named:
+            kept.setdefault(seed_of(trial), (name, trial))
+        by_seed = sorted(kept.values(), key=lambda pair: seed_of(pair[1]))
+        values = {seed_of(t): float(t.value) for _, t in by_seed if t.value is not None}
+        points.append(SeedPoint(key, tuple(t for _, t in by_seed), values,
+                                tuple(name for name, _ in by_seed)))
     return points
 
 

@@ -433,3 +433,25 @@ def test_seeds_pairs_each_architecture_with_the_reference_seed_by_seed(
     assert main(["seeds", "--storage", storage_url, "--study", study_name,
                  "--against", "99"]) == 2
     assert "--against 99: is not a fully trained trial" in capsys.readouterr().err
+    # An arm trained later in a study of its own joins the points with --with, paired by seed
+    # with the first study's reference; a study of another task is refused in one line.
+    later = optuna.create_study(storage=open_storage(storage_url),
+                                study_name=f"{study_name}-later")
+    for seed, loss in enumerate(base[:3]):
+        add_record(later, arch_with(16), loss + 0.1, steps_reached=10,
+                   extra_params={"train.seed": seed})
+    assert main(["seeds", "--storage", storage_url, "--study", study_name, "--against", "0",
+                 "--with", f"{study_name}-later", "--format", "json"]) == 0
+    added = next(r for r in json.loads(capsys.readouterr().out)
+                 if r["trials"][0] == f"{study_name}-later#0")
+    assert added["trials"] == [f"{study_name}-later#{n}" for n in range(3)]
+    assert added["verdict"] == "worse" and added["against"]["seeds"] == [0, 1, 2]
+    assert added["against"]["difference"] == pytest.approx(0.1)
+    other = optuna.create_study(storage=open_storage(storage_url),
+                                study_name=f"{study_name}-other")
+    other.set_user_attr("task", "modadd")
+    add_record(other, arch_with(16), 1.0, steps_reached=10, extra_params={"train.seed": 0})
+    assert main(["seeds", "--storage", storage_url, "--study", study_name,
+                 "--with", f"{study_name}-other"]) == 2
+    err = capsys.readouterr().err.splitlines()[-1]  # after the bare test study's warning
+    assert err.startswith("python -m studies: error: --with") and "its task 'modadd'" in err
