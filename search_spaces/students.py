@@ -20,6 +20,7 @@ names; this package checks only that one is given (the search checks the name).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -140,6 +141,13 @@ class StudentSpace:
     def hash(self) -> str:
         text = json.dumps(dict(self.data), sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def smoke(self) -> StudentSpace:
+        """The space at smoke size: a few short windows (``--smoke-test``)."""
+        return dataclasses.replace(self, seq_len=min(self.seq_len, 32),
+                                   sample_tokens=min(self.sample_tokens, 256),
+                                   eval_tokens=min(self.eval_tokens, 256),
+                                   eval_chunks=min(self.eval_chunks, 2))
 
     def kv_choices(self, budget: float) -> list[float]:
         """The ``kv_cache`` fractions a point may spend: the budget times each share."""
@@ -303,12 +311,18 @@ def parse_student_space(data: Mapping[str, Any], source: str = "<space>") -> Stu
         problems.append(f"sampler {full['sampler']!r}: must be one of "
                         f"{', '.join(STUDENT_SAMPLERS)}")
     raise_if_any(problems, source)
-    return StudentSpace(str(full["name"]), str(full["description"]), str(full["form"]),
-                        *(tuple(float(v) for v in full[k])
-                          for k in ("width_scales", "rope_scales", "kv_shares")),
-                        *(int(full[k]) for k in ("seq_len", "sample_tokens", "eval_tokens",
-                                                 "eval_chunks", "distil_steps", "align")),
-                        str(full["sampler"]), int(full["trials"]), dict(full))
+    def scales(key: str) -> tuple[float, ...]:
+        return tuple(float(v) for v in full[key])
+
+    return StudentSpace(name=str(full["name"]), description=str(full["description"]),
+                        form=str(full["form"]), width_scales=scales("width_scales"),
+                        rope_scales=scales("rope_scales"), kv_shares=scales("kv_shares"),
+                        seq_len=int(full["seq_len"]), sample_tokens=int(full["sample_tokens"]),
+                        eval_tokens=int(full["eval_tokens"]),
+                        eval_chunks=int(full["eval_chunks"]),
+                        distil_steps=int(full["distil_steps"]), align=int(full["align"]),
+                        sampler=str(full["sampler"]), trials=int(full["trials"]),
+                        data=dict(full))
 
 
 def _scales(problems: list[str], key: str, value: Any, low: float, high: float) -> None:
