@@ -262,10 +262,12 @@ class LatentFamily:
     curvature: tuple[LayerCurvature, ...]
 
 
-def measure_latent_family(request: MeasureRequest, rope_dims: Sequence[int]) -> LatentFamily:
+def measure_latent_family(request: MeasureRequest, rope_dims: Sequence[int],
+                          width_align: int | None = None) -> LatentFamily:
     """``measure_for_plan``'s curvature estimate at each of ``rope_dims`` (0: no RoPE part),
     the sample drawn, the spectra measured, the curvature gathered and the RoPE pairs ranked
-    once for all of them.
+    once for all of them; the latent widths priced at multiples of ``width_align`` (default:
+    the request's ``align``; 1 prices every width).
 
     Raises:
         CheckpointError, TaskError, DataError, CompressionError: one line each.
@@ -281,6 +283,7 @@ def measure_latent_family(request: MeasureRequest, rope_dims: Sequence[int]) -> 
     layout = "llama" if loaded is None else loaded.layout
     with _layers(request, loaded) as layers:
         spectra = measure_layers(layers, None, seq_len, request.align, None, request.quiet)
+        spectra = dataclasses.replace(spectra, align=width_align or request.align)
         curvature = tuple(layer_curvature(layers, x, targets, quiet=request.quiet))
         orders = derotation_orders(layers, x[:DEROTATION_WINDOWS], request.quiet) \
             if any(rope_dims) else None

@@ -177,10 +177,10 @@ def _measure(settings: CacheSettings, folder: Path, key: str, quiet: bool) -> No
         f"{settings.sample_tokens:,} tokens of {settings.data.path}, held-out "
         f"{settings.eval_tokens:,} tokens of {settings.eval.path})", quiet=quiet)
     task = TaskSpec(data=settings.data, params={"length": settings.seq_len}, seed=settings.seed)
-    request = MeasureRequest(settings.teacher, 1, task, seq_len=settings.seq_len,
+    request = MeasureRequest(settings.teacher, 2, task, seq_len=settings.seq_len,
                              sample_tokens=settings.sample_tokens, loss_sensitivity=True,
                              form="latent_rope", rope_dim=max(settings.rope_dims), quiet=quiet)
-    family = measure_latent_family(request, settings.rope_dims)
+    family = measure_latent_family(request, settings.rope_dims, width_align=1)
     for rope in settings.rope_dims:
         plan = plan_compression(family.measured[rope], 1.0, rule="loss")
         name = f"plan_r{rope}"
