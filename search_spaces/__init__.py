@@ -9,9 +9,11 @@ from search_spaces.loader import parse_space
 from search_spaces.schema import SAMPLER_KINDS, SAMPLERS, SamplerTraits
 from search_spaces.space import PROBE_IO, SearchSpace
 from search_spaces.students import (
+    STUDENT_SAMPLERS,
     Allocation,
     StudentSpace,
     TeacherShape,
+    fit_allocation,
     is_student_space,
     parse_student_space,
     read_student_space,
@@ -24,6 +26,7 @@ __all__ = [
     "PROBE_IO",
     "SAMPLERS",
     "SAMPLER_KINDS",
+    "STUDENT_SAMPLERS",
     "Allocation",
     "FixedSuggester",
     "RandomSuggester",
@@ -34,6 +37,7 @@ __all__ = [
     "StudentSpace",
     "Suggester",
     "TeacherShape",
+    "fit_allocation",
     "is_student_space",
     "load_space",
     "parse_space",

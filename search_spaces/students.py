@@ -7,7 +7,7 @@ A point of the space is, per layer ``i``, ``L{i}.latent_dim`` (one of the plan's
 ``rope_scales``, even), and the study-wide ``kv_cache`` (the budget times one of
 ``kv_shares``): the fraction of the teacher's KV cache the student may spend. A point is
 repaired into an ``Allocation`` that spends exactly what its ``kv_cache`` allows
-(``allocation``): the RoPE parts scaled down if they leave less than one latent unit per
+(``fit_allocation``): the RoPE parts scaled down if they leave less than one latent unit per
 layer, then the latent widths scaled, in proportion to the sampled ones, to the units left
 (largest remainders, each within ``[1, its full rank]``). The sampled widths are the relative
 shares the search learns; the repaired ones the student it measures.
@@ -166,7 +166,7 @@ class StudentSpace:
     def sample(self, trial: Suggester, plan: Allocation, shape: TeacherShape,
                budget: float) -> Allocation:
         """A point around ``plan`` (the allocator's allocation at ``budget``), repaired to what
-        its ``kv_cache`` allows (``allocation``)."""
+        its ``kv_cache`` allows (``fit_allocation``)."""
         kv = float(trial.suggest_categorical(KV_CACHE, self.kv_choices(budget)))
         ropes, widths = [], []
         for i, (c, r) in enumerate(zip(plan.latent_dims, plan.rope_dims)):
@@ -174,7 +174,7 @@ class StudentSpace:
                 r, shape.qk_dims[i]))))
             widths.append(int(trial.suggest_categorical(latent_name(i), self.latent_choices(
                 c, shape.full_rank(i, r)))))
-        return allocation(kv, widths, ropes, shape)
+        return fit_allocation(kv, widths, ropes, shape)
 
     def modes(self, plan: Allocation, budget: float) -> dict[str, Any]:
         """The plan's point: the prior sampler's mode (every layer as planned, the budget
@@ -182,7 +182,7 @@ class StudentSpace:
         return {**plan.params(), KV_CACHE: max(self.kv_choices(budget))}
 
 
-def allocation(kv_cache: float, widths: Sequence[float], ropes: Sequence[int],
+def fit_allocation(kv_cache: float, widths: Sequence[float], ropes: Sequence[int],
                shape: TeacherShape) -> Allocation:
     """The student that spends exactly what ``kv_cache`` allows, its latent widths in proportion
     to ``widths`` and its RoPE parts ``ropes`` (scaled down, even and at least 2, where they

@@ -19,12 +19,12 @@ from search_spaces import (
     Allocation,
     SpaceError,
     TeacherShape,
+    fit_allocation,
     parse_student_space,
     read_student_space,
     repair,
     shipped_student_spaces,
 )
-from search_spaces.students import allocation
 from tests.helpers.llama import SEQ, VOCAB, build, ids, saved, token_folder
 
 transformers = pytest.importorskip("transformers")
@@ -82,7 +82,7 @@ def test_repair_spends_the_total_in_proportion_within_the_caps(total: int) -> No
 def test_an_allocation_spends_exactly_what_its_kv_cache_allows() -> None:
     shape = TeacherShape((2, 2, 2), (16, 16, 16), (16, 16, 16), 64, 192)
     for kv in (0.125, 0.25, 0.5):
-        made = allocation(kv, [3.0, 1.0, 1.0], [8, 8, 8], shape)
+        made = fit_allocation(kv, [3.0, 1.0, 1.0], [8, 8, 8], shape)
         assert made.units(shape.kv_heads) == shape.allowed(kv)
         assert all(c >= 1 for c in made.latent_dims) and all(r % 2 == 0 for r in made.rope_dims)
     roundtrip = Allocation.from_dict(json.loads(json.dumps(made.to_dict())))

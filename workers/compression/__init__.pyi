@@ -31,5 +31,5 @@ from .records import (
     CompressResult as CompressResult,
 )
 from .rorope import rorope_spectra as rorope_spectra, rorope_student as rorope_student
-from .student_inputs import PairOrders as PairOrders
+from .student_inputs import LatentFits as LatentFits, PairOrders as PairOrders
 from .students import build_student as build_student, pair_orders as pair_orders

@@ -163,7 +163,7 @@ def setup(args: argparse.Namespace) -> SearchRequest | StudentRequest:
 
 def student_setup(args: argparse.Namespace, options: SearchOptions) -> StudentRequest:
     """A student search the flags describe, checked once."""
-    from userdata.cli import data_spec
+    from userdata import data_spec
     from workers.search.students import prepare_student
 
     missing = [flag for flag, value in (("--teacher", args.teacher), ("--data", args.data),

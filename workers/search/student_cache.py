@@ -44,7 +44,8 @@ from alloc.compression import (
 from common.progress import say
 from search_spaces import Allocation, TeacherShape
 from userdata import DataSpec, TaskSpec, open_tokens
-from workers.compression.student_inputs import LatentFits
+from workers.compression import LatentFits
+from workers.models import Model
 
 log = logging.getLogger(__name__)
 CACHE_FOLDER = "student-cache"
@@ -171,7 +172,6 @@ def _measure(settings: CacheSettings, folder: Path, key: str, quiet: bool) -> No
     windows and the teacher's losses on them, then ``meta.json``."""
     from workers.checkpoints import load
     from workers.compression import measure_latent_family, write_fits
-    from workers.search.student_trial import window_losses
 
     say(f"student cache: measuring {settings.teacher} once for the study (curvature on "
         f"{settings.sample_tokens:,} tokens of {settings.data.path}, held-out "
@@ -211,6 +211,18 @@ def eval_windows(spec: DataSpec, seq_len: int, tokens: int) -> Tensor:
     count = max(1, min(tokens // seq_len, (len(stream) - 1) // seq_len))
     ids = torch.from_numpy(np.asarray(stream[:count * seq_len + 1], dtype=np.int64))
     return torch.stack([ids[i * seq_len:(i + 1) * seq_len + 1] for i in range(count)])
+
+
+@torch.no_grad()
+def window_losses(model: Model, ids: torch.Tensor, batch: int = 4) -> np.ndarray:
+    """Each window's mean next-token loss in nats (``ids``: (W, T + 1) inputs and targets)."""
+    out = []
+    for chunk in ids.split(batch):
+        logits = model(chunk[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2).float(), chunk[:, 1:],
+                                                 reduction="none")
+        out.append(loss.double().mean(dim=1).numpy())
+    return np.concatenate(out) if out else np.zeros(0)
 
 
 def student_plan(cache: TeacherCache, allocation: Allocation) -> CompressionPlan:

@@ -27,8 +27,7 @@ import torch
 from alloc.compression import CompressionPlan
 from common.files import write_atomic
 from studies.trials import TrialStatus
-from workers.compression.fits import write_fits
-from workers.compression.student_inputs import LatentFits
+from workers.compression import LatentFits, write_fits
 from workers.models import Model
 from workers.search.protocol import StudentJob, StudentSpec, TrialReport
 from workers.search.student_cache import (
@@ -36,22 +35,11 @@ from workers.search.student_cache import (
     open_cache,
     read_student_fits,
     student_plan,
+    window_losses,
 )
 
 PLAN, WINDOWS = "plan.yaml", "windows.json"
 Report = Callable[[TrialReport, Path | None], None]
-
-
-@torch.no_grad()
-def window_losses(model: Model, ids: torch.Tensor, batch: int = 4) -> np.ndarray:
-    """Each window's mean next-token loss in nats (``ids``: (W, T + 1) inputs and targets)."""
-    out = []
-    for chunk in ids.split(batch):
-        logits = model(chunk[:, :-1])
-        loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2).float(), chunk[:, 1:],
-                                                 reduction="none")
-        out.append(loss.double().mean(dim=1).numpy())
-    return np.concatenate(out) if out else np.zeros(0)
 
 
 def write_plan(folder: Path, plan: CompressionPlan, fits: LatentFits) -> None:
@@ -73,8 +61,7 @@ def teacher_model(path: str) -> Model:
 
 def build(job: StudentJob, spec: StudentSpec) -> tuple[Model, CompressionPlan]:
     """The trial's student, built from the plan it writes (as ``workers.compress`` builds it)."""
-    from workers.compression.fits import read_fits
-    from workers.compression.students import build_student, pair_orders
+    from workers.compression import build_student, pair_orders, read_fits
 
     cache = open_cache(Path(job.cache))
     plan = student_plan(cache, spec.allocation)
@@ -90,7 +77,7 @@ def distil(job: StudentJob, student: Model) -> Model:
     """``student`` after ``job.distil_steps`` steps of distillation from the teacher on the
     calibration data (``workers.compression.distil``)."""
     from userdata import DataSpec
-    from workers.compression.distil import Distiller, DistilSettings
+    from workers.compression import Distiller, DistilSettings
     from workers.tasks import make_data_task
 
     meta = open_cache(Path(job.cache)).meta["settings"]

@@ -40,13 +40,14 @@ from arch import ArchConfig, ModelIO, kv_cache_bytes, training_dtype
 from common.errors import Problem, UsageError
 from common.progress import say
 from search_spaces import (
+    STUDENT_SAMPLERS,
     Allocation,
     SearchSpace,
     SpaceError,
     StudentSpace,
+    fit_allocation,
     read_student_space,
 )
-from search_spaces.students import STUDENT_SAMPLERS, allocation
 from studies import (
     STORAGE_ERRORS,
     Lease,
@@ -208,8 +209,8 @@ def fixed_allocations(cache: TeacherCache, request: StudentRequest) -> dict[str,
     planned = plan_for_kv_cache(aligned(cache.plan(rope), request.space.align), budget)
     widths = tuple(planned.layers[i].latent_dim for i in range(layers))
     return {"plan": Allocation(budget, widths, (rope,) * layers),
-            "uniform": allocation(budget, [1.0] * layers, [rope] * layers, shape),
-            "palu": allocation(budget, cache.fisher, [rope] * layers, shape)}
+            "uniform": fit_allocation(budget, [1.0] * layers, [rope] * layers, shape),
+            "palu": fit_allocation(budget, cache.fisher, [rope] * layers, shape)}
 
 
 # --- the searcher -------------------------------------------------------------------------------
