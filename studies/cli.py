@@ -14,6 +14,7 @@ shows as ``***``, and a ``***`` given back reads ``$PGPASSWORD`` or ``~/.pgpass`
 from __future__ import annotations
 
 import argparse
+import math
 import shutil
 import sys
 from collections.abc import Callable
@@ -88,6 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--trial", type=int_in(0), help="trial number (default: the best)")
     export.add_argument("--out", type=Path, help="write the YAML here instead of stdout")
     add_force(export)
+    windows = sub.add_parser("windows", parents=[with_study],
+                             help="a student search's trials against one, paired by held-out "
+                                  "window")
+    windows.add_argument("--against", type=int_in(0), metavar="TRIAL",
+                         help="the reference trial (default: the allocator's plan)")
     sub.add_parser("errors", parents=[with_study],
                    help="the failed trials and their errors")
     compared = sub.add_parser("seeds", parents=[with_study],
@@ -320,9 +326,25 @@ def _seed_dict(c: SeedComparison) -> dict[str, Any]:
     return data
 
 
+def _windows(q: _Query) -> str | Any:
+    reference, compared = query.compare_windows(q.eng, q.study, q.args.against)
+    if q.args.format != "table":
+        return {"against": reference, "trials": [
+            {"number": c.number, "label": c.label, "kv_cache": c.kv_cache, "loss": c.loss,
+             "perplexity": math.exp(c.loss), "difference": c.difference,
+             "interval": [c.low, c.high]} for c in compared]}
+    rows = [[c.number, c.label or "-", f"{c.kv_cache:,}" if c.kv_cache else "-",
+             f"{c.loss:.4f}", f"{math.exp(c.loss):.2f}",
+             f"{c.difference:+.4f} [{c.low:+.4f}, {c.high:+.4f}]"] for c in compared]
+    return (f"held-out loss against trial {reference}, paired by window (95% bootstrap "
+            "interval; below 0: better)\n" + render_table(
+                ["trial", "fixed", "KV bytes/token", q.metric, "perplexity", "vs reference"],
+                rows, right=[True, False, True, True, True, False]))
+
+
 _COMMANDS: dict[str, Callable[[_Query], str | Any]] = {
     "best": _top, "top": _top, "pareto": _pareto, "layers": _layers, "theory": _theory,
-    "export": _export, "errors": _errors, "seeds": _seeds}
+    "export": _export, "errors": _errors, "seeds": _seeds, "windows": _windows}
 
 
 def _axis_value(t: TrialRecord, x: str) -> int:

@@ -460,3 +460,53 @@ def beating_numbers(engine: sa.Engine, study: str) -> set[int]:
              .where(_studies.c.study_name == study))
     with engine.connect() as conn:
         return set(conn.scalars(query))
+
+
+WINDOW_LOSSES = "window_losses"  # a student trial's loss on every held-out window (JSON)
+
+
+@dataclass(frozen=True)
+class WindowComparison:
+    """A trial's held-out loss against the reference trial's, paired by window: the mean
+    difference and its 95% bootstrap interval (below 0: the trial is better)."""
+
+    number: int
+    label: str | None  # a fixed allocation's name (``plan``, ``uniform``, ``palu``), or None
+    kv_cache: int | None  # bytes per token
+    loss: float
+    difference: float
+    low: float
+    high: float
+
+
+def compare_windows(engine: sa.Engine, study: str, against: int | None = None
+                    ) -> tuple[int, list[WindowComparison]]:
+    """Every complete trial that recorded its window losses against trial ``against``
+    (default: the one labelled ``plan``, the allocator's), paired by window, best first.
+
+    Raises:
+        QueryError: no such trials, or ``against`` without window losses.
+    """
+    from common.stats import paired_bootstrap
+
+    with engine.connect() as conn:
+        sid, _ = _study(conn, study)
+        rows = conn.execute(_eligible_rows(conn, sid, WINDOW_LOSSES, rec.SEED, rec.KV_CACHE)
+                            ).all()
+    found = {number: (json.loads(json.loads(w)), json.loads(s) if s else None,
+                      json.loads(kv) if kv else None)
+             for _, number, _, w, s, kv in rows if w}
+    reference = against if against is not None else next(
+        (n for n, (_, label, _) in found.items() if label == "plan"), None)
+    if reference is None or reference not in found:
+        raise QueryError.of([Problem("against", reference, f"no complete trial of study "
+                                     f"{study!r} with window losses (a student search's)")])
+    base = found[reference][0]
+    out = []
+    for number, (losses, label, kv) in found.items():
+        if len(losses) != len(base):
+            continue
+        diff, low, high = paired_bootstrap(losses, base)
+        out.append(WindowComparison(number, label, kv, sum(losses) / len(losses), diff, low,
+                                    high))
+    return reference, sorted(out, key=lambda c: (c.loss, c.number))

@@ -163,6 +163,13 @@ def test_a_student_study_measures_once_resumes_and_exports_what_it_measured(
     assert studies_main(["best", "--storage", storage_url, "--study", study_name,
                          "--kv-cache", "0.25", "--format", "json"]) == 0
     best = json.loads(capsys.readouterr().out)[0]
+    # every trial against the allocator's plan, paired by held-out window
+    assert studies_main(["windows", "--storage", storage_url, "--study", study_name,
+                         "--format", "json"]) == 0
+    paired = json.loads(capsys.readouterr().out)
+    plan = next(t for t in paired["trials"] if t["number"] == paired["against"])
+    assert plan["label"] == "plan" and plan["difference"] == 0.0
+    assert {t["number"] for t in paired["trials"]} >= {best["number"]}
     assert_exported_plan_builds_the_trial(teacher, storage_url, study_name, best["number"],
                                           tmp_path, capsys)
 
