@@ -217,11 +217,13 @@ def eval_windows(spec: DataSpec, seq_len: int, tokens: int) -> Tensor:
 def window_losses(model: Model, ids: torch.Tensor, batch: int = 4) -> np.ndarray:
     """Each window's mean next-token loss in nats (``ids``: (W, T + 1) inputs and targets)."""
     out = []
+    device = next(model.parameters()).device
     for chunk in ids.split(batch):
+        chunk = chunk.to(device)
         logits = model(chunk[:, :-1])
         loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2).float(), chunk[:, 1:],
                                                  reduction="none")
-        out.append(loss.double().mean(dim=1).numpy())
+        out.append(loss.double().mean(dim=1).cpu().numpy())
     return np.concatenate(out) if out else np.zeros(0)
 
 

@@ -98,6 +98,7 @@ def student_trial(job: StudentJob, spec: StudentSpec, report: Report, workdir: P
         student, _ = build(job, spec)
         if job.distil_steps:
             student = distil(job, student)
+        student = student.to(job.device)  # a GPU share (--gpus-per-trial) scores on CUDA
         ids, _ = open_cache(Path(job.cache)).eval_windows()
         losses: list[float] = []
         for step, part in enumerate(ids.tensor_split(min(job.eval_chunks, len(ids))), 1):
