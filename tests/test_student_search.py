@@ -205,3 +205,30 @@ def assert_exported_plan_builds_the_trial(paths: dict[str, Path], url: str, stud
         torch.testing.assert_close(built(ids()), measured(ids()), atol=1e-5, rtol=1e-5)
     assert built.arch == measured.arch
     assert SEQ and VOCAB  # the helpers' sizes: the teacher reads them
+
+
+def test_the_cache_is_measured_once_and_a_trial_distils_and_reports_each_part(
+        teacher: dict[str, Path], tmp_path: Path) -> None:
+    """Without Ray: the teacher measured once for two requests of the same inputs; a trial
+    (``student_trial``) distils, then reports its running held-out loss after each part."""
+    from search_spaces import fit_allocation
+    from userdata import DataSpec
+    from workers.search import student_cache
+    from workers.search.protocol import StudentJob, StudentSpec, TrialReport
+    from workers.search.student_trial import WINDOWS, student_trial
+
+    tokens = DataSpec(str(teacher["tokens"])).resolved()
+    settings = student_cache.CacheSettings(Path(teacher["teacher"]).resolve(), tokens, tokens,
+                                           16, 128, 64, (2, 4))
+    before = sum(student_cache.COMPUTED.values())
+    cache = student_cache.ensure_cache(settings, tmp_path, quiet=True)
+    again = student_cache.ensure_cache(settings, tmp_path, quiet=True)
+    assert again.folder == cache.folder and sum(student_cache.COMPUTED.values()) == before + 1
+    chosen = fit_allocation(0.25, [1.0, 2.0], [2, 4], cache.shape)
+    reports: list[TrialReport] = []
+    job = StudentJob(str(settings.teacher), str(cache.folder), eval_chunks=2, distil_steps=2)
+    student_trial(job, StudentSpec(chosen, str(cache.student_folder(chosen))),
+                  lambda report, _: reports.append(report), tmp_path, "node")
+    assert [r.step for r in reports] == [1, 2] and all(r.error is None for r in reports)
+    losses = json.loads((cache.student_folder(chosen) / WINDOWS).read_text())
+    assert reports[-1].value == pytest.approx(sum(losses) / len(losses))
