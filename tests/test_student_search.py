@@ -145,6 +145,8 @@ def test_a_student_study_measures_once_resumes_and_exports_what_it_measured(
     done = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
     labels = {t.user_attrs.get("seed") for t in study.trials}
     assert {"plan", "uniform", "palu"} <= labels  # the fixed allocations, in the database
+    plan = next(t for t in study.trials if t.user_attrs.get("seed") == "plan")
+    assert plan.params and plan.params["kv_cache"] == 0.25  # the plan's point: samplers see it
     for t in done:
         chosen = Allocation.from_dict(json.loads(t.user_attrs["allocation"]))
         assert chosen.kv_cache <= 0.25 and len(json.loads(t.user_attrs["window_losses"])) > 1
@@ -167,8 +169,8 @@ def test_a_student_study_measures_once_resumes_and_exports_what_it_measured(
     assert studies_main(["windows", "--storage", storage_url, "--study", study_name,
                          "--format", "json"]) == 0
     paired = json.loads(capsys.readouterr().out)
-    plan = next(t for t in paired["trials"] if t["number"] == paired["against"])
-    assert plan["label"] == "plan" and plan["difference"] == 0.0
+    reference = next(t for t in paired["trials"] if t["number"] == paired["against"])
+    assert reference["label"] == "plan" and reference["difference"] == 0.0
     assert {t["number"] for t in paired["trials"]} >= {best["number"]}
     assert_exported_plan_builds_the_trial(teacher, storage_url, study_name, best["number"],
                                           tmp_path, capsys)

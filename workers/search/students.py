@@ -93,6 +93,7 @@ from workers.search.study import open_study
 # What a student trial records besides the searcher's attrs
 ALLOCATION, PLAN_FOLDER, WINDOW_LOSSES = "allocation", "plan_folder", "window_losses"
 FIXED = "fixed"  # a fixed allocation's JSON on its enqueued trial (its label is ``seed``)
+PLAN = "plan"  # the allocator's fixed allocation: a point of the space too
 KIND = "student"  # the study attr ``kind`` of a student search
 SMOKE_TRIALS = 6
 
@@ -208,7 +209,7 @@ def fixed_allocations(cache: TeacherCache, request: StudentRequest) -> dict[str,
     layers = len(shape.kv_heads)
     planned = plan_for_kv_cache(aligned(cache.plan(rope), request.space.align), budget)
     widths = tuple(planned.layers[i].latent_dim for i in range(layers))
-    return {"plan": Allocation(budget, widths, (rope,) * layers),
+    return {PLAN: Allocation(budget, widths, (rope,) * layers),
             "uniform": fit_allocation(budget, [1.0] * layers, [rope] * layers, shape),
             "palu": fit_allocation(budget, cache.fisher, [rope] * layers, shape)}
 
@@ -226,7 +227,7 @@ class StudentSearcher(StudySearcher):
         self.fixed = [(label, a) for label, a in fixed.items()
                       if not any(t.user_attrs.get(rec.SEED) == label
                                  for t in study.get_trials(deepcopy=False))]
-        self.plan = fixed["plan"]
+        self.plan = fixed[PLAN]
         super().__init__(_NO_SPACE, io=_NO_IO, study=study, storage=storage, metric=VAL_LOSS,
                          direction=Direction.MINIMIZE, steps=eval_parts(cache, request),
                          predict=lambda arch: None,
@@ -263,10 +264,12 @@ class StudentSearcher(StudySearcher):
             warnings.filterwarnings("ignore", "Heartbeat of storage is supposed to be used")
             trial = self.study.ask()
         fixed = trial.user_attrs.get(FIXED)
-        sampled = self.request.space.sample(trial, self.plan, self.cache.shape,
-                                            self.request.budget) \
-            if fixed is None or trial.params else None
-        return trial, Allocation.from_dict(json.loads(fixed)) if fixed else sampled  # type: ignore[return-value]
+        if fixed is None or trial.user_attrs.get(rec.SEED) == PLAN:
+            # a sampled point, or the plan's: its params recorded (an enqueued trial's are
+            # recorded as they are suggested), so that the samplers learn from it
+            sampled = self.request.space.sample(trial, self.plan, self.cache.shape,
+                                                self.request.budget)
+        return trial, sampled if fixed is None else Allocation.from_dict(json.loads(fixed))
 
     def _twin(self, trial: Trial, chosen: Allocation) -> FrozenTrial | None:
         text = json.dumps(chosen.to_dict())
@@ -282,7 +285,7 @@ class StudentSearcher(StudySearcher):
                                                        states=(TrialState.WAITING,)):
             label, chosen = self.fixed.pop(0)
             params = self.request.space.modes(chosen, self.request.budget) \
-                if label == "plan" else {}
+                if label == PLAN else {}
             self.study.enqueue_trial(params, user_attrs={
                 rec.SEED: label, FIXED: json.dumps(chosen.to_dict())})
 
@@ -391,7 +394,7 @@ def _execute(request: StudentRequest, probe: optuna.storages.RDBStorage, lease: 
         url = secure_url(url)
         rdb = open_storage(url, heartbeats, patience=opts.storage_patience)
         study = optuna.load_study(study_name=request.study, storage=rdb,
-                                  sampler=student_sampler(request, fixed["plan"]))
+                                  sampler=student_sampler(request, fixed[PLAN]))
         searcher = GuardedSearcher(StudentSearcher(request, cache, study, rdb, fixed), url,
                                    lease, patience=opts.storage_patience)
         run = tune.TuneRun(name=f"{request.study}-{time.strftime('%Y%m%d-%H%M%S')}",
