@@ -168,13 +168,13 @@ class StudentSpace:
         """A point around ``plan`` (the allocator's allocation at ``budget``), repaired to what
         its ``kv_cache`` allows (``fit_allocation``)."""
         kv = float(trial.suggest_categorical(KV_CACHE, self.kv_choices(budget)))
-        ropes, widths = [], []
+        ropes, widths, choices = [], [], []
         for i, (c, r) in enumerate(zip(plan.latent_dims, plan.rope_dims)):
-            ropes.append(int(trial.suggest_categorical(rope_name(i), self.rope_choices(
-                r, shape.qk_dims[i]))))
+            choices.append(self.rope_choices(r, shape.qk_dims[i]))
+            ropes.append(int(trial.suggest_categorical(rope_name(i), choices[-1])))
             widths.append(int(trial.suggest_categorical(latent_name(i), self.latent_choices(
                 c, shape.full_rank(i, r)))))
-        return fit_allocation(kv, widths, ropes, shape)
+        return fit_allocation(kv, widths, ropes, shape, choices)
 
     def modes(self, plan: Allocation, budget: float) -> dict[str, Any]:
         """The plan's point: the prior sampler's mode (every layer as planned, the budget
@@ -183,28 +183,44 @@ class StudentSpace:
 
 
 def fit_allocation(kv_cache: float, widths: Sequence[float], ropes: Sequence[int],
-               shape: TeacherShape) -> Allocation:
+                   shape: TeacherShape, rope_choices: Sequence[Sequence[int]] | None = None
+                   ) -> Allocation:
     """The student that spends exactly what ``kv_cache`` allows, its latent widths in proportion
-    to ``widths`` and its RoPE parts ``ropes`` (scaled down, even and at least 2, where they
-    would leave less than one latent unit per layer).
+    to ``widths`` and its RoPE parts ``ropes``; where those would leave less than one latent
+    unit per layer, the largest RoPE parts step down to their next smaller choice
+    (``rope_choices[i]``, default every even part from 2) until they leave one.
 
     Raises:
         SpaceError: even the smallest RoPE parts leave less than one latent unit per layer.
     """
     allowed = shape.allowed(kv_cache)
-    layers = len(widths)
-    ropes = list(ropes)
-    room = allowed - layers  # every layer keeps at least one latent unit
-    spent = sum(h * r for h, r in zip(shape.kv_heads, ropes))
-    if spent > room:
-        scale = room / spent
-        ropes = [max(2, int(r * scale) // 2 * 2) for r in ropes]
+    room = allowed - len(widths)  # every layer keeps at least one latent unit
+    ropes = fit_ropes(ropes, room, shape.kv_heads, rope_choices)
     rope_units = sum(h * r for h, r in zip(shape.kv_heads, ropes))
     if rope_units > room:
         raise SpaceError(f"kv_cache {kv_cache:g}: {allowed} units per token cannot hold the "
                          f"smallest RoPE parts ({rope_units}) and one latent unit per layer")
     caps = [shape.full_rank(i, r) for i, r in enumerate(ropes)]
-    return Allocation(kv_cache, tuple(repair(widths, allowed - rope_units, caps)), tuple(ropes))
+    total = allowed - rope_units
+    mass = sum(max(0.0, float(w)) for w in widths)
+    weights = [max(0.0, float(w)) * total / mass if mass > 0 else 1.0 for w in widths]
+    return Allocation(kv_cache, tuple(repair(weights, total, caps)), tuple(ropes))
+
+
+def fit_ropes(ropes: Sequence[int], room: int, kv_heads: Sequence[int],
+              choices: Sequence[Sequence[int]] | None = None) -> list[int]:
+    """``ropes`` with the largest stepped down to their next smaller choice, one at a time
+    (the last layer first among equals), until their units fit ``room`` or none can step."""
+    fitted = list(ropes)
+    options = [sorted(c) for c in choices] if choices is not None else \
+        [list(range(2, r + 1, 2)) for r in ropes]
+    while sum(h * r for h, r in zip(kv_heads, fitted)) > room:
+        smaller = [i for i, r in enumerate(fitted) if any(c < r for c in options[i])]
+        if not smaller:
+            break
+        i = max(smaller, key=lambda i: (fitted[i], i))
+        fitted[i] = max(c for c in options[i] if c < fitted[i])
+    return fitted
 
 
 def repair(weights: Sequence[float], total: int, caps: Sequence[int]) -> list[int]:

@@ -85,6 +85,11 @@ def test_an_allocation_spends_exactly_what_its_kv_cache_allows() -> None:
         made = fit_allocation(kv, [3.0, 1.0, 1.0], [8, 8, 8], shape)
         assert made.units(shape.kv_heads) == shape.allowed(kv)
         assert all(c >= 1 for c in made.latent_dims) and all(r % 2 == 0 for r in made.rope_dims)
+    # RoPE parts the budget cannot hold step down through their choices, never off them
+    tight = fit_allocation(0.125, [1.0, 1.0, 1.0], [8, 8, 8], shape, [[2, 4, 8]] * 3)
+    assert set(tight.rope_dims) <= {2, 4, 8} and tight.units(shape.kv_heads) == 24
+    with pytest.raises(SpaceError):
+        fit_allocation(0.05, [1.0] * 3, [8, 8, 8], shape, [[4, 8]] * 3)
     roundtrip = Allocation.from_dict(json.loads(json.dumps(made.to_dict())))
     assert roundtrip == made and roundtrip.key() == made.key()
 

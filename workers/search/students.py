@@ -31,6 +31,7 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 
 from alloc import ModePrior
 from alloc.compression import (
+    CompressionError,
     aligned,
     check_kv_cache,
     plan_for_kv_cache,
@@ -63,7 +64,7 @@ from studies import (
 from studies.trials import VAL_LOSS, Direction, TrialRecord, TrialStatus
 from userdata import DataSpec, open_tokens
 from workers.errors import SearchError
-from workers.search.asking import MAX_REDRAWS, skip_duplicate
+from workers.search.asking import MAX_REDRAWS, skip_duplicate, tell
 from workers.search.checks import (
     check_gpus,
     check_study_name,
@@ -156,6 +157,13 @@ def prepare_student(space: str | Path | StudentSpace, teacher: Path, data: DataS
         raise SearchError.of([Problem("teacher", str(teacher), "a latent_rope student keeps "
                                       "RoPE: the teacher has none", shown="")])
     check_kv_cache(arch, 1, kv_cache, form=form, rope_dim=min(found.rope_choices(rope, rope)))
+    smallest = min(found.kv_choices(kv_cache))
+    try:
+        check_kv_cache(arch, 1, smallest, form=form, rope_dim=2)
+    except CompressionError:
+        raise SearchError.of([Problem("space", found.name, f"kv_shares: its smallest share of "
+                                      f"kv_cache {kv_cache:g} ({smallest:g}) is below what a "
+                                      f"{form.name} student can cache", shown="")]) from None
     seq_len = min(found.seq_len, arch.max_seq_len)
     for field, spec in (("data", data), ("eval", held_out)):
         _check_tokens(field, spec, seq_len)
@@ -260,16 +268,27 @@ class StudentSearcher(StudySearcher):
         return self._ask_one()
 
     def _ask_one(self) -> tuple[Trial, Allocation]:
-        with warnings.catch_warnings():  # heartbeats with ask/tell are this class's point
-            warnings.filterwarnings("ignore", "Heartbeat of storage is supposed to be used")
-            trial = self.study.ask()
+        """A trial and its allocation; a point no student fits (RoPE parts the budget cannot
+        hold) is recorded as a failed trial and asked again."""
+        while True:
+            with warnings.catch_warnings():  # heartbeats with ask/tell are the point here
+                warnings.filterwarnings("ignore", "Heartbeat of storage is supposed to be used")
+                trial = self.study.ask()
+            try:
+                return trial, self._allocation_of(trial)
+            except SpaceError as err:
+                tell(self.study, trial, TrialState.FAIL, None,
+                     {rec.STATUS: str(TrialStatus.FAILED), rec.ERROR: str(err)})
+
+    def _allocation_of(self, trial: Trial) -> Allocation:
+        """The trial's allocation: an enqueued fixed one, else the space's point (the plan's
+        trial samples too: its params are recorded as they are suggested, so that the
+        samplers learn from it)."""
         fixed = trial.user_attrs.get(FIXED)
         if fixed is None or trial.user_attrs.get(rec.SEED) == PLAN:
-            # a sampled point, or the plan's: its params recorded (an enqueued trial's are
-            # recorded as they are suggested), so that the samplers learn from it
             sampled = self.request.space.sample(trial, self.plan, self.cache.shape,
                                                 self.request.budget)
-        return trial, sampled if fixed is None else Allocation.from_dict(json.loads(fixed))
+        return sampled if fixed is None else Allocation.from_dict(json.loads(fixed))
 
     def _twin(self, trial: Trial, chosen: Allocation) -> FrozenTrial | None:
         text = json.dumps(chosen.to_dict())
