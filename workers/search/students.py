@@ -130,8 +130,6 @@ def prepare_student(space: str | Path | StudentSpace, teacher: Path, data: DataS
         SearchError, UsageError, CheckpointError, DataError, CompressionError: one line each,
         naming the field, its value and the rule.
     """
-    from workers.checkpoints import read_arch
-
     opts = options or SearchOptions()
     found = _space(space)
     if smoke_test:
@@ -144,26 +142,7 @@ def prepare_student(space: str | Path | StudentSpace, teacher: Path, data: DataS
     if sampler not in STUDENT_SAMPLERS:
         raise UsageError.of([Problem("sampler", sampler, "a student search samples with "
                                      + ", ".join(STUDENT_SAMPLERS))])
-    form = student_form(found.form)
-    if not form.rope_part:
-        raise SearchError.of([Problem("space", found.form, "form: a student search plans the "
-                                      "latent_rope form (a latent beside a decoupled RoPE "
-                                      "part); others are not searched yet", shown="")])
-    if not teacher.exists():
-        raise UsageError.of([Problem("teacher", str(teacher), "no such file or folder")])
-    arch = read_arch(teacher)
-    rope = rope_for(arch, kv_cache)
-    if arch.positional != "rope":
-        raise SearchError.of([Problem("teacher", str(teacher), "a latent_rope student keeps "
-                                      "RoPE: the teacher has none", shown="")])
-    check_kv_cache(arch, 1, kv_cache, form=form, rope_dim=min(found.rope_choices(rope, rope)))
-    smallest = min(found.kv_choices(kv_cache))
-    try:
-        check_kv_cache(arch, 1, smallest, form=form, rope_dim=2)
-    except CompressionError:
-        raise SearchError.of([Problem("space", found.name, f"kv_shares: its smallest share of "
-                                      f"kv_cache {kv_cache:g} ({smallest:g}) is below what a "
-                                      f"{form.name} student can cache", shown="")]) from None
+    arch, rope = _check_teacher(teacher, found, kv_cache)
     seq_len = min(found.seq_len, arch.max_seq_len)
     for field, spec in (("data", data), ("eval", held_out)):
         _check_tokens(field, spec, seq_len)
@@ -176,6 +155,35 @@ def prepare_student(space: str | Path | StudentSpace, teacher: Path, data: DataS
     total = trials or (SMOKE_TRIALS if smoke_test else found.trials)
     return StudentRequest(found, settings, kv_cache, rope, resolve_url(storage), name, total,
                           resume, opts)
+
+
+def _check_teacher(teacher: Path, space: StudentSpace, kv_cache: float
+                   ) -> tuple[ArchConfig, int]:
+    """The teacher's architecture and the plan's RoPE part at ``kv_cache``, once the space's
+    form can cut it to ``kv_cache`` and to the space's smallest share of it."""
+    from workers.checkpoints import read_arch
+
+    form = student_form(space.form)
+    if not form.rope_part:
+        raise SearchError.of([Problem("space", space.form, "form: a student search plans the "
+                                      "latent_rope form (a latent beside a decoupled RoPE "
+                                      "part); others are not searched yet", shown="")])
+    if not teacher.exists():
+        raise UsageError.of([Problem("teacher", str(teacher), "no such file or folder")])
+    arch = read_arch(teacher)
+    rope = rope_for(arch, kv_cache)
+    if arch.positional != "rope":
+        raise SearchError.of([Problem("teacher", str(teacher), "a latent_rope student keeps "
+                                      "RoPE: the teacher has none", shown="")])
+    check_kv_cache(arch, 1, kv_cache, form=form, rope_dim=min(space.rope_choices(rope, rope)))
+    smallest = min(space.kv_choices(kv_cache))
+    try:
+        check_kv_cache(arch, 1, smallest, form=form, rope_dim=2)
+    except CompressionError:
+        raise SearchError.of([Problem("space", space.name, f"kv_shares: its smallest share of "
+                                      f"kv_cache {kv_cache:g} ({smallest:g}) is below what a "
+                                      f"{form.name} student can cache", shown="")]) from None
+    return arch, rope
 
 
 def _space(space: str | Path | StudentSpace) -> StudentSpace:
