@@ -163,15 +163,25 @@ class StudentSpace:
         return sorted({min(widest // 2 * 2, max(2, round(mode * s / 2) * 2))
                        for s in self.rope_scales} | {mode})
 
+    def cached_ropes(self, mode: int, widest: int, budget: float) -> list[int]:
+        """Every RoPE part a point may build: each choice at the budget, scaled to each of
+        the ``kv_cache`` choices (what a study measures its teacher at)."""
+        return sorted({scaled_rope(r, kv / budget) for r in self.rope_choices(mode, widest)
+                       for kv in self.kv_choices(budget)})
+
     def sample(self, trial: Suggester, plan: Allocation, shape: TeacherShape,
                budget: float) -> Allocation:
         """A point around ``plan`` (the allocator's allocation at ``budget``), repaired to what
-        its ``kv_cache`` allows (``fit_allocation``)."""
+        its ``kv_cache`` allows (``fit_allocation``). A layer's ``rope_dim`` is its part at the
+        budget: a point that spends a share of it keeps that share of the part (even, at least
+        2), as the allocator's plan at that size would."""
         kv = float(trial.suggest_categorical(KV_CACHE, self.kv_choices(budget)))
         ropes, widths, choices = [], [], []
         for i, (c, r) in enumerate(zip(plan.latent_dims, plan.rope_dims)):
-            choices.append(self.rope_choices(r, shape.qk_dims[i]))
-            ropes.append(int(trial.suggest_categorical(rope_name(i), choices[-1])))
+            options = self.rope_choices(r, shape.qk_dims[i])
+            choices.append(sorted({scaled_rope(o, kv / budget) for o in options}))
+            ropes.append(scaled_rope(int(trial.suggest_categorical(rope_name(i), options)),
+                                     kv / budget))
             widths.append(int(trial.suggest_categorical(latent_name(i), self.latent_choices(
                 c, shape.full_rank(i, r)))))
         return fit_allocation(kv, widths, ropes, shape, choices)
@@ -180,6 +190,12 @@ class StudentSpace:
         """The plan's point: the prior sampler's mode (every layer as planned, the budget
         spent)."""
         return {**plan.params(), KV_CACHE: max(self.kv_choices(budget))}
+
+
+def scaled_rope(rope: int, share: float) -> int:
+    """A RoPE part per key/value head at ``share`` of the budget it was chosen at: even, at
+    least 2 (the whole part at a share of 1)."""
+    return max(2, round(rope * share / 2) * 2)
 
 
 def fit_allocation(kv_cache: float, widths: Sequence[float], ropes: Sequence[int],

@@ -239,3 +239,23 @@ def test_the_cache_is_measured_once_and_a_trial_distils_and_reports_each_part(
     assert [r.step for r in reports] == [1, 2] and all(r.error is None for r in reports)
     losses = json.loads((cache.student_folder(chosen) / WINDOWS).read_text())
     assert reports[-1].value == pytest.approx(sum(losses) / len(losses))
+
+
+def test_a_point_below_the_budget_keeps_its_share_of_each_rope_part() -> None:
+    """Sampled points spend exactly their ``kv_cache``; at half the budget each layer keeps
+    half its RoPE part (what the study measured the teacher at), not the whole of it."""
+    from search_spaces import RandomSuggester
+    from search_spaces.students import rope_name, scaled_rope
+
+    space = parse_student_space({**SPACE, "kv_shares": [0.5, 1.0]})
+    shape = TeacherShape((2,) * 4, (16,) * 4, (16,) * 4, 64, 256)
+    plan = Allocation(0.25, (8, 8, 8, 8), (4, 4, 4, 4))
+    cached = set(space.cached_ropes(4, 16, 0.25))
+    for seed in range(20):
+        trial = RandomSuggester(seed)
+        made = space.sample(trial, plan, shape, 0.25)
+        assert made.units(shape.kv_heads) == shape.allowed(made.kv_cache)
+        assert set(made.rope_dims) <= cached
+        share = made.kv_cache / 0.25
+        assert all(r <= scaled_rope(trial.params[rope_name(i)], share)
+                   for i, r in enumerate(made.rope_dims))

@@ -151,7 +151,7 @@ def prepare_student(space: str | Path | StudentSpace, teacher: Path, data: DataS
     widest = min(g.qk_dim for layer in arch.layers for g in layer.heads)
     settings = CacheSettings(teacher.resolve(), data.resolved(), held_out.resolved(), seq_len,
                              found.sample_tokens, found.eval_tokens,
-                             tuple(found.rope_choices(rope, widest)), opts.seed)
+                             tuple(found.cached_ropes(rope, widest, kv_cache)), opts.seed)
     total = trials or (SMOKE_TRIALS if smoke_test else found.trials)
     return StudentRequest(found, settings, kv_cache, rope, resolve_url(storage), name, total,
                           resume, opts)
