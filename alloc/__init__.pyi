@@ -50,6 +50,7 @@ from .prior.sampler import (
     Calibration as Calibration,
     PriorSampler as PriorSampler,
 )
+from .prior.student import ModePrior as ModePrior
 from .profiling.datastats import Profile as Profile, data_statistics as data_statistics
 from .profiling.files import (
     read_allocator_inputs as read_allocator_inputs,

@@ -14,6 +14,8 @@ shows as ``***``, and a ``***`` given back reads ``$PGPASSWORD`` or ``~/.pgpass`
 from __future__ import annotations
 
 import argparse
+import math
+import shutil
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,11 +33,12 @@ from common.cli import (
     fail,
     fault,
     int_in,
+    number,
     render_table,
     wrote,
 )
-from common.errors import TransformerAllocError, UsageError, printable, shell_word
-from common.files import write_atomic
+from common.errors import Problem, TransformerAllocError, UsageError, printable, shell_word
+from common.files import dump_yaml, load_yaml, write_atomic
 from common.plots import new_figure, write_figure
 from studies import query
 from studies.errors import StorageFaultError
@@ -64,9 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
     with_study.add_argument("--study", help="study name (default: the only study)")
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
     sub.add_parser("list", parents=[common], help="studies, trial counts by state, best value")
-    sub.add_parser("best", parents=[with_study], help="the best fully trained allocation")
+    best = sub.add_parser("best", parents=[with_study], help="the best fully trained allocation")
     top = sub.add_parser("top", parents=[with_study], help="the k best allocations")
     top.add_argument("-k", type=int_in(1), default=5)
+    for ranked in (best, top):
+        ranked.add_argument("--kv-cache", type=number(0, strict=True), metavar="F",
+                       help="a student search's study: only students caching at most F of "
+                            "the teacher's KV cache per token")
     pareto = sub.add_parser("pareto", parents=[with_study],
                             help="value vs trainable params (or KV cache) front")
     pareto.add_argument("--x", choices=query.PARETO_AXES, default="params",
@@ -76,10 +83,17 @@ def build_parser() -> argparse.ArgumentParser:
     layers = sub.add_parser("layers", parents=[with_study], help="per-depth winners, top k")
     layers.add_argument("-k", type=int_in(1), default=10)
     sub.add_parser("theory", parents=[with_study], help="predicted error vs measured value")
-    export = sub.add_parser("export", parents=[with_study], help="a trial as an ArchConfig YAML")
+    export = sub.add_parser("export", parents=[with_study],
+                            help="a trial as an ArchConfig YAML (a student search's: its "
+                                 "compression plan, for workers.compress --plan)")
     export.add_argument("--trial", type=int_in(0), help="trial number (default: the best)")
     export.add_argument("--out", type=Path, help="write the YAML here instead of stdout")
     add_force(export)
+    windows = sub.add_parser("windows", parents=[with_study],
+                             help="a student search's trials against one, paired by held-out "
+                                  "window")
+    windows.add_argument("--against", type=int_in(0), metavar="TRIAL",
+                         help="the reference trial (default: the allocator's plan)")
     sub.add_parser("errors", parents=[with_study],
                    help="the failed trials and their errors")
     compared = sub.add_parser("seeds", parents=[with_study],
@@ -154,7 +168,8 @@ def run(args: argparse.Namespace) -> str | Any:
 
 
 def _top(q: _Query) -> str | Any:
-    _, winners = query.top(q.eng, q.study, 1 if q.args.command == "best" else q.args.k)
+    _, winners = query.top(q.eng, q.study, 1 if q.args.command == "best" else q.args.k,
+                           kv_cache=q.args.kv_cache)
     if q.args.format != "table":
         return [_trial_dict(t) for t in winners]
     text = "\n\n".join(allocation_table(t, q.metric) for t in winners)
@@ -206,6 +221,9 @@ def _export(q: _Query) -> str | Any:
     args = q.args
     trial = query.find_trial(q.eng, q.study, args.trial)
     assert trial.arch is not None
+    folder = query.trial_attr(q.eng, q.study, trial.number, PLAN_FOLDER)
+    if folder is not None:
+        return _export_plan(trial, Path(folder), args.out)
     text = _trained_with(trial) + trial.arch.to_yaml()
     if args.out is not None:
         write_atomic(args.out, text)
@@ -213,6 +231,33 @@ def _export(q: _Query) -> str | Any:
         return (f"trial {trial.number} of {printable(q.study)}: {trial.arch.describe()}"
                 f"{training(trial)}")
     return text if args.format == "table" else trial.arch.to_dict()
+
+
+PLAN_FOLDER, PLAN = "plan_folder", "plan.yaml"  # where a student trial wrote its plan
+
+
+def _export_plan(trial: TrialRecord, folder: Path, out: Path | None) -> str:
+    """A student trial's compression plan (and its fitted maps, beside it as
+    ``OUT-STEM.factors.safetensors``), for ``python -m workers.compress --plan OUT``: the plan
+    the trial built its student from."""
+    if out is None:
+        raise UsageError.of([Problem("out", "", "a student's plan is written with its maps "
+                                     "beside it: give {out} PLAN.yaml", shown="")])
+    source = folder / PLAN
+    if not source.is_file():
+        raise UsageError.of([Problem("trial", trial.number, f"its plan {str(source)!r} is gone "
+                                     "(the search's storage path holds it); run the search "
+                                     "again with --resume to write it", shown="")])
+    plan = load_yaml(source.read_text())
+    factors = out.with_name(f"{out.stem}.factors.safetensors")
+    if plan.get("factors"):
+        shutil.copyfile(folder / str(plan["factors"]), factors)
+        plan["factors"] = factors.name
+    write_atomic(out, dump_yaml(plan))
+    wrote(PROG, out)
+    return (f"trial {trial.number}: its compression plan ({plan.get('kv_cache')} of the "
+            f"teacher's KV cache); build it: python -m workers.compress --checkpoint TEACHER "
+            f"--plan {shell_word(str(out))} --out STUDENT")
 
 
 def _trained_with(trial: TrialRecord) -> str:
@@ -286,9 +331,25 @@ def _seed_dict(c: SeedComparison) -> dict[str, Any]:
     return data
 
 
+def _windows(q: _Query) -> str | Any:
+    reference, compared = query.compare_windows(q.eng, q.study, q.args.against)
+    if q.args.format != "table":
+        return {"against": reference, "trials": [
+            {"number": c.number, "label": c.label, "kv_cache": c.kv_cache, "loss": c.loss,
+             "perplexity": math.exp(c.loss), "difference": c.difference,
+             "interval": [c.low, c.high]} for c in compared]}
+    rows = [[c.number, c.label or "-", f"{c.kv_cache:,}" if c.kv_cache else "-",
+             f"{c.loss:.4f}", f"{math.exp(c.loss):.2f}",
+             f"{c.difference:+.4f} [{c.low:+.4f}, {c.high:+.4f}]"] for c in compared]
+    return (f"held-out loss against trial {reference}, paired by window (95% bootstrap "
+            "interval; below 0: better)\n" + render_table(
+                ["trial", "fixed", "KV bytes/token", q.metric, "perplexity", "vs reference"],
+                rows, right=[True, False, True, True, True, False]))
+
+
 _COMMANDS: dict[str, Callable[[_Query], str | Any]] = {
     "best": _top, "top": _top, "pareto": _pareto, "layers": _layers, "theory": _theory,
-    "export": _export, "errors": _errors, "seeds": _seeds}
+    "export": _export, "errors": _errors, "seeds": _seeds, "windows": _windows}
 
 
 def _axis_value(t: TrialRecord, x: str) -> int:
@@ -321,6 +382,7 @@ def _plot_front(front: list[TrialRecord], direction: str, study: str, path: Path
 # the library's fields in this command's words (the flags sit on the subcommands; a storage
 # fault's remedy is the search's --resume)
 FLAGS = {"study": "--study", "trial": "--trial", "storage": "--storage", "x": "--x",
+         "kv_cache": "--kv-cache", "out": "--out",
          "force": "--force", "resume": "--resume", "against": "--against", "with": "--with"}
 
 

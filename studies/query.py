@@ -53,6 +53,8 @@ _DIRECTION = sa.cast(_directions.c.direction, sa.String)
 
 # The x axes of a Pareto front: trainable parameters, or KV cache bytes per token.
 PARETO_AXES = ("params", "kv_cache")
+# A student search's study records its teacher's KV units per token (``studies best --kv-cache``)
+TEACHER_KV_UNITS = "teacher_kv_units"
 
 
 @dataclass(frozen=True)
@@ -301,16 +303,61 @@ def compare_seeds(engine: sa.Engine, study: str, against: int | None = None,
     return seeds.compare(points, reference, maximize)
 
 
-def top(engine: sa.Engine, study: str, k: int) -> tuple[str, list[TrialRecord]]:
-    """The ``k`` best eligible trials (ties: earlier trial first), ordered in SQL."""
+def top(engine: sa.Engine, study: str, k: int, kv_cache: float | None = None
+        ) -> tuple[str, list[TrialRecord]]:
+    """The ``k`` best eligible trials (ties: earlier trial first), ordered in SQL; with
+    ``kv_cache``, only those caching at most that fraction of the teacher's KV cache per token
+    (a student search's study, which records its teacher's units).
+
+    Raises:
+        QueryError: no such trial, or ``kv_cache`` on a study with no teacher.
+    """
     with engine.connect() as conn:
         sid, direction = _study(conn, study)
         value = _values.c.value.desc() if _maximized(direction) else _values.c.value.asc()
-        rows = conn.execute(_eligible_rows(conn, sid).order_by(value, _trials.c.number)
-                            .limit(k)).all()
+        query = _eligible_rows(conn, sid).order_by(value, _trials.c.number)
+        if kv_cache is None:
+            rows = [tuple(r) for r in conn.execute(query.limit(k))]
+        else:
+            rows = _within(engine, conn, sid, study, kv_cache, value)[:k]
     if not rows:
-        raise QueryError.of([Problem("study", study, "no complete trial yet", shown=repr(study))])
+        within = "" if kv_cache is None else f" within kv_cache {kv_cache:g}"
+        raise QueryError.of([Problem("study", study, f"no complete trial{within} yet",
+                                     shown=repr(study))])
     return direction, _fill(engine, [(tid, number, v) for tid, number, v in rows])
+
+
+def _within(engine: sa.Engine, conn: sa.Connection, sid: int, study: str, kv_cache: float,
+            order: Any) -> list[tuple[int, int, float]]:
+    """The eligible rows, best first, whose student caches at most ``kv_cache`` of its
+    teacher's KV units per token."""
+    units = conn.execute(sa.select(_study_attrs.c.value_json).where(
+        _study_attrs.c.study_id == sid, _study_attrs.c.key == TEACHER_KV_UNITS)).scalar()
+    if units is None:
+        raise QueryError.of([Problem("kv_cache", f"{kv_cache:g}", f"study {study!r} records no "
+                                     "teacher's KV cache (only a student search's does)")])
+    allowed = kv_cache * int(json.loads(units)) + 1e-9
+    rows = conn.execute(_eligible_rows(conn, sid, rec.KV_CACHE, rec.KV_CACHE_DTYPE)
+                        .order_by(order, _trials.c.number)).all()
+    sizes = _kv_units(engine, rows)
+    return [(tid, number, v) for tid, number, v, *_ in rows if sizes[tid] <= allowed]
+
+
+def trial_attr(engine: sa.Engine, study: str, number: int, key: str) -> Any:
+    """User attr ``key`` of trial ``number`` (None where it has none).
+
+    Raises:
+        QueryError: no such study or trial.
+    """
+    with engine.connect() as conn:
+        sid, _ = _study(conn, study)
+        tid = conn.execute(sa.select(_trials.c.trial_id).where(
+            _trials.c.study_id == sid, _trials.c.number == number)).scalar()
+        if tid is None:
+            raise QueryError.of([Problem("trial", number, f"study {study!r} has no such trial")])
+        value = conn.execute(sa.select(_trial_attrs.c.value_json).where(
+            _trial_attrs.c.trial_id == tid, _trial_attrs.c.key == key)).scalar()
+    return None if value is None else json.loads(value)
 
 
 def pareto(engine: sa.Engine, study: str, x: str = "params") -> tuple[str, list[TrialRecord]]:
@@ -439,3 +486,53 @@ def beating_numbers(engine: sa.Engine, study: str) -> set[int]:
              .where(_studies.c.study_name == study))
     with engine.connect() as conn:
         return set(conn.scalars(query))
+
+
+WINDOW_LOSSES = "window_losses"  # a student trial's loss on every held-out window (JSON)
+
+
+@dataclass(frozen=True)
+class WindowComparison:
+    """A trial's held-out loss against the reference trial's, paired by window: the mean
+    difference and its 95% bootstrap interval (below 0: the trial is better)."""
+
+    number: int
+    label: str | None  # a fixed allocation's name (``plan``, ``uniform``, ``palu``), or None
+    kv_cache: int | None  # bytes per token
+    loss: float
+    difference: float
+    low: float
+    high: float
+
+
+def compare_windows(engine: sa.Engine, study: str, against: int | None = None
+                    ) -> tuple[int, list[WindowComparison]]:
+    """Every complete trial that recorded its window losses against trial ``against``
+    (default: the one labelled ``plan``, the allocator's), paired by window, best first.
+
+    Raises:
+        QueryError: no such trials, or ``against`` without window losses.
+    """
+    from common.stats import paired_bootstrap
+
+    with engine.connect() as conn:
+        sid, _ = _study(conn, study)
+        rows = conn.execute(_eligible_rows(conn, sid, WINDOW_LOSSES, rec.SEED, rec.KV_CACHE)
+                            ).all()
+    found = {number: (json.loads(json.loads(w)), json.loads(s) if s else None,
+                      json.loads(kv) if kv else None)
+             for _, number, _, w, s, kv in rows if w}
+    reference = against if against is not None else next(
+        (n for n, (_, label, _) in found.items() if label == "plan"), None)
+    if reference is None or reference not in found:
+        raise QueryError.of([Problem("against", reference, f"no complete trial of study "
+                                     f"{study!r} with window losses (a student search's)")])
+    base = found[reference][0]
+    out = []
+    for number, (losses, label, kv) in found.items():
+        if len(losses) != len(base):
+            continue
+        diff, low, high = paired_bootstrap(losses, base)
+        out.append(WindowComparison(number, label, kv, sum(losses) / len(losses), diff, low,
+                                    high))
+    return reference, sorted(out, key=lambda c: (c.loss, c.number))

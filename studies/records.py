@@ -111,10 +111,11 @@ def study_attrs(*, task: str, metric: str, space_name: str = "", space_hash: str
 
 def set_study_attrs(study: optuna.Study, **attrs: Any) -> None:
     """Describe the search on the study (``study_attrs``) and name its objective after the
-    task's metric, so the stock ``optuna`` CLI and optuna-dashboard show it."""
+    task's metric (a multi-objective study's others after ``other_metrics``), so the stock
+    ``optuna`` CLI and optuna-dashboard show them."""
     values = study_attrs(**attrs)
     for key, value in values.items():
         study.set_user_attr(key, value)
     with warnings.catch_warnings():  # "experimental" since Optuna 3.2, and what we want
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        study.set_metric_names([values["metric"]])
+        study.set_metric_names([values["metric"], *values.get("other_metrics", ())])

@@ -34,7 +34,13 @@ from alloc.compression.forms import (
     form_of,
     student_form,
 )
-from alloc.compression.kv_cache import check_kv_cache, kv_cache_floor, plan_for_kv_cache
+from alloc.compression.kv_cache import (
+    aligned,
+    check_kv_cache,
+    kv_cache_floor,
+    plan_for_allocation,
+    plan_for_kv_cache,
+)
 from alloc.compression.measurement import (
     CheckpointMeasurement,
     HeadMeasurement,
@@ -73,6 +79,7 @@ __all__ = [
     "MeasureRequest",
     "Rule",
     "StudentForm",
+    "aligned",
     "candidate_dims",
     "check_kv_cache",
     "effective_rank",
@@ -80,6 +87,7 @@ __all__ = [
     "group_plan",
     "kv_cache_floor",
     "plan_compression",
+    "plan_for_allocation",
     "plan_for_kv_cache",
     "plot_plan",
     "render_plan",

@@ -158,3 +158,50 @@ def _best_choices(costs: Sequence[int], errors: Sequence[Mapping[int, float]],
     # ties go to the plan that keeps more dims (a cut that costs nothing measurable is no gain)
     most = max(best, key=lambda spent: (-best[spent][0], spent))
     return best[most]
+
+
+def plan_for_allocation(plans: Mapping[int, CompressionPlan], latent_dims: Sequence[int],
+                        rope_dims: Sequence[int], kv_cache: float) -> CompressionPlan:
+    """The latent plan whose layer ``i`` caches ``latent_dims[i]`` units beside a RoPE part of
+    ``rope_dims[i]`` per key/value head: each layer taken from ``plans[rope_dims[i]]`` (the
+    plans of one measurement at each RoPE part, every width priced: ``align`` 1), its width
+    set (what a search's trial measures and ``studies export`` writes).
+
+    Raises:
+        CompressionError: a RoPE part with no plan, or a width that plan did not price.
+    """
+    first = plans[min(plans)]
+    layers = []
+    for layer in first.layers:
+        if not layer.latent_dim:
+            layers.append(layer)
+            continue
+        rope, width = rope_dims[layer.index], latent_dims[layer.index]
+        if rope not in plans:
+            raise CompressionError.of([Problem(f"rope_dims[{layer.index}]", rope,
+                                               f"must be one of {sorted(plans)}")])
+        chosen = plans[rope].layers[layer.index]
+        if width not in (chosen.latent_losses or {}):
+            raise CompressionError.of([Problem(f"latent_dims[{layer.index}]", width,
+                                               "is not a width its plan priced")])
+        layers.append(dataclasses.replace(chosen, latent_dim=width))
+    worst = max((layer.latent_loss or 0.0 for layer in layers), default=0.0)
+    return dataclasses.replace(first, layers=tuple(layers),
+                               student=student_arch(first.student, layers), tolerance=worst,
+                               kv_cache=kv_cache)
+
+
+def aligned(plan: CompressionPlan, align: int) -> CompressionPlan:
+    """``plan`` with each latent layer's priced widths kept at multiples of ``align`` (and its
+    full rank): the candidates a plan at ``align`` chooses from."""
+    layers = []
+    for layer in plan.layers:
+        losses = layer.latent_losses
+        if not layer.latent_dim or not losses:
+            layers.append(layer)
+            continue
+        kept = {c: v for c, v in losses.items() if c % align == 0 or c == max(losses)}
+        width = layer.latent_dim if layer.latent_dim in kept else max(kept)
+        layers.append(dataclasses.replace(layer, latent_losses=kept, latent_dim=width))
+    return dataclasses.replace(plan, layers=tuple(layers), align=align,
+                               student=student_arch(plan.student, layers))

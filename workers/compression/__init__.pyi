@@ -15,7 +15,9 @@ from .latent_students import latent_arch as latent_arch, latent_student as laten
 from .loss_rule import IGNORE as IGNORE
 from .measure import (
     SAMPLE_BATCH as SAMPLE_BATCH,
+    LatentFamily as LatentFamily,
     measure_for_plan as measure_for_plan,
+    measure_latent_family as measure_latent_family,
     measure_layers as measure_layers,
     measure_model as measure_model,
 )
@@ -29,5 +31,5 @@ from .records import (
     CompressResult as CompressResult,
 )
 from .rorope import rorope_spectra as rorope_spectra, rorope_student as rorope_student
-from .student_inputs import PairOrders as PairOrders
+from .student_inputs import LatentFits as LatentFits, PairOrders as PairOrders
 from .students import build_student as build_student, pair_orders as pair_orders

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 import torch
@@ -34,9 +34,14 @@ from common.errors import Problem
 from common.progress import Progress, duration, say
 from workers.checkpoints import Loaded, is_family_folder, load, read_arch, source_of
 from workers.checkpoints.stream import LayerSource, StreamedFolder, WholeModel
+from workers.compression.curvature import LayerCurvature, layer_curvature
 from workers.compression.forms import SENSITIVITY
 from workers.compression.heads import HeadMap, layer_maps
-from workers.compression.latent_measure import curvature_latent
+from workers.compression.latent_measure import (
+    DEROTATION_WINDOWS,
+    curvature_latent,
+    derotation_orders,
+)
 from workers.compression.loss_rule import IGNORE, input_scale
 from workers.compression.pairs import rank_pairs
 from workers.compression.recording import record_block
@@ -244,6 +249,52 @@ def measure_for_plan(request: MeasureRequest) -> tuple[CheckpointMeasurement, La
             measured = measure_layers(layers, x, seq_len, request.align, source, request.quiet)
     return dataclasses.replace(measured, checkpoint=str(request.checkpoint),
                                layout=layout), fits
+
+
+@dataclasses.dataclass(frozen=True)
+class LatentFamily:
+    """A latent student's measurements at several RoPE parts from one sample and one curvature
+    pass: per RoPE part (per key/value head) the measurement and its maps at full rank, and the
+    layers' curvature moments (``workers.compression.curvature``)."""
+
+    measured: Mapping[int, CheckpointMeasurement]
+    fits: Mapping[int, LatentFits]
+    curvature: tuple[LayerCurvature, ...]
+
+
+def measure_latent_family(request: MeasureRequest, rope_dims: Sequence[int],
+                          width_align: int | None = None) -> LatentFamily:
+    """``measure_for_plan``'s curvature estimate at each of ``rope_dims`` (0: no RoPE part),
+    the sample drawn, the spectra measured, the curvature gathered and the RoPE pairs ranked
+    once for all of them; the latent widths priced at multiples of ``width_align`` (default:
+    the request's ``align``; 1 prices every width).
+
+    Raises:
+        CheckpointError, TaskError, DataError, CompressionError: one line each.
+    """
+    arch = read_arch(request.checkpoint)
+    loaded = None if is_family_folder(request.checkpoint) else load(request.checkpoint)
+    x, targets, seq_len, source = _sample(request, arch)
+    if x is None or targets is None:
+        raise CompressionError.of([Problem("latent", True, "the curvature estimate needs a "
+                                           "sample of a token model ({task.data})", shown="")])
+    measured: dict[int, CheckpointMeasurement] = {}
+    fits: dict[int, LatentFits] = {}
+    layout = "llama" if loaded is None else loaded.layout
+    with _layers(request, loaded) as layers:
+        spectra = measure_layers(layers, None, seq_len, request.align, None, request.quiet)
+        spectra = dataclasses.replace(spectra, align=width_align or request.align)
+        curvature = tuple(layer_curvature(layers, x, targets, quiet=request.quiet))
+        orders = derotation_orders(layers, x[:DEROTATION_WINDOWS], request.quiet) \
+            if any(rope_dims) else None
+        for rope in rope_dims:
+            found, fits[rope] = curvature_latent(layers, spectra, x, targets, rope,
+                                                 request.quiet, moments=curvature,
+                                                 orders=orders)
+            measured[rope] = dataclasses.replace(found, sample=source,
+                                                 checkpoint=str(request.checkpoint),
+                                                 layout=layout)
+    return LatentFamily(measured, fits, curvature)
 
 
 def _sample(request: MeasureRequest, arch: ArchConfig

@@ -15,5 +15,11 @@ from .seeding import (
     seeds as seeds,
     space_mlp_ratio as space_mlp_ratio,
 )
+from .students import (
+    StudentRequest as StudentRequest,
+    execute_student as execute_student,
+    prepare_student as prepare_student,
+    run_student_search as run_student_search,
+)
 from .trial import train_trial as train_trial
 from .tune import ray_session as ray_session, start_ray as start_ray

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import optuna
@@ -66,8 +66,8 @@ def skip_duplicate(study: optuna.Study, trial: Trial, twin: FrozenTrial) -> None
         rec.ERROR: f"the same point as trial {twin.number}: not trained, the sampler asked again"})
 
 
-def tell(study: optuna.Study, trial: Trial, state: TrialState, value: float | None,
-         attrs: Mapping[str, Any]) -> bool:
+def tell(study: optuna.Study, trial: Trial, state: TrialState,
+         value: float | Sequence[float] | None, attrs: Mapping[str, Any]) -> bool:
     """Set ``attrs`` and finish ``trial``; False (logged) if it had already finished."""
     try:
         for key, val in attrs.items():

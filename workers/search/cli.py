@@ -29,13 +29,14 @@ from typing import IO, TYPE_CHECKING
 from arch import MAX_WIDTH, SMOKE_TRIAL
 from common.cli import Parser, add_format, dump, fail, fault, flag_names, int_in, number
 from common.errors import TransformerAllocError, UsageError, shell_word
-from search_spaces import SAMPLERS
+from search_spaces import SAMPLERS, is_student_space
 from workers.search.options import DEFAULT_TRIALS, SearchOptions
 from workers.taskargs import TASK_FLAGS, add_task_args, task_spec
 
 if TYPE_CHECKING:
     from workers.search.driver import SearchSummary
     from workers.search.request import SearchRequest
+    from workers.search.students import StudentRequest
 
 PROG = "workers.search"
 SMOKE_PILOT_STEPS = 20  # --smoke-test: the data's pilot profile only checks that it runs
@@ -91,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Ray's experiment directory")
     p.add_argument("--heartbeat-interval", type=int_in(1), default=d.heartbeat_interval,
                    help="seconds between the driver's trial heartbeats")
+    add_student_args(p)
     add_fault_args(p, d)
     add_worker_args(p, d)
     p.add_argument("--quiet", action="store_true", default=d.quiet,
@@ -99,6 +101,21 @@ def build_parser() -> argparse.ArgumentParser:
                         "the result still print")
     add_format(p)
     return p
+
+
+def add_student_args(p: argparse.ArgumentParser) -> None:
+    """A student search's flags: the teacher, the held-out data, the KV cache budget (the
+    calibration data is ``--data``; the space a student space, ``search_spaces/students/``)."""
+    p.add_argument("--teacher", type=Path,
+                   help="search the students of this pretrained checkpoint (a transformers "
+                        "folder, a GGUF file or our .pt) with a student space: "
+                        "docs/guide/search.md")
+    p.add_argument("--eval", type=Path, metavar="TOKENS",
+                   help="--teacher: the held-out data every student is scored on (read like "
+                        "--data, its validation split)")
+    p.add_argument("--kv-cache", type=number(0, strict=True), metavar="F",
+                   help="--teacher: the fraction of the teacher's KV cache a student may "
+                        "spend at most (the budget)")
 
 
 def add_fault_args(p: argparse.ArgumentParser, d: SearchOptions) -> None:
@@ -121,22 +138,49 @@ def add_worker_args(p: argparse.ArgumentParser, d: SearchOptions) -> None:
                    help="no checkpoint per evaluation (a trial hit by a fault restarts at step 0)")
 
 
-def setup(args: argparse.Namespace) -> SearchRequest:
+def setup(args: argparse.Namespace) -> SearchRequest | StudentRequest:
     """The search the flags describe, checked once (``SearchError`` or ``UsageError`` if bad)."""
     from workers.search.request import prepare, read_space
 
+    options = SearchOptions(**{f.name: getattr(args, f.name)
+                               for f in dataclasses.fields(SearchOptions) if f.name in args})
+    if args.teacher is not None or is_student_space(args.space):
+        return student_setup(args, options)
+    for flag, value in (("--eval", args.eval), ("--kv-cache", args.kv_cache)):
+        if value is not None:
+            raise UsageError(f"{flag} {value}: only with --teacher (a student search)")
     space, data = read_space(args.space)
     task = task_spec(args, data)
     if not task.given:
         raise UsageError("--task or --data: one is required")
     # every option has its flag, under the field's name (``points`` has none: Python only)
-    options = SearchOptions(**{f.name: getattr(args, f.name)
-                               for f in dataclasses.fields(SearchOptions) if f.name in args})
     return prepare(space, task, storage=args.storage, study=args.study,
                    trials=args.trials or (SMOKE_TRIALS if args.smoke_test else None),
                    resume=args.resume, options=options, budget=args.budget,
                    smoke_test=args.smoke_test, steps=args.steps,
                    pilot_steps=SMOKE_PILOT_STEPS if args.smoke_test else None)
+
+
+def student_setup(args: argparse.Namespace, options: SearchOptions) -> StudentRequest:
+    """A student search the flags describe, checked once."""
+    from userdata import data_spec
+    from workers.search.students import prepare_student
+
+    missing = [flag for flag, value in (("--teacher", args.teacher), ("--data", args.data),
+                                        ("--eval", args.eval), ("--kv-cache", args.kv_cache))
+               if value is None]
+    if missing:
+        raise UsageError(f"{missing[0]}: required by a student search (--space "
+                         f"{args.space} --teacher DIR --data TOKENS --eval TOKENS "
+                         "--kv-cache F)")
+    if args.task is not None:
+        raise UsageError(f"--task {args.task}: a student search reads --data, not a task")
+    data = data_spec(args)
+    assert data is not None  # --data was given
+    return prepare_student(args.space, args.teacher, data,
+                           dataclasses.replace(data, path=str(args.eval)), args.kv_cache,
+                           storage=args.storage, study=args.study, trials=args.trials,
+                           resume=args.resume, options=options, smoke_test=args.smoke_test)
 
 
 def render(summary: SearchSummary) -> str:
@@ -155,7 +199,9 @@ def render(summary: SearchSummary) -> str:
 
 
 # the library's fields in this command's words: the task's, and the study's (workers.search.study)
-FLAGS = {**TASK_FLAGS, "study": "--study", "resume": "--resume"}
+FLAGS = {**TASK_FLAGS, "study": "--study", "resume": "--resume", "teacher": "--teacher",
+         "eval": "--eval", "kv_cache": "--kv-cache", "data": "--data", "sampler": "--sampler",
+         "storage_path": "--storage-path"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -167,12 +213,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from studies import StorageFaultError
     from workers.errors import SearchFaultError
-    from workers.search.driver import execute
-
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         with stdout_aside():
-            summary = execute(setup(args))
+            summary = run_request(setup(args))
     except (StorageFaultError, SearchFaultError) as err:  # a fault, not bad input: --resume
         return fault(PROG, err.text(names))
     except TransformerAllocError as err:
@@ -182,6 +226,15 @@ def main(argv: list[str] | None = None) -> int:
     if note:
         print(f"{PROG}: {note}", file=sys.stderr)
     return code
+
+
+def run_request(request: SearchRequest | StudentRequest) -> SearchSummary:
+    """Run a checked search: a student search's own driver, else the search's."""
+    from workers.search.driver import execute
+    from workers.search.students import StudentRequest, execute_student
+
+    return execute_student(request) if isinstance(request, StudentRequest) else \
+        execute(request)
 
 
 RAY_DEATH_NOTICE = "A worker died or was killed"  # Ray's words; the search says it per trial

@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 
@@ -51,7 +51,7 @@ from workers.search import estimate
 from workers.search.checks import trial_device
 from workers.search.guard import GuardedSearcher
 from workers.search.options import SearchOptions
-from workers.search.protocol import TrialJob
+from workers.search.protocol import StudentJob, TrialJob
 from workers.search.request import SearchRequest, prepare
 from workers.search.searcher import (
     StudySearcher,
@@ -62,6 +62,9 @@ from workers.search.searcher import (
 from workers.search.seeding import BoundPredictor, SearchPlan, Start, starting_points
 from workers.search.study import make_sampler, open_search_study
 from workers.tasks import Task, describe_task
+
+if TYPE_CHECKING:
+    from workers.search.tune import TuneRun
 
 log = logging.getLogger(__name__)
 
@@ -205,8 +208,18 @@ def _run(searcher: GuardedSearcher, request: SearchRequest, url: str, remaining:
     say(f"search {name}: {remaining} trial(s) of {space.name} on {task.name} ({steps} steps "
         f"each), study in {redact(url)}, Ray results in {opts.storage_path / run.name}",
         quiet=opts.quiet)
+    return run_trials(searcher, trial_job(task, opts), run)
+
+
+def run_trials(searcher: GuardedSearcher, job: TrialJob | StudentJob, run: TuneRun
+               ) -> TrialStatus:
+    """Run ``run``'s trials through Ray Tune; the open trials marked and re-enqueued when the
+    run was interrupted, a full disk or a storage fault raised as one line."""
+    from workers.search import tune
+
+    opts = run.options
     with terminated_as_interrupted() as signals:
-        status = tune.run_tuner(searcher, trial_job(task, opts), run, stop=searcher.should_stop)
+        status = tune.run_tuner(searcher, job, run, stop=searcher.should_stop)
     how = TrialStatus.TERMINATED if signals.terminated else TrialStatus.INTERRUPTED
     if searcher.inner.halt is not None:
         _stop_on_full_disk(searcher, opts.storage_path / run.name)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from arch import ArchConfig, TrainConfig
+from search_spaces import Allocation
 from studies.trials import (
     ERROR,
     NODE,
@@ -63,6 +64,34 @@ class TrialSpec:
     def train_config(self, job: TrialJob) -> TrainConfig:
         """The trainer's config: the job's seed and device, the sampled fields over them."""
         return TrainConfig.from_dict({"seed": job.seed, **self.train, "device": job.device})
+
+
+@dataclass(frozen=True)
+class StudentJob:
+    """What every trial of a student search shares (``workers.search.students``): the teacher,
+    the study's cache of its measurements (``workers.search.student_cache``: a folder every
+    worker of a cluster reads through the storage path), how many reports a trial makes and
+    how long it distils."""
+
+    teacher: str  # the checkpoint (a folder, a GGUF file or our .pt), absolute
+    cache: str  # the study's cache folder, absolute
+    metric: str = VAL_LOSS  # the held-out loss, reported under this key
+    direction: Direction = Direction.MINIMIZE
+    seed: int = 0
+    device: str = "cpu"
+    threads: int = 1
+    eval_chunks: int = 4  # reports per trial: the held-out windows in this many parts
+    distil_steps: int = 0  # distillation steps after the cut, on the calibration data
+    checkpoints: bool = False  # a student is rebuilt in seconds: nothing to resume from
+
+
+@dataclass(frozen=True)
+class StudentSpec:
+    """What one student trial measures: its allocation, and the folder its plan is written to
+    (what ``studies export`` copies)."""
+
+    allocation: Allocation
+    folder: str
 
 
 @dataclass(frozen=True)

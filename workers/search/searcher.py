@@ -319,7 +319,7 @@ class StudySearcher:
         if failure is not None:
             record = self._failed(record, failure, chain | {trial.number})
         state, value = TrialState[record.state], record.value
-        told = tell(self.study, trial, state, value, record.told_attrs())  # retried whole
+        told = tell(self.study, trial, state, *self.outcome(run, record))  # retried whole
         run.told, run.last = True, None  # only once told, so that the guard's retry tells it again
         if not told:
             return None
@@ -332,6 +332,12 @@ class StudySearcher:
                                   self.direction.better(value, self.best.value)):
             self.best = Best(value, trial.number, run.arch)
         return record
+
+    def outcome(self, run: Asked, record: TrialRecord
+                ) -> tuple[float | Sequence[float] | None, Mapping[str, Any]]:
+        """What Optuna is told of a finished trial: its value (a multi-objective study's:
+        every objective), and the user attrs its record sets."""
+        return record.value, record.told_attrs()
 
     def stop_for(self, failure: RayFailure) -> None:
         """Stop the search for ``failure`` (a full results disk): no trial starts any more."""

@@ -40,15 +40,18 @@ def describe_search(space: SearchSpace, task: Task, settings: PlanSettings,
 
 
 def open_study(name: str, storage: optuna.storages.BaseStorage, url: str,
-               description: dict[str, Any], direction: Direction, resume: bool) -> optuna.Study:
-    """Create the study, or load it for ``resume`` after checking it is the same search."""
+               description: dict[str, Any], direction: Direction, resume: bool,
+               more: tuple[Direction, ...] = ()) -> optuna.Study:
+    """Create the study, or load it for ``resume`` after checking it is the same search
+    (``more``: the directions of its objectives after the first, a multi-objective study's)."""
     try:
         study = optuna.load_study(study_name=name, storage=storage)
     except KeyError:
         if resume:
             raise SearchError.of([Problem("resume", True, f"no study {name!r} in {redact(url)}; "
                                           "run without {resume} to start it", shown="")]) from None
-        study = optuna.create_study(study_name=name, storage=storage, direction=direction.value)
+        study = optuna.create_study(study_name=name, storage=storage,
+                                    directions=[d.value for d in (direction, *more)])
         rec.set_study_attrs(study, **description)
         return study
     if not resume and study.trials:

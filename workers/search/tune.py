@@ -34,9 +34,17 @@ from workers.search import estimate
 from workers.search.failures import RayFailure, disk_full, ray_failure
 from workers.search.guard import TuneSearcher
 from workers.search.options import SearchOptions
-from workers.search.protocol import JOB_KEY, STEP, TRIAL_KEY, TrialJob, TrialReport
+from workers.search.protocol import (
+    JOB_KEY,
+    STEP,
+    TRIAL_KEY,
+    StudentJob,
+    TrialJob,
+    TrialReport,
+)
 from workers.search.schedule import Halving, Rungs
 from workers.search.searcher import WORKER_RETRIES
+from workers.search.student_trial import student_trial
 from workers.search.trial import train_trial
 
 log = logging.getLogger(__name__)
@@ -157,7 +165,7 @@ class TuneRun:
     concurrent: int = 1  # trials that run at once (what the resources allow, at most max)
 
 
-def run_tuner(searcher: TuneSearcher, job: TrialJob, run: TuneRun,
+def run_tuner(searcher: TuneSearcher, job: TrialJob | StudentJob, run: TuneRun,
               stop: Callable[[], bool] | None = None) -> TrialStatus:
     """Run ``run.trials`` trials; returns ``COMPLETED``, ``INTERRUPTED`` (Ctrl-C) or
     ``STOPPED`` (a full results disk). ``stop``: checked at every step, True stops every trial
@@ -268,10 +276,11 @@ class _StopWhen(tune.Stopper):
 
 
 def _trainable(config: dict[str, Any]) -> None:
-    """The function trainable: ``workers.search.trial.train_trial`` with Tune's report and
-    checkpoint."""
+    """The function trainable: ``workers.search.trial.train_trial`` (a student search's:
+    ``workers.search.student_trial.student_trial``) with Tune's report and checkpoint."""
     node = ray.get_runtime_context().get_node_id()
-    job: TrialJob = config[JOB_KEY]
+    job: TrialJob | StudentJob = config[JOB_KEY]
+    trial = student_trial if isinstance(job, StudentJob) else train_trial
 
     def report(result: TrialReport, checkpoint: Path | None) -> None:
         tune.report(result.to_result(job.metric), checkpoint=None if checkpoint is None
@@ -280,8 +289,8 @@ def _trainable(config: dict[str, Any]) -> None:
     restored = tune.get_checkpoint()  # set when Tune restarts this trial after a failure
     with tempfile.TemporaryDirectory(prefix="trial-") as workdir, \
             (restored.as_directory() if restored else contextlib.nullcontext()) as restore:
-        train_trial(job, config[TRIAL_KEY], report, Path(workdir), node,
-                    Path(restore) if restore else None)
+        trial(job, config[TRIAL_KEY], report, Path(workdir), node,  # type: ignore[arg-type]
+              Path(restore) if restore else None)
 
 
 class _Adapter(Searcher):

@@ -1,0 +1,261 @@
+"""The search over a pretrained checkpoint's students (``workers.search --teacher``,
+``workers/search/students.py``): the space's repair under the KV budget, bad input refused in
+one line before any work, and a smoke study on a tiny Llama teacher (SQLite, and PostgreSQL
+when ``$TEST_POSTGRES_URL`` is set) whose teacher is measured once and reused after
+``--resume``, whose fixed allocations are trials of the study, and whose exported plan builds
+the student the trial measured."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+import torch
+
+from search_spaces import (
+    Allocation,
+    SpaceError,
+    TeacherShape,
+    fit_allocation,
+    parse_student_space,
+    read_student_space,
+    repair,
+    shipped_student_spaces,
+)
+from tests.helpers.llama import SEQ, VOCAB, build, ids, saved, token_folder
+
+transformers = pytest.importorskip("transformers")
+
+SPACE = {"name": "tiny_students", "form": "latent_rope", "seq_len": 16, "sample_tokens": 128,
+         "eval_tokens": 128, "eval_chunks": 2, "align": 4, "sampler": "prior",
+         "kv_shares": [0.75, 1.0]}
+
+
+@pytest.fixture(scope="module")
+def teacher(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A tiny GQA Llama folder, its token data, and a student space at its size."""
+    root = tmp_path_factory.mktemp("student")
+    space = root / "space.yaml"
+    space.write_text(json.dumps(SPACE))
+    return {"teacher": saved(build("llama", num_key_value_heads=2), root / "teacher"),
+            "tokens": token_folder(root / "tokens"), "space": space}
+
+
+def command(paths: dict[str, Path], url: str, study: str, tmp: Path, *extra: str) -> list[str]:
+    return ["--space", str(paths["space"]), "--teacher", str(paths["teacher"]), "--data",
+            str(paths["tokens"]), "--eval", str(paths["tokens"]), "--kv-cache", "0.25",
+            "--storage", url, "--study", study, "--storage-path", str(tmp / "results"),
+            "--max-concurrent", "1", "--quiet", "--format", "json", *extra]
+
+
+# --- the space ------------------------------------------------------------------------------------
+
+def test_every_shipped_student_space_loads() -> None:
+    assert shipped_student_spaces()
+    for path in shipped_student_spaces():
+        space = read_student_space(path.name)
+        assert space.form == "latent_rope" and space.trials > 0 and space.hash
+
+
+def test_a_bad_student_space_names_every_field_in_one_line() -> None:
+    with pytest.raises(SpaceError) as err:
+        parse_student_space({"name": "x", "form": "latent_rope", "kv_shares": [1.5],
+                             "sampler": "grid", "colour": 1, "eval_chunks": 0})
+    text = str(err.value)
+    assert "\n" not in text
+    for part in ("'colour'", "kv_shares [1.5]", "sampler 'grid'", "eval_chunks 0"):
+        assert part in text
+
+
+@pytest.mark.parametrize("total", [7, 30, 64, 200])
+def test_repair_spends_the_total_in_proportion_within_the_caps(total: int) -> None:
+    weights, caps = [1.0, 2.0, 5.0, 0.0], [40, 40, 20, 40]
+    parts = repair(weights, total, caps)
+    assert sum(parts) == min(total, sum(caps))
+    assert all(1 <= p <= c for p, c in zip(parts, caps))
+    assert repair([3, 5, 9], 17, [20, 20, 20]) == [3, 5, 9]  # already the total: unchanged
+
+
+def test_an_allocation_spends_exactly_what_its_kv_cache_allows() -> None:
+    shape = TeacherShape((2, 2, 2), (16, 16, 16), (16, 16, 16), 64, 192)
+    for kv in (0.125, 0.25, 0.5):
+        made = fit_allocation(kv, [3.0, 1.0, 1.0], [8, 8, 8], shape)
+        assert made.units(shape.kv_heads) == shape.allowed(kv)
+        assert all(c >= 1 for c in made.latent_dims) and all(r % 2 == 0 for r in made.rope_dims)
+    # RoPE parts the budget cannot hold step down through their choices, never off them
+    tight = fit_allocation(0.125, [1.0, 1.0, 1.0], [8, 8, 8], shape, [[2, 4, 8]] * 3)
+    assert set(tight.rope_dims) <= {2, 4, 8} and tight.units(shape.kv_heads) == 24
+    with pytest.raises(SpaceError):
+        fit_allocation(0.05, [1.0] * 3, [8, 8, 8], shape, [[4, 8]] * 3)
+    roundtrip = Allocation.from_dict(json.loads(json.dumps(made.to_dict())))
+    assert roundtrip == made and roundtrip.key() == made.key()
+
+
+# --- the command --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("change", "says"), [
+    ({"--kv-cache": "0.001"}, "--kv-cache 0.001: must be in ["),
+    ({"--teacher": "/nonexistent/model"}, "--teacher"),
+    ({"--eval": "/nonexistent/tokens"}, "--eval"),
+    ({"--sampler": "grid"}, "--sampler grid"),
+])
+def test_bad_input_exits_2_in_one_line_before_any_work(
+        teacher: dict[str, Path], tmp_path: Path, change: dict[str, str], says: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from workers.search.cli import main as search_main
+
+    argv = command(teacher, f"sqlite:///{tmp_path / 's.db'}", "bad", tmp_path)
+    for flag, value in change.items():
+        if flag in argv:
+            argv[argv.index(flag) + 1] = value
+        else:
+            argv += [flag, value]
+    assert search_main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0], err
+    assert not (tmp_path / "s.db").exists() and not (tmp_path / "results").exists()
+
+
+def test_a_bad_space_field_exits_2(teacher: dict[str, Path], tmp_path: Path,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from workers.search.cli import main as search_main
+
+    space = tmp_path / "bad.yaml"
+    space.write_text(json.dumps({**SPACE, "width_scales": [], "form": "compact"}))
+    argv = command(teacher, f"sqlite:///{tmp_path / 's.db'}", "bad", tmp_path)
+    argv[argv.index("--space") + 1] = str(space)
+    assert search_main(argv) == 2
+    err = capsys.readouterr().err
+    assert "width_scales []" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.usefixtures("shared_ray", "remote_code_cache")
+def test_a_student_study_measures_once_resumes_and_exports_what_it_measured(
+        teacher: dict[str, Path], storage_url: str, study_name: str, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from studies.cli import main as studies_main
+    from workers.search import student_cache
+    from workers.search.cli import main as search_main
+
+    before = sum(student_cache.COMPUTED.values())
+    argv = command(teacher, storage_url, study_name, tmp_path)
+    assert search_main([*argv, "--trials", "3"]) == 0, capsys.readouterr().err[-3000:]
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["best"] is not None and sum(student_cache.COMPUTED.values()) == before + 1
+    study = optuna.load_study(study_name=study_name, storage=storage_url)
+    assert len(study.directions) == 2  # held-out loss and KV cache bytes per token
+    done = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+    labels = {t.user_attrs.get("seed") for t in study.trials}
+    assert {"plan", "uniform", "palu"} <= labels  # the fixed allocations, in the database
+    plan = next(t for t in study.trials if t.user_attrs.get("seed") == "plan")
+    assert plan.params and plan.params["kv_cache"] == 0.25  # the plan's point: samplers see it
+    for t in done:
+        chosen = Allocation.from_dict(json.loads(t.user_attrs["allocation"]))
+        assert chosen.kv_cache <= 0.25 and len(json.loads(t.user_attrs["window_losses"])) > 1
+        assert t.values[1] == t.user_attrs["kv_cache"]
+    # --resume: the teacher's measurements are found, not made again
+    assert search_main([*argv, "--trials", "4", "--resume"]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert sum(student_cache.COMPUTED.values()) == before + 1
+    assert len(optuna.load_study(study_name=study_name, storage=storage_url).get_trials(
+        states=(optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED))) >= 4
+    # the front, the best under a budget, and the best's plan built by workers.compress
+    assert studies_main(["pareto", "--storage", storage_url, "--study", study_name, "--x",
+                         "kv_cache", "--format", "json"]) == 0
+    front = json.loads(capsys.readouterr().out)
+    assert front and all(t["kv_cache"] is not None for t in front)
+    assert studies_main(["best", "--storage", storage_url, "--study", study_name,
+                         "--kv-cache", "0.25", "--format", "json"]) == 0
+    best = json.loads(capsys.readouterr().out)[0]
+    # every trial against the allocator's plan, paired by held-out window
+    assert studies_main(["windows", "--storage", storage_url, "--study", study_name,
+                         "--format", "json"]) == 0
+    paired = json.loads(capsys.readouterr().out)
+    reference = next(t for t in paired["trials"] if t["number"] == paired["against"])
+    assert reference["label"] == "plan" and reference["difference"] == 0.0
+    assert {t["number"] for t in paired["trials"]} >= {best["number"]}
+    assert_exported_plan_builds_the_trial(teacher, storage_url, study_name, best["number"],
+                                          tmp_path, capsys)
+
+
+def assert_exported_plan_builds_the_trial(paths: dict[str, Path], url: str, study: str,
+                                          number: int, tmp: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """``studies export --trial N`` then ``workers.compress``: the student of equal logits to
+    the one trial ``N`` measured (rebuilt as its worker built it)."""
+    from studies.cli import main as studies_main
+    from workers.checkpoints import load
+    from workers.compress import main as compress_main
+    from workers.search.protocol import StudentJob, StudentSpec
+    from workers.search.student_trial import build as build_trial
+
+    plan = tmp / "export" / "plan.yaml"
+    plan.parent.mkdir()
+    assert studies_main(["export", "--storage", url, "--study", study, "--trial", str(number),
+                         "--out", str(plan)]) == 0, capsys.readouterr().err
+    assert (plan.parent / "plan.factors.safetensors").is_file()
+    assert compress_main(["--checkpoint", str(paths["teacher"]), "--plan", str(plan),
+                          "--out", str(tmp / "student"), "--quiet"]) == 0, \
+        capsys.readouterr().err
+    trial = optuna.load_study(study_name=study, storage=url).trials[number]
+    attrs: dict[str, Any] = trial.user_attrs
+    job = StudentJob(str(Path(paths["teacher"]).resolve()), attrs["plan_folder"].rsplit(
+        "/students/", 1)[0])
+    spec = StudentSpec(Allocation.from_dict(json.loads(attrs["allocation"])),
+                       attrs["plan_folder"])
+    measured, _ = build_trial(job, spec)
+    built = load(tmp / "student").model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(built(ids()), measured(ids()), atol=1e-5, rtol=1e-5)
+    assert built.arch == measured.arch
+    assert SEQ and VOCAB  # the helpers' sizes: the teacher reads them
+
+
+def test_the_cache_is_measured_once_and_a_trial_distils_and_reports_each_part(
+        teacher: dict[str, Path], tmp_path: Path) -> None:
+    """Without Ray: the teacher measured once for two requests of the same inputs; a trial
+    (``student_trial``) distils, then reports its running held-out loss after each part."""
+    from search_spaces import fit_allocation
+    from userdata import DataSpec
+    from workers.search import student_cache
+    from workers.search.protocol import StudentJob, StudentSpec, TrialReport
+    from workers.search.student_trial import WINDOWS, student_trial
+
+    tokens = DataSpec(str(teacher["tokens"])).resolved()
+    settings = student_cache.CacheSettings(Path(teacher["teacher"]).resolve(), tokens, tokens,
+                                           16, 128, 64, (2, 4))
+    before = sum(student_cache.COMPUTED.values())
+    cache = student_cache.ensure_cache(settings, tmp_path, quiet=True)
+    again = student_cache.ensure_cache(settings, tmp_path, quiet=True)
+    assert again.folder == cache.folder and sum(student_cache.COMPUTED.values()) == before + 1
+    chosen = fit_allocation(0.25, [1.0, 2.0], [2, 4], cache.shape)
+    reports: list[TrialReport] = []
+    job = StudentJob(str(settings.teacher), str(cache.folder), eval_chunks=2, distil_steps=2)
+    student_trial(job, StudentSpec(chosen, str(cache.student_folder(chosen))),
+                  lambda report, _: reports.append(report), tmp_path, "node")
+    assert [r.step for r in reports] == [1, 2] and all(r.error is None for r in reports)
+    losses = json.loads((cache.student_folder(chosen) / WINDOWS).read_text())
+    assert reports[-1].value == pytest.approx(sum(losses) / len(losses))
+
+
+def test_a_point_below_the_budget_keeps_its_share_of_each_rope_part() -> None:
+    """Sampled points spend exactly their ``kv_cache``; at half the budget each layer keeps
+    half its RoPE part (what the study measured the teacher at), not the whole of it."""
+    from search_spaces import RandomSuggester
+    from search_spaces.students import rope_name, scaled_rope
+
+    space = parse_student_space({**SPACE, "kv_shares": [0.5, 1.0]})
+    shape = TeacherShape((2,) * 4, (16,) * 4, (16,) * 4, 64, 256)
+    plan = Allocation(0.25, (8, 8, 8, 8), (4, 4, 4, 4))
+    cached = set(space.cached_ropes(4, 16, 0.25))
+    for seed in range(20):
+        trial = RandomSuggester(seed)
+        made = space.sample(trial, plan, shape, 0.25)
+        assert made.units(shape.kv_heads) == shape.allowed(made.kv_cache)
+        assert set(made.rope_dims) <= cached
+        share = made.kv_cache / 0.25
+        assert all(r <= scaled_rope(trial.params[rope_name(i)], share)
+                   for i, r in enumerate(made.rope_dims))
