@@ -1,8 +1,11 @@
-"""python -m bench.throughput [--smoke-test] [--device cpu|cuda] [--format table|json|yaml]
+"""python -m bench.throughput [--smoke-test] [--device cpu|cuda] [--arch A.yaml --arch B.yaml]
+[--format table|json|yaml]
 
 Training throughput (forward + backward + AdamW step, tokens/s) of a stack of blocks for each
 attention kind at the same shapes, and of our ``mhsa`` block against PyTorch's own
-``torch.nn.TransformerEncoderLayer`` (norm-first, GELU, no bias, no dropout) at equal size.
+``torch.nn.TransformerEncoderLayer`` (norm-first, GELU, no bias, no dropout) at equal size; with
+``--arch``, of whole models instead (``ArchConfig`` files, e.g. ``studies export``'s: embedding,
+blocks and head on random tokens, cross-entropy), the first the reference of the ratios.
 Variants run interleaved in rounds and each reports its median round, so the printed ratios come
 from one run on one machine. On CUDA the step runs under bf16 autocast.
 """
@@ -14,14 +17,15 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from arch import ATTENTION_KINDS, ArchConfig, AttentionKind, HeadGroup, LayerSpec
+from arch import ATTENTION_KINDS, ArchConfig, AttentionKind, ConfigError, HeadGroup, LayerSpec
 from common.cli import Parser, add_format, dump, render_table
-from workers.models import Block, count_params
+from workers.models import Block, build_model, count_params
 
 
 @dataclass(frozen=True)
@@ -68,9 +72,12 @@ class Runner:
         self.x = torch.randn(shape.batch, shape.seq_len, shape.d_model, generator=g).to(device)
         self.rates: list[float] = []
 
+    def loss(self) -> torch.Tensor:
+        return self.module(self.x).float().pow(2).mean()
+
     def step(self) -> None:
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.device == "cuda"):
-            loss = self.module(self.x).float().pow(2).mean()
+            loss = self.loss()
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.optimizer.step()
@@ -83,6 +90,28 @@ class Runner:
         _sync(self.device)
         self.rates.append(steps * self.shape.batch * self.shape.seq_len /
                           (time.perf_counter() - start))
+
+
+class ModelRunner(Runner):
+    """A whole model of an ``ArchConfig`` on random tokens (or vectors), trained on
+    cross-entropy (or squared error): what a search's trial steps through."""
+
+    def __init__(self, name: str, arch: ArchConfig, batch: int, device: str) -> None:
+        shape = Shape(d_model=arch.d_model, layers=arch.n_layers, seq_len=arch.max_seq_len,
+                      batch=batch)
+        super().__init__(name, build_model(arch), shape, device)
+        g = torch.Generator().manual_seed(0)
+        self.vocab = arch.vocab_size
+        self.x = (torch.randint(0, arch.vocab_size, (batch, arch.max_seq_len), generator=g)
+                  if arch.vocab_size else
+                  torch.randn(batch, arch.max_seq_len, arch.input_dim or 1, generator=g)
+                  ).to(device)
+
+    def loss(self) -> torch.Tensor:
+        out = self.module(self.x).float()
+        if self.vocab is None:
+            return out.pow(2).mean()
+        return nn.functional.cross_entropy(out.flatten(0, 1), self.x.flatten())
 
 
 def _sync(device: str) -> None:
@@ -100,8 +129,12 @@ def make_runners(shape: Shape, device: str) -> list[Runner]:
 
 
 def measure(shape: Shape, device: str, rounds: int, steps: int,
-            progress: Callable[[str], None]) -> list[dict[str, Any]]:
-    runners = make_runners(shape, device)
+            progress: Callable[[str], None],
+            runners: list[Runner] | None = None) -> list[dict[str, Any]]:
+    """Each runner's median tokens/s over ``rounds`` interleaved rounds; the ratios against our
+    ``mhsa`` stack and PyTorch's layer (given ``runners``: against the first of them)."""
+    given = runners is not None
+    runners = runners if runners is not None else make_runners(shape, device)
     for r in runners:  # warm-up: allocator, kernels, optimizer state
         r.timed(2)
         r.rates.clear()
@@ -110,7 +143,7 @@ def measure(shape: Shape, device: str, rounds: int, steps: int,
             r.timed(steps)
         progress(f"round {i + 1}/{rounds}: " + ", ".join(
             f"{r.name} {r.rates[-1]:,.0f}" for r in runners))
-    base = statistics.median(runners[1].rates)  # our mhsa
+    base = statistics.median(runners[0 if given else 1].rates)  # our mhsa, or the first
     torch_rate = statistics.median(runners[0].rates)
     rows = []
     for r in runners:
@@ -129,6 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=5, help="training steps per round")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch default)")
+    parser.add_argument("--arch", type=Path, action="append", default=[], metavar="YAML",
+                        help="time this whole model (an ArchConfig file; repeatable): the "
+                             "first is the ratios' reference")
+    parser.add_argument("--batch-size", type=int, default=8, help="--arch: windows per step")
     add_format(parser)
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -137,18 +174,35 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     shape = SMOKE if args.smoke_test else FULL
     rounds, steps = (1, 1) if args.smoke_test else (args.rounds, args.steps)
-    rows = measure(shape, args.device, rounds, steps, lambda m: print(m, file=sys.stderr))
+    runners: list[Runner] | None = None
+    if args.arch:
+        archs = [(path, read_arch(parser, path)) for path in args.arch]
+        runners = [ModelRunner(f"{path.stem}: {arch.describe()}", arch, args.batch_size,
+                               args.device) for path, arch in archs]
+    rows = measure(shape, args.device, rounds, steps, lambda m: print(m, file=sys.stderr),
+                   runners)
     if args.format != "table":
         print(dump({"shape": shape.__dict__, "device": args.device, "rows": rows}, args.format))
         return 0
     print(f"{shape} on {args.device} ({torch.get_num_threads()} threads)")
-    print(render_table(["variant", "tokens/s", "vs our mhsa", "vs torch layer", "trainable",
-                        "total"],
-                       [[r["variant"], f"{r['tokens_per_s']:,.0f}", f"{r['vs_mhsa']:.2f}",
-                         f"{r['vs_torch']:.2f}", f"{r['trainable_params']:,}",
-                         f"{r['total_params']:,}"] for r in rows],
-                       right=[False] + [True] * 5))
+    columns = ["variant", "tokens/s", "vs our mhsa", "vs torch layer", "trainable", "total"]
+    keys = ["tokens_per_s", "vs_mhsa", "vs_torch", "trainable_params", "total_params"]
+    if args.arch:  # whole models: the ratio to the first; no PyTorch layer ran
+        columns, keys = ["model", "tokens/s", "vs first", "trainable", "total"], \
+            ["tokens_per_s", "vs_mhsa", "trainable_params", "total_params"]
+    shown = {"tokens_per_s": "{:,.0f}", "vs_mhsa": "{:.2f}", "vs_torch": "{:.2f}",
+             "trainable_params": "{:,}", "total_params": "{:,}"}
+    print(render_table(columns, [[r["variant"], *(shown[k].format(r[k]) for k in keys)]
+                                 for r in rows], right=[False] + [True] * len(keys)))
     return 0
+
+
+def read_arch(parser: Parser, path: Path) -> ArchConfig:
+    """``path``'s ``ArchConfig``, or the parser's one-line error (exit 2)."""
+    try:
+        return ArchConfig.from_yaml(path.read_text())
+    except (OSError, ConfigError) as e:
+        parser.error(f"--arch {str(path)!r}: {e}")
 
 
 if __name__ == "__main__":
