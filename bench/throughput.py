@@ -184,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.format != "table":
         print(dump({"shape": shape.__dict__, "device": args.device, "rows": rows}, args.format))
         return 0
-    print(f"{shape} on {args.device} ({torch.get_num_threads()} threads)")
+    sized = f"whole models, batch {args.batch_size}" if args.arch else str(shape)
+    print(f"{sized} on {args.device} ({torch.get_num_threads()} threads)")
     columns = ["variant", "tokens/s", "vs our mhsa", "vs torch layer", "trainable", "total"]
     keys = ["tokens_per_s", "vs_mhsa", "vs_torch", "trainable_params", "total_params"]
     if args.arch:  # whole models: the ratio to the first; no PyTorch layer ran
