@@ -377,6 +377,16 @@ def test_the_search_fuzz_reaches_ray(tmp_path: Path) -> None:
     assert not _search_up_to_ray(tmp_path, ["--trials", "0"])
 
 
+
+def test_a_study_of_another_search_is_refused_before_its_database_is_written(
+        tmp_path: Path) -> None:
+    """The study exists (the base command line made it) and another budget is another space:
+    refused in one line with the database untouched, the driver's lease included (``run``
+    compares every file's size and time)."""
+    assert _search_up_to_ray(tmp_path, [])
+    assert not _search_up_to_ray(tmp_path, ["--budget", "16"])
+
+
 # --- checkpoints that lie: links leaving the folder, non-finite weights, absurd sizes --------
 
 

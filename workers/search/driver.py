@@ -60,7 +60,7 @@ from workers.search.searcher import (
     retried_numbers,
 )
 from workers.search.seeding import BoundPredictor, SearchPlan, Start, starting_points
-from workers.search.study import make_sampler, open_search_study
+from workers.search.study import check_existing_study, make_sampler, open_search_study
 from workers.tasks import Task, describe_task
 
 if TYPE_CHECKING:
@@ -141,6 +141,20 @@ def execute(request: SearchRequest) -> SearchSummary:
                                  grace_period=opts.grace_period, retries=1)
     # before Ray starts; a connection that drops as it opens is retried like any other
     probe = open_storage(request.storage, heartbeats, patience=opts.storage_patience)
+    try:
+        # read before the lease is written: a study this search may not continue is refused
+        # with the database as it was
+        guarded(lambda: check_existing_study(request, probe), request.storage,
+                opts.storage_patience)
+        return _leased(request, probe, heartbeats)
+    finally:
+        probe.engine.dispose()
+
+
+def _leased(request: SearchRequest, probe: optuna.storages.RDBStorage,
+            heartbeats: StorageSettings) -> SearchSummary:
+    """``execute`` under the study's lease, released however it ends."""
+    opts = request.options
     lease = Lease(probe.engine, request.study, ttl=opts.grace_period)
     try:
         dead = guarded(lambda: lease.acquire(take_stale=request.resume), request.storage,
@@ -152,7 +166,6 @@ def execute(request: SearchRequest) -> SearchSummary:
     finally:
         with contextlib.suppress(*STORAGE_ERRORS):  # a lease left behind is stale once we exit
             lease.release()
-        probe.engine.dispose()
 
 
 def _execute(request: SearchRequest, probe: optuna.storages.RDBStorage, lease: Lease,

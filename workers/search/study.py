@@ -54,6 +54,25 @@ def open_study(name: str, storage: optuna.storages.BaseStorage, url: str,
                                     directions=[d.value for d in (direction, *more)])
         rec.set_study_attrs(study, **description)
         return study
+    check_resumable(study, name, url, description, resume)
+    if study.trials and "recipe" not in study.user_attrs:
+        log.warning("study %r predates the training recipe's record (before 2026-11-28: "
+                    "warmup 0.05, lr 1e-3 unless the space set them); trials added now train "
+                    "with %s", name, RECIPE)
+    if not study.trials:  # an empty study made elsewhere: describe it as ours
+        rec.set_study_attrs(study, **description)
+    return study
+
+
+def check_resumable(study: optuna.Study, name: str, url: str, description: dict[str, Any],
+                    resume: bool) -> None:
+    """Refuse an existing study this search may not continue: one with trials without
+    ``resume``, one an older version wrote, one of another search (its task, space, steps or
+    recipe). Reads only.
+
+    Raises:
+        SearchError: which, in one line.
+    """
     if not resume and study.trials:
         raise SearchError.of([Problem("study", name, f"already has {len(study.trials)} trials in "
                                       f"{redact(url)}; pass {{resume}} to continue it or choose a "
@@ -70,13 +89,18 @@ def open_study(name: str, storage: optuna.storages.BaseStorage, url: str,
             raise SearchError.of([Problem("resume", True, f"study {name!r} was run with {key} = "
                                           f"{study.user_attrs[key]!r}, this command gives "
                                           f"{mine[key]!r}", shown="")])
-    if study.trials and "recipe" not in study.user_attrs:
-        log.warning("study %r predates the training recipe's record (before 2026-11-28: "
-                    "warmup 0.05, lr 1e-3 unless the space set them); trials added now train "
-                    "with %s", name, RECIPE)
-    if not study.trials:  # an empty study made elsewhere: describe it as ours
-        rec.set_study_attrs(study, **description)
-    return study
+
+
+def check_existing_study(request: SearchRequest, storage: optuna.storages.BaseStorage) -> None:
+    """``check_resumable`` on the request's study if it exists, before anything is written
+    (the driver's lease): a refused command leaves the database as it was."""
+    try:
+        study = optuna.load_study(study_name=request.study, storage=storage)
+    except KeyError:
+        return
+    check_resumable(study, request.study, request.storage,
+                    describe_search(request.space, request.task, request.plan.settings,
+                                    request.options.seed), request.resume)
 
 
 @dataclass(frozen=True)
