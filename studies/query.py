@@ -264,9 +264,9 @@ def seed_points(engine: sa.Engine, study: str, pooled: Sequence[str] = ()
 def _pooled_trials(engine: sa.Engine, study: str, other: str, direction: str
                    ) -> list[TrialRecord]:
     """``other``'s fully trained trials, refused unless it measured what ``study`` did."""
+    with engine.connect() as conn:
+        _study(conn, other)  # QueryError: no such study, naming the others
     summaries = {s.name: s for s in list_studies(engine)}
-    if other not in summaries:
-        _, _ = load_trials(engine, other)  # QueryError: no such study, naming the others
     mine, theirs = summaries[study], summaries[other]
     for key in ("task", "metric"):
         if mine.attrs.get(key) != theirs.attrs.get(key):
