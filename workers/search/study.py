@@ -54,7 +54,11 @@ def open_study(name: str, storage: optuna.storages.BaseStorage, url: str,
                                     directions=[d.value for d in (direction, *more)])
         rec.set_study_attrs(study, **description)
         return study
-    check_resumable(study, name, url, description, resume)
+    if not resume and study.trials:
+        raise SearchError.of([Problem("study", name, f"already has {len(study.trials)} trials in "
+                                      f"{redact(url)}; pass {{resume}} to continue it or choose a "
+                                      "new name", shown=repr(name))])
+    check_same_search(study, name, description)
     if study.trials and "recipe" not in study.user_attrs:
         log.warning("study %r predates the training recipe's record (before 2026-11-28: "
                     "warmup 0.05, lr 1e-3 unless the space set them); trials added now train "
@@ -64,19 +68,13 @@ def open_study(name: str, storage: optuna.storages.BaseStorage, url: str,
     return study
 
 
-def check_resumable(study: optuna.Study, name: str, url: str, description: dict[str, Any],
-                    resume: bool) -> None:
-    """Refuse an existing study this search may not continue: one with trials without
-    ``resume``, one an older version wrote, one of another search (its task, space, steps or
-    recipe). Reads only.
+def check_same_search(study: optuna.Study, name: str, description: dict[str, Any]) -> None:
+    """Refuse an existing study this search is not: one an older version wrote, or one of
+    another search (its task, space, steps or recipe). Reads only.
 
     Raises:
         SearchError: which, in one line.
     """
-    if not resume and study.trials:
-        raise SearchError.of([Problem("study", name, f"already has {len(study.trials)} trials in "
-                                      f"{redact(url)}; pass {{resume}} to continue it or choose a "
-                                      "new name", shown=repr(name))])
     if study.trials and study.user_attrs.get("record_schema") != rec.RECORD_SCHEMA:
         raise SearchError.of([Problem("resume", True, f"study {name!r} was written by an older "
                                       "version whose trial records are not comparable "
@@ -92,15 +90,18 @@ def check_resumable(study: optuna.Study, name: str, url: str, description: dict[
 
 
 def check_existing_study(request: SearchRequest, storage: optuna.storages.BaseStorage) -> None:
-    """``check_resumable`` on the request's study if it exists, before anything is written
-    (the driver's lease): a refused command leaves the database as it was."""
+    """``check_same_search`` on the request's study if it exists, before anything is written
+    (the driver's lease): a refused command leaves the database as it was. Whether it may be
+    continued (its trials, ``--resume``) is asked under the lease, whose refusal names a
+    driver still running it."""
     try:
         study = optuna.load_study(study_name=request.study, storage=storage)
     except KeyError:
         return
-    check_resumable(study, request.study, request.storage,
-                    describe_search(request.space, request.task, request.plan.settings,
-                                    request.options.seed), request.resume)
+    if study.trials and not request.resume:  # refused under the lease, as it names a driver
+        return
+    check_same_search(study, request.study, describe_search(
+        request.space, request.task, request.plan.settings, request.options.seed))
 
 
 @dataclass(frozen=True)
