@@ -6,6 +6,7 @@ allowed are success, or one line on stderr with exit code 2 and nothing written;
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import json
 import os
@@ -98,6 +99,11 @@ def inside(folder: Path) -> Iterator[None]:
 
 
 def snapshot(folder: Path) -> dict[str, tuple[int, float]]:
+    """Every file's size and time, once the connections an earlier example left to the garbage
+    collector are closed: SQLite's last connection to close folds the WAL into the database
+    (its time changes, its -wal and -shm files go), which is that example's write, not the
+    command's under test."""
+    gc.collect()
     return {str(p): (p.stat().st_size, p.stat().st_mtime) for p in folder.rglob("*")}
 
 
