@@ -4,7 +4,8 @@ allocator's curvature plan, under the KV cache budget as a hard constraint.
 
 A point of the space is, per layer ``i``, ``L{i}.latent_dim`` (one of the plan's width times
 ``width_scales``) and ``L{i}.rope_dim`` (the plan's RoPE part per key/value head times
-``rope_scales``, even), and the study-wide ``kv_cache`` (the budget times one of
+``rope_scales``, even; none in the ``latent`` form, which turns its keys after it rebuilds
+them), and the study-wide ``kv_cache`` (the budget times one of
 ``kv_shares``): the fraction of the teacher's KV cache the student may spend. A point is
 repaired into an ``Allocation`` that spends exactly what its ``kv_cache`` allows
 (``fit_allocation``): the RoPE parts scaled down if they leave less than one latent unit per
@@ -70,10 +71,13 @@ class Allocation:
         return sum(c + h * r for c, r, h in zip(self.latent_dims, self.rope_dims, kv_heads))
 
     def params(self) -> dict[str, Any]:
-        """The allocation as the space's Optuna parameters."""
+        """The allocation as the space's Optuna parameters (a layer without a RoPE part has
+        no ``rope_dim`` to choose)."""
         point: dict[str, Any] = {KV_CACHE: self.kv_cache}
         for i, (c, r) in enumerate(zip(self.latent_dims, self.rope_dims)):
-            point[latent_name(i)], point[rope_name(i)] = c, r
+            point[latent_name(i)] = c
+            if r:
+                point[rope_name(i)] = r
         return point
 
     def key(self) -> str:
@@ -82,8 +86,10 @@ class Allocation:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def describe(self) -> str:
-        """Per layer ``c24+r8``: the latent width and the RoPE part per key/value head."""
-        return " ".join(f"c{c}+r{r}" for c, r in zip(self.latent_dims, self.rope_dims))
+        """Per layer ``c24+r8``: the latent width and the RoPE part per key/value head
+        (``c24`` without one)."""
+        return " ".join(f"c{c}+r{r}" if r else f"c{c}"
+                        for c, r in zip(self.latent_dims, self.rope_dims))
 
     def to_dict(self) -> dict[str, Any]:
         return {"kv_cache": self.kv_cache, "latent_dims": list(self.latent_dims),
@@ -159,7 +165,10 @@ class StudentSpace:
 
     def rope_choices(self, mode: int, widest: int) -> list[int]:
         """A layer's RoPE parts: the plan's ``mode`` times each scale, even, within
-        ``[2, widest]``."""
+        ``[2, widest]``; none but 0 where the plan has no RoPE part (the ``latent`` form, whose
+        keys are turned after they are rebuilt)."""
+        if not mode:
+            return [0]
         return sorted({min(widest // 2 * 2, max(2, round(mode * s / 2) * 2))
                        for s in self.rope_scales} | {mode})
 
@@ -180,8 +189,8 @@ class StudentSpace:
         for i, (c, r) in enumerate(zip(plan.latent_dims, plan.rope_dims)):
             options = self.rope_choices(r, shape.qk_dims[i])
             choices.append(sorted({scaled_rope(o, kv / budget) for o in options}))
-            ropes.append(scaled_rope(int(trial.suggest_categorical(rope_name(i), options)),
-                                     kv / budget))
+            rope = int(trial.suggest_categorical(rope_name(i), options)) if r else 0
+            ropes.append(scaled_rope(rope, kv / budget))
             widths.append(int(trial.suggest_categorical(latent_name(i), self.latent_choices(
                 c, shape.full_rank(i, r)))))
         return fit_allocation(kv, widths, ropes, shape, choices)
@@ -194,8 +203,8 @@ class StudentSpace:
 
 def scaled_rope(rope: int, share: float) -> int:
     """A RoPE part per key/value head at ``share`` of the budget it was chosen at: even, at
-    least 2 (the whole part at a share of 1)."""
-    return max(2, round(rope * share / 2) * 2)
+    least 2 (the whole part at a share of 1); none stays none."""
+    return max(2, round(rope * share / 2) * 2) if rope else 0
 
 
 def fit_allocation(kv_cache: float, widths: Sequence[float], ropes: Sequence[int],

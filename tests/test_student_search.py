@@ -57,7 +57,7 @@ def test_every_shipped_student_space_loads() -> None:
     assert shipped_student_spaces()
     for path in shipped_student_spaces():
         space = read_student_space(path.name)
-        assert space.form == "latent_rope" and space.trials > 0 and space.hash
+        assert space.form in ("latent", "latent_rope") and space.trials > 0 and space.hash
 
 
 def test_a_bad_student_space_names_every_field_in_one_line() -> None:
@@ -119,17 +119,23 @@ def test_bad_input_exits_2_in_one_line_before_any_work(
     assert not (tmp_path / "s.db").exists() and not (tmp_path / "results").exists()
 
 
+@pytest.mark.parametrize(("fields", "says"), [
+    ({"width_scales": [], "form": "compact"}, "width_scales []"),
+    ({"form": "compact"}, "the compact form is not searched"),
+])
 def test_a_bad_space_field_exits_2(teacher: dict[str, Path], tmp_path: Path,
+                                   fields: dict[str, Any], says: str,
                                    capsys: pytest.CaptureFixture[str]) -> None:
     from workers.search.cli import main as search_main
 
     space = tmp_path / "bad.yaml"
-    space.write_text(json.dumps({**SPACE, "width_scales": [], "form": "compact"}))
+    space.write_text(json.dumps({**SPACE, **fields}))
     argv = command(teacher, f"sqlite:///{tmp_path / 's.db'}", "bad", tmp_path)
     argv[argv.index("--space") + 1] = str(space)
     assert search_main(argv) == 2
     err = capsys.readouterr().err
-    assert "width_scales []" in err and len(err.strip().splitlines()) == 1
+    assert says in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "s.db").exists()
 
 
 @pytest.mark.usefixtures("shared_ray", "remote_code_cache")
@@ -259,3 +265,49 @@ def test_a_point_below_the_budget_keeps_its_share_of_each_rope_part() -> None:
         share = made.kv_cache / 0.25
         assert all(r <= scaled_rope(trial.params[rope_name(i)], share)
                    for i, r in enumerate(made.rope_dims))
+
+
+def test_a_latent_form_point_has_no_rope_part_and_spends_its_kv_cache_exactly() -> None:
+    """The rotated latent form searches widths only: no ``rope_dim`` is suggested, every layer
+    keeps none, and each point spends exactly the units its ``kv_cache`` allows."""
+    from search_spaces import RandomSuggester
+
+    space = parse_student_space({**SPACE, "form": "latent", "kv_shares": [0.5, 1.0]})
+    shape = TeacherShape((2,) * 4, (16,) * 4, (16,) * 4, 64, 256)
+    plan = Allocation(0.25, (20, 12, 16, 16), (0, 0, 0, 0))
+    assert space.cached_ropes(0, 16, 0.25) == [0]
+    assert set(space.modes(plan, 0.25)) == {"kv_cache", *(f"L{i}.latent_dim" for i in range(4))}
+    for seed in range(20):
+        trial = RandomSuggester(seed)
+        made = space.sample(trial, plan, shape, 0.25)
+        assert made.rope_dims == (0,) * 4 and not any("rope" in k for k in trial.params)
+        assert made.units(shape.kv_heads) == shape.allowed(made.kv_cache)
+
+
+def test_a_latent_form_search_measures_and_builds_rotated_students(
+        teacher: dict[str, Path], tmp_path: Path) -> None:
+    """``form: latent`` end to end without Ray: the request plans no RoPE part, the cache
+    measures the rotated form once, the fixed allocations spend the budget exactly, and the
+    plan's student rebuilds its keys then turns them (and scores every held-out window)."""
+    from userdata import DataSpec
+    from workers.search import student_cache
+    from workers.search.protocol import StudentJob, StudentSpec, TrialReport
+    from workers.search.student_trial import student_trial
+    from workers.search.students import fixed_allocations, prepare_student
+
+    space = parse_student_space({**SPACE, "form": "latent"})
+    tokens = DataSpec(str(teacher["tokens"]))
+    request = prepare_student(space, Path(teacher["teacher"]), tokens, tokens, 0.25)
+    assert request.rope == 0 and request.settings.rope_dims == (0,)
+    cache = student_cache.ensure_cache(request.settings, tmp_path, quiet=True)
+    fixed = fixed_allocations(cache, request)
+    for chosen in fixed.values():
+        assert chosen.rope_dims == (0,) * len(chosen.rope_dims)
+        assert chosen.units(cache.shape.kv_heads) == cache.shape.allowed(0.25)
+    student = student_cache.student_plan(cache, fixed["plan"]).student
+    assert all(layer.rotate_latent and not layer.rope_dim for layer in student.layers)
+    reports: list[TrialReport] = []
+    job = StudentJob(str(request.settings.teacher), str(cache.folder), eval_chunks=2)
+    student_trial(job, StudentSpec(fixed["plan"], str(cache.student_folder(fixed["plan"]))),
+                  lambda report, _: reports.append(report), tmp_path, "node")
+    assert [r.step for r in reports] == [1, 2] and all(r.error is None for r in reports)

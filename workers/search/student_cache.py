@@ -5,8 +5,9 @@ measurements, so they are made once, in the driver before Ray starts, and kept i
 under the search's storage path (``--storage-path``; on a cluster, a path every node shares),
 named by a content address: the SHA-256 of the teacher's files, the calibration and held-out
 data's files, and the settings that shape the measurement (window, sample sizes, RoPE parts,
-seed). A second search, a ``--resume`` or another worker with the same inputs finds the folder
-and measures nothing (``COMPUTED`` counts the measurements made in this process: tests read it).
+seed; RoPE part 0 is the ``latent`` form's). A second search, a ``--resume`` or another worker
+with the same inputs finds the folder and measures nothing (``COMPUTED`` counts the
+measurements made in this process: tests read it).
 
 The folder holds, per RoPE part, the curvature latent plan with every width priced
 (``plan_r{R}.yaml``) and its maps at full rank (``plan_r{R}.factors.safetensors``), the held-out
@@ -179,7 +180,8 @@ def _measure(settings: CacheSettings, folder: Path, key: str, quiet: bool) -> No
     task = TaskSpec(data=settings.data, params={"length": settings.seq_len}, seed=settings.seed)
     request = MeasureRequest(settings.teacher, 2, task, seq_len=settings.seq_len,
                              sample_tokens=settings.sample_tokens, loss_sensitivity=True,
-                             form="latent_rope", rope_dim=max(settings.rope_dims), quiet=quiet)
+                             form="latent_rope" if any(settings.rope_dims) else "latent",
+                             rope_dim=max(settings.rope_dims), quiet=quiet)
     family = measure_latent_family(request, settings.rope_dims, width_align=1)
     for rope in settings.rope_dims:
         plan = plan_compression(family.measured[rope], 1.0, rule="loss")

@@ -107,7 +107,7 @@ class StudentRequest:
     space: StudentSpace
     settings: CacheSettings
     budget: float  # the KV cache fraction of the teacher's a student may spend at most
-    rope: int  # the allocator's RoPE part per key/value head at the budget
+    rope: int  # the allocator's RoPE part per key/value head at the budget (0: latent form)
     storage: str
     study: str
     trials: int
@@ -164,21 +164,22 @@ def _check_teacher(teacher: Path, space: StudentSpace, kv_cache: float
     from workers.checkpoints import read_arch
 
     form = student_form(space.form)
-    if not form.rope_part:
-        raise SearchError.of([Problem("space", space.form, "form: a student search plans the "
-                                      "latent_rope form (a latent beside a decoupled RoPE "
-                                      "part); others are not searched yet", shown="")])
+    if not form.latent:
+        raise SearchError.of([Problem("space", space.form, "form: a student search plans a "
+                                      "latent form (latent, or latent_rope beside a decoupled "
+                                      "RoPE part); the compact form is not searched yet",
+                                      shown="")])
     if not teacher.exists():
         raise UsageError.of([Problem("teacher", str(teacher), "no such file or folder")])
     arch = read_arch(teacher)
-    rope = rope_for(arch, kv_cache)
-    if arch.positional != "rope":
+    if form.rope_part and arch.positional != "rope":
         raise SearchError.of([Problem("teacher", str(teacher), "a latent_rope student keeps "
                                       "RoPE: the teacher has none", shown="")])
+    rope = rope_for(arch, kv_cache) if form.rope_part else 0
     check_kv_cache(arch, 1, kv_cache, form=form, rope_dim=min(space.rope_choices(rope, rope)))
     smallest = min(space.kv_choices(kv_cache))
     try:
-        check_kv_cache(arch, 1, smallest, form=form, rope_dim=2)
+        check_kv_cache(arch, 1, smallest, form=form, rope_dim=min(rope, 2))
     except CompressionError:
         raise SearchError.of([Problem("space", space.name, f"kv_shares: its smallest share of "
                                       f"kv_cache {kv_cache:g} ({smallest:g}) is below what a "
