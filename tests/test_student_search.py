@@ -185,6 +185,49 @@ def test_a_student_study_measures_once_resumes_and_exports_what_it_measured(
     assert {t["number"] for t in paired["trials"]} >= {best["number"]}
     assert_exported_plan_builds_the_trial(teacher, storage_url, study_name, best["number"],
                                           tmp_path, capsys)
+    assert_confirmed_on_windows_the_search_never_saw(teacher, storage_url, study_name,
+                                                     best["number"], capsys)
+
+
+def assert_confirmed_on_windows_the_search_never_saw(paths: dict[str, Path], url: str,
+                                                     study: str, number: int,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """``workers.confirm`` on the study's own held-out source reads the windows after the ones
+    the search scored; each student's loss there is that of its trial's plan rebuilt; the
+    fixed allocations, the best sampled student and the teacher are scored, paired against the
+    plan."""
+    from studies.cli import main as studies_main
+    from userdata import DataSpec
+    from workers.confirm import main as confirm_main
+    from workers.search.protocol import StudentJob, StudentSpec
+    from workers.search.student_cache import eval_windows, window_losses
+    from workers.search.student_trial import build as build_trial
+
+    capsys.readouterr()
+    assert confirm_main(["--storage", url, "--study", study, "--eval", str(paths["tokens"]),
+                         "--top", "1", "--eval-tokens", "64", "--quiet", "--format",
+                         "json"]) == 0, capsys.readouterr().err
+    found = json.loads(capsys.readouterr().out)
+    seq_len = found["seq_len"]
+    assert found["skipped_tokens"] == 128 // seq_len * seq_len and found["windows"] == 4
+    rows = {t["label"]: t for t in found["trials"]}
+    assert studies_main(["windows", "--storage", url, "--study", study, "--format",
+                         "json"]) == 0
+    fixed = {t["label"] for t in json.loads(capsys.readouterr().out)["trials"] if t["label"]}
+    assert "plan" in fixed and set(rows) == fixed | {"teacher", "sampled"}
+    assert rows["plan"]["vs_plan"]["difference"] == 0.0
+    assert found["best_fixed"] in ("plan", "uniform", "palu")
+    trial = optuna.load_study(study_name=study, storage=url).trials[number]
+    spec = StudentSpec(Allocation.from_dict(json.loads(trial.user_attrs["allocation"])),
+                       trial.user_attrs["plan_folder"])
+    job = StudentJob(str(Path(paths["teacher"]).resolve()),
+                     trial.user_attrs["plan_folder"].rsplit("/students/", 1)[0])
+    student, _ = build_trial(job, spec)
+    new = eval_windows(DataSpec(str(paths["tokens"])), seq_len, 64, skip=128)
+    searched = eval_windows(DataSpec(str(paths["tokens"])), seq_len, 128)
+    assert not any(torch.equal(w, v) for w in new for v in searched)
+    row = next(t for t in found["trials"] if t["number"] == number)
+    assert row["loss"] == pytest.approx(float(window_losses(student, new).mean()), rel=1e-6)
 
 
 def assert_exported_plan_builds_the_trial(paths: dict[str, Path], url: str, study: str,
@@ -311,3 +354,22 @@ def test_a_latent_form_search_measures_and_builds_rotated_students(
     student_trial(job, StudentSpec(fixed["plan"], str(cache.student_folder(fixed["plan"]))),
                   lambda report, _: reports.append(report), tmp_path, "node")
     assert [r.step for r in reports] == [1, 2] and all(r.error is None for r in reports)
+
+
+@pytest.mark.parametrize(("extra", "says"), [
+    (["--study", "other"], "--study other: must name a student search's study"),
+    (["--study", "absent"], "--study absent: must name a student search's study"),
+])
+def test_confirm_refuses_in_one_line(tmp_path: Path, extra: list[str], says: str,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """``workers.confirm`` reads only a student search's study: any other is one line, exit 2,
+    and the database is left as it was."""
+    from workers.confirm import main as confirm_main
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    optuna.create_study(study_name="other", storage=url)
+    before = (tmp_path / "s.db").read_bytes()
+    assert confirm_main(["--storage", url, "--eval", str(tmp_path), *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0], err
+    assert (tmp_path / "s.db").read_bytes() == before

@@ -206,10 +206,19 @@ def _measure(settings: CacheSettings, folder: Path, key: str, quiet: bool) -> No
     (folder / META).write_text(json.dumps(meta, indent=1))
 
 
-def eval_windows(spec: DataSpec, seq_len: int, tokens: int) -> Tensor:
-    """Consecutive windows of ``seq_len + 1`` ids from the start of the held-out source's
-    validation split, ``tokens`` in all at most (at least one window)."""
-    stream = open_tokens(spec, seq_len + 1).val
+def eval_windows(spec: DataSpec, seq_len: int, tokens: int, skip: int = 0) -> Tensor:
+    """Consecutive windows of ``seq_len + 1`` ids from the held-out source's validation split
+    after its first ``skip`` tokens, ``tokens`` in all at most (at least one window).
+
+    Raises:
+        DataError: fewer than one window after ``skip``.
+    """
+    from userdata import DataError
+
+    stream = open_tokens(spec, seq_len + 1).val[skip:]
+    if len(stream) < seq_len + 1:
+        raise DataError(f"{spec.path}: its validation split has no window of {seq_len + 1} "
+                        f"tokens after the first {skip:,}")
     count = max(1, min(tokens // seq_len, (len(stream) - 1) // seq_len))
     ids = torch.from_numpy(np.asarray(stream[:count * seq_len + 1], dtype=np.int64))
     return torch.stack([ids[i * seq_len:(i + 1) * seq_len + 1] for i in range(count)])
