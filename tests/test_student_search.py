@@ -228,6 +228,32 @@ def assert_confirmed_on_windows_the_search_never_saw(paths: dict[str, Path], url
     assert not any(torch.equal(w, v) for w in new for v in searched)
     row = next(t for t in found["trials"] if t["number"] == number)
     assert row["loss"] == pytest.approx(float(window_losses(student, new).mean()), rel=1e-6)
+    assert_the_published_methods_are_scored_on_the_same_windows(paths, url, study, found,
+                                                                capsys)
+
+
+def assert_the_published_methods_are_scored_on_the_same_windows(
+        paths: dict[str, Path], url: str, study: str, confirmed: dict[str, Any],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``experiments.student_front``: the confirmed students at the losses ``workers.confirm``
+    measured, and the published methods beside them at the study's budget, each paired against
+    the search's pick."""
+    from experiments.student_front import main as front_main
+
+    out = Path(confirmed["teacher"]).parent / "front"
+    assert front_main(["--storage", url, "--study", study, "--eval", str(paths["tokens"]),
+                       "--eval-tokens", "64", "--top", "1", "--methods", "svd", "mha2mla",
+                       "--smoke-test", "--out", str(out), "--quiet", "--format",
+                       "json"]) == 0, capsys.readouterr().err
+    front = json.loads(capsys.readouterr().out)
+    names = {r["name"]: r for r in front["rows"]}
+    assert {"svd", "mha2mla", "teacher"} <= set(names) and (out / "student_front.json").is_file()
+    assert names[front["pick"]]["vs_pick"] == 0.0
+    for t in confirmed["trials"]:
+        if t["number"] is not None:
+            found = names[f"trial {t['number']} ({t['label']})"]
+            assert found["loss"] == pytest.approx(t["loss"], rel=1e-9)
+    assert names["svd"]["kv_cache"] <= names[front["pick"]]["kv_cache"] * 1.01
 
 
 def assert_exported_plan_builds_the_trial(paths: dict[str, Path], url: str, study: str,
