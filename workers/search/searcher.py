@@ -67,11 +67,16 @@ ENDED_ATTRS = (rec.ERROR, rec.NODE, rec.RESUMED, RESTARTS)
 
 @dataclass(frozen=True)
 class Best:
-    """The best fully trained trial so far: what a progress line shows."""
+    """The best fully trained trial so far: what a progress line shows (``shown``: how to name
+    it there, where its architecture's description is not the best name)."""
 
     value: float
     number: int
     arch: ArchConfig
+    shown: str = ""
+
+    def describe(self) -> str:
+        return self.shown or self.arch.describe()
 
 
 @dataclass
@@ -330,8 +335,12 @@ class StudySearcher:
         self.counts[state.name] += 1
         if value is not None and (self.best is None or
                                   self.direction.better(value, self.best.value)):
-            self.best = Best(value, trial.number, run.arch)
+            self.best = self.best_of(value, run)
         return record
+
+    def best_of(self, value: float, run: Asked) -> Best:
+        """``run``'s trial as the best so far, at ``value``."""
+        return Best(value, run.trial.number, run.arch)
 
     def outcome(self, run: Asked, record: TrialRecord
                 ) -> tuple[float | Sequence[float] | None, Mapping[str, Any]]:

@@ -336,6 +336,9 @@ class StudentSearcher(StudySearcher):
             attrs[WINDOW_LOSSES] = windows.read_text()
         return [record.value, float(kv_cache_bytes(run.arch, self.kv_dtype))], attrs
 
+    def best_of(self, value: float, run: Asked) -> Best:
+        return Best(value, run.trial.number, run.arch, _shown(run.trial.user_attrs))
+
     def best_so_far(self) -> Best | None:
         done = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
                 if t.values and rec.ARCH in t.user_attrs]
@@ -343,7 +346,14 @@ class StudentSearcher(StudySearcher):
             return None
         best = min(done, key=lambda t: t.values[0])
         return Best(float(best.values[0]), best.number, ArchConfig.from_json(
-            best.user_attrs[rec.ARCH]))
+            best.user_attrs[rec.ARCH]), _shown(best.user_attrs))
+
+
+def _shown(attrs: Mapping[str, Any]) -> str:
+    """A student trial as a progress line names it: its label and its allocation's widths."""
+    label = attrs.get(rec.SEED)
+    widths = Allocation.from_dict(json.loads(attrs[ALLOCATION])).describe()
+    return f"{label}: {widths}" if isinstance(label, str) else widths
 
 
 _NO_SPACE: SearchSpace = None  # type: ignore[assignment]  # a student search has its own

@@ -468,7 +468,7 @@ class _Monitor(tune.Callback):
         best = "no full-budget trial yet"
         if top is not None:
             best = f"best {self.searcher.metric} {top.value:.4g} (trial {top.number}"
-            best += ")" if self.bar.tty else f": {top.arch.describe()})"
+            best += ")" if self.bar.tty else f": {top.describe()})"
         if self.bar.tty:
             return f"{best}, {running} running, {stopped} stopped early, {failed} failed"
         return (f"{counts['COMPLETE']} complete, {stopped} stopped early, {failed} failed, "
