@@ -5,8 +5,8 @@ windows the search never saw: ``workers.confirm`` scores the study's fixed alloc
 best sampled students and the teacher there, then each method of ``experiments.kv_methods``
 (Palu, MHA2MLA, TransMLA, plain SVD, ...) is fitted on a calibration sample of the study's own
 calibration source and size (random windows of its training split, seed 0) and scored on the
-same windows. Every row is paired by window against the search's pick (its best sampled student
-by the search's own windows): below 0, the row is better than the pick.
+same windows. Every row is paired by window against the search's pick (its best student by the
+search's own windows, sampled or refitted): below 0, the row is better than the pick.
 """
 
 from __future__ import annotations
@@ -85,8 +85,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _pick(found: Confirmation) -> Rescored:
-    """The search's pick: its best sampled student by the search's own windows."""
-    sampled = [r for r in found.rows if r.label == "sampled" and r.search_loss is not None]
+    """The search's pick: its best student by the search's own windows, of those it made
+    (sampled, or refitted to the others)."""
+    sampled = [r for r in found.rows if r.label in ("sampled", "refit")
+               and r.search_loss is not None]
     if not sampled:
         raise UsageError.of([Problem("study", found.study, "has no complete sampled student "
                                      "to compare", shown="")])

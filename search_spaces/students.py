@@ -42,7 +42,7 @@ from search_spaces.suggest import Suggester
 STUDENT_SPACES_DIR = SPACES_DIR / "students"
 STUDENT_KEYS = ("name", "description", "form", "width_scales", "rope_scales", "kv_shares",
                 "seq_len", "sample_tokens", "eval_tokens", "eval_chunks", "distil_steps",
-                "align", "sampler", "trials")
+                "align", "sampler", "trials", "refit_after")
 STUDENT_SAMPLERS = ("tpe", "random", "prior")  # no grid: the space is per layer
 KV_CACHE = "kv_cache"  # the point's budget share, as a fraction of the teacher's KV cache
 
@@ -141,6 +141,7 @@ class StudentSpace:
     align: int
     sampler: str
     trials: int
+    refit_after: int  # complete trials before the refit plan is enqueued (0: never)
     data: Mapping[str, Any]  # the validated YAML content (hashed)
 
     @property
@@ -309,7 +310,7 @@ DEFAULTS: Mapping[str, Any] = {"description": "", "width_scales": [0.5, 0.75, 1.
                                "rope_scales": [0.5, 1.0, 1.5], "kv_shares": [1.0],
                                "seq_len": 512, "sample_tokens": 16384, "eval_tokens": 8192,
                                "eval_chunks": 4, "distil_steps": 0, "align": 8,
-                               "sampler": "tpe", "trials": 20}
+                               "sampler": "tpe", "trials": 20, "refit_after": 0}
 
 
 def read_student_space(name: str | Path) -> StudentSpace:
@@ -344,7 +345,8 @@ def parse_student_space(data: Mapping[str, Any], source: str = "<space>") -> Stu
                            ("kv_shares", 0.0, 1.0)):
         _scales(problems, key, full[key], low, high)
     for key, low in (("seq_len", 2), ("sample_tokens", 1), ("eval_tokens", 1),
-                     ("eval_chunks", 1), ("distil_steps", 0), ("align", 1), ("trials", 1)):
+                     ("eval_chunks", 1), ("distil_steps", 0), ("align", 1), ("trials", 1),
+                     ("refit_after", 0)):
         value = full[key]
         if not is_int(value) or int(value) < low:
             problems.append(f"{key} {value!r}: must be an integer >= {low}")
@@ -363,7 +365,7 @@ def parse_student_space(data: Mapping[str, Any], source: str = "<space>") -> Stu
                         eval_chunks=int(full["eval_chunks"]),
                         distil_steps=int(full["distil_steps"]), align=int(full["align"]),
                         sampler=str(full["sampler"]), trials=int(full["trials"]),
-                        data=dict(full))
+                        refit_after=int(full["refit_after"]), data=dict(full))
 
 
 def _scales(problems: list[str], key: str, value: Any, low: float, high: float) -> None:

@@ -13,6 +13,8 @@ One job per module, the public names imported from here:
   ``plan_compression``;
 - ``kv_cache``: ``plan_for_kv_cache``, the plan under a fraction of the teacher's KV cache,
   and its floor;
+- ``refit``: the latent plan's loss estimates rescaled by depth to fit measured students
+  (``fit_depth_scales``, ``rescaled``);
 - ``schema``: ``CompressionPlan`` and its parts, written and read as YAML;
 - ``render``: ``render_plan`` and ``plot_plan``;
 - ``errors``: ``CompressionError``.
@@ -56,6 +58,13 @@ from alloc.compression.planner import (
     student_arch,
     truncation_error_bound,
 )
+from alloc.compression.refit import (
+    DepthFit,
+    Observation,
+    depth_groups,
+    fit_depth_scales,
+    rescaled,
+)
 from alloc.compression.render import RULE_AXES, plot_plan, render_plan
 from alloc.compression.schema import CompressionPlan, GroupPlan, HeadSpectrum, LayerPlan
 from alloc.errors import CompressionError
@@ -69,6 +78,7 @@ __all__ = [
     "CheckpointMeasurement",
     "CompressionError",
     "CompressionPlan",
+    "DepthFit",
     "FormName",
     "GroupPlan",
     "HeadMeasurement",
@@ -77,12 +87,15 @@ __all__ = [
     "LayerMeasurement",
     "LayerPlan",
     "MeasureRequest",
+    "Observation",
     "Rule",
     "StudentForm",
     "aligned",
     "candidate_dims",
     "check_kv_cache",
+    "depth_groups",
     "effective_rank",
+    "fit_depth_scales",
     "form_of",
     "group_plan",
     "kv_cache_floor",
@@ -91,6 +104,7 @@ __all__ = [
     "plan_for_kv_cache",
     "plot_plan",
     "render_plan",
+    "rescaled",
     "student_arch",
     "student_form",
     "truncation_error_bound",

@@ -23,7 +23,8 @@ from userdata import DataSpec
 
 CONFIRM_TOP = 3  # the best sampled students scored again, by default
 CONFIRM_TOKENS = 8192  # new tokens scored at most, by default
-FIXED_LABELS = ("plan", "uniform", "palu")
+FIXED_LABELS = ("plan", "uniform", "palu")  # allocations made before the search measures any
+LEARNED_LABELS = ("refit",)  # allocations made from the study's measured students
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ class Rescored:
     best fixed allocation on these windows."""
 
     number: int | None  # None: the teacher
-    label: str  # plan, uniform, palu, sampled, teacher
+    label: str  # plan, uniform, palu, refit, sampled, teacher
     kv_cache: int | None  # bytes per token
     search_loss: float | None  # its loss on the search's own windows
     losses: tuple[float, ...]
@@ -160,7 +161,8 @@ def _student_study(summaries: Sequence[Any], study: str | None) -> tuple[str, di
 
 
 def choose(ranked: Sequence[Any], top: int, numbers: Sequence[int]) -> list[Any]:
-    """The fixed allocations, the ``top`` best sampled trials on the search's windows, and
+    """The fixed allocations, the refit plan, the ``top`` best sampled trials on the search's
+    windows, and
     the trials ``numbers`` (each once, in the ranking's order).
 
     Raises:
@@ -171,8 +173,8 @@ def choose(ranked: Sequence[Any], top: int, numbers: Sequence[int]) -> list[Any]
     if missing:
         raise UsageError.of([Problem("trials", missing[0], "must be a complete trial of the "
                                      f"study (one of {sorted(known)})")])
-    sampled = [c for c in ranked if c.label not in FIXED_LABELS][:top]
-    keep = {c.number for c in ranked if c.label in FIXED_LABELS} | \
+    sampled = [c for c in ranked if c.label not in FIXED_LABELS + LEARNED_LABELS][:top]
+    keep = {c.number for c in ranked if c.label in FIXED_LABELS + LEARNED_LABELS} | \
         {c.number for c in sampled} | set(numbers)
     if not any(c.label == "plan" for c in ranked):
         raise UsageError.of([Problem("study", "", "has no complete plan trial to pair "

@@ -32,9 +32,13 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 from alloc import ModePrior
 from alloc.compression import (
     CompressionError,
+    DepthFit,
+    Observation,
     aligned,
     check_kv_cache,
+    fit_depth_scales,
     plan_for_kv_cache,
+    rescaled,
     student_form,
 )
 from arch import ArchConfig, ModelIO, kv_cache_bytes, training_dtype
@@ -95,6 +99,7 @@ from workers.search.study import open_study
 ALLOCATION, PLAN_FOLDER, WINDOW_LOSSES = "allocation", "plan_folder", "window_losses"
 FIXED = "fixed"  # a fixed allocation's JSON on its enqueued trial (its label is ``seed``)
 PLAN = "plan"  # the allocator's fixed allocation: a point of the space too
+REFIT = "refit"  # the plan refitted to the study's measured students (``refit_allocation``)
 KIND = "student"  # the study attr ``kind`` of a student search
 SMOKE_TRIALS = 6
 
@@ -231,6 +236,27 @@ def fixed_allocations(cache: TeacherCache, request: StudentRequest) -> dict[str,
             "palu": fit_allocation(budget, cache.fisher, [rope] * layers, shape)}
 
 
+def refit_allocation(cache: TeacherCache, request: StudentRequest,
+                     done: Sequence[FrozenTrial]) -> tuple[Allocation, DepthFit] | None:
+    """The curvature plan made again with its loss estimates scaled by depth to fit the held-out
+    losses of the study's complete students ``done`` (``alloc.compression.fit_depth_scales``),
+    at the budget, the plan's RoPE part and the space's ``align``; None with too few students
+    to fit, or a fit that leaves a depth group free (a zero scale)."""
+    observed = []
+    for t in done:
+        chosen = Allocation.from_dict(json.loads(t.user_attrs[ALLOCATION]))
+        observed.append(Observation(dict(enumerate(chosen.latent_dims)),
+                                    dict(enumerate(chosen.rope_dims)), float(t.values[0])))
+    plans = cache.plans()
+    fit = fit_depth_scales(plans, observed, float(cache.meta["teacher_loss"]))
+    if fit is None or not all(s > 0 for s in fit.scales):
+        return None
+    planned = plan_for_kv_cache(aligned(rescaled(plans[request.rope], fit), request.space.align),
+                                request.budget)
+    widths = tuple(layer.latent_dim for layer in planned.layers)
+    return Allocation(request.budget, widths, (request.rope,) * len(widths)), fit
+
+
 # --- the searcher -------------------------------------------------------------------------------
 
 class StudentSearcher(StudySearcher):
@@ -254,6 +280,7 @@ class StudentSearcher(StudySearcher):
         """A new trial: its allocation, its student recorded (architecture, KV cache, plan
         folder), and what the worker measures."""
         self._enqueue_fixed()
+        self._enqueue_refit()
         trial, chosen = self._ask_new()
         arch = student_plan(self.cache, chosen).student
         folder = self.cache.student_folder(chosen)
@@ -316,6 +343,26 @@ class StudentSearcher(StudySearcher):
                 if label == PLAN else {}
             self.study.enqueue_trial(params, user_attrs={
                 rec.SEED: label, FIXED: json.dumps(chosen.to_dict())})
+
+    def _enqueue_refit(self) -> None:
+        """Once the study has the space's ``refit_after`` complete students, the plan refitted
+        to them (``refit_allocation``), once, unless a trial is waiting; its fit goes on the
+        trial (``refit``)."""
+        after = self.request.space.refit_after
+        trials = self.study.get_trials(deepcopy=False)
+        if not after or any(t.user_attrs.get(rec.SEED) == REFIT for t in trials) or any(
+                t.state == TrialState.WAITING for t in trials):
+            return
+        done = [t for t in trials if t.state == TrialState.COMPLETE and t.values
+                and ALLOCATION in t.user_attrs]
+        if len(done) < after:
+            return
+        found = refit_allocation(self.cache, self.request, done)
+        if found is None:
+            return
+        chosen, fit = found
+        self.study.enqueue_trial({}, user_attrs={rec.SEED: REFIT, FIXED: json.dumps(
+            chosen.to_dict()), REFIT: json.dumps(fit.to_dict())})
 
     def report(self, key: str, result: Mapping[str, Any]) -> None:
         """The last report (a multi-objective study records no intermediate values: the
