@@ -459,6 +459,7 @@ def test_the_depth_scales_fitted_to_exact_losses_are_the_true_ones(
     fit = fit_depth_scales(cache.plans(), observed, float(cache.meta["teacher_loss"]))
     assert fit is not None and fit.observations == 12
     assert fit.scales == pytest.approx(truth, rel=1e-6) and fit.r2 == pytest.approx(1.0)
+    assert fit.trusted  # exact losses: the depth model predicts a left-out student best
     assert fit_depth_scales(cache.plans(), observed[:len(truth) + 1],
                             float(cache.meta["teacher_loss"])) is None
     scaled = rescaled(plan, fit)
@@ -471,7 +472,9 @@ def test_the_depth_scales_fitted_to_exact_losses_are_the_true_ones(
 def test_a_study_enqueues_the_plan_refitted_to_its_students_once(
         latent_cache: tuple[Any, Any], tmp_path: Path) -> None:
     """After ``refit_after`` complete students the searcher enqueues, once, the plan made again
-    from the fitted scales (labelled ``refit``, its fit recorded), spending the budget."""
+    from the scales fitted to every student of the same teacher measurements in the storage
+    (another study's too, not a study of other measurements), labelled ``refit`` with its fit
+    recorded; students whose losses the depth model does not predict enqueue nothing."""
     from optuna.trial import TrialState, create_trial
 
     from alloc.compression import aligned, plan_for_kv_cache, rescaled
@@ -484,31 +487,45 @@ def test_a_study_enqueues_the_plan_refitted_to_its_students_once(
     )
 
     request, cache = latent_cache
-    url = f"sqlite:///{tmp_path / 's.db'}"
-    storage = optuna.storages.RDBStorage(url)
-    study = optuna.create_study(storage=storage, directions=["minimize", "minimize"])
-    students = synthetic_students(cache, request, (1.0, 3.0, 7.0), 5)
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 's.db'}")
+    students = synthetic_students(cache, request, (1.0, 3.0, 7.0), 8)
+
+    def study_of(name: str, folder: str, rows: list[tuple[Allocation, float]]) -> optuna.Study:
+        study = optuna.create_study(storage=storage, study_name=name,
+                                    directions=["minimize", "minimize"])
+        study.set_user_attr("cache", folder)
+        for chosen, loss in rows:
+            study.add_trial(create_trial(values=[loss, 1.0], user_attrs={
+                ALLOCATION: json.dumps(chosen.to_dict())}))
+        return study
+
+    study = study_of("this", str(cache.folder), students[:3])
+    study_of("same-teacher", str(cache.folder), students[4:])
+    study_of("other-teacher", "/elsewhere", [(a, loss + 5.0) for a, loss in students[4:]])
     searcher = StudentSearcher(request, cache, study, storage, fixed_allocations(cache, request))
     searcher.fixed = []  # only the refit is under test
-    for chosen, loss in students[:3]:
-        study.add_trial(create_trial(values=[loss, 1.0], user_attrs={
-            ALLOCATION: json.dumps(chosen.to_dict())}))
     searcher._enqueue_refit()
     assert not study.get_trials(states=(TrialState.WAITING,))  # 3 of refit_after 4
-    for chosen, loss in students[3:]:
-        study.add_trial(create_trial(values=[loss, 1.0], user_attrs={
-            ALLOCATION: json.dumps(chosen.to_dict())}))
+    chosen, loss = students[3]
+    study.add_trial(create_trial(values=[loss, 1.0], user_attrs={
+        ALLOCATION: json.dumps(chosen.to_dict())}))
     searcher._enqueue_refit()
     searcher._enqueue_refit()
     (waiting,) = study.get_trials(states=(TrialState.WAITING,))
     assert waiting.user_attrs["seed"] == REFIT
     fit = json.loads(waiting.user_attrs[REFIT])
-    assert fit["observations"] == 5 and fit["r2"] == pytest.approx(1.0)
+    assert fit["observations"] == 8 and fit["r2"] == pytest.approx(1.0)
+    assert fit["loo_error"] < fit["loo_single"]
     made = Allocation.from_dict(json.loads(waiting.user_attrs["fixed"]))
-    done = study.get_trials(states=(TrialState.COMPLETE,))
-    found = refit_allocation(cache, request, done)
+    found = refit_allocation(cache, request, searcher._measured_students())
     assert found is not None and made == found[0]
     expected = plan_for_kv_cache(aligned(rescaled(cache.plan(0), found[1]), request.space.align),
                                  0.25)
     assert made.latent_dims == tuple(layer.latent_dim for layer in expected.layers)
     assert made.units(cache.shape.kv_heads) <= cache.shape.allowed(0.25)
+    # losses that are noise around one value: the depth model is not trusted, nothing is made
+    import numpy as np
+
+    noise = np.random.default_rng(1).normal(3.0, 0.01, len(students))
+    noisy = study_of("noisy", "/other", [(a, float(n)) for (a, _), n in zip(students, noise)])
+    assert refit_allocation(cache, request, noisy.get_trials()) is None

@@ -239,9 +239,10 @@ def fixed_allocations(cache: TeacherCache, request: StudentRequest) -> dict[str,
 def refit_allocation(cache: TeacherCache, request: StudentRequest,
                      done: Sequence[FrozenTrial]) -> tuple[Allocation, DepthFit] | None:
     """The curvature plan made again with its loss estimates scaled by depth to fit the held-out
-    losses of the study's complete students ``done`` (``alloc.compression.fit_depth_scales``),
-    at the budget, the plan's RoPE part and the space's ``align``; None with too few students
-    to fit, or a fit that leaves a depth group free (a zero scale)."""
+    losses of the complete students ``done`` (``alloc.compression.fit_depth_scales``), at the
+    budget, the plan's RoPE part and the space's ``align``; None with too few students to fit,
+    a fit that leaves a depth group free (a zero scale), or one that predicts left-out students
+    no better than one scale for every layer (the plan itself)."""
     observed = []
     for t in done:
         chosen = Allocation.from_dict(json.loads(t.user_attrs[ALLOCATION]))
@@ -249,7 +250,7 @@ def refit_allocation(cache: TeacherCache, request: StudentRequest,
                                     dict(enumerate(chosen.rope_dims)), float(t.values[0])))
     plans = cache.plans()
     fit = fit_depth_scales(plans, observed, float(cache.meta["teacher_loss"]))
-    if fit is None or not all(s > 0 for s in fit.scales):
+    if fit is None or not all(s > 0 for s in fit.scales) or not fit.trusted:
         return None
     planned = plan_for_kv_cache(aligned(rescaled(plans[request.rope], fit), request.space.align),
                                 request.budget)
@@ -346,23 +347,34 @@ class StudentSearcher(StudySearcher):
 
     def _enqueue_refit(self) -> None:
         """Once the study has the space's ``refit_after`` complete students, the plan refitted
-        to them (``refit_allocation``), once, unless a trial is waiting; its fit goes on the
-        trial (``refit``)."""
+        to every complete student of this teacher's measurements in the storage (this study's
+        and any other study's of the same cache: ``refit_allocation``), once, unless a trial is
+        waiting; its fit goes on the trial (``refit``)."""
         after = self.request.space.refit_after
         trials = self.study.get_trials(deepcopy=False)
         if not after or any(t.user_attrs.get(rec.SEED) == REFIT for t in trials) or any(
                 t.state == TrialState.WAITING for t in trials):
             return
-        done = [t for t in trials if t.state == TrialState.COMPLETE and t.values
-                and ALLOCATION in t.user_attrs]
-        if len(done) < after:
+        if len(_measured(trials)) < after:
             return
-        found = refit_allocation(self.cache, self.request, done)
+        found = refit_allocation(self.cache, self.request, self._measured_students())
         if found is None:
             return
         chosen, fit = found
         self.study.enqueue_trial({}, user_attrs={rec.SEED: REFIT, FIXED: json.dumps(
             chosen.to_dict()), REFIT: json.dumps(fit.to_dict())})
+
+    def _measured_students(self) -> list[FrozenTrial]:
+        """Every complete student of this study and of the storage's other studies of the same
+        teacher measurements (their ``cache`` attr): what the refit learns from."""
+        found = _measured(self.study.get_trials(deepcopy=False))
+        folder = str(self.cache.folder)
+        for summary in optuna.get_all_study_summaries(self.storage, include_best_trial=False):
+            if summary.study_name != self.study.study_name and \
+                    summary.user_attrs.get("cache") == folder:
+                other = optuna.load_study(study_name=summary.study_name, storage=self.storage)
+                found += _measured(other.get_trials(deepcopy=False))
+        return found
 
     def report(self, key: str, result: Mapping[str, Any]) -> None:
         """The last report (a multi-objective study records no intermediate values: the
@@ -394,6 +406,12 @@ class StudentSearcher(StudySearcher):
         best = min(done, key=lambda t: t.values[0])
         return Best(float(best.values[0]), best.number, ArchConfig.from_json(
             best.user_attrs[rec.ARCH]), _shown(best.user_attrs))
+
+
+def _measured(trials: Sequence[FrozenTrial]) -> list[FrozenTrial]:
+    """The complete student trials (their allocation and loss recorded)."""
+    return [t for t in trials if t.state == TrialState.COMPLETE and t.values
+            and ALLOCATION in t.user_attrs]
 
 
 def _shown(attrs: Mapping[str, Any]) -> str:
