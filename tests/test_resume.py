@@ -66,8 +66,18 @@ def test_a_killed_worker_continues_from_its_checkpoint(storage_url: str, study_n
     proc = launch(tmp_path, *args(tmp_path, storage_url, study_name), ray=ray_cluster)
     # Ray's result files, not the study: a poll that opens the database takes a second or more
     # on a loaded machine, and the trial's 15 evaluations could all pass in between.
-    wait_for(lambda: any(r["step"] >= 60 for r in results(tmp_path) if "step" in r), 180)
-    pid = next(int(r["pid"]) for r in results(tmp_path))  # type: ignore[call-overload]
+    # The worker's pid is taken from the same read that saw step 60: a second read can find the
+    # result files mid-rewrite (seen once, on a box with a study running beside the suite).
+    seen: list[int] = []
+
+    def reached() -> bool:
+        rows = results(tmp_path)
+        if any(r["step"] >= 60 for r in rows if "step" in r):  # type: ignore[operator]
+            seen.append(int(rows[0]["pid"]))  # type: ignore[call-overload]
+        return bool(seen)
+
+    wait_for(reached, 180)
+    pid = seen[0]
     os.kill(pid, signal.SIGKILL)  # the trial's worker, not the driver
     _, err = finish(proc, 300)
     assert proc.returncode == 0, err[-3000:]
