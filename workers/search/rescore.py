@@ -11,6 +11,7 @@ difference is paired by window against the plan and the best fixed allocation th
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -119,9 +120,9 @@ def confirm(request: ConfirmRequest) -> Confirmation:
     eng = engine(open_storage(resolve_url(request.storage), read_only=True))
     name, attrs = _student_study(query.list_studies(eng), request.study)
     cache = open_cache(Path(str(attrs["cache"])))
-    seq_len = int(cache.meta["settings"]["seq_len"])
-    own = Path(str(cache.meta["settings"]["eval"]["path"])).resolve() == \
-        Path(request.eval.path).resolve()
+    settings = cache.meta["settings"]
+    seq_len = int(settings["seq_len"])
+    own = Path(str(settings["eval"]["path"])).resolve() == Path(request.eval.path).resolve()
     skip = int(cache.meta["eval_windows"]) * seq_len if own else 0  # the search's windows
     ids = eval_windows(request.eval, seq_len, request.eval_tokens, skip=skip)
     _, ranked = query.compare_windows(eng, name)
@@ -143,7 +144,6 @@ def confirm(request: ConfirmRequest) -> Confirmation:
                      Paired(*paired_bootstrap(losses, fixed["plan"])),
                      Paired(*paired_bootstrap(losses, fixed[best])))
             for number, label, kv, search, losses in scored]
-    settings = cache.meta["settings"]
     return Confirmation(name, teacher, str(cache.folder), float(attrs["kv_budget"]),
                         DataSpec(**settings["data"]), int(settings["sample_tokens"]),
                         request.eval.path, skip, len(ids), seq_len, best,
@@ -184,8 +184,6 @@ def choose(ranked: Sequence[Any], top: int, numbers: Sequence[int]) -> list[Any]
 
 def _student(eng: Any, study: str, number: int, teacher: str, cache: Path) -> Any:
     """Trial ``number``'s student, built from the plan its trial wrote."""
-    import json
-
     from search_spaces import Allocation
     from studies import query
 
