@@ -441,3 +441,28 @@ def test_a_grid_that_takes_nothing_from_the_plan_profiles_its_data_without_a_pil
                 options=SearchOptions(storage_path=out, sampler=sampler, quiet=True))
         profile = yaml.safe_load((out / "profile-corpus.txt.yaml").read_text())
         assert ("pilot" in profile) == piloted, (sampler, sorted(profile))
+
+
+def test_a_resumed_seeded_sampler_draws_new_points_and_the_same_resume_the_same() -> None:
+    """A random search resumed with its seed must not draw its first trials again: the
+    resumed sampler's seed comes from the seed and the trials already there."""
+    from workers.search.study import session_seed
+
+    def draws(seed: int, study: optuna.Study, n: int) -> list[float]:
+        study.sampler = optuna.samplers.RandomSampler(seed=seed)
+        out = []
+        for _ in range(n):
+            trial = study.ask()
+            out.append(trial.suggest_float("x", 0.0, 1.0))
+            study.tell(trial, out[-1])
+        return out
+
+    first = optuna.create_study()
+    before = draws(session_seed(7, 0), first, 5)
+    assert session_seed(7, 0) == 7  # a new study is seeded as asked
+    resumed = draws(session_seed(7, len(first.trials)), first, 5)
+    assert not set(resumed) & set(before)
+    assert draws(7, optuna.create_study(), 5) == before  # what the old resume drew again
+    again = optuna.create_study()
+    draws(7, again, 5)
+    assert draws(session_seed(7, len(again.trials)), again, 5) == resumed

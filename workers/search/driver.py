@@ -60,7 +60,12 @@ from workers.search.searcher import (
     retried_numbers,
 )
 from workers.search.seeding import BoundPredictor, SearchPlan, Start, starting_points
-from workers.search.study import check_existing_study, make_sampler, open_search_study
+from workers.search.study import (
+    check_existing_study,
+    make_sampler,
+    open_search_study,
+    session_seed,
+)
 from workers.tasks import Task, describe_task
 
 if TYPE_CHECKING:
@@ -188,7 +193,8 @@ def _execute(request: SearchRequest, probe: optuna.storages.RDBStorage, lease: L
     with tune.session(opts.address):
         url = secure_url(url)  # after Ray started its processes, so they never inherit it
         rdb = open_storage(url, heartbeats, patience=opts.storage_patience)
-        sampler = make_sampler(request, opened.plan, opened.warm)
+        sampler = make_sampler(request, opened.plan, opened.warm,
+                               session_seed(opts.seed, len(opened.study.trials)))
         study = optuna.load_study(study_name=request.study, storage=rdb, sampler=sampler)
         searcher = GuardedSearcher(_searcher(request, study, rdb, opened.plan, starts), url,
                                    lease, patience=opts.storage_patience)

@@ -93,7 +93,7 @@ from workers.search.student_cache import (
     student_plan,
 )
 from workers.search.student_trial import WINDOWS
-from workers.search.study import open_study
+from workers.search.study import open_study, session_seed
 
 # What a student trial records besides the searcher's attrs
 ALLOCATION, PLAN_FOLDER, WINDOW_LOSSES = "allocation", "plan_folder", "window_losses"
@@ -430,10 +430,10 @@ def eval_parts(cache: TeacherCache, request: StudentRequest) -> int:
     return max(1, min(request.space.eval_chunks, int(cache.meta["eval_windows"])))
 
 
-def student_sampler(request: StudentRequest, plan: Allocation) -> optuna.samplers.BaseSampler:
+def student_sampler(request: StudentRequest, plan: Allocation, seed: int
+                    ) -> optuna.samplers.BaseSampler:
     """The request's sampler: ``prior`` (the plan as its mode, then TPE), ``tpe`` or
-    ``random``; each seeded."""
-    seed = request.options.seed
+    ``random``; each seeded with ``seed`` (``session_seed``)."""
     if request.sampler == "prior":
         return ModePrior(request.space.modes(plan, request.budget), seed=seed)
     if request.sampler == "random":
@@ -496,8 +496,9 @@ def _execute(request: StudentRequest, probe: optuna.storages.RDBStorage, lease: 
     with tune.session(opts.address):
         url = secure_url(url)
         rdb = open_storage(url, heartbeats, patience=opts.storage_patience)
+        seed = session_seed(opts.seed, len(study.trials))
         study = optuna.load_study(study_name=request.study, storage=rdb,
-                                  sampler=student_sampler(request, fixed[PLAN]))
+                                  sampler=student_sampler(request, fixed[PLAN], seed))
         searcher = GuardedSearcher(StudentSearcher(request, cache, study, rdb, fixed), url,
                                    lease, patience=opts.storage_patience)
         run = tune.TuneRun(name=f"{request.study}-{time.strftime('%Y%m%d-%H%M%S')}",

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
 import optuna
 
 from alloc import PlanSettings, PriorSampler, with_constants
@@ -150,36 +151,46 @@ def open_search_study(request: SearchRequest,
     return OpenedStudy(study, planned, warm)
 
 
-def make_sampler(request: SearchRequest, planned: SearchPlan, warm: WarmStart | None
-                 ) -> optuna.samplers.BaseSampler:
-    """The Optuna sampler the request names (a grid's points are enqueued; TPE samples past
-    them)."""
-    return SAMPLERS[request.sampler](request, planned, warm)
+def session_seed(seed: int, trials_before: int) -> int:
+    """The seed of a sampler that continues a study holding ``trials_before`` trials: ``seed``
+    itself for a new study; for a resumed one a seed drawn from both, so that a seeded sampler
+    does not draw again, point for point, what the first run drew (a random search resumed
+    with ``seed`` would repeat its first trials), while the same resume still draws the same."""
+    if trials_before == 0:
+        return seed
+    return int(np.random.SeedSequence([seed, trials_before]).generate_state(1)[0])
 
 
-def _tpe(request: SearchRequest, planned: SearchPlan, warm: WarmStart | None
+def make_sampler(request: SearchRequest, planned: SearchPlan, warm: WarmStart | None,
+                 seed: int) -> optuna.samplers.BaseSampler:
+    """The Optuna sampler the request names, seeded with ``seed`` (``session_seed``; a
+    grid's points are enqueued; TPE samples past them)."""
+    return SAMPLERS[request.sampler](request, planned, warm, seed)
+
+
+def _tpe(request: SearchRequest, planned: SearchPlan, warm: WarmStart | None, seed: int
          ) -> optuna.samplers.BaseSampler:
-    return optuna.samplers.TPESampler(seed=request.options.seed, constant_liar=True)
+    return optuna.samplers.TPESampler(seed=seed, constant_liar=True)
 
 
-def _random(request: SearchRequest, planned: SearchPlan, warm: WarmStart | None
+def _random(request: SearchRequest, planned: SearchPlan, warm: WarmStart | None, seed: int
             ) -> optuna.samplers.BaseSampler:
-    return optuna.samplers.RandomSampler(seed=request.options.seed)
+    return optuna.samplers.RandomSampler(seed=seed)
 
 
-def _prior(request: SearchRequest, planned: SearchPlan, warm: WarmStart | None
+def _prior(request: SearchRequest, planned: SearchPlan, warm: WarmStart | None, seed: int
            ) -> optuna.samplers.BaseSampler:
     """The allocator's bound as the prior (re-fitted by a warm start's study, if it has one),
     its mode the allocator's own plan."""
     opts, fitted = request.options, warm is not None and warm.constants is not None
     return PriorSampler.for_space(
-        request.space, planned.settings, temperature=opts.prior_temperature, seed=opts.seed,
+        request.space, planned.settings, temperature=opts.prior_temperature, seed=seed,
         source=f"calibrated by study {warm.study}" if fitted and warm else None,
         plan=plan_anchor(seeds(request.space, planned)))
 
 
 # Each sampler's Optuna sampler (``search_spaces.SAMPLER_KINDS`` says what it does around it):
 # the grid's points are enqueued, TPE samples past them.
-SAMPLERS: Mapping[str, Callable[[SearchRequest, SearchPlan, WarmStart | None],
+SAMPLERS: Mapping[str, Callable[[SearchRequest, SearchPlan, WarmStart | None, int],
                                 optuna.samplers.BaseSampler]] = {
     "tpe": _tpe, "grid": _tpe, "random": _random, "prior": _prior}
