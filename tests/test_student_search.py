@@ -465,50 +465,72 @@ def test_the_depth_scales_fitted_to_exact_losses_are_the_true_ones(
     scaled = rescaled(plan, fit)
     for layer, before in zip(scaled.layers, plan.layers):
         factor = fit.scale_of(layer.index)
+        assert layer.latent_losses is not None and before.latent_losses is not None
         assert all(layer.latent_losses[w] == pytest.approx(factor * v)
                    for w, v in before.latent_losses.items())
 
 
 def test_a_study_enqueues_the_plan_refitted_to_its_students_once(
         latent_cache: tuple[Any, Any], tmp_path: Path) -> None:
-    """After ``refit_after`` complete students the searcher enqueues, once, the plan made again
-    from the scales fitted to every student of the same teacher measurements in the storage
-    (another study's too, not a study of other measurements), labelled ``refit`` with its fit
-    recorded; students whose losses the depth model does not predict enqueue nothing."""
+    """After ``refit_after`` complete students of the same teacher measurements (this study's,
+    and earlier studies' of the same cache, not a study of other measurements) the searcher
+    enqueues, once, the plan made again from the scales fitted to them, labelled ``refit`` with
+    its fit recorded, and the prior sampler of a study that follows others centres on it;
+    students whose losses the depth model does not predict enqueue nothing."""
     from optuna.trial import TrialState, create_trial
 
     from alloc.compression import aligned, plan_for_kv_cache, rescaled
     from workers.search.students import (
         ALLOCATION,
+        PLAN,
         REFIT,
         StudentSearcher,
+        earlier_students,
         fixed_allocations,
+        prior_centre,
         refit_allocation,
     )
 
     request, cache = latent_cache
     storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 's.db'}")
     students = synthetic_students(cache, request, (1.0, 3.0, 7.0), 8)
+    fixed = fixed_allocations(cache, request)
 
     def study_of(name: str, folder: str, rows: list[tuple[Allocation, float]]) -> optuna.Study:
         study = optuna.create_study(storage=storage, study_name=name,
                                     directions=["minimize", "minimize"])
         study.set_user_attr("cache", folder)
         for chosen, loss in rows:
-            study.add_trial(create_trial(values=[loss, 1.0], user_attrs={
-                ALLOCATION: json.dumps(chosen.to_dict())}))
+            add(study, chosen, loss)
         return study
 
-    study = study_of("this", str(cache.folder), students[:3])
-    study_of("same-teacher", str(cache.folder), students[4:])
+    def add(study: optuna.Study, chosen: Allocation, loss: float) -> None:
+        study.add_trial(create_trial(values=[loss, 1.0], user_attrs={
+            ALLOCATION: json.dumps(chosen.to_dict())}))
+
+    def searcher_of(study: optuna.Study) -> StudentSearcher:
+        searcher = StudentSearcher(request, cache, study, storage, fixed)
+        searcher.fixed = []  # only the refit is under test
+        return searcher
+
+    # alone, and beside another teacher's study: 3 of refit_after 4, nothing; then the fourth
+    alone = study_of("alone", str(cache.folder), students[:3])
     study_of("other-teacher", "/elsewhere", [(a, loss + 5.0) for a, loss in students[4:]])
-    searcher = StudentSearcher(request, cache, study, storage, fixed_allocations(cache, request))
-    searcher.fixed = []  # only the refit is under test
+    searcher = searcher_of(alone)
     searcher._enqueue_refit()
-    assert not study.get_trials(states=(TrialState.WAITING,))  # 3 of refit_after 4
-    chosen, loss = students[3]
-    study.add_trial(create_trial(values=[loss, 1.0], user_attrs={
-        ALLOCATION: json.dumps(chosen.to_dict())}))
+    assert not alone.get_trials(states=(TrialState.WAITING,))
+    assert prior_centre(request, cache, fixed[PLAN], searcher.earlier)[0] == fixed[PLAN]
+    add(alone, *students[3])
+    searcher._enqueue_refit()
+    searcher._enqueue_refit()
+    (waiting,) = alone.get_trials(states=(TrialState.WAITING,))
+    assert waiting.user_attrs["seed"] == REFIT and json.loads(
+        waiting.user_attrs[REFIT])["observations"] == 4
+    # a study after it (and another of the same teacher) has the earlier students at once
+    study_of("same-teacher", str(cache.folder), students[4:])
+    study = study_of("this", str(cache.folder), [])
+    searcher = searcher_of(study)
+    assert len(searcher.earlier) == 8 == len(earlier_students(storage, "this", cache))
     searcher._enqueue_refit()
     searcher._enqueue_refit()
     (waiting,) = study.get_trials(states=(TrialState.WAITING,))
@@ -519,6 +541,8 @@ def test_a_study_enqueues_the_plan_refitted_to_its_students_once(
     made = Allocation.from_dict(json.loads(waiting.user_attrs["fixed"]))
     found = refit_allocation(cache, request, searcher._measured_students())
     assert found is not None and made == found[0]
+    centre, why = prior_centre(request, cache, fixed[PLAN], searcher.earlier)
+    assert centre == made and "8 earlier students" in why
     expected = plan_for_kv_cache(aligned(rescaled(cache.plan(0), found[1]), request.space.align),
                                  0.25)
     assert made.latent_dims == tuple(layer.latent_dim for layer in expected.layers)

@@ -266,8 +266,12 @@ class StudentSearcher(StudySearcher):
     with two values (held-out loss, KV cache bytes per token) and its window losses."""
 
     def __init__(self, request: StudentRequest, cache: TeacherCache, study: optuna.Study,
-                 storage: optuna.storages.RDBStorage, fixed: Mapping[str, Allocation]) -> None:
+                 storage: optuna.storages.RDBStorage, fixed: Mapping[str, Allocation],
+                 earlier: Sequence[FrozenTrial] | None = None) -> None:
         self.request, self.cache = request, cache
+        # the complete students of earlier studies of the same measurements, read once
+        self.earlier = list(earlier_students(storage, study.study_name, cache)
+                            if earlier is None else earlier)
         self.fixed = [(label, a) for label, a in fixed.items()
                       if not any(t.user_attrs.get(rec.SEED) == label
                                  for t in study.get_trials(deepcopy=False))]
@@ -346,16 +350,16 @@ class StudentSearcher(StudySearcher):
                 rec.SEED: label, FIXED: json.dumps(chosen.to_dict())})
 
     def _enqueue_refit(self) -> None:
-        """Once the study has the space's ``refit_after`` complete students, the plan refitted
-        to every complete student of this teacher's measurements in the storage (this study's
-        and any other study's of the same cache: ``refit_allocation``), once, unless a trial is
-        waiting; its fit goes on the trial (``refit``)."""
+        """Once the space's ``refit_after`` complete students of this teacher's measurements are
+        known (this study's and earlier studies' of the same cache: a study that follows others
+        has them at once), the plan refitted to them (``refit_allocation``), once, unless a
+        trial is waiting; its fit goes on the trial (``refit``)."""
         after = self.request.space.refit_after
         trials = self.study.get_trials(deepcopy=False)
         if not after or any(t.user_attrs.get(rec.SEED) == REFIT for t in trials) or any(
                 t.state == TrialState.WAITING for t in trials):
             return
-        if len(_measured(trials)) < after:
+        if len(_measured(trials)) + len(self.earlier) < after:
             return
         found = refit_allocation(self.cache, self.request, self._measured_students())
         if found is None:
@@ -365,16 +369,9 @@ class StudentSearcher(StudySearcher):
             chosen.to_dict()), REFIT: json.dumps(fit.to_dict())})
 
     def _measured_students(self) -> list[FrozenTrial]:
-        """Every complete student of this study and of the storage's other studies of the same
-        teacher measurements (their ``cache`` attr): what the refit learns from."""
-        found = _measured(self.study.get_trials(deepcopy=False))
-        folder = str(self.cache.folder)
-        for summary in optuna.get_all_study_summaries(self.storage, include_best_trial=False):
-            if summary.study_name != self.study.study_name and \
-                    summary.user_attrs.get("cache") == folder:
-                other = optuna.load_study(study_name=summary.study_name, storage=self.storage)
-                found += _measured(other.get_trials(deepcopy=False))
-        return found
+        """Every complete student of this study and of the earlier studies of the same teacher
+        measurements: what the refit learns from."""
+        return _measured(self.study.get_trials(deepcopy=False)) + self.earlier
 
     def report(self, key: str, result: Mapping[str, Any]) -> None:
         """The last report (a multi-objective study records no intermediate values: the
@@ -408,6 +405,33 @@ class StudentSearcher(StudySearcher):
             best.user_attrs[rec.ARCH]), _shown(best.user_attrs))
 
 
+def earlier_students(storage: optuna.storages.BaseStorage, study: str, cache: TeacherCache
+                     ) -> list[FrozenTrial]:
+    """The complete students of the storage's other studies of the same teacher measurements
+    (their ``cache`` attr)."""
+    found: list[FrozenTrial] = []
+    folder = str(cache.folder)
+    for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
+        if summary.study_name != study and summary.user_attrs.get("cache") == folder:
+            other = optuna.load_study(study_name=summary.study_name, storage=storage)
+            found += _measured(other.get_trials(deepcopy=False))
+    return found
+
+
+def prior_centre(request: StudentRequest, cache: TeacherCache, plan: Allocation,
+                 earlier: Sequence[FrozenTrial]) -> tuple[Allocation, str]:
+    """Where the ``prior`` sampler centres (and why, in words): the plan refitted to the
+    ``earlier`` studies' students of the same measurements where the space refits
+    (``refit_after``), they are as many and the fit is trusted (``refit_allocation``); else the
+    plan itself."""
+    after = request.space.refit_after
+    if after and len(earlier) >= after:
+        found = refit_allocation(cache, request, earlier)
+        if found is not None:
+            return found[0], f"the plan refitted to {len(earlier)} earlier students"
+    return plan, "the plan"
+
+
 def _measured(trials: Sequence[FrozenTrial]) -> list[FrozenTrial]:
     """The complete student trials (their allocation and loss recorded)."""
     return [t for t in trials if t.state == TrialState.COMPLETE and t.values
@@ -430,12 +454,12 @@ def eval_parts(cache: TeacherCache, request: StudentRequest) -> int:
     return max(1, min(request.space.eval_chunks, int(cache.meta["eval_windows"])))
 
 
-def student_sampler(request: StudentRequest, plan: Allocation, seed: int
+def student_sampler(request: StudentRequest, centre: Allocation, seed: int
                     ) -> optuna.samplers.BaseSampler:
-    """The request's sampler: ``prior`` (the plan as its mode, then TPE), ``tpe`` or
-    ``random``; each seeded with ``seed`` (``session_seed``)."""
+    """The request's sampler: ``prior`` (``centre`` as its mode, then TPE: ``prior_centre``),
+    ``tpe`` or ``random``; each seeded with ``seed`` (``session_seed``)."""
     if request.sampler == "prior":
-        return ModePrior(request.space.modes(plan, request.budget), seed=seed)
+        return ModePrior(request.space.modes(centre, request.budget), seed=seed)
     if request.sampler == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     return optuna.samplers.TPESampler(seed=seed, constant_liar=True)
@@ -497,15 +521,18 @@ def _execute(request: StudentRequest, probe: optuna.storages.RDBStorage, lease: 
         url = secure_url(url)
         rdb = open_storage(url, heartbeats, patience=opts.storage_patience)
         seed = session_seed(opts.seed, len(study.trials))
+        earlier = earlier_students(rdb, request.study, cache)
+        centre, why = prior_centre(request, cache, fixed[PLAN], earlier)
         study = optuna.load_study(study_name=request.study, storage=rdb,
-                                  sampler=student_sampler(request, fixed[PLAN], seed))
-        searcher = GuardedSearcher(StudentSearcher(request, cache, study, rdb, fixed), url,
-                                   lease, patience=opts.storage_patience)
+                                  sampler=student_sampler(request, centre, seed))
+        searcher = GuardedSearcher(StudentSearcher(request, cache, study, rdb, fixed, earlier),
+                                   url, lease, patience=opts.storage_patience)
         run = tune.TuneRun(name=f"{request.study}-{time.strftime('%Y%m%d-%H%M%S')}",
                            trials=remaining, steps=eval_parts(cache, request), eval_every=1,
                            options=opts, concurrent=_concurrency(opts, remaining))
         say(f"search {request.study}: {remaining} student(s) of {request.settings.teacher} "
-            f"at KV cache {request.budget:g} ({request.space.name}, {request.sampler}), study in "
+            f"at KV cache {request.budget:g} ({request.space.name}, {request.sampler}"
+            + (f" around {why}" if request.sampler == "prior" else "") + "), study in "
             f"{redact(url)}, Ray results in {opts.storage_path / run.name}", quiet=opts.quiet)
         status = run_trials(searcher, student_job(request, cache), run)
         return guarded(lambda: summarise(searcher.inner, request.study, url, status), url,
