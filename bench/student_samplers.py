@@ -1,10 +1,11 @@
 """python -m bench.student_samplers --storage URL --prefix NAME [--seeds 0 1 2] [--within 0.01]
+    [--samplers prior tpe random]
 
 How many trials each sampler of a student search (``workers.search --teacher``) needs to come
 within 1% of the best held-out loss found at its seed, read from recorded studies named
-``NAME-SAMPLER-sSEED`` (``prior``, ``tpe``, ``random``; each seed its own calibration sample,
-so its own plan and its own best). Trials count in the order they ran, the fixed allocations
-the study enqueued first included.
+``NAME-SAMPLER-sSEED`` (``--samplers``: any names, ``random`` read as random search; each seed
+its own calibration sample, so its own plan and its own best). Trials count in the order they
+ran, the fixed allocations the study enqueued first included.
 
 - An adaptive sampler (the prior decays into TPE; TPE) is read as it ran: its first trial within
   the margin, per seed, and the median over seeds.
@@ -15,9 +16,10 @@ the study enqueued first included.
   median ``fixed + ceil(ln 0.5 / ln(1 - p))``, with ``p``'s exact (Clopper-Pearson) 95%
   interval turned into the median's.
 
-The issue's goal reads: the prior within the margin in at most half of random search's median
-trials. ``holds`` where the prior's median is at most half the lower end of random's interval,
-``fails`` where it is more than half the upper end, else ``inconclusive``. Writes nothing.
+The goal reads: a sampler within the margin in at most half of random search's median trials.
+For every other sampler, ``holds`` where its median is at most half the lower end of random's
+interval, ``fails`` where it is more than half the upper end, else ``inconclusive``. Writes
+nothing.
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ from common.cli import Parser, add_format, dump, fail, render_table
 from common.errors import Problem, UsageError
 from studies import redact
 
-SAMPLERS = ("prior", "tpe", "random")
+SAMPLERS = ("prior", "tpe", "random")  # the default names; RANDOM's draws are exchangeable
+RANDOM = "random"
 FIXED_LABELS = ("plan", "uniform", "palu", "refit")  # enqueued allocations (trial attr "seed")
 REPLAYS = 2000
 CONFIDENCE = 0.95
@@ -120,6 +123,7 @@ class Race:
     within: float
     seeds: tuple[int, ...]
     runs: tuple[Run, ...]
+    samplers: tuple[str, ...] = SAMPLERS
 
     def target(self, seed: int) -> float:
         return (1 + self.within) * min(r.best() for r in self.runs if r.seed == seed)
@@ -128,17 +132,18 @@ class Race:
         return [r for r in self.runs if r.sampler == sampler]
 
 
-def read_race(url: str, prefix: str, seeds: Sequence[int], within: float) -> Race:
+def read_race(url: str, prefix: str, seeds: Sequence[int], within: float,
+              samplers: Sequence[str] = SAMPLERS) -> Race:
     """Every ``PREFIX-SAMPLER-sSEED`` study there is (a seed without one is an error)."""
     names = set(optuna.get_all_study_names(storage=url))
     runs = [load_run(url, f"{prefix}-{s}-s{seed}", s, seed)
-            for seed in seeds for s in SAMPLERS if f"{prefix}-{s}-s{seed}" in names]
+            for seed in seeds for s in samplers if f"{prefix}-{s}-s{seed}" in names]
     missing = [seed for seed in seeds if not any(r.seed == seed for r in runs)]
     if missing:
         raise UsageError.of([Problem("prefix", prefix, f"no study {prefix}-SAMPLER-s"
                                      f"{missing[0]} in {redact(url)} (SAMPLER: "
-                                     f"{', '.join(SAMPLERS)})")])
-    return Race(within, tuple(seeds), tuple(runs))
+                                     f"{', '.join(samplers)})")])
+    return Race(within, tuple(seeds), tuple(runs), tuple(samplers))
 
 
 def summary(race: Race) -> dict[str, Any]:
@@ -152,13 +157,13 @@ def summary(race: Race) -> dict[str, Any]:
                      "first_within": first_within(run.losses, target),
                      "hits": sum(v is not None and v <= target for v in run.sampled)})
     medians = {s: censored_median([first_within(r.losses, race.target(r.seed))
-                                   for r in race.of(s)]) for s in SAMPLERS if race.of(s)}
+                                   for r in race.of(s)]) for s in race.samplers if race.of(s)}
     out: dict[str, Any] = {"within": race.within, "rows": rows, "medians": medians}
-    randoms = race.of("random")
+    randoms = race.of(RANDOM)
     if randoms:
-        out["random"] = random_median(race, randoms)
-    if "prior" in medians and randoms:
-        out["verdict"] = verdict(medians["prior"], out["random"]["interval"])
+        out[RANDOM] = random_median(race, randoms)
+        out["verdicts"] = {s: verdict(m, out[RANDOM]["interval"])
+                           for s, m in medians.items() if s != RANDOM}
     return out
 
 
@@ -200,8 +205,8 @@ def render(result: dict[str, Any]) -> str:
             f"{rnd['share']:.3f}); median {_n(rnd['median'])} trials, 95% "
             f"[{_n(rnd['interval'][0])}, {_n(rnd['interval'][1])}]; replayed per seed: "
             + ", ".join(f"s{k} {_n(v)}" for k, v in rnd["replayed_median_by_seed"].items()))
-    if "verdict" in result:
-        lines.append(f"the prior in at most half of random's median trials: {result['verdict']}")
+    for sampler, said in result.get("verdicts", {}).items():
+        lines.append(f"{sampler} in at most half of random's median trials: {said}")
     return "\n".join(lines)
 
 
@@ -216,6 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefix", required=True,
                    help="studies named PREFIX-SAMPLER-sSEED (SAMPLER: prior, tpe, random)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--samplers", nargs="+", default=list(SAMPLERS),
+                   help="the SAMPLER parts of the studies' names; 'random' is random search")
     p.add_argument("--within", type=float, default=0.01,
                    help="the margin above a seed's best (default: 0.01, 1%%)")
     add_format(p)
@@ -229,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
         return fail(prog, f"within {args.within}: must be in (0, 1)")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
-        result = summary(read_race(args.storage, args.prefix, args.seeds, args.within))
+        result = summary(read_race(args.storage, args.prefix, args.seeds, args.within,
+                                   args.samplers))
     except UsageError as err:
         return fail(prog, str(err))
     print(render(result) if args.format == "table" else dump(result, args.format))

@@ -62,7 +62,15 @@ def test_random_searchs_median_is_read_from_its_draws_and_each_seed_has_its_own_
     assert rnd["median"] == 3 + math.ceil(math.log(0.5) / math.log(1 - 1 / 80))  # 3 + 56
     low, high = rnd["interval"]
     assert low < rnd["median"] < high
-    assert out["medians"]["prior"] == 5.0 and out["verdict"] == verdict(5.0, (low, high))
+    assert out["medians"]["prior"] == 5.0
+    assert out["verdicts"] == {"prior": verdict(5.0, (low, high))}
+    # another name for another run of a sampler (e.g. a prior centred elsewhere)
+    record(url, "p-again-s0", [3.2, 3.3, 3.4], [3.01])
+    record(url, "p-again-s1", [2.1, 2.2, 2.3], [2.5])
+    assert main(["--storage", url, "--prefix", "p", "--seeds", "0", "1", "--samplers", "again",
+                 "random", "--format", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["medians"]["again"] == math.inf and set(out["verdicts"]) == {"again"}
 
 
 def test_a_replay_puts_the_fixed_trials_first_and_finds_the_one_hit_anywhere_after() -> None:
