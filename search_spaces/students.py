@@ -141,7 +141,7 @@ class StudentSpace:
     align: int
     sampler: str
     trials: int
-    refit_after: int  # complete trials before the refit plan is enqueued (0: never)
+    refit_after: int  # students measured (earlier studies' too) before the refit (0: never)
     data: Mapping[str, Any]  # the validated YAML content (hashed)
 
     @property
