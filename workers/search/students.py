@@ -521,7 +521,8 @@ def _execute(request: StudentRequest, probe: optuna.storages.RDBStorage, lease: 
         url = secure_url(url)
         rdb = open_storage(url, heartbeats, patience=opts.storage_patience)
         seed = session_seed(opts.seed, len(study.trials))
-        earlier = earlier_students(rdb, request.study, cache)
+        earlier = earlier_students(rdb, request.study, cache) if request.space.refit_after \
+            else []  # what only the refit reads
         centre, why = prior_centre(request, cache, fixed[PLAN], earlier)
         study = optuna.load_study(study_name=request.study, storage=rdb,
                                   sampler=student_sampler(request, centre, seed))
