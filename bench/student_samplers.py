@@ -18,8 +18,9 @@ ran, the fixed allocations the study enqueued first included.
 
 The goal reads: a sampler within the margin in at most half of random search's median trials.
 For every other sampler, ``holds`` where its median is at most half the lower end of random's
-interval, ``fails`` where it is more than half the upper end, else ``inconclusive``. Writes
-nothing.
+interval, ``fails`` where it is more than half the upper end (a run that never came within
+the margin counts as its trials plus one: the least it could have taken), else
+``inconclusive``. Writes nothing.
 """
 
 from __future__ import annotations
@@ -158,11 +159,16 @@ def summary(race: Race) -> dict[str, Any]:
                      "hits": sum(v is not None and v <= target for v in run.sampled)})
     medians = {s: censored_median([first_within(r.losses, race.target(r.seed))
                                    for r in race.of(s)]) for s in race.samplers if race.of(s)}
-    out: dict[str, Any] = {"within": race.within, "rows": rows, "medians": medians}
+    # a run without a hit took more than its trials: the least its median can be
+    least = {s: float(statistics.median(
+        [first_within(r.losses, race.target(r.seed)) or len(r.losses) + 1 for r in race.of(s)]))
+        for s in medians}
+    out: dict[str, Any] = {"within": race.within, "rows": rows, "medians": medians,
+                           "least_medians": least}
     randoms = race.of(RANDOM)
     if randoms:
         out[RANDOM] = random_median(race, randoms)
-        out["verdicts"] = {s: verdict(m, out[RANDOM]["interval"])
+        out["verdicts"] = {s: verdict(m, out[RANDOM]["interval"], least[s])
                            for s, m in medians.items() if s != RANDOM}
     return out
 
@@ -182,11 +188,15 @@ def random_median(race: Race, runs: Sequence[Run]) -> dict[str, Any]:
             "interval": [geometric_median(high, fixed), geometric_median(low, fixed)]}
 
 
-def verdict(prior: float, random_interval: Sequence[float]) -> str:
+def verdict(median: float, random_interval: Sequence[float], least: float | None = None
+            ) -> str:
+    """A sampler's median trials against half of random search's interval; ``least``: the
+    least its median can be where some of its runs never came within the margin (default:
+    ``median``)."""
     low, high = random_interval
-    if prior <= 0.5 * low:
+    if median <= 0.5 * low:
         return "holds"
-    if prior > 0.5 * high:
+    if (median if least is None else least) > 0.5 * high:
         return "fails"
     return "inconclusive"
 
@@ -197,7 +207,10 @@ def render(result: dict[str, Any]) -> str:
         [[r["sampler"], r["seed"], r["trials"], f"{r['best']:.4f}",
           r["first_within"] or f"none in {r['trials']}", r["hits"]] for r in result["rows"]])
     lines = [table, "", "median first trial within {:.0%}: {}".format(
-        result["within"], ", ".join(f"{s} {_n(m)}" for s, m in result["medians"].items()))]
+        result["within"], ", ".join(
+            f"{s} {_n(m)}" + ("" if math.isfinite(m) else
+                              f" (at least {result['least_medians'][s]:g})")
+            for s, m in result["medians"].items()))]
     if "random" in result:
         rnd = result["random"]
         lines.append(

@@ -71,6 +71,7 @@ def test_random_searchs_median_is_read_from_its_draws_and_each_seed_has_its_own_
                  "random", "--format", "json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["medians"]["again"] == math.inf and set(out["verdicts"]) == {"again"}
+    assert out["least_medians"]["again"] == (4 + 5) / 2  # s1: none in its 4 trials, so 5
 
 
 def test_a_replay_puts_the_fixed_trials_first_and_finds_the_one_hit_anywhere_after() -> None:
@@ -86,6 +87,9 @@ def test_the_geometric_median_and_its_exact_interval() -> None:
     assert low == 0.0 and high == pytest.approx(0.0362, abs=1e-4)  # the rule of three's cousin
     assert verdict(10, (25, 60)) == "holds" and verdict(31, (25, 60)) == "fails"
     assert verdict(20, (25, 60)) == "inconclusive"
+    # runs that never came within: unknown beyond their trials, so not "fails" below half
+    assert verdict(math.inf, (15, 74), least=25) == "inconclusive"
+    assert verdict(math.inf, (15, 40), least=25) == "fails"
 
 
 def test_a_seed_without_studies_is_one_line_and_exit_2(
