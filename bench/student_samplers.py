@@ -150,19 +150,16 @@ def read_race(url: str, prefix: str, seeds: Sequence[int], within: float,
 def summary(race: Race) -> dict[str, Any]:
     """Per sampler and seed the first trial within the margin; random's replays and geometric
     median with its interval; the goal's verdict."""
-    rows = []
-    for run in race.runs:
-        target = race.target(run.seed)
-        rows.append({"sampler": run.sampler, "seed": run.seed, "trials": len(run.losses),
-                     "fixed": run.fixed, "best": run.best(), "target": target,
-                     "first_within": first_within(run.losses, target),
-                     "hits": sum(v is not None and v <= target for v in run.sampled)})
-    medians = {s: censored_median([first_within(r.losses, race.target(r.seed))
-                                   for r in race.of(s)]) for s in race.samplers if race.of(s)}
+    first = {id(r): first_within(r.losses, race.target(r.seed)) for r in race.runs}
+    rows = [{"sampler": r.sampler, "seed": r.seed, "trials": len(r.losses), "fixed": r.fixed,
+             "best": r.best(), "target": race.target(r.seed), "first_within": first[id(r)],
+             "hits": sum(v is not None and v <= race.target(r.seed) for v in r.sampled)}
+            for r in race.runs]
+    medians = {s: censored_median([first[id(r)] for r in race.of(s)])
+               for s in race.samplers if race.of(s)}
     # a run without a hit took more than its trials: the least its median can be
-    least = {s: float(statistics.median(
-        [first_within(r.losses, race.target(r.seed)) or len(r.losses) + 1 for r in race.of(s)]))
-        for s in medians}
+    least = {s: float(statistics.median([first[id(r)] or len(r.losses) + 1 for r in race.of(s)]))
+             for s in medians}
     out: dict[str, Any] = {"within": race.within, "rows": rows, "medians": medians,
                            "least_medians": least}
     randoms = race.of(RANDOM)

@@ -530,7 +530,7 @@ def test_a_study_enqueues_the_plan_refitted_to_its_students_once(
     study_of("same-teacher", str(cache.folder), students[4:])
     study = study_of("this", str(cache.folder), [])
     searcher = searcher_of(study)
-    assert len(searcher.earlier) == 8 == len(earlier_students(storage, "this", cache))
+    assert len(searcher.earlier) == 8 == len(earlier_students(request, storage, "this", cache))
     searcher._enqueue_refit()
     searcher._enqueue_refit()
     (waiting,) = study.get_trials(states=(TrialState.WAITING,))

@@ -270,7 +270,7 @@ class StudentSearcher(StudySearcher):
                  earlier: Sequence[FrozenTrial] | None = None) -> None:
         self.request, self.cache = request, cache
         # the complete students of earlier studies of the same measurements, read once
-        self.earlier = list(earlier_students(storage, study.study_name, cache)
+        self.earlier = list(earlier_students(request, storage, study.study_name, cache)
                             if earlier is None else earlier)
         self.fixed = [(label, a) for label, a in fixed.items()
                       if not any(t.user_attrs.get(rec.SEED) == label
@@ -405,11 +405,13 @@ class StudentSearcher(StudySearcher):
             best.user_attrs[rec.ARCH]), _shown(best.user_attrs))
 
 
-def earlier_students(storage: optuna.storages.BaseStorage, study: str, cache: TeacherCache
-                     ) -> list[FrozenTrial]:
+def earlier_students(request: StudentRequest, storage: optuna.storages.BaseStorage, study: str,
+                     cache: TeacherCache) -> list[FrozenTrial]:
     """The complete students of the storage's other studies of the same teacher measurements
-    (their ``cache`` attr)."""
+    (their ``cache`` attr); none where the space never refits (only the refit reads them)."""
     found: list[FrozenTrial] = []
+    if not request.space.refit_after:
+        return found
     folder = str(cache.folder)
     for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
         if summary.study_name != study and summary.user_attrs.get("cache") == folder:
@@ -521,8 +523,7 @@ def _execute(request: StudentRequest, probe: optuna.storages.RDBStorage, lease: 
         url = secure_url(url)
         rdb = open_storage(url, heartbeats, patience=opts.storage_patience)
         seed = session_seed(opts.seed, len(study.trials))
-        earlier = earlier_students(rdb, request.study, cache) if request.space.refit_after \
-            else []  # what only the refit reads
+        earlier = earlier_students(request, rdb, request.study, cache)
         centre, why = prior_centre(request, cache, fixed[PLAN], earlier)
         study = optuna.load_study(study_name=request.study, storage=rdb,
                                   sampler=student_sampler(request, centre, seed))
