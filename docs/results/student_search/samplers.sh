@@ -3,6 +3,7 @@
 # Each seed is its own calibration sample (so its own plan) and its own sampler seed. Ran as
 # two to three of these studies at once on the 2-core machine (about 65 min in all).
 S=~/.cache/transformer-alloc/smollm2
+export PYTHONPATH=$(cd ../../.. && pwd)  # bench/ runs from the checkout, not the install
 KV=0.25 TAG=latent25
 study() {  # SPACE NAME SAMPLER SEED TRIALS [--resume]
   python -m workers.search --space $1 --teacher $S/bf16 --data $S/tokens/docs \
